@@ -1,0 +1,126 @@
+/**
+ * Agent configuration: one pure function turns the environment and the command-line flags into a
+ * frozen, validated object. Nothing here reads `process.env` by itself, so tests build configs
+ * from plain objects and the daemon's `main.ts` is the only place that touches the real process.
+ *
+ * Precedence is flag, then environment variable, then default. Every option documents its default
+ * and unit; durations are milliseconds and their names end in `Ms`. A missing or malformed value
+ * throws at startup with the name of the flag or variable to fix, rather than surfacing later as
+ * a confusing connection failure.
+ */
+
+export type AgentRuntime = 'sandbox' | 'fake';
+
+export interface AgentConfig {
+  /** http(s) base URL of the scheduler, e.g. `https://canto.example.com`. Required. */
+  readonly schedulerUrl: string;
+  /** Join token presented as `Authorization: Bearer <token>`. Required; never logged. */
+  readonly token: string;
+  /** Directory for the host id, the fencing store and the runtime's disks. Default `/var/lib/canto-agent`. */
+  readonly stateDir: string;
+  /** Runtime driver. Default `sandbox`; `fake` is an in-memory driver for tests. */
+  readonly runtime: AgentRuntime;
+  /** Keep memory on hibernate (CRIU). Default true; false forces a cold stop. */
+  readonly memorySnapshots: boolean;
+  /** Heartbeat interval in ms when the scheduler does not set one. Default 2000. */
+  readonly heartbeatMs: number;
+  /** First reconnect delay in ms; doubles per failed attempt. Default 100. */
+  readonly reconnectMinMs: number;
+  /** Cap on the reconnect delay in ms, also used after a refused token. Default 10000. */
+  readonly reconnectMaxMs: number;
+  /** pino level: trace, debug, info, warn, error, fatal or silent. Default `info`. */
+  readonly logLevel: string;
+}
+
+/** Command-line flags, as commander names them (`--state-dir` → `stateDir`). */
+export interface AgentFlags {
+  readonly scheduler?: string;
+  readonly token?: string;
+  readonly stateDir?: string;
+  readonly runtime?: string;
+  readonly logLevel?: string;
+}
+
+export type Env = Readonly<Record<string, string | undefined>>;
+
+const LOG_LEVELS = ['trace', 'debug', 'info', 'warn', 'error', 'fatal', 'silent'];
+
+export function loadAgentConfig(env: Env, flags: AgentFlags = {}): AgentConfig {
+  const pick = (flag: string | undefined, name: string): string | undefined => {
+    const value = flag ?? env[name];
+    return value === undefined || value.trim() === '' ? undefined : value.trim();
+  };
+
+  const schedulerUrl = parseSchedulerUrl(pick(flags.scheduler, 'CANTO_SCHEDULER_URL'));
+  const token = pick(flags.token, 'CANTO_AGENT_TOKEN');
+  if (token === undefined) {
+    throw new Error('agent config: the join token is required (--token or CANTO_AGENT_TOKEN)');
+  }
+
+  const runtime = pick(flags.runtime, 'CANTO_AGENT_RUNTIME') ?? 'sandbox';
+  if (runtime !== 'sandbox' && runtime !== 'fake') {
+    throw new Error(`agent config: CANTO_AGENT_RUNTIME must be "sandbox" or "fake", got "${runtime}"`);
+  }
+
+  const logLevel = pick(flags.logLevel, 'CANTO_LOG_LEVEL') ?? 'info';
+  if (!LOG_LEVELS.includes(logLevel)) {
+    throw new Error(`agent config: log level must be one of ${LOG_LEVELS.join(', ')}, got "${logLevel}"`);
+  }
+
+  const reconnectMinMs = parseMs(env, 'CANTO_AGENT_RECONNECT_MIN_MS', 100);
+  const reconnectMaxMs = parseMs(env, 'CANTO_AGENT_RECONNECT_MAX_MS', 10_000);
+  if (reconnectMaxMs < reconnectMinMs) {
+    throw new Error('agent config: CANTO_AGENT_RECONNECT_MAX_MS must not be below CANTO_AGENT_RECONNECT_MIN_MS');
+  }
+
+  return Object.freeze({
+    schedulerUrl,
+    token,
+    stateDir: pick(flags.stateDir, 'CANTO_AGENT_STATE_DIR') ?? '/var/lib/canto-agent',
+    runtime,
+    memorySnapshots: parseBoolean(env, 'CANTO_AGENT_MEMORY_SNAPSHOTS', true),
+    heartbeatMs: parseMs(env, 'CANTO_AGENT_HEARTBEAT_MS', 2000),
+    reconnectMinMs,
+    reconnectMaxMs,
+    logLevel,
+  });
+}
+
+function parseSchedulerUrl(value: string | undefined): string {
+  if (value === undefined) {
+    throw new Error('agent config: the scheduler URL is required (--scheduler or CANTO_SCHEDULER_URL)');
+  }
+  let url: URL;
+  try {
+    url = new URL(value);
+  } catch {
+    throw new Error(`agent config: the scheduler URL "${value}" is not a valid URL`);
+  }
+  if (url.protocol !== 'http:' && url.protocol !== 'https:') {
+    throw new Error(`agent config: the scheduler URL must be http or https, got "${url.protocol}"`);
+  }
+  if (url.username || url.password) {
+    // Credentials belong in the token, which is kept out of logs; a URL is logged freely.
+    throw new Error('agent config: the scheduler URL must not carry credentials; use --token');
+  }
+  // A trailing slash would double up when the websocket path is appended.
+  return url.toString().replace(/\/+$/, '');
+}
+
+function parseMs(env: Env, name: string, fallback: number): number {
+  const raw = env[name]?.trim();
+  if (raw === undefined || raw === '') return fallback;
+  const value = Number(raw);
+  if (!Number.isInteger(value) || value <= 0) {
+    throw new Error(`agent config: ${name} must be a positive integer number of milliseconds, got "${raw}"`);
+  }
+  return value;
+}
+
+function parseBoolean(env: Env, name: string, fallback: boolean): boolean {
+  const raw = env[name]?.trim().toLowerCase();
+  if (raw === undefined || raw === '') return fallback;
+  if (['true', '1', 'yes', 'on'].includes(raw)) return true;
+  if (['false', '0', 'no', 'off'].includes(raw)) return false;
+  throw new Error(`agent config: ${name} must be true or false, got "${raw}"`);
+}

@@ -1,0 +1,166 @@
+/**
+ * The scheduler's end of the agent link. Agents dial `/internal/agents/ws` with their join token
+ * as a bearer credential; the upgrade is refused (401) before any websocket exists when the token
+ * is wrong, so an unauthenticated process can neither register a host nor receive commands.
+ * After the `hello` the link is registered under the host id, replacing any older link of the
+ * same host, and the engine can `call` the host.
+ *
+ * Only the leader accepts agents (followers answer the upgrade with 503): the leader's engine is
+ * the only sender of commands, so agents must be connected to it. Losing leadership closes every
+ * link, and agents reconnect to whichever replica leads now.
+ */
+import type { IncomingMessage, Server } from 'node:http';
+import type { Duplex } from 'node:stream';
+import { WebSocketServer } from 'ws';
+import type { Logger } from '../../../shared/src/log.js';
+import {
+  AGENT_COMMANDS,
+  AgentFailure,
+  HeartbeatPayload,
+  HelloPayload,
+  PROTOCOL_VERSION,
+  parseMessage,
+  protocolMajor,
+  type AgentCommand,
+  type CommandPayload,
+  type CommandResult,
+} from '../../../shared/src/protocol.js';
+import { RpcPeer } from '../../../shared/src/rpc.js';
+import type { Sql } from '../store/db.js';
+import { markHostDown, touchHost, upsertHost } from '../store/hosts.js';
+import { hashToken, safeEqualHex } from '../crypto/secret-box.js';
+
+export const AGENT_LINK_PATH = '/internal/agents/ws';
+const HELLO_TIMEOUT_MS = 10_000;
+
+interface Link {
+  peer: RpcPeer;
+  instanceId: string;
+}
+
+export interface AgentGatewayDeps {
+  sql: Sql;
+  logger: Logger;
+  joinToken: string | null;
+  heartbeatMs: number;
+  isLeader(): boolean;
+}
+
+export class AgentGateway {
+  private readonly links = new Map<string, Link>();
+  private readonly connectWaiters = new Map<string, Set<() => void>>();
+  private readonly wss = new WebSocketServer({ noServer: true, maxPayload: 64 * 1024 * 1024 });
+  private readonly joinTokenHash: string | null;
+  private readonly log: Logger;
+
+  constructor(private readonly deps: AgentGatewayDeps) {
+    this.joinTokenHash = deps.joinToken ? hashToken(deps.joinToken) : null;
+    this.log = deps.logger.child({ component: 'agent-gateway' });
+  }
+
+  attach(server: Server): void {
+    server.on('upgrade', (req: IncomingMessage, socket: Duplex, head: Buffer) => this.upgrade(req, socket, head));
+  }
+
+  isConnected(hostId: string): boolean {
+    return this.links.has(hostId);
+  }
+
+  connectedHostIds(): string[] {
+    return [...this.links.keys()];
+  }
+
+  /** Resolves true once the host's agent is connected, false after `timeoutMs`. */
+  async waitConnected(hostId: string, timeoutMs: number): Promise<boolean> {
+    if (this.links.has(hostId)) return true;
+    if (timeoutMs <= 0) return false;
+    return new Promise((resolve) => {
+      const waiters = this.connectWaiters.get(hostId) ?? new Set();
+      this.connectWaiters.set(hostId, waiters);
+      const done = (ok: boolean) => {
+        clearTimeout(timer);
+        waiters.delete(onConnect);
+        resolve(ok);
+      };
+      const onConnect = () => done(true);
+      const timer = setTimeout(() => done(false), timeoutMs);
+      waiters.add(onConnect);
+    });
+  }
+
+  async call<C extends AgentCommand>(hostId: string, command: C, payload: CommandPayload<C>, timeoutMs: number): Promise<CommandResult<C>> {
+    const link = this.links.get(hostId);
+    if (!link) throw new AgentFailure('disconnected', `host ${hostId} is not connected`, true);
+    const reply = await link.peer.request(command, payload, timeoutMs);
+    return parseMessage(AGENT_COMMANDS[command].result, reply, `${command} reply`) as CommandResult<C>;
+  }
+
+  /** Closes every agent link (leadership lost, or shutdown). */
+  closeAll(): void {
+    for (const link of this.links.values()) link.peer.close(1012, 'scheduler leadership changed');
+    this.links.clear();
+  }
+
+  private upgrade(req: IncomingMessage, socket: Duplex, head: Buffer): void {
+    const path = (req.url ?? '').split('?')[0];
+    if (path !== AGENT_LINK_PATH) return refuse(socket, 404, 'Not Found');
+    const header = req.headers.authorization ?? '';
+    const token = /^Bearer (\S+)$/i.exec(header)?.[1];
+    if (!this.joinTokenHash || !token || !safeEqualHex(hashToken(token), this.joinTokenHash)) {
+      this.log.warn({ remote: req.socket.remoteAddress }, 'agent refused: bad join token');
+      return refuse(socket, 401, 'Unauthorized');
+    }
+    if (!this.deps.isLeader()) return refuse(socket, 503, 'Service Unavailable');
+    this.wss.handleUpgrade(req, socket, head, (ws) => this.accept(new RpcPeer(ws, (m) => this.log.warn({ m }, 'agent protocol error'))));
+  }
+
+  private accept(peer: RpcPeer): void {
+    let hostId: string | null = null;
+    let instanceId = '';
+    const helloTimer = setTimeout(() => hostId || peer.close(1008, 'no hello'), HELLO_TIMEOUT_MS);
+
+    peer.handle('hello', async (raw) => {
+      const hello = parseMessage(HelloPayload, raw, 'hello');
+      if (!(protocolMajor(hello.protocol) <= protocolMajor(PROTOCOL_VERSION))) {
+        setImmediate(() => peer.close(1002, 'unsupported protocol'));
+        throw new AgentFailure('unsupported', `protocol ${hello.protocol} is newer than ${PROTOCOL_VERSION}`, false);
+      }
+      await upsertHost(this.deps.sql, {
+        id: hello.host_id,
+        hostname: hello.hostname,
+        agentInstanceId: hello.agent_instance_id,
+        protocol: hello.protocol,
+        runtime: hello.capabilities.runtime,
+        memorySnapshots: hello.capabilities.memory_snapshots,
+        vcpus: hello.capacity.vcpus,
+        memoryMb: hello.capacity.memory_mb,
+      });
+      clearTimeout(helloTimer);
+      hostId = hello.host_id;
+      instanceId = hello.agent_instance_id;
+      const previous = this.links.get(hostId);
+      if (previous && previous.peer !== peer) previous.peer.close(1000, 'replaced by a newer link');
+      this.links.set(hostId, { peer, instanceId });
+      this.log.info({ hostId, instanceId, runtime: hello.capabilities.runtime }, 'agent connected');
+      for (const waiter of this.connectWaiters.get(hostId) ?? []) waiter();
+      return { protocol: PROTOCOL_VERSION, heartbeat_ms: this.deps.heartbeatMs };
+    });
+
+    peer.handle('heartbeat', async (raw) => {
+      parseMessage(HeartbeatPayload, raw, 'heartbeat');
+      if (hostId) await touchHost(this.deps.sql, hostId);
+    });
+
+    peer.onClose(() => {
+      clearTimeout(helloTimer);
+      if (!hostId || this.links.get(hostId)?.peer !== peer) return;
+      this.links.delete(hostId);
+      this.log.info({ hostId }, 'agent disconnected');
+      markHostDown(this.deps.sql, hostId, instanceId).catch((err: unknown) => this.log.error({ err }, 'marking host down failed'));
+    });
+  }
+}
+
+function refuse(socket: Duplex, status: number, reason: string): void {
+  socket.end(`HTTP/1.1 ${status} ${reason}\r\nConnection: close\r\nContent-Length: 0\r\n\r\n`);
+}

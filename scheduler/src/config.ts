@@ -1,0 +1,123 @@
+/**
+ * Scheduler configuration: read once in main from `CANTO_*` environment variables (and flags the
+ * CLI maps onto the same names), validated, and frozen. Every option documents its default and
+ * unit; durations end in `Ms`. docs/operators.md lists them all.
+ */
+import { randomUUID } from 'node:crypto';
+
+export interface JwtSettings {
+  readonly jwksUrl: string;
+  readonly issuer: string;
+  readonly audience: string;
+  /** Claim naming the caller's org (its name; the org is created on first sight). */
+  readonly orgClaim: string;
+}
+
+export interface SchedulerConfig {
+  /** `DATABASE_URL`: postgres:// URL; `?host=/dir` selects a unix socket directory. Required. */
+  readonly databaseUrl: string;
+  /** `CANTO_LISTEN`: HOST:PORT for the HTTP API and the agent link. Default `127.0.0.1:8080`. */
+  readonly listenHost: string;
+  readonly listenPort: number;
+  /** `CANTO_SECRET_KEY`: base64 (or hex) 32-byte key sealing desktop env/setup_script. Required. */
+  readonly secretKey: string;
+  /** `CANTO_JOIN_TOKEN`: the token agents present to join. Unset: no agent can join. */
+  readonly joinToken: string | null;
+  /** `CANTO_JWT_JWKS_URL`, `CANTO_JWT_ISSUER`, `CANTO_JWT_AUDIENCE`, `CANTO_JWT_ORG_CLAIM` (default `org_id`). Unset URL: JWTs are refused. */
+  readonly jwt: JwtSettings | null;
+  /** `CANTO_REPLICA_ID`: this replica's name in the leader lease. Default: random. */
+  readonly replicaId: string;
+  /** `CANTO_LEASE_TTL_MS`: leader lease lifetime. Default 10000. */
+  readonly leaseTtlMs: number;
+  /** `CANTO_LEASE_RENEW_MS`: how often the leader renews (and followers try). Default 2000. */
+  readonly leaseRenewMs: number;
+  /** `CANTO_WAIT_CAP_MS`: the `?wait=true` cap. Default 120000 (SPEC 4.1). */
+  readonly waitCapMs: number;
+  /** `CANTO_WAIT_POLL_MS`: `?wait=true` poll cadence behind the notification. Default 2000. */
+  readonly waitPollMs: number;
+  /** `CANTO_ENGINE_POLL_MS`: how often the engine looks for work it was not notified of. Default 500. */
+  readonly enginePollMs: number;
+  /** `CANTO_IDLE_SWEEP_MS`: idle-timeout sweep interval. Default 1000. */
+  readonly idleSweepMs: number;
+  /** `CANTO_AGENT_TIMEOUT_MS`: per agent command. Default 60000. */
+  readonly agentCommandTimeoutMs: number;
+  /** `CANTO_HOST_WAIT_MS`: how long an operation waits for its host's agent to (re)connect. Default 30000. */
+  readonly hostWaitMs: number;
+  /** `CANTO_OPERATION_DEADLINE_MS`: retryable failures are retried until this age. Default 300000. */
+  readonly operationDeadlineMs: number;
+  /** `CANTO_CPU_OVERCOMMIT`, `CANTO_MEMORY_OVERCOMMIT`: placement multipliers on host capacity. Defaults 8 and 2. */
+  readonly cpuOvercommit: number;
+  readonly memoryOvercommit: number;
+  /** `CANTO_DEFAULT_IMAGE`: image_version of desktops created without one. Default `debian-12`. */
+  readonly defaultImageVersion: string;
+  /** `CANTO_LOG_LEVEL`: pino level. Default `info`. */
+  readonly logLevel: string;
+}
+
+type Env = Readonly<Record<string, string | undefined>>;
+
+function int(env: Env, name: string, fallback: number, min = 0): number {
+  const raw = env[name];
+  if (raw === undefined || raw === '') return fallback;
+  if (!/^\d+$/.test(raw) || Number(raw) < min) throw new Error(`${name} must be an integer >= ${min}, got "${raw}"`);
+  return Number(raw);
+}
+
+function num(env: Env, name: string, fallback: number): number {
+  const raw = env[name];
+  if (raw === undefined || raw === '') return fallback;
+  const value = Number(raw);
+  if (!Number.isFinite(value) || value <= 0) throw new Error(`${name} must be a positive number, got "${raw}"`);
+  return value;
+}
+
+export function parseListen(value: string): { host: string; port: number } {
+  const match = /^(.*):(\d+)$/.exec(value);
+  if (!match || Number(match[2]) > 65535) throw new Error(`listen address must be HOST:PORT, got "${value}"`);
+  return { host: match[1]!.replace(/^\[(.*)\]$/, '$1'), port: Number(match[2]) };
+}
+
+export function loadSchedulerConfig(env: Env): SchedulerConfig {
+  const databaseUrl = env.DATABASE_URL;
+  if (!databaseUrl) throw new Error('DATABASE_URL is required');
+  const secretKey = env.CANTO_SECRET_KEY;
+  if (!secretKey) throw new Error('CANTO_SECRET_KEY is required (32 bytes, base64)');
+  const listen = parseListen(env.CANTO_LISTEN || '127.0.0.1:8080');
+  const jwt = env.CANTO_JWT_JWKS_URL
+    ? {
+        jwksUrl: env.CANTO_JWT_JWKS_URL,
+        issuer: required(env, 'CANTO_JWT_ISSUER'),
+        audience: required(env, 'CANTO_JWT_AUDIENCE'),
+        orgClaim: env.CANTO_JWT_ORG_CLAIM || 'org_id',
+      }
+    : null;
+  const leaseTtlMs = int(env, 'CANTO_LEASE_TTL_MS', 10_000, 500);
+  return Object.freeze({
+    databaseUrl,
+    listenHost: listen.host,
+    listenPort: listen.port,
+    secretKey,
+    joinToken: env.CANTO_JOIN_TOKEN || null,
+    jwt: jwt && Object.freeze(jwt),
+    replicaId: env.CANTO_REPLICA_ID || `sched-${randomUUID().slice(0, 8)}`,
+    leaseTtlMs,
+    leaseRenewMs: int(env, 'CANTO_LEASE_RENEW_MS', Math.min(2_000, Math.floor(leaseTtlMs / 3)), 100),
+    waitCapMs: int(env, 'CANTO_WAIT_CAP_MS', 120_000, 1),
+    waitPollMs: int(env, 'CANTO_WAIT_POLL_MS', 2_000, 10),
+    enginePollMs: int(env, 'CANTO_ENGINE_POLL_MS', 500, 10),
+    idleSweepMs: int(env, 'CANTO_IDLE_SWEEP_MS', 1_000, 10),
+    agentCommandTimeoutMs: int(env, 'CANTO_AGENT_TIMEOUT_MS', 60_000, 100),
+    hostWaitMs: int(env, 'CANTO_HOST_WAIT_MS', 30_000, 0),
+    operationDeadlineMs: int(env, 'CANTO_OPERATION_DEADLINE_MS', 300_000, 1_000),
+    cpuOvercommit: num(env, 'CANTO_CPU_OVERCOMMIT', 8),
+    memoryOvercommit: num(env, 'CANTO_MEMORY_OVERCOMMIT', 2),
+    defaultImageVersion: env.CANTO_DEFAULT_IMAGE || 'debian-12',
+    logLevel: env.CANTO_LOG_LEVEL || 'info',
+  });
+}
+
+function required(env: Env, name: string): string {
+  const value = env[name];
+  if (!value) throw new Error(`${name} is required when CANTO_JWT_JWKS_URL is set`);
+  return value;
+}

@@ -1,0 +1,49 @@
+/**
+ * Idle timeout: an awake desktop whose `idle_timeout_secs` has elapsed since its last wake (not
+ * since guest activity, SPEC 3.2) is hibernated through an ordinary operation, reason
+ * `idle_timeout`. Leader-only.
+ */
+import type { Logger } from '../../../shared/src/log.js';
+import type { Sql } from '../store/db.js';
+import { idleDesktops } from '../store/desktops.js';
+import { ApiError } from '../errors.js';
+import type { LifecycleService } from '../services/lifecycle.js';
+
+export class IdleSweeper {
+  private timer: NodeJS.Timeout | null = null;
+  private readonly log: Logger;
+
+  constructor(
+    private readonly sql: Sql,
+    private readonly lifecycle: LifecycleService,
+    private readonly intervalMs: number,
+    logger: Logger,
+  ) {
+    this.log = logger.child({ component: 'idle-sweeper' });
+  }
+
+  start(): void {
+    if (!this.timer) this.timer = setInterval(() => void this.sweep(), this.intervalMs);
+  }
+
+  stop(): void {
+    if (this.timer) clearInterval(this.timer);
+    this.timer = null;
+  }
+
+  async sweep(): Promise<void> {
+    try {
+      for (const d of await idleDesktops(this.sql, 50)) {
+        try {
+          await this.lifecycle.request(d.org_id, d.id, 'hibernate', { expectedGeneration: null, idempotencyKey: null, reason: 'idle_timeout' });
+          this.log.info({ desktopId: d.id }, 'idle timeout: hibernating');
+        } catch (err) {
+          // 409: an operation on it is already open, or it changed state meanwhile.
+          if (!(err instanceof ApiError)) throw err;
+        }
+      }
+    } catch (err) {
+      this.log.error({ err }, 'idle sweep failed');
+    }
+  }
+}

@@ -1,0 +1,174 @@
+/**
+ * What each operation kind does: drive the host's agent, then commit the desktop's new state,
+ * its generation bump, the meter change, the outbox event and the operation's settlement in
+ * one transaction. If the agent call succeeded but the commit did not happen (a crash, a lost
+ * lease), the next leader re-drives the step; agent commands are idempotent per desktop, so the
+ * repeat finds the work done and nothing runs twice.
+ */
+import { AgentFailure } from '../../../shared/src/protocol.js';
+import { TIER_SPECS, type Tier } from '../../../shared/src/tiers.js';
+import type { Logger } from '../../../shared/src/log.js';
+import { inTransaction, type Sql } from '../store/db.js';
+import { getDesktopById, setPlacement, transition } from '../store/desktops.js';
+import { closeMeter, openMeter, recordEvent } from '../store/events.js';
+import { committedLoad, listHosts } from '../store/hosts.js';
+import { settleOperation } from '../store/operations.js';
+import type { DesktopRow, OperationRow } from '../store/rows.js';
+import type { AgentGateway } from '../agents/gateway.js';
+import type { SecretBox } from '../crypto/secret-box.js';
+import { selectHost } from '../placement/select.js';
+import type { HostCandidate } from '../placement/feasible.js';
+
+export interface StepDeps {
+  sql: Sql;
+  agents: AgentGateway;
+  secrets: SecretBox;
+  logger: Logger;
+  /** This replica's lease holder name; settlement is fenced on it. */
+  holder: string;
+  agentCommandTimeoutMs: number;
+  hostWaitMs: number;
+  overcommit: { cpu: number; memory: number };
+}
+
+/** A failure that settles the operation at once, without retrying. */
+export class StepFailure extends Error {
+  constructor(
+    readonly code: string,
+    message: string,
+  ) {
+    super(message);
+  }
+}
+
+/** Raised when a commit found the lease gone: another replica leads and will re-drive. */
+export class LeaseLost extends Error {}
+
+async function settle(tx: Sql, deps: StepDeps, op: OperationRow, result: Record<string, unknown>): Promise<void> {
+  if (!(await settleOperation(tx, op.id, { result }, deps.holder))) throw new LeaseLost('leader lease lost before settling');
+}
+
+async function connectedHost(deps: StepDeps, hostId: string): Promise<string> {
+  if (!(await deps.agents.waitConnected(hostId, deps.hostWaitMs))) {
+    throw new AgentFailure('disconnected', 'the desktop host is unreachable', true);
+  }
+  return hostId;
+}
+
+async function loadDesktop(deps: StepDeps, id: string): Promise<DesktopRow> {
+  const d = await getDesktopById(deps.sql, id);
+  if (!d) throw new StepFailure('not_found', 'desktop vanished');
+  return d;
+}
+
+/**
+ * Places a desktop that has no host yet and creates its disk there. A provisioning desktop
+ * becomes `hibernated` (placed, never booted); a waking one stays waking. `desktop.created`
+ * fires here, once.
+ */
+export async function provision(deps: StepDeps, desktop: DesktopRow): Promise<string> {
+  if (desktop.host_id) return desktop.host_id;
+  const hostId = await pickHost(deps, desktop.tier);
+  if (!hostId) throw new AgentFailure('disconnected', 'no connected host has capacity for this desktop', true);
+  await deps.agents.call(hostId, 'desktop.prepare', { desktop_id: desktop.id, generation: desktop.generation, tier: desktop.tier }, deps.agentCommandTimeoutMs);
+  await inTransaction(deps.sql, async (tx) => {
+    if (!(await setPlacement(tx, desktop.id, hostId))) return;
+    const moved = await transition(tx, desktop.id, ['provisioning'], 'hibernated', { markCreatedEvent: true });
+    if (!moved) await tx`UPDATE desktops SET created_event_at = now() WHERE id = ${desktop.id} AND created_event_at IS NULL`;
+    await recordEvent(tx, { orgId: desktop.org_id, desktopId: desktop.id, type: 'desktop.created', data: { tier: desktop.tier, host_id: hostId } });
+  });
+  return (await loadDesktop(deps, desktop.id)).host_id!;
+}
+
+async function pickHost(deps: StepDeps, tier: Tier): Promise<string | null> {
+  const [hosts, load] = await Promise.all([listHosts(deps.sql), committedLoad(deps.sql)]);
+  const candidates: HostCandidate[] = hosts.map((h) => {
+    let vcpus = 0;
+    let memoryMb = 0;
+    for (const l of load.filter((x) => x.host_id === h.id)) {
+      const spec = TIER_SPECS[l.tier as Tier];
+      vcpus += spec.vcpus * l.count;
+      memoryMb += spec.memoryMb * l.count;
+    }
+    return {
+      id: h.id,
+      connected: deps.agents.isConnected(h.id),
+      ready: h.status === 'ready',
+      cordoned: h.cordoned,
+      vcpus: h.vcpus,
+      memoryMb: h.memory_mb,
+      committedVcpus: vcpus,
+      committedMemoryMb: memoryMb,
+    };
+  });
+  return selectHost(candidates, tier, deps.overcommit);
+}
+
+export async function wake(deps: StepDeps, op: OperationRow): Promise<void> {
+  let d = await loadDesktop(deps, op.desktop_id);
+  if (d.state !== 'waking') throw new StepFailure('conflict', `desktop is ${d.state}, not waking`);
+  const hostId = await connectedHost(deps, await provision(deps, d));
+  d = await loadDesktop(deps, op.desktop_id);
+  const firstBoot = d.first_woken_at
+    ? null
+    : {
+        env: d.env_sealed ? (JSON.parse(deps.secrets.open(d.env_sealed)) as Record<string, string>) : {},
+        setup_script: d.setup_script_sealed ? deps.secrets.open(d.setup_script_sealed) : null,
+      };
+  const started = await deps.agents.call(
+    hostId,
+    'desktop.start',
+    { desktop_id: d.id, generation: d.generation, operation_id: op.id, tier: d.tier, first_boot: firstBoot },
+    deps.agentCommandTimeoutMs,
+  );
+  await inTransaction(deps.sql, async (tx) => {
+    const awake = await transition(tx, d.id, ['waking'], 'awake', { markWoken: true });
+    if (!awake) throw new StepFailure('conflict', 'desktop left the waking state');
+    await openMeter(tx, d.org_id, d.id);
+    await recordEvent(tx, { orgId: d.org_id, desktopId: d.id, type: 'desktop.woken', data: { restored: started.restored } });
+    await settle(tx, deps, op, { generation: awake.generation, restored: started.restored });
+  });
+}
+
+export async function hibernate(deps: StepDeps, op: OperationRow): Promise<void> {
+  const d = await loadDesktop(deps, op.desktop_id);
+  if (d.state !== 'hibernating') throw new StepFailure('conflict', `desktop is ${d.state}, not hibernating`);
+  const hostId = await connectedHost(deps, d.host_id!);
+  const stopped = await deps.agents.call(hostId, 'desktop.hibernate', { desktop_id: d.id, generation: d.generation, operation_id: op.id }, deps.agentCommandTimeoutMs);
+  await inTransaction(deps.sql, async (tx) => {
+    const done = await transition(tx, d.id, ['hibernating'], 'hibernated');
+    if (!done) throw new StepFailure('conflict', 'desktop left the hibernating state');
+    await closeMeter(tx, d.id);
+    await recordEvent(tx, { orgId: d.org_id, desktopId: d.id, type: 'desktop.hibernated', data: { reason: op.reason, memory_snapshot: stopped.snapshot } });
+    await settle(tx, deps, op, { generation: done.generation, snapshot: stopped.snapshot });
+  });
+}
+
+export async function destroy(deps: StepDeps, op: OperationRow): Promise<void> {
+  const d = await loadDesktop(deps, op.desktop_id);
+  if (d.host_id) {
+    const hostId = await connectedHost(deps, d.host_id);
+    await deps.agents.call(hostId, 'desktop.destroy', { desktop_id: d.id, generation: d.generation, operation_id: op.id }, deps.agentCommandTimeoutMs);
+  }
+  await inTransaction(deps.sql, async (tx) => {
+    const gone = await transition(tx, d.id, ['provisioning', 'awake', 'hibernated'], 'destroyed', { markDestroyed: true });
+    if (!gone) throw new StepFailure('conflict', 'desktop changed state during destroy');
+    await closeMeter(tx, d.id);
+    await recordEvent(tx, { orgId: d.org_id, desktopId: d.id, type: 'desktop.destroyed' });
+    await settle(tx, deps, op, { generation: gone.generation });
+  });
+}
+
+/**
+ * Settles a failed operation and returns the desktop to where it was: a failed wake goes back
+ * to `hibernated` (or `provisioning` if it was never placed), a failed hibernate back to `awake`
+ * (CRIU leaves the tree running when a dump fails); a failed destroy changes nothing.
+ */
+export async function fail(deps: StepDeps, op: OperationRow, error: { code: string; message: string }): Promise<void> {
+  await inTransaction(deps.sql, async (tx) => {
+    const d = (await getDesktopById(tx, op.desktop_id))!;
+    if (op.kind === 'wake' && d.state === 'waking') await transition(tx, d.id, ['waking'], d.host_id ? 'hibernated' : 'provisioning');
+    if (op.kind === 'hibernate' && d.state === 'hibernating') await transition(tx, d.id, ['hibernating'], 'awake');
+    if (!(await settleOperation(tx, op.id, { error }, deps.holder))) throw new LeaseLost('leader lease lost before settling');
+  });
+}

@@ -1,0 +1,50 @@
+/**
+ * Errors as RFC 9457 problem+json. Services throw `ApiError`s from the catalog below; the one
+ * error handler in app.ts turns those, Fastify's own 4xx errors and anything unexpected into a
+ * problem body. A 500 body never carries the real error text: that goes to the log only.
+ */
+import { STATUS_CODES } from 'node:http';
+
+export interface Problem {
+  type: 'about:blank';
+  title: string;
+  status: number;
+  detail: string;
+  operation_id?: string;
+  currentSize?: number;
+}
+
+export class ApiError extends Error {
+  constructor(
+    readonly status: number,
+    readonly detail: string,
+    readonly extra: { operation_id?: string; currentSize?: number } = {},
+    readonly headers: Record<string, string> = {},
+  ) {
+    super(detail);
+    this.name = 'ApiError';
+  }
+}
+
+export function problem(status: number, detail: string, extra: ApiError['extra'] = {}): Problem {
+  return { type: 'about:blank', title: STATUS_CODES[status] ?? 'Error', status, detail, ...extra };
+}
+
+/** The catalog: every error the API raises on purpose. Details never echo caller input or ids. */
+export const errors = {
+  badRequest: (detail: string) => new ApiError(400, detail),
+  unauthorized: () => new ApiError(401, 'missing or invalid credentials'),
+  desktopNotFound: () => new ApiError(404, 'desktop not found'),
+  operationNotFound: () => new ApiError(404, 'operation not found'),
+  wrongState: (action: string, state: string) =>
+    new ApiError(409, `cannot ${action} a desktop in state ${state}`),
+  staleGeneration: (operationId: string) =>
+    new ApiError(409, 'expected_generation does not match the desktop generation', { operation_id: operationId }),
+  operationFailed: (operationId: string, detail: string) =>
+    new ApiError(409, `operation failed: ${detail}`, { operation_id: operationId }),
+  notLeader: (retryAfterSecs: number) =>
+    new ApiError(503, 'this replica is not the leader; retry', {}, { 'retry-after': String(retryAfterSecs) }),
+  identityProviderUnavailable: () =>
+    new ApiError(503, 'identity provider unreachable; retry', {}, { 'retry-after': '5' }),
+  notImplemented: (detail: string) => new ApiError(501, detail),
+} as const;

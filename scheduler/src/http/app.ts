@@ -1,0 +1,165 @@
+/**
+ * The HTTP application: Fastify with TypeBox route schemas, an OpenAPI 3.1 document generated
+ * from those schemas, bearer authentication on every `/v1` route but the document itself, and
+ * problem+json for every non-2xx answer.
+ */
+import Fastify, { type FastifyInstance, type FastifyError } from 'fastify';
+import swagger from '@fastify/swagger';
+import type { TypeBoxTypeProvider } from '@fastify/type-provider-typebox';
+import type { Logger } from '../../../shared/src/log.js';
+import { ApiError, problem } from '../errors.js';
+import { DesktopJson, OperationJson, Problem, UsageResponse } from './schemas.js';
+import { registerDesktopRoutes } from './routes/desktops.js';
+import { registerLifecycleRoutes } from './routes/lifecycle.js';
+import { registerOperationRoutes } from './routes/operations.js';
+import { registerUsageRoutes } from './routes/usage.js';
+import type { DesktopService } from '../services/desktops.js';
+import type { LifecycleService } from '../services/lifecycle.js';
+import type { OperationWaiter } from '../services/waiter.js';
+import type { UsageService } from '../services/usage.js';
+
+export const BODY_LIMIT_BYTES = 2 * 1024 * 1024;
+
+declare module 'fastify' {
+  interface FastifyRequest {
+    orgId: string;
+  }
+  interface FastifyContextConfig {
+    public?: boolean;
+  }
+}
+
+export interface AppDeps {
+  logger: Logger;
+  authenticate(request: import('fastify').FastifyRequest): Promise<string>;
+  desktops: DesktopService;
+  lifecycle: LifecycleService;
+  waiter: OperationWaiter;
+  usage: UsageService;
+  waitCapMs: number;
+}
+
+export type App = FastifyInstance<
+  import('http').Server,
+  import('http').IncomingMessage,
+  import('http').ServerResponse,
+  Logger,
+  TypeBoxTypeProvider
+>;
+
+export async function buildApp(deps: AppDeps): Promise<App> {
+  const app = Fastify({
+    // Per-request access logs stay off (level warn); failures are logged by the error handler.
+    loggerInstance: deps.logger.child({ component: 'http' }, { level: 'warn' }),
+    bodyLimit: BODY_LIMIT_BYTES,
+    ajv: { customOptions: { coerceTypes: false, removeAdditional: false, allErrors: false } },
+    return503OnClosing: true,
+  }).withTypeProvider<TypeBoxTypeProvider>();
+
+  app.decorateRequest('orgId', '');
+  for (const schema of [Problem, DesktopJson, OperationJson, UsageResponse]) app.addSchema(schema);
+
+  // An empty body on a route whose body is optional means `{}` (SPEC 2.4).
+  // An empty body on a route whose body is optional means `{}` (SPEC 2.4); anything else goes
+  // through Fastify's own parser, which also refuses `__proto__` and `constructor` keys.
+  const parseJson = app.getDefaultJsonParser('error', 'error');
+  app.addContentTypeParser('application/json', { parseAs: 'string' }, (req, body, done) => {
+    if ((body as string).trim() === '') return done(null, undefined);
+    parseJson(req, body as string, (err, value) => {
+      if (!err) return done(null, value);
+      const malformed = new Error(/prototype|constructor/i.test(err.message) ? 'JSON body with a forbidden key' : 'malformed JSON body') as FastifyError;
+      malformed.statusCode = 400;
+      done(malformed, undefined);
+    });
+  });
+
+  // The API takes JSON only, but an empty body is no body at all whatever its label: `curl -d ''`
+  // sends an empty form, and an empty mutation body means `{}` (SPEC 2.4). Anything else is 415.
+  app.removeContentTypeParser('text/plain');
+  app.addContentTypeParser('*', { parseAs: 'buffer' }, (_req, body, done) => {
+    if ((body as Buffer).length === 0) return done(null, undefined);
+    const err = new Error('unsupported media type; send application/json') as FastifyError;
+    err.statusCode = 415;
+    done(err, undefined);
+  });
+
+  await app.register(swagger, {
+    openapi: {
+      openapi: '3.1.0',
+      info: { title: 'Canto cloud desktop API', version: '1.0.0' },
+      components: { securitySchemes: { bearer_auth: { type: 'http', scheme: 'bearer' } } },
+      security: [{ bearer_auth: [] }],
+    },
+    refResolver: { buildLocalReference: (json, _base, _frag, i) => (json.$id as string) ?? `def-${i}` },
+    // @fastify/swagger marks every request body required, but the preValidation hook below
+    // turns a missing body into `{}`: a body whose schema requires no member is optional
+    // (SPEC 2.3, 2.4), and the document has to say so or generated clients always send one.
+    transformObject: (document) => ('openapiObject' in document ? markOptionalBodies(document.openapiObject) : document.swaggerObject),
+  });
+
+  // Bodies are optional on mutation routes (SPEC 2.3, 2.4): a missing body validates as `{}`.
+  app.addHook('preValidation', async (request) => {
+    if (request.body === undefined && request.method !== 'GET') request.body = {};
+  });
+
+  app.addHook('onRequest', async (request) => {
+    if (request.routeOptions.config.public || !request.routeOptions.url) return;
+    request.orgId = await deps.authenticate(request);
+  });
+
+  app.setErrorHandler((error: FastifyError | ApiError, request, reply) => {
+    if (error instanceof ApiError) {
+      void reply.code(error.status).headers(error.headers).type('application/problem+json').send(problem(error.status, error.detail, error.extra));
+      return;
+    }
+    const status = error.statusCode ?? 500;
+    if (error.validation) {
+      const first = error.validation[0];
+      const where = first?.instancePath ? `${error.validationContext ?? 'request'}${first.instancePath}` : (error.validationContext ?? 'request');
+      void reply.code(400).type('application/problem+json').send(problem(400, `${where} ${first?.message ?? 'is invalid'}`));
+      return;
+    }
+    if (status >= 400 && status < 500) {
+      void reply.code(status).type('application/problem+json').send(problem(status, error.message));
+      return;
+    }
+    request.log.error({ err: error, url: request.url, method: request.method }, 'request failed');
+    void reply.code(500).type('application/problem+json').send(problem(500, 'internal error'));
+  });
+
+  app.setNotFoundHandler((request, reply) => {
+    void reply.code(404).type('application/problem+json').send(problem(404, 'no such route'));
+  });
+
+  app.get('/v1/openapi.json', { config: { public: true }, schema: { hide: true } }, async () => app.swagger());
+
+  registerDesktopRoutes(app, deps);
+  registerLifecycleRoutes(app, deps);
+  registerOperationRoutes(app, deps);
+  registerUsageRoutes(app, deps);
+  return app;
+}
+
+interface BodyDoc {
+  requestBody?: { required?: boolean; content?: Record<string, { schema?: { required?: unknown[] } }> };
+}
+
+function markOptionalBodies<T extends { paths?: object }>(document: T): T {
+  for (const item of Object.values(document.paths ?? {}) as Array<Record<string, BodyDoc>>) {
+    for (const operation of Object.values(item)) {
+      const body = operation.requestBody;
+      if (!body?.content) continue;
+      if (Object.values(body.content).every((media) => !media.schema?.required?.length)) body.required = false;
+    }
+  }
+  return document;
+}
+
+/** Error responses every authenticated route can give, for the OpenAPI document. */
+export function errorResponses(...statuses: number[]): Record<number, unknown> {
+  const response = {
+    description: 'RFC 9457 problem details',
+    content: { 'application/problem+json': { schema: { $ref: 'Problem#' } } },
+  };
+  return Object.fromEntries([401, 500, 503, ...statuses].map((s) => [s, response]));
+}

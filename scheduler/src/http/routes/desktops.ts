@@ -1,0 +1,76 @@
+/** Routes of SPEC 4.1 that read and write desktop records: list, create, get, patch. */
+import { Type } from '@sinclair/typebox';
+import type { App, AppDeps } from '../app.js';
+import { errorResponses } from '../app.js';
+import { errors } from '../../errors.js';
+import {
+  CreateDesktopBody,
+  DesktopIdParams,
+  DesktopJson,
+  DesktopStateSchema,
+  IdempotencyHeaders,
+  UpdateDesktopBody,
+} from '../schemas.js';
+
+export function idempotencyKey(value: string | undefined): string | null {
+  if (value === undefined) return null;
+  // Printable ASCII only (SPEC 4.11): anything else is rejected rather than silently normalized.
+  if (!/^[\x20-\x7e]+$/.test(value)) throw errors.badRequest('Idempotency-Key must be printable ASCII');
+  return value;
+}
+
+export function registerDesktopRoutes(app: App, deps: AppDeps): void {
+  app.get(
+    '/v1/desktops',
+    {
+      schema: {
+        summary: 'List desktops',
+        querystring: Type.Object({ state: Type.Optional(DesktopStateSchema) }),
+        response: { 200: Type.Object({ desktops: Type.Array(Type.Ref(DesktopJson)) }), ...errorResponses(400) },
+      },
+    },
+    async (request) => ({ desktops: await deps.desktops.list(request.orgId, request.query.state ?? null) }),
+  );
+
+  app.post(
+    '/v1/desktops',
+    {
+      schema: {
+        summary: 'Create a desktop',
+        headers: IdempotencyHeaders,
+        body: CreateDesktopBody,
+        response: { 200: Type.Ref(DesktopJson), 201: Type.Ref(DesktopJson), ...errorResponses(400, 413) },
+      },
+    },
+    async (request, reply) => {
+      const key = idempotencyKey(request.headers['idempotency-key']);
+      const { created, desktop } = await deps.desktops.create(request.orgId, request.body, key);
+      return reply.code(created ? 201 : 200).send(desktop);
+    },
+  );
+
+  app.get(
+    '/v1/desktops/:id',
+    {
+      schema: {
+        summary: 'Get a desktop',
+        params: DesktopIdParams,
+        response: { 200: Type.Ref(DesktopJson), ...errorResponses(400, 404) },
+      },
+    },
+    async (request) => deps.desktops.get(request.orgId, request.params.id),
+  );
+
+  app.patch(
+    '/v1/desktops/:id',
+    {
+      schema: {
+        summary: 'Update a desktop',
+        params: DesktopIdParams,
+        body: UpdateDesktopBody,
+        response: { 200: Type.Ref(DesktopJson), ...errorResponses(400, 404, 413) },
+      },
+    },
+    async (request) => deps.desktops.patch(request.orgId, request.params.id, request.body),
+  );
+}

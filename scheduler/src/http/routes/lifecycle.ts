@@ -1,0 +1,68 @@
+/**
+ * wake, hibernate, destroy (SPEC 4.1): each records a durable operation and answers 202 at once,
+ * or with `?wait=true` as soon as the operation settles (200), a failure being 409 with the
+ * operation's id, and the in-progress operation once the wait cap runs out (200).
+ */
+import { Type } from '@sinclair/typebox';
+import type { App, AppDeps } from '../app.js';
+import { errorResponses } from '../app.js';
+import { errors } from '../../errors.js';
+import { toOperationJson } from '../../services/json.js';
+import type { LifecycleKind } from '../../services/lifecycle.js';
+import { DesktopIdParams, ForkBody, IdempotencyHeaders, MutationBody, OperationJson, WaitQuery } from '../schemas.js';
+import { idempotencyKey } from './desktops.js';
+
+const isSettled = (state: string) => state === 'succeeded' || state === 'failed';
+
+export function registerLifecycleRoutes(app: App, deps: AppDeps): void {
+  for (const kind of ['wake', 'hibernate', 'destroy'] as const satisfies readonly LifecycleKind[]) {
+    app.post(
+      `/v1/desktops/:id/${kind}`,
+      {
+        schema: {
+          summary: `${kind[0]!.toUpperCase()}${kind.slice(1)} a desktop`,
+          params: DesktopIdParams,
+          querystring: WaitQuery,
+          headers: IdempotencyHeaders,
+          body: MutationBody,
+          response: {
+            200: Type.Ref(OperationJson),
+            202: Type.Ref(OperationJson),
+            ...errorResponses(400, 404, 409, 413, 503),
+          },
+        },
+      },
+      async (request, reply) => {
+        const key = idempotencyKey(request.headers['idempotency-key']);
+        const { op, repeated } = await deps.lifecycle.request(request.orgId, request.params.id, kind, {
+          expectedGeneration: request.body.expected_generation ?? null,
+          idempotencyKey: key,
+        });
+        if (!repeated && op.state === 'failed') throw errors.staleGeneration(op.id);
+        if (request.query.wait !== 'true') {
+          return reply.code(isSettled(op.state) ? 200 : 202).send(toOperationJson(op));
+        }
+        const settled = await deps.waiter.wait(request.orgId, op.id, deps.waitCapMs);
+        if (settled.state === 'failed') throw errors.operationFailed(settled.id, settled.error?.message ?? 'failed');
+        return reply.code(200).send(toOperationJson(settled));
+      },
+    );
+  }
+
+  app.post(
+    '/v1/desktops/:id/fork',
+    {
+      schema: {
+        summary: 'Fork a hibernated desktop (not implemented by this deployment yet)',
+        params: DesktopIdParams,
+        querystring: WaitQuery,
+        body: ForkBody,
+        response: { 200: Type.Ref(OperationJson), 202: Type.Ref(OperationJson), ...errorResponses(400, 404, 409, 413, 501) },
+      },
+    },
+    async (request) => {
+      await deps.desktops.get(request.orgId, request.params.id);
+      throw errors.notImplemented('fork is not implemented by this deployment');
+    },
+  );
+}

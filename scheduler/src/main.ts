@@ -1,0 +1,102 @@
+/**
+ * Scheduler start-up wiring: the one place that builds the scheduler's objects and connects them.
+ * Nothing listens, reads the environment or opens the database at import time.
+ */
+import { createRootLogger, type Logger } from '../../shared/src/log.js';
+import type { SchedulerConfig } from './config.js';
+import { connectDatabase } from './store/db.js';
+import { migrate } from './store/migrations.js';
+import { createSecretBox, parseSecretKey } from './crypto/secret-box.js';
+import { createJwtVerifier } from './auth/jwt-verifier.js';
+import { createAuthenticator } from './http/auth.js';
+import { buildApp, type App } from './http/app.js';
+import { DesktopService } from './services/desktops.js';
+import { LifecycleService } from './services/lifecycle.js';
+import { OperationWaiter } from './services/waiter.js';
+import { UsageService } from './services/usage.js';
+import { AgentGateway } from './agents/gateway.js';
+import { OperationEngine } from './engine/engine.js';
+import { Leadership } from './engine/leader.js';
+import { IdleSweeper } from './engine/idle-sweeper.js';
+
+export interface RunningScheduler {
+  readonly url: string;
+  readonly app: App;
+  readonly leadership: Leadership;
+  readonly agents: AgentGateway;
+  close(): Promise<void>;
+}
+
+export async function startScheduler(config: SchedulerConfig, logger?: Logger): Promise<RunningScheduler> {
+  const log = logger ?? createRootLogger({ level: config.logLevel, name: 'canto-scheduler' });
+  const sql = connectDatabase(config.databaseUrl, { max: 20 });
+  await migrate(sql);
+  const secrets = createSecretBox(parseSecretKey(config.secretKey));
+
+  let leadership: Leadership | null = null;
+  const isLeader = () => leadership?.isLeader() ?? false;
+  const agents = new AgentGateway({ sql, logger: log, joinToken: config.joinToken, heartbeatMs: 2_000, isLeader });
+  const lifecycle = new LifecycleService(sql, { isLeader }, Math.max(1, Math.ceil(config.leaseTtlMs / 1000)));
+  const waiter = new OperationWaiter(sql, config.waitPollMs);
+  await waiter.start();
+  const engine = new OperationEngine({
+    sql,
+    agents,
+    secrets,
+    logger: log,
+    holder: config.replicaId,
+    agentCommandTimeoutMs: config.agentCommandTimeoutMs,
+    hostWaitMs: config.hostWaitMs,
+    overcommit: { cpu: config.cpuOvercommit, memory: config.memoryOvercommit },
+    pollMs: config.enginePollMs,
+    operationDeadlineMs: config.operationDeadlineMs,
+  });
+  const sweeper = new IdleSweeper(sql, lifecycle, config.idleSweepMs, log);
+  leadership = new Leadership(sql, config.replicaId, config.leaseTtlMs, config.leaseRenewMs, {
+    async establish() {
+      await engine.start();
+      sweeper.start();
+    },
+    async revoke() {
+      sweeper.stop();
+      agents.closeAll();
+      await engine.stop();
+    },
+  }, log);
+
+  const app = await buildApp({
+    logger: log,
+    authenticate: createAuthenticator(sql, config.jwt ? createJwtVerifier(config.jwt) : null),
+    desktops: new DesktopService({ sql, secrets, defaultImageVersion: config.defaultImageVersion }),
+    lifecycle,
+    waiter,
+    usage: new UsageService(sql),
+    waitCapMs: config.waitCapMs,
+  });
+  agents.attach(app.server);
+  await app.listen({ host: config.listenHost, port: config.listenPort });
+  await leadership.start();
+  const address = app.server.address();
+  const port = typeof address === 'object' && address ? address.port : config.listenPort;
+  const host = config.listenHost.includes(':') ? `[${config.listenHost}]` : config.listenHost;
+  const url = `http://${host === '0.0.0.0' ? '127.0.0.1' : host}:${port}`;
+  log.info({ url, replica: config.replicaId }, 'scheduler listening');
+
+  let closing: Promise<void> | null = null;
+  return {
+    url,
+    app,
+    leadership,
+    agents,
+    close() {
+      closing ??= (async () => {
+        await leadership.stop();
+        agents.closeAll();
+        await app.close();
+        await waiter.stop();
+        await sql.end({ timeout: 5 });
+      })();
+      return closing;
+    },
+  };
+}

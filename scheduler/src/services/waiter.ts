@@ -1,0 +1,50 @@
+/**
+ * `?wait=true`: wait for an operation to settle, answering as soon as it does. Settling sends a
+ * `canto_op_settled` notification that every replica hears; a poll at the SPEC's 2 s cadence
+ * backs it up in case a notification is lost while the listen connection reconnects.
+ */
+import { EventEmitter } from 'node:events';
+import type { Sql } from '../store/db.js';
+import { getOperation, OP_SETTLED_CHANNEL } from '../store/operations.js';
+import type { OperationRow } from '../store/rows.js';
+
+export class OperationWaiter {
+  private readonly settled = new EventEmitter();
+  private unlisten: (() => Promise<void>) | null = null;
+
+  constructor(
+    private readonly sql: Sql,
+    private readonly pollMs: number,
+  ) {
+    this.settled.setMaxListeners(0);
+  }
+
+  async start(): Promise<void> {
+    const sub = await this.sql.listen(OP_SETTLED_CHANNEL, (id) => this.settled.emit(id));
+    this.unlisten = () => sub.unlisten();
+  }
+
+  async stop(): Promise<void> {
+    await this.unlisten?.();
+    this.unlisten = null;
+  }
+
+  /** The operation once settled, or as it stands when `capMs` runs out. */
+  async wait(orgId: string, id: string, capMs: number): Promise<OperationRow> {
+    const deadline = Date.now() + capMs;
+    for (;;) {
+      const op = (await getOperation(this.sql, orgId, id))!;
+      const remaining = deadline - Date.now();
+      if (op.state === 'succeeded' || op.state === 'failed' || remaining <= 0) return op;
+      await new Promise<void>((resolve) => {
+        const done = () => {
+          clearTimeout(timer);
+          this.settled.off(id, done);
+          resolve();
+        };
+        const timer = setTimeout(done, Math.min(this.pollMs, remaining));
+        this.settled.on(id, done);
+      });
+    }
+  }
+}

@@ -1,0 +1,31 @@
+/**
+ * The PostgreSQL connection. `DATABASE_URL` is a normal `postgres://` URL; a `?host=/dir` query
+ * parameter (libpq's convention) selects a unix socket directory, which is how the embedded
+ * cluster of `canto up` is reached.
+ */
+import postgres from 'postgres';
+
+export type Sql = postgres.Sql;
+export type TxSql = postgres.TransactionSql;
+
+export function connectDatabase(url: string, options: { max?: number } = {}): Sql {
+  const parsed = new URL(url);
+  const socketDir = parsed.searchParams.get('host');
+  parsed.searchParams.delete('host');
+  return postgres(parsed.toString(), {
+    ...(socketDir ? { host: socketDir } : {}),
+    max: options.max ?? 10,
+    onnotice: () => {},
+    transform: { undefined: null },
+    connection: { application_name: 'canto' },
+  });
+}
+
+/**
+ * Runs `fn` in a transaction. The transaction handle is typed as `Sql` so store functions take
+ * one type whether or not they run inside a transaction (postgres.js types the two apart only
+ * by `begin`/`end`, which store functions never call).
+ */
+export async function inTransaction<T>(sql: Sql, fn: (tx: Sql) => Promise<T>): Promise<T> {
+  return (await sql.begin((tx) => fn(tx as unknown as Sql))) as T;
+}

@@ -1,0 +1,126 @@
+/**
+ * Desktop rows. Every lifecycle transition goes through `transition`, which bumps `generation`
+ * and mints a new `current_generation_id` in the same statement, so no code path can change a
+ * desktop's state without moving its fencing token.
+ */
+import { newId } from '../../../shared/src/ids.js';
+import type { Sql } from './db.js';
+import type { BillingMode, DesktopRow, DesktopState } from './rows.js';
+import type { Tier } from '../../../shared/src/tiers.js';
+
+export interface NewDesktop {
+  orgId: string;
+  tier: Tier;
+  imageVersion: string;
+  idleTimeoutSecs: number;
+  billingMode: BillingMode;
+  envSealed: Buffer | null;
+  setupScriptSealed: Buffer | null;
+}
+
+export async function insertDesktop(sql: Sql, d: NewDesktop): Promise<DesktopRow> {
+  const [row] = await sql<DesktopRow[]>`
+    INSERT INTO desktops (id, org_id, tier, state, image_version, generation, current_generation_id,
+                          idle_timeout_secs, billing_mode, env_sealed, setup_script_sealed)
+    VALUES (${newId('desktop')}, ${d.orgId}, ${d.tier}, 'provisioning', ${d.imageVersion}, 0, ${newId('generation')},
+            ${d.idleTimeoutSecs}, ${d.billingMode}, ${d.envSealed}, ${d.setupScriptSealed})
+    RETURNING *`;
+  return row!;
+}
+
+export async function getDesktop(sql: Sql, orgId: string, id: string): Promise<DesktopRow | null> {
+  const [row] = await sql<DesktopRow[]>`SELECT * FROM desktops WHERE id = ${id} AND org_id = ${orgId}`;
+  return row ?? null;
+}
+
+export async function getDesktopById(sql: Sql, id: string): Promise<DesktopRow | null> {
+  const [row] = await sql<DesktopRow[]>`SELECT * FROM desktops WHERE id = ${id}`;
+  return row ?? null;
+}
+
+export async function lockDesktop(sql: Sql, orgId: string, id: string): Promise<DesktopRow | null> {
+  const [row] = await sql<DesktopRow[]>`SELECT * FROM desktops WHERE id = ${id} AND org_id = ${orgId} FOR UPDATE`;
+  return row ?? null;
+}
+
+export async function listDesktops(sql: Sql, orgId: string, state: DesktopState | null): Promise<DesktopRow[]> {
+  return state
+    ? sql<DesktopRow[]>`SELECT * FROM desktops WHERE org_id = ${orgId} AND state = ${state} ORDER BY created_at, id`
+    : sql<DesktopRow[]>`SELECT * FROM desktops WHERE org_id = ${orgId} ORDER BY created_at, id`;
+}
+
+export async function setIdleTimeout(sql: Sql, orgId: string, id: string, secs: number): Promise<DesktopRow | null> {
+  const [row] = await sql<DesktopRow[]>`
+    UPDATE desktops SET idle_timeout_secs = ${secs} WHERE id = ${id} AND org_id = ${orgId} RETURNING *`;
+  return row ?? null;
+}
+
+export interface TransitionExtras {
+  hostId?: string;
+  markWoken?: boolean;
+  markCreatedEvent?: boolean;
+  markDestroyed?: boolean;
+}
+
+/**
+ * Moves a desktop from one of `from` to `to`, bumping its generation. Returns null (and changes
+ * nothing) when the desktop is no longer in an expected state.
+ */
+export async function transition(
+  sql: Sql,
+  id: string,
+  from: readonly DesktopState[],
+  to: DesktopState,
+  extras: TransitionExtras = {},
+): Promise<DesktopRow | null> {
+  const [row] = await sql<DesktopRow[]>`
+    UPDATE desktops SET
+      state = ${to},
+      generation = generation + 1,
+      current_generation_id = ${newId('generation')},
+      host_id = COALESCE(${extras.hostId ?? null}, host_id),
+      last_woken_at = CASE WHEN ${extras.markWoken ?? false} THEN now() ELSE last_woken_at END,
+      first_woken_at = CASE WHEN ${extras.markWoken ?? false} THEN COALESCE(first_woken_at, now()) ELSE first_woken_at END,
+      created_event_at = CASE WHEN ${extras.markCreatedEvent ?? false} THEN COALESCE(created_event_at, now()) ELSE created_event_at END,
+      destroyed_at = CASE WHEN ${extras.markDestroyed ?? false} THEN now() ELSE destroyed_at END,
+      env_sealed = CASE WHEN ${extras.markDestroyed ?? false} THEN NULL ELSE env_sealed END,
+      setup_script_sealed = CASE WHEN ${extras.markDestroyed ?? false} THEN NULL ELSE setup_script_sealed END
+    WHERE id = ${id} AND state IN ${sql(from as DesktopState[])}
+    RETURNING *`;
+  return row ?? null;
+}
+
+/** Records where a desktop's disk lives, once; returns false when it was already placed. */
+export async function setPlacement(sql: Sql, id: string, hostId: string): Promise<boolean> {
+  const rows = await sql`UPDATE desktops SET host_id = ${hostId} WHERE id = ${id} AND host_id IS NULL RETURNING id`;
+  return rows.length === 1;
+}
+
+export async function idempotentDesktop(sql: Sql, orgId: string, key: string): Promise<string | null> {
+  const [row] = await sql<{ desktop_id: string }[]>`
+    SELECT desktop_id FROM desktop_idempotency WHERE org_id = ${orgId} AND key = ${key}`;
+  return row?.desktop_id ?? null;
+}
+
+/** Claims an idempotency key for a desktop; false when another request claimed it first. */
+export async function claimDesktopKey(sql: Sql, orgId: string, key: string, desktopId: string): Promise<boolean> {
+  const rows = await sql`
+    INSERT INTO desktop_idempotency (org_id, key, desktop_id) VALUES (${orgId}, ${key}, ${desktopId})
+    ON CONFLICT DO NOTHING RETURNING key`;
+  return rows.length === 1;
+}
+
+/** Awake desktops whose idle timeout (counted from the last wake) has elapsed. */
+export async function idleDesktops(sql: Sql, limit: number): Promise<DesktopRow[]> {
+  return sql<DesktopRow[]>`
+    SELECT * FROM desktops
+    WHERE state = 'awake' AND idle_timeout_secs > 0
+      AND last_woken_at + make_interval(secs => idle_timeout_secs) <= now()
+    ORDER BY last_woken_at LIMIT ${limit}`;
+}
+
+/** Desktops still waiting for a host, with no wake of their own in flight. */
+export async function provisioningDesktops(sql: Sql, limit: number): Promise<DesktopRow[]> {
+  return sql<DesktopRow[]>`
+    SELECT * FROM desktops WHERE state = 'provisioning' ORDER BY created_at LIMIT ${limit}`;
+}

@@ -1,0 +1,46 @@
+/** Hosts: one row per agent host, refreshed by its hello and heartbeats. */
+import type { Sql } from './db.js';
+import type { HostRow } from './rows.js';
+
+export interface HostHello {
+  id: string;
+  hostname: string;
+  agentInstanceId: string;
+  protocol: string;
+  runtime: string;
+  memorySnapshots: boolean;
+  vcpus: number;
+  memoryMb: number;
+}
+
+export async function upsertHost(sql: Sql, h: HostHello): Promise<void> {
+  await sql`
+    INSERT INTO hosts (id, hostname, agent_instance_id, protocol, runtime, memory_snapshots, vcpus, memory_mb, status, last_seen_at)
+    VALUES (${h.id}, ${h.hostname}, ${h.agentInstanceId}, ${h.protocol}, ${h.runtime}, ${h.memorySnapshots}, ${h.vcpus}, ${h.memoryMb}, 'ready', now())
+    ON CONFLICT (id) DO UPDATE SET
+      hostname = EXCLUDED.hostname, agent_instance_id = EXCLUDED.agent_instance_id,
+      protocol = EXCLUDED.protocol, runtime = EXCLUDED.runtime,
+      memory_snapshots = EXCLUDED.memory_snapshots, vcpus = EXCLUDED.vcpus,
+      memory_mb = EXCLUDED.memory_mb, status = 'ready', last_seen_at = now()`;
+}
+
+export async function touchHost(sql: Sql, hostId: string): Promise<void> {
+  await sql`UPDATE hosts SET last_seen_at = now(), status = 'ready' WHERE id = ${hostId}`;
+}
+
+export async function markHostDown(sql: Sql, hostId: string, agentInstanceId: string): Promise<void> {
+  // Only the link that is going away marks the host down, not an older one closing late.
+  await sql`UPDATE hosts SET status = 'down' WHERE id = ${hostId} AND agent_instance_id = ${agentInstanceId}`;
+}
+
+export async function listHosts(sql: Sql): Promise<HostRow[]> {
+  return sql<HostRow[]>`SELECT * FROM hosts ORDER BY created_at, id`;
+}
+
+/** Resources committed on each host by desktops that are running or about to run. */
+export async function committedLoad(sql: Sql): Promise<Array<{ host_id: string; tier: string; count: number }>> {
+  return sql<Array<{ host_id: string; tier: string; count: number }>>`
+    SELECT host_id, tier, count(*)::int AS count FROM desktops
+    WHERE host_id IS NOT NULL AND state IN ('waking', 'awake', 'hibernating')
+    GROUP BY host_id, tier`;
+}

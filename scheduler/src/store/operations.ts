@@ -1,0 +1,89 @@
+/**
+ * Operation rows: the durable record of every wake, hibernate, destroy and fork. A row is
+ * created in the same transaction as the desktop's state change; the leader's engine claims
+ * pending rows with `FOR UPDATE SKIP LOCKED` and settles them. Settling announces itself on the
+ * `canto_op_settled` channel so `?wait=true` answers at once on every replica.
+ */
+import { newId } from '../../../shared/src/ids.js';
+import type { Sql } from './db.js';
+import type { DesktopState, OperationError, OperationKind, OperationRow } from './rows.js';
+
+export const OP_NEW_CHANNEL = 'canto_op_new';
+export const OP_SETTLED_CHANNEL = 'canto_op_settled';
+
+export interface NewOperation {
+  orgId: string;
+  desktopId: string;
+  kind: OperationKind;
+  idempotencyKey: string | null;
+  fromState: DesktopState;
+  reason?: string;
+  /** Insert already failed (a stale `expected_generation`). */
+  failed?: OperationError;
+}
+
+export async function insertOperation(sql: Sql, op: NewOperation): Promise<OperationRow> {
+  const state = op.failed ? 'failed' : 'pending';
+  const [row] = await sql<OperationRow[]>`
+    INSERT INTO operations (id, org_id, desktop_id, kind, state, idempotency_key, from_state, reason, error, settled_at)
+    VALUES (${newId('operation')}, ${op.orgId}, ${op.desktopId}, ${op.kind}, ${state}, ${op.idempotencyKey},
+            ${op.fromState}, ${op.reason ?? 'requested'}, ${op.failed ? sql.json(op.failed as never) : null},
+            ${op.failed ? sql`now()` : null})
+    RETURNING *`;
+  if (!op.failed) await sql`SELECT pg_notify(${OP_NEW_CHANNEL}, ${row!.id})`;
+  return row!;
+}
+
+export async function getOperation(sql: Sql, orgId: string, id: string): Promise<OperationRow | null> {
+  const [row] = await sql<OperationRow[]>`SELECT * FROM operations WHERE id = ${id} AND org_id = ${orgId}`;
+  return row ?? null;
+}
+
+export async function operationByKey(sql: Sql, desktopId: string, key: string): Promise<OperationRow | null> {
+  const [row] = await sql<OperationRow[]>`
+    SELECT * FROM operations WHERE desktop_id = ${desktopId} AND idempotency_key = ${key}`;
+  return row ?? null;
+}
+
+/** Claims pending operations for this engine, oldest first. */
+export async function claimPending(sql: Sql, limit: number): Promise<OperationRow[]> {
+  return sql<OperationRow[]>`
+    UPDATE operations SET state = 'running', started_at = COALESCE(started_at, now()), attempts = attempts + 1
+    WHERE id IN (
+      SELECT id FROM operations WHERE state = 'pending' ORDER BY created_at LIMIT ${limit} FOR UPDATE SKIP LOCKED
+    )
+    RETURNING *`;
+}
+
+/** Operations a previous leader started and never settled. */
+export async function runningOperations(sql: Sql): Promise<OperationRow[]> {
+  return sql<OperationRow[]>`SELECT * FROM operations WHERE state = 'running' ORDER BY created_at`;
+}
+
+export async function hasOpenOperation(sql: Sql, desktopId: string): Promise<boolean> {
+  const rows = await sql`SELECT 1 FROM operations WHERE desktop_id = ${desktopId} AND state IN ('pending', 'running') LIMIT 1`;
+  return rows.length > 0;
+}
+
+/**
+ * Settles a running operation. `leaseHolder` fences a deposed leader: the update happens only
+ * while that replica still holds the leader lease.
+ */
+export async function settleOperation(
+  sql: Sql,
+  id: string,
+  outcome: { result: Record<string, unknown> } | { error: OperationError },
+  leaseHolder: string,
+): Promise<boolean> {
+  const rows = await sql`
+    UPDATE operations SET
+      state = ${'result' in outcome ? 'succeeded' : 'failed'},
+      result = ${'result' in outcome ? sql.json(outcome.result as never) : null},
+      error = ${'error' in outcome ? sql.json(outcome.error as never) : null},
+      settled_at = now()
+    WHERE id = ${id} AND state = 'running'
+      AND EXISTS (SELECT 1 FROM leases WHERE name = 'leader' AND holder = ${leaseHolder} AND expires_at > now())
+    RETURNING id`;
+  if (rows.length === 1) await sql`SELECT pg_notify(${OP_SETTLED_CHANNEL}, ${id})`;
+  return rows.length === 1;
+}

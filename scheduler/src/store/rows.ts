@@ -1,0 +1,66 @@
+/** Row shapes of the scheduler's tables, as the store returns them. */
+import type { Tier } from '../../../shared/src/tiers.js';
+
+export const DESKTOP_STATES = ['provisioning', 'waking', 'awake', 'hibernating', 'hibernated', 'destroyed'] as const;
+export type DesktopState = (typeof DESKTOP_STATES)[number];
+export type BillingMode = 'monthly' | 'hourly';
+export type OperationKind = 'wake' | 'hibernate' | 'destroy' | 'fork';
+export type OperationState = 'pending' | 'running' | 'succeeded' | 'failed';
+
+export interface DesktopRow {
+  id: string;
+  org_id: string;
+  tier: Tier;
+  state: DesktopState;
+  image_version: string;
+  generation: number;
+  current_generation_id: string;
+  idle_timeout_secs: number;
+  billing_mode: BillingMode;
+  host_id: string | null;
+  env_sealed: Buffer | null;
+  setup_script_sealed: Buffer | null;
+  created_event_at: Date | null;
+  first_woken_at: Date | null;
+  last_woken_at: Date | null;
+  created_at: Date;
+  destroyed_at: Date | null;
+}
+
+export interface OperationError {
+  code: string;
+  message: string;
+  [key: string]: unknown;
+}
+
+export interface OperationRow {
+  id: string;
+  org_id: string;
+  desktop_id: string;
+  kind: OperationKind;
+  state: OperationState;
+  idempotency_key: string | null;
+  from_state: DesktopState;
+  reason: string;
+  result: Record<string, unknown> | null;
+  error: OperationError | null;
+  attempts: number;
+  created_at: Date;
+  started_at: Date | null;
+  settled_at: Date | null;
+}
+
+export interface HostRow {
+  id: string;
+  hostname: string;
+  agent_instance_id: string;
+  protocol: string;
+  runtime: string;
+  memory_snapshots: boolean;
+  vcpus: number;
+  memory_mb: number;
+  status: 'ready' | 'down';
+  cordoned: boolean;
+  last_seen_at: Date;
+  created_at: Date;
+}

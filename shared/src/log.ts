@@ -1,0 +1,37 @@
+/**
+ * Logging: one pino root logger per process, `child({component})` per component. Credentials are
+ * redacted wherever they might appear in a logged object.
+ */
+import { pino, type Logger } from 'pino';
+
+export type { Logger };
+
+export const REDACT_PATHS = [
+  'authorization',
+  '*.authorization',
+  'headers.authorization',
+  'req.headers.authorization',
+  'token',
+  '*.token',
+  'secret',
+  '*.secret',
+  'env',
+  '*.env',
+  'setup_script',
+  '*.setup_script',
+  'password',
+  '*.password',
+];
+
+export function createRootLogger(options: { level?: string; name?: string } = {}): Logger {
+  return pino({
+    name: options.name ?? 'canto',
+    level: options.level ?? 'info',
+    redact: { paths: REDACT_PATHS, censor: '[redacted]' },
+  });
+}
+
+/** A logger that drops everything, for tests that do not look at logs. */
+export function silentLogger(): Logger {
+  return pino({ level: 'silent' });
+}

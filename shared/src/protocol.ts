@@ -1,0 +1,202 @@
+/**
+ * The agent link: the messages a host agent and the scheduler exchange over one websocket, each
+ * frame msgpack-encoded. Requests are `{v, id, type, payload}`; replies are `{v, id, ok, result}`
+ * or `{v, id, ok: false, error}`; notifications are requests without an `id` and get no reply.
+ *
+ * Versioning: `PROTOCOL_VERSION` is `major.minor`. Only add message types and optional fields
+ * within a major; the scheduler refuses an agent whose major is newer than its own.
+ *
+ * Changelog:
+ *   1.0 — hello, heartbeat, desktop.prepare/start/hibernate/destroy, guest.exec.
+ *
+ * Every desktop command carries the desktop's `generation`. The agent remembers the highest
+ * generation it has seen per desktop and refuses an older one with `stale_generation`: after a
+ * host is declared failed and its desktops recovered elsewhere, a returning agent must not act on
+ * commands from before the recovery. Commands are idempotent, so a new leader may re-send one.
+ */
+import { Type, type Static, type TSchema } from '@sinclair/typebox';
+import { TypeCompiler } from '@sinclair/typebox/compiler';
+
+export const PROTOCOL_VERSION = '1.0';
+export const WIRE_VERSION = 1;
+
+export function protocolMajor(version: string): number {
+  const major = Number.parseInt(version.split('.')[0] ?? '', 10);
+  return Number.isFinite(major) ? major : Number.NaN;
+}
+
+export const AgentError = Type.Object({
+  code: Type.Union([
+    Type.Literal('stale_generation'),
+    Type.Literal('not_found'),
+    Type.Literal('not_running'),
+    Type.Literal('timeout'),
+    Type.Literal('runtime_error'),
+    Type.Literal('bad_request'),
+    Type.Literal('unsupported'),
+    Type.Literal('unauthorized'),
+    Type.Literal('disconnected'),
+  ]),
+  message: Type.String(),
+  retryable: Type.Boolean(),
+});
+export type AgentError = Static<typeof AgentError>;
+export type AgentErrorCode = AgentError['code'];
+
+const TierName = Type.Union([Type.Literal('small'), Type.Literal('default'), Type.Literal('large')]);
+
+const DesktopRef = {
+  desktop_id: Type.String(),
+  generation: Type.Integer({ minimum: 0 }),
+};
+
+/* ------------------------------------------------------------------ agent → scheduler */
+
+export const HelloPayload = Type.Object({
+  protocol: Type.String(),
+  host_id: Type.String(),
+  agent_instance_id: Type.String(),
+  hostname: Type.String(),
+  capabilities: Type.Object({
+    runtime: Type.String(),
+    memory_snapshots: Type.Boolean(),
+  }),
+  capacity: Type.Object({
+    vcpus: Type.Integer({ minimum: 0 }),
+    memory_mb: Type.Integer({ minimum: 0 }),
+  }),
+  desktops: Type.Array(
+    Type.Object({ ...DesktopRef, running: Type.Boolean(), has_snapshot: Type.Boolean() }),
+  ),
+});
+export type HelloPayload = Static<typeof HelloPayload>;
+
+export const HelloResult = Type.Object({ protocol: Type.String(), heartbeat_ms: Type.Integer() });
+export type HelloResult = Static<typeof HelloResult>;
+
+export const HeartbeatPayload = Type.Object({ running_desktops: Type.Integer({ minimum: 0 }) });
+export type HeartbeatPayload = Static<typeof HeartbeatPayload>;
+
+/* ------------------------------------------------------------------ scheduler → agent */
+
+export const PreparePayload = Type.Object({ ...DesktopRef, tier: TierName });
+export const PrepareResult = Type.Object({});
+
+export const FirstBoot = Type.Object({
+  env: Type.Record(Type.String(), Type.String()),
+  setup_script: Type.Union([Type.String(), Type.Null()]),
+});
+export type FirstBoot = Static<typeof FirstBoot>;
+
+export const StartPayload = Type.Object({
+  ...DesktopRef,
+  operation_id: Type.String(),
+  tier: TierName,
+  /** Present only until the desktop's first successful wake. */
+  first_boot: Type.Union([FirstBoot, Type.Null()]),
+});
+export const StartResult = Type.Object({ restored: Type.Boolean() });
+
+export const HibernatePayload = Type.Object({ ...DesktopRef, operation_id: Type.String() });
+export const HibernateResult = Type.Object({ snapshot: Type.Boolean() });
+
+export const DestroyPayload = Type.Object({ ...DesktopRef, operation_id: Type.String() });
+export const DestroyResult = Type.Object({});
+
+export const ExecPayload = Type.Object({
+  ...DesktopRef,
+  command: Type.String({ minLength: 1 }),
+  timeout_ms: Type.Integer({ minimum: 1 }),
+});
+export const ExecResult = Type.Object({
+  exit_code: Type.Integer(),
+  stdout: Type.String(),
+  stderr: Type.String(),
+});
+
+/** Request types the scheduler sends, with their payload and result schemas. */
+export const AGENT_COMMANDS = {
+  'desktop.prepare': { payload: PreparePayload, result: PrepareResult },
+  'desktop.start': { payload: StartPayload, result: StartResult },
+  'desktop.hibernate': { payload: HibernatePayload, result: HibernateResult },
+  'desktop.destroy': { payload: DestroyPayload, result: DestroyResult },
+  'guest.exec': { payload: ExecPayload, result: ExecResult },
+} as const;
+
+export type AgentCommand = keyof typeof AGENT_COMMANDS;
+export type CommandPayload<C extends AgentCommand> = Static<(typeof AGENT_COMMANDS)[C]['payload']>;
+export type CommandResult<C extends AgentCommand> = Static<(typeof AGENT_COMMANDS)[C]['result']>;
+
+/** Request types an agent sends. */
+export const SCHEDULER_REQUESTS = {
+  hello: { payload: HelloPayload, result: HelloResult },
+} as const;
+
+export const AGENT_NOTIFICATIONS = {
+  heartbeat: HeartbeatPayload,
+} as const;
+
+/* ------------------------------------------------------------------ frames */
+
+export const RequestFrame = Type.Object({
+  v: Type.Literal(WIRE_VERSION),
+  id: Type.Optional(Type.Integer({ minimum: 1 })),
+  type: Type.String(),
+  payload: Type.Unknown(),
+});
+export type RequestFrame = Static<typeof RequestFrame>;
+
+export const ReplyFrame = Type.Union([
+  Type.Object({ v: Type.Literal(WIRE_VERSION), id: Type.Integer(), ok: Type.Literal(true), result: Type.Unknown() }),
+  Type.Object({ v: Type.Literal(WIRE_VERSION), id: Type.Integer(), ok: Type.Literal(false), error: AgentError }),
+]);
+export type ReplyFrame = Static<typeof ReplyFrame>;
+
+export type Frame = RequestFrame | ReplyFrame;
+
+const requestCheck = TypeCompiler.Compile(RequestFrame);
+const replyCheck = TypeCompiler.Compile(ReplyFrame);
+
+export function isReplyFrame(value: unknown): value is ReplyFrame {
+  return typeof value === 'object' && value !== null && 'ok' in value && replyCheck.Check(value);
+}
+
+export function isRequestFrame(value: unknown): value is RequestFrame {
+  return requestCheck.Check(value);
+}
+
+const checkers = new Map<TSchema, ReturnType<typeof TypeCompiler.Compile>>();
+
+/** Validates `value` against a message schema; throws a `bad_request` AgentFailure otherwise. */
+export function parseMessage<S extends TSchema>(schema: S, value: unknown, what: string): Static<S> {
+  let check = checkers.get(schema);
+  if (!check) {
+    check = TypeCompiler.Compile(schema);
+    checkers.set(schema, check);
+  }
+  if (!check.Check(value)) {
+    const first = check.Errors(value).First();
+    throw new AgentFailure('bad_request', `invalid ${what}: ${first ? `${first.path} ${first.message}` : 'shape'}`, false);
+  }
+  return value as Static<S>;
+}
+
+/** An error that crosses the agent link as `{code, message, retryable}`. */
+export class AgentFailure extends Error {
+  constructor(
+    readonly code: AgentErrorCode,
+    message: string,
+    readonly retryable: boolean,
+  ) {
+    super(message);
+    this.name = 'AgentFailure';
+  }
+
+  toJSON(): AgentError {
+    return { code: this.code, message: this.message, retryable: this.retryable };
+  }
+
+  static from(error: AgentError): AgentFailure {
+    return new AgentFailure(error.code, error.message, error.retryable);
+  }
+}

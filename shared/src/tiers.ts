@@ -1,0 +1,29 @@
+/**
+ * Desktop tiers: the sizes a desktop can be created with, their resource limits (enforced by the
+ * runtime), their weight on awake seconds and their prices (SPEC 4.9). Prices are in cents.
+ */
+export const TIERS = ['small', 'default', 'large'] as const;
+export type Tier = (typeof TIERS)[number];
+
+export interface TierSpec {
+  readonly vcpus: number;
+  readonly memoryMb: number;
+  /** Process-count limit inside the desktop (pids cgroup). */
+  readonly maxPids: number;
+  /** Multiplier applied to awake seconds for `weighted_awake_seconds`. */
+  readonly weight: number;
+  readonly monthlyCents: number;
+}
+
+export const TIER_SPECS: Readonly<Record<Tier, TierSpec>> = {
+  small: { vcpus: 2, memoryMb: 4096, maxPids: 1024, weight: 0.5, monthlyCents: 600 },
+  default: { vcpus: 4, memoryMb: 8192, maxPids: 2048, weight: 1.0, monthlyCents: 1200 },
+  large: { vcpus: 8, memoryMb: 16384, maxPids: 4096, weight: 2.0, monthlyCents: 2400 },
+};
+
+/** The hourly rate is the monthly price divided by 667 (SPEC 4.9). */
+export const HOURS_PER_BILLING_MONTH = 667;
+
+export function isTier(value: string): value is Tier {
+  return (TIERS as readonly string[]).includes(value);
+}

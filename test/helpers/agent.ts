@@ -1,0 +1,59 @@
+/**
+ * Starts a real agent in-process on the in-memory FakeDriver, dialing a test scheduler over a
+ * real websocket with the join token. Fast enough for API tests; the end-to-end suite uses the
+ * real runtime instead.
+ */
+import { mkdtempSync, rmSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { startAgent, type AgentHandle } from '../../agent/src/channel.js';
+import { loadAgentConfig } from '../../agent/src/config.js';
+import { runAgent } from '../../agent/src/main.js';
+import { FakeDriver } from '../../agent/src/runtime/fake.js';
+import { silentLogger } from '../../shared/src/log.js';
+import { JOIN_TOKEN } from './scheduler.js';
+
+export interface TestAgent extends AgentHandle {
+  /** Present when the agent was started with a driver of our own (`delayMs`). */
+  readonly driver: FakeDriver | null;
+}
+
+export interface FakeAgentOptions {
+  /**
+   * Added to every lifecycle call of the FakeDriver, in ms. `runAgent` builds its FakeDriver
+   * without a delay, so a slow agent is assembled from `startAgent` and a FakeDriver of our own.
+   */
+  delayMs?: number;
+  /** Wait for the hello before returning. Default true. */
+  waitConnected?: boolean;
+}
+
+export async function startFakeAgent(schedulerUrl: string, options: FakeAgentOptions = {}): Promise<TestAgent> {
+  const stateDir = mkdtempSync(join(tmpdir(), 'canto-agent-'));
+  const config = loadAgentConfig({
+    CANTO_SCHEDULER_URL: schedulerUrl,
+    CANTO_AGENT_TOKEN: JOIN_TOKEN,
+    CANTO_AGENT_STATE_DIR: stateDir,
+    CANTO_AGENT_RUNTIME: 'fake',
+    CANTO_AGENT_RECONNECT_MAX_MS: '500',
+    CANTO_LOG_LEVEL: 'silent',
+  });
+  const logger = silentLogger();
+  let driver: FakeDriver | null = null;
+  let handle: AgentHandle;
+  if (options.delayMs) {
+    driver = new FakeDriver({ delayMs: options.delayMs });
+    handle = await startAgent({ config, driver, logger });
+  } else {
+    handle = await runAgent(config, { handleSignals: false, logger });
+  }
+  if (options.waitConnected ?? true) await handle.waitConnected(10_000);
+  return {
+    ...handle,
+    driver,
+    async stop() {
+      await handle.stop();
+      rmSync(stateDir, { recursive: true, force: true });
+    },
+  };
+}

@@ -1,0 +1,86 @@
+/**
+ * End-to-end helpers: the real `canto` CLI (the built bundle) started as child processes —
+ * a scheduler and an agent — exactly as an operator would run them. Every child is killed by
+ * pid when the test ends.
+ */
+import { spawn, type ChildProcess } from 'node:child_process';
+import { createServer } from 'node:net';
+import { existsSync } from 'node:fs';
+import { join } from 'node:path';
+import { generateSecretKey } from '../../scheduler/src/crypto/secret-box.js';
+import { JOIN_TOKEN, until } from './scheduler.js';
+
+const CLI = join(import.meta.dirname, '..', '..', 'dist', 'cli.js');
+
+export interface Child {
+  proc: ChildProcess;
+  output(): string;
+  /** SIGKILL, then wait for the exit. */
+  kill(signal?: NodeJS.Signals): Promise<void>;
+}
+
+function startChild(args: string[], env: Record<string, string>): Child {
+  if (!existsSync(CLI)) throw new Error('dist/cli.js is missing: run `npm run build` (npm test does)');
+  const proc = spawn(process.execPath, [CLI, ...args], {
+    env: { PATH: process.env.PATH ?? '/usr/bin:/bin', HOME: process.env.HOME ?? '/root', ...env },
+    stdio: ['ignore', 'pipe', 'pipe'],
+  });
+  let out = '';
+  proc.stdout!.on('data', (d: Buffer) => (out += d.toString()));
+  proc.stderr!.on('data', (d: Buffer) => (out += d.toString()));
+  const exited = new Promise<void>((resolve) => proc.once('exit', () => resolve()));
+  return {
+    proc,
+    output: () => out,
+    async kill(signal = 'SIGKILL') {
+      if (proc.exitCode === null && proc.signalCode === null) proc.kill(signal);
+      await exited;
+    },
+  };
+}
+
+export async function freePort(): Promise<number> {
+  return new Promise((resolve, reject) => {
+    const server = createServer();
+    server.once('error', reject);
+    server.listen(0, '127.0.0.1', () => {
+      const address = server.address();
+      server.close(() => resolve(typeof address === 'object' && address ? address.port : 0));
+    });
+  });
+}
+
+export interface SchedulerProcessEnv {
+  databaseUrl: string;
+  port: number;
+  secretKey?: string;
+  extra?: Record<string, string>;
+}
+
+export async function startSchedulerProcess(opts: SchedulerProcessEnv): Promise<Child & { url: string }> {
+  const child = startChild(['scheduler'], {
+    DATABASE_URL: opts.databaseUrl,
+    CANTO_SECRET_KEY: opts.secretKey ?? generateSecretKey(),
+    CANTO_LISTEN: `127.0.0.1:${opts.port}`,
+    CANTO_JOIN_TOKEN: JOIN_TOKEN,
+    CANTO_LEASE_TTL_MS: '3000',
+    CANTO_LEASE_RENEW_MS: '300',
+    CANTO_ENGINE_POLL_MS: '100',
+    CANTO_LOG_LEVEL: 'info',
+    ...opts.extra,
+  });
+  const url = `http://127.0.0.1:${opts.port}`;
+  await until(async () => {
+    if (child.proc.exitCode !== null) throw new Error(`scheduler exited:\n${child.output()}`);
+    return fetch(`${url}/v1/openapi.json`).then((r) => r.ok, () => false);
+  }, 30_000, 'scheduler to listen');
+  return Object.assign(child, { url });
+}
+
+export function startAgentProcess(schedulerUrl: string, stateDir: string, extra: Record<string, string> = {}): Child {
+  return startChild(['agent', '--scheduler', schedulerUrl, '--token', JOIN_TOKEN, '--state-dir', stateDir], {
+    CANTO_AGENT_RECONNECT_MAX_MS: '500',
+    CANTO_LOG_LEVEL: 'info',
+    ...extra,
+  });
+}

@@ -1,0 +1,80 @@
+/**
+ * Starts a real scheduler in-process on 127.0.0.1:0 against a fresh database, plus helpers to
+ * mint API keys and call the API over real sockets.
+ */
+import { generateSecretKey } from '../../scheduler/src/crypto/secret-box.js';
+import { loadSchedulerConfig } from '../../scheduler/src/config.js';
+import { startScheduler, type RunningScheduler } from '../../scheduler/src/main.js';
+import { connectDatabase } from '../../scheduler/src/store/db.js';
+import { createApiKey } from '../../scheduler/src/services/keys.js';
+import { silentLogger } from '../../shared/src/log.js';
+import { freshDatabaseUrl } from './db.js';
+
+export const JOIN_TOKEN = 'test-join-token-0123456789abcdef';
+
+export interface TestScheduler extends RunningScheduler {
+  databaseUrl: string;
+  env: Record<string, string>;
+}
+
+export async function startTestScheduler(env: Record<string, string> = {}, databaseUrl?: string): Promise<TestScheduler> {
+  const url = databaseUrl ?? (await freshDatabaseUrl());
+  const fullEnv = {
+    DATABASE_URL: url,
+    CANTO_SECRET_KEY: env.CANTO_SECRET_KEY ?? generateSecretKey(),
+    CANTO_LISTEN: '127.0.0.1:0',
+    CANTO_JOIN_TOKEN: JOIN_TOKEN,
+    CANTO_LEASE_TTL_MS: '3000',
+    CANTO_LEASE_RENEW_MS: '300',
+    CANTO_ENGINE_POLL_MS: '100',
+    CANTO_WAIT_POLL_MS: '200',
+    CANTO_IDLE_SWEEP_MS: '200',
+    CANTO_HOST_WAIT_MS: '5000',
+    CANTO_OPERATION_DEADLINE_MS: '20000',
+    ...env,
+  };
+  const scheduler = await startScheduler(loadSchedulerConfig(fullEnv), silentLogger());
+  return Object.assign(scheduler, { databaseUrl: url, env: fullEnv });
+}
+
+export async function mintKey(databaseUrl: string, org: string): Promise<string> {
+  const sql = connectDatabase(databaseUrl, { max: 1 });
+  try {
+    return (await createApiKey(sql, org)).key;
+  } finally {
+    await sql.end();
+  }
+}
+
+/** Waits until `check` returns a truthy value, polling, or fails after `timeoutMs`. */
+export async function until<T>(check: () => Promise<T> | T, timeoutMs = 10_000, what = 'condition'): Promise<NonNullable<T>> {
+  const deadline = Date.now() + timeoutMs;
+  for (;;) {
+    const value = await check();
+    if (value) return value as NonNullable<T>;
+    if (Date.now() > deadline) throw new Error(`timed out waiting for ${what}`);
+    await new Promise((r) => setTimeout(r, 25));
+  }
+}
+
+export function api(base: string, key: string) {
+  return async (method: string, path: string, body?: unknown, headers: Record<string, string> = {}) => {
+    const res = await fetch(base + path, {
+      method,
+      headers: {
+        authorization: `Bearer ${key}`,
+        ...(body !== undefined ? { 'content-type': 'application/json' } : {}),
+        ...headers,
+      },
+      body: body === undefined ? undefined : typeof body === 'string' ? body : JSON.stringify(body),
+    });
+    const text = await res.text();
+    let json: any = null;
+    try {
+      json = text ? JSON.parse(text) : null;
+    } catch {
+      json = null;
+    }
+    return { status: res.status, headers: res.headers, text, json };
+  };
+}

@@ -1,0 +1,119 @@
+/**
+ * The OpenAPI 3.1 document (SPEC 1.6, 5.2): served without credentials, valid against the
+ * OpenAPI 3.1 schema, with the `bearer_auth` scheme, every implemented route of SPEC 4.1, 4.2 and
+ * 4.9, and problem+json error responses documented on each.
+ */
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { Validator } from '@seriousme/openapi-schema-validator';
+import { startTestScheduler, type TestScheduler } from '../helpers/scheduler.js';
+
+let s: TestScheduler;
+let doc: any;
+
+beforeAll(async () => {
+  s = await startTestScheduler();
+  const res = await fetch(`${s.url}/v1/openapi.json`);
+  expect(res.status).toBe(200);
+  expect(res.headers.get('content-type')).toMatch(/^application\/json/);
+  doc = await res.json();
+});
+
+afterAll(async () => {
+  await s?.close();
+});
+
+/** Route → method → error statuses it must document (SPEC 4.1, 4.2, 4.9, 5, 7). */
+const ROUTES: Record<string, Record<string, number[]>> = {
+  '/v1/desktops': { get: [400, 401], post: [400, 401, 413] },
+  '/v1/desktops/{id}': { get: [400, 401, 404], patch: [400, 401, 404] },
+  '/v1/desktops/{id}/wake': { post: [400, 401, 404, 409, 503] },
+  '/v1/desktops/{id}/hibernate': { post: [400, 401, 404, 409, 503] },
+  '/v1/desktops/{id}/destroy': { post: [400, 401, 404, 409, 503] },
+  '/v1/desktops/{id}/fork': { post: [400, 401, 404, 409, 501] },
+  '/v1/operations/{id}': { get: [400, 401, 404] },
+  '/v1/usage': { get: [400, 401] },
+};
+
+const LIFECYCLE = ['/v1/desktops/{id}/wake', '/v1/desktops/{id}/hibernate', '/v1/desktops/{id}/destroy'];
+
+describe('GET /v1/openapi.json', () => {
+  it('is served without credentials, and with garbage credentials too', async () => {
+    const res = await fetch(`${s.url}/v1/openapi.json`, { headers: { authorization: 'Bearer garbage' } });
+    expect(res.status).toBe(200);
+  });
+
+  it('is a valid OpenAPI 3.1 document', async () => {
+    expect(doc.openapi).toMatch(/^3\.1\.\d+$/);
+    const result = await new Validator().validate(doc);
+    if (!result.valid) console.error(JSON.stringify(result.errors, null, 2));
+    expect(result.valid).toBe(true);
+  });
+
+  it('declares the bearer_auth scheme and requires it by default', () => {
+    expect(doc.components.securitySchemes.bearer_auth).toMatchObject({ type: 'http', scheme: 'bearer' });
+    expect(doc.security).toEqual([{ bearer_auth: [] }]);
+  });
+
+  it.each(Object.entries(ROUTES))('documents %s', (path, methods) => {
+    const item = doc.paths[path];
+    expect(item, `missing path ${path}`).toBeDefined();
+    for (const [method, statuses] of Object.entries(methods)) {
+      const op = item[method];
+      expect(op, `missing ${method.toUpperCase()} ${path}`).toBeDefined();
+      // Not opted out of the document-wide bearer_auth requirement.
+      expect(op.security === undefined || op.security.some((r: object) => 'bearer_auth' in r)).toBe(true);
+      for (const status of statuses) {
+        const response = op.responses[String(status)];
+        expect(response, `${method.toUpperCase()} ${path} does not document ${status}`).toBeDefined();
+        expect(Object.keys(response.content ?? {}), `${method.toUpperCase()} ${path} ${status}`).toContain('application/problem+json');
+      }
+      if (path.includes('{id}')) {
+        const id = (op.parameters ?? []).find((p: { in: string; name: string }) => p.in === 'path' && p.name === 'id');
+        expect(id, `${path} id parameter`).toMatchObject({ required: true });
+        expect(id.schema.pattern).toBeTypeOf('string');
+      }
+    }
+  });
+
+  it('documents the success responses with their schemas', () => {
+    const ref = (op: any, status: number) => JSON.stringify(op.responses[String(status)].content['application/json'].schema);
+    expect(ref(doc.paths['/v1/desktops'].post, 201)).toContain('DesktopJson');
+    expect(ref(doc.paths['/v1/desktops'].post, 200)).toContain('DesktopJson');
+    expect(ref(doc.paths['/v1/desktops/{id}'].get, 200)).toContain('DesktopJson');
+    expect(ref(doc.paths['/v1/operations/{id}'].get, 200)).toContain('OperationJson');
+    expect(ref(doc.paths['/v1/usage'].get, 200)).toContain('UsageResponse');
+    for (const path of LIFECYCLE) {
+      expect(ref(doc.paths[path].post, 202)).toContain('OperationJson');
+      expect(ref(doc.paths[path].post, 200)).toContain('OperationJson');
+    }
+  });
+
+  it('documents wait, Idempotency-Key and the optional body on lifecycle routes', () => {
+    for (const path of LIFECYCLE) {
+      const op = doc.paths[path].post;
+      const names = op.parameters.map((p: { in: string; name: string }) => `${p.in}:${p.name.toLowerCase()}`);
+      expect(names).toEqual(expect.arrayContaining(['query:wait', 'header:idempotency-key']));
+      // SPEC 2.4: the body is optional; an empty one equals {}.
+      expect(op.requestBody?.required ?? false, `${path} requestBody.required`).toBe(false);
+    }
+    expect(doc.paths['/v1/desktops/{id}'].patch.requestBody?.required ?? false).toBe(false);
+    const createParams = doc.paths['/v1/desktops'].post.parameters.map((p: { name: string }) => p.name.toLowerCase());
+    expect(createParams).toContain('idempotency-key');
+  });
+
+  it('has Problem, DesktopJson and OperationJson with the SPEC fields', () => {
+    const { Problem, DesktopJson, OperationJson } = doc.components.schemas;
+    expect(Problem.required).toEqual(expect.arrayContaining(['type', 'title', 'status', 'detail']));
+    expect(Object.keys(DesktopJson.properties)).toEqual(
+      expect.arrayContaining(['id', 'org_id', 'tier', 'state', 'image_version', 'generation', 'current_generation_id', 'idle_timeout_secs', 'billing_mode', 'host_id']),
+    );
+    expect(DesktopJson.properties).not.toHaveProperty('env');
+    expect(DesktopJson.properties).not.toHaveProperty('setup_script');
+    expect(Object.keys(OperationJson.properties)).toEqual(expect.arrayContaining(['id', 'desktop_id', 'kind', 'state', 'result', 'error']));
+  });
+
+  it('does not list the document itself or internal routes', () => {
+    expect(doc.paths['/v1/openapi.json']).toBeUndefined();
+    expect(Object.keys(doc.paths).every((p) => p.startsWith('/v1/'))).toBe(true);
+  });
+});

@@ -1,0 +1,64 @@
+import { describe, expect, it } from 'vitest';
+import { agentSocketUrl } from '../../agent/src/channel.js';
+import { loadAgentConfig } from '../../agent/src/config.js';
+
+const base = { CANTO_SCHEDULER_URL: 'http://sched.example:8080/', CANTO_AGENT_TOKEN: 'tok' };
+
+describe('loadAgentConfig', () => {
+  it('applies documented defaults and freezes the result', () => {
+    const config = loadAgentConfig(base);
+    expect(config).toEqual({
+      schedulerUrl: 'http://sched.example:8080',
+      token: 'tok',
+      stateDir: '/var/lib/canto-agent',
+      runtime: 'sandbox',
+      memorySnapshots: true,
+      heartbeatMs: 2000,
+      reconnectMinMs: 100,
+      reconnectMaxMs: 10_000,
+      logLevel: 'info',
+    });
+    expect(Object.isFrozen(config)).toBe(true);
+  });
+
+  it('prefers flags over the environment', () => {
+    const config = loadAgentConfig(
+      { ...base, CANTO_AGENT_STATE_DIR: '/env', CANTO_AGENT_RUNTIME: 'sandbox', CANTO_AGENT_MEMORY_SNAPSHOTS: 'false' },
+      { scheduler: 'https://other.example', token: 'flag-token', stateDir: '/flag', runtime: 'fake', logLevel: 'debug' },
+    );
+    expect(config).toMatchObject({
+      schedulerUrl: 'https://other.example',
+      token: 'flag-token',
+      stateDir: '/flag',
+      runtime: 'fake',
+      memorySnapshots: false,
+      logLevel: 'debug',
+    });
+  });
+
+  it('throws a clear error for missing or invalid values', () => {
+    expect(() => loadAgentConfig({ CANTO_AGENT_TOKEN: 'tok' })).toThrow(/scheduler URL is required/);
+    expect(() => loadAgentConfig({ CANTO_SCHEDULER_URL: 'http://x' })).toThrow(/join token is required/);
+    expect(() => loadAgentConfig({ ...base, CANTO_SCHEDULER_URL: 'ftp://x' })).toThrow(/http or https/);
+    expect(() => loadAgentConfig({ ...base, CANTO_SCHEDULER_URL: 'not a url' })).toThrow(/not a valid URL/);
+    expect(() => loadAgentConfig({ ...base, CANTO_SCHEDULER_URL: 'http://u:p@x' })).toThrow(/credentials/);
+    expect(() => loadAgentConfig({ ...base, CANTO_AGENT_RUNTIME: 'qemu' })).toThrow(/sandbox" or "fake/);
+    expect(() => loadAgentConfig({ ...base, CANTO_AGENT_MEMORY_SNAPSHOTS: 'maybe' })).toThrow(/true or false/);
+    expect(() => loadAgentConfig({ ...base, CANTO_AGENT_HEARTBEAT_MS: '1.5' })).toThrow(/CANTO_AGENT_HEARTBEAT_MS/);
+    expect(() => loadAgentConfig({ ...base, CANTO_AGENT_RECONNECT_MIN_MS: '500', CANTO_AGENT_RECONNECT_MAX_MS: '100' }))
+      .toThrow(/must not be below/);
+    expect(() => loadAgentConfig(base, { logLevel: 'loud' })).toThrow(/log level/);
+  });
+
+  it('never puts the token in an error message', () => {
+    const env = { CANTO_AGENT_TOKEN: 'sekrit', CANTO_SCHEDULER_URL: 'http://x', CANTO_AGENT_RUNTIME: 'bad' };
+    expect(() => loadAgentConfig(env)).toThrow(/^(?!.*sekrit)/s);
+  });
+});
+
+describe('agentSocketUrl', () => {
+  it('derives the websocket URL from the scheduler URL', () => {
+    expect(agentSocketUrl('http://127.0.0.1:8080')).toBe('ws://127.0.0.1:8080/internal/agents/ws');
+    expect(agentSocketUrl('https://canto.example.com/base/')).toBe('wss://canto.example.com/base/internal/agents/ws');
+  });
+});

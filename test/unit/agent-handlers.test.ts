@@ -1,0 +1,161 @@
+import { mkdtemp, rm } from 'node:fs/promises';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { afterEach, beforeEach, describe, expect, it } from 'vitest';
+import { GenerationStore } from '../../agent/src/generations.js';
+import { CommandHandlers } from '../../agent/src/handlers.js';
+import type { RuntimeDriver } from '../../agent/src/runtime/driver.js';
+import { FakeDriver } from '../../agent/src/runtime/fake.js';
+import { silentLogger } from '../../shared/src/log.js';
+import { AGENT_COMMANDS, AgentFailure, type AgentErrorCode } from '../../shared/src/protocol.js';
+
+let dir: string;
+let driver: FakeDriver;
+let handlers: CommandHandlers;
+
+async function setup(driverOverride?: RuntimeDriver): Promise<void> {
+  const generations = await GenerationStore.open(dir);
+  handlers = new CommandHandlers({ driver: driverOverride ?? driver, generations, logger: silentLogger() });
+}
+
+beforeEach(async () => {
+  dir = await mkdtemp(join(tmpdir(), 'canto-handlers-'));
+  driver = new FakeDriver();
+  await setup();
+});
+
+afterEach(async () => {
+  await driver.close();
+  await rm(dir, { recursive: true, force: true });
+});
+
+const D = 'dsk_aaaaaaaaaaaaaaaaaaaaaaaa';
+const prepare = (generation = 1, desktop_id = D) => ({ desktop_id, generation, tier: 'small' });
+const start = (generation = 1, first_boot: unknown = null, desktop_id = D) => ({
+  desktop_id, generation, operation_id: 'op_1', tier: 'small', first_boot,
+});
+const op = (generation = 1, desktop_id = D) => ({ desktop_id, generation, operation_id: 'op_2' });
+const exec = (command: string, generation = 1) => ({ desktop_id: D, generation, command, timeout_ms: 5000 });
+
+async function failure(promise: Promise<unknown>): Promise<AgentFailure> {
+  const err = await promise.then(
+    () => undefined,
+    (e: unknown) => e,
+  );
+  expect(err).toBeInstanceOf(AgentFailure);
+  return err as AgentFailure;
+}
+
+async function expectCode(promise: Promise<unknown>, code: AgentErrorCode): Promise<AgentFailure> {
+  const err = await failure(promise);
+  expect(err.code).toBe(code);
+  return err;
+}
+
+describe('command handlers', () => {
+  it('drives the lifecycle and answers in the protocol shapes', async () => {
+    expect(await handlers.handle('desktop.prepare', prepare())).toEqual({});
+    const firstBoot = { env: { FOO: 'bar' }, setup_script: 'echo hi' };
+    expect(await handlers.handle('desktop.start', start(1, firstBoot))).toEqual({ restored: false });
+    expect(driver.desktops.get(D)?.firstBoot).toEqual({ env: { FOO: 'bar' }, setupScript: 'echo hi' });
+    expect(await handlers.handle('guest.exec', exec('echo hello world'))).toEqual({
+      exit_code: 0, stdout: 'hello world\n', stderr: '',
+    });
+    expect(await handlers.handle('guest.exec', exec('false'))).toMatchObject({ exit_code: 1 });
+    expect(await handlers.handle('desktop.hibernate', op(2))).toEqual({ snapshot: true });
+    expect(await handlers.handle('desktop.hibernate', op(2))).toEqual({ snapshot: true }); // idempotent
+    expect(await handlers.handle('desktop.start', start(3, firstBoot))).toEqual({ restored: true });
+    expect(await handlers.handle('desktop.start', start(3, firstBoot))).toEqual({ restored: false }); // already running
+    expect(driver.desktops.get(D)?.firstBootRuns).toBe(1);
+    expect(await handlers.handle('desktop.destroy', op(4))).toEqual({});
+    expect(await handlers.handle('desktop.destroy', op(4))).toEqual({}); // idempotent
+    expect(driver.desktops.has(D)).toBe(false);
+  });
+
+  it('applies first boot once even when every wake is cold', async () => {
+    driver = new FakeDriver({ memorySnapshots: false });
+    await setup();
+    const firstBoot = { env: {}, setup_script: null };
+    await handlers.handle('desktop.prepare', prepare());
+    await handlers.handle('desktop.start', start(1, firstBoot));
+    expect(await handlers.handle('desktop.hibernate', op(2))).toEqual({ snapshot: false });
+    expect(await handlers.handle('desktop.start', start(3, firstBoot))).toEqual({ restored: false });
+    expect(driver.desktops.get(D)).toMatchObject({ coldBoots: 2, firstBootRuns: 1, firstBoot: { env: {}, setupScript: null } });
+  });
+
+  it('refuses malformed payloads with bad_request before touching the driver', async () => {
+    await expectCode(handlers.handle('desktop.prepare', { desktop_id: D, generation: 1, tier: 'huge' }), 'bad_request');
+    await expectCode(handlers.handle('desktop.start', { desktop_id: D, generation: -1 }), 'bad_request');
+    await expectCode(handlers.handle('guest.exec', { ...exec('true'), timeout_ms: 0 }), 'bad_request');
+    expect(driver.events).toEqual([]);
+  });
+
+  it('fences by generation, including after destroy', async () => {
+    await handlers.handle('desktop.prepare', prepare(5));
+    const err = await expectCode(handlers.handle('desktop.start', start(4)), 'stale_generation');
+    expect(err.retryable).toBe(false);
+    await expectCode(handlers.handle('guest.exec', exec('true', 3)), 'stale_generation');
+    expect(driver.events.filter((e) => e.startsWith('start'))).toEqual([]);
+
+    await handlers.handle('desktop.destroy', op(6));
+    await expectCode(handlers.handle('desktop.prepare', prepare(6)), 'stale_generation');
+    await expectCode(handlers.handle('desktop.start', start(5)), 'stale_generation');
+    expect(driver.desktops.has(D)).toBe(false);
+    await handlers.handle('desktop.destroy', op(6));
+  });
+
+  it('reports missing and stopped desktops instead of faking success', async () => {
+    await expectCode(handlers.handle('desktop.start', start()), 'not_found');
+    await expectCode(handlers.handle('guest.exec', exec('true')), 'not_found');
+    await handlers.handle('desktop.prepare', prepare());
+    await expectCode(handlers.handle('guest.exec', exec('true')), 'not_running');
+  });
+
+  it('turns unexpected driver errors into short, non-retryable runtime_error', async () => {
+    const broken: RuntimeDriver = Object.assign(Object.create(driver) as FakeDriver, {
+      prepare: () => Promise.reject(new Error(`disk full\n${'x'.repeat(5000)}`)),
+      hibernate: () => Promise.resolve({ snapshot: 'yes' } as unknown as { snapshot: boolean }),
+    });
+    await setup(broken);
+    const err = await expectCode(handlers.handle('desktop.prepare', prepare()), 'runtime_error');
+    expect(err.retryable).toBe(false);
+    expect(err.message).toBe('desktop.prepare failed: disk full');
+    // A result that does not match the protocol is caught on the agent, not on the scheduler.
+    await expectCode(handlers.handle('desktop.hibernate', op()), 'runtime_error');
+  });
+
+  it('runs lifecycle commands for one desktop one at a time, in arrival order', async () => {
+    driver = new FakeDriver({ delayMs: 30 });
+    await setup();
+    const E = 'dsk_eeeeeeeeeeeeeeeeeeeeeeee';
+    await Promise.all([handlers.handle('desktop.prepare', prepare(1)), handlers.handle('desktop.prepare', prepare(1, E))]);
+    driver.events.length = 0;
+    const results = await Promise.all([
+      handlers.handle('desktop.start', start(2)),
+      handlers.handle('desktop.hibernate', op(3)),
+      handlers.handle('desktop.start', start(4)),
+      handlers.handle('desktop.start', start(2, null, E)),
+    ]);
+    expect(results).toEqual([{ restored: false }, { snapshot: true }, { restored: true }, { restored: false }]);
+    const forD = driver.events.filter((e) => e.endsWith(D));
+    expect(forD).toEqual([`start:begin ${D}`, `start:end ${D}`, `hibernate:begin ${D}`, `hibernate:end ${D}`, `start:begin ${D}`, `start:end ${D}`]);
+    // The other desktop did not wait behind the first one's queue.
+    expect(driver.events.indexOf(`start:begin ${E}`)).toBeLessThan(driver.events.indexOf(`start:end ${D}`));
+  });
+
+  it('a failed command does not block the queue behind it', async () => {
+    await handlers.handle('desktop.prepare', prepare(2));
+    const [stale, ok] = await Promise.allSettled([
+      handlers.handle('desktop.start', start(1)),
+      handlers.handle('desktop.start', start(2)),
+    ]);
+    expect(stale.status).toBe('rejected');
+    expect(ok).toEqual({ status: 'fulfilled', value: { restored: false } });
+  });
+
+  it('registers a handler for every scheduler command', () => {
+    const types: string[] = [];
+    handlers.register({ handle: (type) => void types.push(type) });
+    expect(types.sort()).toEqual(Object.keys(AGENT_COMMANDS).sort());
+  });
+});
