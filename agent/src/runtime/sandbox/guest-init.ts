@@ -1,0 +1,120 @@
+/**
+ * What a desktop is, as bubblewrap sees it: the namespaces, the pivoted root, and the guest init.
+ *
+ * The root is bwrap's own tmpfs holding only mountpoints and the merged-/usr symlinks, remounted
+ * read-only; `/usr` and `/etc` are read-only binds of the host's; `/root /home /tmp /var` are binds
+ * of the desktop's disk; `/dev`, `/proc`, `/run` and `/dev/shm` are the guest's own. This is the
+ * shape CRIU can dump and restore: every bind mount is declared external at dump time under a
+ * stable key (never a host path), and mapped back to a host path at restore time, so the image
+ * names no desktop-specific host path and can be restored under another desktop's directories.
+ *
+ * The guest init is a small POSIX shell script running as pid 1 in its own session (CRIU refuses
+ * a session leader outside the pid namespace). It reopens its stdio inside the guest (CRIU cannot
+ * dump an fd pointing at a host mount), starts Xvfb at its maximum size and waits for it through
+ * `-displayfd`, shrinks the screen to the default size with xrandr, starts openbox, reports
+ * `ready` on fd 4 and then only reaps orphans.
+ */
+import { join } from 'node:path';
+import {
+  DISK_DIRS,
+  GUEST_FB_DIR,
+  HOST_RO_DIRS,
+  ROOT_SYMLINKS,
+  type DesktopPaths,
+} from './layout.js';
+
+export const MAX_SCREEN = '2560x1600';
+export const DEFAULT_SCREEN = '1024x768';
+
+export const GUEST_PATH = '/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin';
+
+/** The environment every guest process starts from (init and exec). */
+export const GUEST_ENV: Readonly<Record<string, string>> = {
+  PATH: GUEST_PATH,
+  HOME: '/root',
+  USER: 'root',
+  LOGNAME: 'root',
+  SHELL: '/bin/sh',
+  LANG: 'C.UTF-8',
+  DISPLAY: ':0',
+};
+
+/**
+ * Capabilities guest processes keep. The guest is root without a user namespace, so the full set
+ * would let it remount the read-only binds, mknod the host's disk or open_by_handle_at its way out.
+ * This is Docker's default set without CAP_MKNOD: enough for package tools, chown, setuid daemons.
+ */
+export const GUEST_CAPS = [
+  'chown', 'dac_override', 'fowner', 'fsetid', 'kill', 'setgid', 'setuid', 'setpcap',
+  'setfcap', 'net_bind_service', 'net_raw', 'sys_chroot', 'audit_write',
+] as const;
+
+/** Mountpoints that are created inside guest-owned mounts (not in the root skeleton). */
+export const NESTED_MOUNTPOINTS = ['/dev', '/proc', '/run'] as const;
+
+const INIT_SCRIPT = `
+exec 3>&- </dev/null >/dev/null 2>&1
+mkdir -p /var/log/canto /run/canto /run/lock /tmp/.X11-unix
+chmod 1777 /tmp/.X11-unix
+exec >>/var/log/canto/init.log 2>&1
+echo "canto init: boot $(date -u +%FT%TZ)"
+rm -f /tmp/.X0-lock /tmp/.X11-unix/X0 /run/canto/xready
+mkfifo /run/canto/xready
+Xvfb :0 -screen 0 ${MAX_SCREEN}x24 -noreset -extension GLX -nolisten tcp -fbdir ${GUEST_FB_DIR} -displayfd 5 5>/run/canto/xready 4>&- &
+read display </run/canto/xready
+rm -f /run/canto/xready
+if [ -z "$display" ]; then echo "Xvfb failed" >&4; exit 1; fi
+xrandr --output screen --off --fb ${DEFAULT_SCREEN} 4>&- || xrandr --fb ${DEFAULT_SCREEN} 4>&-
+openbox 4>&- &
+echo ready >&4
+exec 4>&-
+while :; do sleep 2147483647 & wait $!; done
+`;
+
+/** Guest mountpoint → host path for every bind mount of a desktop, for CRIU's externals. */
+export function bindMounts(paths: DesktopPaths): Map<string, string> {
+  const m = new Map<string, string>();
+  for (const d of HOST_RO_DIRS) m.set(d, d);
+  for (const d of DISK_DIRS) m.set(`/${d}`, join(paths.disk, d));
+  m.set(GUEST_FB_DIR, paths.fb);
+  return m;
+}
+
+/** bwrap --dev binds single device nodes from the host's /dev; they map back to the same path. */
+export function hostPathForGuestMount(paths: DesktopPaths, guestPath: string): string | null {
+  const known = bindMounts(paths).get(guestPath);
+  if (known !== undefined) return known;
+  if (/^\/dev\/[a-z]+$/.test(guestPath)) return guestPath;
+  return null;
+}
+
+export function hostnameFor(desktopId: string): string {
+  return desktopId.replace(/_/g, '-');
+}
+
+/** bwrap's argv. The info fd (3) reports the guest init's host pid; fd 4 carries `ready`. */
+export function bwrapArgs(paths: DesktopPaths, desktopId: string): string[] {
+  const args = [
+    '--unshare-pid', '--unshare-ipc', '--unshare-net', '--unshare-uts',
+    '--hostname', hostnameFor(desktopId),
+  ];
+  for (const d of HOST_RO_DIRS) args.push('--ro-bind', d, d);
+  for (const [name, target] of ROOT_SYMLINKS) args.push('--symlink', target, `/${name}`);
+  for (const d of DISK_DIRS) args.push('--bind', join(paths.disk, d), `/${d}`);
+  args.push(
+    '--dev', '/dev',
+    '--tmpfs', '/dev/shm',
+    '--proc', '/proc',
+    '--tmpfs', '/run',
+    '--bind', paths.fb, GUEST_FB_DIR,
+    '--remount-ro', '/',
+    '--chdir', '/root',
+    '--cap-drop', 'ALL',
+    ...GUEST_CAPS.flatMap((c) => ['--cap-add', `CAP_${c.toUpperCase()}`]),
+    '--as-pid-1',
+    '--new-session',
+    '--info-fd', '3',
+    '/bin/sh', '-c', INIT_SCRIPT,
+  );
+  return args;
+}

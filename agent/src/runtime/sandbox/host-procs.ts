@@ -1,0 +1,106 @@
+/**
+ * Host-side process bookkeeping. A desktop outlives the agent, so the driver identifies the guest
+ * init by (host pid, kernel start time) rather than by a child handle: the pair survives an agent
+ * restart and cannot be confused with an unrelated process that later reuses the pid.
+ */
+import { readdir, readFile } from 'node:fs/promises';
+
+export interface ProcStat {
+  readonly pid: number;
+  readonly ppid: number;
+  readonly session: number;
+  /** Start time in clock ticks since boot (field 22 of /proc/PID/stat). */
+  readonly startTime: string;
+}
+
+/** Parses /proc/PID/stat; the command name may contain spaces and parentheses, so split after ')'. */
+export async function procStat(pid: number): Promise<ProcStat | null> {
+  let text: string;
+  try {
+    text = await readFile(`/proc/${pid}/stat`, 'utf8');
+  } catch {
+    return null;
+  }
+  const rest = text.slice(text.lastIndexOf(')') + 2).split(' ');
+  // rest[0] is field 3 (state); field N is rest[N - 3].
+  if (rest[0] === 'Z' || rest[0] === 'X') return null;
+  return {
+    pid,
+    ppid: Number(rest[1]),
+    session: Number(rest[3]),
+    startTime: rest[19] ?? '',
+  };
+}
+
+export async function isSameProcess(pid: number, startTime: string): Promise<boolean> {
+  const st = await procStat(pid);
+  return st !== null && st.startTime === startTime;
+}
+
+export async function allProcs(): Promise<ProcStat[]> {
+  const names = await readdir('/proc');
+  const stats = await Promise.all(
+    names.filter((n) => /^\d+$/.test(n)).map((n) => procStat(Number(n))),
+  );
+  return stats.filter((s): s is ProcStat => s !== null);
+}
+
+/** SIGKILLs every process of a session (an exec'd command and whatever it left behind). */
+export async function killSession(session: number): Promise<void> {
+  for (const p of await allProcs()) {
+    if (p.session === session) signal(p.pid, 'SIGKILL');
+  }
+}
+
+/**
+ * SIGKILLs a process, its descendants, and every session one of its descendants leads: the
+ * command's session inside the guest includes background jobs already reparented to the guest init.
+ */
+export async function killTree(root: number): Promise<void> {
+  const rootStat = await procStat(root);
+  const tree: number[] = [];
+  const queue = [root];
+  while (queue.length > 0) {
+    const pid = queue.shift() as number;
+    tree.push(pid);
+    queue.push(...(await childPids(pid)));
+  }
+  const sessions = new Set<number>();
+  for (const pid of tree) {
+    const st = await procStat(pid);
+    if (st !== null && st.session === pid && st.session !== rootStat?.session) sessions.add(pid);
+  }
+  for (const pid of tree) signal(pid, 'SIGKILL');
+  for (const s of sessions) await killSession(s);
+}
+
+export async function childPids(pid: number): Promise<number[]> {
+  try {
+    const text = await readFile(`/proc/${pid}/task/${pid}/children`, 'utf8');
+    return text.split(' ').filter(Boolean).map(Number);
+  } catch {
+    return [];
+  }
+}
+
+export function signal(pid: number, sig: NodeJS.Signals): void {
+  try {
+    process.kill(pid, sig);
+  } catch {
+    // Already gone: the goal is reached.
+  }
+}
+
+/** Polls `check` until it returns true or the deadline passes; returns the last result. */
+export async function waitFor(
+  check: () => Promise<boolean> | boolean,
+  timeoutMs: number,
+  intervalMs = 5,
+): Promise<boolean> {
+  const deadline = Date.now() + timeoutMs;
+  for (;;) {
+    if (await check()) return true;
+    if (Date.now() >= deadline) return false;
+    await new Promise((r) => setTimeout(r, intervalMs));
+  }
+}

@@ -1,0 +1,320 @@
+/**
+ * The sandbox runtime driver: each desktop is a bubblewrap sandbox (pid, mount, ipc, uts and net
+ * namespaces, pivoted root) whose writable layer is a directory on this host, limited by cgroups
+ * and hibernated with CRIU when a usable CRIU 4.x is present (otherwise by a cold stop).
+ *
+ * The driver keeps no state in memory that matters: whether a desktop is running is read from
+ * `run/init.json` (host pid and start time of the guest init) and checked against /proc; whether
+ * it has a snapshot is whether `snapshot/` exists (CRIU writes to `snapshot.tmp/`, renamed only
+ * after a complete dump). A new driver on the same state directory therefore adopts the desktops
+ * a previous agent left running. Lifecycle calls on one desktop are serialized by a keyed mutex;
+ * exec runs concurrently with other execs and is killed if the desktop hibernates under it.
+ */
+import { access, constants, readdir, rename, rm, writeFile } from 'node:fs/promises';
+import { delimiter, join, resolve } from 'node:path';
+import { AgentFailure } from '../../../../shared/src/protocol.js';
+import type { Tier } from '../../../../shared/src/tiers.js';
+import type {
+  DesktopStatus,
+  ExecOutcome,
+  ExecSpec,
+  RuntimeCapabilities,
+  RuntimeDriver,
+  StartSpec,
+} from '../driver.js';
+import { applyTier, drainAndRemove } from './cgroups.js';
+import { coldBoot, type InitProcess } from './cold-boot.js';
+import { detectCriu, dump, restore, type CriuInfo } from './criu.js';
+import { renderEnvFile, startDetachedCommand, WRITE_ENV_COMMAND } from './first-boot.js';
+import { NESTED_MOUNTPOINTS } from './guest-init.js';
+import { guestExec } from './guest-exec.js';
+import { isSameProcess, signal, waitFor } from './host-procs.js';
+import { KeyedMutex } from './keyed-mutex.js';
+import {
+  assertDesktopId,
+  desktopPaths,
+  desktopsDir,
+  ensureDisk,
+  ensureSkeleton,
+  exists,
+  hasDisk,
+  readJson,
+  removeTree,
+  writeFileAtomic,
+  type DesktopPaths,
+} from './layout.js';
+
+export interface SandboxDriverOptions {
+  /** Directory holding every desktop's disk, snapshot and runtime files. */
+  readonly stateDir: string;
+  /** CRIU binary; default: `criu` on PATH, then /usr/local/sbin/criu, /usr/sbin/criu. */
+  readonly criuPath?: string;
+  /** false forces cold stops even when CRIU works. Default true. */
+  readonly memorySnapshots?: boolean;
+  readonly log?: (msg: string, fields?: object) => void;
+}
+
+/** Grace for a desktop's processes to leave its cgroups after a dump or a kill. */
+const DRAIN_MS = 3_000;
+/** Timeout of the driver's own guest commands (first boot, responsiveness probe). */
+const INTERNAL_EXEC_MS = 30_000;
+
+/** Finds a system tool on PATH, else at its usual location. */
+async function resolveTool(name: string, fallback: string): Promise<string> {
+  const dirs = (process.env.PATH ?? '').split(delimiter).filter((d) => d.startsWith('/'));
+  for (const candidate of [...dirs.map((d) => join(d, name)), fallback]) {
+    try {
+      await access(candidate, constants.X_OK);
+      return candidate;
+    } catch {
+      // try the next one
+    }
+  }
+  throw new Error(`${name} not found (looked on PATH and at ${fallback})`);
+}
+
+export class SandboxDriver implements RuntimeDriver {
+  private readonly mutex = new KeyedMutex();
+  /** Kill functions of in-flight execs, per desktop, so hibernate and destroy can stop them. */
+  private readonly execs = new Map<string, Set<() => Promise<void>>>();
+  private readonly log: (msg: string, fields?: object) => void;
+
+  private constructor(
+    private readonly stateDir: string,
+    private readonly criu: CriuInfo | null,
+    private readonly tools: { readonly bwrap: string; readonly nsenter: string },
+    log: ((msg: string, fields?: object) => void) | undefined,
+  ) {
+    this.log = log ?? (() => undefined);
+  }
+
+  /** Detects CRIU and the sandbox tools, and prepares the state directory. */
+  static async create(options: SandboxDriverOptions): Promise<SandboxDriver> {
+    const stateDir = resolve(options.stateDir);
+    const [bwrap, nsenter] = await Promise.all([
+      resolveTool('bwrap', '/usr/bin/bwrap'),
+      resolveTool('nsenter', '/usr/bin/nsenter'),
+    ]);
+    const criu = options.memorySnapshots === false ? null : await detectCriu(options.criuPath);
+    const driver = new SandboxDriver(stateDir, criu, { bwrap, nsenter }, options.log);
+    driver.log('sandbox driver ready', { stateDir, criu: criu?.path ?? null, criuVersion: criu?.version ?? null });
+    return driver;
+  }
+
+  capabilities(): RuntimeCapabilities {
+    return { runtime: 'sandbox', memorySnapshots: this.criu !== null };
+  }
+
+  async prepare(desktopId: string, _tier: Tier): Promise<void> {
+    const paths = desktopPaths(this.stateDir, desktopId);
+    await this.mutex.run(desktopId, () => ensureDisk(paths));
+  }
+
+  async start(spec: StartSpec): Promise<{ restored: boolean }> {
+    const paths = desktopPaths(this.stateDir, spec.desktopId);
+    return this.mutex.run(spec.desktopId, async () => {
+      await ensureDisk(paths);
+      await ensureSkeleton(paths.rootfs, NESTED_MOUNTPOINTS);
+      let restored = false;
+      let init = await this.runningInit(paths);
+      if (init === null) {
+        const t0 = performance.now();
+        await rm(paths.snapshotTmp, { recursive: true, force: true });
+        // Leftovers of a desktop whose init died (or of a restore the agent crashed during) would
+        // otherwise run beside the new guest: kill them, and start from fresh groups.
+        await drainAndRemove(spec.desktopId, 0);
+        await applyTier(spec.desktopId, spec.tier);
+        if (await exists(paths.snapshot)) init = await this.tryRestore(paths, spec.desktopId);
+        restored = init !== null;
+        if (init === null) {
+          await applyTier(spec.desktopId, spec.tier); // again: a failed restore removed the groups
+          init = await coldBoot(paths, spec.desktopId, this.tools.bwrap);
+          await writeFileAtomic(paths.initFile, JSON.stringify(init));
+        }
+        // The images describe memory that no longer matches the disk once the guest has run.
+        if (restored) await rm(paths.snapshot, { recursive: true, force: true });
+        this.log('desktop started', { desktopId: spec.desktopId, restored, ms: Math.round(performance.now() - t0) });
+      }
+      if (spec.firstBoot !== null && !(await exists(paths.firstBootMarker))) {
+        await this.applyFirstBoot(paths, spec.desktopId, init, spec.firstBoot);
+      }
+      return { restored };
+    });
+  }
+
+  async hibernate(desktopId: string): Promise<{ snapshot: boolean }> {
+    const paths = desktopPaths(this.stateDir, desktopId);
+    return this.mutex.run(desktopId, async () => {
+      if (!(await hasDisk(paths))) return { snapshot: false };
+      const init = await this.runningInit(paths);
+      if (init === null) return { snapshot: await exists(paths.snapshot) };
+      await this.killExecs(desktopId);
+      const t0 = performance.now();
+      if (this.criu !== null) {
+        try {
+          await dump(this.criu, paths, init);
+          await rename(paths.snapshotTmp, paths.snapshot);
+          await rm(paths.initFile, { force: true });
+          await drainAndRemove(desktopId, DRAIN_MS);
+          this.log('desktop hibernated', { desktopId, snapshot: true, ms: Math.round(performance.now() - t0) });
+          return { snapshot: true };
+        } catch (err) {
+          // A desktop that cannot be dumped must still stop (metering, drain): fall back to a cold
+          // stop and keep the disk. CRIU resumes the tree when a dump fails.
+          this.log('memory snapshot failed; cold stop instead', { desktopId, error: String(err) });
+          await rm(paths.snapshotTmp, { recursive: true, force: true });
+        }
+      }
+      await this.stopProcesses(paths, desktopId, init);
+      this.log('desktop hibernated', { desktopId, snapshot: false, ms: Math.round(performance.now() - t0) });
+      return { snapshot: false };
+    });
+  }
+
+  async destroy(desktopId: string): Promise<void> {
+    const paths = desktopPaths(this.stateDir, desktopId);
+    await this.mutex.run(desktopId, async () => {
+      await this.killExecs(desktopId);
+      const init = await this.runningInit(paths);
+      if (init !== null) await this.stopProcesses(paths, desktopId, init);
+      else await drainAndRemove(desktopId, 0);
+      await removeTree(paths.dir);
+    });
+  }
+
+  async exec(desktopId: string, spec: ExecSpec): Promise<ExecOutcome> {
+    const paths = desktopPaths(this.stateDir, desktopId);
+    if (!(await hasDisk(paths))) throw new AgentFailure('not_found', `unknown desktop ${desktopId}`, false);
+    const init = await this.runningInit(paths);
+    if (init === null) throw new AgentFailure('not_running', `desktop ${desktopId} is not running`, false);
+    return this.execIn(desktopId, init, spec.command, spec.timeoutMs);
+  }
+
+  async list(): Promise<DesktopStatus[]> {
+    let names: string[];
+    try {
+      names = await readdir(desktopsDir(this.stateDir));
+    } catch {
+      return [];
+    }
+    const out: DesktopStatus[] = [];
+    for (const desktopId of names.sort()) {
+      try {
+        assertDesktopId(desktopId);
+      } catch {
+        continue;
+      }
+      const paths = desktopPaths(this.stateDir, desktopId);
+      if (!(await hasDisk(paths))) continue;
+      out.push({
+        desktopId,
+        running: (await this.runningInit(paths)) !== null,
+        hasSnapshot: await exists(paths.snapshot),
+      });
+    }
+    return out;
+  }
+
+  async close(): Promise<void> {
+    await this.mutex.idle();
+  }
+
+  /* ---------------------------------------------------------------- internals */
+
+  private async runningInit(paths: DesktopPaths): Promise<InitProcess | null> {
+    const init = await readJson<InitProcess>(paths.initFile);
+    if (init === null || !Number.isInteger(init.pid)) return null;
+    return (await isSameProcess(init.pid, init.startTime)) ? init : null;
+  }
+
+  /** Restores the snapshot; on failure sets the images aside (for inspection) and returns null. */
+  private async tryRestore(paths: DesktopPaths, desktopId: string): Promise<InitProcess | null> {
+    const aside = `${paths.snapshot}.failed-${Date.now()}`;
+    if (this.criu === null) {
+      this.log('snapshot present but memory snapshots are off; booting cold', { desktopId });
+      await rename(paths.snapshot, aside);
+      return null;
+    }
+    let init: InitProcess | null = null;
+    try {
+      init = await restore(this.criu, paths, desktopId, paths.rootfs);
+      // Recorded at once, so an agent restart from here on adopts this guest instead of
+      // restoring a second copy.
+      await writeFileAtomic(paths.initFile, JSON.stringify(init));
+      // CRIU binds --root read-write. The skeleton is the desktop's own (so nothing written there
+      // in the instant before this reaches another desktop); make the root read-only again as a
+      // cold boot has it, and check responsiveness (X answers, exec works) in the same command.
+      const probe = await this.execIn(
+        desktopId, init, 'mount -o remount,bind,ro / && xrandr --current >/dev/null', INTERNAL_EXEC_MS, undefined, true,
+      );
+      if (probe.exitCode !== 0) throw new Error(`restored desktop does not answer: ${probe.stderr.trim()}`);
+      return init;
+    } catch (err) {
+      this.log('restore failed; booting cold, images kept aside', { desktopId, aside, error: String(err) });
+      if (init !== null) await this.stopProcesses(paths, desktopId, init);
+      await rename(paths.snapshot, aside).catch(() => undefined);
+      return null;
+    }
+  }
+
+  /** Kills the guest (SIGKILL to its init ends the whole pid namespace) and its cgroups. */
+  private async stopProcesses(paths: DesktopPaths, desktopId: string, init: InitProcess): Promise<void> {
+    signal(init.pid, 'SIGKILL');
+    await waitFor(async () => !(await isSameProcess(init.pid, init.startTime)), DRAIN_MS);
+    await rm(paths.initFile, { force: true });
+    if (!(await drainAndRemove(desktopId, DRAIN_MS))) {
+      this.log('cgroups could not be removed', { desktopId });
+    }
+  }
+
+  private async applyFirstBoot(
+    paths: DesktopPaths,
+    desktopId: string,
+    init: InitProcess,
+    spec: NonNullable<StartSpec['firstBoot']>,
+  ): Promise<void> {
+    const env = await this.execIn(desktopId, init, WRITE_ENV_COMMAND, INTERNAL_EXEC_MS, renderEnvFile(spec.env));
+    if (env.exitCode !== 0) {
+      throw new AgentFailure('runtime_error', `writing the env file failed: ${env.stderr.trim()}`, true);
+    }
+    // The marker goes down before the script starts: at most once, even across a crash.
+    await writeFile(paths.firstBootMarker, new Date().toISOString());
+    if (spec.setupScript !== null) {
+      const run = await this.execIn(desktopId, init, startDetachedCommand('setup'), INTERNAL_EXEC_MS, spec.setupScript);
+      if (run.exitCode !== 0) this.log('setup script could not be started', { desktopId, stderr: run.stderr });
+    }
+  }
+
+  private execIn(
+    desktopId: string,
+    init: InitProcess,
+    command: string,
+    timeoutMs: number,
+    stdin?: string,
+    privileged = false,
+  ): Promise<ExecOutcome> {
+    return guestExec({
+      desktopId,
+      privileged,
+      initPid: init.pid,
+      nsenterPath: this.tools.nsenter,
+      command,
+      timeoutMs,
+      ...(stdin === undefined ? {} : { stdin }),
+      register: (kill) => {
+        let set = this.execs.get(desktopId);
+        if (set === undefined) this.execs.set(desktopId, (set = new Set()));
+        set.add(kill);
+        return () => {
+          set.delete(kill);
+          if (set.size === 0 && this.execs.get(desktopId) === set) this.execs.delete(desktopId);
+        };
+      },
+    });
+  }
+
+  private async killExecs(desktopId: string): Promise<void> {
+    const set = this.execs.get(desktopId);
+    if (set !== undefined) await Promise.all([...set].map((kill) => kill()));
+  }
+}

@@ -1,0 +1,317 @@
+/**
+ * The sandbox runtime driver against the real machine: bubblewrap namespaces, Xvfb, cgroup v1 and
+ * CRIU. Needs root; CRIU-specific cases are skipped when the driver reports no memory snapshots.
+ * Every desktop created here is destroyed in afterAll, and timings are printed for the docs.
+ */
+import { execFile } from 'node:child_process';
+import { promisify } from 'node:util';
+import { mkdtemp, readFile, rm, stat, writeFile } from 'node:fs/promises';
+import { hostname, tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { newId } from '../../shared/src/ids.js';
+import { AgentFailure } from '../../shared/src/protocol.js';
+import { TIER_SPECS } from '../../shared/src/tiers.js';
+import { createSandboxDriver, type SandboxDriver } from '../../agent/src/runtime/sandbox/index.js';
+
+const execFileAsync = promisify(execFile);
+
+const isRoot = process.getuid?.() === 0;
+if (!isRoot) console.warn('sandbox-driver tests skipped: they need root (namespaces, cgroups, CRIU)');
+
+const timings: Record<string, number[]> = {};
+async function timed<T>(name: string, fn: () => Promise<T>): Promise<T> {
+  const t0 = performance.now();
+  try {
+    return await fn();
+  } finally {
+    (timings[name] ??= []).push(Math.round(performance.now() - t0));
+  }
+}
+
+async function waitUntil(check: () => Promise<boolean>, timeoutMs = 5_000): Promise<void> {
+  const deadline = Date.now() + timeoutMs;
+  while (!(await check())) {
+    if (Date.now() > deadline) throw new Error('condition not met before the deadline');
+    await new Promise((r) => setTimeout(r, 20));
+  }
+}
+
+async function pathExists(path: string): Promise<boolean> {
+  return stat(path).then(
+    () => true,
+    () => false,
+  );
+}
+
+/** A pid counts as gone once it is reaped or a zombie. */
+async function alive(pid: number): Promise<boolean> {
+  const text = await readFile(`/proc/${pid}/stat`, 'utf8').catch(() => '');
+  const state = text.slice(text.lastIndexOf(')') + 2, text.lastIndexOf(')') + 3);
+  return text !== '' && state !== 'Z' && state !== 'X';
+}
+
+describe.skipIf(!isRoot)('sandbox driver', () => {
+  let base: string;
+  let stateDir: string;
+  let driver: SandboxDriver;
+  const created: Array<{ driver: () => SandboxDriver; id: string }> = [];
+
+  function track(id: string, d: () => SandboxDriver = () => driver): string {
+    created.push({ driver: d, id });
+    return id;
+  }
+
+  async function sh(d: SandboxDriver, id: string, command: string): Promise<string> {
+    const out = await d.exec(id, { command, timeoutMs: 10_000 });
+    expect(out.stderr, `stderr of ${command}`).toBe('');
+    expect(out.exitCode, `exit code of ${command}`).toBe(0);
+    return out.stdout.trim();
+  }
+
+  async function bootCold(tier: 'small' | 'default' = 'small'): Promise<string> {
+    const id = track(newId('desktop'));
+    await driver.prepare(id, tier);
+    const result = await timed('cold boot (start)', () => driver.start({ desktopId: id, tier, firstBoot: null }));
+    expect(result.restored).toBe(false);
+    return id;
+  }
+
+  beforeAll(async () => {
+    base = await mkdtemp(join(tmpdir(), 'canto-sandbox-test-'));
+    stateDir = join(base, 'state');
+    driver = await createSandboxDriver({ stateDir });
+  });
+
+  afterAll(async () => {
+    for (const { driver: d, id } of created) await d().destroy(id);
+    await driver?.close();
+    if (base) await rm(base, { recursive: true, force: true });
+    console.log('sandbox driver timings (ms):', JSON.stringify(timings));
+  });
+
+  it('boots cold into its own namespaces with a 1024x768 display', async () => {
+    const id = await bootCold();
+    expect(await sh(driver, id, 'echo hello')).toBe('hello');
+    expect(await sh(driver, id, 'id -u')).toBe('0');
+    expect(await sh(driver, id, 'pwd')).toBe('/root');
+    const guestHost = await sh(driver, id, 'hostname');
+    expect(guestHost).toBe(id.replace('_', '-'));
+    expect(guestHost).not.toBe(hostname());
+    // Only the guest's processes: a handful of small pids, no vitest (node) in sight.
+    const pids = (await sh(driver, id, 'ls /proc | grep -E "^[0-9]+$"')).split('\n').map(Number);
+    expect(pids).toContain(1);
+    expect(pids.length).toBeLessThan(20);
+    expect(pids.every((p) => p < 1000)).toBe(true);
+    expect(await sh(driver, id, 'ps -e -o comm=')).not.toMatch(/node|vitest/);
+    expect(await sh(driver, id, 'ps -o comm= -p 1')).toBe('sh');
+    expect(await sh(driver, id, 'xdotool getdisplaygeometry')).toBe('1024 768');
+    expect(await sh(driver, id, 'xrandr --current | head -1')).toContain('maximum 2560 x 1600');
+    expect(await sh(driver, id, 'echo $DISPLAY $HOME')).toBe(':0 /root');
+    expect(await sh(driver, id, 'ip -o link | wc -l')).toBe('1'); // loopback only
+    await timed('exec (echo)', () => driver.exec(id, { command: 'true', timeoutMs: 5_000 }));
+    expect(driver.capabilities().runtime).toBe('sandbox');
+  });
+
+  it('applies the tier limits through cgroups', async () => {
+    const id = await bootCold('default');
+    const spec = TIER_SPECS.default;
+    const cg = (ctrl: string, file: string) => readFile(`/sys/fs/cgroup/${ctrl}/canto/${id}/${file}`, 'utf8');
+    expect(Number(await cg('memory', 'memory.limit_in_bytes'))).toBe(spec.memoryMb * 1024 * 1024);
+    expect(Number(await cg('pids', 'pids.max'))).toBe(spec.maxPids);
+    const period = Number(await cg('cpu', 'cpu.cfs_period_us'));
+    expect(Number(await cg('cpu', 'cpu.cfs_quota_us'))).toBe(spec.vcpus * period);
+    // Both the guest init and exec'd commands are inside the groups.
+    const procs = (await cg('pids', 'cgroup.procs')).split('\n').filter(Boolean);
+    expect(procs.length).toBeGreaterThan(3);
+    expect(await sh(driver, id, 'grep pids /proc/self/cgroup')).toContain(`/canto/${id}`);
+  });
+
+  it('does not expose host files beyond the read-only /usr and /etc', async () => {
+    const id = await bootCold();
+    const secretPath = join(base, 'host-secret.txt');
+    await writeFile(secretPath, 'TOP-SECRET-HOST-FILE');
+    const attempts = [
+      `cat ${secretPath}`,
+      `cat /proc/1/root${secretPath}`,
+      `cat /proc/*/root${secretPath}`,
+      `ln -sf /proc/1/root /root/escape && cat /root/escape${secretPath}`,
+      `ln -sf ${secretPath} /tmp/link && cat /tmp/link`,
+      `cat ${join(stateDir, 'desktops', id, 'run', 'init.json')}`,
+    ];
+    for (const command of attempts) {
+      const out = await driver.exec(id, { command, timeoutMs: 5_000 });
+      expect(out.exitCode, command).not.toBe(0);
+      expect(out.stdout, command).not.toContain('TOP-SECRET');
+    }
+    // Read-only binds stay read-only even for the guest's root (no CAP_SYS_ADMIN).
+    for (const command of ['touch /usr/canto-probe', 'touch /etc/canto-probe', 'touch /canto-probe', 'mount -o remount,rw /usr']) {
+      const out = await driver.exec(id, { command, timeoutMs: 5_000 });
+      expect(out.exitCode, command).not.toBe(0);
+    }
+    expect(await pathExists('/usr/canto-probe')).toBe(false);
+  });
+
+  it('applies first boot once: env file and setup script', async () => {
+    const id = track(newId('desktop'));
+    const value = `it's "quoted" $HOME \\ end`;
+    const firstBoot = {
+      env: { GREETING: value, EMPTY: '' },
+      setupScript: 'echo ran >> /root/setup-runs; echo "greeting=$GREETING"; echo oops >&2; exit 3',
+    };
+    await driver.prepare(id, 'small');
+    await driver.start({ desktopId: id, tier: 'small', firstBoot });
+    expect(await sh(driver, id, 'stat -c %a /root/.canto/env')).toBe('600');
+    expect(await sh(driver, id, '. /root/.canto/env && printf %s "$GREETING"')).toBe(value);
+    const procDir = '/root/.canto/processes/setup';
+    await waitUntil(async () => (await driver.exec(id, { command: `test -f ${procDir}/exit_code`, timeoutMs: 5_000 })).exitCode === 0);
+    expect(await sh(driver, id, `cat ${procDir}/exit_code`)).toBe('3');
+    expect(await sh(driver, id, `cat ${procDir}/stdout`)).toBe(`greeting=${value}`);
+    expect(await sh(driver, id, `cat ${procDir}/stderr`)).toBe('oops');
+    // Repeated start (running) and a stop/start with the same spec do not re-run it.
+    await driver.start({ desktopId: id, tier: 'small', firstBoot });
+    await driver.hibernate(id);
+    await driver.start({ desktopId: id, tier: 'small', firstBoot });
+    expect(await sh(driver, id, 'cat /root/setup-runs')).toBe('ran');
+  });
+
+  it('exec reports timeouts, unknown and stopped desktops, and bad ids', async () => {
+    const id = await bootCold();
+    const started = Date.now();
+    const err = await driver.exec(id, { command: 'sleep 30; echo never', timeoutMs: 300 }).catch((e: unknown) => e);
+    expect(err).toBeInstanceOf(AgentFailure);
+    expect((err as AgentFailure).code).toBe('timeout');
+    expect(Date.now() - started).toBeLessThan(5_000);
+    expect(await sh(driver, id, 'ps -eo args= | grep -c "^sleep 30$" || true')).toBe('0');
+    const exit = await driver.exec(id, { command: 'echo out; echo err >&2; exit 7', timeoutMs: 5_000 });
+    expect(exit).toEqual({ exitCode: 7, stdout: 'out\n', stderr: 'err\n' });
+
+    const unknown = await driver.exec(newId('desktop'), { command: 'true', timeoutMs: 1_000 }).catch((e: unknown) => e);
+    expect((unknown as AgentFailure).code).toBe('not_found');
+    const bad = await driver.exec('dsk_../../etc', { command: 'true', timeoutMs: 1_000 }).catch((e: unknown) => e);
+    expect((bad as AgentFailure).code).toBe('bad_request');
+    await expect(driver.prepare('../x', 'small')).rejects.toMatchObject({ code: 'bad_request' });
+
+    const stopped = track(newId('desktop'));
+    await driver.prepare(stopped, 'small');
+    const notRunning = await driver.exec(stopped, { command: 'true', timeoutMs: 1_000 }).catch((e: unknown) => e);
+    expect((notRunning as AgentFailure).code).toBe('not_running');
+    expect(await driver.hibernate(stopped)).toEqual({ snapshot: false });
+  });
+
+  it('hibernates with a memory snapshot and wakes with processes still running, twice', async (ctx) => {
+    if (!driver.capabilities().memorySnapshots) ctx.skip();
+    const id = await bootCold();
+    await sh(driver, id, 'echo persisted > /root/hello.txt');
+    const sleepPid = await sh(driver, id, 'sleep 1000 >/dev/null 2>&1 & echo $!');
+    await sh(driver, id, `nohup sh -c 'i=0; while :; do i=$((i+1)); echo $i > /root/counter; sleep 0.02; done' >/dev/null 2>&1 &`);
+    const counter = async () => Number(await sh(driver, id, 'cat /root/counter 2>/dev/null || echo 0'));
+    await waitUntil(async () => (await counter()) > 0);
+
+    for (let round = 1; round <= 2; round++) {
+      const before = await counter();
+      const hib = await timed('hibernate (CRIU dump)', () => driver.hibernate(id));
+      expect(hib).toEqual({ snapshot: true });
+      expect(await driver.list()).toContainEqual({ desktopId: id, running: false, hasSnapshot: true });
+      // Nothing of the desktop runs, and its cgroups are gone.
+      expect(await pathExists(`/sys/fs/cgroup/pids/canto/${id}`)).toBe(false);
+      expect(await driver.hibernate(id)).toEqual({ snapshot: true }); // idempotent
+
+      const woke = await timed('wake (CRIU restore)', () => driver.start({ desktopId: id, tier: 'small', firstBoot: null }));
+      expect(woke).toEqual({ restored: true });
+      expect(await driver.list()).toContainEqual({ desktopId: id, running: true, hasSnapshot: false });
+      expect(await sh(driver, id, 'cat /root/hello.txt')).toBe('persisted');
+      expect(await sh(driver, id, `ps -o comm= -p ${sleepPid}`)).toBe('sleep');
+      await waitUntil(async () => (await counter()) > before + 2);
+      expect(await sh(driver, id, 'xdotool getdisplaygeometry')).toBe('1024 768');
+      expect(await sh(driver, id, 'touch /canto-probe 2>&1 || echo read-only')).toContain('read-only');
+      expect(await driver.start({ desktopId: id, tier: 'small', firstBoot: null })).toEqual({ restored: false });
+    }
+  });
+
+  it('falls back to a cold boot when a snapshot cannot be restored', async (ctx) => {
+    if (!driver.capabilities().memorySnapshots) ctx.skip();
+    const id = await bootCold();
+    await sh(driver, id, 'echo survives > /root/hello.txt');
+    expect(await driver.hibernate(id)).toEqual({ snapshot: true });
+    await rm(join(stateDir, 'desktops', id, 'snapshot', 'pstree.img'));
+    expect(await driver.start({ desktopId: id, tier: 'small', firstBoot: null })).toEqual({ restored: false });
+    expect(await sh(driver, id, 'cat /root/hello.txt')).toBe('survives');
+    expect(await driver.list()).toContainEqual({ desktopId: id, running: true, hasSnapshot: false });
+    expect(Number(await readFile(`/sys/fs/cgroup/pids/canto/${id}/pids.max`, 'utf8'))).toBe(TIER_SPECS.small.maxPids);
+  });
+
+  it('a new driver on the same state directory adopts running desktops', async () => {
+    const id = await bootCold();
+    await sh(driver, id, 'echo adopted > /root/mark');
+    const second = await createSandboxDriver({ stateDir });
+    try {
+      expect(await second.list()).toContainEqual({ desktopId: id, running: true, hasSnapshot: false });
+      expect(await sh(second, id, 'cat /root/mark')).toBe('adopted');
+      expect(await second.start({ desktopId: id, tier: 'small', firstBoot: null })).toEqual({ restored: false });
+    } finally {
+      await second.close();
+    }
+  });
+
+  it('desktops keep running after the agent process that started them exits', async () => {
+    const id = track(newId('desktop'));
+    const script = join(base, 'agent-child.mts');
+    const driverModule = new URL('../../agent/src/runtime/sandbox/index.ts', import.meta.url).pathname;
+    await writeFile(
+      script,
+      `import { createSandboxDriver } from ${JSON.stringify(driverModule)};
+const d = await createSandboxDriver({ stateDir: ${JSON.stringify(stateDir)} });
+const spec = { desktopId: ${JSON.stringify(id)}, tier: 'small', firstBoot: null };
+await d.start(spec);
+await d.exec(spec.desktopId, { command: 'sleep 1002 >/dev/null 2>&1 &', timeoutMs: 5000 });
+if (d.capabilities().memorySnapshots) { await d.hibernate(spec.desktopId); await d.start(spec); }
+await d.close();
+`,
+    );
+    const tsx = new URL('../../node_modules/.bin/tsx', import.meta.url).pathname;
+    await execFileAsync(tsx, [script], { timeout: 30_000 });
+    expect(await driver.list()).toContainEqual({ desktopId: id, running: true, hasSnapshot: false });
+    expect(await sh(driver, id, 'ps -eo args= | grep -c "^sleep 1002$" || true')).toBe('1');
+    expect(await sh(driver, id, 'xdotool getdisplaygeometry')).toBe('1024 768');
+  });
+
+  it('cold-stop mode keeps the disk but not the processes', async () => {
+    const cold = await createSandboxDriver({ stateDir: join(base, 'state-cold'), memorySnapshots: false });
+    try {
+      expect(cold.capabilities()).toEqual({ runtime: 'sandbox', memorySnapshots: false });
+      const id = track(newId('desktop'), () => cold);
+      await cold.start({ desktopId: id, tier: 'small', firstBoot: null });
+      await sh(cold, id, 'echo kept > /root/hello.txt; sleep 1001 >/dev/null 2>&1 &');
+      expect(await sh(cold, id, 'ps -eo args= | grep -c "^sleep 1001$" || true')).toBe('1');
+      const hib = await timed('hibernate (cold stop)', () => cold.hibernate(id));
+      expect(hib).toEqual({ snapshot: false });
+      expect(await cold.list()).toEqual([{ desktopId: id, running: false, hasSnapshot: false }]);
+      expect(await cold.start({ desktopId: id, tier: 'small', firstBoot: null })).toEqual({ restored: false });
+      expect(await sh(cold, id, 'cat /root/hello.txt')).toBe('kept');
+      expect(await sh(cold, id, 'ps -eo args= | grep -c "^sleep 1001$" || true')).toBe('0');
+    } finally {
+      await cold.close();
+    }
+  });
+
+  it('destroy removes disk, snapshot and cgroups, and is idempotent', async () => {
+    const id = await bootCold();
+    if (driver.capabilities().memorySnapshots) {
+      expect(await driver.hibernate(id)).toEqual({ snapshot: true });
+    }
+    await driver.destroy(id);
+    expect(await pathExists(join(stateDir, 'desktops', id))).toBe(false);
+    for (const ctrl of ['memory', 'cpu', 'pids']) {
+      expect(await pathExists(`/sys/fs/cgroup/${ctrl}/canto/${id}`)).toBe(false);
+    }
+    expect((await driver.list()).map((d) => d.desktopId)).not.toContain(id);
+    await driver.destroy(id);
+    await driver.destroy(newId('desktop'));
+    // And a running desktop: its processes are gone afterwards.
+    const running = await bootCold();
+    const init = JSON.parse(await readFile(join(stateDir, 'desktops', running, 'run', 'init.json'), 'utf8')) as { pid: number };
+    await driver.destroy(running);
+    expect(await alive(init.pid)).toBe(false);
+  });
+});
