@@ -16,8 +16,14 @@ export interface DataDirSecrets {
   join_token: string;
 }
 
-export function loadOrCreateSecrets(dataDir: string): DataDirSecrets {
+/** Creates the data directory; the embedded cluster's `postgres` user must be able to traverse it. */
+export function ensureDataDir(dataDir: string): void {
   mkdirSync(dataDir, { recursive: true });
+  if (process.getuid?.() === 0) chmodSync(dataDir, 0o711);
+}
+
+export function loadOrCreateSecrets(dataDir: string): DataDirSecrets {
+  ensureDataDir(dataDir);
   const path = join(dataDir, 'secrets.json');
   if (existsSync(path)) return JSON.parse(readFileSync(path, 'utf8')) as DataDirSecrets;
   const secrets: DataDirSecrets = { secret_key: generateSecretKey(), join_token: randomBytes(32).toString('base64url') };
@@ -36,6 +42,7 @@ export async function openDataDirDatabase(dataDir: string): Promise<{ url: strin
   if (existsSync(join(socketDir, '.s.PGSQL.5432')) && existsSync(join(dir, 'data', 'postmaster.pid'))) {
     return { url: `postgres://canto@localhost/canto?host=${encodeURIComponent(socketDir)}`, stop: async () => {} };
   }
+  ensureDataDir(dataDir);
   const pg: EmbeddedPostgres = await startEmbeddedPostgres({ dir });
   return { url: pg.url, stop: () => pg.stop() };
 }

@@ -24,6 +24,7 @@ export class OperationEngine {
   private timer: NodeJS.Timeout | null = null;
   private unlisten: (() => Promise<void>) | null = null;
   private readonly driving = new Set<string>();
+  private readonly provisioning = new Set<string>();
   private readonly desktopChains = new Map<string, Promise<unknown>>();
   private readonly inFlight = new Set<Promise<unknown>>();
   private ticking = false;
@@ -64,12 +65,16 @@ export class OperationEngine {
     try {
       for (const op of await claimPending(this.deps.sql, 20)) this.launch(op);
       for (const d of await provisioningDesktops(this.deps.sql, 20)) {
-        this.track(this.onDesktop(d.id, async () => {
+        if (this.provisioning.has(d.id)) continue;
+        this.provisioning.add(d.id);
+        const task = this.onDesktop(d.id, async () => {
           const fresh = await this.deps.sql`SELECT 1 FROM desktops WHERE id = ${d.id} AND state = 'provisioning' AND host_id IS NULL`;
           if (fresh.length === 1) await steps.provision(this.deps, d);
         }).catch((err: unknown) => {
+          // No host with room yet is the normal wait; the next tick tries again.
           if (!(err instanceof AgentFailure && err.retryable)) this.log.warn({ err, desktopId: d.id }, 'provisioning failed');
-        }));
+        });
+        this.track(task.finally(() => this.provisioning.delete(d.id)));
       }
     } catch (err) {
       this.log.error({ err }, 'engine tick failed');

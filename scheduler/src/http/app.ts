@@ -59,13 +59,12 @@ export async function buildApp(deps: AppDeps): Promise<App> {
   app.decorateRequest('orgId', '');
   for (const schema of [Problem, DesktopJson, OperationJson, UsageResponse]) app.addSchema(schema);
 
-  // An empty body on a route whose body is optional means `{}` (SPEC 2.4).
   // An empty body on a route whose body is optional means `{}` (SPEC 2.4); anything else goes
   // through Fastify's own parser, which also refuses `__proto__` and `constructor` keys.
   const parseJson = app.getDefaultJsonParser('error', 'error');
   app.addContentTypeParser('application/json', { parseAs: 'string' }, (req, body, done) => {
     if ((body as string).trim() === '') return done(null, undefined);
-    parseJson(req, body as string, (err, value) => {
+    void parseJson(req, body as string, (err, value) => {
       if (!err) return done(null, value);
       const malformed = new Error(/prototype|constructor/i.test(err.message) ? 'JSON body with a forbidden key' : 'malformed JSON body') as FastifyError;
       malformed.statusCode = 400;
