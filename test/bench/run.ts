@@ -5,7 +5,7 @@
  * without the API, database and agent link); the read baseline is a bare Node HTTP server
  * answering a fixed JSON body (what one HTTP round trip costs here).
  */
-import { mkdtempSync, rmSync } from 'node:fs';
+import { chmodSync, mkdtempSync, rmSync } from 'node:fs';
 import { createServer } from 'node:http';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
@@ -48,6 +48,7 @@ function table(title: string, rows: Array<[string, number, number, string, strin
 
 async function main(): Promise<void> {
   const dir = mkdtempSync(join(tmpdir(), 'canto-bench-'));
+  chmodSync(dir, 0o711); // the embedded PostgreSQL runs as the postgres user
   const pg = await startEmbeddedPostgres({ dir: join(dir, 'pg'), fast: true });
   const logger = silentLogger();
   const scheduler = await startScheduler(

@@ -150,6 +150,11 @@ describe.skipIf(!isRoot)('sandbox driver', () => {
       expect(out.exitCode, command).not.toBe(0);
     }
     expect(await pathExists('/usr/canto-probe')).toBe(false);
+    // The host's password hashes are masked inside the shared /etc.
+    const shadow = await driver.exec(id, { command: 'cat /etc/shadow /etc/gshadow', timeoutMs: 5_000 });
+    expect(shadow.stdout).not.toContain('root:');
+    const keys = await driver.exec(id, { command: 'ls -A /etc/ssl/private', timeoutMs: 5_000 });
+    expect(keys.stdout).toBe('');
   });
 
   it('applies first boot once: env file and setup script', async () => {

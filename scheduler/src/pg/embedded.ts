@@ -7,8 +7,8 @@
  * system user (created by Debian's package) and is started under that uid.
  */
 import { spawn, execFileSync } from 'node:child_process';
-import { existsSync, readdirSync, mkdirSync, chownSync, chmodSync, readFileSync, openSync, closeSync } from 'node:fs';
-import { join } from 'node:path';
+import { existsSync, readdirSync, mkdirSync, chownSync, chmodSync, readFileSync, openSync, closeSync, statSync } from 'node:fs';
+import { dirname, join, resolve } from 'node:path';
 
 export interface EmbeddedPostgresOptions {
   /** Directory holding `data/` (the cluster), `run/` (the socket) and `postgres.log`. */
@@ -47,6 +47,16 @@ function runAsIds(): { uid: number; gid: number } | null {
   return { uid: Number(uid), gid: Number(gid) };
 }
 
+/** Every ancestor must let other users search it, or the `postgres` user cannot reach the cluster. */
+function assertTraversable(dir: string): void {
+  for (let d = dir; ; d = dirname(d)) {
+    if ((statSync(d).mode & 0o001) === 0) {
+      throw new Error(`the embedded database needs ${d} to be searchable by the postgres user (chmod o+x ${d})`);
+    }
+    if (d === dirname(d)) return;
+  }
+}
+
 function ownedDir(path: string, ids: { uid: number; gid: number } | null, mode: number): void {
   mkdirSync(path, { recursive: true });
   if (ids) chownSync(path, ids.uid, ids.gid);
@@ -62,17 +72,25 @@ export async function startEmbeddedPostgres(options: EmbeddedPostgresOptions): P
   mkdirSync(options.dir, { recursive: true });
   // The postgres user must traverse into the directory; it holds nothing secret besides the
   // cluster, which keeps its own 0700 mode.
-  if (ids) chmodSync(options.dir, 0o711);
+  if (ids) {
+    chmodSync(options.dir, 0o711);
+    assertTraversable(dirname(resolve(options.dir)));
+  }
   ownedDir(socketDir, ids, 0o700);
   const spawnIds = ids ?? {};
 
   if (!existsSync(join(dataDir, 'PG_VERSION'))) {
     ownedDir(dataDir, ids, 0o700);
-    execFileSync(
-      join(bin, 'initdb'),
-      ['-D', dataDir, '-U', 'canto', '-A', 'trust', '-E', 'UTF8', '--locale=C', ...(options.fast ? ['--no-sync'] : [])],
-      { stdio: 'pipe', ...spawnIds },
-    );
+    try {
+      execFileSync(
+        join(bin, 'initdb'),
+        ['-D', dataDir, '-U', 'canto', '-A', 'trust', '-E', 'UTF8', '--locale=C', ...(options.fast ? ['--no-sync'] : [])],
+        { stdio: 'pipe', ...spawnIds },
+      );
+    } catch (err) {
+      const stderr = (err as { stderr?: Buffer }).stderr?.toString().trim();
+      throw new Error(`initdb failed: ${stderr || (err as Error).message}`);
+    }
   }
 
   const logPath = join(options.dir, 'postgres.log');

@@ -14,6 +14,7 @@
  * `-displayfd`, shrinks the screen to the default size with xrandr, starts openbox, reports
  * `ready` on fd 4 and then only reaps orphans.
  */
+import { existsSync } from 'node:fs';
 import { join } from 'node:path';
 import {
   DISK_DIRS,
@@ -71,10 +72,20 @@ exec 4>&-
 while :; do sleep 2147483647 & wait $!; done
 `;
 
+/**
+ * Host secrets inside the shared read-only `/etc`: each is covered by a read-only bind of
+ * `/dev/null`, so a guest (root inside its namespaces) reads an empty file instead of the host's
+ * password hashes.
+ */
+export const MASKED_HOST_FILES = ['/etc/shadow', '/etc/shadow-', '/etc/gshadow', '/etc/gshadow-'] as const;
+/** Host secret directories inside `/etc`, covered by an empty tmpfs. */
+export const MASKED_HOST_DIRS = ['/etc/ssl/private'] as const;
+
 /** Guest mountpoint → host path for every bind mount of a desktop, for CRIU's externals. */
 export function bindMounts(paths: DesktopPaths): Map<string, string> {
   const m = new Map<string, string>();
   for (const d of HOST_RO_DIRS) m.set(d, d);
+  for (const f of MASKED_HOST_FILES) m.set(f, '/dev/null');
   for (const d of DISK_DIRS) m.set(`/${d}`, join(paths.disk, d));
   m.set(GUEST_FB_DIR, paths.fb);
   return m;
@@ -99,6 +110,8 @@ export function bwrapArgs(paths: DesktopPaths, desktopId: string): string[] {
     '--hostname', hostnameFor(desktopId),
   ];
   for (const d of HOST_RO_DIRS) args.push('--ro-bind', d, d);
+  for (const f of MASKED_HOST_FILES) if (existsSync(f)) args.push('--ro-bind', '/dev/null', f);
+  for (const d of MASKED_HOST_DIRS) if (existsSync(d)) args.push('--tmpfs', d, '--remount-ro', d);
   for (const [name, target] of ROOT_SYMLINKS) args.push('--symlink', target, `/${name}`);
   for (const d of DISK_DIRS) args.push('--bind', join(paths.disk, d), `/${d}`);
   args.push(
