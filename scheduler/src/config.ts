@@ -41,6 +41,8 @@ export interface SchedulerConfig {
   readonly idleSweepMs: number;
   /** `CANTO_AGENT_TIMEOUT_MS`: per agent command. Default 60000. */
   readonly agentCommandTimeoutMs: number;
+  /** `CANTO_HEARTBEAT_MS`: heartbeat interval agents are told to use; 5 missed ones close the link. Default 2000. */
+  readonly heartbeatMs: number;
   /** `CANTO_HOST_WAIT_MS`: how long an operation waits for its host's agent to (re)connect. Default 30000. */
   readonly hostWaitMs: number;
   /** `CANTO_OPERATION_DEADLINE_MS`: retryable failures are retried until this age. Default 300000. */
@@ -107,6 +109,7 @@ export function loadSchedulerConfig(env: Env): SchedulerConfig {
     enginePollMs: int(env, 'CANTO_ENGINE_POLL_MS', 500, 10),
     idleSweepMs: int(env, 'CANTO_IDLE_SWEEP_MS', 1_000, 10),
     agentCommandTimeoutMs: int(env, 'CANTO_AGENT_TIMEOUT_MS', 60_000, 100),
+    heartbeatMs: int(env, 'CANTO_HEARTBEAT_MS', 2_000, 20),
     hostWaitMs: int(env, 'CANTO_HOST_WAIT_MS', 30_000, 0),
     operationDeadlineMs: int(env, 'CANTO_OPERATION_DEADLINE_MS', 300_000, 1_000),
     cpuOvercommit: num(env, 'CANTO_CPU_OVERCOMMIT', 8),

@@ -35,7 +35,7 @@ export async function startScheduler(config: SchedulerConfig, logger?: Logger): 
 
   let leadership: Leadership | null = null;
   const isLeader = () => leadership?.isLeader() ?? false;
-  const agents = new AgentGateway({ sql, logger: log, joinToken: config.joinToken, heartbeatMs: 2_000, isLeader });
+  const agents = new AgentGateway({ sql, logger: log, joinToken: config.joinToken, heartbeatMs: config.heartbeatMs, isLeader });
   const lifecycle = new LifecycleService(sql, { isLeader }, Math.max(1, Math.ceil(config.leaseTtlMs / 1000)));
   const waiter = new OperationWaiter(sql, config.waitPollMs);
   await waiter.start();

@@ -45,7 +45,7 @@ describe.skipIf(!isRoot)('desktop lifecycle, end to end', () => {
     if (stateDir) rmSync(stateDir, { recursive: true, force: true });
   });
 
-  it('creates, wakes, hibernates with memory, wakes again and destroys a real desktop', async () => {
+  it('creates, wakes, survives an agent restart, hibernates with memory, wakes again and destroys a real desktop', async () => {
     const created = await call('POST', '/v1/desktops', {
       tier: 'small',
       env: { GREETING: "it's alive" },
@@ -74,6 +74,11 @@ describe.skipIf(!isRoot)('desktop lifecycle, end to end', () => {
     const started = await guest.exec(id, { command: 'setsid sleep 100000 >/dev/null 2>&1 < /dev/null & echo $!', timeoutMs: 10_000 });
     const sleeperPid = started.stdout.trim();
     expect(sleeperPid).toMatch(/^\d+$/);
+
+    // Desktops outlive their agent: restart it; the desktop keeps running and stays drivable.
+    await agent.kill('SIGTERM');
+    expect((await guest.exec(id, { command: `kill -0 ${sleeperPid} && echo up`, timeoutMs: 10_000 })).stdout).toBe('up\n');
+    agent = startAgentProcess(scheduler.url, stateDir);
 
     const hibernated = await call('POST', `/v1/desktops/${id}/hibernate?wait=true`);
     expect(hibernated.status, hibernated.text).toBe(200);

@@ -24,6 +24,7 @@ import {
   parseMessage,
 } from '../../shared/src/protocol.js';
 import { RpcPeer } from '../../shared/src/rpc.js';
+import { failure } from '../helpers/agent-failure.js';
 
 const TOKEN = 'join-token-for-tests';
 const D = 'dsk_aaaaaaaaaaaaaaaaaaaaaaaa';
@@ -109,14 +110,6 @@ async function waitFor(condition: () => boolean, what: string, timeoutMs = 5000)
   }
 }
 
-async function failure(promise: Promise<unknown>): Promise<AgentFailure> {
-  const err = await promise.then(
-    () => undefined,
-    (e: unknown) => e,
-  );
-  expect(err).toBeInstanceOf(AgentFailure);
-  return err as AgentFailure;
-}
 
 const ROOT = fileURLToPath(new URL('../..', import.meta.url));
 

@@ -7,7 +7,7 @@
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { connectDatabase } from '../../scheduler/src/store/db.js';
 import { hashToken } from '../../scheduler/src/crypto/secret-box.js';
-import { api, mintKey, startTestScheduler, type TestScheduler } from '../helpers/scheduler.js';
+import { api, mintKey, readResponse, startTestScheduler, type TestScheduler } from '../helpers/scheduler.js';
 import { expectProblem, type ApiResponse } from '../helpers/problem.js';
 
 let s: TestScheduler;
@@ -45,14 +45,7 @@ async function send(row: Row): Promise<ApiResponse> {
     headers,
     body: row.body === undefined ? undefined : typeof row.body === 'string' ? row.body : JSON.stringify(row.body),
   });
-  const text = await res.text();
-  let json: any = null;
-  try {
-    json = text ? JSON.parse(text) : null;
-  } catch {
-    json = null;
-  }
-  return { status: res.status, headers: res.headers, text, json };
+  return readResponse(res);
 }
 
 async function check(row: Row): Promise<ApiResponse> {

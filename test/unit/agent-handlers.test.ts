@@ -8,6 +8,7 @@ import type { RuntimeDriver } from '../../agent/src/runtime/driver.js';
 import { FakeDriver } from '../../agent/src/runtime/fake.js';
 import { silentLogger } from '../../shared/src/log.js';
 import { AGENT_COMMANDS, AgentFailure, type AgentErrorCode } from '../../shared/src/protocol.js';
+import { failure } from '../helpers/agent-failure.js';
 
 let dir: string;
 let driver: FakeDriver;
@@ -37,14 +38,6 @@ const start = (generation = 1, first_boot: unknown = null, desktop_id = D) => ({
 const op = (generation = 1, desktop_id = D) => ({ desktop_id, generation, operation_id: 'op_2' });
 const exec = (command: string, generation = 1) => ({ desktop_id: D, generation, command, timeout_ms: 5000 });
 
-async function failure(promise: Promise<unknown>): Promise<AgentFailure> {
-  const err = await promise.then(
-    () => undefined,
-    (e: unknown) => e,
-  );
-  expect(err).toBeInstanceOf(AgentFailure);
-  return err as AgentFailure;
-}
 
 async function expectCode(promise: Promise<unknown>, code: AgentErrorCode): Promise<AgentFailure> {
   const err = await failure(promise);

@@ -32,6 +32,8 @@ import { hashToken, safeEqualHex } from '../crypto/secret-box.js';
 
 export const AGENT_LINK_PATH = '/internal/agents/ws';
 const HELLO_TIMEOUT_MS = 10_000;
+/** A link silent for this many heartbeat intervals is presumed dead (a half-open TCP connection). */
+const MISSED_HEARTBEATS = 5;
 
 interface Link {
   peer: RpcPeer;
@@ -117,7 +119,14 @@ export class AgentGateway {
   private accept(peer: RpcPeer): void {
     let hostId: string | null = null;
     let instanceId = '';
+    let lastHeard = Date.now();
     const helloTimer = setTimeout(() => hostId || peer.close(1008, 'no hello'), HELLO_TIMEOUT_MS);
+    const silenceTimer = setInterval(() => {
+      if (Date.now() - lastHeard > this.deps.heartbeatMs * MISSED_HEARTBEATS) {
+        this.log.warn({ hostId }, 'agent link silent; closing it');
+        peer.close(4000, 'heartbeat timeout');
+      }
+    }, this.deps.heartbeatMs);
 
     peer.handle('hello', async (raw) => {
       const hello = parseMessage(HelloPayload, raw, 'hello');
@@ -148,11 +157,13 @@ export class AgentGateway {
 
     peer.handle('heartbeat', async (raw) => {
       parseMessage(HeartbeatPayload, raw, 'heartbeat');
+      lastHeard = Date.now();
       if (hostId) await touchHost(this.deps.sql, hostId);
     });
 
     peer.onClose(() => {
       clearTimeout(helloTimer);
+      clearInterval(silenceTimer);
       if (!hostId || this.links.get(hostId)?.peer !== peer) return;
       this.links.delete(hostId);
       this.log.info({ hostId }, 'agent disconnected');

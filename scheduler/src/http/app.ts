@@ -49,8 +49,12 @@ export type App = FastifyInstance<
 
 export async function buildApp(deps: AppDeps): Promise<App> {
   const app = Fastify({
-    // Per-request access logs stay off (level warn); failures are logged by the error handler.
-    loggerInstance: deps.logger.child({ component: 'http' }, { level: 'warn' }),
+    // Fastify's per-request access lines are info: the HTTP logger starts at warn (or quieter,
+    // if the root logger is), and failures are logged by the error handler.
+    loggerInstance: deps.logger.child(
+      { component: 'http' },
+      { level: deps.logger.levelVal > deps.logger.levels.values.warn! ? deps.logger.level : 'warn' },
+    ),
     bodyLimit: BODY_LIMIT_BYTES,
     ajv: { customOptions: { coerceTypes: false, removeAdditional: false, allErrors: false } },
     return503OnClosing: true,

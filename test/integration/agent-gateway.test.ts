@@ -1,0 +1,89 @@
+/**
+ * The scheduler's end of the agent link, driven by a hand-made agent speaking the protocol over
+ * a real websocket: protocol-version refusal, silent links closed after missed heartbeats (the
+ * host then reads `down`), and a newer link of the same host replacing an older one.
+ */
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import WebSocket from 'ws';
+import { RpcPeer } from '../../shared/src/rpc.js';
+import { newId } from '../../shared/src/ids.js';
+import { connectDatabase, type Sql } from '../../scheduler/src/store/db.js';
+import { JOIN_TOKEN, startTestScheduler, until, type TestScheduler } from '../helpers/scheduler.js';
+import { failure } from '../helpers/agent-failure.js';
+
+function hello(hostId: string, protocol = '1.0') {
+  return {
+    protocol,
+    host_id: hostId,
+    agent_instance_id: newId('host'),
+    hostname: 'test-host',
+    capabilities: { runtime: 'hand-made', memory_snapshots: false },
+    capacity: { vcpus: 2, memory_mb: 4096 },
+    desktops: [],
+  };
+}
+
+async function dial(s: TestScheduler): Promise<{ ws: WebSocket; peer: RpcPeer; closed: Promise<number> }> {
+  const ws = new WebSocket(`${s.url.replace(/^http/, 'ws')}/internal/agents/ws`, { headers: { authorization: `Bearer ${JOIN_TOKEN}` } });
+  await new Promise((resolve, reject) => ws.once('open', resolve).once('error', reject));
+  const closed = new Promise<number>((resolve) => ws.once('close', (code) => resolve(code)));
+  return { ws, peer: new RpcPeer(ws), closed };
+}
+
+describe('agent gateway', () => {
+  let s: TestScheduler;
+  let sql: Sql;
+
+  beforeAll(async () => {
+    s = await startTestScheduler({ CANTO_HEARTBEAT_MS: '50' });
+    sql = connectDatabase(s.databaseUrl, { max: 1 });
+    await until(() => s.leadership.isLeader(), 5_000, 'leadership');
+  });
+
+  afterAll(async () => {
+    await sql.end();
+    await s.close();
+  });
+
+  it('refuses an agent speaking a newer protocol major', async () => {
+    const { peer, closed } = await dial(s);
+    const err = await failure(peer.request('hello', hello(newId('host'), '2.0'), 2_000));
+    expect(err.code).toBe('unsupported');
+    expect(await closed).toBe(1002);
+  });
+
+  it('answers hello with the heartbeat interval and closes a link that stops heartbeating', async () => {
+    const hostId = newId('host');
+    const { peer, closed } = await dial(s);
+    const reply = (await peer.request('hello', hello(hostId), 2_000)) as { heartbeat_ms: number };
+    expect(reply.heartbeat_ms).toBe(50);
+    await until(async () => (await sql`SELECT status FROM hosts WHERE id = ${hostId}`)[0]?.status === 'ready', 2_000, 'host ready');
+    expect(s.agents.isConnected(hostId)).toBe(true);
+    // Heartbeats for a while keep the link open well past 5 intervals…
+    for (let i = 0; i < 10; i++) {
+      peer.notify('heartbeat', { running_desktops: 0 });
+      await new Promise((r) => setTimeout(r, 40));
+    }
+    expect(s.agents.isConnected(hostId)).toBe(true);
+    // …and silence closes it.
+    expect(await closed).toBe(4000);
+    await until(async () => (await sql`SELECT status FROM hosts WHERE id = ${hostId}`)[0]?.status === 'down', 2_000, 'host down');
+    expect(s.agents.isConnected(hostId)).toBe(false);
+  });
+
+  it('replaces an older link of the same host with the newer one', async () => {
+    const hostId = newId('host');
+    const first = await dial(s);
+    await first.peer.request('hello', hello(hostId), 2_000);
+    const second = await dial(s);
+    await second.peer.request('hello', hello(hostId), 2_000);
+    expect(await first.closed).toBe(1000);
+    second.peer.notify('heartbeat', { running_desktops: 0 });
+    expect(s.agents.isConnected(hostId)).toBe(true);
+    // The host stays ready: the old link closing must not mark it down.
+    const [row] = await sql`SELECT status FROM hosts WHERE id = ${hostId}`;
+    expect(row!.status).toBe('ready');
+    second.ws.close();
+    await second.closed;
+  });
+});

@@ -1,0 +1,52 @@
+/** Placement pipeline: feasibility (status, link, cordon, capacity with overcommit), ranking, selection. */
+import { describe, expect, it } from 'vitest';
+import { feasibleHosts, type HostCandidate } from '../../scheduler/src/placement/feasible.js';
+import { rankHosts } from '../../scheduler/src/placement/rank.js';
+import { selectHost } from '../../scheduler/src/placement/select.js';
+
+const host = (id: string, over: Partial<HostCandidate> = {}): HostCandidate => ({
+  id,
+  connected: true,
+  ready: true,
+  cordoned: false,
+  vcpus: 2,
+  memoryMb: 8192,
+  committedVcpus: 0,
+  committedMemoryMb: 0,
+  ...over,
+});
+const none = { cpu: 1, memory: 1 };
+
+describe('placement', () => {
+  it('drops hosts that are disconnected, down or cordoned', () => {
+    const hosts = [host('a', { connected: false }), host('b', { ready: false }), host('c', { cordoned: true }), host('d')];
+    expect(feasibleHosts(hosts, 'small', none).map((h) => h.id)).toEqual(['d']);
+  });
+
+  it('checks CPU and memory capacity after overcommit', () => {
+    // small = 2 vCPU / 4096 MiB. A 2-vCPU host fits one small desktop without overcommit…
+    expect(feasibleHosts([host('a')], 'small', none)).toHaveLength(1);
+    expect(feasibleHosts([host('a', { committedVcpus: 2 })], 'small', none)).toHaveLength(0);
+    // …and four with 4× CPU overcommit, as long as memory (8 GiB × 2 = 16 GiB) holds.
+    expect(feasibleHosts([host('a', { committedVcpus: 6, committedMemoryMb: 12288 })], 'small', { cpu: 4, memory: 2 })).toHaveLength(1);
+    expect(feasibleHosts([host('a', { committedVcpus: 6, committedMemoryMb: 12289 })], 'small', { cpu: 4, memory: 2 })).toHaveLength(0);
+    // large = 8 vCPU never fits a 2-vCPU host at 2× CPU overcommit.
+    expect(feasibleHosts([host('a')], 'large', { cpu: 2, memory: 8 })).toHaveLength(0);
+  });
+
+  it('ranks by the busier resource, least loaded first, ties by id', () => {
+    const hosts = [
+      host('c', { committedVcpus: 1 }), // cpu 50 %
+      host('b', { committedMemoryMb: 6144 }), // memory 75 %
+      host('a', { committedVcpus: 1 }), // cpu 50 %, ties with c
+      host('d'),
+    ];
+    expect(rankHosts(hosts, none).map((h) => h.id)).toEqual(['d', 'a', 'c', 'b']);
+  });
+
+  it('selects the best feasible host, or none', () => {
+    const overcommit = { cpu: 8, memory: 2 };
+    expect(selectHost([host('x', { committedVcpus: 8 }), host('y')], 'default', overcommit)).toBe('y');
+    expect(selectHost([host('x', { connected: false })], 'default', overcommit)).toBeNull();
+  });
+});

@@ -1,0 +1,52 @@
+/**
+ * The HTTP error mapping, on the real Fastify app with services that fail on purpose: every
+ * failure becomes problem+json, and a 500 never carries the underlying error's text.
+ */
+import { describe, expect, it, afterAll } from 'vitest';
+import { buildApp } from '../../scheduler/src/http/app.js';
+import { ApiError } from '../../scheduler/src/errors.js';
+import { silentLogger } from '../../shared/src/log.js';
+import type { AppDeps } from '../../scheduler/src/http/app.js';
+
+const SECRET = 'password=hunter2 at db.internal:5432';
+
+function throwingDeps(error: Error): AppDeps {
+  const fail = async () => {
+    throw error;
+  };
+  return {
+    logger: silentLogger(),
+    authenticate: async () => 'org_test',
+    desktops: { list: fail, create: fail, get: fail, patch: fail } as unknown as AppDeps['desktops'],
+    lifecycle: { request: fail, get: fail } as unknown as AppDeps['lifecycle'],
+    waiter: { wait: fail } as unknown as AppDeps['waiter'],
+    usage: { report: fail } as unknown as AppDeps['usage'],
+    waitCapMs: 1000,
+  };
+}
+
+describe('problem mapping', () => {
+  const apps: Array<{ close(): Promise<unknown> }> = [];
+  afterAll(async () => {
+    for (const app of apps) await app.close();
+  });
+
+  it('hides the text of unexpected errors behind a generic 500', async () => {
+    const app = await buildApp(throwingDeps(new Error(SECRET)));
+    apps.push(app);
+    const res = await app.inject({ method: 'GET', url: '/v1/desktops', headers: { authorization: 'Bearer x' } });
+    expect(res.statusCode).toBe(500);
+    expect(res.headers['content-type']).toContain('application/problem+json');
+    expect(res.json()).toEqual({ type: 'about:blank', title: 'Internal Server Error', status: 500, detail: 'internal error' });
+    expect(res.body).not.toContain('hunter2');
+  });
+
+  it('passes ApiError status, detail, extension members and headers through', async () => {
+    const app = await buildApp(throwingDeps(new ApiError(409, 'nope', { operation_id: 'op_x', currentSize: 7 }, { 'retry-after': '3' })));
+    apps.push(app);
+    const res = await app.inject({ method: 'GET', url: '/v1/usage', headers: { authorization: 'Bearer x' } });
+    expect(res.statusCode).toBe(409);
+    expect(res.headers['retry-after']).toBe('3');
+    expect(res.json()).toEqual({ type: 'about:blank', title: 'Conflict', status: 409, detail: 'nope', operation_id: 'op_x', currentSize: 7 });
+  });
+});
