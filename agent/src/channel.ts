@@ -101,7 +101,10 @@ interface Waiter {
 class AgentChannel {
   isConnected = false;
   private readonly log: Logger;
-  private readonly url: string;
+  /** Websocket URLs of the scheduler replicas; `dialIndex` is the one dialed next. */
+  private readonly urls: readonly string[];
+  private dialIndex = 0;
+  private url: string;
   private readonly handlers: CommandHandlers;
   private current?: Connection;
   private attempt = 0;
@@ -115,13 +118,15 @@ class AgentChannel {
     private readonly generations: GenerationStore,
   ) {
     this.log = options.logger.child({ component: 'agent-channel', host_id: identity.hostId });
-    this.url = agentSocketUrl(options.config.schedulerUrl);
+    this.urls = options.config.schedulerUrls.map(agentSocketUrl);
+    this.url = this.urls[0]!;
     this.handlers = new CommandHandlers({ driver: options.driver, generations, logger: options.logger });
   }
 
   connect(): void {
     this.reconnectTimer = undefined;
     if (this.stopping) return;
+    this.url = this.urls[this.dialIndex % this.urls.length]!;
     const ws = new WebSocket(this.url, {
       headers: { authorization: `Bearer ${this.options.config.token}` },
       handshakeTimeout: HANDSHAKE_TIMEOUT_MS,
@@ -264,6 +269,9 @@ class AgentChannel {
       ? reconnectMaxMs * (0.8 + 0.2 * Math.random())
       : Math.min(reconnectMaxMs, reconnectMinMs * 2 ** Math.min(this.attempt, 30)) * (0.5 + 0.5 * Math.random());
     this.attempt++;
+    // A replica that never took us (a follower answers 503, or it is down): try the next one.
+    // After a working link drops, the same replica is tried first; it is likely still the leader.
+    if (!conn.ready) this.dialIndex++;
     if (conn.ready) this.log.warn({ retry_ms: Math.round(delay) }, 'lost the scheduler link; reconnecting');
     else this.log.debug({ retry_ms: Math.round(delay), attempt: this.attempt }, 'reconnecting');
     this.reconnectTimer = setTimeout(() => this.connect(), delay);

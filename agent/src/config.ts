@@ -12,8 +12,11 @@
 export type AgentRuntime = 'sandbox' | 'fake';
 
 export interface AgentConfig {
-  /** http(s) base URL of the scheduler, e.g. `https://canto.example.com`. Required. */
-  readonly schedulerUrl: string;
+  /**
+   * http(s) base URLs of the scheduler replicas, e.g. `https://canto.example.com`, given
+   * comma-separated. Required. Only the leader accepts agents; the agent tries them in turn.
+   */
+  readonly schedulerUrls: readonly string[];
   /** Join token presented as `Authorization: Bearer <token>`. Required; never logged. */
   readonly token: string;
   /** Directory for the host id, the fencing store and the runtime's disks. Default `/var/lib/canto-agent`. */
@@ -51,7 +54,7 @@ export function loadAgentConfig(env: Env, flags: AgentFlags = {}): AgentConfig {
     return value === undefined || value.trim() === '' ? undefined : value.trim();
   };
 
-  const schedulerUrl = parseSchedulerUrl(pick(flags.scheduler, 'CANTO_SCHEDULER_URL'));
+  const schedulerUrls = parseSchedulerUrls(pick(flags.scheduler, 'CANTO_SCHEDULER_URL'));
   const token = pick(flags.token, 'CANTO_AGENT_TOKEN');
   if (token === undefined) {
     throw new Error('agent config: the join token is required (--token or CANTO_AGENT_TOKEN)');
@@ -74,7 +77,7 @@ export function loadAgentConfig(env: Env, flags: AgentFlags = {}): AgentConfig {
   }
 
   return Object.freeze({
-    schedulerUrl,
+    schedulerUrls,
     token,
     stateDir: pick(flags.stateDir, 'CANTO_AGENT_STATE_DIR') ?? '/var/lib/canto-agent',
     runtime,
@@ -86,10 +89,14 @@ export function loadAgentConfig(env: Env, flags: AgentFlags = {}): AgentConfig {
   });
 }
 
-function parseSchedulerUrl(value: string | undefined): string {
+function parseSchedulerUrls(value: string | undefined): readonly string[] {
   if (value === undefined) {
     throw new Error('agent config: the scheduler URL is required (--scheduler or CANTO_SCHEDULER_URL)');
   }
+  return Object.freeze(value.split(',').map((part) => parseSchedulerUrl(part.trim())));
+}
+
+function parseSchedulerUrl(value: string): string {
   let url: URL;
   try {
     url = new URL(value);

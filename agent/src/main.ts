@@ -39,7 +39,7 @@ export async function runAgent(config: AgentConfig, options: RunAgentOptions = {
     throw err;
   }
   log.info(
-    { host_id: handle.hostId, runtime: config.runtime, scheduler: config.schedulerUrl, state_dir: config.stateDir },
+    { host_id: handle.hostId, runtime: config.runtime, schedulers: config.schedulerUrls, state_dir: config.stateDir },
     'agent started',
   );
   if (options.handleSignals === false) return handle;

@@ -112,6 +112,18 @@ describe('one leader, one follower', () => {
   });
 });
 
+describe('agents given every replica', () => {
+  it('find the leader past a refusing follower', async () => {
+    const roaming = await startFakeAgent(`${follower.url},${leader.url}`);
+    try {
+      expect(leader.agents.connectedHostIds()).toContain(roaming.hostId);
+      expect(follower.agents.connectedHostIds()).not.toContain(roaming.hostId);
+    } finally {
+      await roaming.stop();
+    }
+  });
+});
+
 describe('failover', () => {
   it('closing the leader makes the follower lead within the lease TTL, and it then accepts mutations', async () => {
     const desktopId = (await api(follower.url, key)('POST', '/v1/desktops', { tier: 'small' })).json.id as string;

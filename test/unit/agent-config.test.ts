@@ -8,7 +8,7 @@ describe('loadAgentConfig', () => {
   it('applies documented defaults and freezes the result', () => {
     const config = loadAgentConfig(base);
     expect(config).toEqual({
-      schedulerUrl: 'http://sched.example:8080',
+      schedulerUrls: ['http://sched.example:8080'],
       token: 'tok',
       stateDir: '/var/lib/canto-agent',
       runtime: 'sandbox',
@@ -27,13 +27,19 @@ describe('loadAgentConfig', () => {
       { scheduler: 'https://other.example', token: 'flag-token', stateDir: '/flag', runtime: 'fake', logLevel: 'debug' },
     );
     expect(config).toMatchObject({
-      schedulerUrl: 'https://other.example',
+      schedulerUrls: ['https://other.example'],
       token: 'flag-token',
       stateDir: '/flag',
       runtime: 'fake',
       memorySnapshots: false,
       logLevel: 'debug',
     });
+  });
+
+  it('takes a comma-separated list of scheduler replicas', () => {
+    const config = loadAgentConfig({ ...base, CANTO_SCHEDULER_URL: 'http://a.example:8080/, https://b.example' });
+    expect(config.schedulerUrls).toEqual(['http://a.example:8080', 'https://b.example']);
+    expect(() => loadAgentConfig({ ...base, CANTO_SCHEDULER_URL: 'http://a.example,ftp://b' })).toThrow(/http or https/);
   });
 
   it('throws a clear error for missing or invalid values', () => {
