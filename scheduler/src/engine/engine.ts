@@ -147,8 +147,18 @@ const STEP: Record<OperationRow['kind'], (deps: steps.StepDeps, op: OperationRow
   },
 };
 
+/**
+ * The error an API client sees on a failed operation. Agent messages carry host details (paths,
+ * tool output) that stay in the logs; the client gets a fixed sentence per code.
+ */
+const AGENT_ERRORS: Partial<Record<AgentFailure['code'], { code: string; message: string }>> = {
+  disconnected: { code: 'host_unavailable', message: 'the desktop host is unreachable' },
+  timeout: { code: 'timeout', message: 'the desktop host did not answer in time' },
+  stale_generation: { code: 'stale_generation', message: 'the host refused a command from an older generation' },
+};
+
 function describe(err: unknown): { code: string; message: string } {
   if (err instanceof steps.StepFailure) return { code: err.code, message: err.message };
-  if (err instanceof AgentFailure) return { code: err.code === 'disconnected' ? 'host_unavailable' : err.code, message: err.message };
+  if (err instanceof AgentFailure) return AGENT_ERRORS[err.code] ?? { code: 'runtime_error', message: 'the desktop runtime failed; the host agent log has the details' };
   return { code: 'internal', message: 'internal error' };
 }
