@@ -43,6 +43,8 @@ export interface SchedulerConfig {
   readonly agentCommandTimeoutMs: number;
   /** `CANTO_HEARTBEAT_MS`: heartbeat interval agents are told to use; 5 missed ones close the link. Default 2000. */
   readonly heartbeatMs: number;
+  /** `CANTO_HOST_FAILURE_GRACE_MS`: a host silent this long has its awake desktops force-hibernated. Default 60000. */
+  readonly hostFailureGraceMs: number;
   /** `CANTO_HOST_WAIT_MS`: how long an operation waits for its host's agent to (re)connect. Default 30000. */
   readonly hostWaitMs: number;
   /** `CANTO_OPERATION_DEADLINE_MS`: retryable failures are retried until this age. Default 300000. */
@@ -111,6 +113,7 @@ export function loadSchedulerConfig(env: Env): SchedulerConfig {
     agentCommandTimeoutMs: int(env, 'CANTO_AGENT_TIMEOUT_MS', 60_000, 100),
     heartbeatMs: int(env, 'CANTO_HEARTBEAT_MS', 2_000, 20),
     hostWaitMs: int(env, 'CANTO_HOST_WAIT_MS', 30_000, 0),
+    hostFailureGraceMs: int(env, 'CANTO_HOST_FAILURE_GRACE_MS', 60_000, 100),
     operationDeadlineMs: int(env, 'CANTO_OPERATION_DEADLINE_MS', 300_000, 1_000),
     cpuOvercommit: num(env, 'CANTO_CPU_OVERCOMMIT', 8),
     memoryOvercommit: num(env, 'CANTO_MEMORY_OVERCOMMIT', 2),

@@ -18,6 +18,7 @@ import { AgentGateway } from './agents/gateway.js';
 import { OperationEngine } from './engine/engine.js';
 import { Leadership } from './engine/leader.js';
 import { IdleSweeper } from './engine/idle-sweeper.js';
+import { HostRecovery } from './engine/host-recovery.js';
 
 export interface RunningScheduler {
   readonly url: string;
@@ -52,13 +53,16 @@ export async function startScheduler(config: SchedulerConfig, logger?: Logger): 
     operationDeadlineMs: config.operationDeadlineMs,
   });
   const sweeper = new IdleSweeper(sql, lifecycle, config.idleSweepMs, log);
+  const recovery = new HostRecovery(sql, () => agents.connectedHostIds(), config.hostFailureGraceMs, Math.min(5_000, config.hostFailureGraceMs), log);
   leadership = new Leadership(sql, config.replicaId, config.leaseTtlMs, config.leaseRenewMs, {
     async establish() {
       await engine.start();
       sweeper.start();
+      recovery.start();
     },
     async revoke() {
       sweeper.stop();
+      recovery.stop();
       agents.closeAll();
       await engine.stop();
     },

@@ -35,6 +35,9 @@ const HELLO_TIMEOUT_MS = 10_000;
 /** A link silent for this many heartbeat intervals is presumed dead (a half-open TCP connection). */
 const MISSED_HEARTBEATS = 5;
 
+export type HelloDesktops = HelloPayload['desktops'];
+export type HelloListener = (hostId: string, desktops: HelloDesktops) => void;
+
 interface Link {
   peer: RpcPeer;
   instanceId: string;
@@ -51,6 +54,7 @@ export interface AgentGatewayDeps {
 export class AgentGateway {
   private readonly links = new Map<string, Link>();
   private readonly connectWaiters = new Map<string, Set<() => void>>();
+  private readonly helloListeners = new Set<HelloListener>();
   private readonly wss = new WebSocketServer({ noServer: true, maxPayload: 64 * 1024 * 1024 });
   private readonly joinTokenHash: string | null;
   private readonly log: Logger;
@@ -95,6 +99,12 @@ export class AgentGateway {
     if (!link) throw new AgentFailure('disconnected', `host ${hostId} is not connected`, true);
     const reply = await link.peer.request(command, payload, timeoutMs);
     return parseMessage(AGENT_COMMANDS[command].result, reply, `${command} reply`) as CommandResult<C>;
+  }
+
+  /** Calls `listener` after each accepted hello with the desktops the host reports; returns an unsubscribe. */
+  onHello(listener: HelloListener): () => void {
+    this.helloListeners.add(listener);
+    return () => this.helloListeners.delete(listener);
   }
 
   /** Closes every agent link (leadership lost, or shutdown). */
@@ -152,6 +162,11 @@ export class AgentGateway {
       this.links.set(hostId, { peer, instanceId });
       this.log.info({ hostId, instanceId, runtime: hello.capabilities.runtime }, 'agent connected');
       for (const waiter of this.connectWaiters.get(hostId) ?? []) waiter();
+      const connectedHost = hostId;
+      // After the reply is on its way: listeners may send the host commands.
+      setImmediate(() => {
+        for (const listener of this.helloListeners) listener(connectedHost, hello.desktops);
+      });
       return { protocol: PROTOCOL_VERSION, heartbeat_ms: this.deps.heartbeatMs };
     });
 

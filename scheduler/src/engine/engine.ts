@@ -4,6 +4,9 @@
  * and drives each through its step. Work on one desktop is serialized in-process, so the
  * provisioner and an operation never place the same desktop twice.
  *
+ * When an agent says hello, every desktop it still runs is reconciled with the database (a host
+ * that was failed over must not keep running desktops the scheduler has moved on from).
+ *
  * Retryable failures (the host is disconnected, a command timed out) are retried with capped
  * backoff until the operation is `operationDeadlineMs` old; anything else settles it `failed`.
  */
@@ -23,6 +26,7 @@ export class OperationEngine {
   private running = false;
   private timer: NodeJS.Timeout | null = null;
   private unlisten: (() => Promise<void>) | null = null;
+  private unsubscribeHello: (() => void) | null = null;
   private readonly driving = new Set<string>();
   private readonly provisioning = new Set<string>();
   private readonly desktopChains = new Map<string, Promise<unknown>>();
@@ -39,6 +43,12 @@ export class OperationEngine {
     this.running = true;
     const sub = await this.deps.sql.listen(OP_NEW_CHANNEL, () => this.kick());
     this.unlisten = () => sub.unlisten();
+    this.unsubscribeHello = this.deps.agents.onHello((hostId, desktops) => {
+      for (const reported of desktops) {
+        if (!reported.running) continue;
+        this.track(this.onDesktop(reported.desktop_id, () => steps.reconcile(this.deps, hostId, reported)));
+      }
+    });
     for (const op of await runningOperations(this.deps.sql)) this.launch(op);
     this.kick();
   }
@@ -48,6 +58,8 @@ export class OperationEngine {
     this.running = false;
     if (this.timer) clearTimeout(this.timer);
     this.timer = null;
+    this.unsubscribeHello?.();
+    this.unsubscribeHello = null;
     await this.unlisten?.().catch(() => {});
     this.unlisten = null;
     await Promise.allSettled([...this.inFlight]);

@@ -12,7 +12,7 @@ import { inTransaction, type Sql } from '../store/db.js';
 import { getDesktopById, setPlacement, transition } from '../store/desktops.js';
 import { closeMeter, openMeter, recordEvent } from '../store/events.js';
 import { committedLoad, listHosts } from '../store/hosts.js';
-import { settleOperation } from '../store/operations.js';
+import { hasOpenOperation, settleOperation } from '../store/operations.js';
 import type { DesktopRow, OperationRow } from '../store/rows.js';
 import type { AgentGateway } from '../agents/gateway.js';
 import type { SecretBox } from '../crypto/secret-box.js';
@@ -171,4 +171,25 @@ export async function fail(deps: StepDeps, op: OperationRow, error: { code: stri
     if (op.kind === 'hibernate' && d.state === 'hibernating') await transition(tx, d.id, ['hibernating'], 'awake');
     if (!(await settleOperation(tx, op.id, { error }, deps.holder))) throw new LeaseLost('leader lease lost before settling');
   });
+}
+
+/**
+ * A host's hello lists the desktops it still runs. One the scheduler no longer counts as running
+ * there — force-hibernated while the host was silent, or destroyed meanwhile — is brought in
+ * line with the current generation: hibernated (its memory becomes the snapshot the next wake
+ * restores, so nothing is lost) or destroyed. Desktops the scheduler does not know on this host
+ * are left alone: nothing is deleted on a guess.
+ */
+export async function reconcile(deps: StepDeps, hostId: string, reported: { desktop_id: string; running: boolean }): Promise<void> {
+  if (!reported.running) return;
+  const d = await getDesktopById(deps.sql, reported.desktop_id);
+  if (!d || d.host_id !== hostId || (await hasOpenOperation(deps.sql, d.id))) return;
+  const ref = { desktop_id: d.id, generation: d.generation, operation_id: `reconcile-${d.current_generation_id}` };
+  if (d.state === 'hibernated') {
+    await deps.agents.call(hostId, 'desktop.hibernate', ref, deps.agentCommandTimeoutMs);
+    deps.logger.info({ desktopId: d.id, hostId }, 'reconciled: hibernated a desktop its host still ran');
+  } else if (d.state === 'destroyed') {
+    await deps.agents.call(hostId, 'desktop.destroy', ref, deps.agentCommandTimeoutMs);
+    deps.logger.info({ desktopId: d.id, hostId }, 'reconciled: destroyed a desktop its host still ran');
+  }
 }

@@ -44,3 +44,18 @@ export async function committedLoad(sql: Sql): Promise<Array<{ host_id: string; 
     WHERE host_id IS NOT NULL AND state IN ('waking', 'awake', 'hibernating')
     GROUP BY host_id, tier`;
 }
+
+/**
+ * Awake desktops on hosts not heard from for `graceMs`, with no operation open. `connected`
+ * lists hosts whose agent is linked to this replica right now: they are never failed, whatever
+ * their last heartbeat write says.
+ */
+export async function desktopsOnSilentHosts(sql: Sql, graceMs: number, connected: string[]): Promise<Array<{ id: string; host_id: string }>> {
+  return sql<Array<{ id: string; host_id: string }>>`
+    SELECT d.id, d.host_id FROM desktops d JOIN hosts h ON h.id = d.host_id
+    WHERE d.state = 'awake'
+      AND h.last_seen_at < now() - make_interval(secs => ${graceMs / 1000})
+      AND NOT (h.id = ANY(${connected}::text[]))
+      AND NOT EXISTS (SELECT 1 FROM operations o WHERE o.desktop_id = d.id AND o.state IN ('pending', 'running'))
+    ORDER BY d.id LIMIT 100`;
+}
