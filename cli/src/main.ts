@@ -4,7 +4,6 @@
  * once, here.
  */
 import { Command } from 'commander';
-import { createRootLogger } from '../../shared/src/log.js';
 import { loadSchedulerConfig } from '../../scheduler/src/config.js';
 import { startScheduler } from '../../scheduler/src/main.js';
 import { connectDatabase } from '../../scheduler/src/store/db.js';
@@ -117,7 +116,6 @@ hosts
   });
 
 program.parseAsync(process.argv).catch((err: unknown) => {
-  createRootLogger({ name: 'canto' }).fatal({ err }, 'canto failed');
   process.stderr.write(`canto: ${err instanceof Error ? err.message : String(err)}\n`);
   process.exit(1);
 });

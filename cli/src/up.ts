@@ -20,7 +20,8 @@ export interface UpOptions {
 }
 
 export async function up(options: UpOptions, env: NodeJS.ProcessEnv): Promise<void> {
-  const logger = createRootLogger({ level: env.CANTO_LOG_LEVEL || 'info', name: 'canto' });
+  // stdout carries the banner (URL, bootstrap key); logs go to stderr.
+  const logger = createRootLogger({ level: env.CANTO_LOG_LEVEL || 'info', name: 'canto', toStderr: true });
   const secrets = loadOrCreateSecrets(options.dataDir);
   const pg = await startEmbeddedPostgres({ dir: join(options.dataDir, 'postgres') });
   const stops: Array<() => Promise<void>> = [() => pg.stop()];
