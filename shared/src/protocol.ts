@@ -127,15 +127,6 @@ export type AgentCommand = keyof typeof AGENT_COMMANDS;
 export type CommandPayload<C extends AgentCommand> = Static<(typeof AGENT_COMMANDS)[C]['payload']>;
 export type CommandResult<C extends AgentCommand> = Static<(typeof AGENT_COMMANDS)[C]['result']>;
 
-/** Request types an agent sends. */
-export const SCHEDULER_REQUESTS = {
-  hello: { payload: HelloPayload, result: HelloResult },
-} as const;
-
-export const AGENT_NOTIFICATIONS = {
-  heartbeat: HeartbeatPayload,
-} as const;
-
 /* ------------------------------------------------------------------ frames */
 
 export const RequestFrame = Type.Object({

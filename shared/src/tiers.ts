@@ -23,7 +23,3 @@ export const TIER_SPECS: Readonly<Record<Tier, TierSpec>> = {
 
 /** The hourly rate is the monthly price divided by 667 (SPEC 4.9). */
 export const HOURS_PER_BILLING_MONTH = 667;
-
-export function isTier(value: string): value is Tier {
-  return (TIERS as readonly string[]).includes(value);
-}

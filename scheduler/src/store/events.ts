@@ -21,19 +21,6 @@ export async function recordEvent(
   await sql`INSERT INTO outbox (org_id, desktop_id, type, payload) VALUES (${e.orgId}, ${e.desktopId}, ${e.type}, ${sql.json(payload as never)})`;
 }
 
-export interface OutboxRow {
-  id: string;
-  org_id: string;
-  desktop_id: string;
-  type: EventType;
-  payload: Record<string, unknown>;
-  created_at: Date;
-}
-
-export async function listEvents(sql: Sql, desktopId: string): Promise<OutboxRow[]> {
-  return sql<OutboxRow[]>`SELECT * FROM outbox WHERE desktop_id = ${desktopId} ORDER BY id`;
-}
-
 export async function openMeter(sql: Sql, orgId: string, desktopId: string): Promise<void> {
   await sql`
     INSERT INTO meter_intervals (org_id, desktop_id, started_at) VALUES (${orgId}, ${desktopId}, now())
