@@ -134,7 +134,18 @@ export async function buildApp(deps: AppDeps): Promise<App> {
     void reply.code(404).type('application/problem+json').send(problem(404, 'no such route'));
   });
 
-  app.get('/v1/openapi.json', { config: { public: true }, schema: { hide: true } }, async () => app.swagger());
+  app.get(
+    '/v1/openapi.json',
+    {
+      config: { public: true },
+      schema: {
+        summary: 'This OpenAPI 3.1 document (no credential needed)',
+        security: [],
+        response: { 200: { type: 'object', additionalProperties: true } },
+      },
+    },
+    async () => app.swagger(),
+  );
 
   registerDesktopRoutes(app, deps);
   registerLifecycleRoutes(app, deps);
