@@ -46,7 +46,7 @@ export class OperationEngine {
     this.unsubscribeHello = this.deps.agents.onHello((hostId, desktops) => {
       for (const reported of desktops) {
         if (!reported.running) continue;
-        this.track(this.onDesktop(reported.desktop_id, () => steps.reconcile(this.deps, hostId, reported)));
+        this.track(this.onDesktop(reported.desktop_id, () => steps.reconcile(this.deps, hostId, reported.desktop_id)));
       }
     });
     for (const op of await runningOperations(this.deps.sql)) this.launch(op);

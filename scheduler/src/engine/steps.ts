@@ -174,22 +174,15 @@ export async function fail(deps: StepDeps, op: OperationRow, error: { code: stri
 }
 
 /**
- * A host's hello lists the desktops it still runs. One the scheduler no longer counts as running
- * there — force-hibernated while the host was silent, or destroyed meanwhile — is brought in
- * line with the current generation: hibernated (its memory becomes the snapshot the next wake
- * restores, so nothing is lost) or destroyed. Desktops the scheduler does not know on this host
- * are left alone: nothing is deleted on a guess.
+ * A host's hello lists the desktops it still runs. One the scheduler force-hibernated while the
+ * host was silent is hibernated there now, with the current generation: its memory becomes the
+ * snapshot the next wake restores, so nothing is lost. Anything else the host runs is left alone
+ * (an open operation owns the desktop; nothing is stopped on a guess).
  */
-export async function reconcile(deps: StepDeps, hostId: string, reported: { desktop_id: string; running: boolean }): Promise<void> {
-  if (!reported.running) return;
-  const d = await getDesktopById(deps.sql, reported.desktop_id);
-  if (!d || d.host_id !== hostId || (await hasOpenOperation(deps.sql, d.id))) return;
+export async function reconcile(deps: StepDeps, hostId: string, desktopId: string): Promise<void> {
+  const d = await getDesktopById(deps.sql, desktopId);
+  if (!d || d.host_id !== hostId || d.state !== 'hibernated' || (await hasOpenOperation(deps.sql, d.id))) return;
   const ref = { desktop_id: d.id, generation: d.generation, operation_id: `reconcile-${d.current_generation_id}` };
-  if (d.state === 'hibernated') {
-    await deps.agents.call(hostId, 'desktop.hibernate', ref, deps.agentCommandTimeoutMs);
-    deps.logger.info({ desktopId: d.id, hostId }, 'reconciled: hibernated a desktop its host still ran');
-  } else if (d.state === 'destroyed') {
-    await deps.agents.call(hostId, 'desktop.destroy', ref, deps.agentCommandTimeoutMs);
-    deps.logger.info({ desktopId: d.id, hostId }, 'reconciled: destroyed a desktop its host still ran');
-  }
+  await deps.agents.call(hostId, 'desktop.hibernate', ref, deps.agentCommandTimeoutMs);
+  deps.logger.info({ desktopId: d.id, hostId }, 'reconciled: hibernated a desktop its host still ran');
 }
