@@ -12,6 +12,7 @@ export const ID_PREFIXES = {
   generation: 'gen',
   host: 'host',
   apiKey: 'key',
+  process: 'prc',
 } as const;
 
 export type IdKind = keyof typeof ID_PREFIXES;

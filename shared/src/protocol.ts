@@ -8,6 +8,10 @@
  *
  * Changelog:
  *   1.0 — hello, heartbeat, desktop.prepare/start/hibernate/destroy, guest.exec.
+ *   1.1 — guest.exec output cap and truncation flags; guest.spawn, guest.process, guest.file.read
+ *         (download), guest.file.write (upload), guest.file.delete, guest.file.stat,
+ *         guest.dir.list; error codes path_missing, path_conflict, too_large; frame members
+ *         upload and download with stream.up/stream.down notifications.
  *
  * Every desktop command carries the desktop's `generation`. The agent remembers the highest
  * generation it has seen per desktop and refuses an older one with `stale_generation`: after a
@@ -17,7 +21,7 @@
 import { Type, type Static, type TSchema } from '@sinclair/typebox';
 import { TypeCompiler } from '@sinclair/typebox/compiler';
 
-export const PROTOCOL_VERSION = '1.0';
+export const PROTOCOL_VERSION = '1.1';
 export const WIRE_VERSION = 1;
 
 export function protocolMajor(version: string): number {
@@ -36,9 +40,15 @@ export const AgentError = Type.Object({
     Type.Literal('unsupported'),
     Type.Literal('unauthorized'),
     Type.Literal('disconnected'),
+    // 1.1: guest file operations.
+    Type.Literal('path_missing'),
+    Type.Literal('path_conflict'),
+    Type.Literal('too_large'),
   ]),
   message: Type.String(),
   retryable: Type.Boolean(),
+  /** 1.1: the file's size, on the `path_conflict` of a failed append guard. */
+  current_size: Type.Optional(Type.Integer({ minimum: 0 })),
 });
 export type AgentError = Static<typeof AgentError>;
 export type AgentErrorCode = AgentError['code'];
@@ -107,11 +117,77 @@ export const ExecPayload = Type.Object({
   ...DesktopRef,
   command: Type.String({ minLength: 1 }),
   timeout_ms: Type.Integer({ minimum: 1 }),
+  /** 1.1: bytes kept of each output stream (default 1 MiB). */
+  max_output_bytes: Type.Optional(Type.Integer({ minimum: 0 })),
 });
 export const ExecResult = Type.Object({
   exit_code: Type.Integer(),
   stdout: Type.String(),
   stderr: Type.String(),
+  stdout_truncated: Type.Optional(Type.Boolean()),
+  stderr_truncated: Type.Optional(Type.Boolean()),
+});
+
+/** Process ids: `setup` (the first-boot script) or `prc_` plus 24 base-32 characters. */
+export const PROCESS_ID_PATTERN = '^(setup|prc_[0-9a-v]{24})$';
+const ProcessId = Type.String({ pattern: PROCESS_ID_PATTERN });
+/** Guest paths on the link: absolute and normalized by the scheduler; the agent re-checks. */
+const GuestPath = Type.String({ minLength: 1, maxLength: 4096, pattern: '^/' });
+
+export const SpawnPayload = Type.Object({ ...DesktopRef, process_id: ProcessId, command: Type.String({ minLength: 1 }) });
+export const SpawnResult = Type.Object({});
+
+export const ProcessPayload = Type.Object({ ...DesktopRef, process_id: ProcessId, tail_bytes: Type.Integer({ minimum: 0 }) });
+export const ProcessResult = Type.Object({
+  /** False when the desktop never had a process of this id. */
+  found: Type.Boolean(),
+  status: Type.Union([Type.Literal('running'), Type.Literal('exited'), Type.Literal('lost')]),
+  exit_code: Type.Union([Type.Integer(), Type.Null()]),
+  stdout_tail: Type.String(),
+  stderr_tail: Type.String(),
+});
+
+const FileType = Type.Union([Type.Literal('file'), Type.Literal('directory'), Type.Literal('symlink'), Type.Literal('other')]);
+
+/** Answered with a download of `length` bytes after the reply. */
+export const FileReadPayload = Type.Object({
+  ...DesktopRef,
+  path: GuestPath,
+  offset: Type.Union([Type.Integer({ minimum: 0 }), Type.Null()]),
+  length: Type.Integer({ minimum: 0 }),
+  max_whole_bytes: Type.Integer({ minimum: 0 }),
+});
+export const FileReadResult = Type.Object({
+  size: Type.Integer({ minimum: 0 }),
+  length: Type.Integer({ minimum: 0 }),
+  eof: Type.Boolean(),
+});
+
+/** Carries the file's bytes as an upload; replied to once they are in place. */
+export const FileWritePayload = Type.Object({
+  ...DesktopRef,
+  path: GuestPath,
+  append_at: Type.Union([Type.Integer({ minimum: 0 }), Type.Null()]),
+});
+export const FileWriteResult = Type.Object({});
+
+export const FileDeletePayload = Type.Object({ ...DesktopRef, path: GuestPath, recursive: Type.Boolean() });
+export const FileDeleteResult = Type.Object({});
+
+export const FileStatPayload = Type.Object({ ...DesktopRef, path: GuestPath });
+export const FileStatResult = Type.Object({
+  file_type: FileType,
+  size_bytes: Type.Integer({ minimum: 0 }),
+  modified_at: Type.String(),
+  mode: Type.String(),
+});
+
+export const DirListPayload = Type.Object({ ...DesktopRef, path: GuestPath, limit: Type.Integer({ minimum: 1 }) });
+export const DirListResult = Type.Object({
+  entries: Type.Array(
+    Type.Object({ name: Type.String(), file_type: FileType, size_bytes: Type.Integer({ minimum: 0 }), modified_at: Type.String() }),
+  ),
+  truncated: Type.Boolean(),
 });
 
 /** Request types the scheduler sends, with their payload and result schemas. */
@@ -121,6 +197,13 @@ export const AGENT_COMMANDS = {
   'desktop.hibernate': { payload: HibernatePayload, result: HibernateResult },
   'desktop.destroy': { payload: DestroyPayload, result: DestroyResult },
   'guest.exec': { payload: ExecPayload, result: ExecResult },
+  'guest.spawn': { payload: SpawnPayload, result: SpawnResult },
+  'guest.process': { payload: ProcessPayload, result: ProcessResult },
+  'guest.file.read': { payload: FileReadPayload, result: FileReadResult },
+  'guest.file.write': { payload: FileWritePayload, result: FileWriteResult },
+  'guest.file.delete': { payload: FileDeletePayload, result: FileDeleteResult },
+  'guest.file.stat': { payload: FileStatPayload, result: FileStatResult },
+  'guest.dir.list': { payload: DirListPayload, result: DirListResult },
 } as const;
 
 export type AgentCommand = keyof typeof AGENT_COMMANDS;
@@ -134,6 +217,10 @@ export const RequestFrame = Type.Object({
   id: Type.Optional(Type.Integer({ minimum: 1 })),
   type: Type.String(),
   payload: Type.Unknown(),
+  /** 1.1: `stream.up` frames with this request's id carry an upload to the handler. */
+  upload: Type.Optional(Type.Literal(true)),
+  /** 1.1: the handler sends a download as `stream.down` frames after its reply. */
+  download: Type.Optional(Type.Literal(true)),
 });
 export type RequestFrame = Static<typeof RequestFrame>;
 
@@ -178,16 +265,20 @@ export class AgentFailure extends Error {
     readonly code: AgentErrorCode,
     message: string,
     readonly retryable: boolean,
+    /** The file's size, on the `path_conflict` of a failed append guard. */
+    readonly currentSize?: number,
   ) {
     super(message);
     this.name = 'AgentFailure';
   }
 
   toJSON(): AgentError {
-    return { code: this.code, message: this.message, retryable: this.retryable };
+    const error: AgentError = { code: this.code, message: this.message, retryable: this.retryable };
+    if (this.currentSize !== undefined) error.current_size = this.currentSize;
+    return error;
   }
 
   static from(error: AgentError): AgentFailure {
-    return new AgentFailure(error.code, error.message, error.retryable);
+    return new AgentFailure(error.code, error.message, error.retryable, error.current_size);
   }
 }

@@ -5,11 +5,17 @@
  * Each outgoing request gets an id and its own timeout in a pending-call registry; when the socket
  * closes every pending call is rejected at once with a retryable `disconnected` failure, so no
  * caller waits for a reply that can no longer come.
+ *
+ * A request may carry an upload (bytes the handler reads as they arrive) or ask for a download
+ * (bytes the handler sends after its reply); see byte-stream.ts. Streams fail, like calls, when
+ * the socket closes.
  */
 import { Packr } from 'msgpackr';
 import type WebSocket from 'ws';
+import { IncomingBytes, StreamAborted, StreamFrame, WithDownload, rechunk } from './byte-stream.js';
 import {
   AgentFailure,
+  parseMessage,
   WIRE_VERSION,
   isReplyFrame,
   isRequestFrame,
@@ -27,7 +33,24 @@ export function decodeFrame(data: Buffer): unknown {
   return packr.unpack(data);
 }
 
-export type RequestHandler = (payload: unknown, type: string) => Promise<unknown>;
+export interface RequestContext {
+  /** The request's upload, when the requester sent one. */
+  readonly upload: AsyncIterable<Buffer> | null;
+}
+
+/**
+ * Handles one request. A handler answering a download request returns `WithDownload`, whose body
+ * is sent after the reply.
+ */
+export type RequestHandler = (payload: unknown, context: RequestContext) => Promise<unknown>;
+
+export interface Download {
+  readonly result: unknown;
+  readonly body: AsyncIterable<Buffer>;
+}
+
+const STREAM_UP = 'stream.up';
+const STREAM_DOWN = 'stream.down';
 
 interface PendingCall {
   resolve(value: unknown): void;
@@ -41,6 +64,10 @@ export class RpcPeer {
   private readonly handlers = new Map<string, RequestHandler>();
   private closed = false;
   private readonly closeListeners: Array<() => void> = [];
+  /** Uploads to requests this peer is handling, by the remote request id. */
+  private readonly uploads = new Map<number, IncomingBytes>();
+  /** Downloads of requests this peer sent, by request id. */
+  private readonly downloads = new Map<number, IncomingBytes>();
 
   constructor(
     private readonly socket: WebSocket,
@@ -68,19 +95,51 @@ export class RpcPeer {
     else this.closeListeners.push(listener);
   }
 
-  request(type: string, payload: unknown, timeoutMs: number): Promise<unknown> {
+  /**
+   * Sends a request and resolves with the reply's result. With `upload`, the bytes follow the
+   * request frame; a source that throws aborts the upload, and the handler sees the abort.
+   */
+  request(type: string, payload: unknown, timeoutMs: number, upload?: AsyncIterable<Uint8Array>): Promise<unknown> {
+    return this.call(type, payload, timeoutMs, upload, null);
+  }
+
+  /** Sends a request whose handler answers with a download; the body streams after the reply. */
+  async requestDownload(type: string, payload: unknown, timeoutMs: number): Promise<Download> {
+    const body = new IncomingBytes();
+    const result = await this.call(type, payload, timeoutMs, undefined, body);
+    return { result, body };
+  }
+
+  private call(
+    type: string,
+    payload: unknown,
+    timeoutMs: number,
+    upload: AsyncIterable<Uint8Array> | undefined,
+    download: IncomingBytes | null,
+  ): Promise<unknown> {
     if (this.closed) {
       return Promise.reject(new AgentFailure('disconnected', 'agent link is closed', true));
     }
     const id = this.nextId++;
-    return new Promise((resolve, reject) => {
+    if (download) this.downloads.set(id, download);
+    const reply = new Promise((resolve, reject) => {
       const timer = setTimeout(() => {
         this.pending.delete(id);
         reject(new AgentFailure('timeout', `${type} timed out after ${timeoutMs} ms`, true));
       }, timeoutMs);
       this.pending.set(id, { resolve, reject, timer });
-      this.send({ v: WIRE_VERSION, id, type, payload });
+      const frame: RequestFrame = { v: WIRE_VERSION, id, type, payload };
+      if (upload) frame.upload = true;
+      if (download) frame.download = true;
+      this.send(frame);
     });
+    if (upload) void this.pump(STREAM_UP, id, upload);
+    // A failed call gets no body: stop routing frames to it.
+    reply.catch(() => {
+      this.downloads.delete(id);
+      download?.fail(new StreamAborted(`${type} failed`));
+    });
+    return reply;
   }
 
   notify(type: string, payload: unknown): void {
@@ -117,27 +176,77 @@ export class RpcPeer {
       return;
     }
     if (isRequestFrame(frame)) {
+      if (frame.type === STREAM_UP || frame.type === STREAM_DOWN) return this.receiveStream(frame);
       void this.dispatch(frame);
       return;
     }
     this.onProtocolError('frame is neither a request nor a reply');
   }
 
+  private receiveStream(frame: RequestFrame): void {
+    let chunk: StreamFrame;
+    try {
+      chunk = parseMessage(StreamFrame, frame.payload, frame.type);
+    } catch {
+      return this.onProtocolError(`malformed ${frame.type} frame`);
+    }
+    const streams = frame.type === STREAM_UP ? this.uploads : this.downloads;
+    const stream = streams.get(chunk.id);
+    if (!stream) return; // Its request already finished: nobody reads these bytes any more.
+    if (chunk.data) stream.push(chunk.data);
+    if (chunk.end || chunk.error !== undefined) {
+      streams.delete(chunk.id);
+      if (chunk.error !== undefined) stream.fail(new StreamAborted(chunk.error));
+      else stream.end();
+    }
+  }
+
+  /** Sends `source` as stream frames of request `id`; a throwing source becomes an abort frame. */
+  private async pump(type: string, id: number, source: AsyncIterable<Uint8Array>): Promise<void> {
+    try {
+      for await (const data of rechunk(source)) {
+        if (this.closed) return;
+        this.send({ v: WIRE_VERSION, type, payload: { id, data } });
+      }
+      this.send({ v: WIRE_VERSION, type, payload: { id, end: true } });
+    } catch (err) {
+      const reason = err instanceof Error ? err.message : String(err);
+      if (!this.closed) this.send({ v: WIRE_VERSION, type, payload: { id, error: reason.slice(0, 200) || 'aborted' } });
+    }
+  }
+
   private async dispatch(frame: RequestFrame): Promise<void> {
     const handler = this.handlers.get(frame.type);
+    let upload: IncomingBytes | null = null;
+    if (frame.upload && frame.id !== undefined) {
+      upload = new IncomingBytes();
+      this.uploads.set(frame.id, upload);
+    }
     let reply: object;
+    let ok = false;
+    let body: AsyncIterable<Uint8Array> | null = null;
     try {
       if (!handler) throw new AgentFailure('unsupported', `unknown message type ${frame.type}`, false);
-      const result = await handler(frame.payload, frame.type);
+      let result = await handler(frame.payload, { upload });
+      if (result instanceof WithDownload) {
+        body = result.body;
+        result = result.result;
+      }
       reply = { v: WIRE_VERSION, id: frame.id, ok: true, result: result ?? {} };
+      ok = true;
     } catch (err) {
       const error: AgentError =
         err instanceof AgentFailure
           ? err.toJSON()
           : { code: 'runtime_error', message: err instanceof Error ? err.message : String(err), retryable: false };
       reply = { v: WIRE_VERSION, id: frame.id, ok: false, error };
+    } finally {
+      // Bytes the handler did not read are dropped from here on.
+      if (frame.id !== undefined) this.uploads.delete(frame.id);
     }
-    if (frame.id !== undefined && !this.closed) this.send(reply);
+    if (frame.id === undefined || this.closed) return;
+    this.send(reply);
+    if (frame.download && ok) void this.pump(STREAM_DOWN, frame.id, body ?? emptySource());
   }
 
   private shutdown(): void {
@@ -148,6 +257,12 @@ export class RpcPeer {
       call.reject(new AgentFailure('disconnected', 'agent link closed before the reply', true));
       this.pending.delete(id);
     }
+    const lost = new AgentFailure('disconnected', 'agent link closed during a transfer', true);
+    for (const stream of [...this.uploads.values(), ...this.downloads.values()]) stream.fail(lost);
+    this.uploads.clear();
+    this.downloads.clear();
     for (const listener of this.closeListeners.splice(0)) listener();
   }
 }
+
+async function* emptySource(): AsyncGenerator<Uint8Array> {}

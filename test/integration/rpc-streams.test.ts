@@ -1,0 +1,115 @@
+/**
+ * Byte streams on the agent link (shared/src/rpc.ts, byte-stream.ts) over a real websocket: an
+ * upload reaches the handler in order and whole, an aborted upload fails the handler's read, a
+ * download follows its reply, and a closed link fails both kinds of stream instead of hanging.
+ */
+import { createHash, randomBytes } from 'node:crypto';
+import type { AddressInfo } from 'node:net';
+import { afterEach, describe, expect, it } from 'vitest';
+import WebSocket, { WebSocketServer } from 'ws';
+import { WithDownload } from '../../shared/src/byte-stream.js';
+import { AgentFailure } from '../../shared/src/protocol.js';
+import { RpcPeer } from '../../shared/src/rpc.js';
+
+const sha = (b: Uint8Array) => createHash('sha256').update(b).digest('hex');
+
+async function collect(source: AsyncIterable<Buffer>): Promise<Buffer> {
+  const parts: Buffer[] = [];
+  for await (const part of source) parts.push(part);
+  return Buffer.concat(parts);
+}
+
+async function* pieces(data: Buffer, size: number, failAt = -1): AsyncGenerator<Buffer> {
+  for (let i = 0; i < data.length; i += size) {
+    if (failAt >= 0 && i >= failAt) throw new Error('client went away');
+    await new Promise((r) => setImmediate(r));
+    yield data.subarray(i, i + size);
+  }
+}
+
+describe('byte streams on the agent link', () => {
+  let server: WebSocketServer | null = null;
+  let client: RpcPeer | null = null;
+  let remote: RpcPeer | null = null;
+
+  afterEach(async () => {
+    client?.close();
+    remote?.close();
+    await new Promise<void>((resolve) => (server ? server.close(() => resolve()) : resolve()));
+    server = null;
+  });
+
+  /** `scheduler` sends requests; `agent` handles them. */
+  async function pair(): Promise<{ scheduler: RpcPeer; agent: RpcPeer }> {
+    server = new WebSocketServer({ port: 0, host: '127.0.0.1' });
+    await new Promise((r) => server!.once('listening', r));
+    const accepted = new Promise<RpcPeer>((resolve) => server!.once('connection', (ws) => resolve(new RpcPeer(ws))));
+    const ws = new WebSocket(`ws://127.0.0.1:${(server.address() as AddressInfo).port}`);
+    await new Promise((r) => ws.once('open', r));
+    client = new RpcPeer(ws);
+    remote = await accepted;
+    return { scheduler: remote, agent: client };
+  }
+
+  it('delivers an upload whole and in order before the reply', async () => {
+    const { scheduler, agent } = await pair();
+    agent.handle('put', async (payload, ctx) => {
+      const bytes = await collect(ctx.upload!);
+      return { name: (payload as { name: string }).name, size: bytes.length, sha: sha(bytes) };
+    });
+    const data = randomBytes(3 * 1024 * 1024 + 17);
+    const reply = await scheduler.request('put', { name: 'f' }, 10_000, pieces(data, 65_536));
+    expect(reply).toEqual({ name: 'f', size: data.length, sha: sha(data) });
+  });
+
+  it('fails the handler read when the uploader aborts, and the handler can answer', async () => {
+    const { scheduler, agent } = await pair();
+    agent.handle('put', async (_p, ctx) => {
+      try {
+        await collect(ctx.upload!);
+        return { aborted: false };
+      } catch (err) {
+        throw new AgentFailure('bad_request', `upload aborted: ${(err as Error).message}`, false);
+      }
+    });
+    const err = await scheduler.request('put', {}, 10_000, pieces(randomBytes(1024 * 1024), 65_536, 512 * 1024)).catch((e: unknown) => e);
+    expect(err).toBeInstanceOf(AgentFailure);
+    expect((err as AgentFailure).message).toContain('client went away');
+  });
+
+  it('streams a download after the reply', async () => {
+    const { scheduler, agent } = await pair();
+    const data = randomBytes(2 * 1024 * 1024 + 5);
+    agent.handle('get', async () => new WithDownload({ size: data.length }, pieces(data, 100_000)));
+    const { result, body } = await scheduler.requestDownload('get', {}, 10_000);
+    expect(result).toEqual({ size: data.length });
+    expect(sha(await collect(body))).toBe(sha(data));
+  });
+
+  it('fails a download whose source breaks, and one whose link closes', async () => {
+    const { scheduler, agent } = await pair();
+    agent.handle('broken', async () => new WithDownload({}, pieces(randomBytes(1024 * 1024), 65_536, 256 * 1024)));
+    const broken = await scheduler.requestDownload('broken', {}, 10_000);
+    await expect(collect(broken.body)).rejects.toThrow(/client went away/);
+
+    let release: () => void = () => undefined;
+    const held = new Promise<void>((r) => (release = r));
+    agent.handle('stalls', async () => new WithDownload({}, (async function* () {
+      yield Buffer.from('first');
+      await held;
+    })()));
+    const stalled = await scheduler.requestDownload('stalls', {}, 10_000);
+    const reading = collect(stalled.body);
+    agent.close();
+    await expect(reading).rejects.toMatchObject({ code: 'disconnected' });
+    release();
+  });
+
+  it('a plain request on a download still settles the body (empty)', async () => {
+    const { scheduler, agent } = await pair();
+    agent.handle('get', async () => ({ nothing: true }));
+    const { result, body } = await scheduler.requestDownload('get', {}, 10_000);
+    expect(result).toEqual({ nothing: true });
+    expect((await collect(body)).length).toBe(0);
+  });
+});
