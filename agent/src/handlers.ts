@@ -14,7 +14,8 @@
  * a start is still restoring. Commands for different desktops run in parallel. `guest.exec` is
  * fenced but not queued: it may run for minutes, and holding a hibernate behind it would stall the
  * scheduler's operation for that long; the driver answers `not_running` if the desktop stops under
- * it.
+ * it. The other guest operations (detached processes, files) are fenced and unqueued the same way.
+ * A file write reads its bytes from the request's upload; a file read answers with a download.
  *
  * Driver errors that are not already an `AgentFailure` become a non-retryable `runtime_error`
  * with a short message; the full error goes to the log only.
@@ -25,14 +26,22 @@ import {
   AGENT_COMMANDS,
   AgentFailure,
   DestroyPayload,
+  DirListPayload,
   ExecPayload,
+  FileDeletePayload,
+  FileReadPayload,
+  FileStatPayload,
+  FileWritePayload,
   HibernatePayload,
   PreparePayload,
+  ProcessPayload,
+  SpawnPayload,
   StartPayload,
   parseMessage,
   type AgentCommand,
 } from '../../shared/src/protocol.js';
-import type { RpcPeer } from '../../shared/src/rpc.js';
+import { WithDownload } from '../../shared/src/byte-stream.js';
+import type { RequestContext, RpcPeer } from '../../shared/src/rpc.js';
 import type { FenceKind, GenerationStore } from './generations.js';
 import type { RuntimeDriver } from './runtime/driver.js';
 
@@ -49,6 +58,9 @@ interface DesktopCommand {
 }
 
 const MAX_ERROR_MESSAGE = 200;
+/** Output kept per stream of a synchronous exec when the scheduler names no cap. */
+export const DEFAULT_MAX_OUTPUT_BYTES = 1024 * 1024;
+const NO_CONTEXT: RequestContext = { upload: null };
 
 export class CommandHandlers {
   private readonly driver: RuntimeDriver;
@@ -66,14 +78,17 @@ export class CommandHandlers {
   /** Registers a handler on `peer` for every scheduler → agent command. */
   register(peer: Pick<RpcPeer, 'handle'>): void {
     for (const type of Object.keys(AGENT_COMMANDS) as AgentCommand[]) {
-      peer.handle(type, (payload) => this.handle(type, payload));
+      peer.handle(type, (payload, context) => this.handle(type, payload, context));
     }
   }
 
   /** Runs one command and returns its validated, wire-shaped result. */
-  async handle(type: AgentCommand, payload: unknown): Promise<unknown> {
-    const result = await this.dispatch(type, payload);
+  async handle(type: AgentCommand, payload: unknown, context: RequestContext = NO_CONTEXT): Promise<unknown> {
+    const result = await this.dispatch(type, payload, context);
     try {
+      if (result instanceof WithDownload) {
+        return new WithDownload(parseMessage(AGENT_COMMANDS[type].result, result.result, `${type} result`), result.body);
+      }
       return parseMessage(AGENT_COMMANDS[type].result, result, `${type} result`);
     } catch (err) {
       // The scheduler sent nothing wrong: a result that fails its schema is our bug.
@@ -82,7 +97,7 @@ export class CommandHandlers {
     }
   }
 
-  private dispatch(type: AgentCommand, raw: unknown): Promise<unknown> {
+  private dispatch(type: AgentCommand, raw: unknown, context: RequestContext): Promise<unknown> {
     switch (type) {
       case 'desktop.prepare': {
         const p = parse(PreparePayload, raw, type);
@@ -117,10 +132,79 @@ export class CommandHandlers {
       }
       case 'guest.exec': {
         const p = parse(ExecPayload, raw, type);
-        return this.guarded(type, p, async () => {
-          await this.generations.check(p.desktop_id, p.generation);
-          const out = await this.driver.exec(p.desktop_id, { command: p.command, timeoutMs: p.timeout_ms });
-          return { exit_code: out.exitCode, stdout: out.stdout, stderr: out.stderr };
+        return this.guest(type, p, async () => {
+          const out = await this.driver.exec(p.desktop_id, {
+            command: p.command,
+            timeoutMs: p.timeout_ms,
+            maxOutputBytes: p.max_output_bytes ?? DEFAULT_MAX_OUTPUT_BYTES,
+          });
+          return {
+            exit_code: out.exitCode,
+            stdout: out.stdout,
+            stderr: out.stderr,
+            stdout_truncated: out.stdoutTruncated,
+            stderr_truncated: out.stderrTruncated,
+          };
+        });
+      }
+      case 'guest.spawn': {
+        const p = parse(SpawnPayload, raw, type);
+        return this.guest(type, p, async () => {
+          await this.driver.spawnDetached(p.desktop_id, { processId: p.process_id, command: p.command });
+          return {};
+        });
+      }
+      case 'guest.process': {
+        const p = parse(ProcessPayload, raw, type);
+        return this.guest(type, p, async () => {
+          const st = await this.driver.processStatus(p.desktop_id, p.process_id, p.tail_bytes);
+          if (st === null) return { found: false, status: 'lost', exit_code: null, stdout_tail: '', stderr_tail: '' };
+          return { found: true, status: st.status, exit_code: st.exitCode, stdout_tail: st.stdoutTail, stderr_tail: st.stderrTail };
+        });
+      }
+      case 'guest.file.read': {
+        const p = parse(FileReadPayload, raw, type);
+        return this.guest(type, p, async () => {
+          const read = await this.driver.readFile(p.desktop_id, {
+            path: p.path,
+            offset: p.offset,
+            length: p.length,
+            maxWholeBytes: p.max_whole_bytes,
+          });
+          return new WithDownload({ size: read.size, length: read.length, eof: read.eof }, read.body);
+        });
+      }
+      case 'guest.file.write': {
+        const p = parse(FileWritePayload, raw, type);
+        const upload = context.upload;
+        if (upload === null) return Promise.reject(new AgentFailure('bad_request', 'guest.file.write needs an upload', false));
+        return this.guest(type, p, async () => {
+          await this.driver.writeFile(p.desktop_id, { path: p.path, appendAt: p.append_at }, upload);
+          return {};
+        });
+      }
+      case 'guest.file.delete': {
+        const p = parse(FileDeletePayload, raw, type);
+        return this.guest(type, p, async () => {
+          await this.driver.deletePath(p.desktop_id, p.path, p.recursive);
+          return {};
+        });
+      }
+      case 'guest.file.stat': {
+        const p = parse(FileStatPayload, raw, type);
+        return this.guest(type, p, async () => {
+          const st = await this.driver.statPath(p.desktop_id, p.path);
+          return { file_type: st.fileType, size_bytes: st.sizeBytes, modified_at: st.modifiedAt, mode: st.mode };
+        });
+      }
+      case 'guest.dir.list': {
+        const p = parse(DirListPayload, raw, type);
+        return this.guest(type, p, async () => {
+          const list = await this.driver.listDir(p.desktop_id, p.path, p.limit);
+          return {
+            entries: list.entries.map((e) => ({ name: e.name, file_type: e.fileType, size_bytes: e.sizeBytes, modified_at: e.modifiedAt })),
+            truncated: list.truncated,
+          };
         });
       }
       default: {
@@ -128,6 +212,20 @@ export class CommandHandlers {
         return Promise.reject(new AgentFailure('unsupported', `unknown command ${String(unknown)}`, false));
       }
     }
+  }
+
+  /** A guest operation: fenced, but not queued behind lifecycle commands. */
+  private guest(type: AgentCommand, cmd: DesktopCommand, work: () => Promise<unknown>): Promise<unknown> {
+    // Guest operations are frequent: they log at debug, lifecycle commands at info.
+    return this.guarded(
+      type,
+      cmd,
+      async () => {
+        await this.generations.check(cmd.desktop_id, cmd.generation);
+        return work();
+      },
+      'debug',
+    );
   }
 
   /** Queues a fenced lifecycle command behind earlier ones for the same desktop. */
@@ -156,17 +254,24 @@ export class CommandHandlers {
   }
 
   /** Logs the outcome and turns unexpected errors into short, non-retryable `runtime_error`s. */
-  private async guarded(type: AgentCommand, cmd: DesktopCommand, work: () => Promise<unknown>): Promise<unknown> {
+  private async guarded(
+    type: AgentCommand,
+    cmd: DesktopCommand,
+    work: () => Promise<unknown>,
+    level: 'info' | 'debug' = 'info',
+  ): Promise<unknown> {
     // Only identifiers are logged: payloads can carry first-boot env values and exec commands.
     const fields = { type, desktop_id: cmd.desktop_id, generation: cmd.generation, operation_id: cmd.operation_id };
     const started = performance.now();
     try {
       const result = await work();
-      this.log.info({ ...fields, ms: Math.round(performance.now() - started) }, 'command done');
+      this.log[level]({ ...fields, ms: Math.round(performance.now() - started) }, 'command done');
       return result;
     } catch (err) {
       if (err instanceof AgentFailure) {
-        this.log.warn({ ...fields, code: err.code, message: err.message }, 'command refused');
+        // A missing file or a failed append guard is an answer, not an incident.
+        const answer = err.code === 'path_missing' || err.code === 'path_conflict' || err.code === 'too_large';
+        this.log[answer ? 'debug' : 'warn']({ ...fields, code: err.code, message: err.message }, 'command refused');
         throw err;
       }
       this.log.error({ ...fields, err }, 'command failed in the runtime driver');

@@ -64,20 +64,20 @@ describe.skipIf(!isRoot)('desktop lifecycle, end to end', () => {
     generations.push(desktop.generation);
 
     // First wake: env written, setup script run under process id `setup`.
-    const envFile = await guest.exec(id, { command: 'cat /root/.canto/env', timeoutMs: 10_000 });
+    const envFile = await guest.exec(id, { command: 'cat /root/.canto/env', timeoutMs: 10_000, maxOutputBytes: 1 << 20 });
     expect(envFile.stdout).toContain('GREETING');
     expect(envFile.stdout).toContain("it'\\''s alive");
-    await until(async () => (await guest.exec(id, { command: 'cat /root/.canto/processes/setup/exit_code', timeoutMs: 10_000 })).stdout.trim() === '0', 10_000, 'setup script to finish');
+    await until(async () => (await guest.exec(id, { command: 'cat /root/.canto/processes/setup/exit_code', timeoutMs: 10_000, maxOutputBytes: 1 << 20 })).stdout.trim() === '0', 10_000, 'setup script to finish');
 
     // A file on the guest disk, and a process that must survive a memory snapshot.
-    await guest.exec(id, { command: 'echo persisted > /root/e2e.txt', timeoutMs: 10_000 });
-    const started = await guest.exec(id, { command: 'setsid sleep 100000 >/dev/null 2>&1 < /dev/null & echo $!', timeoutMs: 10_000 });
+    await guest.exec(id, { command: 'echo persisted > /root/e2e.txt', timeoutMs: 10_000, maxOutputBytes: 1 << 20 });
+    const started = await guest.exec(id, { command: 'setsid sleep 100000 >/dev/null 2>&1 < /dev/null & echo $!', timeoutMs: 10_000, maxOutputBytes: 1 << 20 });
     const sleeperPid = started.stdout.trim();
     expect(sleeperPid).toMatch(/^\d+$/);
 
     // Desktops outlive their agent: restart it; the desktop keeps running and stays drivable.
     await agent.kill('SIGTERM');
-    expect((await guest.exec(id, { command: `kill -0 ${sleeperPid} && echo up`, timeoutMs: 10_000 })).stdout).toBe('up\n');
+    expect((await guest.exec(id, { command: `kill -0 ${sleeperPid} && echo up`, timeoutMs: 10_000, maxOutputBytes: 1 << 20 })).stdout).toBe('up\n');
     agent = startAgentProcess(scheduler.url, stateDir);
 
     const hibernated = await call('POST', `/v1/desktops/${id}/hibernate?wait=true`);
@@ -95,14 +95,14 @@ describe.skipIf(!isRoot)('desktop lifecycle, end to end', () => {
     expect(desktop.state).toBe('awake');
     generations.push(desktop.generation);
 
-    expect((await guest.exec(id, { command: 'cat /root/e2e.txt', timeoutMs: 10_000 })).stdout).toBe('persisted\n');
+    expect((await guest.exec(id, { command: 'cat /root/e2e.txt', timeoutMs: 10_000, maxOutputBytes: 1 << 20 })).stdout).toBe('persisted\n');
     if (snapshots) {
-      const alive = await guest.exec(id, { command: `kill -0 ${sleeperPid} && cat /proc/${sleeperPid}/cmdline | tr '\\0' ' '`, timeoutMs: 10_000 });
+      const alive = await guest.exec(id, { command: `kill -0 ${sleeperPid} && cat /proc/${sleeperPid}/cmdline | tr '\\0' ' '`, timeoutMs: 10_000, maxOutputBytes: 1 << 20 });
       expect(alive.exitCode).toBe(0);
       expect(alive.stdout).toContain('sleep 100000');
     }
     // The setup script ran exactly once, not again on the second wake.
-    expect((await guest.exec(id, { command: 'cat /root/setup-runs', timeoutMs: 10_000 })).stdout).toBe('ran\n');
+    expect((await guest.exec(id, { command: 'cat /root/setup-runs', timeoutMs: 10_000, maxOutputBytes: 1 << 20 })).stdout).toBe('ran\n');
 
     const usage = await call('GET', '/v1/usage');
     const line = usage.json.per_desktop.find((l: { desktop_id: string }) => l.desktop_id === id);

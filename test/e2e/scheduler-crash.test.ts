@@ -82,8 +82,8 @@ describe.skipIf(!isRoot)('scheduler crash during a wake', () => {
 
       const guest = await createSandboxDriver({ stateDir: join(stateDir, 'runtime') });
       try {
-        await until(async () => (await guest.exec(id, { command: 'cat /root/.canto/processes/setup/exit_code 2>/dev/null', timeoutMs: 10_000 })).stdout.trim() === '0', 15_000, 'setup to finish');
-        expect((await guest.exec(id, { command: 'cat /root/setup-runs', timeoutMs: 10_000 })).stdout).toBe('ran\n');
+        await until(async () => (await guest.exec(id, { command: 'cat /root/.canto/processes/setup/exit_code 2>/dev/null', timeoutMs: 10_000, maxOutputBytes: 1 << 20 })).stdout.trim() === '0', 15_000, 'setup to finish');
+        expect((await guest.exec(id, { command: 'cat /root/setup-runs', timeoutMs: 10_000, maxOutputBytes: 1 << 20 })).stdout).toBe('ran\n');
       } finally {
         await guest.close();
       }

@@ -212,7 +212,7 @@ describe('agent channel', () => {
     expect(await peer.request('desktop.start', startPayload, 5000)).toEqual({ restored: false });
     expect(driver.desktops.get(D)?.firstBoot).toEqual({ env: { A: '1' }, setupScript: null });
     expect(await peer.request('guest.exec', { desktop_id: D, generation: 2, command: 'echo hi', timeout_ms: 1000 }, 5000))
-      .toEqual({ exit_code: 0, stdout: 'hi\n', stderr: '' });
+      .toMatchObject({ exit_code: 0, stdout: 'hi\n', stderr: '' });
     await waitFor(() => server.heartbeats.at(-1)?.running_desktops === 1, 'a heartbeat counting the running desktop');
 
     const stale = await failure(peer.request('desktop.hibernate', { desktop_id: D, generation: 1, operation_id: 'op_0' }, 5000));

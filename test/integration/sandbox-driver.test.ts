@@ -63,7 +63,7 @@ describe.skipIf(!isRoot)('sandbox driver', () => {
   }
 
   async function sh(d: SandboxDriver, id: string, command: string): Promise<string> {
-    const out = await d.exec(id, { command, timeoutMs: 10_000 });
+    const out = await d.exec(id, { command, timeoutMs: 10_000, maxOutputBytes: 65536 });
     expect(out.stderr, `stderr of ${command}`).toBe('');
     expect(out.exitCode, `exit code of ${command}`).toBe(0);
     return out.stdout.trim();
@@ -109,7 +109,7 @@ describe.skipIf(!isRoot)('sandbox driver', () => {
     expect(await sh(driver, id, 'xrandr --current | head -1')).toContain('maximum 2560 x 1600');
     expect(await sh(driver, id, 'echo $DISPLAY $HOME')).toBe(':0 /root');
     expect(await sh(driver, id, 'ip -o link | wc -l')).toBe('1'); // loopback only
-    await timed('exec (echo)', () => driver.exec(id, { command: 'true', timeoutMs: 5_000 }));
+    await timed('exec (echo)', () => driver.exec(id, { command: 'true', timeoutMs: 5_000, maxOutputBytes: 65536 }));
     expect(driver.capabilities().runtime).toBe('sandbox');
   });
 
@@ -140,20 +140,20 @@ describe.skipIf(!isRoot)('sandbox driver', () => {
       `cat ${join(stateDir, 'desktops', id, 'run', 'init.json')}`,
     ];
     for (const command of attempts) {
-      const out = await driver.exec(id, { command, timeoutMs: 5_000 });
+      const out = await driver.exec(id, { command, timeoutMs: 5_000, maxOutputBytes: 65536 });
       expect(out.exitCode, command).not.toBe(0);
       expect(out.stdout, command).not.toContain('TOP-SECRET');
     }
     // Read-only binds stay read-only even for the guest's root (no CAP_SYS_ADMIN).
     for (const command of ['touch /usr/canto-probe', 'touch /etc/canto-probe', 'touch /canto-probe', 'mount -o remount,rw /usr']) {
-      const out = await driver.exec(id, { command, timeoutMs: 5_000 });
+      const out = await driver.exec(id, { command, timeoutMs: 5_000, maxOutputBytes: 65536 });
       expect(out.exitCode, command).not.toBe(0);
     }
     expect(await pathExists('/usr/canto-probe')).toBe(false);
     // The host's password hashes are masked inside the shared /etc.
-    const shadow = await driver.exec(id, { command: 'cat /etc/shadow /etc/gshadow', timeoutMs: 5_000 });
+    const shadow = await driver.exec(id, { command: 'cat /etc/shadow /etc/gshadow', timeoutMs: 5_000, maxOutputBytes: 65536 });
     expect(shadow.stdout).not.toContain('root:');
-    const keys = await driver.exec(id, { command: 'ls -A /etc/ssl/private', timeoutMs: 5_000 });
+    const keys = await driver.exec(id, { command: 'ls -A /etc/ssl/private', timeoutMs: 5_000, maxOutputBytes: 65536 });
     expect(keys.stdout).toBe('');
   });
 
@@ -169,7 +169,7 @@ describe.skipIf(!isRoot)('sandbox driver', () => {
     expect(await sh(driver, id, 'stat -c %a /root/.canto/env')).toBe('600');
     expect(await sh(driver, id, '. /root/.canto/env && printf %s "$GREETING"')).toBe(value);
     const procDir = '/root/.canto/processes/setup';
-    await waitUntil(async () => (await driver.exec(id, { command: `test -f ${procDir}/exit_code`, timeoutMs: 5_000 })).exitCode === 0);
+    await waitUntil(async () => (await driver.exec(id, { command: `test -f ${procDir}/exit_code`, timeoutMs: 5_000, maxOutputBytes: 65536 })).exitCode === 0);
     expect(await sh(driver, id, `cat ${procDir}/exit_code`)).toBe('3');
     expect(await sh(driver, id, `cat ${procDir}/stdout`)).toBe(`greeting=${value}`);
     expect(await sh(driver, id, `cat ${procDir}/stderr`)).toBe('oops');
@@ -183,23 +183,23 @@ describe.skipIf(!isRoot)('sandbox driver', () => {
   it('exec reports timeouts, unknown and stopped desktops, and bad ids', async () => {
     const id = await bootCold();
     const started = Date.now();
-    const err = await driver.exec(id, { command: 'sleep 30; echo never', timeoutMs: 300 }).catch((e: unknown) => e);
+    const err = await driver.exec(id, { command: 'sleep 30; echo never', timeoutMs: 300, maxOutputBytes: 65536 }).catch((e: unknown) => e);
     expect(err).toBeInstanceOf(AgentFailure);
     expect((err as AgentFailure).code).toBe('timeout');
     expect(Date.now() - started).toBeLessThan(5_000);
     expect(await sh(driver, id, 'ps -eo args= | grep -c "^sleep 30$" || true')).toBe('0');
-    const exit = await driver.exec(id, { command: 'echo out; echo err >&2; exit 7', timeoutMs: 5_000 });
-    expect(exit).toEqual({ exitCode: 7, stdout: 'out\n', stderr: 'err\n' });
+    const exit = await driver.exec(id, { command: 'echo out; echo err >&2; exit 7', timeoutMs: 5_000, maxOutputBytes: 65536 });
+    expect(exit).toEqual({ exitCode: 7, stdout: 'out\n', stderr: 'err\n', stdoutTruncated: false, stderrTruncated: false });
 
-    const unknown = await driver.exec(newId('desktop'), { command: 'true', timeoutMs: 1_000 }).catch((e: unknown) => e);
+    const unknown = await driver.exec(newId('desktop'), { command: 'true', timeoutMs: 1_000, maxOutputBytes: 65536 }).catch((e: unknown) => e);
     expect((unknown as AgentFailure).code).toBe('not_found');
-    const bad = await driver.exec('dsk_../../etc', { command: 'true', timeoutMs: 1_000 }).catch((e: unknown) => e);
+    const bad = await driver.exec('dsk_../../etc', { command: 'true', timeoutMs: 1_000, maxOutputBytes: 65536 }).catch((e: unknown) => e);
     expect((bad as AgentFailure).code).toBe('bad_request');
     await expect(driver.prepare('../x', 'small')).rejects.toMatchObject({ code: 'bad_request' });
 
     const stopped = track(newId('desktop'));
     await driver.prepare(stopped, 'small');
-    const notRunning = await driver.exec(stopped, { command: 'true', timeoutMs: 1_000 }).catch((e: unknown) => e);
+    const notRunning = await driver.exec(stopped, { command: 'true', timeoutMs: 1_000, maxOutputBytes: 65536 }).catch((e: unknown) => e);
     expect((notRunning as AgentFailure).code).toBe('not_running');
     expect(await driver.hibernate(stopped)).toEqual({ snapshot: false });
   });
@@ -269,7 +269,7 @@ describe.skipIf(!isRoot)('sandbox driver', () => {
 const d = await createSandboxDriver({ stateDir: ${JSON.stringify(stateDir)} });
 const spec = { desktopId: ${JSON.stringify(id)}, tier: 'small', firstBoot: null };
 await d.start(spec);
-await d.exec(spec.desktopId, { command: 'sleep 1002 >/dev/null 2>&1 &', timeoutMs: 5000 });
+await d.exec(spec.desktopId, { command: 'sleep 1002 >/dev/null 2>&1 &', timeoutMs: 5000, maxOutputBytes: 65536 });
 if (d.capabilities().memorySnapshots) { await d.hibernate(spec.desktopId); await d.start(spec); }
 await d.close();
 `,

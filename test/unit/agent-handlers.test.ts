@@ -52,7 +52,7 @@ describe('command handlers', () => {
     expect(await handlers.handle('desktop.start', start(1, firstBoot))).toEqual({ restored: false });
     expect(driver.desktops.get(D)?.firstBoot).toEqual({ env: { FOO: 'bar' }, setupScript: 'echo hi' });
     expect(await handlers.handle('guest.exec', exec('echo hello world'))).toEqual({
-      exit_code: 0, stdout: 'hello world\n', stderr: '',
+      exit_code: 0, stdout: 'hello world\n', stderr: '', stdout_truncated: false, stderr_truncated: false,
     });
     expect(await handlers.handle('guest.exec', exec('false'))).toMatchObject({ exit_code: 1 });
     expect(await handlers.handle('desktop.hibernate', op(2))).toEqual({ snapshot: true });

@@ -35,12 +35,83 @@ export interface StartSpec {
 export interface ExecSpec {
   readonly command: string;
   readonly timeoutMs: number;
+  /** Bytes kept of each of stdout and stderr; the rest is read and dropped. */
+  readonly maxOutputBytes: number;
 }
 
 export interface ExecOutcome {
   readonly exitCode: number;
   readonly stdout: string;
   readonly stderr: string;
+  /** True when the stream had more than `maxOutputBytes` bytes. */
+  readonly stdoutTruncated: boolean;
+  readonly stderrTruncated: boolean;
+}
+
+export interface DetachedSpec {
+  /** `prc_…` for client processes; `setup` is the driver's own. */
+  readonly processId: string;
+  readonly command: string;
+}
+
+export interface ProcessStatus {
+  readonly status: 'running' | 'exited' | 'lost';
+  /** Set only when `status` is `exited`. */
+  readonly exitCode: number | null;
+  readonly stdoutTail: string;
+  readonly stderrTail: string;
+}
+
+/** A guest path: absolute, normalized (no `.`/`..`/empty segments, no NUL), `/` for the root. */
+export type GuestPath = string;
+
+export interface FileReadSpec {
+  readonly path: GuestPath;
+  /** null: the whole file, refused with `too_large` above `maxWholeBytes`. */
+  readonly offset: number | null;
+  /** Window length; only with an offset. */
+  readonly length: number;
+  readonly maxWholeBytes: number;
+}
+
+export interface FileRead {
+  /** Total size of the file. */
+  readonly size: number;
+  /** Bytes `body` will yield. */
+  readonly length: number;
+  /** True when the window reaches the end of the file. */
+  readonly eof: boolean;
+  readonly body: AsyncIterable<Buffer>;
+}
+
+export interface FileWriteSpec {
+  readonly path: GuestPath;
+  /** null replaces the file; a number appends, accepted only when the file's size equals it. */
+  readonly appendAt: number | null;
+}
+
+export type FileType = 'file' | 'directory' | 'symlink' | 'other';
+
+export interface FileStat {
+  readonly fileType: FileType;
+  readonly sizeBytes: number;
+  /** ISO 8601. */
+  readonly modifiedAt: string;
+  /** Permission bits as octal text, e.g. `644`. */
+  readonly mode: string;
+}
+
+export interface DirEntry {
+  readonly name: string;
+  readonly fileType: FileType;
+  readonly sizeBytes: number;
+  readonly modifiedAt: string;
+}
+
+export interface DirListing {
+  /** Direct children sorted by name in byte order, at most `limit`. */
+  readonly entries: DirEntry[];
+  readonly truncated: boolean;
 }
 
 export interface DesktopStatus {
@@ -61,6 +132,23 @@ export interface RuntimeDriver {
   destroy(desktopId: string): Promise<void>;
   /** Runs `/bin/sh -c command` inside the desktop as root, in its namespaces and root. */
   exec(desktopId: string, spec: ExecSpec): Promise<ExecOutcome>;
+  /**
+   * Guest operations. Every path is resolved inside the desktop's own mount namespace and root,
+   * never from the host side. Failures are `AgentFailure`s: `path_missing`, `path_conflict`
+   * (with `currentSize` for a failed append guard), `too_large`, `not_running`, `timeout`.
+   */
+  /** Starts a command detached under `processId`; killed (and then `lost`) on hibernate. */
+  spawnDetached(desktopId: string, spec: DetachedSpec): Promise<void>;
+  /** `null` when the desktop never had a process of that id. */
+  processStatus(desktopId: string, processId: string, tailBytes: number): Promise<ProcessStatus | null>;
+  readFile(desktopId: string, spec: FileReadSpec): Promise<FileRead>;
+  /** Atomic: the file has its old content or the new one, never a torn mix, whatever fails. */
+  writeFile(desktopId: string, spec: FileWriteSpec, body: AsyncIterable<Buffer>): Promise<void>;
+  deletePath(desktopId: string, path: GuestPath, recursive: boolean): Promise<void>;
+  /** Does not follow a final symlink (reports `symlink`). */
+  statPath(desktopId: string, path: GuestPath): Promise<FileStat>;
+  /** Follows a symlinked directory; entries are not followed. */
+  listDir(desktopId: string, path: GuestPath, limit: number): Promise<DirListing>;
   /** Desktops this host holds a disk for. */
   list(): Promise<DesktopStatus[]>;
   /** Releases driver resources; running desktops keep running. */

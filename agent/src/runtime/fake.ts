@@ -9,15 +9,26 @@
  * refuses work on desktops it does not hold (`not_found`) or that are not running (`not_running`)
  * instead of pretending. `events` records the begin and end of each call so tests can check that
  * commands for one desktop never interleave; `delayMs` makes those windows wide.
+ *
+ * Guest files are a flat map of absolute path → bytes, whose directories are implied by the paths
+ * (enough for the link and the API's streaming; the sandbox driver's tests cover real files).
+ * Detached processes finish at once with what `exec` would give.
  */
 import { setTimeout as sleep } from 'node:timers/promises';
 import { AgentFailure } from '../../../shared/src/protocol.js';
 import type { Tier } from '../../../shared/src/tiers.js';
 import type {
   DesktopStatus,
+  DetachedSpec,
+  DirListing,
   ExecOutcome,
   ExecSpec,
+  FileRead,
+  FileReadSpec,
+  FileStat,
+  FileWriteSpec,
   FirstBootSpec,
+  ProcessStatus,
   RuntimeCapabilities,
   RuntimeDriver,
   StartSpec,
@@ -33,6 +44,8 @@ export interface FakeDesktop {
   firstBootRuns: number;
   coldBoots: number;
   restores: number;
+  files: Map<string, Buffer>;
+  processes: Map<string, ProcessStatus>;
 }
 
 export interface FakeDriverOptions {
@@ -66,6 +79,7 @@ export class FakeDriver implements RuntimeDriver {
       if (this.desktops.has(desktopId)) return;
       this.desktops.set(desktopId, {
         tier, running: false, hasSnapshot: false, firstBoot: null, firstBootRuns: 0, coldBoots: 0, restores: 0,
+        files: new Map(), processes: new Map(),
       });
     });
   }
@@ -111,8 +125,91 @@ export class FakeDriver implements RuntimeDriver {
    * 127 like a shell would for an unknown command.
    */
   async exec(desktopId: string, spec: ExecSpec): Promise<ExecOutcome> {
-    const desktop = this.require(desktopId);
-    if (!desktop.running) throw new AgentFailure('not_running', `${desktopId} is not running`, false);
+    const out = await this.run(desktopId, spec);
+    const cap = (text: string) => Buffer.from(text).subarray(0, spec.maxOutputBytes).toString();
+    return {
+      exitCode: out.exitCode,
+      stdout: cap(out.stdout),
+      stderr: cap(out.stderr),
+      stdoutTruncated: Buffer.byteLength(out.stdout) > spec.maxOutputBytes,
+      stderrTruncated: Buffer.byteLength(out.stderr) > spec.maxOutputBytes,
+    };
+  }
+
+  async spawnDetached(desktopId: string, spec: DetachedSpec): Promise<void> {
+    const out = await this.run(desktopId, { command: spec.command, timeoutMs: 60_000 });
+    this.running(desktopId).processes.set(spec.processId, {
+      status: 'exited',
+      exitCode: out.exitCode,
+      stdoutTail: out.stdout,
+      stderrTail: out.stderr,
+    });
+  }
+
+  async processStatus(desktopId: string, processId: string, tailBytes: number): Promise<ProcessStatus | null> {
+    const st = this.running(desktopId).processes.get(processId);
+    if (st === undefined) return null;
+    const tail = (text: string) => Buffer.from(text).subarray(-tailBytes).toString();
+    return { ...st, stdoutTail: tail(st.stdoutTail), stderrTail: tail(st.stderrTail) };
+  }
+
+  async readFile(desktopId: string, spec: FileReadSpec): Promise<FileRead> {
+    const bytes = this.running(desktopId).files.get(spec.path);
+    if (bytes === undefined) throw new AgentFailure('path_missing', 'no such file', false);
+    if (spec.offset === null && bytes.length > spec.maxWholeBytes) throw new AgentFailure('too_large', 'file is too large', false);
+    const start = Math.min(spec.offset ?? 0, bytes.length);
+    const window = spec.offset === null ? bytes : bytes.subarray(start, start + spec.length);
+    return {
+      size: bytes.length,
+      length: window.length,
+      eof: start + window.length >= bytes.length,
+      body: (async function* () {
+        if (window.length > 0) yield window;
+      })(),
+    };
+  }
+
+  async writeFile(desktopId: string, spec: FileWriteSpec, body: AsyncIterable<Buffer>): Promise<void> {
+    const files = this.running(desktopId).files;
+    const chunks: Buffer[] = [];
+    for await (const chunk of body) chunks.push(chunk);
+    const current = files.get(spec.path) ?? Buffer.alloc(0);
+    if (spec.appendAt === null) {
+      files.set(spec.path, Buffer.concat(chunks));
+    } else if (current.length !== spec.appendAt) {
+      throw new AgentFailure('path_conflict', 'file size does not match the append offset', false, current.length);
+    } else {
+      files.set(spec.path, Buffer.concat([current, ...chunks]));
+    }
+  }
+
+  async deletePath(desktopId: string, path: string, _recursive: boolean): Promise<void> {
+    if (!this.running(desktopId).files.delete(path)) throw new AgentFailure('path_missing', 'no such file', false);
+  }
+
+  async statPath(desktopId: string, path: string): Promise<FileStat> {
+    const bytes = this.running(desktopId).files.get(path);
+    if (bytes === undefined) throw new AgentFailure('path_missing', 'no such file', false);
+    return { fileType: 'file', sizeBytes: bytes.length, modifiedAt: new Date(0).toISOString(), mode: '644' };
+  }
+
+  async listDir(desktopId: string, path: string, limit: number): Promise<DirListing> {
+    const prefix = path.endsWith('/') ? path : `${path}/`;
+    const names = [...this.running(desktopId).files.keys()]
+      .filter((p) => p.startsWith(prefix) && !p.slice(prefix.length).includes('/'))
+      .map((p) => p.slice(prefix.length))
+      .sort();
+    const entries = names.slice(0, limit).map((name) => ({
+      name,
+      fileType: 'file' as const,
+      sizeBytes: this.running(desktopId).files.get(prefix + name)?.length ?? 0,
+      modifiedAt: new Date(0).toISOString(),
+    }));
+    return { entries, truncated: names.length > limit };
+  }
+
+  private async run(desktopId: string, spec: Pick<ExecSpec, 'command' | 'timeoutMs'>): Promise<{ exitCode: number; stdout: string; stderr: string }> {
+    this.running(desktopId);
     const [name = '', ...args] = spec.command.trim().split(/\s+/);
     switch (name) {
       case 'true':
@@ -144,6 +241,12 @@ export class FakeDriver implements RuntimeDriver {
   async close(): Promise<void> {
     this.closed = true;
     this.closing.abort();
+  }
+
+  private running(desktopId: string): FakeDesktop {
+    const desktop = this.require(desktopId);
+    if (!desktop.running) throw new AgentFailure('not_running', `${desktopId} is not running`, false);
+    return desktop;
   }
 
   private require(desktopId: string): FakeDesktop {

@@ -27,6 +27,8 @@ pipe(my $out_r, my $out_w) or die "pipe: $!";
 pipe(my $err_r, my $err_w) or die "pipe: $!";
 my $pid = fork() // die "fork: $!";
 if ($pid == 0) {
+  # An ignored SIGPIPE would be inherited through exec: the command gets the default back.
+  $SIG{PIPE} = 'DEFAULT';
   open(STDIN, '<&', $in_r); open(STDOUT, '>&', $out_w); open(STDERR, '>&', $err_w);
   close($_) for ($in_r, $in_w, $out_r, $out_w, $err_r, $err_w);
   exec(@ARGV) or exit 127;

@@ -7,8 +7,13 @@
  * `run/init.json` (host pid and start time of the guest init) and checked against /proc; whether
  * it has a snapshot is whether `snapshot/` exists (CRIU writes to `snapshot.tmp/`, renamed only
  * after a complete dump). A new driver on the same state directory therefore adopts the desktops
- * a previous agent left running. Lifecycle calls on one desktop are serialized by a keyed mutex;
- * exec runs concurrently with other execs and is killed if the desktop hibernates under it.
+ * a previous agent left running. Lifecycle calls on one desktop are serialized by a keyed mutex.
+ *
+ * Guest operations (exec, files, detached processes; guest-ops.ts) run concurrently with each
+ * other, outside the mutex. Hibernate and destroy therefore fence the desktop first (new operations
+ * get `not_running`), give file operations a short grace, and kill whatever is still in flight
+ * before CRIU dumps or the guest is killed; hibernate also kills the detached processes, which the
+ * SPEC says do not survive it.
  */
 import { access, constants, readdir, rename, rm, writeFile } from 'node:fs/promises';
 import { delimiter, join, resolve } from 'node:path';
@@ -16,8 +21,16 @@ import { AgentFailure } from '../../../../shared/src/protocol.js';
 import type { Tier } from '../../../../shared/src/tiers.js';
 import type {
   DesktopStatus,
+  DetachedSpec,
+  DirListing,
   ExecOutcome,
   ExecSpec,
+  FileRead,
+  FileReadSpec,
+  FileStat,
+  FileWriteSpec,
+  GuestPath,
+  ProcessStatus,
   RuntimeCapabilities,
   RuntimeDriver,
   StartSpec,
@@ -25,9 +38,11 @@ import type {
 import { applyTier, drainAndRemove } from './cgroups.js';
 import { coldBoot, type InitProcess } from './cold-boot.js';
 import { detectCriu, dump, restore, type CriuInfo } from './criu.js';
-import { renderEnvFile, startDetachedCommand, WRITE_ENV_COMMAND } from './first-boot.js';
+import { renderEnvFile, WRITE_ENV_COMMAND } from './first-boot.js';
+import { guestExec, MAX_OUTPUT_BYTES } from './guest-exec.js';
 import { NESTED_MOUNTPOINTS } from './guest-init.js';
-import { guestExec } from './guest-exec.js';
+import { GuestOperations } from './guest-ops.js';
+import { killGuestDetached, spawnGuestProcess } from './guest-processes.js';
 import { isSameProcess, signal, waitFor } from './host-procs.js';
 import { KeyedMutex } from './keyed-mutex.js';
 import {
@@ -58,6 +73,8 @@ export interface SandboxDriverOptions {
 const DRAIN_MS = 3_000;
 /** Timeout of the driver's own guest commands (first boot, responsiveness probe). */
 const INTERNAL_EXEC_MS = 30_000;
+/** How long hibernate lets in-flight file operations finish before killing them. */
+const FILE_OP_GRACE_MS = 5_000;
 
 /** Finds a system tool on PATH, else at its usual location. */
 async function resolveTool(name: string, fallback: string): Promise<string> {
@@ -75,8 +92,7 @@ async function resolveTool(name: string, fallback: string): Promise<string> {
 
 export class SandboxDriver implements RuntimeDriver {
   private readonly mutex = new KeyedMutex();
-  /** Kill functions of in-flight execs, per desktop, so hibernate and destroy can stop them. */
-  private readonly execs = new Map<string, Set<() => Promise<void>>>();
+  private readonly guest: GuestOperations;
   private readonly log: (msg: string, fields?: object) => void;
 
   private constructor(
@@ -86,6 +102,7 @@ export class SandboxDriver implements RuntimeDriver {
     log: ((msg: string, fields?: object) => void) | undefined,
   ) {
     this.log = log ?? (() => undefined);
+    this.guest = new GuestOperations(stateDir, tools.nsenter, (paths) => this.runningInit(paths));
   }
 
   /** Detects CRIU and the sandbox tools, and prepares the state directory. */
@@ -144,12 +161,13 @@ export class SandboxDriver implements RuntimeDriver {
 
   async hibernate(desktopId: string): Promise<{ snapshot: boolean }> {
     const paths = desktopPaths(this.stateDir, desktopId);
-    return this.mutex.run(desktopId, async () => {
+    return this.fenced(desktopId, async () => {
       if (!(await hasDisk(paths))) return { snapshot: false };
       const init = await this.runningInit(paths);
       if (init === null) return { snapshot: await exists(paths.snapshot) };
-      await this.killExecs(desktopId);
       const t0 = performance.now();
+      await this.guest.inFlight.drain(desktopId, FILE_OP_GRACE_MS);
+      await this.killDetached(desktopId, init);
       if (this.criu !== null) {
         try {
           await dump(this.criu, paths, init);
@@ -173,8 +191,9 @@ export class SandboxDriver implements RuntimeDriver {
 
   async destroy(desktopId: string): Promise<void> {
     const paths = desktopPaths(this.stateDir, desktopId);
-    await this.mutex.run(desktopId, async () => {
-      await this.killExecs(desktopId);
+    await this.fenced(desktopId, async () => {
+      // No grace: whatever a file operation would finish is about to be deleted.
+      await this.guest.inFlight.drain(desktopId, 0);
       const init = await this.runningInit(paths);
       if (init !== null) await this.stopProcesses(paths, desktopId, init);
       else await drainAndRemove(desktopId, 0);
@@ -182,12 +201,36 @@ export class SandboxDriver implements RuntimeDriver {
     });
   }
 
-  async exec(desktopId: string, spec: ExecSpec): Promise<ExecOutcome> {
-    const paths = desktopPaths(this.stateDir, desktopId);
-    if (!(await hasDisk(paths))) throw new AgentFailure('not_found', `unknown desktop ${desktopId}`, false);
-    const init = await this.runningInit(paths);
-    if (init === null) throw new AgentFailure('not_running', `desktop ${desktopId} is not running`, false);
-    return this.execIn(desktopId, init, spec.command, spec.timeoutMs);
+  exec(desktopId: string, spec: ExecSpec): Promise<ExecOutcome> {
+    return this.guest.exec(desktopId, spec);
+  }
+
+  spawnDetached(desktopId: string, spec: DetachedSpec): Promise<void> {
+    return this.guest.spawnDetached(desktopId, spec);
+  }
+
+  processStatus(desktopId: string, processId: string, tailBytes: number): Promise<ProcessStatus | null> {
+    return this.guest.processStatus(desktopId, processId, tailBytes);
+  }
+
+  readFile(desktopId: string, spec: FileReadSpec): Promise<FileRead> {
+    return this.guest.readFile(desktopId, spec);
+  }
+
+  writeFile(desktopId: string, spec: FileWriteSpec, body: AsyncIterable<Buffer>): Promise<void> {
+    return this.guest.writeFile(desktopId, spec, body);
+  }
+
+  deletePath(desktopId: string, path: GuestPath, recursive: boolean): Promise<void> {
+    return this.guest.deletePath(desktopId, path, recursive);
+  }
+
+  statPath(desktopId: string, path: GuestPath): Promise<FileStat> {
+    return this.guest.statPath(desktopId, path);
+  }
+
+  listDir(desktopId: string, path: GuestPath, limit: number): Promise<DirListing> {
+    return this.guest.listDir(desktopId, path, limit);
   }
 
   async list(): Promise<DesktopStatus[]> {
@@ -220,6 +263,29 @@ export class SandboxDriver implements RuntimeDriver {
   }
 
   /* ---------------------------------------------------------------- internals */
+
+  /** Runs a stop under the mutex with the desktop fenced: no guest operation starts meanwhile. */
+  private async fenced<T>(desktopId: string, fn: () => Promise<T>): Promise<T> {
+    const release = this.guest.inFlight.fence(desktopId);
+    try {
+      return await this.mutex.run(desktopId, fn);
+    } finally {
+      release();
+    }
+  }
+
+  /**
+   * SPEC: detached processes do not survive hibernation. Killed before the snapshot (and before a
+   * cold stop), they read as `lost` afterwards. A failure is logged and does not block the stop.
+   */
+  private async killDetached(desktopId: string, init: InitProcess): Promise<void> {
+    try {
+      const n = await killGuestDetached(this.guest.target(desktopId, init));
+      if (n > 0) this.log('detached processes killed', { desktopId, count: n });
+    } catch (err) {
+      this.log('could not kill detached processes', { desktopId, error: String(err) });
+    }
+  }
 
   private async runningInit(paths: DesktopPaths): Promise<InitProcess | null> {
     const init = await readJson<InitProcess>(paths.initFile);
@@ -280,11 +346,14 @@ export class SandboxDriver implements RuntimeDriver {
     // The marker goes down before the script starts: at most once, even across a crash.
     await writeFile(paths.firstBootMarker, new Date().toISOString());
     if (spec.setupScript !== null) {
-      const run = await this.execIn(desktopId, init, startDetachedCommand('setup'), INTERNAL_EXEC_MS, spec.setupScript);
-      if (run.exitCode !== 0) this.log('setup script could not be started', { desktopId, stderr: run.stderr });
+      const target = this.guest.target(desktopId, init);
+      await spawnGuestProcess(target, { processId: 'setup', command: spec.setupScript }).catch((err: unknown) =>
+        this.log('setup script could not be started', { desktopId, error: String(err) }),
+      );
     }
   }
 
+  /** The driver's own commands: they run under the mutex, so no stop can overlap them. */
   private execIn(
     desktopId: string,
     init: InitProcess,
@@ -300,21 +369,8 @@ export class SandboxDriver implements RuntimeDriver {
       nsenterPath: this.tools.nsenter,
       command,
       timeoutMs,
+      maxOutputBytes: MAX_OUTPUT_BYTES,
       ...(stdin === undefined ? {} : { stdin }),
-      register: (kill) => {
-        let set = this.execs.get(desktopId);
-        if (set === undefined) this.execs.set(desktopId, (set = new Set()));
-        set.add(kill);
-        return () => {
-          set.delete(kill);
-          if (set.size === 0 && this.execs.get(desktopId) === set) this.execs.delete(desktopId);
-        };
-      },
     });
-  }
-
-  private async killExecs(desktopId: string): Promise<void> {
-    const set = this.execs.get(desktopId);
-    if (set !== undefined) await Promise.all([...set].map((kill) => kill()));
   }
 }

@@ -1,0 +1,109 @@
+/**
+ * The guest helper: a short Perl program that does every file and detached-process operation
+ * from inside a desktop. The driver runs it through nsenter with the guest init's mount namespace
+ * and root (see guest-call.ts), so every path it touches is resolved by the kernel against the
+ * guest's own tree: an absolute symlink, `..` at the root or `/proc/1/root` all stay inside the
+ * guest. No guest path is ever opened from the host side.
+ *
+ * Perl because it is in every Debian image (the guest's `/usr` is the host's, read-only) and can
+ * make the few raw system calls needed (statx for millisecond mtimes, linkat for anonymous temp
+ * files, setsid) without loading a module: startup time is paid on every operation, and a module
+ * costs milliseconds (Time::HiRes alone ≈6 ms, POSIX ≈9 ms). Each operation gets only its own
+ * code (guest-helper-perl.ts), which halves the compile time.
+ *
+ *   perl -e PROGRAM(op) -- <op> <args>...
+ *
+ * Protocol. stdout starts with one status line, then raw data for the ops that return some:
+ *   OK <fields...>\n                          success
+ *   ERR <code> <current size or -> <text>\n   failure; code is an AgentFailure code
+ * Ops and their OK fields:
+ *   stat <path>                    OK <type> <size> <mtime ms> <octal mode>
+ *   list <path> <limit>            OK <truncated 0|1>, then per entry `<type> <size> <mtime ms> <name>\0`
+ *   read <path> <offset|-> <length> <max whole>
+ *                                  OK <size> <length>, then exactly <length> bytes
+ *   write <path> <append at|-> <max append>
+ *                                  stdin: chunks `<decimal length>\n<bytes>`, then `0\n` to commit;
+ *                                  EOF before `0\n` aborts and changes nothing. Answers OK.
+ *   delete <path> <recursive 0|1>  OK
+ *   spawn <id>                     stdin: the script. OK (also when <id> was already started)
+ *   status <id> <tail bytes>       OK none | OK <running|exited|lost> <code|-> <out len> <err len>,
+ *                                  then both tails
+ *   kill-detached                  OK <number of process sessions killed>
+ * A helper that dies without a status line (killed, desktop stopped) is reported by the caller.
+ */
+import { constants as fsc } from 'node:fs';
+import { constants as osc } from 'node:os';
+import { perlFileParts } from './guest-helper-perl-files.js';
+import { perlPrelude, perlProcessParts, type PerlConstants } from './guest-helper-perl.js';
+
+/** Largest append chunk the helper buffers (the API's limit is 8 MiB). */
+export const MAX_APPEND_BYTES = 8 * 1024 * 1024;
+
+/** Process ids the driver accepts: the first-boot `setup`, or `prc_` and 24 base-32 characters. */
+const PROCESS_ID_SOURCE = '(setup|prc_[0-9a-v]{24})';
+export const PROCESS_ID = new RegExp(`^${PROCESS_ID_SOURCE}$`);
+
+/** Where detached processes keep their files inside the guest. */
+export const PROCESSES_DIR = '/root/.canto/processes';
+
+export type HelperOp = 'stat' | 'list' | 'read' | 'write' | 'delete' | 'spawn' | 'status' | 'kill-detached';
+
+/** Raw system call numbers, which differ between architectures. */
+const SYSCALLS: Readonly<Record<string, { statx: number; linkat: number; setsid: number }>> = {
+  x64: { statx: 332, linkat: 265, setsid: 112 },
+  arm64: { statx: 291, linkat: 37, setsid: 157 },
+};
+
+/** `__O_TMPFILE` is the same on every Linux architecture Node supports; O_TMPFILE adds O_DIRECTORY. */
+const O_TMPFILE = 0o20000000 | fsc.O_DIRECTORY;
+
+/**
+ * The runner of a detached process, started as `/bin/sh -c RUNNER <dir>`: the env file applied,
+ * output to files, and the exit code renamed into place only once the script has ended. `$0` is
+ * the directory because a positional parameter cannot be overridden by the env file.
+ */
+const RUNNER =
+  'cd /root; [ -f /root/.canto/env ] && . /root/.canto/env; ' +
+  '/bin/sh "$0/script" >"$0/stdout" 2>"$0/stderr" </dev/null; ' +
+  'echo $? >"$0/.exit_code.tmp" && mv -f "$0/.exit_code.tmp" "$0/exit_code"';
+
+function errno(name: string): number {
+  const value = (osc.errno as Record<string, number | undefined>)[name];
+  if (value === undefined) throw new Error(`errno ${name} unknown on this platform`);
+  return value;
+}
+
+function build(op: HelperOp): string {
+  const sys = SYSCALLS[process.arch];
+  if (sys === undefined) throw new Error(`the guest helper does not know the system calls of ${process.arch}`);
+  const nb = fsc.O_NONBLOCK | fsc.O_NOCTTY;
+  const k: PerlConstants = {
+    E: errno,
+    O_RDONLY_NB: fsc.O_RDONLY | nb,
+    O_WRONLY_NB: fsc.O_WRONLY | nb,
+    O_WRONLY_CREAT_NB: fsc.O_WRONLY | fsc.O_CREAT | nb,
+    O_WRONLY_CREAT_EXCL: fsc.O_WRONLY | fsc.O_CREAT | fsc.O_EXCL,
+    O_TMPFILE_WRONLY: O_TMPFILE | fsc.O_WRONLY,
+    SYS_statx: sys.statx,
+    SYS_linkat: sys.linkat,
+    SYS_setsid: sys.setsid,
+    processesDir: PROCESSES_DIR,
+    processId: PROCESS_ID_SOURCE,
+    runner: RUNNER,
+  };
+  const files = perlFileParts(k);
+  const procs = perlProcessParts(k);
+  const sections = { ...files.sections, ...procs.sections };
+  const part = files.ops[op] ?? procs.ops[op];
+  if (part === undefined) throw new Error(`unknown helper operation ${op}`);
+  return [perlPrelude(k), ...part.needs.map((s) => sections[s] ?? ''), part.body, 'exit 0;\n'].join('');
+}
+
+const programs = new Map<HelperOp, string>();
+
+/** The helper's source for one operation, built once per operation. */
+export function guestHelperProgram(op: HelperOp): string {
+  let program = programs.get(op);
+  if (program === undefined) programs.set(op, (program = build(op)));
+  return program;
+}

@@ -1,0 +1,135 @@
+/**
+ * The guest half of the sandbox driver: exec, files and detached processes of running desktops.
+ *
+ * Each operation is admitted the same way: registered in flight, so a hibernate or destroy that
+ * fences the desktop refuses it or waits for it and kills it (in-flight.ts); then checked against
+ * the desktop's state (unknown → `not_found`, stopped → `not_running`); then run by a process that
+ * entered the guest's namespaces and root (guest-exec.ts for commands, guest-call.ts for the
+ * helper), so no guest path is ever resolved on the host. The registration ends when that process
+ * has exited, which for a file read is after its body was consumed.
+ */
+import { AgentFailure } from '../../../../shared/src/protocol.js';
+import type {
+  DetachedSpec,
+  DirListing,
+  ExecOutcome,
+  ExecSpec,
+  FileRead,
+  FileReadSpec,
+  FileStat,
+  FileWriteSpec,
+  GuestPath,
+  ProcessStatus,
+} from '../driver.js';
+import type { InitProcess } from './cold-boot.js';
+import type { GuestTarget } from './guest-call.js';
+import { guestExec } from './guest-exec.js';
+import { assertGuestPath, deleteGuest, listGuest, readGuest, statGuest, writeGuest } from './guest-files.js';
+import { assertProcessId, guestProcessStatus, spawnGuestProcess } from './guest-processes.js';
+import { InFlight, type GuestOp, type GuestOpKind } from './in-flight.js';
+import { desktopPaths, hasDisk, type DesktopPaths } from './layout.js';
+
+export class GuestOperations {
+  /** Operations in flight, and the fence hibernate and destroy raise against new ones. */
+  readonly inFlight = new InFlight();
+
+  constructor(
+    private readonly stateDir: string,
+    private readonly nsenterPath: string,
+    private readonly runningInit: (paths: DesktopPaths) => Promise<InitProcess | null>,
+  ) {}
+
+  /** A target for the driver's own helper calls (no registration: they run under the mutex). */
+  target(desktopId: string, init: InitProcess, op: GuestOp | null = null): GuestTarget {
+    return { desktopId, initPid: init.pid, nsenterPath: this.nsenterPath, op };
+  }
+
+  async exec(desktopId: string, spec: ExecSpec): Promise<ExecOutcome> {
+    const target = await this.enter(desktopId, 'exec');
+    const op = target.op as GuestOp;
+    try {
+      return await guestExec({
+        desktopId,
+        initPid: target.initPid,
+        nsenterPath: this.nsenterPath,
+        command: spec.command,
+        timeoutMs: spec.timeoutMs,
+        maxOutputBytes: spec.maxOutputBytes,
+        sourceEnv: true,
+        register: (kill) => {
+          op.attach(kill);
+          return () => op.end();
+        },
+        stopped: () => op.cancelled,
+      });
+    } finally {
+      op.end();
+    }
+  }
+
+  async spawnDetached(desktopId: string, spec: DetachedSpec): Promise<void> {
+    assertProcessId(spec.processId);
+    await this.helperOp(desktopId, (t) => spawnGuestProcess(t, spec));
+  }
+
+  async processStatus(desktopId: string, processId: string, tailBytes: number): Promise<ProcessStatus | null> {
+    assertProcessId(processId);
+    return this.helperOp(desktopId, (t) => guestProcessStatus(t, processId, tailBytes));
+  }
+
+  async readFile(desktopId: string, spec: FileReadSpec): Promise<FileRead> {
+    assertGuestPath(spec.path);
+    return this.helperOp(desktopId, (t) => readGuest(t, spec));
+  }
+
+  async writeFile(desktopId: string, spec: FileWriteSpec, body: AsyncIterable<Buffer>): Promise<void> {
+    assertGuestPath(spec.path);
+    await this.helperOp(desktopId, (t) => writeGuest(t, spec, body));
+  }
+
+  async deletePath(desktopId: string, path: GuestPath, recursive: boolean): Promise<void> {
+    assertGuestPath(path);
+    await this.helperOp(desktopId, (t) => deleteGuest(t, path, recursive));
+  }
+
+  async statPath(desktopId: string, path: GuestPath): Promise<FileStat> {
+    assertGuestPath(path);
+    return this.helperOp(desktopId, (t) => statGuest(t, path));
+  }
+
+  async listDir(desktopId: string, path: GuestPath, limit: number): Promise<DirListing> {
+    assertGuestPath(path);
+    return this.helperOp(desktopId, (t) => listGuest(t, path, limit));
+  }
+
+  /** Registers the operation (or refuses it while the desktop is stopping), then checks state. */
+  private async enter(desktopId: string, kind: GuestOpKind): Promise<GuestTarget> {
+    const paths = desktopPaths(this.stateDir, desktopId);
+    const op = this.inFlight.begin(desktopId, kind);
+    try {
+      if (!(await hasDisk(paths))) throw new AgentFailure('not_found', `unknown desktop ${desktopId}`, false);
+      const init = await this.runningInit(paths);
+      if (init === null) throw new AgentFailure('not_running', `desktop ${desktopId} is not running`, false);
+      return this.target(desktopId, init, op);
+    } catch (err) {
+      op.end();
+      throw err;
+    }
+  }
+
+  /**
+   * One guest helper call. Its registration ends when the helper exits; a failure also kills the
+   * helper, in case it is still running (an unparsable reply, say).
+   */
+  private async helperOp<T>(desktopId: string, fn: (target: GuestTarget) => Promise<T>): Promise<T> {
+    const target = await this.enter(desktopId, 'file');
+    const op = target.op as GuestOp;
+    try {
+      return await fn(target);
+    } catch (err) {
+      await op.killProcess();
+      op.end();
+      throw err;
+    }
+  }
+}
