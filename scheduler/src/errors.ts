@@ -47,4 +47,14 @@ export const errors = {
   identityProviderUnavailable: () =>
     new ApiError(503, 'identity provider unreachable; retry', {}, { 'retry-after': '5' }),
   notImplemented: (detail: string) => new ApiError(501, detail),
+  notAwake: (state: string) => new ApiError(409, `desktop is ${state}, not awake`),
+  hostUnreachable: () =>
+    new ApiError(503, "the desktop's host is unreachable; retry", {}, { 'retry-after': '5' }),
+  guestTimeout: () => new ApiError(504, 'the operation did not finish in the guest before its deadline; retry'),
+  processNotFound: () => new ApiError(404, 'process not found'),
+  pathNotFound: () => new ApiError(404, 'path not found'),
+  pathConflict: (detail: string) => new ApiError(409, detail),
+  appendMismatch: (currentSize: number) =>
+    new ApiError(409, 'append offset does not match the file size', { currentSize }),
+  tooLarge: (detail: string) => new ApiError(413, detail),
 } as const;

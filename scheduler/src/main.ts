@@ -14,6 +14,7 @@ import { DesktopService } from './services/desktops.js';
 import { LifecycleService } from './services/lifecycle.js';
 import { OperationWaiter } from './services/waiter.js';
 import { UsageService } from './services/usage.js';
+import { GuestService } from './services/guest.js';
 import { AgentGateway } from './agents/gateway.js';
 import { OperationEngine } from './engine/engine.js';
 import { Leadership } from './engine/leader.js';
@@ -75,6 +76,7 @@ export async function startScheduler(config: SchedulerConfig, logger?: Logger): 
     lifecycle,
     waiter,
     usage: new UsageService(sql),
+    guest: new GuestService(sql, agents, log),
     waitCapMs: config.waitCapMs,
   });
   agents.attach(app.server);

@@ -57,3 +57,44 @@ export async function startFakeAgent(schedulerUrl: string, options: FakeAgentOpt
     },
   };
 }
+
+export interface SandboxAgent extends AgentHandle {
+  /** The agent's state directory; the runtime's disks are under `runtime/`. */
+  readonly stateDir: string;
+  /** Stops the agent only: its desktops keep running and its state directory stays. */
+  halt(): Promise<void>;
+}
+
+/**
+ * Starts a real agent in-process on the sandbox runtime (namespaces, Xvfb, CRIU). Needs root.
+ * Given the `stateDir` of a halted agent, it comes back as the same host with the same desktops.
+ * `stop` also destroys every desktop the runtime still holds and removes the state directory:
+ * desktops outlive their agent by design, so a test that failed midway would otherwise leave
+ * them running.
+ */
+export async function startSandboxAgent(schedulerUrl: string, existingStateDir?: string): Promise<SandboxAgent> {
+  const stateDir = existingStateDir ?? mkdtempSync(join(tmpdir(), 'canto-sandbox-agent-'));
+  const config = loadAgentConfig({
+    CANTO_SCHEDULER_URL: schedulerUrl,
+    CANTO_AGENT_TOKEN: JOIN_TOKEN,
+    CANTO_AGENT_STATE_DIR: stateDir,
+    CANTO_AGENT_RUNTIME: 'sandbox',
+    CANTO_AGENT_RECONNECT_MAX_MS: '500',
+    CANTO_LOG_LEVEL: 'silent',
+  });
+  const handle = await runAgent(config, { handleSignals: false, logger: silentLogger() });
+  await handle.waitConnected(10_000);
+  return {
+    ...handle,
+    stateDir,
+    halt: () => handle.stop(),
+    async stop() {
+      await handle.stop();
+      const { createSandboxDriver } = await import('../../agent/src/runtime/sandbox/index.js');
+      const cleaner = await createSandboxDriver({ stateDir: join(stateDir, 'runtime') });
+      for (const d of await cleaner.list()) await cleaner.destroy(d.desktopId);
+      await cleaner.close();
+      rmSync(stateDir, { recursive: true, force: true });
+    },
+  };
+}

@@ -1,7 +1,7 @@
 /**
  * The OpenAPI 3.1 document (SPEC 1.6, 5.2): served without credentials, valid against the
- * OpenAPI 3.1 schema, with the `bearer_auth` scheme, every implemented route of SPEC 4.1, 4.2 and
- * 4.9, and problem+json error responses documented on each.
+ * OpenAPI 3.1 schema, with the `bearer_auth` scheme, every implemented route of SPEC 4.1, 4.2, 4.3,
+ * 4.4 and 4.9, and problem+json error responses documented on each.
  */
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { Validator } from '@seriousme/openapi-schema-validator';
@@ -32,6 +32,15 @@ const ROUTES: Record<string, Record<string, number[]>> = {
   '/v1/desktops/{id}/fork': { post: [400, 401, 404, 409, 501] },
   '/v1/operations/{id}': { get: [400, 401, 404] },
   '/v1/usage': { get: [400, 401] },
+  '/v1/desktops/{id}/exec': { post: [400, 401, 404, 409, 503, 504] },
+  '/v1/desktops/{id}/processes/{process_id}': { get: [400, 401, 404, 409, 503] },
+  '/v1/desktops/{id}/files/{path}': {
+    get: [400, 401, 404, 409, 413, 503, 504],
+    put: [400, 401, 404, 409, 413, 503, 504],
+    delete: [400, 401, 404, 409, 503, 504],
+  },
+  '/v1/desktops/{id}/files-meta/{path}': { get: [400, 401, 404, 409, 503, 504] },
+  '/v1/desktops/{id}/dir/{path}': { get: [400, 401, 404, 409, 503, 504] },
 };
 
 const LIFECYCLE = ['/v1/desktops/{id}/wake', '/v1/desktops/{id}/hibernate', '/v1/desktops/{id}/destroy'];
@@ -86,6 +95,22 @@ describe('GET /v1/openapi.json', () => {
       expect(ref(doc.paths[path].post, 202)).toContain('OperationJson');
       expect(ref(doc.paths[path].post, 200)).toContain('OperationJson');
     }
+  });
+
+  it('documents the guest routes: binary file bodies, the SPEC path parameter, process and file records', () => {
+    const ref = (op: any, status: number) => JSON.stringify(op.responses[String(status)].content['application/json'].schema);
+    const files = doc.paths['/v1/desktops/{id}/files/{path}'];
+    expect(files.put.requestBody.content['application/octet-stream'].schema).toMatchObject({ type: 'string', format: 'binary' });
+    expect(files.get.responses['200'].content['application/octet-stream']).toBeDefined();
+    expect(files.get.responses['200'].headers['x-svc-eof']).toBeDefined();
+    expect(files.get.parameters.map((p: { name: string }) => p.name)).toEqual(expect.arrayContaining(['path', 'offset', 'length']));
+    expect(ref(doc.paths['/v1/desktops/{id}/exec'].post, 200)).toContain('ExecResponse');
+    expect(ref(doc.paths['/v1/desktops/{id}/exec'].post, 202)).toContain('ExecDetachedResponse');
+    expect(ref(doc.paths['/v1/desktops/{id}/processes/{process_id}'].get, 200)).toContain('ProcessStatusResponse');
+    expect(ref(doc.paths['/v1/desktops/{id}/files-meta/{path}'].get, 200)).toContain('FileStatJson');
+    expect(ref(doc.paths['/v1/desktops/{id}/dir/{path}'].get, 200)).toContain('ListDirResponse');
+    const stat = doc.components.schemas.FileStatJson;
+    expect(Object.keys(stat.properties).sort()).toEqual(['fileType', 'mode', 'modifiedAt', 'path', 'sizeBytes']);
   });
 
   it('documents wait, Idempotency-Key and the optional body on lifecycle routes', () => {

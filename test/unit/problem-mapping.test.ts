@@ -21,6 +21,7 @@ function throwingDeps(error: Error): AppDeps {
     lifecycle: { request: fail, get: fail } as unknown as AppDeps['lifecycle'],
     waiter: { wait: fail } as unknown as AppDeps['waiter'],
     usage: { report: fail } as unknown as AppDeps['usage'],
+    guest: { exec: fail, spawn: fail, processStatus: fail, readFile: fail, writeFile: fail, deletePath: fail, stat: fail, listDir: fail } as unknown as AppDeps['guest'],
     waitCapMs: 1000,
   };
 }

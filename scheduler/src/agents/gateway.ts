@@ -94,11 +94,33 @@ export class AgentGateway {
     });
   }
 
-  async call<C extends AgentCommand>(hostId: string, command: C, payload: CommandPayload<C>, timeoutMs: number): Promise<CommandResult<C>> {
+  /** Sends a command; with `upload`, its bytes follow the command on the link. */
+  async call<C extends AgentCommand>(
+    hostId: string,
+    command: C,
+    payload: CommandPayload<C>,
+    timeoutMs: number,
+    upload?: AsyncIterable<Uint8Array>,
+  ): Promise<CommandResult<C>> {
+    const reply = await this.link(hostId).request(command, payload, timeoutMs, upload);
+    return parseMessage(AGENT_COMMANDS[command].result, reply, `${command} reply`) as CommandResult<C>;
+  }
+
+  /** Sends a command the agent answers with a download; its bytes stream after the reply. */
+  async callDownload<C extends AgentCommand>(
+    hostId: string,
+    command: C,
+    payload: CommandPayload<C>,
+    timeoutMs: number,
+  ): Promise<{ result: CommandResult<C>; body: AsyncIterable<Buffer> }> {
+    const { result, body } = await this.link(hostId).requestDownload(command, payload, timeoutMs);
+    return { result: parseMessage(AGENT_COMMANDS[command].result, result, `${command} reply`) as CommandResult<C>, body };
+  }
+
+  private link(hostId: string): RpcPeer {
     const link = this.links.get(hostId);
     if (!link) throw new AgentFailure('disconnected', `host ${hostId} is not connected`, true);
-    const reply = await link.peer.request(command, payload, timeoutMs);
-    return parseMessage(AGENT_COMMANDS[command].result, reply, `${command} reply`) as CommandResult<C>;
+    return link.peer;
   }
 
   /** Calls `listener` after each accepted hello with the desktops the host reports; returns an unsubscribe. */

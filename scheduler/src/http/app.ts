@@ -8,15 +8,28 @@ import swagger from '@fastify/swagger';
 import type { TypeBoxTypeProvider } from '@fastify/type-provider-typebox';
 import type { Logger } from '../../../shared/src/log.js';
 import { ApiError, problem } from '../errors.js';
-import { DesktopJson, OperationJson, Problem, UsageResponse } from './schemas.js';
+import {
+  DesktopJson,
+  ExecDetachedResponse,
+  ExecResponse,
+  FileStatJson,
+  ListDirResponse,
+  OperationJson,
+  Problem,
+  ProcessStatusResponse,
+  UsageResponse,
+} from './schemas.js';
 import { registerDesktopRoutes } from './routes/desktops.js';
 import { registerLifecycleRoutes } from './routes/lifecycle.js';
 import { registerOperationRoutes } from './routes/operations.js';
 import { registerUsageRoutes } from './routes/usage.js';
+import { registerExecRoutes } from './routes/exec.js';
+import { registerFileRoutes } from './routes/files.js';
 import type { DesktopService } from '../services/desktops.js';
 import type { LifecycleService } from '../services/lifecycle.js';
 import type { OperationWaiter } from '../services/waiter.js';
 import type { UsageService } from '../services/usage.js';
+import type { GuestService } from '../services/guest.js';
 
 export const BODY_LIMIT_BYTES = 2 * 1024 * 1024;
 
@@ -26,6 +39,8 @@ declare module 'fastify' {
   }
   interface FastifyContextConfig {
     public?: boolean;
+    /** The route reads its body as a raw byte stream (file writes); documented as binary. */
+    rawBody?: boolean;
   }
 }
 
@@ -36,6 +51,7 @@ export interface AppDeps {
   lifecycle: LifecycleService;
   waiter: OperationWaiter;
   usage: UsageService;
+  guest: GuestService;
   waitCapMs: number;
 }
 
@@ -56,12 +72,17 @@ export async function buildApp(deps: AppDeps): Promise<App> {
       { level: deps.logger.levelVal > deps.logger.levels.values.warn! ? deps.logger.level : 'warn' },
     ),
     bodyLimit: BODY_LIMIT_BYTES,
+    // Guest paths travel in the URL (SPEC 4.4), up to PATH_MAX.
+    routerOptions: { maxParamLength: 8192 },
     ajv: { customOptions: { coerceTypes: false, removeAdditional: false, allErrors: false } },
     return503OnClosing: true,
   }).withTypeProvider<TypeBoxTypeProvider>();
 
   app.decorateRequest('orgId', '');
-  for (const schema of [Problem, DesktopJson, OperationJson, UsageResponse]) app.addSchema(schema);
+  for (const schema of [
+    Problem, DesktopJson, OperationJson, UsageResponse,
+    ExecResponse, ExecDetachedResponse, ProcessStatusResponse, FileStatJson, ListDirResponse,
+  ]) app.addSchema(schema);
 
   // An empty body on a route whose body is optional means `{}` (SPEC 2.4); anything else goes
   // through Fastify's own parser, which also refuses `__proto__` and `constructor` keys.
@@ -94,6 +115,7 @@ export async function buildApp(deps: AppDeps): Promise<App> {
       security: [{ bearer_auth: [] }],
     },
     refResolver: { buildLocalReference: (json, _base, _frag, i) => (json.$id as string) ?? `def-${i}` },
+    transform: documentRoute,
     // @fastify/swagger marks every request body required, but the preValidation hook below
     // turns a missing body into `{}`: a body whose schema requires no member is optional
     // (SPEC 2.3, 2.4), and the document has to say so or generated clients always send one.
@@ -151,7 +173,31 @@ export async function buildApp(deps: AppDeps): Promise<App> {
   registerLifecycleRoutes(app, deps);
   registerOperationRoutes(app, deps);
   registerUsageRoutes(app, deps);
+  registerExecRoutes(app, deps);
+  registerFileRoutes(app, deps);
   return app;
+}
+
+/**
+ * How a route appears in the document. Guest path routes capture the path with Fastify's `*`,
+ * which SPEC names `{path}`; a raw-body route has no body schema (its body is a stream), so its
+ * binary body is described here.
+ */
+function documentRoute({ schema, url, route }: { schema: unknown; url: string; route: { config?: unknown } }) {
+  const doc = { ...(schema as Record<string, unknown>) };
+  let documentedUrl = url;
+  if (url.endsWith('/*')) {
+    documentedUrl = `${url.slice(0, -1)}:path`;
+    const params = doc.params as { properties?: Record<string, unknown>; required?: string[] } | undefined;
+    if (params?.properties?.['*']) {
+      const { '*': wildcard, ...rest } = params.properties;
+      doc.params = { ...params, properties: { ...rest, path: wildcard }, required: (params.required ?? []).map((n) => (n === '*' ? 'path' : n)) };
+    }
+  }
+  if ((route.config as { rawBody?: boolean } | undefined)?.rawBody) {
+    doc.body = { content: { 'application/octet-stream': { schema: { type: 'string', format: 'binary' } } } };
+  }
+  return { schema: doc, url: documentedUrl };
 }
 
 interface BodyDoc {

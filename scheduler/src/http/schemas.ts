@@ -126,3 +126,95 @@ export const WaitQuery = Type.Object({
 export const IdempotencyHeaders = Type.Object({
   'idempotency-key': Type.Optional(Type.String({ minLength: 1, maxLength: 255 })),
 });
+
+/* ------------------------------------------------------------------ guest operations */
+
+export const ExecBody = Type.Object(
+  {
+    command: Type.String({ minLength: 1 }),
+    timeout_secs: Type.Optional(
+      Type.Union([Type.Number(), Type.Null()], { description: 'Default 60, clamped to 1..300, never rejected; ignored when detached' }),
+    ),
+    detached: Type.Optional(Type.Boolean({ default: false })),
+  },
+  { additionalProperties: true },
+);
+export type ExecBody = Static<typeof ExecBody>;
+
+export const ExecResponse = Type.Object(
+  {
+    exit_code: Type.Integer(),
+    stdout: Type.String(),
+    stderr: Type.String(),
+    stdout_truncated: Type.Boolean({ description: 'stdout was longer than 1 MiB; its first 1 MiB is returned' }),
+    stderr_truncated: Type.Boolean({ description: 'stderr was longer than 1 MiB; its first 1 MiB is returned' }),
+  },
+  { $id: 'ExecResponse' },
+);
+
+export const ExecDetachedResponse = Type.Object({ process_id: Type.String() }, { $id: 'ExecDetachedResponse' });
+
+export const ProcessParams = Type.Object({
+  id: Type.String({ pattern: idPattern('desktop') }),
+  process_id: Type.String({ pattern: '^(setup|prc_[0-9a-v]{24})$' }),
+});
+
+export const DIGITS = '^[0-9]{1,16}$';
+
+export const ProcessQuery = Type.Object({
+  tail_bytes: Type.Optional(Type.String({ pattern: DIGITS, description: 'Integer; omitted or 0 gives 64 KiB; capped at 512 KiB' })),
+});
+
+export const ProcessStatusResponse = Type.Object(
+  {
+    process_id: Type.String(),
+    status: Type.Union([Type.Literal('running'), Type.Literal('exited'), Type.Literal('lost')]),
+    exit_code: Type.Integer({ description: 'The exit code when status is exited; -1 otherwise' }),
+    stdout_tail: Type.String(),
+    stderr_tail: Type.String(),
+  },
+  { $id: 'ProcessStatusResponse' },
+);
+
+export const FileType = Type.Union([Type.Literal('file'), Type.Literal('directory'), Type.Literal('symlink'), Type.Literal('other')]);
+
+export const FileStatJson = Type.Object(
+  {
+    path: Type.String({ description: 'Guest path without the leading /' }),
+    fileType: FileType,
+    sizeBytes: Type.Integer(),
+    modifiedAt: Type.String({ format: 'date-time' }),
+    mode: Type.String({ description: 'Permission bits as octal text' }),
+  },
+  { $id: 'FileStatJson' },
+);
+
+export const ListDirResponse = Type.Object(
+  {
+    path: Type.String(),
+    entries: Type.Array(
+      Type.Object({ name: Type.String(), fileType: FileType, sizeBytes: Type.Integer(), modifiedAt: Type.String({ format: 'date-time' }) }),
+    ),
+    truncated: Type.Boolean(),
+  },
+  { $id: 'ListDirResponse' },
+);
+
+export const GuestPathParams = Type.Object({
+  id: Type.String({ pattern: idPattern('desktop') }),
+  '*': Type.String({ description: 'Absolute guest path without the leading /' }),
+});
+
+export const BooleanText = Type.Union([Type.Literal('true'), Type.Literal('false')]);
+
+export const FileReadQuery = Type.Object({
+  offset: Type.Optional(Type.String({ pattern: DIGITS, description: 'int64 >= 0; a windowed read' })),
+  length: Type.Optional(Type.String({ pattern: DIGITS, description: 'int64 >= 0, needs offset; default and max 8 MiB' })),
+});
+
+export const FileWriteQuery = Type.Object({
+  append: Type.Optional(BooleanText),
+  offset: Type.Optional(Type.String({ pattern: DIGITS, description: 'Required with append=true: the size the file must have' })),
+});
+
+export const FileDeleteQuery = Type.Object({ recursive: Type.Optional(BooleanText) });

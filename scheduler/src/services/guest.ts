@@ -1,0 +1,219 @@
+/**
+ * Guest operations (SPEC 4.3, 4.4): exec, detached processes and files inside an awake desktop.
+ * The scheduler holds no guest state; each call finds the desktop (404 across orgs), requires
+ * `awake` (409), requires a live link to its host (503 at once, never after a timeout), and sends
+ * the agent one fenced command carrying the desktop's generation. What the agent answers maps to
+ * the API's statuses in one place, `toApiError`.
+ *
+ * Guest operations are not durable operations: they run while the caller waits, and a lost link
+ * fails the call (503) rather than being retried here, because an exec is not idempotent.
+ */
+import type { AgentCommand, CommandPayload, CommandResult } from '../../../shared/src/protocol.js';
+import { AgentFailure } from '../../../shared/src/protocol.js';
+import { newId } from '../../../shared/src/ids.js';
+import type { Logger } from '../../../shared/src/log.js';
+import { ApiError, errors } from '../errors.js';
+import type { Sql } from '../store/db.js';
+import { getDesktop } from '../store/desktops.js';
+import type { DesktopRow } from '../store/rows.js';
+
+/** Synchronous exec: SPEC's default and ceiling for `timeout_secs`. */
+export const EXEC_DEFAULT_TIMEOUT_SECS = 60;
+export const EXEC_MAX_TIMEOUT_SECS = 300;
+/** Bytes of stdout and of stderr a synchronous exec returns; the rest is dropped (docs/decisions.md). */
+export const EXEC_MAX_OUTPUT_BYTES = 1024 * 1024;
+/** SPEC 8: a chunk written, a window read, a whole file read. */
+export const FILE_CHUNK_MAX_BYTES = 8 * 1024 * 1024;
+export const DIR_LIST_MAX_ENTRIES = 2000;
+export const TAIL_DEFAULT_BYTES = 64 * 1024;
+export const TAIL_MAX_BYTES = 512 * 1024;
+/** Slack on top of the guest deadline before the link itself gives up. */
+const LINK_GRACE_MS = 10_000;
+/** Deadline of every guest operation other than a synchronous exec. */
+const GUEST_OP_TIMEOUT_MS = 120_000;
+
+/** What the service needs from the agent gateway. */
+export interface GuestLink {
+  isConnected(hostId: string): boolean;
+  call<C extends AgentCommand>(
+    hostId: string,
+    command: C,
+    payload: CommandPayload<C>,
+    timeoutMs: number,
+    upload?: AsyncIterable<Uint8Array>,
+  ): Promise<CommandResult<C>>;
+  callDownload<C extends AgentCommand>(
+    hostId: string,
+    command: C,
+    payload: CommandPayload<C>,
+    timeoutMs: number,
+  ): Promise<{ result: CommandResult<C>; body: AsyncIterable<Buffer> }>;
+}
+
+export interface ExecRequest {
+  readonly command: string;
+  readonly timeoutSecs: number | null | undefined;
+}
+
+export interface ProcessStatusJson {
+  process_id: string;
+  status: 'running' | 'exited' | 'lost';
+  exit_code: number;
+  stdout_tail: string;
+  stderr_tail: string;
+}
+
+/** SPEC: default 60, clamped to 300, never rejected. Below one second counts as one. */
+export function clampExecTimeoutSecs(value: number | null | undefined): number {
+  if (value === null || value === undefined || Number.isNaN(value)) return EXEC_DEFAULT_TIMEOUT_SECS;
+  return Math.min(EXEC_MAX_TIMEOUT_SECS, Math.max(1, Math.ceil(value)));
+}
+
+/** SPEC: omitted or 0 gives 64 KiB; anything above 512 KiB is capped. */
+export function clampTailBytes(value: number | undefined): number {
+  if (value === undefined || value === 0) return TAIL_DEFAULT_BYTES;
+  return Math.min(TAIL_MAX_BYTES, value);
+}
+
+interface Target {
+  readonly hostId: string;
+  readonly ref: { desktop_id: string; generation: number };
+}
+
+export class GuestService {
+  private readonly log: Logger;
+
+  constructor(
+    private readonly sql: Sql,
+    private readonly link: GuestLink,
+    logger: Logger,
+  ) {
+    this.log = logger.child({ component: 'guest' });
+  }
+
+  async exec(orgId: string, desktopId: string, req: ExecRequest) {
+    const target = await this.target(orgId, desktopId);
+    const timeoutMs = clampExecTimeoutSecs(req.timeoutSecs) * 1000;
+    const out = await this.run(target, 'guest.exec', {
+      ...target.ref,
+      command: req.command,
+      timeout_ms: timeoutMs,
+      max_output_bytes: EXEC_MAX_OUTPUT_BYTES,
+    }, timeoutMs + LINK_GRACE_MS);
+    return {
+      exit_code: out.exit_code,
+      stdout: out.stdout,
+      stderr: out.stderr,
+      stdout_truncated: out.stdout_truncated ?? false,
+      stderr_truncated: out.stderr_truncated ?? false,
+    };
+  }
+
+  async spawn(orgId: string, desktopId: string, command: string): Promise<{ process_id: string }> {
+    const target = await this.target(orgId, desktopId);
+    const processId = newId('process');
+    await this.run(target, 'guest.spawn', { ...target.ref, process_id: processId, command }, GUEST_OP_TIMEOUT_MS);
+    return { process_id: processId };
+  }
+
+  async processStatus(orgId: string, desktopId: string, processId: string, tailBytes: number): Promise<ProcessStatusJson> {
+    const target = await this.target(orgId, desktopId);
+    const st = await this.run(target, 'guest.process', { ...target.ref, process_id: processId, tail_bytes: tailBytes }, GUEST_OP_TIMEOUT_MS);
+    if (!st.found) throw errors.processNotFound();
+    return {
+      process_id: processId,
+      status: st.status,
+      // SPEC types exit_code as an integer that only means something once exited.
+      exit_code: st.status === 'exited' && st.exit_code !== null ? st.exit_code : -1,
+      stdout_tail: st.stdout_tail,
+      stderr_tail: st.stderr_tail,
+    };
+  }
+
+  /** `offset` null reads the whole file (413 above the cap); otherwise a window of `length`. */
+  async readFile(orgId: string, desktopId: string, path: string, offset: number | null, length: number) {
+    const target = await this.target(orgId, desktopId);
+    try {
+      return await this.link.callDownload(target.hostId, 'guest.file.read', {
+        ...target.ref,
+        path,
+        offset,
+        length,
+        max_whole_bytes: FILE_CHUNK_MAX_BYTES,
+      }, GUEST_OP_TIMEOUT_MS);
+    } catch (err) {
+      throw this.toApiError(err, 'guest.file.read');
+    }
+  }
+
+  async writeFile(orgId: string, desktopId: string, path: string, appendAt: number | null, body: AsyncIterable<Uint8Array>): Promise<void> {
+    const target = await this.target(orgId, desktopId);
+    try {
+      await this.link.call(target.hostId, 'guest.file.write', { ...target.ref, path, append_at: appendAt }, GUEST_OP_TIMEOUT_MS, body);
+    } catch (err) {
+      throw this.toApiError(err, 'guest.file.write');
+    }
+  }
+
+  async deletePath(orgId: string, desktopId: string, path: string, recursive: boolean): Promise<void> {
+    const target = await this.target(orgId, desktopId);
+    await this.run(target, 'guest.file.delete', { ...target.ref, path, recursive }, GUEST_OP_TIMEOUT_MS);
+  }
+
+  async stat(orgId: string, desktopId: string, path: string) {
+    const target = await this.target(orgId, desktopId);
+    return this.run(target, 'guest.file.stat', { ...target.ref, path }, GUEST_OP_TIMEOUT_MS);
+  }
+
+  async listDir(orgId: string, desktopId: string, path: string) {
+    const target = await this.target(orgId, desktopId);
+    return this.run(target, 'guest.dir.list', { ...target.ref, path, limit: DIR_LIST_MAX_ENTRIES }, GUEST_OP_TIMEOUT_MS);
+  }
+
+  /** The desktop, awake, on a connected host; otherwise the 404, 409 or 503 the API gives. */
+  private async target(orgId: string, desktopId: string): Promise<Target> {
+    const desktop: DesktopRow | null = await getDesktop(this.sql, orgId, desktopId);
+    if (!desktop) throw errors.desktopNotFound();
+    if (desktop.state !== 'awake' || desktop.host_id === null) throw errors.notAwake(desktop.state);
+    if (!this.link.isConnected(desktop.host_id)) throw errors.hostUnreachable();
+    return { hostId: desktop.host_id, ref: { desktop_id: desktop.id, generation: desktop.generation } };
+  }
+
+  private async run<C extends AgentCommand>(target: Target, command: C, payload: CommandPayload<C>, timeoutMs: number): Promise<CommandResult<C>> {
+    try {
+      return await this.link.call(target.hostId, command, payload, timeoutMs);
+    } catch (err) {
+      throw this.toApiError(err, command);
+    }
+  }
+
+  /** One mapping from what the agent answered to what the API answers. */
+  private toApiError(err: unknown, command: AgentCommand): Error {
+    if (err instanceof ApiError) return err;
+    if (!(err instanceof AgentFailure)) return err instanceof Error ? err : new Error(String(err));
+    switch (err.code) {
+      case 'disconnected':
+        return errors.hostUnreachable();
+      case 'timeout':
+        return errors.guestTimeout();
+      case 'not_running':
+      case 'not_found':
+      case 'stale_generation':
+        // The host no longer runs this generation of the desktop: it is stopping or has moved on.
+        return errors.notAwake('not running on its host');
+      case 'path_missing':
+        return errors.pathNotFound();
+      case 'path_conflict':
+        return err.currentSize !== undefined ? errors.appendMismatch(err.currentSize) : errors.pathConflict(err.message);
+      case 'too_large':
+        return errors.tooLarge(err.message);
+      case 'bad_request':
+        return errors.badRequest(err.message);
+      case 'unsupported':
+        return errors.notImplemented("the desktop's host does not support this operation");
+      default:
+        this.log.error({ command, code: err.code, message: err.message }, 'guest operation failed in the agent');
+        return new Error(`${command} failed`);
+    }
+  }
+}
