@@ -4,6 +4,7 @@
  * unit; durations end in `Ms`. docs/operators.md lists them all.
  */
 import { randomUUID } from 'node:crypto';
+import { isIP } from 'node:net';
 
 export interface JwtSettings {
   readonly jwksUrl: string;
@@ -11,6 +12,32 @@ export interface JwtSettings {
   readonly audience: string;
   /** Claim naming the caller's org (its name; the org is created on first sight). */
   readonly orgClaim: string;
+}
+
+/** Webhook delivery (SPEC 4.8, 6); docs/operators.md has the retry schedule these produce. */
+export interface WebhookSettings {
+  /**
+   * `CANTO_WEBHOOK_ALLOW_LOOPBACK`: `true` lets endpoints use loopback hosts and plain `http://`,
+   * for local development. Link-local and other blocked ranges stay refused. Default `false`.
+   */
+  readonly allowLoopback: boolean;
+  /** `CANTO_WEBHOOK_TIMEOUT_MS`: one attempt (resolve, connect, TLS, response headers). Default 10000. */
+  readonly timeoutMs: number;
+  /** `CANTO_WEBHOOK_MAX_ATTEMPTS`: attempts per delivery, the first included. Default 10. */
+  readonly maxAttempts: number;
+  /** `CANTO_WEBHOOK_RETRY_BASE_MS`: nominal wait after the first failure; doubles each time. Default 30000. */
+  readonly retryBaseMs: number;
+  /** `CANTO_WEBHOOK_RETRY_MAX_MS`: cap on the nominal wait. Default 3600000. */
+  readonly retryMaxMs: number;
+  /** `CANTO_WEBHOOK_POLL_MS`: how often the dispatcher looks for due retries. Default 1000. */
+  readonly pollMs: number;
+  /** `CANTO_WEBHOOK_CONCURRENCY`: attempts in flight at once. Default 16. */
+  readonly concurrency: number;
+  /**
+   * `CANTO_WEBHOOK_HOSTS`: `name=address[,name=address]` pins receiver host names to addresses
+   * instead of DNS (split-horizon setups, test rigs). Pinned addresses pass the same guard. Default none.
+   */
+  readonly hosts: Readonly<Record<string, string>>;
 }
 
 export interface SchedulerConfig {
@@ -54,6 +81,8 @@ export interface SchedulerConfig {
   readonly memoryOvercommit: number;
   /** `CANTO_DEFAULT_IMAGE`: image_version of desktops created without one. Default `debian-12`. */
   readonly defaultImageVersion: string;
+  /** `CANTO_WEBHOOK_*`: webhook delivery settings. */
+  readonly webhooks: WebhookSettings;
   /** `CANTO_LOG_LEVEL`: pino level. Default `info`. */
   readonly logLevel: string;
 }
@@ -118,6 +147,7 @@ export function loadSchedulerConfig(env: Env): SchedulerConfig {
     cpuOvercommit: num(env, 'CANTO_CPU_OVERCOMMIT', 8),
     memoryOvercommit: num(env, 'CANTO_MEMORY_OVERCOMMIT', 2),
     defaultImageVersion: env.CANTO_DEFAULT_IMAGE || 'debian-12',
+    webhooks: loadWebhookSettings(env),
     logLevel: env.CANTO_LOG_LEVEL || 'info',
   });
 }
@@ -126,4 +156,26 @@ function required(env: Env, name: string): string {
   const value = env[name];
   if (!value) throw new Error(`${name} is required when CANTO_JWT_JWKS_URL is set`);
   return value;
+}
+
+function loadWebhookSettings(env: Env): WebhookSettings {
+  const flag = env.CANTO_WEBHOOK_ALLOW_LOOPBACK || 'false';
+  if (flag !== 'true' && flag !== 'false') throw new Error(`CANTO_WEBHOOK_ALLOW_LOOPBACK must be true or false, got "${flag}"`);
+  const hosts: Record<string, string> = {};
+  for (const entry of (env.CANTO_WEBHOOK_HOSTS ?? '').split(',').map((e) => e.trim()).filter(Boolean)) {
+    const match = /^([^=\s]+)=([0-9a-fA-F.:]+)$/.exec(entry);
+    if (!match || !isIP(match[2]!)) throw new Error(`CANTO_WEBHOOK_HOSTS entries must be name=ip-address, got "${entry}"`);
+    hosts[match[1]!.toLowerCase().replace(/\.$/, '')] = match[2]!;
+  }
+  const retryBaseMs = int(env, 'CANTO_WEBHOOK_RETRY_BASE_MS', 30_000, 1);
+  return Object.freeze({
+    allowLoopback: flag === 'true',
+    timeoutMs: int(env, 'CANTO_WEBHOOK_TIMEOUT_MS', 10_000, 100),
+    maxAttempts: int(env, 'CANTO_WEBHOOK_MAX_ATTEMPTS', 10, 1),
+    retryBaseMs,
+    retryMaxMs: int(env, 'CANTO_WEBHOOK_RETRY_MAX_MS', Math.max(3_600_000, retryBaseMs), retryBaseMs),
+    pollMs: int(env, 'CANTO_WEBHOOK_POLL_MS', 1_000, 10),
+    concurrency: int(env, 'CANTO_WEBHOOK_CONCURRENCY', 16, 1),
+    hosts: Object.freeze(hosts),
+  });
 }

@@ -36,6 +36,7 @@ export const errors = {
   unauthorized: () => new ApiError(401, 'missing or invalid credentials'),
   desktopNotFound: () => new ApiError(404, 'desktop not found'),
   operationNotFound: () => new ApiError(404, 'operation not found'),
+  webhookNotFound: () => new ApiError(404, 'webhook endpoint not found'),
   wrongState: (action: string, state: string) =>
     new ApiError(409, `cannot ${action} a desktop in state ${state}`),
   staleGeneration: (operationId: string) =>

@@ -20,6 +20,9 @@ import { OperationEngine } from './engine/engine.js';
 import { Leadership } from './engine/leader.js';
 import { IdleSweeper } from './engine/idle-sweeper.js';
 import { HostRecovery } from './engine/host-recovery.js';
+import { WebhookService } from './services/webhooks.js';
+import { WebhookDispatcher } from './webhooks/dispatcher.js';
+import { deliveryQueue } from './store/webhook-deliveries.js';
 
 export interface RunningScheduler {
   readonly url: string;
@@ -55,15 +58,18 @@ export async function startScheduler(config: SchedulerConfig, logger?: Logger): 
   });
   const sweeper = new IdleSweeper(sql, lifecycle, config.idleSweepMs, log);
   const recovery = new HostRecovery(sql, () => agents.connectedHostIds(), config.hostFailureGraceMs, Math.min(5_000, config.hostFailureGraceMs), log);
+  const webhooks = new WebhookDispatcher({ queue: deliveryQueue(sql), secrets, settings: config.webhooks, logger: log });
   leadership = new Leadership(sql, config.replicaId, config.leaseTtlMs, config.leaseRenewMs, {
     async establish() {
       await engine.start();
       sweeper.start();
       recovery.start();
+      await webhooks.start();
     },
     async revoke() {
       sweeper.stop();
       recovery.stop();
+      await webhooks.stop();
       agents.closeAll();
       await engine.stop();
     },
@@ -77,6 +83,7 @@ export async function startScheduler(config: SchedulerConfig, logger?: Logger): 
     waiter,
     usage: new UsageService(sql),
     guest: new GuestService(sql, agents, log),
+    webhooks: new WebhookService({ sql, secrets, allowLoopback: config.webhooks.allowLoopback }),
     waitCapMs: config.waitCapMs,
   });
   agents.attach(app.server);

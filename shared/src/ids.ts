@@ -13,6 +13,8 @@ export const ID_PREFIXES = {
   host: 'host',
   apiKey: 'key',
   process: 'prc',
+  webhook: 'whk',
+  delivery: 'dlv',
 } as const;
 
 export type IdKind = keyof typeof ID_PREFIXES;

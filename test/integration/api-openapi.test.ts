@@ -1,7 +1,7 @@
 /**
  * The OpenAPI 3.1 document (SPEC 1.6, 5.2): served without credentials, valid against the
  * OpenAPI 3.1 schema, with the `bearer_auth` scheme, every implemented route of SPEC 4.1, 4.2, 4.3,
- * 4.4 and 4.9, and problem+json error responses documented on each.
+ * 4.4, 4.8 and 4.9, and problem+json error responses documented on each.
  */
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { Validator } from '@seriousme/openapi-schema-validator';
@@ -41,6 +41,9 @@ const ROUTES: Record<string, Record<string, number[]>> = {
   },
   '/v1/desktops/{id}/files-meta/{path}': { get: [400, 401, 404, 409, 503, 504] },
   '/v1/desktops/{id}/dir/{path}': { get: [400, 401, 404, 409, 503, 504] },
+  '/v1/webhooks': { get: [401], post: [400, 401] },
+  '/v1/webhooks/{id}': { delete: [401, 404] },
+  '/v1/webhooks/{id}/deliveries': { get: [400, 401, 404] },
 };
 
 const LIFECYCLE = ['/v1/desktops/{id}/wake', '/v1/desktops/{id}/hibernate', '/v1/desktops/{id}/destroy'];
@@ -124,6 +127,25 @@ describe('GET /v1/openapi.json', () => {
     expect(doc.paths['/v1/desktops/{id}'].patch.requestBody?.required ?? false).toBe(false);
     const createParams = doc.paths['/v1/desktops'].post.parameters.map((p: { name: string }) => p.name.toLowerCase());
     expect(createParams).toContain('idempotency-key');
+  });
+
+  it('documents the webhook records with the SPEC fields, the secret optional', () => {
+    const ref = (op: any, status: number) => JSON.stringify(op.responses[String(status)].content['application/json'].schema);
+    expect(ref(doc.paths['/v1/webhooks'].post, 201)).toContain('WebhookEndpoint');
+    expect(ref(doc.paths['/v1/webhooks'].get, 200)).toContain('WebhookEndpoint');
+    expect(ref(doc.paths['/v1/webhooks/{id}/deliveries'].get, 200)).toContain('WebhookDelivery');
+    const { WebhookEndpoint, WebhookDelivery } = doc.components.schemas;
+    expect(Object.keys(WebhookEndpoint.properties).sort()).toEqual(['createdAt', 'events', 'id', 'secret', 'url']);
+    expect(WebhookEndpoint.required).not.toContain('secret');
+    expect(Object.keys(WebhookDelivery.properties).sort()).toEqual(
+      ['attempts', 'createdAt', 'deliveredAt', 'eventType', 'id', 'lastError', 'lastStatus', 'nextAttemptAt', 'payload', 'state'],
+    );
+    const body = doc.paths['/v1/webhooks'].post.requestBody.content['application/json'].schema;
+    expect(body.required).toEqual(expect.arrayContaining(['url', 'events']));
+    expect(body.properties.url.maxLength).toBe(2000);
+    expect(body.properties.events.items.enum).toEqual(['desktop.created', 'desktop.woken', 'desktop.hibernated', 'desktop.destroyed']);
+    const limit = doc.paths['/v1/webhooks/{id}/deliveries'].get.parameters.find((p: { name: string }) => p.name === 'limit');
+    expect(limit).toMatchObject({ in: 'query' });
   });
 
   it('has Problem, DesktopJson and OperationJson with the SPEC fields', () => {

@@ -22,6 +22,7 @@ function throwingDeps(error: Error): AppDeps {
     waiter: { wait: fail } as unknown as AppDeps['waiter'],
     usage: { report: fail } as unknown as AppDeps['usage'],
     guest: { exec: fail, spawn: fail, processStatus: fail, readFile: fail, writeFile: fail, deletePath: fail, stat: fail, listDir: fail } as unknown as AppDeps['guest'],
+    webhooks: { create: fail, list: fail, remove: fail, deliveries: fail } as unknown as AppDeps['webhooks'],
     waitCapMs: 1000,
   };
 }

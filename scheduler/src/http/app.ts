@@ -18,6 +18,8 @@ import {
   Problem,
   ProcessStatusResponse,
   UsageResponse,
+  WebhookDeliveryJson,
+  WebhookEndpointJson,
 } from './schemas.js';
 import { registerDesktopRoutes } from './routes/desktops.js';
 import { registerLifecycleRoutes } from './routes/lifecycle.js';
@@ -25,11 +27,13 @@ import { registerOperationRoutes } from './routes/operations.js';
 import { registerUsageRoutes } from './routes/usage.js';
 import { registerExecRoutes } from './routes/exec.js';
 import { registerFileRoutes } from './routes/files.js';
+import { registerWebhookRoutes } from './routes/webhooks.js';
 import type { DesktopService } from '../services/desktops.js';
 import type { LifecycleService } from '../services/lifecycle.js';
 import type { OperationWaiter } from '../services/waiter.js';
 import type { UsageService } from '../services/usage.js';
 import type { GuestService } from '../services/guest.js';
+import type { WebhookService } from '../services/webhooks.js';
 
 export const BODY_LIMIT_BYTES = 2 * 1024 * 1024;
 
@@ -52,6 +56,7 @@ export interface AppDeps {
   waiter: OperationWaiter;
   usage: UsageService;
   guest: GuestService;
+  webhooks: WebhookService;
   waitCapMs: number;
 }
 
@@ -82,6 +87,7 @@ export async function buildApp(deps: AppDeps): Promise<App> {
   for (const schema of [
     Problem, DesktopJson, OperationJson, UsageResponse,
     ExecResponse, ExecDetachedResponse, ProcessStatusResponse, FileStatJson, ListDirResponse,
+    WebhookEndpointJson, WebhookDeliveryJson,
   ]) app.addSchema(schema);
 
   // An empty body on a route whose body is optional means `{}` (SPEC 2.4); anything else goes
@@ -175,6 +181,7 @@ export async function buildApp(deps: AppDeps): Promise<App> {
   registerUsageRoutes(app, deps);
   registerExecRoutes(app, deps);
   registerFileRoutes(app, deps);
+  registerWebhookRoutes(app, deps);
   return app;
 }
 

@@ -218,3 +218,55 @@ export const FileWriteQuery = Type.Object({
 });
 
 export const FileDeleteQuery = Type.Object({ recursive: Type.Optional(BooleanText) });
+
+/* ------------------------------------------------------------------ webhooks */
+
+export const WEBHOOK_EVENT_TYPES = ['desktop.created', 'desktop.woken', 'desktop.hibernated', 'desktop.destroyed'] as const;
+export type WebhookEventType = (typeof WEBHOOK_EVENT_TYPES)[number];
+
+// A plain enum rather than a union of literals: one clear validation message, one clear document entry.
+export const WebhookEventTypeSchema = Type.Unsafe<WebhookEventType>({ type: 'string', enum: [...WEBHOOK_EVENT_TYPES] });
+
+export const WebhookEndpointJson = Type.Object(
+  {
+    id: Type.String(),
+    url: Type.String(),
+    events: Type.Array(WebhookEventTypeSchema, { description: 'Subscribed event types' }),
+    createdAt: Type.String({ format: 'date-time' }),
+    secret: Type.Optional(Type.String({ description: 'Signing secret (`svc_whsec_…`); only in the create response' })),
+  },
+  { $id: 'WebhookEndpoint' },
+);
+export type WebhookEndpointJson = Static<typeof WebhookEndpointJson>;
+
+export const CreateWebhookBody = Type.Object(
+  {
+    url: Type.String({ maxLength: 2000, description: 'Absolute https:// URL; no userinfo; not a loopback or link-local host' }),
+    events: Type.Array(WebhookEventTypeSchema, { minItems: 1, description: 'Non-empty; duplicates are removed' }),
+  },
+  { additionalProperties: true },
+);
+export type CreateWebhookBody = Static<typeof CreateWebhookBody>;
+
+export const WebhookDeliveryJson = Type.Object(
+  {
+    id: Type.String({ description: 'Also sent as Svc-Webhook-Id; the same on every attempt' }),
+    eventType: WebhookEventTypeSchema,
+    state: Type.Union([Type.Literal('pending'), Type.Literal('delivered'), Type.Literal('failed')]),
+    attempts: Type.Integer(),
+    lastStatus: Type.Union([Type.Integer(), Type.Null()], { description: 'HTTP status of the last attempt' }),
+    lastError: Type.Union([Type.String(), Type.Null()]),
+    nextAttemptAt: Type.Union([Type.String({ format: 'date-time' }), Type.Null()], { description: 'null once settled' }),
+    payload: Type.Record(Type.String(), Type.Unknown(), { description: 'The exact JSON body POSTed' }),
+    createdAt: Type.String({ format: 'date-time' }),
+    deliveredAt: Type.Union([Type.String({ format: 'date-time' }), Type.Null()], { description: 'Set on delivery; null before' }),
+  },
+  { $id: 'WebhookDelivery' },
+);
+export type WebhookDeliveryJson = Static<typeof WebhookDeliveryJson>;
+
+export const WebhookIdParams = Type.Object({ id: Type.String({ pattern: idPattern('webhook') }) });
+
+export const DeliveriesQuery = Type.Object({
+  limit: Type.Optional(Type.String({ pattern: DIGITS, description: 'Integer 1..200; default 50' })),
+});

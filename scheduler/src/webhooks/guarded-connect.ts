@@ -1,0 +1,115 @@
+/**
+ * Opening the connection for a webhook delivery, with the SSRF guard applied at connect time.
+ *
+ * Checking a URL once at registration is not enough: a name can be registered while it points at
+ * a public address and later be re-pointed at 127.0.0.1 (DNS rebinding). So every attempt
+ * resolves the name itself, refuses if any answer is blocked, connects to one of the checked
+ * addresses (never to the name, which a second lookup could answer differently), and finally
+ * checks the connected socket's peer address. The last check is what holds even where a lookup
+ * hook would be skipped, for example for IP literals.
+ *
+ * TLS runs over the checked TCP socket with the URL's host name for SNI and certificate checks,
+ * so pinning the address does not weaken certificate validation.
+ */
+import { lookup as dnsLookup } from 'node:dns/promises';
+import { connect as netConnect, isIP, type Socket } from 'node:net';
+import { connect as tlsConnect, type TLSSocket } from 'node:tls';
+import { blockedAddress, blockedHost, stripBrackets, type AddressPolicy, type BlockedRange } from './address-policy.js';
+
+export interface ConnectPolicy extends AddressPolicy {
+  /** Static host name → address overrides, consulted before DNS (lower-case names, no trailing dot). */
+  readonly hosts: Readonly<Record<string, string>>;
+  /** Resolves a host name to its addresses; default: the system resolver (getaddrinfo). */
+  readonly lookup?: (hostname: string) => Promise<string[]>;
+}
+
+/** A delivery the guard refused: retrying cannot help until the endpoint or DNS changes. */
+export class RefusedAddress extends Error {
+  constructor(readonly range: BlockedRange) {
+    super(`the endpoint host resolves to a ${range} address, which webhooks may not reach`);
+    this.name = 'RefusedAddress';
+  }
+}
+
+async function systemLookup(hostname: string): Promise<string[]> {
+  return (await dnsLookup(hostname, { all: true, verbatim: true })).map((a) => a.address);
+}
+
+/** Every address `hostname` (a WHATWG URL hostname) stands for, each one checked. */
+export async function resolveChecked(hostname: string, policy: ConnectPolicy): Promise<string[]> {
+  const byName = blockedHost(hostname, policy);
+  if (byName) throw new RefusedAddress(byName);
+  const bare = stripBrackets(hostname);
+  const name = bare.toLowerCase().replace(/\.$/, '');
+  const pinned = policy.hosts[name];
+  const addresses = isIP(bare) ? [bare] : pinned ? [pinned] : await (policy.lookup ?? systemLookup)(bare);
+  if (addresses.length === 0) throw Object.assign(new Error('no address'), { code: 'ENOTFOUND' });
+  for (const address of addresses) {
+    const range = blockedAddress(address, policy);
+    if (range) throw new RefusedAddress(range);
+  }
+  return addresses;
+}
+
+/** Throws `RefusedAddress` unless the socket's peer is an address the policy allows. */
+export function assertPeerAllowed(socket: Socket, policy: AddressPolicy): void {
+  const peer = socket.remoteAddress;
+  // A connected TCP socket always has a peer; without one nothing can be vouched for.
+  const range = peer ? blockedAddress(peer, policy) : 'unspecified';
+  if (range) throw new RefusedAddress(range);
+}
+
+function settleOn<T>(emitter: Socket, event: string, value: () => T, signal: AbortSignal): Promise<T> {
+  return new Promise<T>((resolve, reject) => {
+    const onAbort = () => reject(signal.reason as Error);
+    const cleanup = () => {
+      signal.removeEventListener('abort', onAbort);
+      emitter.off('error', onError);
+    };
+    const onError = (err: Error) => {
+      cleanup();
+      reject(err);
+    };
+    if (signal.aborted) return reject(signal.reason as Error);
+    signal.addEventListener('abort', onAbort, { once: true });
+    emitter.once('error', onError);
+    emitter.once(event, () => {
+      cleanup();
+      resolve(value());
+    });
+  });
+}
+
+/**
+ * A connected, checked socket to `url`'s host: plain TCP for `http:`, TLS for `https:`. The
+ * addresses are tried in resolver order. `signal` aborts at any stage (it carries the timeout).
+ */
+export async function connectGuarded(url: URL, policy: ConnectPolicy, signal: AbortSignal): Promise<Socket | TLSSocket> {
+  const addresses = await resolveChecked(url.hostname, policy);
+  const port = Number(url.port) || (url.protocol === 'https:' ? 443 : 80);
+  let lastError: unknown = null;
+  for (const address of addresses) {
+    const socket = netConnect({ host: address, port });
+    let tls: TLSSocket | null = null;
+    const destroy = () => socket.destroy();
+    signal.addEventListener('abort', destroy, { once: true });
+    try {
+      await settleOn(socket, 'connect', () => undefined, signal);
+      assertPeerAllowed(socket, policy);
+      if (url.protocol !== 'https:') return socket;
+      const host = stripBrackets(url.hostname).replace(/\.$/, '');
+      // SNI carries names only; for an IP literal the certificate is checked against the IP.
+      tls = tlsConnect({ socket, host, servername: isIP(host) ? undefined : host, ALPNProtocols: ['http/1.1'] });
+      return await settleOn(tls as Socket, 'secureConnect', () => tls!, signal);
+    } catch (err) {
+      // Late errors from a socket being given up on must not go unhandled.
+      for (const s of [tls, socket]) s?.on('error', () => {}).destroy();
+      if (err instanceof RefusedAddress || signal.aborted) throw err;
+      lastError = err;
+    } finally {
+      // From here on the caller owns the socket and its lifetime.
+      signal.removeEventListener('abort', destroy);
+    }
+  }
+  throw lastError;
+}
