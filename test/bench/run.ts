@@ -1,48 +1,38 @@
 /**
  * `npm run bench`: lifecycle latencies and API read throughput on this machine, each printed as
  * a table of medians over repeated runs with the ratio to a baseline measured in the same
- * process. The lifecycle baselines are the sandbox driver's own calls (what the runtime costs
+ * process. The scheduler and the agent run as processes of their own, as in production. The lifecycle baselines are the sandbox driver's own calls (what the runtime costs
  * without the API, database and agent link); the read baseline is a bare Node HTTP server
- * answering a fixed JSON body (what one HTTP round trip costs here).
+ * answering a fixed JSON body (what one HTTP round trip costs here). Guest operations are in
+ * guest-ops.ts.
  */
 import { chmodSync, mkdtempSync, rmSync } from 'node:fs';
 import { createServer } from 'node:http';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { performance } from 'node:perf_hooks';
-import { generateSecretKey } from '../../scheduler/src/crypto/secret-box.js';
-import { loadSchedulerConfig } from '../../scheduler/src/config.js';
-import { startScheduler } from '../../scheduler/src/main.js';
 import { startEmbeddedPostgres } from '../../scheduler/src/pg/embedded.js';
 import { connectDatabase } from '../../scheduler/src/store/db.js';
 import { createApiKey } from '../../scheduler/src/services/keys.js';
-import { loadAgentConfig } from '../../agent/src/config.js';
-import { runAgent } from '../../agent/src/main.js';
 import { createSandboxDriver } from '../../agent/src/runtime/sandbox/index.js';
-import { silentLogger } from '../../shared/src/log.js';
 import { newId } from '../../shared/src/ids.js';
+import { benchGuestOps } from './guest-ops.js';
+import { median, table, timed } from './stats.js';
+import { freePort, startAgentProcess, startSchedulerProcess } from '../helpers/processes.js';
 
 const RUNS = Number(process.env.CANTO_BENCH_RUNS ?? 10);
-const JOIN = 'bench-join-token';
 
-const median = (xs: number[]) => {
-  const s = [...xs].sort((a, b) => a - b);
-  const m = Math.floor(s.length / 2);
-  return s.length % 2 ? s[m]! : (s[m - 1]! + s[m]!) / 2;
-};
-
-async function timed(fn: () => Promise<unknown>): Promise<number> {
-  const t = performance.now();
-  await fn();
-  return performance.now() - t;
-}
-
-function table(title: string, rows: Array<[string, number, number, string, string]>): void {
-  console.log(`\n${title}`);
-  console.log('| measure | median | baseline median | ratio | target |');
-  console.log('|---|---:|---:|---:|---|');
-  for (const [name, value, base, unit, target] of rows) {
-    console.log(`| ${name} | ${value.toFixed(1)} ${unit} | ${base.toFixed(1)} ${unit} | ${(value / base).toFixed(2)}× | ${target} |`);
+/** Until the agent has said hello (its host is ready). */
+async function waitForHost(databaseUrl: string): Promise<void> {
+  const sql = connectDatabase(databaseUrl, { max: 1 });
+  try {
+    for (let i = 0; i < 300; i++) {
+      const [row] = await sql<Array<{ n: number }>>`select count(*)::int as n from hosts where status = 'ready'`;
+      if ((row?.n ?? 0) > 0) return;
+      await new Promise((r) => setTimeout(r, 100));
+    }
+    throw new Error('the agent did not connect');
+  } finally {
+    await sql.end();
   }
 }
 
@@ -50,25 +40,14 @@ async function main(): Promise<void> {
   const dir = mkdtempSync(join(tmpdir(), 'canto-bench-'));
   chmodSync(dir, 0o711); // the embedded PostgreSQL runs as the postgres user
   const pg = await startEmbeddedPostgres({ dir: join(dir, 'pg'), fast: true });
-  const logger = silentLogger();
-  const scheduler = await startScheduler(
-    loadSchedulerConfig({
-      DATABASE_URL: pg.url,
-      CANTO_SECRET_KEY: generateSecretKey(),
-      CANTO_LISTEN: '127.0.0.1:0',
-      CANTO_JOIN_TOKEN: JOIN,
-      CANTO_ENGINE_POLL_MS: '100',
-    }),
-    logger,
-  );
-  const agent = await runAgent(
-    loadAgentConfig({ CANTO_SCHEDULER_URL: scheduler.url, CANTO_AGENT_TOKEN: JOIN, CANTO_AGENT_STATE_DIR: join(dir, 'agent') }),
-    { logger, handleSignals: false },
-  );
-  await agent.waitConnected(30_000);
+  // The production shape: the scheduler and the agent are processes of their own (the built
+  // CLI), and this process is only the client and the baseline.
+  const scheduler = await startSchedulerProcess({ databaseUrl: pg.url, port: await freePort(), extra: { CANTO_LOG_LEVEL: 'warn' } });
+  const agent = startAgentProcess(scheduler.url, join(dir, 'agent'), { CANTO_LOG_LEVEL: 'warn' });
   const sql = connectDatabase(pg.url, { max: 1 });
   const key = (await createApiKey(sql, 'bench')).key;
   await sql.end();
+  await waitForHost(pg.url);
   const headers = { authorization: `Bearer ${key}`, 'content-type': 'application/json' };
   const post = async (path: string, body: unknown = {}) => {
     const res = await fetch(scheduler.url + path, { method: 'POST', headers, body: JSON.stringify(body) });
@@ -147,12 +126,14 @@ async function main(): Promise<void> {
     table(`Read throughput (requests/s, 400 requests at concurrency 16, ${RUNS} rounds); baseline = bare node:http`, [
       ['GET /v1/desktops/{id}', median(api), median(base), 'req/s', 'higher is better'],
     ]);
+
+    await benchGuestOps({ schedulerUrl: scheduler.url, apiKey: key, runtimeDir: join(dir, 'agent', 'runtime'), runs: RUNS });
   } finally {
-    await agent.stop();
+    await agent.kill('SIGTERM');
     const cleaner = await createSandboxDriver({ stateDir: join(dir, 'agent', 'runtime') });
     for (const d of await cleaner.list()) await cleaner.destroy(d.desktopId);
     await cleaner.close();
-    await scheduler.close();
+    await scheduler.kill('SIGTERM');
     await pg.stop();
     rmSync(dir, { recursive: true, force: true });
   }
