@@ -32,6 +32,7 @@ import {
   FileReadPayload,
   FileStatPayload,
   FileWritePayload,
+  ForkPayload,
   HibernatePayload,
   PreparePayload,
   ProcessPayload,
@@ -119,6 +120,14 @@ export class CommandHandlers {
         return this.lifecycle(type, p, 'command', async () => {
           const { snapshot } = await this.driver.hibernate(p.desktop_id);
           return { snapshot };
+        });
+      }
+      case 'desktop.fork': {
+        const p = parse(ForkPayload, raw, type);
+        // Queued on the source, so no wake can restore (and delete) the snapshot being copied.
+        return this.lifecycle(type, p, 'command', async () => {
+          for (const f of p.forks) await this.generations.check(f.desktop_id, f.generation);
+          return this.driver.fork(p.desktop_id, p.forks.map((f) => f.desktop_id));
         });
       }
       case 'desktop.destroy': {

@@ -79,6 +79,11 @@ export interface SchedulerConfig {
   /** `CANTO_CPU_OVERCOMMIT`, `CANTO_MEMORY_OVERCOMMIT`: placement multipliers on host capacity. Defaults 8 and 2. */
   readonly cpuOvercommit: number;
   readonly memoryOvercommit: number;
+  /**
+   * `CANTO_HOST_SLOTS`: storage slots per host. Every placed desktop holds its tier's slots
+   * (small 1, default 2, large 4) awake or hibernated; placement and fork need free ones. Default 128.
+   */
+  readonly hostSlots: number;
   /** `CANTO_DEFAULT_IMAGE`: image_version of desktops created without one. Default `debian-12`. */
   readonly defaultImageVersion: string;
   /** `CANTO_WEBHOOK_*`: webhook delivery settings. */
@@ -146,6 +151,7 @@ export function loadSchedulerConfig(env: Env): SchedulerConfig {
     operationDeadlineMs: int(env, 'CANTO_OPERATION_DEADLINE_MS', 300_000, 1_000),
     cpuOvercommit: num(env, 'CANTO_CPU_OVERCOMMIT', 8),
     memoryOvercommit: num(env, 'CANTO_MEMORY_OVERCOMMIT', 2),
+    hostSlots: int(env, 'CANTO_HOST_SLOTS', 128, 1),
     defaultImageVersion: env.CANTO_DEFAULT_IMAGE || 'debian-12',
     webhooks: loadWebhookSettings(env),
     logLevel: env.CANTO_LOG_LEVEL || 'info',

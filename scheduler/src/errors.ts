@@ -58,4 +58,5 @@ export const errors = {
   appendMismatch: (currentSize: number) =>
     new ApiError(409, 'append offset does not match the file size', { currentSize }),
   tooLarge: (detail: string) => new ApiError(413, detail),
+  noCapacity: (operationId: string, detail: string) => new ApiError(413, detail, { operation_id: operationId }),
 } as const;

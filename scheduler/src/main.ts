@@ -41,7 +41,7 @@ export async function startScheduler(config: SchedulerConfig, logger?: Logger): 
   let leadership: Leadership | null = null;
   const isLeader = () => leadership?.isLeader() ?? false;
   const agents = new AgentGateway({ sql, logger: log, joinToken: config.joinToken, heartbeatMs: config.heartbeatMs, isLeader });
-  const lifecycle = new LifecycleService(sql, { isLeader }, Math.max(1, Math.ceil(config.leaseTtlMs / 1000)));
+  const lifecycle = new LifecycleService(sql, { isLeader }, Math.max(1, Math.ceil(config.leaseTtlMs / 1000)), config.hostSlots);
   const waiter = new OperationWaiter(sql, config.waitPollMs);
   await waiter.start();
   const engine = new OperationEngine({
@@ -53,6 +53,7 @@ export async function startScheduler(config: SchedulerConfig, logger?: Logger): 
     agentCommandTimeoutMs: config.agentCommandTimeoutMs,
     hostWaitMs: config.hostWaitMs,
     overcommit: { cpu: config.cpuOvercommit, memory: config.memoryOvercommit },
+    hostSlots: config.hostSlots,
     pollMs: config.enginePollMs,
     operationDeadlineMs: config.operationDeadlineMs,
   });

@@ -13,6 +13,7 @@ export const ID_PREFIXES = {
   host: 'host',
   apiKey: 'key',
   process: 'prc',
+  layer: 'lyr',
   webhook: 'whk',
   delivery: 'dlv',
 } as const;

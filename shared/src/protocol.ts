@@ -12,6 +12,7 @@
  *         (download), guest.file.write (upload), guest.file.delete, guest.file.stat,
  *         guest.dir.list; error codes path_missing, path_conflict, too_large; frame members
  *         upload and download with stream.up/stream.down notifications.
+ *   1.2 — desktop.fork.
  *
  * Every desktop command carries the desktop's `generation`. The agent remembers the highest
  * generation it has seen per desktop and refuses an older one with `stale_generation`: after a
@@ -21,7 +22,7 @@
 import { Type, type Static, type TSchema } from '@sinclair/typebox';
 import { TypeCompiler } from '@sinclair/typebox/compiler';
 
-export const PROTOCOL_VERSION = '1.1';
+export const PROTOCOL_VERSION = '1.2';
 export const WIRE_VERSION = 1;
 
 export function protocolMajor(version: string): number {
@@ -110,6 +111,20 @@ export const StartResult = Type.Object({ restored: Type.Boolean() });
 export const HibernatePayload = Type.Object({ ...DesktopRef, operation_id: Type.String() });
 export const HibernateResult = Type.Object({ snapshot: Type.Boolean() });
 
+/**
+ * Copies a hibernated desktop (disk, memory snapshot, display) into new desktops on the same
+ * host. Each fork starts at its own generation; repeating the command skips forks that exist.
+ */
+export const ForkPayload = Type.Object({
+  ...DesktopRef,
+  operation_id: Type.String(),
+  forks: Type.Array(Type.Object({ desktop_id: Type.String(), generation: Type.Integer({ minimum: 0 }) }), { minItems: 1, maxItems: 20 }),
+});
+export const ForkResult = Type.Object({
+  /** True when the forks carry a memory snapshot (they wake with the source's memory). */
+  snapshot: Type.Boolean(),
+});
+
 export const DestroyPayload = Type.Object({ ...DesktopRef, operation_id: Type.String() });
 export const DestroyResult = Type.Object({});
 
@@ -196,6 +211,7 @@ export const AGENT_COMMANDS = {
   'desktop.start': { payload: StartPayload, result: StartResult },
   'desktop.hibernate': { payload: HibernatePayload, result: HibernateResult },
   'desktop.destroy': { payload: DestroyPayload, result: DestroyResult },
+  'desktop.fork': { payload: ForkPayload, result: ForkResult },
   'guest.exec': { payload: ExecPayload, result: ExecResult },
   'guest.spawn': { payload: SpawnPayload, result: SpawnResult },
   'guest.process': { payload: ProcessPayload, result: ProcessResult },

@@ -13,12 +13,17 @@ export interface TierSpec {
   /** Multiplier applied to awake seconds for `weighted_awake_seconds`. */
   readonly weight: number;
   readonly monthlyCents: number;
+  /**
+   * Storage slots a placed desktop holds on its host, awake or not: its disk and its memory
+   * snapshot, which grows with the tier's memory (one slot per 4 GiB).
+   */
+  readonly slots: number;
 }
 
 export const TIER_SPECS: Readonly<Record<Tier, TierSpec>> = {
-  small: { vcpus: 2, memoryMb: 4096, maxPids: 1024, weight: 0.5, monthlyCents: 600 },
-  default: { vcpus: 4, memoryMb: 8192, maxPids: 2048, weight: 1.0, monthlyCents: 1200 },
-  large: { vcpus: 8, memoryMb: 16384, maxPids: 4096, weight: 2.0, monthlyCents: 2400 },
+  small: { vcpus: 2, memoryMb: 4096, maxPids: 1024, weight: 0.5, monthlyCents: 600, slots: 1 },
+  default: { vcpus: 4, memoryMb: 8192, maxPids: 2048, weight: 1.0, monthlyCents: 1200, slots: 2 },
+  large: { vcpus: 8, memoryMb: 16384, maxPids: 4096, weight: 2.0, monthlyCents: 2400, slots: 4 },
 };
 
 /** The hourly rate is the monthly price divided by 667 (SPEC 4.9). */

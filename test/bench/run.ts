@@ -16,6 +16,8 @@ import { createApiKey } from '../../scheduler/src/services/keys.js';
 import { createSandboxDriver } from '../../agent/src/runtime/sandbox/index.js';
 import { newId } from '../../shared/src/ids.js';
 import { benchGuestOps } from './guest-ops.js';
+import { benchFork } from './fork.js';
+import { benchWebhooks } from './webhooks.js';
 import { median, table, timed } from './stats.js';
 import { freePort, startAgentProcess, startSchedulerProcess } from '../helpers/processes.js';
 
@@ -128,6 +130,8 @@ async function main(): Promise<void> {
     ]);
 
     await benchGuestOps({ schedulerUrl: scheduler.url, apiKey: key, runtimeDir: join(dir, 'agent', 'runtime'), runs: RUNS });
+    await benchFork({ schedulerUrl: scheduler.url, apiKey: key, runs: RUNS });
+    await benchWebhooks({ databaseUrl: pg.url, runs: RUNS });
   } finally {
     await agent.kill('SIGTERM');
     const cleaner = await createSandboxDriver({ stateDir: join(dir, 'agent', 'runtime') });

@@ -29,7 +29,7 @@ const ROUTES: Record<string, Record<string, number[]>> = {
   '/v1/desktops/{id}/wake': { post: [400, 401, 404, 409, 503] },
   '/v1/desktops/{id}/hibernate': { post: [400, 401, 404, 409, 503] },
   '/v1/desktops/{id}/destroy': { post: [400, 401, 404, 409, 503] },
-  '/v1/desktops/{id}/fork': { post: [400, 401, 404, 409, 501] },
+  '/v1/desktops/{id}/fork': { post: [400, 401, 404, 409, 413, 503] },
   '/v1/operations/{id}': { get: [400, 401, 404] },
   '/v1/usage': { get: [400, 401] },
   '/v1/desktops/{id}/exec': { post: [400, 401, 404, 409, 503, 504] },

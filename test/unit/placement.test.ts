@@ -13,6 +13,8 @@ const host = (id: string, over: Partial<HostCandidate> = {}): HostCandidate => (
   memoryMb: 8192,
   committedVcpus: 0,
   committedMemoryMb: 0,
+  slots: 64,
+  slotsUsed: 0,
   ...over,
 });
 const none = { cpu: 1, memory: 1 };

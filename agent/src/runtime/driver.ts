@@ -130,6 +130,13 @@ export interface RuntimeDriver {
   hibernate(desktopId: string): Promise<{ snapshot: boolean }>;
   /** Stops the desktop and removes its disk and snapshot. */
   destroy(desktopId: string): Promise<void>;
+  /**
+   * Copies a stopped desktop into new desktops on this host: disk, memory snapshot (when there is
+   * one) and first-boot marker, so each fork wakes into the source's state and never re-runs
+   * setup. The source is left as it was. Forks that already exist are kept (idempotent).
+   * Returns whether the forks carry a memory snapshot.
+   */
+  fork(sourceId: string, forkIds: readonly string[]): Promise<{ snapshot: boolean }>;
   /** Runs `/bin/sh -c command` inside the desktop as root, in its namespaces and root. */
   exec(desktopId: string, spec: ExecSpec): Promise<ExecOutcome>;
   /**

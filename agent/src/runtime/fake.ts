@@ -114,6 +114,25 @@ export class FakeDriver implements RuntimeDriver {
     });
   }
 
+  fork(sourceId: string, forkIds: readonly string[]): Promise<{ snapshot: boolean }> {
+    return this.step('fork', sourceId, () => {
+      const source = this.require(sourceId);
+      if (source.running) throw new AgentFailure('runtime_error', `${sourceId} is running; fork needs a stopped desktop`, false);
+      for (const id of forkIds) {
+        if (this.desktops.has(id)) continue;
+        this.desktops.set(id, {
+          ...source,
+          files: new Map(source.files),
+          processes: new Map(),
+          coldBoots: 0,
+          restores: 0,
+          firstBootRuns: source.firstBootRuns,
+        });
+      }
+      return { snapshot: source.hasSnapshot };
+    });
+  }
+
   destroy(desktopId: string): Promise<void> {
     return this.step('destroy', desktopId, () => {
       this.desktops.delete(desktopId);

@@ -154,9 +154,7 @@ const STEP: Record<OperationRow['kind'], (deps: steps.StepDeps, op: OperationRow
   wake: steps.wake,
   hibernate: steps.hibernate,
   destroy: steps.destroy,
-  fork: async () => {
-    throw new steps.StepFailure('not_implemented', 'fork is not implemented');
-  },
+  fork: steps.fork,
 };
 
 /**

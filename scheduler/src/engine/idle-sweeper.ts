@@ -1,7 +1,7 @@
 /**
  * Idle timeout: an awake desktop whose `idle_timeout_secs` has elapsed since its last wake (not
  * since guest activity, SPEC 3.2) is hibernated through an ordinary operation, reason
- * `idle_timeout`. Leader-only.
+ * `idle_timeout`. An ephemeral fork is destroyed instead (SPEC 4.1), awake or not. Leader-only.
  */
 import type { Logger } from '../../../shared/src/log.js';
 import type { Sql } from '../store/db.js';
@@ -35,8 +35,9 @@ export class IdleSweeper {
     try {
       for (const d of await idleDesktops(this.sql, 50)) {
         try {
-          await this.lifecycle.request(d.org_id, d.id, 'hibernate', { expectedGeneration: null, idempotencyKey: null, reason: 'idle_timeout' });
-          this.log.info({ desktopId: d.id }, 'idle timeout: hibernating');
+          const kind = d.ephemeral ? 'destroy' : 'hibernate';
+          await this.lifecycle.request(d.org_id, d.id, kind, { expectedGeneration: null, idempotencyKey: null, reason: 'idle_timeout' });
+          this.log.info({ desktopId: d.id, kind }, 'idle timeout');
         } catch (err) {
           // 409: an operation on it is already open, or it changed state meanwhile.
           if (!(err instanceof ApiError)) throw err;

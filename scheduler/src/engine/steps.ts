@@ -9,9 +9,9 @@ import { AgentFailure } from '../../../shared/src/protocol.js';
 import { TIER_SPECS, type Tier } from '../../../shared/src/tiers.js';
 import type { Logger } from '../../../shared/src/log.js';
 import { inTransaction, type Sql } from '../store/db.js';
-import { getDesktopById, setPlacement, transition } from '../store/desktops.js';
+import { getDesktopById, insertForks, setPlacement, transition } from '../store/desktops.js';
 import { closeMeter, openMeter, recordEvent } from '../store/events.js';
-import { committedLoad, listHosts } from '../store/hosts.js';
+import { committedLoad, listHosts, slotsUsed } from '../store/hosts.js';
 import { hasOpenOperation, settleOperation } from '../store/operations.js';
 import type { DesktopRow, OperationRow } from '../store/rows.js';
 import type { AgentGateway } from '../agents/gateway.js';
@@ -29,6 +29,7 @@ export interface StepDeps {
   agentCommandTimeoutMs: number;
   hostWaitMs: number;
   overcommit: { cpu: number; memory: number };
+  hostSlots: number;
 }
 
 /** A failure that settles the operation at once, without retrying. */
@@ -81,7 +82,7 @@ export async function provision(deps: StepDeps, desktop: DesktopRow): Promise<st
 }
 
 async function pickHost(deps: StepDeps, tier: Tier): Promise<string | null> {
-  const [hosts, load] = await Promise.all([listHosts(deps.sql), committedLoad(deps.sql)]);
+  const [hosts, load, slots] = await Promise.all([listHosts(deps.sql), committedLoad(deps.sql), slotsUsed(deps.sql)]);
   const candidates: HostCandidate[] = hosts.map((h) => {
     let vcpus = 0;
     let memoryMb = 0;
@@ -99,6 +100,8 @@ async function pickHost(deps: StepDeps, tier: Tier): Promise<string | null> {
       memoryMb: h.memory_mb,
       committedVcpus: vcpus,
       committedMemoryMb: memoryMb,
+      slots: deps.hostSlots,
+      slotsUsed: slots.get(h.id) ?? 0,
     };
   });
   return selectHost(candidates, tier, deps.overcommit);
@@ -159,10 +162,53 @@ export async function destroy(deps: StepDeps, op: OperationRow): Promise<void> {
   });
 }
 
+/** Generation of a new fork: placed, never booted on its own (as a provisioned desktop). */
+const FORK_GENERATION = 1;
+/** SPEC 4.1: the idle timeout of ephemeral forks. */
+export const EPHEMERAL_IDLE_SECS = 900;
+
+interface ForkParams {
+  count: number;
+  ephemeral: boolean;
+  desktop_ids: string[];
+}
+
+/**
+ * Copies the hibernated source into its forks on the source's host, then records them
+ * (hibernated, `desktop.created` each) and settles with their ids. The source keeps its state and
+ * generation: no transition happened to it, and its open operation kept every other one out.
+ */
+export async function fork(deps: StepDeps, op: OperationRow): Promise<void> {
+  const source = await loadDesktop(deps, op.desktop_id);
+  const params = op.params as unknown as ForkParams;
+  if (source.state !== 'hibernated' || !source.host_id) throw new StepFailure('conflict', `desktop is ${source.state}, not hibernated`);
+  const hostId = await connectedHost(deps, source.host_id);
+  await deps.agents.call(
+    hostId,
+    'desktop.fork',
+    {
+      desktop_id: source.id,
+      generation: source.generation,
+      operation_id: op.id,
+      forks: params.desktop_ids.map((id) => ({ desktop_id: id, generation: FORK_GENERATION })),
+    },
+    // Copies are cheap (copy-on-write), but twenty of them still take their time.
+    deps.agentCommandTimeoutMs * 2,
+  );
+  await inTransaction(deps.sql, async (tx) => {
+    const created = await insertForks(tx, source.id, params.desktop_ids, params.ephemeral, EPHEMERAL_IDLE_SECS);
+    for (const f of created) {
+      await recordEvent(tx, { orgId: f.org_id, desktopId: f.id, type: 'desktop.created', data: { tier: f.tier, host_id: hostId, forked_from: source.id } });
+    }
+    await settle(tx, deps, op, { desktop_ids: params.desktop_ids });
+  });
+}
+
 /**
  * Settles a failed operation and returns the desktop to where it was: a failed wake goes back
  * to `hibernated` (or `provisioning` if it was never placed), a failed hibernate back to `awake`
- * (CRIU leaves the tree running when a dump fails); a failed destroy changes nothing.
+ * (CRIU leaves the tree running when a dump fails); a failed destroy or fork changes nothing in
+ * the database. The copies a failed fork may have left on its host are removed best-effort.
  */
 export async function fail(deps: StepDeps, op: OperationRow, error: { code: string; message: string }): Promise<void> {
   await inTransaction(deps.sql, async (tx) => {
@@ -171,6 +217,19 @@ export async function fail(deps: StepDeps, op: OperationRow, error: { code: stri
     if (op.kind === 'hibernate' && d.state === 'hibernating') await transition(tx, d.id, ['hibernating'], 'awake');
     if (!(await settleOperation(tx, op.id, { error }, deps.holder))) throw new LeaseLost('leader lease lost before settling');
   });
+  if (op.kind === 'fork') await removeForkLeftovers(deps, op);
+}
+
+async function removeForkLeftovers(deps: StepDeps, op: OperationRow): Promise<void> {
+  const source = await getDesktopById(deps.sql, op.desktop_id);
+  const ids = (op.params as unknown as ForkParams | null)?.desktop_ids ?? [];
+  if (!source?.host_id || !deps.agents.isConnected(source.host_id)) return;
+  for (const id of ids) {
+    const ref = { desktop_id: id, generation: FORK_GENERATION, operation_id: op.id };
+    await deps.agents.call(source.host_id, 'desktop.destroy', ref, deps.agentCommandTimeoutMs).catch((err: unknown) => {
+      deps.logger.warn({ desktopId: id, err }, 'could not remove the copy a failed fork left');
+    });
+  }
 }
 
 /**

@@ -8,8 +8,16 @@
  *   hibernate ← awake                           (→ hibernating)
  *   destroy   ← provisioning, awake, hibernated (state kept until the host confirms)
  * and never while another operation on the desktop is open. Anything else is 409.
+ *
+ * Fork (SPEC 4.1) copies a hibernated source on its own host. The ids of the forks are minted
+ * here and kept on the operation, so a re-driven fork creates the same desktops. A host without
+ * free storage slots for the forks gets the operation recorded already failed (`no_capacity`),
+ * which `?wait=true` answers with 413.
  */
+import { newId } from '../../../shared/src/ids.js';
+import { TIER_SPECS } from '../../../shared/src/tiers.js';
 import { inTransaction, type Sql } from '../store/db.js';
+import { slotsUsed } from '../store/hosts.js';
 import { lockDesktop, transition } from '../store/desktops.js';
 import { hasOpenOperation, insertOperation, operationByKey, getOperation } from '../store/operations.js';
 import type { DesktopState, OperationRow } from '../store/rows.js';
@@ -39,12 +47,52 @@ export interface TransitionRequest {
   reason?: string;
 }
 
+export interface ForkRequest {
+  count: number;
+  ephemeral: boolean;
+  idempotencyKey: string | null;
+}
+
 export class LifecycleService {
   constructor(
     private readonly sql: Sql,
     private readonly leadership: Leadership,
     private readonly retryAfterSecs: number,
+    /** Storage slots per host (CANTO_HOST_SLOTS); a fork needs its forks' slots free. */
+    private readonly hostSlots = Number.POSITIVE_INFINITY,
   ) {}
+
+  /** Records a fork operation; throws 404/409/503 `ApiError`s. No capacity yields a failed op. */
+  async requestFork(orgId: string, desktopId: string, req: ForkRequest): Promise<{ op: OperationRow; repeated: boolean }> {
+    if (!this.leadership.isLeader()) throw errors.notLeader(this.retryAfterSecs);
+    return inTransaction(this.sql, async (tx) => {
+      const source = await lockDesktop(tx, orgId, desktopId);
+      if (!source) throw errors.desktopNotFound();
+      if (req.idempotencyKey) {
+        const existing = await operationByKey(tx, source.id, req.idempotencyKey);
+        if (existing) return { op: existing, repeated: true };
+      }
+      if (source.state !== 'hibernated' || source.host_id === null || (await hasOpenOperation(tx, source.id))) {
+        throw errors.wrongState('fork', source.state);
+      }
+      const base = { orgId, desktopId, kind: 'fork' as const, idempotencyKey: req.idempotencyKey, fromState: source.state };
+      const used = (await slotsUsed(tx, source.host_id)).get(source.host_id) ?? 0;
+      const needed = TIER_SPECS[source.tier].slots * req.count;
+      if (used + needed > this.hostSlots) {
+        const op = await insertOperation(tx, {
+          ...base,
+          failed: {
+            code: 'no_capacity',
+            message: `the source's host has ${Math.max(0, this.hostSlots - used)} free storage slots; ${req.count} ${source.tier} forks need ${needed}`,
+          },
+        });
+        return { op, repeated: false };
+      }
+      const desktopIds = Array.from({ length: req.count }, () => newId('desktop'));
+      const op = await insertOperation(tx, { ...base, params: { count: req.count, ephemeral: req.ephemeral, desktop_ids: desktopIds } });
+      return { op, repeated: false };
+    });
+  }
 
   /** Records the operation; throws 404/409/503 `ApiError`s. A stale generation yields a failed op. */
   async request(orgId: string, desktopId: string, kind: LifecycleKind, req: TransitionRequest): Promise<{ op: OperationRow; repeated: boolean }> {

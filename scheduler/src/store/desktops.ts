@@ -110,13 +110,42 @@ export async function claimDesktopKey(sql: Sql, orgId: string, key: string, desk
   return rows.length === 1;
 }
 
-/** Awake desktops whose idle timeout (counted from the last wake) has elapsed. */
+/**
+ * Desktops whose idle timeout has elapsed: awake ones, counted from the last wake, and ephemeral
+ * forks that are hibernated, counted from their last wake or, never woken, their creation.
+ */
 export async function idleDesktops(sql: Sql, limit: number): Promise<DesktopRow[]> {
   return sql<DesktopRow[]>`
     SELECT * FROM desktops
-    WHERE state = 'awake' AND idle_timeout_secs > 0
-      AND last_woken_at + make_interval(secs => idle_timeout_secs) <= now()
-    ORDER BY last_woken_at LIMIT ${limit}`;
+    WHERE idle_timeout_secs > 0 AND (
+      (state = 'awake' AND last_woken_at + make_interval(secs => idle_timeout_secs) <= now())
+      OR (ephemeral AND state = 'hibernated'
+          AND COALESCE(last_woken_at, created_at) + make_interval(secs => idle_timeout_secs) <= now()))
+    ORDER BY COALESCE(last_woken_at, created_at) LIMIT ${limit}`;
+}
+
+/**
+ * The forks of `source`, hibernated on its host at generation 1 (placed, never booted here):
+ * tier, billing mode, image, idle timeout and the sealed first-boot settings are inherited, and
+ * so is `first_woken_at`, because a fork's disk already carries its source's first boot.
+ * Existing ids are skipped, so a re-driven fork inserts nothing twice.
+ */
+export async function insertForks(sql: Sql, sourceId: string, ids: readonly string[], ephemeral: boolean, ephemeralIdleSecs: number): Promise<DesktopRow[]> {
+  const rows: DesktopRow[] = [];
+  for (const id of ids) {
+    const [row] = await sql<DesktopRow[]>`
+      INSERT INTO desktops (id, org_id, tier, state, image_version, generation, current_generation_id, idle_timeout_secs,
+                            billing_mode, host_id, env_sealed, setup_script_sealed, created_event_at, first_woken_at,
+                            ephemeral, forked_from)
+      SELECT ${id}, org_id, tier, 'hibernated', image_version, 1, ${newId('generation')},
+             ${ephemeral ? ephemeralIdleSecs : sql`idle_timeout_secs`}, billing_mode, host_id, env_sealed, setup_script_sealed,
+             now(), first_woken_at, ${ephemeral}, id
+      FROM desktops WHERE id = ${sourceId}
+      ON CONFLICT (id) DO NOTHING
+      RETURNING *`;
+    if (row) rows.push(row);
+  }
+  return rows;
 }
 
 /** Desktops still waiting for a host, with no wake of their own in flight. */

@@ -1,5 +1,6 @@
 /** Hosts: one row per agent host, refreshed by its hello and heartbeats. */
 import type { Sql } from './db.js';
+import { TIER_SPECS } from '../../../shared/src/tiers.js';
 import type { HostRow } from './rows.js';
 
 export interface HostHello {
@@ -43,6 +44,17 @@ export async function committedLoad(sql: Sql): Promise<Array<{ host_id: string; 
     SELECT host_id, tier, count(*)::int AS count FROM desktops
     WHERE host_id IS NOT NULL AND state IN ('waking', 'awake', 'hibernating')
     GROUP BY host_id, tier`;
+}
+
+/** Storage slots held per host: every placed desktop that is not destroyed (TIER_SPECS.slots). */
+export async function slotsUsed(sql: Sql, hostId?: string): Promise<Map<string, number>> {
+  const rows = await sql<Array<{ host_id: string; slots: number }>>`
+    SELECT host_id, sum(CASE tier WHEN 'small' THEN ${TIER_SPECS.small.slots}::int WHEN 'default' THEN ${TIER_SPECS.default.slots}::int
+                                  ELSE ${TIER_SPECS.large.slots}::int END)::int AS slots
+    FROM desktops WHERE host_id IS NOT NULL AND state <> 'destroyed'
+    ${hostId === undefined ? sql`` : sql`AND host_id = ${hostId}`}
+    GROUP BY host_id`;
+  return new Map(rows.map((r) => [r.host_id, r.slots]));
 }
 
 /**

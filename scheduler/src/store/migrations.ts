@@ -117,6 +117,18 @@ CREATE TABLE leases (
 `,
   },
   {
+    id: 2,
+    name: 'forks',
+    sql: `
+-- Parameters an operation needs beyond its desktop: for fork, the count, ephemeral flag and the
+-- ids minted for the forks up front, so a re-driven fork creates the same desktops.
+ALTER TABLE operations ADD COLUMN params jsonb;
+-- Ephemeral forks are destroyed, not hibernated, at their idle timeout.
+ALTER TABLE desktops ADD COLUMN ephemeral boolean NOT NULL DEFAULT false;
+ALTER TABLE desktops ADD COLUMN forked_from text REFERENCES desktops(id);
+`,
+  },
+  {
     id: 3,
     name: 'webhooks',
     sql: `
@@ -167,6 +179,11 @@ CREATE TRIGGER outbox_notify AFTER INSERT ON outbox FOR EACH STATEMENT EXECUTE F
 `,
   },
 ];
+
+// Ids are applied once each, in order: two entries with one id would skip the second for ever.
+for (let i = 1; i < MIGRATIONS.length; i++) {
+  if (MIGRATIONS[i]!.id <= MIGRATIONS[i - 1]!.id) throw new Error(`migration ids must increase: ${MIGRATIONS[i]!.id} after ${MIGRATIONS[i - 1]!.id}`);
+}
 
 const LOCK_KEY = 0x63616e74; // "cant"
 

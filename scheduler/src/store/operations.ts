@@ -18,17 +18,18 @@ export interface NewOperation {
   idempotencyKey: string | null;
   fromState: DesktopState;
   reason?: string;
-  /** Insert already failed (a stale `expected_generation`). */
+  /** Insert already failed (a stale `expected_generation`, no capacity for a fork). */
   failed?: OperationError;
+  params?: Record<string, unknown>;
 }
 
 export async function insertOperation(sql: Sql, op: NewOperation): Promise<OperationRow> {
   const state = op.failed ? 'failed' : 'pending';
   const [row] = await sql<OperationRow[]>`
-    INSERT INTO operations (id, org_id, desktop_id, kind, state, idempotency_key, from_state, reason, error, settled_at)
+    INSERT INTO operations (id, org_id, desktop_id, kind, state, idempotency_key, from_state, reason, error, params, settled_at)
     VALUES (${newId('operation')}, ${op.orgId}, ${op.desktopId}, ${op.kind}, ${state}, ${op.idempotencyKey},
             ${op.fromState}, ${op.reason ?? 'requested'}, ${op.failed ? sql.json(op.failed as never) : null},
-            ${op.failed ? sql`now()` : null})
+            ${op.params ? sql.json(op.params as never) : null}, ${op.failed ? sql`now()` : null})
     RETURNING *`;
   if (!op.failed) await sql`SELECT pg_notify(${OP_NEW_CHANNEL}, ${row!.id})`;
   return row!;

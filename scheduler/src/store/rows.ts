@@ -19,6 +19,8 @@ export interface DesktopRow {
   billing_mode: BillingMode;
   host_id: string | null;
   env_sealed: Buffer | null;
+  ephemeral: boolean;
+  forked_from: string | null;
   setup_script_sealed: Buffer | null;
   created_event_at: Date | null;
   first_woken_at: Date | null;
@@ -44,6 +46,8 @@ export interface OperationRow {
   reason: string;
   result: Record<string, unknown> | null;
   error: OperationError | null;
+  /** Fork: `{count, ephemeral, desktop_ids}`; null for the other kinds. */
+  params: Record<string, unknown> | null;
   attempts: number;
   created_at: Date;
   started_at: Date | null;

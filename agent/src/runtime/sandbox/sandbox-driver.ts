@@ -45,6 +45,7 @@ import { GuestOperations } from './guest-ops.js';
 import { killGuestDetached, spawnGuestProcess } from './guest-processes.js';
 import { isSameProcess, signal, waitFor } from './host-procs.js';
 import { KeyedMutex } from './keyed-mutex.js';
+import { collectLayers, createFork, freeze, mountDisk, releaseDisk } from './layers.js';
 import {
   assertDesktopId,
   desktopPaths,
@@ -131,6 +132,8 @@ export class SandboxDriver implements RuntimeDriver {
     const paths = desktopPaths(this.stateDir, spec.desktopId);
     return this.mutex.run(spec.desktopId, async () => {
       await ensureDisk(paths);
+      // A forked desktop's disk is an overlay on shared layers (layers.ts); a host reboot unmounts it.
+      await mountDisk(this.stateDir, paths);
       await ensureSkeleton(paths.rootfs, NESTED_MOUNTPOINTS);
       let restored = false;
       let init = await this.runningInit(paths);
@@ -197,7 +200,39 @@ export class SandboxDriver implements RuntimeDriver {
       const init = await this.runningInit(paths);
       if (init !== null) await this.stopProcesses(paths, desktopId, init);
       else await drainAndRemove(desktopId, 0);
+      await releaseDisk(paths);
       await removeTree(paths.dir);
+      const freed = await collectLayers(this.stateDir, desktopsDir(this.stateDir));
+      if (freed > 0) this.log('disk layers no desktop stands on any more were removed', { desktopId, count: freed });
+    });
+  }
+
+  /**
+   * Forks a stopped desktop on this host (layers.ts): its writable layer is frozen into a shared
+   * read-only one, and each fork gets an empty writable layer over it, hard links to the memory
+   * snapshot and its own framebuffer file. Forks that exist already are kept.
+   */
+  async fork(sourceId: string, forkIds: readonly string[]): Promise<{ snapshot: boolean }> {
+    const source = desktopPaths(this.stateDir, sourceId);
+    const forks = forkIds.map((id) => desktopPaths(this.stateDir, id));
+    if (forkIds.includes(sourceId)) throw new AgentFailure('bad_request', 'a desktop cannot be its own fork', false);
+    return this.mutex.run(sourceId, async () => {
+      if (!(await hasDisk(source))) throw new AgentFailure('not_found', `unknown desktop ${sourceId}`, false);
+      if ((await this.runningInit(source)) !== null) {
+        throw new AgentFailure('runtime_error', `desktop ${sourceId} is running; only a stopped desktop can be forked`, false);
+      }
+      const snapshot = await exists(source.snapshot);
+      const missing: DesktopPaths[] = [];
+      for (const f of forks) if (!(await hasDisk(f))) missing.push(f);
+      if (missing.length === 0) return { snapshot };
+      const t0 = performance.now();
+      const chain = await freeze(this.stateDir, source);
+      for (const f of missing) {
+        const id = f.dir.slice(f.dir.lastIndexOf('/') + 1);
+        await this.mutex.run(id, () => createFork(source, f, chain, ['first-boot-done', '.ready']));
+      }
+      this.log('desktop forked', { desktopId: sourceId, forks: missing.length, snapshot, ms: Math.round(performance.now() - t0) });
+      return { snapshot };
     });
   }
 

@@ -53,16 +53,35 @@ export function registerLifecycleRoutes(app: App, deps: AppDeps): void {
     '/v1/desktops/:id/fork',
     {
       schema: {
-        summary: 'Fork a hibernated desktop (not implemented by this deployment yet)',
+        summary: 'Fork a hibernated desktop into independent copies',
+        description:
+          'Each fork is an independent copy of the source\'s disk and memory snapshot, placed on the source\'s host and left ' +
+          'hibernated. Forks inherit tier, billing mode, image and idle timeout; ephemeral forks get a 900 s idle timeout and ' +
+          'are destroyed at it. On success the operation\'s result is {desktop_ids}. Without free storage slots on the host ' +
+          'the operation fails with code no_capacity (413 with ?wait=true).',
         params: DesktopIdParams,
         querystring: WaitQuery,
+        headers: IdempotencyHeaders,
         body: ForkBody,
         response: { 200: Type.Ref(OperationJson), 202: Type.Ref(OperationJson), ...errorResponses(400, 404, 409, 413, 501) },
       },
     },
-    async (request) => {
-      await deps.desktops.get(request.orgId, request.params.id);
-      throw errors.notImplemented('fork is not implemented by this deployment');
+    async (request, reply) => {
+      const { op } = await deps.lifecycle.requestFork(request.orgId, request.params.id, {
+        count: request.body.count,
+        ephemeral: request.body.ephemeral ?? false,
+        idempotencyKey: idempotencyKey(request.headers['idempotency-key']),
+      });
+      if (request.query.wait !== 'true') {
+        return reply.code(isSettled(op.state) ? 200 : 202).send(toOperationJson(op));
+      }
+      const settled = isSettled(op.state) ? op : await deps.waiter.wait(request.orgId, op.id, deps.waitCapMs);
+      if (settled.state === 'failed') {
+        const message = settled.error?.message ?? 'failed';
+        if (settled.error?.code === 'no_capacity') throw errors.noCapacity(settled.id, message);
+        throw errors.operationFailed(settled.id, message);
+      }
+      return reply.code(200).send(toOperationJson(settled));
     },
   );
 }

@@ -1,0 +1,106 @@
+/**
+ * Copy-on-write fork storage of the sandbox driver (agent/src/runtime/sandbox/layers.ts) on the
+ * real machine: forks share the frozen layer instead of copying the disk, a repeated fork adds
+ * nothing, layers outlive the source and go with their last desktop, no overlay stays mounted
+ * after destroy, and a freeze interrupted by a crash is completed on the next start. Needs root.
+ */
+import { mkdtemp, readdir, readFile, rm, writeFile } from 'node:fs/promises';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { newId } from '../../shared/src/ids.js';
+import { AgentFailure } from '../../shared/src/protocol.js';
+import { createSandboxDriver, type SandboxDriver } from '../../agent/src/runtime/sandbox/index.js';
+
+const isRoot = process.getuid?.() === 0;
+
+describe.skipIf(!isRoot)('fork layers on the sandbox driver', () => {
+  let stateDir: string;
+  let driver: SandboxDriver;
+
+  const exec = async (id: string, command: string) => {
+    const out = await driver.exec(id, { command, timeoutMs: 10_000, maxOutputBytes: 1 << 20 });
+    expect(out.exitCode, out.stderr).toBe(0);
+    return out.stdout;
+  };
+  const layers = async () => (await readdir(join(stateDir, 'layers')).catch(() => [])).sort();
+  const mountsUnder = async () => (await readFile('/proc/self/mountinfo', 'utf8')).split('\n').filter((l) => l.includes(stateDir));
+  const started = async (id: string) => {
+    await driver.prepare(id, 'small');
+    await driver.start({ desktopId: id, tier: 'small', firstBoot: null });
+  };
+
+  beforeAll(async () => {
+    stateDir = await mkdtemp(join(tmpdir(), 'canto-fork-layers-'));
+    driver = await createSandboxDriver({ stateDir });
+  });
+
+  afterAll(async () => {
+    for (const d of (await driver?.list()) ?? []) await driver.destroy(d.desktopId);
+    await driver?.close();
+    if (stateDir) await rm(stateDir, { recursive: true, force: true });
+  });
+
+  it('shares one frozen layer between the source and its forks, and removes it with the last of them', async () => {
+    const source = newId('desktop');
+    await started(source);
+    await exec(source, 'head -c 50000000 /dev/urandom > /root/big && echo one > /root/f');
+    await driver.hibernate(source);
+    await expect(driver.fork(source, [source])).rejects.toMatchObject({ code: 'bad_request' });
+
+    const [a, b] = [newId('desktop'), newId('desktop')];
+    await driver.fork(source, [a, b]);
+    expect(await layers()).toHaveLength(1);
+    // The disk was not copied: the forks' writable layers are empty.
+    for (const id of [a, b]) expect(await readdir(join(stateDir, 'desktops', id, 'upper'))).toEqual([]);
+    // Repeating the command, or forking again with nothing written since, adds no layer.
+    await driver.fork(source, [a, b]);
+    const c = newId('desktop');
+    await driver.fork(source, [c]);
+    expect(await layers()).toHaveLength(1);
+
+    await driver.start({ desktopId: a, tier: 'small', firstBoot: null });
+    expect(await exec(a, 'cat /root/f; stat -c %s /root/big')).toBe('one\n50000000\n');
+    await exec(a, 'echo two > /root/f');
+    await driver.hibernate(a);
+    // A fork of a fork stacks a layer of its own on top of the shared one.
+    const grandchild = newId('desktop');
+    await driver.fork(a, [grandchild]);
+    expect(await layers()).toHaveLength(2);
+
+    await driver.destroy(source);
+    expect(await layers()).toHaveLength(2);
+    await driver.start({ desktopId: grandchild, tier: 'small', firstBoot: null });
+    expect(await exec(grandchild, 'cat /root/f')).toBe('two\n');
+    await driver.start({ desktopId: b, tier: 'small', firstBoot: null });
+    expect(await exec(b, 'cat /root/f')).toBe('one\n');
+
+    for (const id of [a, b, c, grandchild]) await driver.destroy(id);
+    expect(await layers()).toEqual([]);
+    expect(await mountsUnder()).toEqual([]);
+  }, 120_000);
+
+  it('refuses to fork a running desktop', async () => {
+    const source = newId('desktop');
+    await started(source);
+    const err = await driver.fork(source, [newId('desktop')]).catch((e: unknown) => e);
+    expect(err).toBeInstanceOf(AgentFailure);
+    expect((err as AgentFailure).code).toBe('runtime_error');
+    await driver.destroy(source);
+  }, 60_000);
+
+  it('completes a freeze that a crash interrupted before the rename', async () => {
+    const source = newId('desktop');
+    await started(source);
+    await exec(source, 'echo kept > /root/f');
+    await driver.hibernate(source);
+    // What a crash right after writing the intent leaves behind.
+    const layer = newId('layer');
+    await writeFile(join(stateDir, 'desktops', source, 'layers.next.json'), JSON.stringify({ lower: [layer] }));
+    await driver.start({ desktopId: source, tier: 'small', firstBoot: null });
+    expect(await layers()).toEqual([layer]);
+    expect(await exec(source, 'cat /root/f')).toBe('kept\n');
+    await driver.destroy(source);
+    expect(await layers()).toEqual([]);
+  }, 60_000);
+});
