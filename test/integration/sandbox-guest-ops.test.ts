@@ -58,13 +58,17 @@ async function drain(read: FileRead): Promise<Buffer> {
 
 const sha256 = (data: Buffer) => createHash('sha256').update(data).digest('hex');
 
-/** Host pids whose command line holds every one of `needles` as a whole argument. */
+/**
+ * Host pids of guest helpers working on `needles`: a cold helper has them as whole arguments, a
+ * warm one (a child of the desktop's file server) in its title, `canto-helper <op> <args>`.
+ */
 async function hostPidsWithArgs(...needles: string[]): Promise<number[]> {
   const out: number[] = [];
   for (const name of await readdir('/proc')) {
     if (!/^\d+$/.test(name)) continue;
     const args = (await readFile(`/proc/${name}/cmdline`, 'utf8').catch(() => '')).split('\0');
-    if (needles.every((n) => args.includes(n))) out.push(Number(name));
+    const title = args[0]?.startsWith('canto-helper ') ? args[0].split(' ') : [];
+    if (needles.every((n) => args.includes(n) || title.includes(n))) out.push(Number(name));
   }
   return out;
 }

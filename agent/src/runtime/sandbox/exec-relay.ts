@@ -36,7 +36,17 @@ if ($pid == 0) {
 close($_) for ($in_r, $out_w, $err_w);
 if (length $input) {
   my $writer = fork() // die "fork: $!";
-  if ($writer == 0) { close($out_r); close($err_r); print $in_w $input; exit 0; }
+  if ($writer == 0) {
+    close($out_r); close($err_r);
+    # Unbuffered: a command that stops reading leaves nothing to flush (and warn about) at exit.
+    my $off = 0;
+    while ($off < length $input) {
+      my $w = syswrite($in_w, $input, length($input) - $off, $off);
+      last unless $w;
+      $off += $w;
+    }
+    exit 0;
+  }
 }
 close($in_w);
 # Copy both pipes with select(2); once the command has exited, keep going for at most 5 more

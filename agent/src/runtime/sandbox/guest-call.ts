@@ -9,17 +9,25 @@
  * may keep them (a detached process gets /dev/null and files), so no relay is needed, and data
  * streams straight between the agent and the guest without being held anywhere whole.
  *
+ * When the desktop's warm file server is ready (warm-pool.ts), the call connects to it instead of
+ * spawning: one of its children, at the end of that same chain inside the guest, takes the
+ * operation as the first line of the connection, and everything after that is the same protocol
+ * on the connection instead of on stdio. Calls that start guest code (`spawn`, with the guest's
+ * capabilities and environment) always start cold: they are rare and not latency-bound.
+ *
  * A call is registered with the desktop's in-flight set (in-flight.ts) so that hibernate and
  * destroy can wait for it or kill it; a call killed that way fails with `not_running`.
  */
 import { spawn, type ChildProcess } from 'node:child_process';
-import type { Readable, Writable } from 'node:stream';
+import type { Socket } from 'node:net';
+import { PassThrough, type Readable, type Writable } from 'node:stream';
 import { AgentFailure, type AgentErrorCode } from '../../../../shared/src/protocol.js';
-import { JOIN_FAILED, joinArgv } from './cgroups.js';
-import { guestHelperProgram, type HelperOp } from './guest-helper.js';
+import { cgroupDirs, JOIN_FAILED, joinArgv } from './cgroups.js';
+import { guestHelperProgram, helperRequest, warmHelperProgram, type HelperOp } from './guest-helper.js';
 import { GUEST_CAPS, GUEST_ENV, GUEST_PATH } from './guest-init.js';
 import { killTree } from './host-procs.js';
 import type { GuestOp } from './in-flight.js';
+import { WARM_PROLOGUE } from './warm-perl.js';
 
 export interface GuestTarget {
   readonly desktopId: string;
@@ -27,6 +35,8 @@ export interface GuestTarget {
   readonly nsenterPath: string;
   /** The in-flight registration; null for the driver's own calls under the lifecycle mutex. */
   readonly op: GuestOp | null;
+  /** A connection to the desktop's warm file server, if one is ready (null: start cold). */
+  readonly warm?: () => Promise<Socket | null>;
 }
 
 export interface CallOptions {
@@ -42,48 +52,93 @@ const HELPER_CODES = new Set<string>(['path_missing', 'path_conflict', 'too_larg
 const MAX_STATUS_LINE = 64 * 1024;
 const STDERR_KEEP = 4 * 1024;
 
+/** The two ends of a call: a cold helper's stdio, or a connection to a warm one. */
+interface Channel {
+  readonly stdin: Writable;
+  readonly stdout: Readable;
+  readonly stderr: Readable | null;
+  /** Resolves when the helper is finished with (exited, or the connection closed). */
+  readonly closed: Promise<void>;
+  kill(): Promise<void>;
+}
+
+function coldChannel(child: ChildProcess): Channel {
+  const closed = new Promise<void>((resolve) => {
+    child.on('error', () => resolve());
+    child.on('close', () => resolve());
+  });
+  return {
+    stdin: child.stdin as Writable,
+    stdout: child.stdout as Readable,
+    stderr: child.stderr,
+    closed,
+    kill: async () => {
+      if (child.pid !== undefined && child.exitCode === null && child.signalCode === null) await killTree(child.pid);
+    },
+  };
+}
+
+/**
+ * A connection is both ends. A helper may answer early and hang up on the rest of an upload; the
+ * agent's next write then fails, and a failed write destroys the socket, read side and all. What
+ * arrives is therefore moved out of the socket as it comes, so the answer outlives the socket;
+ * backpressure still reaches the helper (the socket pauses while the consumer lags).
+ *
+ * Closing the connection is the kill: the child's next write fails (it exits on EPIPE) or its next
+ * read ends (an upload without its end marker changes nothing). A recursive delete's rm may run on
+ * until done; hibernate and destroy kill the server's whole group anyway.
+ */
+function warmChannel(socket: Socket): Channel {
+  const stdout = new PassThrough();
+  socket.on('data', (chunk: Buffer) => {
+    if (!stdout.write(chunk)) socket.pause();
+  });
+  stdout.on('drain', () => socket.resume());
+  socket.resume();
+  const finish = () => {
+    if (!stdout.writableEnded) stdout.end();
+  };
+  socket.once('end', finish);
+  socket.once('close', finish);
+  return {
+    stdin: socket,
+    stdout,
+    stderr: null,
+    closed: new Promise<void>((resolve) => socket.once('close', () => resolve())),
+    kill: async () => {
+      socket.destroy();
+    },
+  };
+}
+
 export class GuestCall {
   readonly stdin: Writable;
-  private readonly child: ChildProcess;
+  private readonly channel: Channel;
   private readonly it: AsyncIterator<Buffer>;
   private pending: Buffer = Buffer.alloc(0);
   private stderr = '';
   private timer: NodeJS.Timeout | undefined;
   private timedOut = false;
   private timeoutMs = 0;
-  private readonly exited: Promise<number | null>;
+  private readonly exited: Promise<void>;
+  /** The helper is done: no deadline is armed any more (one armed now would never be cleared). */
+  private finished = false;
 
   private constructor(
     private readonly target: GuestTarget,
-    op: HelperOp,
-    args: readonly string[],
+    channel: Channel,
     opts: CallOptions,
   ) {
-    if (target.op?.cancelled) throw stopping(target.desktopId);
-    const caps = opts.guestCaps ? ['/usr/bin/setpriv', `--bounding-set=-all,${GUEST_CAPS.map((c) => `+${c}`).join(',')}`] : [];
-    this.child = spawn(
-      '/bin/sh',
-      [
-        ...joinArgv(target.desktopId),
-        target.nsenterPath, '-t', String(target.initPid), '-m', '-u', '-i', '-n', '-p', '-r', '--wdns=/',
-        ...caps, '/usr/bin/perl', '-e', guestHelperProgram(op), '--', op, ...args,
-      ],
-      // A detached process inherits the guest environment; every other helper needs only PATH
-      // (and skips loading locale files at startup).
-      { env: op === 'spawn' ? { ...GUEST_ENV } : { PATH: GUEST_PATH }, stdio: ['pipe', 'pipe', 'pipe'] },
-    );
-    this.stdin = this.child.stdin as Writable;
+    this.channel = channel;
+    this.stdin = channel.stdin;
     this.stdin.on('error', () => undefined);
-    const stdout = this.child.stdout as Readable;
-    this.it = stdout[Symbol.asyncIterator]();
-    (this.child.stderr as Readable).on('data', (chunk: Buffer) => {
+    this.it = channel.stdout[Symbol.asyncIterator]();
+    channel.stderr?.on('data', (chunk: Buffer) => {
       if (this.stderr.length < STDERR_KEEP) this.stderr += chunk.toString('utf8').slice(0, STDERR_KEEP);
     });
-    this.exited = new Promise((resolve) => {
-      this.child.on('error', () => resolve(null));
-      this.child.on('close', (code) => resolve(code));
-    });
+    this.exited = channel.closed;
     void this.exited.then(() => {
+      this.finished = true;
       clearTimeout(this.timer);
       target.op?.end();
     });
@@ -91,13 +146,29 @@ export class GuestCall {
     if (opts.timeoutMs !== null) this.arm(opts.timeoutMs);
   }
 
-  static start(target: GuestTarget, op: HelperOp, args: readonly string[], opts: CallOptions): GuestCall {
-    return new GuestCall(target, op, args, opts);
+  static async start(target: GuestTarget, op: HelperOp, args: readonly string[], opts: CallOptions): Promise<GuestCall> {
+    if (target.op?.cancelled) throw stopping(target.desktopId);
+    let channel: Channel | null = null;
+    if (!opts.guestCaps && target.warm !== undefined) {
+      const request = helperRequest(op, args);
+      const socket = await target.warm();
+      if (target.op?.cancelled) {
+        socket?.destroy();
+        throw stopping(target.desktopId);
+      }
+      if (socket !== null) {
+        socket.write(request);
+        channel = warmChannel(socket);
+      }
+    }
+    channel ??= coldChannel(spawnHelper(target, op, args, opts.guestCaps === true));
+    return new GuestCall(target, channel, opts);
   }
 
   /** (Re)starts the deadline: when it passes, the helper is killed and the call fails with `timeout`. */
   arm(ms: number): void {
     clearTimeout(this.timer);
+    if (this.finished) return;
     this.timeoutMs = ms;
     this.timer = setTimeout(() => {
       this.timedOut = true;
@@ -110,10 +181,8 @@ export class GuestCall {
    * leaves the in-flight set) only once its stdout is closed, which unread data would prevent.
    */
   async kill(): Promise<void> {
-    if (this.child.pid !== undefined && this.child.exitCode === null && this.child.signalCode === null) {
-      await killTree(this.child.pid);
-    }
-    this.child.stdout?.destroy();
+    await this.channel.kill();
+    this.channel.stdout.destroy();
   }
 
   /** Writes to the helper's stdin; false once the helper is gone. Waits for the pipe to drain. */
@@ -244,6 +313,43 @@ export class GuestCall {
   private timeoutFailure(): AgentFailure {
     return new AgentFailure('timeout', `guest operation did not finish within ${this.timeoutMs} ms`, true);
   }
+}
+
+/**
+ * The cold chain: the shell joins the desktop's cgroups and execs nsenter, whose child (inside the
+ * guest's pid namespace) runs the helper for this one operation.
+ */
+function spawnHelper(target: GuestTarget, op: HelperOp, args: readonly string[], guestCaps: boolean): ChildProcess {
+  const caps = guestCaps ? ['/usr/bin/setpriv', `--bounding-set=-all,${GUEST_CAPS.map((c) => `+${c}`).join(',')}`] : [];
+  return spawn(
+    '/bin/sh',
+    [
+      ...joinArgv(target.desktopId),
+      target.nsenterPath, '-t', String(target.initPid), '-m', '-u', '-i', '-n', '-p', '-r', '--wdns=/',
+      ...caps, '/usr/bin/perl', '-e', guestHelperProgram(op), '--', op, ...args,
+    ],
+    // A detached process inherits the guest environment; every other helper needs only PATH
+    // (and skips loading locale files at startup).
+    { env: op === 'spawn' ? { ...GUEST_ENV } : { PATH: GUEST_PATH }, stdio: ['pipe', 'pipe', 'pipe'] },
+  );
+}
+
+/**
+ * The warm file server: the same chain, with the socket bound on the host first, and every
+ * operation but `spawn` compiled in. A group of its own (detached), so retiring it kills everything
+ * it forked.
+ */
+export function startWarmFileServer(desktopId: string, initPid: number, nsenterPath: string, socketDir: string, socketName: string): ChildProcess {
+  const groups = cgroupDirs(desktopId);
+  return spawn(
+    '/usr/bin/perl',
+    [
+      '-e', WARM_PROLOGUE, '--', String(groups.length), ...groups, socketDir, socketName,
+      nsenterPath, '-t', String(initPid), '-m', '-u', '-i', '-n', '-p', '-r', '--wdns=/',
+      '/usr/bin/perl', '-e', warmHelperProgram(), '--',
+    ],
+    { env: { PATH: GUEST_PATH }, stdio: ['pipe', 'pipe', 'pipe'], detached: true },
+  );
 }
 
 function fail(code: AgentErrorCode, message: string): never {

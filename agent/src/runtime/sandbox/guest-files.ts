@@ -64,7 +64,7 @@ function isoTime(text: string | undefined): string {
 
 export async function statGuest(target: GuestTarget, path: string): Promise<FileStat> {
   assertGuestPath(path);
-  const call = GuestCall.start(target, 'stat', [path], { timeoutMs: META_MS });
+  const call = await GuestCall.start(target, 'stat', [path], { timeoutMs: META_MS });
   const [type, size, mtime, mode] = await call.status();
   if (mode === undefined || !/^[0-7]{1,4}$/.test(mode)) throw malformed();
   return { fileType: fileType(type), sizeBytes: count(size), modifiedAt: isoTime(mtime), mode };
@@ -73,7 +73,7 @@ export async function statGuest(target: GuestTarget, path: string): Promise<File
 export async function listGuest(target: GuestTarget, path: string, limit: number): Promise<DirListing> {
   assertGuestPath(path);
   assertCount(limit, 'limit');
-  const call = GuestCall.start(target, 'list', [path, String(limit)], { timeoutMs: META_MS });
+  const call = await GuestCall.start(target, 'list', [path, String(limit)], { timeoutMs: META_MS });
   const [truncated] = await call.status();
   if (truncated !== '0' && truncated !== '1') throw malformed();
   const data = await call.rest(MAX_LISTING_BYTES);
@@ -108,7 +108,7 @@ export async function readGuest(target: GuestTarget, spec: FileReadSpec): Promis
   }
   const offset = spec.offset === null ? '-' : String(spec.offset);
   const length = spec.offset === null ? '0' : String(spec.length);
-  const call = GuestCall.start(target, 'read', [spec.path, offset, length, String(spec.maxWholeBytes)], {
+  const call = await GuestCall.start(target, 'read', [spec.path, offset, length, String(spec.maxWholeBytes)], {
     timeoutMs: META_MS,
   });
   const [sizeText, lengthText] = await call.status();
@@ -131,7 +131,7 @@ export async function writeGuest(target: GuestTarget, spec: FileWriteSpec, body:
   assertGuestPath(spec.path);
   if (spec.appendAt !== null) assertCount(spec.appendAt, 'append offset');
   const at = spec.appendAt === null ? '-' : String(spec.appendAt);
-  const call = GuestCall.start(target, 'write', [spec.path, at, String(MAX_APPEND_BYTES)], { timeoutMs: null });
+  const call = await GuestCall.start(target, 'write', [spec.path, at, String(MAX_APPEND_BYTES)], { timeoutMs: null });
   const status = call.status();
   const replied: Promise<typeof REPLIED> = status.then(
     () => REPLIED,
@@ -172,6 +172,6 @@ export async function writeGuest(target: GuestTarget, spec: FileWriteSpec, body:
 export async function deleteGuest(target: GuestTarget, path: string, recursive: boolean): Promise<void> {
   assertGuestPath(path);
   if (path === '/') throw badRequest('cannot delete the root');
-  const call = GuestCall.start(target, 'delete', [path, recursive ? '1' : '0'], { timeoutMs: META_MS });
+  const call = await GuestCall.start(target, 'delete', [path, recursive ? '1' : '0'], { timeoutMs: META_MS });
   await call.status();
 }

@@ -1,12 +1,15 @@
 /**
  * The guest helper's Perl source, in sections: a prelude every operation needs, shared routines,
  * and one body per operation (the detached-process ones here, the file ones in
- * guest-helper-perl-files.ts). guest-helper.ts sends only the sections an operation uses, because
- * Perl compiles the whole program on every start and compile time grows with its length.
+ * guest-helper-perl-files.ts). guest-helper.ts sends a cold helper only the sections its operation
+ * uses, because Perl compiles the whole program on every start and compile time grows with its
+ * length; a warm helper (warm-pool.ts) compiles everything before it is needed, so it gets it all.
  *
  * Constants that differ between platforms (errno values, open flags, system call numbers) come in
  * as `k` and are written into the text, so the program needs neither Fcntl nor POSIX nor Errno.
  */
+import { perlPrefork } from './warm-perl.js';
+
 export interface PerlConstants {
   /** errno value by name. */
   readonly E: (name: string) => number;
@@ -22,6 +25,8 @@ export interface PerlConstants {
   readonly processId: string;
   /** The runner shell of a detached process; holds no single quote. */
   readonly runner: string;
+  /** Children a warm file server keeps waiting for connections. */
+  readonly warmIdle: number;
 }
 
 export interface PerlPart {
@@ -30,8 +35,36 @@ export interface PerlPart {
   readonly body: string;
 }
 
+/**
+ * How a warm helper gets its operation: a child of the file server (warm-perl.ts) holding a
+ * connection reads one request from it, `<8 hex digits: length>\n<op>\0<arg>\0...`, with
+ * exact-length reads so that not a byte of what follows (upload chunks) is taken early. The process
+ * title then names the operation, as a cold helper's arguments do.
+ */
+export function perlWarmRequest(k: PerlConstants): string {
+  return String.raw`
+${perlPrefork()}
+prefork('canto-helper', ${k.warmIdle}, ${k.E('EINTR')});
+my $head = take_from(\*STDIN, 9) // exit 0;
+exit 1 unless $head =~ /^([0-9a-f]{8})\n$/;
+@ARGV = split /\0/, take_from(\*STDIN, hex $1) // exit(0), -1;
+$0 = "canto-helper @ARGV";
+# A write may answer before it has read its upload. Closing a connection with input unread resets
+# it, and the agent would lose the answer; so the answer is followed by our end of the stream, and
+# the rest of the input is read until the agent ends its side (it does once it has the answer).
+my $drain = $ARGV[0] eq 'write';
+END {
+  if ($drain) {
+    shutdown(STDOUT, 1);
+    alarm 30;
+    1 while sysread(STDIN, my $rest, 65536);
+  }
+}
+`;
+}
+
 /** What every operation starts with: output, failures (errno → AgentFailure code), small tools. */
-export function perlPrelude(k: PerlConstants): string {
+export function perlPrelude(k: PerlConstants, warm = false): string {
   const E = k.E;
   const missing = ['ENOENT', 'ENOTDIR'].map(E).join(',');
   const conflict = [
@@ -43,6 +76,7 @@ export function perlPrelude(k: PerlConstants): string {
 $SIG{PIPE} = 'IGNORE';
 umask 022;
 binmode STDIN; binmode STDOUT;
+${warm ? perlWarmRequest(k) : ''}
 my ($op, @arg) = @ARGV;
 sub out {
   my $s = shift; my $o = 0;

@@ -13,6 +13,11 @@
  *
  *   perl -e PROGRAM(op) -- <op> <args>...
  *
+ * A warm helper is a child of the desktop's file server (warm-pool.ts, warm-perl.ts): the program
+ * of every operation but `spawn` compiled in, it reads the operation and its arguments as the first
+ * input of its connection (helperRequest) and from there on is the same program speaking the same
+ * protocol. `spawn` starts guest code and needs the guest's capabilities, so it always runs cold.
+ *
  * Protocol. stdout starts with one status line, then raw data for the ops that return some:
  *   OK <fields...>\n                          success
  *   ERR <code> <current size or -> <text>\n   failure; code is an AgentFailure code
@@ -34,7 +39,10 @@
 import { constants as fsc } from 'node:fs';
 import { constants as osc } from 'node:os';
 import { perlFileParts } from './guest-helper-perl-files.js';
-import { perlPrelude, perlProcessParts, type PerlConstants } from './guest-helper-perl.js';
+import { perlPrelude, perlProcessParts, type PerlConstants, type PerlPart } from './guest-helper-perl.js';
+
+/** Children a warm file server keeps waiting, so that a run of operations never waits for a fork. */
+const WARM_IDLE = 2;
 
 /** Largest append chunk the helper buffers (the API's limit is 8 MiB). */
 export const MAX_APPEND_BYTES = 8 * 1024 * 1024;
@@ -73,7 +81,7 @@ function errno(name: string): number {
   return value;
 }
 
-function build(op: HelperOp): string {
+function build(op: HelperOp | 'warm'): string {
   const sys = SYSCALLS[process.arch];
   if (sys === undefined) throw new Error(`the guest helper does not know the system calls of ${process.arch}`);
   const nb = fsc.O_NONBLOCK | fsc.O_NOCTTY;
@@ -90,20 +98,52 @@ function build(op: HelperOp): string {
     processesDir: PROCESSES_DIR,
     processId: PROCESS_ID_SOURCE,
     runner: RUNNER,
+    warmIdle: WARM_IDLE,
   };
   const files = perlFileParts(k);
   const procs = perlProcessParts(k);
-  const sections = { ...files.sections, ...procs.sections };
-  const part = files.ops[op] ?? procs.ops[op];
+  const sections: Record<string, string> = { ...files.sections, ...procs.sections };
+  const ops: Record<string, PerlPart> = { ...files.ops, ...procs.ops };
+  if (op === 'warm') {
+    // Every section, then each body in a block of its own, chosen by the request.
+    const branches = Object.entries(ops).filter(([name]) => name !== 'spawn').map(
+      ([name, part], i) => `${i === 0 ? 'if' : 'elsif'} ($op eq '${name}') {\n${part.body}}\n`,
+    );
+    const unknown = `else { fail('bad_request', 'unknown helper operation'); }\n`;
+    return [perlPrelude(k, true), ...Object.values(sections), ...branches, unknown, 'exit 0;\n'].join('');
+  }
+  const part = ops[op];
   if (part === undefined) throw new Error(`unknown helper operation ${op}`);
   return [perlPrelude(k), ...part.needs.map((s) => sections[s] ?? ''), part.body, 'exit 0;\n'].join('');
 }
 
-const programs = new Map<HelperOp, string>();
+const programs = new Map<HelperOp | 'warm', string>();
+
+function program(op: HelperOp | 'warm'): string {
+  let text = programs.get(op);
+  if (text === undefined) programs.set(op, (text = build(op)));
+  return text;
+}
 
 /** The helper's source for one operation, built once per operation. */
 export function guestHelperProgram(op: HelperOp): string {
-  let program = programs.get(op);
-  if (program === undefined) programs.set(op, (program = build(op)));
-  return program;
+  return program(op);
+}
+
+/** The source of the warm file server: every operation but `spawn`, chosen by the request. */
+export function warmHelperProgram(): string {
+  return program('warm');
+}
+
+/**
+ * The request that tells a warm helper what to do: `<length as 8 hex digits>\n`, then the operation
+ * and its arguments separated by NULs. A NUL cannot occur in an argument (guest paths are
+ * checked for it, the rest are numbers and ids), so the fields are unambiguous whatever else
+ * (newlines, spaces) a path holds.
+ */
+export function helperRequest(op: HelperOp, args: readonly string[]): Buffer {
+  const fields = [op, ...args];
+  if (fields.some((f) => f.includes('\0'))) throw new Error('a helper argument holds a NUL');
+  const body = Buffer.from(fields.join('\0'), 'utf8');
+  return Buffer.concat([Buffer.from(`${body.length.toString(16).padStart(8, '0')}\n`, 'latin1'), body]);
 }

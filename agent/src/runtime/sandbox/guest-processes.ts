@@ -33,7 +33,7 @@ export function assertProcessId(processId: string): void {
 export async function spawnGuestProcess(target: GuestTarget, spec: DetachedSpec): Promise<void> {
   assertProcessId(spec.processId);
   // The helper itself keeps only the guest's capabilities: the process it starts runs guest code.
-  const call = GuestCall.start(target, 'spawn', [spec.processId], { timeoutMs: CALL_MS, guestCaps: true });
+  const call = await GuestCall.start(target, 'spawn', [spec.processId], { timeoutMs: CALL_MS, guestCaps: true });
   void call.send(spec.command).then(() => call.stdin.end());
   await call.status();
 }
@@ -48,7 +48,7 @@ export async function guestProcessStatus(
     throw new AgentFailure('bad_request', `invalid tail size ${String(tailBytes)}`, false);
   }
   const tail = Math.min(tailBytes, MAX_TAIL_BYTES);
-  const call = GuestCall.start(target, 'status', [processId, String(tail)], { timeoutMs: CALL_MS });
+  const call = await GuestCall.start(target, 'status', [processId, String(tail)], { timeoutMs: CALL_MS });
   const fields = await call.status();
   if (fields[0] === 'none') return null;
   const [status, code, outLen, errLen] = fields;
@@ -72,7 +72,7 @@ export async function guestProcessStatus(
 
 /** Kills every detached process still running in the guest; returns how many there were. */
 export async function killGuestDetached(target: GuestTarget): Promise<number> {
-  const call = GuestCall.start(target, 'kill-detached', [], { timeoutMs: CALL_MS });
+  const call = await GuestCall.start(target, 'kill-detached', [], { timeoutMs: CALL_MS });
   const [n] = await call.status();
   if (n === undefined || !/^[0-9]+$/.test(n)) throw malformed();
   return Number(n);

@@ -3,6 +3,7 @@
  * init by (host pid, kernel start time) rather than by a child handle: the pair survives an agent
  * restart and cannot be confused with an unrelated process that later reuses the pid.
  */
+import { readFileSync } from 'node:fs';
 import { readdir, readFile } from 'node:fs/promises';
 
 export interface ProcStat {
@@ -21,6 +22,10 @@ export async function procStat(pid: number): Promise<ProcStat | null> {
   } catch {
     return null;
   }
+  return parseStat(pid, text);
+}
+
+function parseStat(pid: number, text: string): ProcStat | null {
   const rest = text.slice(text.lastIndexOf(')') + 2).split(' ');
   // rest[0] is field 3 (state); field N is rest[N - 3].
   if (rest[0] === 'Z' || rest[0] === 'X') return null;
@@ -35,6 +40,20 @@ export async function procStat(pid: number): Promise<ProcStat | null> {
 export async function isSameProcess(pid: number, startTime: string): Promise<boolean> {
   const st = await procStat(pid);
   return st !== null && st.startTime === startTime;
+}
+
+/**
+ * The same check, synchronously, for the path of every guest operation: a /proc file is made up
+ * by the kernel on read and never blocks, and a trip through the thread pool costs more than it.
+ */
+export function isSameProcessSync(pid: number, startTime: string): boolean {
+  let text: string;
+  try {
+    text = readFileSync(`/proc/${pid}/stat`, 'utf8');
+  } catch {
+    return false;
+  }
+  return parseStat(pid, text)?.startTime === startTime;
 }
 
 export async function allProcs(): Promise<ProcStat[]> {
@@ -58,13 +77,7 @@ export async function killSession(session: number): Promise<void> {
  */
 export async function killTree(root: number): Promise<void> {
   const rootStat = await procStat(root);
-  const tree: number[] = [];
-  const queue = [root];
-  while (queue.length > 0) {
-    const pid = queue.shift() as number;
-    tree.push(pid);
-    queue.push(...(await childPids(pid)));
-  }
+  const tree = await processTree(root);
   const sessions = new Set<number>();
   for (const pid of tree) {
     const st = await procStat(pid);
@@ -72,6 +85,18 @@ export async function killTree(root: number): Promise<void> {
   }
   for (const pid of tree) signal(pid, 'SIGKILL');
   for (const s of sessions) await killSession(s);
+}
+
+/** A process and all its descendants, parents before children. */
+export async function processTree(root: number): Promise<number[]> {
+  const tree: number[] = [];
+  const queue = [root];
+  while (queue.length > 0) {
+    const pid = queue.shift() as number;
+    tree.push(pid);
+    queue.push(...(await childPids(pid)));
+  }
+  return tree;
 }
 
 export async function childPids(pid: number): Promise<number[]> {

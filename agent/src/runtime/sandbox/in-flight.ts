@@ -7,7 +7,8 @@
  * `begin` refuses new operations with `not_running`. Registration is synchronous: an operation is
  * known from the moment it passes the fence check, before its process exists, so `drain` can never
  * miss one that is about to spawn (an operation cancelled before it spawns kills its process as
- * soon as it is attached).
+ * soon as it is attached). The warm pool (warm-pool.ts) asks the same fence before starting a
+ * server, so nothing new enters a desktop while it stops.
  */
 import { AgentFailure } from '../../../../shared/src/protocol.js';
 
@@ -68,7 +69,7 @@ export class InFlight {
 
   /** Registers a new operation, or refuses it while the desktop is stopping. */
   begin(desktopId: string, kind: GuestOpKind): GuestOp {
-    if ((this.fences.get(desktopId) ?? 0) > 0) {
+    if (this.fenced(desktopId)) {
       throw new AgentFailure('not_running', `desktop ${desktopId} is stopping`, false);
     }
     let set = this.ops.get(desktopId);
@@ -80,6 +81,11 @@ export class InFlight {
     });
     owner.add(op);
     return op;
+  }
+
+  /** True while a stop holds the desktop's fence. */
+  fenced(desktopId: string): boolean {
+    return (this.fences.get(desktopId) ?? 0) > 0;
   }
 
   /** Refuses new operations on the desktop until the returned function is called. */

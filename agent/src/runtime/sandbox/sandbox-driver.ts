@@ -13,7 +13,9 @@
  * other, outside the mutex. Hibernate and destroy therefore fence the desktop first (new operations
  * get `not_running`), give file operations a short grace, and kill whatever is still in flight
  * before CRIU dumps or the guest is killed; hibernate also kills the detached processes, which the
- * SPEC says do not survive it.
+ * SPEC says do not survive it. The warm servers kept for guest operations (warm-pool.ts) are killed
+ * right after that drain, and whenever a desktop starts they are dropped with the init they belong
+ * to.
  */
 import { access, constants, readdir, rename, rm, writeFile } from 'node:fs/promises';
 import { delimiter, join, resolve } from 'node:path';
@@ -103,7 +105,7 @@ export class SandboxDriver implements RuntimeDriver {
     log: ((msg: string, fields?: object) => void) | undefined,
   ) {
     this.log = log ?? (() => undefined);
-    this.guest = new GuestOperations(stateDir, tools.nsenter, (paths) => this.runningInit(paths));
+    this.guest = new GuestOperations(stateDir, tools.nsenter, (paths) => this.runningInit(paths), this.log);
   }
 
   /** Detects CRIU and the sandbox tools, and prepares the state directory. */
@@ -139,6 +141,8 @@ export class SandboxDriver implements RuntimeDriver {
       let init = await this.runningInit(paths);
       if (init === null) {
         const t0 = performance.now();
+        // Warm servers of a previous init are dead or about to be: a new init gets its own.
+        await this.guest.reset(spec.desktopId);
         await rm(paths.snapshotTmp, { recursive: true, force: true });
         // Leftovers of a desktop whose init died (or of a restore the agent crashed during) would
         // otherwise run beside the new guest: kill them, and start from fresh groups.
@@ -165,11 +169,19 @@ export class SandboxDriver implements RuntimeDriver {
   async hibernate(desktopId: string): Promise<{ snapshot: boolean }> {
     const paths = desktopPaths(this.stateDir, desktopId);
     return this.fenced(desktopId, async () => {
-      if (!(await hasDisk(paths))) return { snapshot: false };
+      if (!(await hasDisk(paths))) {
+        await this.guest.reset(desktopId);
+        return { snapshot: false };
+      }
       const init = await this.runningInit(paths);
-      if (init === null) return { snapshot: await exists(paths.snapshot) };
+      if (init === null) {
+        await this.guest.reset(desktopId);
+        return { snapshot: await exists(paths.snapshot) };
+      }
       const t0 = performance.now();
       await this.guest.inFlight.drain(desktopId, FILE_OP_GRACE_MS);
+      // A warm server inside the guest would break the dump (its children serve no operation now).
+      await this.guest.reset(desktopId);
       await this.killDetached(desktopId, init);
       if (this.criu !== null) {
         try {
@@ -197,6 +209,7 @@ export class SandboxDriver implements RuntimeDriver {
     await this.fenced(desktopId, async () => {
       // No grace: whatever a file operation would finish is about to be deleted.
       await this.guest.inFlight.drain(desktopId, 0);
+      await this.guest.reset(desktopId);
       const init = await this.runningInit(paths);
       if (init !== null) await this.stopProcesses(paths, desktopId, init);
       else await drainAndRemove(desktopId, 0);
@@ -294,6 +307,7 @@ export class SandboxDriver implements RuntimeDriver {
   }
 
   async close(): Promise<void> {
+    await this.guest.close();
     await this.mutex.idle();
   }
 
