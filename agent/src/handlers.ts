@@ -27,6 +27,8 @@ import {
   AgentFailure,
   DestroyPayload,
   DirListPayload,
+  DisplayGetPayload,
+  DisplaySetPayload,
   ExecPayload,
   FileDeletePayload,
   FileReadPayload,
@@ -215,6 +217,14 @@ export class CommandHandlers {
             truncated: list.truncated,
           };
         });
+      }
+      case 'guest.display.get': {
+        const p = parse(DisplayGetPayload, raw, type);
+        return this.guest(type, p, () => this.driver.getDisplay(p.desktop_id));
+      }
+      case 'guest.display.set': {
+        const p = parse(DisplaySetPayload, raw, type);
+        return this.guest(type, p, () => this.driver.setDisplay(p.desktop_id, { width: p.width, height: p.height }));
       }
       default: {
         const unknown: never = type;

@@ -13,6 +13,7 @@
  *         guest.dir.list; error codes path_missing, path_conflict, too_large; frame members
  *         upload and download with stream.up/stream.down notifications.
  *   1.2 — desktop.fork.
+ *   1.3 — guest.display.get, guest.display.set.
  *
  * Every desktop command carries the desktop's `generation`. The agent remembers the highest
  * generation it has seen per desktop and refuses an older one with `stale_generation`: after a
@@ -22,7 +23,7 @@
 import { Type, type Static, type TSchema } from '@sinclair/typebox';
 import { TypeCompiler } from '@sinclair/typebox/compiler';
 
-export const PROTOCOL_VERSION = '1.2';
+export const PROTOCOL_VERSION = '1.3';
 export const WIRE_VERSION = 1;
 
 export function protocolMajor(version: string): number {
@@ -205,6 +206,15 @@ export const DirListResult = Type.Object({
   truncated: Type.Boolean(),
 });
 
+export const DisplayGetPayload = Type.Object({ ...DesktopRef });
+export const DisplaySetPayload = Type.Object({
+  ...DesktopRef,
+  width: Type.Integer({ minimum: 1, maximum: 16384 }),
+  height: Type.Integer({ minimum: 1, maximum: 16384 }),
+});
+/** The geometry read from the guest's X server (after a resize: read again). */
+export const DisplayResult = Type.Object({ width: Type.Integer({ minimum: 1 }), height: Type.Integer({ minimum: 1 }) });
+
 /** Request types the scheduler sends, with their payload and result schemas. */
 export const AGENT_COMMANDS = {
   'desktop.prepare': { payload: PreparePayload, result: PrepareResult },
@@ -220,6 +230,8 @@ export const AGENT_COMMANDS = {
   'guest.file.delete': { payload: FileDeletePayload, result: FileDeleteResult },
   'guest.file.stat': { payload: FileStatPayload, result: FileStatResult },
   'guest.dir.list': { payload: DirListPayload, result: DirListResult },
+  'guest.display.get': { payload: DisplayGetPayload, result: DisplayResult },
+  'guest.display.set': { payload: DisplaySetPayload, result: DisplayResult },
 } as const;
 
 export type AgentCommand = keyof typeof AGENT_COMMANDS;

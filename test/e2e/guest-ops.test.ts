@@ -447,8 +447,22 @@ describe.skipIf(!isRoot)('guest operations through the API, on a real sandbox de
     });
   });
 
+  describe('display', () => {
+    it('reads the live geometry and resizes it, read back from the X server', async () => {
+      expect((await call('GET', `/v1/desktops/${id}/display`)).json).toEqual({ width: 1024, height: 768 });
+      const put = await call('PUT', `/v1/desktops/${id}/display`, { width: 1280, height: 800 });
+      expect(put.status, put.text).toBe(200);
+      expect(put.json).toEqual({ width: 1280, height: 800 });
+      // The guest's own X clients see the new size.
+      expect((await exec('xdpyinfo 2>/dev/null | grep dimensions || xrandr --current | head -1')).json.stdout).toMatch(/1280 ?x ?800/);
+      expect((await call('GET', `/v1/desktops/${id}/display`)).json).toEqual({ width: 1280, height: 800 });
+      expectProblem(await call('PUT', `/v1/desktops/${id}/display`, { width: 4000, height: 800 }), 400, 'too wide');
+    });
+  });
+
   describe('state and reachability', () => {
     it('kills detached processes on hibernate (they read lost after wake) and answers 409 while not awake', async () => {
+      expect((await call('PUT', `/v1/desktops/${id}/display`, { width: 1600, height: 900 })).status).toBe(200);
       const started = await exec('sleep 1000', { detached: true });
       const path = `/v1/desktops/${id}/processes/${started.json.process_id}`;
       expect((await call('GET', path)).json.status).toBe('running');
@@ -463,6 +477,8 @@ describe.skipIf(!isRoot)('guest operations through the API, on a real sandbox de
       expect(woke.status, woke.text).toBe(200);
       const after = await call('GET', path);
       expect(after.json).toMatchObject({ status: 'lost', exit_code: -1 });
+      // The display geometry is part of the memory snapshot.
+      expect((await call('GET', `/v1/desktops/${id}/display`)).json).toEqual({ width: 1600, height: 900 });
       // Files survive hibernation.
       expect((await raw('GET', `/v1/desktops/${id}/files/root/log.txt`)).text).toBe('one\ntwo\n');
     }, 60_000);

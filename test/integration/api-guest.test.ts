@@ -66,6 +66,22 @@ describe('guest routes over the fake runtime', () => {
     expect(status.json).toMatchObject({ status: 'exited', exit_code: 5 });
   });
 
+  it('reads and resizes the display within 640-2560 x 480-1600, and keeps the size across a memory snapshot', async () => {
+    const id = await awakeDesktop();
+    expect((await call('GET', `/v1/desktops/${id}/display`)).json).toEqual({ width: 1024, height: 768 });
+    const put = await call('PUT', `/v1/desktops/${id}/display`, { width: 1280, height: 800 });
+    expect(put.status, put.text).toBe(200);
+    expect(put.json).toEqual({ width: 1280, height: 800 });
+    for (const body of [{ width: 639, height: 600 }, { width: 2561, height: 600 }, { width: 800, height: 479 }, { width: 800, height: 1601 }, { width: 800 }, { width: 800.5, height: 600 }, {}]) {
+      expectProblem(await call('PUT', `/v1/desktops/${id}/display`, body), 400, JSON.stringify(body));
+    }
+    expect((await call('PUT', `/v1/desktops/${id}/display`, { width: 2560, height: 1600 })).json).toEqual({ width: 2560, height: 1600 });
+    await call('POST', `/v1/desktops/${id}/hibernate?wait=true`);
+    expectProblem(await call('GET', `/v1/desktops/${id}/display`), 409, 'hibernated');
+    await call('POST', `/v1/desktops/${id}/wake?wait=true`);
+    expect((await call('GET', `/v1/desktops/${id}/display`)).json).toEqual({ width: 2560, height: 1600 });
+  });
+
   it('answers 409 for a desktop that is not awake, before contacting any host', async () => {
     const created = await call('POST', '/v1/desktops', { tier: 'small' });
     const res = await call('POST', `/v1/desktops/${created.json.id}/exec`, { command: 'true' });

@@ -41,6 +41,7 @@ const ROUTES: Record<string, Record<string, number[]>> = {
   },
   '/v1/desktops/{id}/files-meta/{path}': { get: [400, 401, 404, 409, 503, 504] },
   '/v1/desktops/{id}/dir/{path}': { get: [400, 401, 404, 409, 503, 504] },
+  '/v1/desktops/{id}/display': { get: [400, 401, 404, 409, 501, 503, 504], put: [400, 401, 404, 409, 501, 503, 504] },
   '/v1/webhooks': { get: [401], post: [400, 401] },
   '/v1/webhooks/{id}': { delete: [401, 404] },
   '/v1/webhooks/{id}/deliveries': { get: [400, 401, 404] },

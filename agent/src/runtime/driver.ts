@@ -114,6 +114,11 @@ export interface DirListing {
   readonly truncated: boolean;
 }
 
+export interface DisplaySize {
+  readonly width: number;
+  readonly height: number;
+}
+
 export interface DesktopStatus {
   readonly desktopId: string;
   readonly running: boolean;
@@ -156,6 +161,13 @@ export interface RuntimeDriver {
   statPath(desktopId: string, path: GuestPath): Promise<FileStat>;
   /** Follows a symlinked directory; entries are not followed. */
   listDir(desktopId: string, path: GuestPath, limit: number): Promise<DirListing>;
+  /** The display's current geometry, read live from the guest's X server. */
+  getDisplay(desktopId: string): Promise<DisplaySize>;
+  /**
+   * Resizes the display (RandR) and returns the geometry read back. It survives a memory
+   * snapshot; a cold boot starts at 1024x768.
+   */
+  setDisplay(desktopId: string, size: DisplaySize): Promise<DisplaySize>;
   /** Desktops this host holds a disk for. */
   list(): Promise<DesktopStatus[]>;
   /** Releases driver resources; running desktops keep running. */

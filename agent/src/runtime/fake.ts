@@ -20,6 +20,7 @@ import type { Tier } from '../../../shared/src/tiers.js';
 import type {
   DesktopStatus,
   DetachedSpec,
+  DisplaySize,
   DirListing,
   ExecOutcome,
   ExecSpec,
@@ -46,6 +47,7 @@ export interface FakeDesktop {
   restores: number;
   files: Map<string, Buffer>;
   processes: Map<string, ProcessStatus>;
+  display: DisplaySize;
 }
 
 export interface FakeDriverOptions {
@@ -79,7 +81,7 @@ export class FakeDriver implements RuntimeDriver {
       if (this.desktops.has(desktopId)) return;
       this.desktops.set(desktopId, {
         tier, running: false, hasSnapshot: false, firstBoot: null, firstBootRuns: 0, coldBoots: 0, restores: 0,
-        files: new Map(), processes: new Map(),
+        files: new Map(), processes: new Map(), display: { width: 1024, height: 768 },
       });
     });
   }
@@ -95,6 +97,7 @@ export class FakeDriver implements RuntimeDriver {
         return { restored: true };
       }
       desktop.coldBoots++;
+      desktop.display = { width: 1024, height: 768 }; // a cold boot starts at the default size
       if (spec.firstBoot && desktop.firstBootRuns === 0) {
         desktop.firstBoot = spec.firstBoot;
         desktop.firstBootRuns++;
@@ -260,6 +263,16 @@ export class FakeDriver implements RuntimeDriver {
   async close(): Promise<void> {
     this.closed = true;
     this.closing.abort();
+  }
+
+  async getDisplay(desktopId: string): Promise<DisplaySize> {
+    return { ...this.running(desktopId).display };
+  }
+
+  async setDisplay(desktopId: string, size: DisplaySize): Promise<DisplaySize> {
+    const desktop = this.running(desktopId);
+    desktop.display = { width: size.width, height: size.height };
+    return { ...desktop.display };
   }
 
   private running(desktopId: string): FakeDesktop {

@@ -10,6 +10,7 @@ import type { Logger } from '../../../shared/src/log.js';
 import { ApiError, problem } from '../errors.js';
 import {
   DesktopJson,
+  DisplayResponse,
   ExecDetachedResponse,
   ExecResponse,
   FileStatJson,
@@ -27,6 +28,7 @@ import { registerOperationRoutes } from './routes/operations.js';
 import { registerUsageRoutes } from './routes/usage.js';
 import { registerExecRoutes } from './routes/exec.js';
 import { registerFileRoutes } from './routes/files.js';
+import { registerDisplayRoutes } from './routes/display.js';
 import { registerWebhookRoutes } from './routes/webhooks.js';
 import type { DesktopService } from '../services/desktops.js';
 import type { LifecycleService } from '../services/lifecycle.js';
@@ -86,7 +88,7 @@ export async function buildApp(deps: AppDeps): Promise<App> {
   app.decorateRequest('orgId', '');
   for (const schema of [
     Problem, DesktopJson, OperationJson, UsageResponse,
-    ExecResponse, ExecDetachedResponse, ProcessStatusResponse, FileStatJson, ListDirResponse,
+    ExecResponse, ExecDetachedResponse, ProcessStatusResponse, FileStatJson, ListDirResponse, DisplayResponse,
     WebhookEndpointJson, WebhookDeliveryJson,
   ]) app.addSchema(schema);
 
@@ -181,6 +183,7 @@ export async function buildApp(deps: AppDeps): Promise<App> {
   registerUsageRoutes(app, deps);
   registerExecRoutes(app, deps);
   registerFileRoutes(app, deps);
+  registerDisplayRoutes(app, deps);
   registerWebhookRoutes(app, deps);
   return app;
 }

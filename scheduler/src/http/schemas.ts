@@ -270,3 +270,18 @@ export const WebhookIdParams = Type.Object({ id: Type.String({ pattern: idPatter
 export const DeliveriesQuery = Type.Object({
   limit: Type.Optional(Type.String({ pattern: DIGITS, description: 'Integer 1..200; default 50' })),
 });
+
+/* ------------------------------------------------------------------ computer use */
+
+export const DisplayResponse = Type.Object(
+  { width: Type.Integer({ description: 'Pixels' }), height: Type.Integer({ description: 'Pixels' }) },
+  { $id: 'DisplayResponse' },
+);
+
+export const DisplayBody = Type.Object(
+  {
+    width: Type.Integer({ minimum: 640, maximum: 2560 }),
+    height: Type.Integer({ minimum: 480, maximum: 1600 }),
+  },
+  { additionalProperties: true },
+);

@@ -170,6 +170,17 @@ export class GuestService {
     return this.run(target, 'guest.dir.list', { ...target.ref, path, limit: DIR_LIST_MAX_ENTRIES }, GUEST_OP_TIMEOUT_MS);
   }
 
+  async getDisplay(orgId: string, desktopId: string) {
+    const target = await this.target(orgId, desktopId);
+    return this.run(target, 'guest.display.get', { ...target.ref }, GUEST_OP_TIMEOUT_MS);
+  }
+
+  /** Resizes, then answers the geometry read back from the guest. */
+  async setDisplay(orgId: string, desktopId: string, width: number, height: number) {
+    const target = await this.target(orgId, desktopId);
+    return this.run(target, 'guest.display.set', { ...target.ref, width, height }, GUEST_OP_TIMEOUT_MS);
+  }
+
   /** The desktop, awake, on a connected host; otherwise the 404, 409 or 503 the API gives. */
   private async target(orgId: string, desktopId: string): Promise<Target> {
     const desktop: DesktopRow | null = await getDesktop(this.sql, orgId, desktopId);

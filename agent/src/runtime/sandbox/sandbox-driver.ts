@@ -25,6 +25,7 @@ import type {
   DesktopStatus,
   DetachedSpec,
   DirListing,
+  DisplaySize,
   ExecOutcome,
   ExecSpec,
   FileRead,
@@ -41,6 +42,7 @@ import { applyTier, drainAndRemove } from './cgroups.js';
 import { coldBoot, type InitProcess } from './cold-boot.js';
 import { detectCriu, dump, restore, type CriuInfo } from './criu.js';
 import { renderEnvFile, WRITE_ENV_COMMAND } from './first-boot.js';
+import { readDisplay, resizeDisplay } from './guest-display.js';
 import { guestExec, MAX_OUTPUT_BYTES } from './guest-exec.js';
 import { NESTED_MOUNTPOINTS } from './guest-init.js';
 import { GuestOperations } from './guest-ops.js';
@@ -247,6 +249,14 @@ export class SandboxDriver implements RuntimeDriver {
       this.log('desktop forked', { desktopId: sourceId, forks: missing.length, snapshot, ms: Math.round(performance.now() - t0) });
       return { snapshot };
     });
+  }
+
+  getDisplay(desktopId: string): Promise<DisplaySize> {
+    return readDisplay((spec) => this.guest.exec(desktopId, spec));
+  }
+
+  setDisplay(desktopId: string, size: DisplaySize): Promise<DisplaySize> {
+    return resizeDisplay((spec) => this.guest.exec(desktopId, spec), size);
   }
 
   exec(desktopId: string, spec: ExecSpec): Promise<ExecOutcome> {
