@@ -17,8 +17,8 @@
  * right after that drain, and whenever a desktop starts they are dropped with the init they belong
  * to.
  */
-import { access, constants, readdir, rename, rm, writeFile } from 'node:fs/promises';
-import { delimiter, join, resolve } from 'node:path';
+import { readdir, rename, rm } from 'node:fs/promises';
+import { resolve } from 'node:path';
 import { AgentFailure } from '../../../../shared/src/protocol.js';
 import type { Tier } from '../../../../shared/src/tiers.js';
 import type {
@@ -41,7 +41,8 @@ import type {
 import { applyTier, drainAndRemove } from './cgroups.js';
 import { coldBoot, type InitProcess } from './cold-boot.js';
 import { detectCriu, dump, restore, type CriuInfo } from './criu.js';
-import { renderEnvFile, WRITE_ENV_COMMAND } from './first-boot.js';
+import { applyFirstBoot, WRITE_ENV_COMMAND } from './first-boot.js';
+import { resolveTool } from './tools.js';
 import { readDisplay, resizeDisplay } from './guest-display.js';
 import { guestExec, MAX_OUTPUT_BYTES } from './guest-exec.js';
 import { NESTED_MOUNTPOINTS } from './guest-init.js';
@@ -80,20 +81,6 @@ const DRAIN_MS = 3_000;
 const INTERNAL_EXEC_MS = 30_000;
 /** How long hibernate lets in-flight file operations finish before killing them. */
 const FILE_OP_GRACE_MS = 5_000;
-
-/** Finds a system tool on PATH, else at its usual location. */
-async function resolveTool(name: string, fallback: string): Promise<string> {
-  const dirs = (process.env.PATH ?? '').split(delimiter).filter((d) => d.startsWith('/'));
-  for (const candidate of [...dirs.map((d) => join(d, name)), fallback]) {
-    try {
-      await access(candidate, constants.X_OK);
-      return candidate;
-    } catch {
-      // try the next one
-    }
-  }
-  throw new Error(`${name} not found (looked on PATH and at ${fallback})`);
-}
 
 export class SandboxDriver implements RuntimeDriver {
   private readonly mutex = new KeyedMutex();
@@ -162,7 +149,15 @@ export class SandboxDriver implements RuntimeDriver {
         this.log('desktop started', { desktopId: spec.desktopId, restored, ms: Math.round(performance.now() - t0) });
       }
       if (spec.firstBoot !== null && !(await exists(paths.firstBootMarker))) {
-        await this.applyFirstBoot(paths, spec.desktopId, init, spec.firstBoot);
+        await applyFirstBoot(
+          {
+            writeEnv: (content) => this.execIn(spec.desktopId, init, WRITE_ENV_COMMAND, INTERNAL_EXEC_MS, content),
+            startSetup: (script) => spawnGuestProcess(this.guest.target(spec.desktopId, init), { processId: 'setup', command: script }),
+            markerPath: paths.firstBootMarker,
+            log: (msg, fields) => this.log(msg, { desktopId: spec.desktopId, ...fields }),
+          },
+          spec.firstBoot,
+        );
       }
       return { restored };
     });
@@ -389,26 +384,6 @@ export class SandboxDriver implements RuntimeDriver {
     await rm(paths.initFile, { force: true });
     if (!(await drainAndRemove(desktopId, DRAIN_MS))) {
       this.log('cgroups could not be removed', { desktopId });
-    }
-  }
-
-  private async applyFirstBoot(
-    paths: DesktopPaths,
-    desktopId: string,
-    init: InitProcess,
-    spec: NonNullable<StartSpec['firstBoot']>,
-  ): Promise<void> {
-    const env = await this.execIn(desktopId, init, WRITE_ENV_COMMAND, INTERNAL_EXEC_MS, renderEnvFile(spec.env));
-    if (env.exitCode !== 0) {
-      throw new AgentFailure('runtime_error', `writing the env file failed: ${env.stderr.trim()}`, true);
-    }
-    // The marker goes down before the script starts: at most once, even across a crash.
-    await writeFile(paths.firstBootMarker, new Date().toISOString());
-    if (spec.setupScript !== null) {
-      const target = this.guest.target(desktopId, init);
-      await spawnGuestProcess(target, { processId: 'setup', command: spec.setupScript }).catch((err: unknown) =>
-        this.log('setup script could not be started', { desktopId, error: String(err) }),
-      );
     }
   }
 
