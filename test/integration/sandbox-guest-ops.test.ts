@@ -15,6 +15,7 @@ import { newId } from '../../shared/src/ids.js';
 import type { AgentFailure } from '../../shared/src/protocol.js';
 import type { FileRead } from '../../agent/src/runtime/driver.js';
 import { guestHelperProgram, type HelperOp } from '../../agent/src/runtime/sandbox/guest-helper.js';
+import { until } from '../helpers/scheduler.js';
 import { createSandboxDriver, type SandboxDriver } from '../../agent/src/runtime/sandbox/index.js';
 import { failure } from '../helpers/agent-failure.js';
 
@@ -33,14 +34,6 @@ async function timed<T>(name: string, fn: () => Promise<T>): Promise<T> {
     return await fn();
   } finally {
     (timings[name] ??= []).push(Math.round((performance.now() - t0) * 10) / 10);
-  }
-}
-
-async function waitUntil(check: () => Promise<boolean>, timeoutMs = 5_000): Promise<void> {
-  const deadline = Date.now() + timeoutMs;
-  while (!(await check())) {
-    if (Date.now() > deadline) throw new Error('condition not met before the deadline');
-    await new Promise((r) => setTimeout(r, 20));
   }
 }
 
@@ -284,7 +277,7 @@ describe.skipIf(!isRoot)('sandbox driver guest operations', () => {
     };
     const upload = driver.writeFile(id, { path: '/root/a/keep.txt', appendAt: null }, paused());
     let helpers: number[] = [];
-    await waitUntil(async () => (helpers = await hostPidsWithArgs('write', '/root/a/keep.txt')).length > 0);
+    await until(async () => (helpers = await hostPidsWithArgs('write', '/root/a/keep.txt')).length > 0);
     for (const pid of helpers) process.kill(pid, 'SIGKILL');
     resume();
     expect((await failure(upload)).code).toBe('runtime_error');
@@ -418,14 +411,14 @@ describe.skipIf(!isRoot)('sandbox driver guest operations', () => {
     );
     expect((await driver.processStatus(id, a, 100))?.status).toBe('running');
     expect(await sh(`cat /root/.canto/processes/${a}/pid`)).toMatch(/^\d+ \d+$/);
-    await waitUntil(async () => (await driver.processStatus(id, a, 100))?.status === 'exited');
+    await until(async () => (await driver.processStatus(id, a, 100))?.status === 'exited');
     expect(await timed('process status', () => driver.processStatus(id, a, 100))).toEqual({
       status: 'exited', exitCode: 5, stdoutTail: `hello 'world'\n`, stderrTail: 'err\n',
     });
 
     const b = newId('process');
     await driver.spawnDetached(id, { processId: b, command: 'seq 1 1000; echo run >> /root/b-runs' });
-    await waitUntil(async () => (await driver.processStatus(id, b, 10))?.status === 'exited');
+    await until(async () => (await driver.processStatus(id, b, 10))?.status === 'exited');
     const full = Array.from({ length: 1000 }, (_, i) => `${i + 1}\n`).join('');
     expect((await driver.processStatus(id, b, 10))?.stdoutTail).toBe(full.slice(-10));
     expect((await driver.processStatus(id, b, 0))?.stdoutTail).toBe('');
@@ -439,7 +432,7 @@ describe.skipIf(!isRoot)('sandbox driver guest operations', () => {
     await driver.spawnDetached(id, { processId: c, command: 'sleep 1000' });
     const [pid] = (await sh(`cat /root/.canto/processes/${c}/pid`)).split(' ');
     await sh(`kill -9 -${pid}`);
-    await waitUntil(async () => (await driver.processStatus(id, c, 10))?.status === 'lost');
+    await until(async () => (await driver.processStatus(id, c, 10))?.status === 'lost');
     await sh(`echo "1 42" > /root/.canto/processes/${c}/pid`);
     expect((await driver.processStatus(id, c, 10))?.status).toBe('lost');
 
@@ -484,7 +477,7 @@ describe.skipIf(!isRoot)('sandbox driver guest operations', () => {
       await new Promise<void>((r) => (unstick = r));
     })());
     const exec = driver.exec(id, { command: 'sleep 30', timeoutMs: 60_000, maxOutputBytes: 100 });
-    await waitUntil(async () => (await hostPidsWithArgs('write', '/root/h/stuck.txt')).length > 0);
+    await until(async () => (await hostPidsWithArgs('write', '/root/h/stuck.txt')).length > 0);
 
     const t0 = Date.now();
     const hibernating = driver.hibernate(id);

@@ -1,6 +1,6 @@
 /** Placement pipeline: feasibility (status, link, cordon, capacity with overcommit), ranking, selection. */
 import { describe, expect, it } from 'vitest';
-import { feasibleHosts, type HostCandidate } from '../../scheduler/src/placement/feasible.js';
+import { feasibleHosts, hasSlots, type HostCandidate } from '../../scheduler/src/placement/feasible.js';
 import { rankHosts } from '../../scheduler/src/placement/rank.js';
 import { selectHost } from '../../scheduler/src/placement/select.js';
 
@@ -23,6 +23,16 @@ describe('placement', () => {
   it('drops hosts that are disconnected, down or cordoned', () => {
     const hosts = [host('a', { connected: false }), host('b', { ready: false }), host('c', { cordoned: true }), host('d')];
     expect(feasibleHosts(hosts, 'small', none).map((h) => h.id)).toEqual(['d']);
+  });
+
+  it('needs free storage slots for the tier, hibernated desktops included', () => {
+    // small holds 1 slot, large 4.
+    expect(feasibleHosts([host('a', { slots: 4, slotsUsed: 3 })], 'small', none)).toHaveLength(1);
+    expect(feasibleHosts([host('a', { slots: 4, slotsUsed: 4 })], 'small', none)).toHaveLength(0);
+    expect(feasibleHosts([host('a', { slots: 4, slotsUsed: 1 })], 'large', none)).toHaveLength(0);
+    expect(hasSlots({ slots: 8, slotsUsed: 4 }, 'large', 1)).toBe(true);
+    expect(hasSlots({ slots: 8, slotsUsed: 4 }, 'large', 2)).toBe(false);
+    expect(hasSlots({ slots: 20, slotsUsed: 0 }, 'small', 20)).toBe(true);
   });
 
   it('checks CPU and memory capacity after overcommit', () => {

@@ -133,26 +133,14 @@ export class GuestService {
   /** `offset` null reads the whole file (413 above the cap); otherwise a window of `length`. */
   async readFile(orgId: string, desktopId: string, path: string, offset: number | null, length: number) {
     const target = await this.target(orgId, desktopId);
-    try {
-      return await this.link.callDownload(target.hostId, 'guest.file.read', {
-        ...target.ref,
-        path,
-        offset,
-        length,
-        max_whole_bytes: FILE_CHUNK_MAX_BYTES,
-      }, GUEST_OP_TIMEOUT_MS);
-    } catch (err) {
-      throw this.toApiError(err, 'guest.file.read');
-    }
+    const payload = { ...target.ref, path, offset, length, max_whole_bytes: FILE_CHUNK_MAX_BYTES };
+    return this.mapped('guest.file.read', () => this.link.callDownload(target.hostId, 'guest.file.read', payload, GUEST_OP_TIMEOUT_MS));
   }
 
   async writeFile(orgId: string, desktopId: string, path: string, appendAt: number | null, body: AsyncIterable<Uint8Array>): Promise<void> {
     const target = await this.target(orgId, desktopId);
-    try {
-      await this.link.call(target.hostId, 'guest.file.write', { ...target.ref, path, append_at: appendAt }, GUEST_OP_TIMEOUT_MS, body);
-    } catch (err) {
-      throw this.toApiError(err, 'guest.file.write');
-    }
+    const payload = { ...target.ref, path, append_at: appendAt };
+    await this.mapped('guest.file.write', () => this.link.call(target.hostId, 'guest.file.write', payload, GUEST_OP_TIMEOUT_MS, body));
   }
 
   async deletePath(orgId: string, desktopId: string, path: string, recursive: boolean): Promise<void> {
@@ -190,9 +178,14 @@ export class GuestService {
     return { hostId: desktop.host_id, ref: { desktop_id: desktop.id, generation: desktop.generation } };
   }
 
-  private async run<C extends AgentCommand>(target: Target, command: C, payload: CommandPayload<C>, timeoutMs: number): Promise<CommandResult<C>> {
+  private run<C extends AgentCommand>(target: Target, command: C, payload: CommandPayload<C>, timeoutMs: number): Promise<CommandResult<C>> {
+    return this.mapped(command, () => this.link.call(target.hostId, command, payload, timeoutMs));
+  }
+
+  /** Runs one agent call, turning what the agent answered into the API's error. */
+  private async mapped<T>(command: AgentCommand, work: () => Promise<T>): Promise<T> {
     try {
-      return await this.link.call(target.hostId, command, payload, timeoutMs);
+      return await work();
     } catch (err) {
       throw this.toApiError(err, command);
     }

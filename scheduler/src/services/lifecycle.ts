@@ -20,7 +20,8 @@ import { inTransaction, type Sql } from '../store/db.js';
 import { slotsUsed } from '../store/hosts.js';
 import { lockDesktop, transition } from '../store/desktops.js';
 import { hasOpenOperation, insertOperation, operationByKey, getOperation } from '../store/operations.js';
-import type { DesktopState, OperationRow } from '../store/rows.js';
+import type { DesktopRow, DesktopState, OperationRow } from '../store/rows.js';
+import { hasSlots } from '../placement/feasible.js';
 import { errors } from '../errors.js';
 
 export type LifecycleKind = 'wake' | 'hibernate' | 'destroy';
@@ -64,21 +65,14 @@ export class LifecycleService {
 
   /** Records a fork operation; throws 404/409/503 `ApiError`s. No capacity yields a failed op. */
   async requestFork(orgId: string, desktopId: string, req: ForkRequest): Promise<{ op: OperationRow; repeated: boolean }> {
-    if (!this.leadership.isLeader()) throw errors.notLeader(this.retryAfterSecs);
-    return inTransaction(this.sql, async (tx) => {
-      const source = await lockDesktop(tx, orgId, desktopId);
-      if (!source) throw errors.desktopNotFound();
-      if (req.idempotencyKey) {
-        const existing = await operationByKey(tx, source.id, req.idempotencyKey);
-        if (existing) return { op: existing, repeated: true };
-      }
+    return this.locked(orgId, desktopId, req.idempotencyKey, async (tx, source) => {
       if (source.state !== 'hibernated' || source.host_id === null || (await hasOpenOperation(tx, source.id))) {
         throw errors.wrongState('fork', source.state);
       }
       const base = { orgId, desktopId, kind: 'fork' as const, idempotencyKey: req.idempotencyKey, fromState: source.state };
       const used = (await slotsUsed(tx, source.host_id)).get(source.host_id) ?? 0;
-      const needed = TIER_SPECS[source.tier].slots * req.count;
-      if (used + needed > this.hostSlots) {
+      if (!hasSlots({ slots: this.hostSlots, slotsUsed: used }, source.tier, req.count)) {
+        const needed = TIER_SPECS[source.tier].slots * req.count;
         const op = await insertOperation(tx, {
           ...base,
           failed: {
@@ -96,14 +90,7 @@ export class LifecycleService {
 
   /** Records the operation; throws 404/409/503 `ApiError`s. A stale generation yields a failed op. */
   async request(orgId: string, desktopId: string, kind: LifecycleKind, req: TransitionRequest): Promise<{ op: OperationRow; repeated: boolean }> {
-    if (!this.leadership.isLeader()) throw errors.notLeader(this.retryAfterSecs);
-    return inTransaction(this.sql, async (tx) => {
-      const desktop = await lockDesktop(tx, orgId, desktopId);
-      if (!desktop) throw errors.desktopNotFound();
-      if (req.idempotencyKey) {
-        const existing = await operationByKey(tx, desktop.id, req.idempotencyKey);
-        if (existing) return { op: existing, repeated: true };
-      }
+    return this.locked(orgId, desktopId, req.idempotencyKey, async (tx, desktop) => {
       if (req.expectedGeneration !== null && req.expectedGeneration !== desktop.generation) {
         const op = await insertOperation(tx, {
           orgId,
@@ -133,6 +120,28 @@ export class LifecycleService {
         reason: req.reason ?? 'requested',
       });
       return { op, repeated: false };
+    });
+  }
+
+  /**
+   * What every mutation starts with: leader only, the desktop row locked (404 across orgs), and
+   * a repeated Idempotency-Key answered with the operation it created.
+   */
+  private locked(
+    orgId: string,
+    desktopId: string,
+    idempotencyKey: string | null,
+    fn: (tx: Sql, desktop: DesktopRow) => Promise<{ op: OperationRow; repeated: boolean }>,
+  ): Promise<{ op: OperationRow; repeated: boolean }> {
+    if (!this.leadership.isLeader()) throw errors.notLeader(this.retryAfterSecs);
+    return inTransaction(this.sql, async (tx) => {
+      const desktop = await lockDesktop(tx, orgId, desktopId);
+      if (!desktop) throw errors.desktopNotFound();
+      if (idempotencyKey) {
+        const existing = await operationByKey(tx, desktop.id, idempotencyKey);
+        if (existing) return { op: existing, repeated: true };
+      }
+      return fn(tx, desktop);
     });
   }
 
