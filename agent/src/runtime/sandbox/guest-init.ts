@@ -11,8 +11,8 @@
  * The guest init is a small POSIX shell script running as pid 1 in its own session (CRIU refuses
  * a session leader outside the pid namespace). It reopens its stdio inside the guest (CRIU cannot
  * dump an fd pointing at a host mount), starts Xvfb at its maximum size and waits for it through
- * `-displayfd`, shrinks the screen to the default size with xrandr, starts openbox, reports
- * `ready` on fd 4 and then only reaps orphans.
+ * `-displayfd`, shrinks the screen to the default size with xrandr, starts openbox and waits until
+ * it manages the screen, reports `ready` on fd 4 and then only reaps orphans.
  */
 import { existsSync } from 'node:fs';
 import { join } from 'node:path';
@@ -67,6 +67,13 @@ rm -f /run/canto/xready
 if [ -z "$display" ]; then echo "Xvfb failed" >&4; exit 1; fi
 xrandr --output screen --off --fb ${DEFAULT_SCREEN} 4>&- || xrandr --fb ${DEFAULT_SCREEN} 4>&-
 openbox 4>&- &
+# Ready once the window manager is: a window mapped while openbox is still starting can stay
+# unmapped for good. _NET_WORKAREA is among the last things it sets up. At most about 3 s.
+i=0
+until xprop -root _NET_WORKAREA 2>/dev/null | grep -q '='; do
+  i=$((i + 1)); [ $i -ge 60 ] && { echo "openbox is slow to start"; break; }
+  sleep 0.05
+done
 echo ready >&4
 exec 4>&-
 while :; do sleep 2147483647 & wait $!; done
