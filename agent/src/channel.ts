@@ -33,6 +33,7 @@ import { RpcPeer } from '../../shared/src/rpc.js';
 import type { AgentConfig } from './config.js';
 import { GenerationStore } from './generations.js';
 import { CommandHandlers } from './handlers.js';
+import { StreamGateway } from './stream/gateway.js';
 import { loadHostIdentity, type HostIdentity } from './host-identity.js';
 import type { RuntimeDriver } from './runtime/driver.js';
 
@@ -71,7 +72,8 @@ export function agentSocketUrl(schedulerUrl: string): string {
 export async function startAgent(options: StartAgentOptions): Promise<AgentHandle> {
   const identity = await loadHostIdentity(options.config.stateDir);
   const generations = await GenerationStore.open(options.config.stateDir);
-  const channel = new AgentChannel(options, identity, generations);
+  const stream = await startStreamGateway(options);
+  const channel = new AgentChannel(options, identity, generations, stream);
   channel.connect();
   return {
     hostId: identity.hostId,
@@ -79,6 +81,23 @@ export async function startAgent(options: StartAgentOptions): Promise<AgentHandl
     waitConnected: (timeoutMs) => channel.waitConnected(timeoutMs),
     stop: () => channel.stop(),
   };
+}
+
+/**
+ * The stream gateway, where this host takes VNC clients holding a ticket; none when streaming
+ * is turned off or the runtime has no computer-use support (stream grants then answer 501).
+ */
+async function startStreamGateway(options: StartAgentOptions): Promise<StreamGateway | null> {
+  const listen = options.config.streamListen;
+  if (listen === null || !options.driver.capabilities().computerUse) return null;
+  const log = options.logger.child({ component: 'stream-gateway' });
+  return StreamGateway.start({
+    listenHost: listen.host,
+    port: listen.port,
+    advertiseHost: options.config.streamHost,
+    open: (desktopId, viewOnly) => options.driver.openVnc(desktopId, viewOnly),
+    log: (msg, fields) => log.info(fields ?? {}, msg),
+  });
 }
 
 /** One socket's life, from dial to close. */
@@ -116,11 +135,12 @@ class AgentChannel {
     private readonly options: StartAgentOptions,
     private readonly identity: HostIdentity,
     private readonly generations: GenerationStore,
+    private readonly stream: StreamGateway | null,
   ) {
     this.log = options.logger.child({ component: 'agent-channel', host_id: identity.hostId });
     this.urls = options.config.schedulerUrls.map(agentSocketUrl);
     this.url = this.urls[0]!;
-    this.handlers = new CommandHandlers({ driver: options.driver, generations, logger: options.logger });
+    this.handlers = new CommandHandlers({ driver: options.driver, generations, logger: options.logger, stream });
   }
 
   connect(): void {
@@ -185,6 +205,7 @@ class AgentChannel {
     this.settleWaiters(new Error('agent is stopped'));
     const conn = this.current;
     if (conn) await closeSocket(conn.ws);
+    await this.stream?.close();
     await this.options.driver.close();
     this.log.info('agent stopped');
   }

@@ -9,6 +9,8 @@
  * a confusing connection failure.
  */
 
+import { hostname } from 'node:os';
+
 export type AgentRuntime = 'sandbox' | 'fake';
 
 export interface AgentConfig {
@@ -33,6 +35,13 @@ export interface AgentConfig {
   readonly reconnectMaxMs: number;
   /** pino level: trace, debug, info, warn, error, fatal or silent. Default `info`. */
   readonly logLevel: string;
+  /**
+   * Where the stream gateway listens for VNC clients holding a ticket, `host:port`. Default
+   * `0.0.0.0:7010`; port 0 picks a free port; `off` turns streaming off (the API answers 501).
+   */
+  readonly streamListen: { readonly host: string; readonly port: number } | null;
+  /** The host name or address put in stream URLs; clients dial it. Default: this machine's hostname. */
+  readonly streamHost: string;
 }
 
 /** Command-line flags, as commander names them (`--state-dir` → `stateDir`). */
@@ -86,7 +95,19 @@ export function loadAgentConfig(env: Env, flags: AgentFlags = {}): AgentConfig {
     reconnectMinMs,
     reconnectMaxMs,
     logLevel,
+    streamListen: parseListen(env, 'CANTO_AGENT_STREAM_LISTEN', '0.0.0.0:7010'),
+    streamHost: env.CANTO_AGENT_STREAM_HOST?.trim() || hostname(),
   });
+}
+
+/** `host:port` (IPv6 in brackets), or `off`. */
+function parseListen(env: Env, name: string, fallback: string): { host: string; port: number } | null {
+  const raw = env[name]?.trim() || fallback;
+  if (raw.toLowerCase() === 'off') return null;
+  const m = /^(?:\[([0-9a-fA-F:.]+)\]|([^:\s]+)):(\d{1,5})$/.exec(raw);
+  const port = m ? Number(m[3]) : Number.NaN;
+  if (!m || port > 65535) throw new Error(`agent config: ${name} must be host:port or off, got "${raw}"`);
+  return { host: m[1] ?? m[2]!, port };
 }
 
 function parseSchedulerUrls(value: string | undefined): readonly string[] {

@@ -21,6 +21,7 @@
  * with a short message; the full error goes to the log only.
  */
 import type { Static, TSchema } from '@sinclair/typebox';
+import { inputBatchProblem, type StreamClaim } from '../../shared/src/computer-use.js';
 import type { Logger } from '../../shared/src/log.js';
 import {
   AGENT_COMMANDS,
@@ -39,7 +40,10 @@ import {
   PreparePayload,
   ProcessPayload,
   SpawnPayload,
+  ScreenshotPayload,
   StartPayload,
+  StreamGrantPayload,
+  InputPayload,
   parseMessage,
   type AgentCommand,
 } from '../../shared/src/protocol.js';
@@ -48,10 +52,21 @@ import type { RequestContext, RpcPeer } from '../../shared/src/rpc.js';
 import type { FenceKind, GenerationStore } from './generations.js';
 import type { RuntimeDriver } from './runtime/driver.js';
 
+/** What the handlers need from the stream gateway (agent/src/stream/gateway.ts). */
+export interface StreamAccess {
+  grant(desktopId: string, claim: StreamClaim): { ticket: string; expiresAt: Date; host: string; port: number };
+  /** True while a stream client holds the desktop's control claim. */
+  controlHeld(desktopId: string): boolean;
+  /** Drops the desktop's tickets, closes its connections and releases its claim. */
+  release(desktopId: string): void;
+}
+
 export interface HandlerDeps {
   readonly driver: RuntimeDriver;
   readonly generations: GenerationStore;
   readonly logger: Logger;
+  /** The stream gateway; absent when streaming is turned off on this host. */
+  readonly stream?: StreamAccess | null;
 }
 
 interface DesktopCommand {
@@ -69,6 +84,7 @@ export class CommandHandlers {
   private readonly driver: RuntimeDriver;
   private readonly generations: GenerationStore;
   private readonly log: Logger;
+  private readonly stream: StreamAccess | null;
   /** Tail of the lifecycle queue per desktop; removed once it drains so the map stays small. */
   private readonly queues = new Map<string, Promise<void>>();
 
@@ -76,6 +92,7 @@ export class CommandHandlers {
     this.driver = deps.driver;
     this.generations = deps.generations;
     this.log = deps.logger.child({ component: 'agent-handlers' });
+    this.stream = deps.stream ?? null;
   }
 
   /** Registers a handler on `peer` for every scheduler → agent command. */
@@ -120,6 +137,8 @@ export class CommandHandlers {
       case 'desktop.hibernate': {
         const p = parse(HibernatePayload, raw, type);
         return this.lifecycle(type, p, 'command', async () => {
+          // Stream clients are disconnected (their VNC servers cannot be snapshotted) and lose their claims.
+          this.stream?.release(p.desktop_id);
           const { snapshot } = await this.driver.hibernate(p.desktop_id);
           return { snapshot };
         });
@@ -135,6 +154,7 @@ export class CommandHandlers {
       case 'desktop.destroy': {
         const p = parse(DestroyPayload, raw, type);
         return this.lifecycle(type, p, 'destroy', async () => {
+          this.stream?.release(p.desktop_id);
           await this.driver.destroy(p.desktop_id);
           // Only after the disk is gone: if destroy fails, the scheduler retries a live desktop.
           await this.generations.forget(p.desktop_id);
@@ -143,7 +163,7 @@ export class CommandHandlers {
       }
       case 'guest.exec': {
         const p = parse(ExecPayload, raw, type);
-        return this.guest(type, p, async () => {
+        return this.exclusive(type, p, async () => {
           const out = await this.driver.exec(p.desktop_id, {
             command: p.command,
             timeoutMs: p.timeout_ms,
@@ -160,7 +180,7 @@ export class CommandHandlers {
       }
       case 'guest.spawn': {
         const p = parse(SpawnPayload, raw, type);
-        return this.guest(type, p, async () => {
+        return this.exclusive(type, p, async () => {
           await this.driver.spawnDetached(p.desktop_id, { processId: p.process_id, command: p.command });
           return {};
         });
@@ -175,7 +195,7 @@ export class CommandHandlers {
       }
       case 'guest.file.read': {
         const p = parse(FileReadPayload, raw, type);
-        return this.guest(type, p, async () => {
+        return this.exclusive(type, p, async () => {
           const read = await this.driver.readFile(p.desktop_id, {
             path: p.path,
             offset: p.offset,
@@ -189,28 +209,28 @@ export class CommandHandlers {
         const p = parse(FileWritePayload, raw, type);
         const upload = context.upload;
         if (upload === null) return Promise.reject(new AgentFailure('bad_request', 'guest.file.write needs an upload', false));
-        return this.guest(type, p, async () => {
+        return this.exclusive(type, p, async () => {
           await this.driver.writeFile(p.desktop_id, { path: p.path, appendAt: p.append_at }, upload);
           return {};
         });
       }
       case 'guest.file.delete': {
         const p = parse(FileDeletePayload, raw, type);
-        return this.guest(type, p, async () => {
+        return this.exclusive(type, p, async () => {
           await this.driver.deletePath(p.desktop_id, p.path, p.recursive);
           return {};
         });
       }
       case 'guest.file.stat': {
         const p = parse(FileStatPayload, raw, type);
-        return this.guest(type, p, async () => {
+        return this.exclusive(type, p, async () => {
           const st = await this.driver.statPath(p.desktop_id, p.path);
           return { file_type: st.fileType, size_bytes: st.sizeBytes, modified_at: st.modifiedAt, mode: st.mode };
         });
       }
       case 'guest.dir.list': {
         const p = parse(DirListPayload, raw, type);
-        return this.guest(type, p, async () => {
+        return this.exclusive(type, p, async () => {
           const list = await this.driver.listDir(p.desktop_id, p.path, p.limit);
           return {
             entries: list.entries.map((e) => ({ name: e.name, file_type: e.fileType, size_bytes: e.sizeBytes, modified_at: e.modifiedAt })),
@@ -220,17 +240,60 @@ export class CommandHandlers {
       }
       case 'guest.display.get': {
         const p = parse(DisplayGetPayload, raw, type);
-        return this.guest(type, p, () => this.driver.getDisplay(p.desktop_id));
+        return this.computerUse(type, p, () => this.driver.getDisplay(p.desktop_id));
       }
       case 'guest.display.set': {
         const p = parse(DisplaySetPayload, raw, type);
-        return this.guest(type, p, () => this.driver.setDisplay(p.desktop_id, { width: p.width, height: p.height }));
+        return this.computerUse(type, p, () => this.driver.setDisplay(p.desktop_id, { width: p.width, height: p.height }));
+      }
+      case 'guest.screenshot': {
+        const p = parse(ScreenshotPayload, raw, type);
+        return this.computerUse(type, p, async () => {
+          const shot = await this.driver.screenshot(p.desktop_id, { region: p.region, scalePercent: p.scale_percent, maxBytes: p.max_bytes });
+          return { png: shot.png, width: shot.width, height: shot.height };
+        });
+      }
+      case 'guest.input': {
+        const p = parse(InputPayload, raw, type);
+        const problem = inputBatchProblem(p.actions);
+        if (problem !== null) return Promise.reject(new AgentFailure('bad_request', problem, false));
+        return this.computerUse(type, p, () => this.driver.input(p.desktop_id, p.actions));
+      }
+      case 'stream.grant': {
+        const p = parse(StreamGrantPayload, raw, type);
+        const stream = this.stream;
+        if (stream === null) return Promise.reject(new AgentFailure('unsupported', 'streaming is turned off on this host', false));
+        return this.computerUse(type, p, async () => {
+          // The desktop must be awake now; the gateway checks again when the client dials.
+          await this.driver.getDisplay(p.desktop_id);
+          const grant = stream.grant(p.desktop_id, p.claim);
+          return { ticket: grant.ticket, expires_at: grant.expiresAt.toISOString(), host: grant.host, port: grant.port };
+        });
       }
       default: {
         const unknown: never = type;
         return Promise.reject(new AgentFailure('unsupported', `unknown command ${String(unknown)}`, false));
       }
     }
+  }
+
+  /**
+   * An exec or file operation: refused while a stream client holds the control claim, so the
+   * person driving the desktop is not raced by an API client changing it underneath.
+   */
+  private exclusive(type: AgentCommand, cmd: DesktopCommand, work: () => Promise<unknown>): Promise<unknown> {
+    if (this.stream?.controlHeld(cmd.desktop_id) === true) {
+      return Promise.reject(new AgentFailure('control_claimed', 'a stream client holds the control claim', false));
+    }
+    return this.guest(type, cmd, work);
+  }
+
+  /** Screenshots, input, display and streams: only on a driver with computer-use support. */
+  private computerUse(type: AgentCommand, cmd: DesktopCommand, work: () => Promise<unknown>): Promise<unknown> {
+    if (!this.driver.capabilities().computerUse) {
+      return Promise.reject(new AgentFailure('unsupported', 'this host has no computer-use support', false));
+    }
+    return this.guest(type, cmd, work);
   }
 
   /** A guest operation: fenced, but not queued behind lifecycle commands. */

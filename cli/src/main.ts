@@ -14,6 +14,7 @@ import { loadAgentConfig } from '../../agent/src/config.js';
 import { runAgent } from '../../agent/src/main.js';
 import { DEFAULT_DATA_DIR, openDataDirDatabase } from './data-dir.js';
 import { up } from './up.js';
+import { bridgeOnce, parseStreamUrl } from './vnc-bridge.js';
 
 const env = process.env;
 const program = new Command('canto').description('Canto: persistent Linux cloud desktops').showHelpAfterError();
@@ -46,6 +47,27 @@ program
   .option('--runtime <name>', 'runtime driver: sandbox or fake (CANTO_AGENT_RUNTIME)')
   .action(async (opts: { scheduler?: string; token?: string; stateDir?: string; runtime?: string }) => {
     await runAgent(loadAgentConfig(env, opts));
+  });
+
+program
+  .command('vnc')
+  .description('relay one VNC viewer to a desktop stream: give it the url from POST /v1/desktops/{id}/stream')
+  .argument('<stream-url>', 'tcp://host:port/?ticket=…')
+  .option('--listen <host:port>', 'where the viewer connects', '127.0.0.1:5900')
+  .action(async (streamUrl: string, opts: { listen: string }) => {
+    const target = parseStreamUrl(streamUrl);
+    const at = opts.listen.lastIndexOf(':');
+    const listenHost = opts.listen.slice(0, at).replace(/^\[(.*)\]$/, '$1');
+    const listenPort = Number(opts.listen.slice(at + 1));
+    if (at <= 0 || !Number.isInteger(listenPort) || listenPort < 0 || listenPort > 65535) {
+      throw new Error(`--listen must be host:port, got "${opts.listen}"`);
+    }
+    await bridgeOnce(target, {
+      listenHost,
+      listenPort,
+      onListening: (port) => process.stdout.write(`Point a VNC viewer at ${listenHost}:${port} (one connection: the ticket works once).\n`),
+    });
+    process.stdout.write('The viewer disconnected.\n');
   });
 
 interface DbOpts {

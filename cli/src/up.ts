@@ -47,6 +47,9 @@ export async function up(options: UpOptions, env: NodeJS.ProcessEnv): Promise<vo
         CANTO_SCHEDULER_URL: scheduler.url,
         CANTO_AGENT_TOKEN: env.CANTO_JOIN_TOKEN || secrets.join_token,
         CANTO_AGENT_STATE_DIR: env.CANTO_AGENT_STATE_DIR || join(options.dataDir, 'agent'),
+        // One machine: stream clients dial this one, on loopback unless told otherwise.
+        CANTO_AGENT_STREAM_LISTEN: env.CANTO_AGENT_STREAM_LISTEN || '127.0.0.1:7010',
+        CANTO_AGENT_STREAM_HOST: env.CANTO_AGENT_STREAM_HOST || '127.0.0.1',
       }),
       { logger, handleSignals: false },
     );

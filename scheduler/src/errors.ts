@@ -58,5 +58,9 @@ export const errors = {
   appendMismatch: (currentSize: number) =>
     new ApiError(409, 'append offset does not match the file size', { currentSize }),
   tooLarge: (detail: string) => new ApiError(413, detail),
+  controlClaimed: () => new ApiError(409, 'a stream client holds the control claim on this desktop; retry once it is released'),
+  streamControlTaken: () => new ApiError(409, 'another stream client holds the control claim on this desktop'),
+  /** A failure inside the guest; the detail is a fixed sentence, the agent's text goes to the log. */
+  guestFailed: (detail: string) => new ApiError(500, detail),
   noCapacity: (operationId: string, detail: string) => new ApiError(413, detail, { operation_id: operationId }),
 } as const;

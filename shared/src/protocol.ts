@@ -14,6 +14,7 @@
  *         upload and download with stream.up/stream.down notifications.
  *   1.2 — desktop.fork.
  *   1.3 — guest.display.get, guest.display.set.
+ *   1.4 — guest.screenshot, guest.input, stream.grant; error code control_claimed.
  *
  * Every desktop command carries the desktop's `generation`. The agent remembers the highest
  * generation it has seen per desktop and refuses an older one with `stale_generation`: after a
@@ -22,8 +23,9 @@
  */
 import { Type, type Static, type TSchema } from '@sinclair/typebox';
 import { TypeCompiler } from '@sinclair/typebox/compiler';
+import { INPUT_LIMITS, InputAction, STREAM_CLAIMS } from './computer-use.js';
 
-export const PROTOCOL_VERSION = '1.3';
+export const PROTOCOL_VERSION = '1.4';
 export const WIRE_VERSION = 1;
 
 export function protocolMajor(version: string): number {
@@ -46,6 +48,8 @@ export const AgentError = Type.Object({
     Type.Literal('path_missing'),
     Type.Literal('path_conflict'),
     Type.Literal('too_large'),
+    // 1.4: exec and file operations while a stream client holds the control claim.
+    Type.Literal('control_claimed'),
   ]),
   message: Type.String(),
   retryable: Type.Boolean(),
@@ -215,6 +219,44 @@ export const DisplaySetPayload = Type.Object({
 /** The geometry read from the guest's X server (after a resize: read again). */
 export const DisplayResult = Type.Object({ width: Type.Integer({ minimum: 1 }), height: Type.Integer({ minimum: 1 }) });
 
+export const ScreenshotPayload = Type.Object({
+  ...DesktopRef,
+  /** Screen pixels, clamped to the screen by the agent; null captures it all. */
+  region: Type.Union([
+    Type.Object({
+      x: Type.Integer({ minimum: 0 }),
+      y: Type.Integer({ minimum: 0 }),
+      width: Type.Integer({ minimum: 1 }),
+      height: Type.Integer({ minimum: 1 }),
+    }),
+    Type.Null(),
+  ]),
+  scale_percent: Type.Union([Type.Integer({ minimum: 1, maximum: 100 }), Type.Null()]),
+  /** A PNG over this size fails with `too_large`. */
+  max_bytes: Type.Integer({ minimum: 1 }),
+});
+export const ScreenshotResult = Type.Object({
+  png: Type.Uint8Array(),
+  width: Type.Integer({ minimum: 1 }),
+  height: Type.Integer({ minimum: 1 }),
+});
+
+/** A batch the scheduler has validated (shared/src/computer-use.ts); the agent checks it again. */
+export const InputPayload = Type.Object({ ...DesktopRef, actions: Type.Array(InputAction, { maxItems: INPUT_LIMITS.maxActions }) });
+export const InputResult = Type.Object({ x: Type.Integer(), y: Type.Integer() });
+
+/**
+ * A single-use ticket for the agent's stream gateway: the client dials `host:port`, sends the
+ * ticket and a newline, then speaks RFB. `control_claimed` when another client holds control.
+ */
+export const StreamGrantPayload = Type.Object({ ...DesktopRef, claim: Type.Union(STREAM_CLAIMS.map((c) => Type.Literal(c))) });
+export const StreamGrantResult = Type.Object({
+  ticket: Type.String(),
+  expires_at: Type.String(),
+  host: Type.String(),
+  port: Type.Integer({ minimum: 1, maximum: 65535 }),
+});
+
 /** Request types the scheduler sends, with their payload and result schemas. */
 export const AGENT_COMMANDS = {
   'desktop.prepare': { payload: PreparePayload, result: PrepareResult },
@@ -232,6 +274,9 @@ export const AGENT_COMMANDS = {
   'guest.dir.list': { payload: DirListPayload, result: DirListResult },
   'guest.display.get': { payload: DisplayGetPayload, result: DisplayResult },
   'guest.display.set': { payload: DisplaySetPayload, result: DisplayResult },
+  'guest.screenshot': { payload: ScreenshotPayload, result: ScreenshotResult },
+  'guest.input': { payload: InputPayload, result: InputResult },
+  'stream.grant': { payload: StreamGrantPayload, result: StreamGrantResult },
 } as const;
 
 export type AgentCommand = keyof typeof AGENT_COMMANDS;

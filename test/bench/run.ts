@@ -18,6 +18,7 @@ import { newId } from '../../shared/src/ids.js';
 import { benchGuestOps } from './guest-ops.js';
 import { benchFork } from './fork.js';
 import { benchWebhooks } from './webhooks.js';
+import { benchComputerUse } from './computer-use.js';
 import { median, table, timed } from './stats.js';
 import { freePort, startAgentProcess, startSchedulerProcess } from '../helpers/processes.js';
 
@@ -131,6 +132,7 @@ async function main(): Promise<void> {
 
     await benchGuestOps({ schedulerUrl: scheduler.url, apiKey: key, runtimeDir: join(dir, 'agent', 'runtime'), runs: RUNS });
     await benchFork({ schedulerUrl: scheduler.url, apiKey: key, runs: RUNS });
+    await benchComputerUse({ schedulerUrl: scheduler.url, apiKey: key, runs: RUNS });
     await benchWebhooks({ databaseUrl: pg.url, runs: RUNS });
   } finally {
     await agent.kill('SIGTERM');

@@ -26,6 +26,8 @@ export interface FakeAgentOptions {
   delayMs?: number;
   /** Wait for the hello before returning. Default true. */
   waitConnected?: boolean;
+  /** false: a host without computer-use support (the API answers 501). Default true. */
+  computerUse?: boolean;
 }
 
 export async function startFakeAgent(schedulerUrl: string, options: FakeAgentOptions = {}): Promise<TestAgent> {
@@ -36,13 +38,15 @@ export async function startFakeAgent(schedulerUrl: string, options: FakeAgentOpt
     CANTO_AGENT_STATE_DIR: stateDir,
     CANTO_AGENT_RUNTIME: 'fake',
     CANTO_AGENT_RECONNECT_MAX_MS: '500',
+    CANTO_AGENT_STREAM_LISTEN: '127.0.0.1:0',
+    CANTO_AGENT_STREAM_HOST: '127.0.0.1',
     CANTO_LOG_LEVEL: 'silent',
   });
   const logger = silentLogger();
   let driver: FakeDriver | null = null;
   let handle: AgentHandle;
-  if (options.delayMs) {
-    driver = new FakeDriver({ delayMs: options.delayMs });
+  if (options.delayMs !== undefined || options.computerUse === false) {
+    driver = new FakeDriver({ delayMs: options.delayMs ?? 0, computerUse: options.computerUse ?? true });
     handle = await startAgent({ config, driver, logger });
   } else {
     handle = await runAgent(config, { handleSignals: false, logger });
@@ -80,6 +84,8 @@ export async function startSandboxAgent(schedulerUrl: string, existingStateDir?:
     CANTO_AGENT_STATE_DIR: stateDir,
     CANTO_AGENT_RUNTIME: 'sandbox',
     CANTO_AGENT_RECONNECT_MAX_MS: '500',
+    CANTO_AGENT_STREAM_LISTEN: '127.0.0.1:0',
+    CANTO_AGENT_STREAM_HOST: '127.0.0.1',
     CANTO_LOG_LEVEL: 'silent',
   });
   const handle = await runAgent(config, { handleSignals: false, logger: silentLogger() });

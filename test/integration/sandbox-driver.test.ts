@@ -284,7 +284,7 @@ await d.close();
   it('cold-stop mode keeps the disk but not the processes', async () => {
     const cold = await createSandboxDriver({ stateDir: join(base, 'state-cold'), memorySnapshots: false });
     try {
-      expect(cold.capabilities()).toEqual({ runtime: 'sandbox', memorySnapshots: false });
+      expect(cold.capabilities()).toEqual({ runtime: 'sandbox', memorySnapshots: false, computerUse: true });
       const id = track(newId('desktop'), () => cold);
       await cold.start({ desktopId: id, tier: 'small', firstBoot: null });
       await sh(cold, id, 'echo kept > /root/hello.txt; sleep 1001 >/dev/null 2>&1 &');

@@ -1,3 +1,4 @@
+import { hostname } from 'node:os';
 import { describe, expect, it } from 'vitest';
 import { agentSocketUrl } from '../../agent/src/channel.js';
 import { loadAgentConfig } from '../../agent/src/config.js';
@@ -17,8 +18,21 @@ describe('loadAgentConfig', () => {
       reconnectMinMs: 100,
       reconnectMaxMs: 10_000,
       logLevel: 'info',
+      streamListen: { host: '0.0.0.0', port: 7010 },
+      streamHost: hostname(),
     });
     expect(Object.isFrozen(config)).toBe(true);
+  });
+
+  it('takes the stream gateway address as host:port, or off', () => {
+    const at = (value: string) => loadAgentConfig({ ...base, CANTO_AGENT_STREAM_LISTEN: value }).streamListen;
+    expect(at('127.0.0.1:0')).toEqual({ host: '127.0.0.1', port: 0 });
+    expect(at('[::1]:7011')).toEqual({ host: '::1', port: 7011 });
+    expect(at('off')).toBeNull();
+    for (const bad of ['7010', 'host:', 'host:70000', ':7010', 'a b:1']) {
+      expect(() => at(bad), bad).toThrow(/CANTO_AGENT_STREAM_LISTEN/);
+    }
+    expect(loadAgentConfig({ ...base, CANTO_AGENT_STREAM_HOST: 'desk-7.example' }).streamHost).toBe('desk-7.example');
   });
 
   it('prefers flags over the environment', () => {

@@ -152,3 +152,79 @@ describe('command handlers', () => {
     expect(types.sort()).toEqual(Object.keys(AGENT_COMMANDS).sort());
   });
 });
+
+describe('computer use and the control claim', () => {
+  /** A gateway stand-in: grants tickets and holds a control claim when told to. */
+  function streamStub() {
+    const released: string[] = [];
+    const held = new Set<string>();
+    return {
+      released,
+      held,
+      grant: (desktopId: string, claim: 'view' | 'control') => {
+        if (claim === 'control') held.add(desktopId);
+        return { ticket: 'stk_test', expiresAt: new Date('2030-01-01T00:00:00Z'), host: '127.0.0.1', port: 7010 };
+      },
+      controlHeld: (desktopId: string) => held.has(desktopId),
+      release: (desktopId: string) => {
+        released.push(desktopId);
+        held.delete(desktopId);
+      },
+    };
+  }
+
+  async function awake(): Promise<void> {
+    await handlers.handle('desktop.prepare', prepare());
+    await handlers.handle('desktop.start', start());
+  }
+
+  it('refuses exec and file operations while the control claim is held, but never input', async () => {
+    const stream = streamStub();
+    handlers = new CommandHandlers({ driver, generations: await GenerationStore.open(dir), logger: silentLogger(), stream });
+    await awake();
+    const grant = await handlers.handle('stream.grant', { desktop_id: D, generation: 1, claim: 'control' });
+    expect(grant).toEqual({ ticket: 'stk_test', expires_at: '2030-01-01T00:00:00.000Z', host: '127.0.0.1', port: 7010 });
+    const ref = { desktop_id: D, generation: 1 };
+    for (const [type, payload] of [
+      ['guest.exec', exec('true')],
+      ['guest.spawn', { ...ref, process_id: 'prc_aaaaaaaaaaaaaaaaaaaaaaaa', command: 'true' }],
+      ['guest.file.stat', { ...ref, path: '/root' }],
+      ['guest.file.delete', { ...ref, path: '/root/x', recursive: false }],
+      ['guest.dir.list', { ...ref, path: '/root', limit: 10 }],
+      ['guest.file.read', { ...ref, path: '/root/x', offset: null, length: 10, max_whole_bytes: 10 }],
+    ] as const) {
+      expect((await failure(handlers.handle(type, payload))).code, type).toBe('control_claimed');
+    }
+    expect(await handlers.handle('guest.input', { ...ref, actions: [{ type: 'mouse_move', x: 3, y: 4 }] })).toEqual({ x: 3, y: 4 });
+    // Hibernate releases the claim (its stream clients are disconnected first).
+    await handlers.handle('desktop.hibernate', op());
+    expect(stream.released).toEqual([D]);
+    expect(stream.held.size).toBe(0);
+  });
+
+  it('answers unsupported for every computer-use command on a driver without it, and without a gateway', async () => {
+    const bare = new FakeDriver({ computerUse: false });
+    await setup(bare);
+    await handlers.handle('desktop.prepare', prepare());
+    await handlers.handle('desktop.start', start());
+    const ref = { desktop_id: D, generation: 1 };
+    for (const [type, payload] of [
+      ['guest.display.get', ref],
+      ['guest.display.set', { ...ref, width: 800, height: 600 }],
+      ['guest.screenshot', { ...ref, region: null, scale_percent: null, max_bytes: 1000 }],
+      ['guest.input', { ...ref, actions: [] }],
+      ['stream.grant', { ...ref, claim: 'view' }],
+    ] as const) {
+      expect((await failure(handlers.handle(type, payload))).code, type).toBe('unsupported');
+    }
+    await setup();
+    await awake();
+    expect((await failure(handlers.handle('stream.grant', { ...ref, claim: 'view' }))).code).toBe('unsupported');
+  });
+
+  it('re-checks the batch caps the scheduler already checked', async () => {
+    await awake();
+    const waits = [{ type: 'wait', ms: 5000 }, { type: 'wait', ms: 5000 }, { type: 'wait', ms: 1 }];
+    expect((await failure(handlers.handle('guest.input', { desktop_id: D, generation: 1, actions: waits }))).code).toBe('bad_request');
+  });
+});

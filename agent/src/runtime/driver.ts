@@ -7,12 +7,15 @@
  * one succeeds, `destroy` of an unknown desktop succeeds.
  */
 import type { Tier } from '../../../shared/src/tiers.js';
+import type { InputAction } from '../../../shared/src/computer-use.js';
 
 export interface RuntimeCapabilities {
   /** Short driver name, e.g. `sandbox`. */
   readonly runtime: string;
   /** True when hibernate keeps memory (a CRIU or VM snapshot); false means a cold stop. */
   readonly memorySnapshots: boolean;
+  /** True when the driver runs screenshots, input and the VNC stream (SPEC 4.5, 4.6). */
+  readonly computerUse: boolean;
 }
 
 export interface FirstBootSpec {
@@ -119,6 +122,47 @@ export interface DisplaySize {
   readonly height: number;
 }
 
+export interface ScreenRegion {
+  readonly x: number;
+  readonly y: number;
+  readonly width: number;
+  readonly height: number;
+}
+
+export interface ScreenshotSpec {
+  /** Screen pixels; clamped to the current screen. Null captures the whole screen. */
+  readonly region: ScreenRegion | null;
+  /** 1-100: downscale percent of the (cropped) size. Null keeps the size. */
+  readonly scalePercent: number | null;
+  /** A PNG over this many bytes fails with `too_large`. */
+  readonly maxBytes: number;
+}
+
+export interface Screenshot {
+  readonly png: Buffer;
+  /** The image's size: after the crop and the scale. */
+  readonly width: number;
+  readonly height: number;
+}
+
+export interface CursorPosition {
+  readonly x: number;
+  readonly y: number;
+}
+
+/**
+ * A VNC (RFB) server speaking to one client through a pair of pipes: what the client sends goes
+ * to `input`, what the server answers comes from `output`. It ends when the server exits, when
+ * `close()` is called, or when the desktop hibernates or is destroyed.
+ */
+export interface VncSession {
+  readonly input: NodeJS.WritableStream;
+  readonly output: NodeJS.ReadableStream;
+  /** Settles once the server has exited. */
+  readonly closed: Promise<void>;
+  close(): void;
+}
+
 export interface DesktopStatus {
   readonly desktopId: string;
   readonly running: boolean;
@@ -168,6 +212,18 @@ export interface RuntimeDriver {
    * snapshot; a cold boot starts at 1024x768.
    */
   setDisplay(desktopId: string, size: DisplaySize): Promise<DisplaySize>;
+  /**
+   * A PNG of the screen, read from the framebuffer without a process per shot. `runtime_error`
+   * when the X session is down, `too_large` over `spec.maxBytes`.
+   */
+  screenshot(desktopId: string, spec: ScreenshotSpec): Promise<Screenshot>;
+  /**
+   * Runs a validated input batch in order, in one guest round trip, and returns the final cursor.
+   * Not transactional: on a failure (`runtime_error`) earlier actions have run.
+   */
+  input(desktopId: string, actions: readonly InputAction[]): Promise<CursorPosition>;
+  /** Starts a VNC server on the desktop's display for one client; `viewOnly` ignores its input. */
+  openVnc(desktopId: string, viewOnly: boolean): Promise<VncSession>;
   /** Desktops this host holds a disk for. */
   list(): Promise<DesktopStatus[]>;
   /** Releases driver resources; running desktops keep running. */

@@ -15,9 +15,12 @@
  * Detached processes finish at once with what `exec` would give.
  */
 import { setTimeout as sleep } from 'node:timers/promises';
+import sharp from 'sharp';
+import type { InputAction } from '../../../shared/src/computer-use.js';
 import { AgentFailure } from '../../../shared/src/protocol.js';
 import type { Tier } from '../../../shared/src/tiers.js';
 import type {
+  CursorPosition,
   DesktopStatus,
   DetachedSpec,
   DisplaySize,
@@ -32,8 +35,12 @@ import type {
   ProcessStatus,
   RuntimeCapabilities,
   RuntimeDriver,
+  Screenshot,
+  ScreenshotSpec,
   StartSpec,
+  VncSession,
 } from './driver.js';
+import { clampRegion, scaledSize } from './screen-geometry.js';
 
 export interface FakeDesktop {
   tier: Tier;
@@ -48,6 +55,7 @@ export interface FakeDesktop {
   files: Map<string, Buffer>;
   processes: Map<string, ProcessStatus>;
   display: DisplaySize;
+  cursor: CursorPosition;
 }
 
 export interface FakeDriverOptions {
@@ -55,6 +63,8 @@ export interface FakeDriverOptions {
   readonly delayMs?: number;
   /** Whether hibernate keeps memory. Default true. */
   readonly memorySnapshots?: boolean;
+  /** Whether the computer-use commands work (501 through the API otherwise). Default true. */
+  readonly computerUse?: boolean;
 }
 
 export class FakeDriver implements RuntimeDriver {
@@ -64,16 +74,18 @@ export class FakeDriver implements RuntimeDriver {
   closed = false;
   private readonly delayMs: number;
   private readonly memorySnapshots: boolean;
+  private readonly computerUse: boolean;
   /** Aborts sleeps in progress on close, so a closed driver leaves no timers behind. */
   private readonly closing = new AbortController();
 
   constructor(options: FakeDriverOptions = {}) {
     this.delayMs = options.delayMs ?? 0;
     this.memorySnapshots = options.memorySnapshots ?? true;
+    this.computerUse = options.computerUse ?? true;
   }
 
   capabilities(): RuntimeCapabilities {
-    return { runtime: 'fake', memorySnapshots: this.memorySnapshots };
+    return { runtime: 'fake', memorySnapshots: this.memorySnapshots, computerUse: this.computerUse };
   }
 
   prepare(desktopId: string, tier: Tier): Promise<void> {
@@ -81,7 +93,7 @@ export class FakeDriver implements RuntimeDriver {
       if (this.desktops.has(desktopId)) return;
       this.desktops.set(desktopId, {
         tier, running: false, hasSnapshot: false, firstBoot: null, firstBootRuns: 0, coldBoots: 0, restores: 0,
-        files: new Map(), processes: new Map(), display: { width: 1024, height: 768 },
+        files: new Map(), processes: new Map(), display: { width: 1024, height: 768 }, cursor: { x: 0, y: 0 },
       });
     });
   }
@@ -273,6 +285,36 @@ export class FakeDriver implements RuntimeDriver {
     const desktop = this.running(desktopId);
     desktop.display = { width: size.width, height: size.height };
     return { ...desktop.display };
+  }
+
+  /** A grey PNG of the display's size, cropped and scaled as the real driver does. */
+  async screenshot(desktopId: string, spec: ScreenshotSpec): Promise<Screenshot> {
+    const { display } = this.running(desktopId);
+    const area = spec.region === null ? display : clampRegion(spec.region, display);
+    const { width, height } = scaledSize(area, spec.scalePercent);
+    const png = await sharp({ create: { width, height, channels: 3, background: { r: 128, g: 128, b: 128 } } }).png().toBuffer();
+    if (png.length > spec.maxBytes) throw new AgentFailure('too_large', `the image is ${png.length} bytes`, false);
+    return { png, width, height };
+  }
+
+  /** Follows the pointer through the batch; everything else is accepted and forgotten. */
+  async input(desktopId: string, actions: readonly InputAction[]): Promise<CursorPosition> {
+    const desktop = this.running(desktopId);
+    const clamp = (x: number, y: number): CursorPosition => ({
+      x: Math.min(x, desktop.display.width - 1),
+      y: Math.min(y, desktop.display.height - 1),
+    });
+    for (const a of actions) {
+      if (a.type === 'mouse_move') desktop.cursor = clamp(a.x, a.y);
+      else if (a.type === 'click' && a.x !== undefined && a.y !== undefined) desktop.cursor = clamp(a.x, a.y);
+      else if (a.type === 'drag') desktop.cursor = clamp(a.to.x, a.to.y);
+    }
+    return { ...desktop.cursor };
+  }
+
+  openVnc(desktopId: string): Promise<VncSession> {
+    this.running(desktopId);
+    return Promise.reject(new AgentFailure('unsupported', 'the fake runtime has no VNC server', false));
   }
 
   private running(desktopId: string): FakeDesktop {

@@ -14,10 +14,13 @@ import {
   ExecDetachedResponse,
   ExecResponse,
   FileStatJson,
+  InputResponse,
   ListDirResponse,
   OperationJson,
   Problem,
   ProcessStatusResponse,
+  ScreenshotBase64Response,
+  StreamTicketResponse,
   UsageResponse,
   WebhookDeliveryJson,
   WebhookEndpointJson,
@@ -29,6 +32,7 @@ import { registerUsageRoutes } from './routes/usage.js';
 import { registerExecRoutes } from './routes/exec.js';
 import { registerFileRoutes } from './routes/files.js';
 import { registerDisplayRoutes } from './routes/display.js';
+import { registerComputerUseRoutes } from './routes/computer-use.js';
 import { registerWebhookRoutes } from './routes/webhooks.js';
 import type { DesktopService } from '../services/desktops.js';
 import type { LifecycleService } from '../services/lifecycle.js';
@@ -89,6 +93,7 @@ export async function buildApp(deps: AppDeps): Promise<App> {
   for (const schema of [
     Problem, DesktopJson, OperationJson, UsageResponse,
     ExecResponse, ExecDetachedResponse, ProcessStatusResponse, FileStatJson, ListDirResponse, DisplayResponse,
+    ScreenshotBase64Response, InputResponse, StreamTicketResponse,
     WebhookEndpointJson, WebhookDeliveryJson,
   ]) app.addSchema(schema);
 
@@ -184,6 +189,7 @@ export async function buildApp(deps: AppDeps): Promise<App> {
   registerExecRoutes(app, deps);
   registerFileRoutes(app, deps);
   registerDisplayRoutes(app, deps);
+  registerComputerUseRoutes(app, deps);
   registerWebhookRoutes(app, deps);
   return app;
 }

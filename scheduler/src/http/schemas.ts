@@ -4,6 +4,7 @@
  */
 import { Type, type Static } from '@sinclair/typebox';
 import { idPattern } from '../../../shared/src/ids.js';
+import { INPUT_LIMITS, InputAction, STREAM_CLAIMS } from '../../../shared/src/computer-use.js';
 import { DESKTOP_STATES } from '../store/rows.js';
 
 export const Problem = Type.Object(
@@ -276,6 +277,69 @@ export const DeliveriesQuery = Type.Object({
 export const DisplayResponse = Type.Object(
   { width: Type.Integer({ description: 'Pixels' }), height: Type.Integer({ description: 'Pixels' }) },
   { $id: 'DisplayResponse' },
+);
+
+export const ScreenshotBody = Type.Object(
+  {
+    encoding: Type.Optional(Type.Union([Type.Literal('binary'), Type.Literal('base64'), Type.Null()], {
+      description: '`binary` (default): the PNG itself. `base64`: JSON {data_base64, width, height}',
+    })),
+    region: Type.Optional(Type.Union([
+      Type.Object(
+        {
+          x: Type.Integer({ minimum: 0, maximum: 32767 }),
+          y: Type.Integer({ minimum: 0, maximum: 32767 }),
+          width: Type.Integer({ minimum: 1, maximum: 32767 }),
+          height: Type.Integer({ minimum: 1, maximum: 32767 }),
+        },
+        { description: 'Screen pixels, all four together; clamped to the screen' },
+      ),
+      Type.Null(),
+    ])),
+    scale_percent: Type.Optional(Type.Union([Type.Integer({ minimum: 1, maximum: 100 }), Type.Null()], {
+      description: 'Downscale percent of the (cropped) size; omitted means full size',
+    })),
+  },
+  { additionalProperties: true },
+);
+export type ScreenshotBody = Static<typeof ScreenshotBody>;
+
+export const ScreenshotBase64Response = Type.Object(
+  {
+    data_base64: Type.String({ description: 'The PNG, base64' }),
+    width: Type.Integer({ description: 'Pixels, after the crop and the scale' }),
+    height: Type.Integer({ description: 'Pixels, after the crop and the scale' }),
+  },
+  { $id: 'ScreenshotBase64Response' },
+);
+
+export const InputBody = Type.Object(
+  { actions: Type.Array(InputAction, { maxItems: INPUT_LIMITS.maxActions }) },
+  { additionalProperties: true },
+);
+export type InputBody = Static<typeof InputBody>;
+
+export const InputResponse = Type.Object(
+  { cursor: Type.Object({ x: Type.Integer(), y: Type.Integer() }) },
+  { $id: 'InputResponse' },
+);
+
+export const StreamBody = Type.Object(
+  {
+    claim: Type.Union(STREAM_CLAIMS.map((c) => Type.Literal(c)), {
+      description: '`view` watches; `control` also sends input, and makes exec and file routes answer 409 while held',
+    }),
+  },
+  { additionalProperties: true },
+);
+
+export const StreamTicketResponse = Type.Object(
+  {
+    url: Type.String({ description: '`tcp://host:port/?ticket=…`: dial it, send the ticket and a newline, then speak RFB' }),
+    claim: Type.Union(STREAM_CLAIMS.map((c) => Type.Literal(c))),
+    expires_at: Type.String({ format: 'date-time', description: 'The ticket must be presented before this; it is single use' }),
+  },
+  { $id: 'StreamTicketResponse' },
 );
 
 export const DisplayBody = Type.Object(

@@ -9,6 +9,7 @@
  * fails the call (503) rather than being retried here, because an exec is not idempotent.
  */
 import type { AgentCommand, CommandPayload, CommandResult } from '../../../shared/src/protocol.js';
+import { INPUT_LIMITS, inputBatchProblem, SCREENSHOT_MAX_BYTES, type InputAction, type StreamClaim } from '../../../shared/src/computer-use.js';
 import { AgentFailure } from '../../../shared/src/protocol.js';
 import { newId } from '../../../shared/src/ids.js';
 import type { Logger } from '../../../shared/src/log.js';
@@ -73,6 +74,13 @@ export function clampExecTimeoutSecs(value: number | null | undefined): number {
 export function clampTailBytes(value: number | undefined): number {
   if (value === undefined || value === 0) return TAIL_DEFAULT_BYTES;
   return Math.min(TAIL_MAX_BYTES, value);
+}
+
+export interface ScreenRegion {
+  readonly x: number;
+  readonly y: number;
+  readonly width: number;
+  readonly height: number;
 }
 
 interface Target {
@@ -169,6 +177,36 @@ export class GuestService {
     return this.run(target, 'guest.display.set', { ...target.ref, width, height }, GUEST_OP_TIMEOUT_MS);
   }
 
+  /** A PNG of the screen, cropped and scaled in the agent; 413 over the transfer cap. */
+  async screenshot(orgId: string, desktopId: string, region: ScreenRegion | null, scalePercent: number | null) {
+    const target = await this.target(orgId, desktopId);
+    const payload = { ...target.ref, region, scale_percent: scalePercent, max_bytes: SCREENSHOT_MAX_BYTES };
+    const shot = await this.run(target, 'guest.screenshot', payload, GUEST_OP_TIMEOUT_MS);
+    return { png: Buffer.from(shot.png.buffer, shot.png.byteOffset, shot.png.byteLength), width: shot.width, height: shot.height };
+  }
+
+  /** Runs an input batch in one agent round trip; answers the final cursor. */
+  async input(orgId: string, desktopId: string, actions: readonly InputAction[]): Promise<{ cursor: { x: number; y: number } }> {
+    const problem = inputBatchProblem(actions);
+    if (problem !== null) throw errors.badRequest(problem);
+    const target = await this.target(orgId, desktopId);
+    // The agent kills a batch at its deadline and answers `timeout` (504); the link waits longer.
+    const cursor = await this.run(target, 'guest.input', { ...target.ref, actions: [...actions] }, INPUT_LIMITS.batchTimeoutMs + LINK_GRACE_MS);
+    return { cursor: { x: cursor.x, y: cursor.y } };
+  }
+
+  /** A single-use stream ticket from the desktop's agent, as the URL the client dials. */
+  async streamTicket(orgId: string, desktopId: string, claim: StreamClaim) {
+    const target = await this.target(orgId, desktopId);
+    const grant = await this.run(target, 'stream.grant', { ...target.ref, claim }, GUEST_OP_TIMEOUT_MS);
+    const host = grant.host.includes(':') ? `[${grant.host}]` : grant.host;
+    return {
+      url: `tcp://${host}:${grant.port}/?ticket=${encodeURIComponent(grant.ticket)}`,
+      claim,
+      expires_at: grant.expires_at,
+    };
+  }
+
   /** The desktop, awake, on a connected host; otherwise the 404, 409 or 503 the API gives. */
   private async target(orgId: string, desktopId: string): Promise<Target> {
     const desktop: DesktopRow | null = await getDesktop(this.sql, orgId, desktopId);
@@ -210,14 +248,33 @@ export class GuestService {
       case 'path_conflict':
         return err.currentSize !== undefined ? errors.appendMismatch(err.currentSize) : errors.pathConflict(err.message);
       case 'too_large':
-        return errors.tooLarge(err.message);
+        return command === 'guest.screenshot'
+          ? errors.tooLarge('the image is over the 8 MiB cap; retry with region or scale_percent')
+          : errors.tooLarge(err.message);
+      case 'control_claimed':
+        return command === 'stream.grant' ? errors.streamControlTaken() : errors.controlClaimed();
       case 'bad_request':
         return errors.badRequest(err.message);
       case 'unsupported':
         return errors.notImplemented("the desktop's host does not support this operation");
+      case 'runtime_error': {
+        const sentence = GUEST_FAILURES[command];
+        if (sentence === undefined) break;
+        this.log.warn({ command, message: err.message }, 'guest operation failed inside the desktop');
+        return errors.guestFailed(sentence);
+      }
       default:
-        this.log.error({ command, code: err.code, message: err.message }, 'guest operation failed in the agent');
-        return new Error(`${command} failed`);
+        break;
     }
+    this.log.error({ command, code: err.code, message: err.message }, 'guest operation failed in the agent');
+    return new Error(`${command} failed`);
   }
 }
+
+/** SPEC 4.5's 500s: failures inside the guest, each with a fixed sentence (the agent's text is logged). */
+const GUEST_FAILURES: Partial<Record<AgentCommand, string>> = {
+  'guest.screenshot': "the desktop's X session did not answer",
+  'guest.input': 'an input action failed inside the desktop; earlier actions of the batch have run',
+  'guest.display.get': "the desktop's X session did not answer",
+  'guest.display.set': 'the resize failed inside the desktop',
+};

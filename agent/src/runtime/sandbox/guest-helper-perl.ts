@@ -1,6 +1,6 @@
 /**
  * The guest helper's Perl source, in sections: a prelude every operation needs, shared routines,
- * and one body per operation (the detached-process ones here, the file ones in
+ * and one body per operation (the detached-process and display ones here, the file ones in
  * guest-helper-perl-files.ts). guest-helper.ts sends a cold helper only the sections its operation
  * uses, because Perl compiles the whole program on every start and compile time grows with its
  * length; a warm helper (warm-pool.ts) compiles everything before it is needed, so it gets it all.
@@ -27,6 +27,10 @@ export interface PerlConstants {
   readonly runner: string;
   /** Children a warm file server keeps waiting for connections. */
   readonly warmIdle: number;
+  /** The guest X server's Unix socket, as the guest sees it. */
+  readonly xSocket: string;
+  /** Seconds the X server has to answer a connection before `xsize` gives up. */
+  readonly xAnswerSec: number;
 }
 
 export interface PerlPart {
@@ -267,4 +271,47 @@ out('OK ' . scalar(@leaders) . "\n");
       'kill-detached': { needs: ['procs'], body: killDetached },
     },
   };
+}
+
+/**
+ * The X server's current screen size, for screenshots (screenshot.ts). It is read from the setup
+ * reply of a fresh connection rather than with a RandR request: the connection block holds screen
+ * 0's size, RandR rewrites it on every resize (RREditConnectionInfo; checked against `xrandr --fb`,
+ * including a resize made by a guest user), and the setup reply is the server's first answer, so
+ * one round trip is all it costs (≈0.1 ms). No module: the socket constants of Linux (AF_UNIX 1,
+ * SOCK_STREAM 1) and sockaddr_un are written out, as the warm prologue does.
+ */
+export function perlDisplayParts(k: PerlConstants): { sections: Record<string, string>; ops: Record<string, PerlPart> } {
+  const xsize = String.raw`
+# Anything the guest put at the socket's path may answer, or not; it gets a deadline and a bounded read.
+$SIG{ALRM} = sub { fail('runtime_error', 'X session down: the X server did not answer') };
+alarm ${k.xAnswerSec};
+sub xread {
+  my ($fh, $n) = @_; my $s = '';
+  while (length($s) < $n) { sysread($fh, $s, $n - length $s, length $s) or return undef; }
+  return $s;
+}
+my $x;
+socket($x, 1, 1, 0) or fail('runtime_error', "cannot create a socket: $!");
+connect($x, pack('S a108', 1, '${k.xSocket}')) or fail('runtime_error', "X session down: cannot connect to the X server: $!");
+# Little-endian replies ('l'), protocol 11.0, no authorization (Xvfb lets local clients in).
+put($x, pack('a x v v v v x2', 'l', 11, 0, 0, 0)) or fail('runtime_error', "X session down: $!");
+my $head = xread($x, 8) // fail('runtime_error', 'X session down: the X server closed the connection');
+my ($status, $why_len, $words) = unpack('C C x4 v', $head);
+my $body = xread($x, 4 * $words) // fail('runtime_error', 'X session down: the X server closed the connection');
+if ($status != 1) {
+  my $why = $status == 0 ? substr($body, 0, $why_len) : 'authorization required';
+  $why =~ tr/\x20-\x7e//cd;
+  fail('runtime_error', "X session down: the X server refused the connection: $why");
+}
+# After 32 fixed bytes: the vendor string (padded to 4), 8 bytes per pixmap format, then screen 0,
+# whose width and height in pixels are at bytes 20 and 22.
+fail('runtime_error', 'the X server sent a malformed setup reply') if length($body) < 32;
+my ($vendor, $screens, $formats) = unpack('x16 v x2 C C', $body);
+my $at = 32 + (($vendor + 3) & ~3) + 8 * $formats;
+fail('runtime_error', 'the X server sent a malformed setup reply') unless $screens >= 1 && length($body) >= $at + 24;
+my ($w, $h) = unpack("x$at x20 v v", $body);
+out("OK $w $h\n");
+`;
+  return { sections: {}, ops: { xsize: { needs: [], body: xsize } } };
 }

@@ -1,6 +1,6 @@
 /**
  * The guest helper: a short Perl program that does every file and detached-process operation
- * from inside a desktop. The driver runs it through nsenter with the guest init's mount namespace
+ * (and asks the X server for the screen size) from inside a desktop. The driver runs it through nsenter with the guest init's mount namespace
  * and root (see guest-call.ts), so every path it touches is resolved by the kernel against the
  * guest's own tree: an absolute symlink, `..` at the root or `/proc/1/root` all stay inside the
  * guest. No guest path is ever opened from the host side.
@@ -34,12 +34,20 @@
  *   status <id> <tail bytes>       OK none | OK <running|exited|lost> <code|-> <out len> <err len>,
  *                                  then both tails
  *   kill-detached                  OK <number of process sessions killed>
+ *   xsize                          OK <width> <height> of the X screen now; the X server not
+ *                                  answering is ERR runtime_error (the X session is down)
  * A helper that dies without a status line (killed, desktop stopped) is reported by the caller.
  */
 import { constants as fsc } from 'node:fs';
 import { constants as osc } from 'node:os';
 import { perlFileParts } from './guest-helper-perl-files.js';
-import { perlPrelude, perlProcessParts, type PerlConstants, type PerlPart } from './guest-helper-perl.js';
+import {
+  perlDisplayParts,
+  perlPrelude,
+  perlProcessParts,
+  type PerlConstants,
+  type PerlPart,
+} from './guest-helper-perl.js';
 
 /** Children a warm file server keeps waiting, so that a run of operations never waits for a fork. */
 const WARM_IDLE = 2;
@@ -54,7 +62,12 @@ export const PROCESS_ID = new RegExp(`^${PROCESS_ID_SOURCE}$`);
 /** Where detached processes keep their files inside the guest. */
 export const PROCESSES_DIR = '/root/.canto/processes';
 
-export type HelperOp = 'stat' | 'list' | 'read' | 'write' | 'delete' | 'spawn' | 'status' | 'kill-detached';
+export type HelperOp = 'stat' | 'list' | 'read' | 'write' | 'delete' | 'spawn' | 'status' | 'kill-detached' | 'xsize';
+
+/** The guest's X server (display :0, guest-init.ts) listens here. */
+const X_SOCKET = '/tmp/.X11-unix/X0';
+/** `xsize` gives up on an X server that accepts but does not answer (stopped, or an impostor). */
+export const X_ANSWER_SEC = 2;
 
 /** Raw system call numbers, which differ between architectures. */
 const SYSCALLS: Readonly<Record<string, { statx: number; linkat: number; setsid: number }>> = {
@@ -99,11 +112,14 @@ function build(op: HelperOp | 'warm'): string {
     processId: PROCESS_ID_SOURCE,
     runner: RUNNER,
     warmIdle: WARM_IDLE,
+    xSocket: X_SOCKET,
+    xAnswerSec: X_ANSWER_SEC,
   };
   const files = perlFileParts(k);
   const procs = perlProcessParts(k);
-  const sections: Record<string, string> = { ...files.sections, ...procs.sections };
-  const ops: Record<string, PerlPart> = { ...files.ops, ...procs.ops };
+  const display = perlDisplayParts(k);
+  const sections: Record<string, string> = { ...files.sections, ...procs.sections, ...display.sections };
+  const ops: Record<string, PerlPart> = { ...files.ops, ...procs.ops, ...display.ops };
   if (op === 'warm') {
     // Every section, then each body in a block of its own, chosen by the request.
     const branches = Object.entries(ops).filter(([name]) => name !== 'spawn').map(

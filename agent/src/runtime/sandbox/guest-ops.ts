@@ -26,6 +26,8 @@ import type {
   FileWriteSpec,
   GuestPath,
   ProcessStatus,
+  Screenshot,
+  ScreenshotSpec,
 } from '../driver.js';
 import type { InitProcess } from './cold-boot.js';
 import { startWarmFileServer, type GuestTarget } from './guest-call.js';
@@ -35,6 +37,7 @@ import { assertProcessId, guestProcessStatus, spawnGuestProcess } from './guest-
 import { InFlight, type GuestOp, type GuestOpKind } from './in-flight.js';
 import { isSameProcessSync } from './host-procs.js';
 import { desktopPaths, hasDisk, type DesktopPaths } from './layout.js';
+import { captureScreenshot, guestScreenSize } from './screenshot.js';
 import { WarmPool } from './warm-pool.js';
 
 interface Entered {
@@ -143,6 +146,22 @@ export class GuestOperations {
   async listDir(desktopId: string, path: GuestPath, limit: number): Promise<DirListing> {
     assertGuestPath(path);
     return this.helperOp(desktopId, (t) => listGuest(t, path, limit));
+  }
+
+  /**
+   * A PNG of the screen (screenshot.ts): the X server's current size from the guest helper, the
+   * pixels from the framebuffer file on the host side. The registration covers the helper call,
+   * like any helper op; the rest reads a host file through a descriptor opened meanwhile and
+   * enters nothing, so a stop racing it can at worst yield the last frame.
+   */
+  screenshot(desktopId: string, spec: ScreenshotSpec): Promise<Screenshot> {
+    const fbDir = desktopPaths(this.stateDir, desktopId).fb;
+    return this.helperOp(desktopId, (t) => captureScreenshot(fbDir, spec, () => guestScreenSize(t)));
+  }
+
+  /** The running guest init of an awake desktop: `not_found` or `not_running` otherwise. */
+  runningInitOf(desktopId: string): Promise<InitProcess> {
+    return this.init(desktopId, desktopPaths(this.stateDir, desktopId));
   }
 
   /** Registers the operation (or refuses it while the desktop is stopping), then checks state. */

@@ -21,9 +21,11 @@ import { readdir, rename, rm } from 'node:fs/promises';
 import { resolve } from 'node:path';
 import { AgentFailure } from '../../../../shared/src/protocol.js';
 import type { Tier } from '../../../../shared/src/tiers.js';
+import type { InputAction } from '../../../../shared/src/computer-use.js';
 import type {
   DesktopStatus,
   DetachedSpec,
+  CursorPosition,
   DirListing,
   DisplaySize,
   ExecOutcome,
@@ -36,7 +38,10 @@ import type {
   ProcessStatus,
   RuntimeCapabilities,
   RuntimeDriver,
+  Screenshot,
+  ScreenshotSpec,
   StartSpec,
+  VncSession,
 } from '../driver.js';
 import { applyTier, drainAndRemove } from './cgroups.js';
 import { coldBoot, type InitProcess } from './cold-boot.js';
@@ -44,6 +49,8 @@ import { detectCriu, dump, restore, type CriuInfo } from './criu.js';
 import { applyFirstBoot, WRITE_ENV_COMMAND } from './first-boot.js';
 import { resolveTool } from './tools.js';
 import { readDisplay, resizeDisplay } from './guest-display.js';
+import { runInput } from './guest-input.js';
+import { VncSessions } from './guest-vnc.js';
 import { guestExec, MAX_OUTPUT_BYTES } from './guest-exec.js';
 import { NESTED_MOUNTPOINTS } from './guest-init.js';
 import { GuestOperations } from './guest-ops.js';
@@ -85,6 +92,7 @@ const FILE_OP_GRACE_MS = 5_000;
 export class SandboxDriver implements RuntimeDriver {
   private readonly mutex = new KeyedMutex();
   private readonly guest: GuestOperations;
+  private readonly vnc: VncSessions;
   private readonly log: (msg: string, fields?: object) => void;
 
   private constructor(
@@ -95,6 +103,7 @@ export class SandboxDriver implements RuntimeDriver {
   ) {
     this.log = log ?? (() => undefined);
     this.guest = new GuestOperations(stateDir, tools.nsenter, (paths) => this.runningInit(paths), this.log);
+    this.vnc = new VncSessions({ nsenterPath: tools.nsenter, init: (desktopId) => this.guest.runningInitOf(desktopId), log: this.log });
   }
 
   /** Detects CRIU and the sandbox tools, and prepares the state directory. */
@@ -111,7 +120,7 @@ export class SandboxDriver implements RuntimeDriver {
   }
 
   capabilities(): RuntimeCapabilities {
-    return { runtime: 'sandbox', memorySnapshots: this.criu !== null };
+    return { runtime: 'sandbox', memorySnapshots: this.criu !== null, computerUse: true };
   }
 
   async prepare(desktopId: string, _tier: Tier): Promise<void> {
@@ -177,6 +186,8 @@ export class SandboxDriver implements RuntimeDriver {
       }
       const t0 = performance.now();
       await this.guest.inFlight.drain(desktopId, FILE_OP_GRACE_MS);
+      // A VNC server's pipes lead out of the guest: CRIU cannot dump them.
+      await this.vnc.closeAll(desktopId);
       // A warm server inside the guest would break the dump (its children serve no operation now).
       await this.guest.reset(desktopId);
       await this.killDetached(desktopId, init);
@@ -206,6 +217,7 @@ export class SandboxDriver implements RuntimeDriver {
     await this.fenced(desktopId, async () => {
       // No grace: whatever a file operation would finish is about to be deleted.
       await this.guest.inFlight.drain(desktopId, 0);
+      await this.vnc.closeAll(desktopId);
       await this.guest.reset(desktopId);
       const init = await this.runningInit(paths);
       if (init !== null) await this.stopProcesses(paths, desktopId, init);
@@ -252,6 +264,18 @@ export class SandboxDriver implements RuntimeDriver {
 
   setDisplay(desktopId: string, size: DisplaySize): Promise<DisplaySize> {
     return resizeDisplay((spec) => this.guest.exec(desktopId, spec), size);
+  }
+
+  screenshot(desktopId: string, spec: ScreenshotSpec): Promise<Screenshot> {
+    return this.guest.screenshot(desktopId, spec);
+  }
+
+  input(desktopId: string, actions: readonly InputAction[]): Promise<CursorPosition> {
+    return runInput((spec) => this.guest.exec(desktopId, spec), actions);
+  }
+
+  openVnc(desktopId: string, viewOnly: boolean): Promise<VncSession> {
+    return this.vnc.open(desktopId, viewOnly);
   }
 
   exec(desktopId: string, spec: ExecSpec): Promise<ExecOutcome> {
@@ -312,6 +336,8 @@ export class SandboxDriver implements RuntimeDriver {
   }
 
   async close(): Promise<void> {
+    // VNC sessions are the agent's: their clients are gone with it.
+    await this.vnc.close();
     await this.guest.close();
     await this.mutex.idle();
   }
