@@ -32,6 +32,16 @@ async function timed<T>(name: string, fn: () => Promise<T>): Promise<T> {
 }
 const median = (xs: number[]) => [...xs].sort((a, b) => a - b)[Math.floor(xs.length / 2)];
 
+/** The root window property where the input binder keeps its slots (guest-input.ts). */
+const KEYS_PROPERTY = '_CANTO_INPUT_KEYS';
+
+/** Keymap changes xev saw between the first and the last key press. */
+function mappingChangesWhileTyping(events: XEvent[]): number {
+  const first = events.findIndex((e) => e.type === 'KeyPress');
+  const last = events.findLastIndex((e) => e.type === 'KeyPress');
+  return events.slice(first, last).filter((e) => e.type === 'MappingNotify').length;
+}
+
 interface XEvent {
   readonly type: string;
   readonly root: { x: number; y: number } | null;
@@ -102,6 +112,11 @@ describe.skipIf(!isRoot)('sandbox driver input', () => {
   }
 
   const input = (actions: InputAction[]) => driver.input(id, actions);
+  /** The events of a typed text that ends in `z`. */
+  const typedEvents = (what: string) => eventsUntil((ev) => ev.some((e) => e.type === 'KeyRelease' && e.keysym === 'z'), what);
+  /** The text the key presses carried. */
+  const typedBytes = (events: XEvent[]) =>
+    Buffer.concat(events.filter((e) => e.type === 'KeyPress').map((e) => e.bytes)).toString('utf8');
   const inside = (dx: number, dy: number) => ({ x: win.x + dx, y: win.y + dy });
   const presses = (events: XEvent[]) => events.filter((e) => e.type === 'ButtonPress');
 
@@ -241,8 +256,42 @@ describe.skipIf(!isRoot)('sandbox driver input', () => {
     const shifted = keyPresses.find((e) => e.keysym === 'H');
     expect((shifted?.state ?? 0) & 0x1).toBe(1);
     expect(keyPresses.filter((e) => e.keysym === 'Return')).toHaveLength(2);
-    // é, € and 日 are on no key of the US map: xdotool maps each to a spare keycode first.
+    // é, € and 日 are on no key of the US map: they were bound to spare keycodes before the
+    // first key, so the keymap did not change while the text was typed.
     expect(keyPresses.map((e) => e.keysym)).toEqual(expect.arrayContaining(['eacute', 'U20AC', 'U65E5']));
+    expect(mappingChangesWhileTyping(events)).toBe(0);
+  });
+
+  it('off-map characters arrive exactly on a loaded desktop, and a later batch reuses their bindings', async () => {
+    // Two busy loops in the guest take both cores from xev, which reads each key's binding
+    // lazily: with a keymap change per character, it read some with a later one's.
+    const loads = (await sh("for i in 1 2; do sh -c 'while :; do :; done' >/dev/null 2>&1 </dev/null & echo $!; done")).trim().split(/\s+/);
+    expect(loads).toHaveLength(2);
+    try {
+      let text = '';
+      for (let round = 0; round < 5; round++) {
+        // 33 characters no earlier round typed, 30 of them new each round: from the third
+        // round on, the binder recycles the slots of earlier rounds.
+        const cjk = Array.from({ length: 30 }, (_, i) => String.fromCodePoint(0x5000 + round * 64 + i)).join('');
+        text = `a€éß${cjk}z`;
+        await markNow();
+        await timed('type 33 off-map chars, loaded (delay 0)', () => input([{ type: 'type', text, delay_ms: 0 }]));
+        const events = await typedEvents('the loaded round');
+        expect(typedBytes(events), `round ${round}`).toBe(text);
+        expect(mappingChangesWhileTyping(events)).toBe(0);
+      }
+      // The same characters again: all bound already, so the keymap does not change at all.
+      const bound = await sh(`DISPLAY=:0 /usr/bin/xprop -root ${KEYS_PROPERTY}`);
+      expect(bound).toContain(`.0x${(0x1000000 + 0x5000 + 4 * 64).toString(16)}`);
+      await markNow();
+      await timed('type 33 bound off-map chars, loaded (delay 0)', () => input([{ type: 'type', text, delay_ms: 0 }]));
+      const events = await typedEvents('the repeated text');
+      expect(typedBytes(events)).toBe(text);
+      expect(events.filter((e) => e.type === 'MappingNotify')).toEqual([]);
+      expect(await sh(`DISPLAY=:0 /usr/bin/xprop -root ${KEYS_PROPERTY}`)).toBe(bound);
+    } finally {
+      await driver.exec(id, { command: `kill ${loads.join(' ')}`, timeoutMs: 5_000, maxOutputBytes: 1024 });
+    }
   });
 
   it('key presses a combo: ctrl+a arrives as a with Control held', async () => {
@@ -286,5 +335,16 @@ describe.skipIf(!isRoot)('sandbox driver input', () => {
     // Everything typed arrived (200 + 200 characters).
     const events = await eventsUntil((ev) => ev.filter((e) => e.type === 'KeyPress').length >= 400, 'the typed letters');
     expect(events.filter((e) => e.type === 'KeyPress')).toHaveLength(400);
+
+    // Off-map text: what binding costs against xdotool remapping each character itself.
+    const offMap = (n: number) => Array.from({ length: 33 }, (_, i) => String.fromCodePoint(0x7000 + n * 64 + i)).join('');
+    for (let i = 0; i < 10; i++) {
+      await timed('exec: xdotool remapping 33 chars itself', () => sh(`DISPLAY=:0 LC_ALL=C.UTF-8 /usr/bin/xdotool type --delay 0 -- ${offMap(20 + i)}`));
+    }
+    await markNow();
+    for (let i = 0; i < 10; i++) await timed('type 33 off-map chars to bind (delay 0)', () => input([{ type: 'type', text: offMap(i), delay_ms: 0 }]));
+    for (let i = 0; i < 10; i++) await timed('type 33 bound off-map chars (delay 0)', () => input([{ type: 'type', text: offMap(9), delay_ms: 0 }]));
+    const offMapEvents = await eventsUntil((ev) => ev.filter((e) => e.type === 'KeyPress').length >= 660, 'the off-map characters');
+    expect(typedBytes(offMapEvents)).toBe([...Array.from({ length: 10 }, (_, i) => offMap(i)), ...Array.from({ length: 10 }, () => offMap(9))].join(''));
   });
 });

@@ -12,6 +12,18 @@
  *
  * Every argument is single-quoted, so client text never reaches the shell as syntax. The final
  * cursor is read back from the X server after the last action, never computed.
+ *
+ * Characters on no key of the keymap (é, €, 日) are bound to spare keycodes before they are typed.
+ * Left to itself, xdotool binds each such character to a scratch keycode, presses it and unbinds
+ * it, one keymap change per character; but an X client reloads the keymap lazily, at its first
+ * lookup after the MappingNotify, and gets the server's map as it is by then: a client that
+ * lags reads a key with a later character's binding or with none, and drops or changes it (a
+ * loaded desktop lost the € of `é€日本`). So each `type` first binds all its off-map characters
+ * at once (the binder below), clients see that one change before the first key, and the
+ * bindings stay: later lookups, and later batches typing the same characters, find them stable.
+ * In a desktop the step costs ≈6 ms when all is bound already and 10-25 ms when it binds 33
+ * characters, while typing a bound character saves xdotool's two keymap changes; text without
+ * off-map characters runs no such step.
  */
 import { AgentFailure } from '../../../../shared/src/protocol.js';
 import { INPUT_LIMITS, type InputAction, type MouseButton, type ScrollDirection } from '../../../../shared/src/computer-use.js';
@@ -42,6 +54,8 @@ const BASE_TIMEOUT_MS = 10_000;
 const PER_ACTION_MS = 500;
 /** Added to each typed character's delay: xdotool's own work, more for remapped keysyms. */
 const PER_CHAR_MS = 10;
+/** Added per typed segment with off-map characters: binding them (six short processes). */
+const PER_BINDING_MS = 200;
 /**
  * The batch deadline (docs/decisions.md): the caps allow hours of typing (32 KiB at 500 ms per
  * key), and a batch still typing after the deadline has no caller, so it is killed (504).
@@ -112,13 +126,143 @@ function xdotoolWords(action: InputAction): Word[] {
       return ['click', '--repeat', String(action.amount ?? 1), '--delay', String(SCROLL_DELAY_MS), String(SCROLL_BUTTONS[action.direction])];
     case 'type':
       // `--` because the text may start with '-'; `type` takes every later word as text.
-      return ['type', '--delay', String(action.delay_ms ?? 12), '--', typedText(action.text)];
+      return typeWords(action.delay_ms, typedText(action.text));
     case 'key':
       return ['key', '--delay', '0', '--', action.combo];
     case 'wait':
       // Not an xdotool call: inputScript runs /bin/sleep for it.
       return [];
   }
+}
+
+/**
+ * Off-map characters per segment of typed text. A slot is one XKB group of a spare keycode
+ * (xdotool locks the group in for the key, so the group travels in the key event's state, not in
+ * a keymap change). Xvfb's US map leaves 19 keycodes empty: the lowest stays empty for xdotool's
+ * own remapping, the other 18 give 72 slots. A segment is bound while the previous segment's
+ * characters stay bound, so a client still reading the previous segment's keys when the next one
+ * is bound still finds them: two segments must fit in the 72.
+ */
+export const SEGMENT_CHARS = 36;
+/** Root window property listing the slots the binder owns, `keycode.group.keysym`, oldest first. */
+const KEYS_PROPERTY = '_CANTO_INPUT_KEYS';
+/** Serializes binders of concurrent batches; the guest init creates /run/canto at every boot. */
+export const KEYMAP_LOCK = '/run/canto/keymap.lock';
+
+/**
+ * Code points from U+00A0 up need a binding. Below are ASCII, all on the US map (a line break is
+ * typed as Return), and C1 controls, which have no keysym: xdotool skips them.
+ */
+function offMap(ch: string): boolean {
+  return (ch.codePointAt(0) ?? 0) >= 0xa0;
+}
+
+/**
+ * Typed text cut into runs of at most SEGMENT_CHARS distinct off-map characters, each typed by its
+ * own xdotool after its binding step. Nearly every text is one segment.
+ */
+export function typingSegments(text: string): string[] {
+  const segments: string[] = [];
+  let seen = new Set<string>();
+  let start = 0;
+  let at = 0;
+  for (const ch of text) {
+    if (offMap(ch) && !seen.has(ch)) {
+      if (seen.size === SEGMENT_CHARS) {
+        segments.push(text.slice(start, at));
+        start = at;
+        seen = new Set();
+      }
+      seen.add(ch);
+    }
+    at += ch.length;
+  }
+  segments.push(text.slice(start));
+  return segments;
+}
+
+/**
+ * The binder, an awk program (byte semantics under LC_ALL=C). Input: `xmodmap -pk`; env W: the
+ * segment's text; K: the previous segment's; P: `xprop` of KEYS_PROPERTY. It computes the keysym
+ * xdotool will look for, as xdotool does (Latin-1 keeps its legacy keysym, the rest is
+ * 0x1000000 + the code point), for each of W's characters from U+00A0 up, and binds every one
+ * the map does not have anywhere: to a free group of a keycode it owns, else to a newly claimed
+ * empty keycode (never the lowest, xdotool's scratch), else (the rule for running out) to the
+ * slot it bound least recently among those holding none of W's or K's characters; what finds
+ * no slot is left to xdotool's remapping. A slot gets the keysym on both levels, so no Shift is
+ * involved. It pipes the changed keycodes' lines to `xmodmap -`, which has the server apply them
+ * before it exits, and prints the new property. A property entry the map no longer shows (a new
+ * keymap was loaded) is dropped.
+ */
+const BINDER = String.raw`
+function chars(t, ordered,   i, b, n, cp, s) {
+  for (i = 1; i <= length(t); i++) {
+    b = byte[substr(t, i, 1)] + 0
+    if (b < 192) continue
+    n = b >= 240 ? 3 : b >= 224 ? 2 : 1
+    cp = b - (n == 3 ? 240 : n == 2 ? 224 : 192)
+    for (; n > 0; n--) cp = cp * 64 + byte[substr(t, ++i, 1)] - 128
+    if (cp < 160) continue
+    s = sprintf("0x%04x", cp < 256 ? cp : cp + 16777216)
+    if (ordered && !(s in keep)) want[++nw] = s
+    keep[s] = 1
+  }
+}
+BEGIN { for (i = 128; i < 256; i++) byte[sprintf("%c", i)] = i }
+$1 ~ /^[0-9]+$/ {
+  code[++nc] = $1; n = 0
+  for (i = 2; i <= NF; i++) if ($i ~ /^0x/) { col[$1, ++n] = $i; if ($i != "0x0000") { on[$i] = 1; used[$1] = 1 } }
+}
+END {
+  P = ENVIRON["P"]
+  if (!sub(/^[^"]*"/, "", P)) P = ""
+  sub(/".*/, "", P)
+  m = split(P, e, " ")
+  for (i = 1; i <= m; i++) {
+    split(e[i], f, ".")
+    if (f[3] !~ /^0x/ || col[f[1], 2 * f[2] - 1] != f[3] || ((f[1] "." f[2]) in at)) continue
+    at[f[1] "." f[2]] = f[3]; order[++no] = f[1] "." f[2]; ours[f[1]] = 1
+  }
+  chars(ENVIRON["W"], 1); chars(ENVIRON["K"], 0)
+  for (i = 1; i <= nc; i++) if (!(code[i] in used)) { spare = code[i]; break }
+  for (i = 1; i <= nw; i++) {
+    if (want[i] in on) continue
+    slot = ""
+    for (j = 1; j <= nc && slot == ""; j++) if (code[j] in ours) for (g = 1; g <= 4 && slot == ""; g++) if (!((code[j] "." g) in at)) slot = code[j] "." g
+    for (j = 1; j <= nc && slot == ""; j++) if (!(code[j] in used) && !(code[j] in ours) && code[j] != spare) { slot = code[j] ".1"; ours[code[j]] = 1 }
+    for (j = 1; j <= no && slot == ""; j++) if (order[j] != "" && !(at[order[j]] in keep)) slot = order[j]
+    if (slot == "") continue
+    for (j = 1; j <= no; j++) if (order[j] == slot) order[j] = ""
+    order[++no] = slot; at[slot] = want[i]; on[want[i]] = 1
+    split(slot, f, "."); if (!(f[1] in dirty)) { dirty[f[1]] = 1; nd++ }
+  }
+  if (!nd) exit
+  for (c in dirty) {
+    for (top = 4; !((c "." top) in at); top--) ;
+    line = "keycode " c " ="
+    for (g = 1; g <= top; g++) line = line (((c "." g) in at) ? " " at[c "." g] " " at[c "." g] : " NoSymbol NoSymbol")
+    print line | "/usr/bin/xmodmap -"
+  }
+  close("/usr/bin/xmodmap -")
+  for (j = 1; j <= no; j++) if (order[j] != "") v = v " " order[j] "." at[order[j]]
+  print substr(v, 2)
+}
+`;
+
+/**
+ * `k TEXT PREVIOUS` binds TEXT's off-map characters. Best effort: when the keymap cannot be
+ * changed, xdotool still types everything by remapping, with the race this avoids.
+ */
+function binderFunction(): string {
+  const xprop = `/usr/bin/xprop -root`;
+  return (
+    `k() { { /usr/bin/flock 9; v=$(/usr/bin/xmodmap -pk | W=$1 K=$2 P=$(${xprop} -notype ${KEYS_PROPERTY} 2>&1) LC_ALL=C /usr/bin/awk ${shellQuote(BINDER)}) && ` +
+    `[ -n "$v" ] && ${xprop} -f ${KEYS_PROPERTY} 8s -set ${KEYS_PROPERTY} "$v"; } 9>>${KEYMAP_LOCK}; }`
+  );
+}
+
+function typeWords(delayMs: number | undefined, text: Word): Word[] {
+  return ['type', '--delay', String(delayMs ?? INPUT_LIMITS.defaultDelayMs), '--', text];
 }
 
 function shellWords(words: readonly Word[]): string {
@@ -138,8 +282,18 @@ export function inputScript(actions: readonly InputAction[]): string {
     `f() { printf '${FAILURE_PREFIX}%s (%s) failed: %s\\n' "$1" "$2" "$3" >&2; exit 3; }`,
     `x() { n=$1 t=$2; shift 2; e=$(${XDOTOOL} "$@" 2>&1 >/dev/null) && case $e in *'No such key name'*) false;; esac || f "$n" "$t" "$e"; }`,
   ];
+  // Only a batch that types off-map characters carries the binder: ASCII typing pays nothing.
+  if (actions.some((a) => a.type === 'type' && [...a.text].some(offMap))) lines.push('prev=', binderFunction());
   for (const [i, action] of actions.entries()) {
     const head = shellWords([String(i), action.type]);
+    if (action.type === 'type' && [...action.text].some(offMap)) {
+      // Each segment's text is written once, into $seg, for both the binder and xdotool; $prev
+      // is the previous segment's, whose characters the binder keeps bound.
+      for (const segment of typingSegments(typedText(action.text))) {
+        lines.push(`seg=${shellQuote(segment)}; k "$seg" "$prev"; prev=$seg; x ${head} ${shellWords(typeWords(action.delay_ms, { sh: '"$seg"' }))}`);
+      }
+      continue;
+    }
     if (action.type === 'wait') {
       lines.push(`/bin/sleep ${shellQuote(seconds(action.ms))} || f ${head} 'sleep failed'`);
       continue;
@@ -169,7 +323,11 @@ export function inputTimeoutMs(actions: readonly InputAction[]): number {
     ms += PER_ACTION_MS;
     if (action.type === 'wait') ms += action.ms;
     // Code points: xdotool types one key per character, however many bytes it has.
-    if (action.type === 'type') ms += [...action.text].length * ((action.delay_ms ?? 12) + PER_CHAR_MS);
+    if (action.type === 'type') {
+      const chars = [...action.text];
+      ms += chars.length * ((action.delay_ms ?? INPUT_LIMITS.defaultDelayMs) + PER_CHAR_MS);
+      if (chars.some(offMap)) ms += typingSegments(action.text).length * PER_BINDING_MS;
+    }
   }
   return Math.min(ms, MAX_TIMEOUT_MS);
 }
