@@ -4,8 +4,9 @@
  * authenticates with its join token as a bearer header, and then:
  *
  * 1. wraps the socket in an `RpcPeer` and registers the command handlers;
- * 2. says hello — protocol version, host id, agent instance id, capabilities, capacity and the
- *    desktops it holds with their fenced generations — and validates the scheduler's reply;
+ * 2. says hello — protocol version, host id, agent instance id, capabilities, capacity, the
+ *    desktops it holds with their fenced generations and where its port gateway listens — and
+ *    validates the scheduler's reply;
  * 3. sends a heartbeat notification every `heartbeat_ms` (set by the scheduler in its reply) and a
  *    websocket ping beside it; a scheduler that stops answering pings is dropped as dead, because
  *    a half-open TCP connection would otherwise look connected for ever.
@@ -34,6 +35,8 @@ import type { AgentConfig } from './config.js';
 import { GenerationStore } from './generations.js';
 import { CommandHandlers } from './handlers.js';
 import { StreamGateway } from './stream/gateway.js';
+import { fencePortLine } from './ports/fence.js';
+import { PortGateway } from './ports/gateway.js';
 import { loadHostIdentity, type HostIdentity } from './host-identity.js';
 import type { RuntimeDriver } from './runtime/driver.js';
 
@@ -73,7 +76,14 @@ export async function startAgent(options: StartAgentOptions): Promise<AgentHandl
   const identity = await loadHostIdentity(options.config.stateDir);
   const generations = await GenerationStore.open(options.config.stateDir);
   const stream = await startStreamGateway(options);
-  const channel = new AgentChannel(options, identity, generations, stream);
+  let ports: PortGateway | null;
+  try {
+    ports = await startPortGateway(options, generations);
+  } catch (err) {
+    await stream?.close();
+    throw err;
+  }
+  const channel = new AgentChannel(options, identity, generations, stream, ports);
   channel.connect();
   return {
     hostId: identity.hostId,
@@ -94,8 +104,29 @@ async function startStreamGateway(options: StartAgentOptions): Promise<StreamGat
   return StreamGateway.start({
     listenHost: listen.host,
     port: listen.port,
-    advertiseHost: options.config.streamHost,
+    advertiseHost: options.config.address,
     open: (desktopId, viewOnly) => options.driver.openVnc(desktopId, viewOnly),
+    log: (msg, fields) => log.info(fields ?? {}, msg),
+  });
+}
+
+/**
+ * The port gateway, where the scheduler's ingress reaches ports inside this host's desktops with
+ * lines signed by the join token (shared/src/port-link.ts); none when turned off. Each line is
+ * fenced against the generations this host holds (ports/fence.ts) before the port is opened.
+ */
+async function startPortGateway(options: StartAgentOptions, generations: GenerationStore): Promise<PortGateway | null> {
+  const listen = options.config.ingressListen;
+  if (listen === null) return null;
+  const log = options.logger.child({ component: 'port-gateway' });
+  return PortGateway.start({
+    listenHost: listen.host,
+    port: listen.port,
+    secret: options.config.token,
+    open: async (target) => {
+      fencePortLine(generations.get(target.desktopId), target);
+      return options.driver.openGuestPort(target.desktopId, target.port);
+    },
     log: (msg, fields) => log.info(fields ?? {}, msg),
   });
 }
@@ -136,6 +167,7 @@ class AgentChannel {
     private readonly identity: HostIdentity,
     private readonly generations: GenerationStore,
     private readonly stream: StreamGateway | null,
+    private readonly ports: PortGateway | null,
   ) {
     this.log = options.logger.child({ component: 'agent-channel', host_id: identity.hostId });
     this.urls = options.config.schedulerUrls.map(agentSocketUrl);
@@ -206,6 +238,7 @@ class AgentChannel {
     const conn = this.current;
     if (conn) await closeSocket(conn.ws);
     await this.stream?.close();
+    await this.ports?.close();
     await this.options.driver.close();
     this.log.info('agent stopped');
   }
@@ -258,6 +291,7 @@ class AgentChannel {
         running: d.running,
         has_snapshot: d.hasSnapshot,
       })),
+      ...(this.ports === null ? {} : { ingress: { host: this.options.config.address, port: this.ports.port } }),
     };
   }
 

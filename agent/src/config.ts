@@ -40,8 +40,16 @@ export interface AgentConfig {
    * `0.0.0.0:7010`; port 0 picks a free port; `off` turns streaming off (the API answers 501).
    */
   readonly streamListen: { readonly host: string; readonly port: number } | null;
-  /** The host name or address put in stream URLs; clients dial it. Default: this machine's hostname. */
-  readonly streamHost: string;
+  /**
+   * Where the port gateway listens for the scheduler's ingress, `host:port` (shared/src/port-link.ts).
+   * Default `0.0.0.0:7011`; port 0 picks a free port; `off` turns port exposures off on this host.
+   */
+  readonly ingressListen: { readonly host: string; readonly port: number } | null;
+  /**
+   * The host name or address that stream clients and the scheduler's ingress dial to reach this
+   * agent's gateways. Default: this machine's hostname.
+   */
+  readonly address: string;
 }
 
 /** Command-line flags, as commander names them (`--state-dir` → `stateDir`). */
@@ -96,7 +104,8 @@ export function loadAgentConfig(env: Env, flags: AgentFlags = {}): AgentConfig {
     reconnectMaxMs,
     logLevel,
     streamListen: parseListen(env, 'CANTO_AGENT_STREAM_LISTEN', '0.0.0.0:7010'),
-    streamHost: env.CANTO_AGENT_STREAM_HOST?.trim() || hostname(),
+    ingressListen: parseListen(env, 'CANTO_AGENT_INGRESS_LISTEN', '0.0.0.0:7011'),
+    address: env.CANTO_AGENT_ADDRESS?.trim() || hostname(),
   });
 }
 

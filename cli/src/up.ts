@@ -36,6 +36,10 @@ export async function up(options: UpOptions, env: NodeJS.ProcessEnv): Promise<vo
         CANTO_SECRET_KEY: env.CANTO_SECRET_KEY || secrets.secret_key,
         CANTO_JOIN_TOKEN: env.CANTO_JOIN_TOKEN || secrets.join_token,
         CANTO_LISTEN: options.listen,
+        // One machine: exposed ports at http://{port}-{desktop_id}.localhost:8081, which browsers
+        // and curl resolve to loopback without any DNS setup.
+        CANTO_INGRESS_BASE_URL: env.CANTO_INGRESS_BASE_URL || 'http://localhost:8081',
+        CANTO_INGRESS_LISTEN: env.CANTO_INGRESS_LISTEN || '127.0.0.1:8081',
       }),
       logger,
     );
@@ -49,13 +53,15 @@ export async function up(options: UpOptions, env: NodeJS.ProcessEnv): Promise<vo
         CANTO_AGENT_STATE_DIR: env.CANTO_AGENT_STATE_DIR || join(options.dataDir, 'agent'),
         // One machine: stream clients dial this one, on loopback unless told otherwise.
         CANTO_AGENT_STREAM_LISTEN: env.CANTO_AGENT_STREAM_LISTEN || '127.0.0.1:7010',
-        CANTO_AGENT_STREAM_HOST: env.CANTO_AGENT_STREAM_HOST || '127.0.0.1',
+        CANTO_AGENT_INGRESS_LISTEN: env.CANTO_AGENT_INGRESS_LISTEN || '127.0.0.1:7011',
+        CANTO_AGENT_ADDRESS: env.CANTO_AGENT_ADDRESS || '127.0.0.1',
       }),
       { logger, handleSignals: false },
     );
     stops.push(() => agent.stop());
     await agent.waitConnected(30_000);
     process.stdout.write(`Canto is up.\n  API:      ${scheduler.url}/v1\n  OpenAPI:  ${scheduler.url}/v1/openapi.json\n  Host:     ${agent.hostId}\n`);
+    if (scheduler.ingressUrl) process.stdout.write(`  Ingress:  ${scheduler.ingressUrl} (exposed ports: ${ingressPattern(env.CANTO_INGRESS_BASE_URL || 'http://localhost:8081')})\n`);
     if (bootstrapKey) process.stdout.write(`  API key:  ${bootstrapKey}   (org "default"; shown once, store it now)\n`);
     process.stdout.write('Press Ctrl-C to stop.\n');
   } catch (err) {
@@ -72,6 +78,12 @@ export async function up(options: UpOptions, env: NodeJS.ProcessEnv): Promise<vo
     process.on('SIGINT', onSignal);
     process.on('SIGTERM', onSignal);
   });
+}
+
+/** `http://{port}-{desktop_id}.localhost:8081` for base `http://localhost:8081`. */
+function ingressPattern(baseUrl: string): string {
+  const url = new URL(baseUrl);
+  return `${url.protocol}//{port}-{desktop_id}.${url.host}`;
 }
 
 /** A key for the org `default` when the database has no org yet (the very first start). */

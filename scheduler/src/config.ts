@@ -40,6 +40,26 @@ export interface WebhookSettings {
   readonly hosts: Readonly<Record<string, string>>;
 }
 
+/**
+ * The port ingress (SPEC 4.7): an HTTP server of its own that routes
+ * `Host: {port}-{desktop_id}.{domain}` to a port inside a desktop, through its host's agent.
+ */
+export interface IngressSettings {
+  /**
+   * `CANTO_INGRESS_BASE_URL`: `http(s)://domain[:port]`, the origin exposure URLs are built on:
+   * `<scheme>://{port}-{desktop_id}.<domain>[:<port>]`. TLS, when the scheme is https, is
+   * terminated in front of the ingress. Unset: no ingress (creating an exposure answers 501).
+   */
+  readonly scheme: 'http' | 'https';
+  /** The base URL's host name, lowercase. */
+  readonly domain: string;
+  /** The base URL's explicit port, kept in exposure URLs; null when it has none. */
+  readonly urlPort: number | null;
+  /** `CANTO_INGRESS_LISTEN`: HOST:PORT the ingress listens on. Default `0.0.0.0:8081`. */
+  readonly listenHost: string;
+  readonly listenPort: number;
+}
+
 export interface SchedulerConfig {
   /** `DATABASE_URL`: postgres:// URL; `?host=/dir` selects a unix socket directory. Required. */
   readonly databaseUrl: string;
@@ -88,6 +108,8 @@ export interface SchedulerConfig {
   readonly defaultImageVersion: string;
   /** `CANTO_WEBHOOK_*`: webhook delivery settings. */
   readonly webhooks: WebhookSettings;
+  /** `CANTO_INGRESS_*`: the port ingress; null when `CANTO_INGRESS_BASE_URL` is unset. */
+  readonly ingress: IngressSettings | null;
   /** `CANTO_LOG_LEVEL`: pino level. Default `info`. */
   readonly logLevel: string;
 }
@@ -154,6 +176,7 @@ export function loadSchedulerConfig(env: Env): SchedulerConfig {
     hostSlots: int(env, 'CANTO_HOST_SLOTS', 128, 1),
     defaultImageVersion: env.CANTO_DEFAULT_IMAGE || 'debian-12',
     webhooks: loadWebhookSettings(env),
+    ingress: loadIngressSettings(env),
     logLevel: env.CANTO_LOG_LEVEL || 'info',
   });
 }
@@ -183,5 +206,35 @@ function loadWebhookSettings(env: Env): WebhookSettings {
     pollMs: int(env, 'CANTO_WEBHOOK_POLL_MS', 1_000, 10),
     concurrency: int(env, 'CANTO_WEBHOOK_CONCURRENCY', 16, 1),
     hosts: Object.freeze(hosts),
+  });
+}
+
+function loadIngressSettings(env: Env): IngressSettings | null {
+  const raw = env.CANTO_INGRESS_BASE_URL?.trim();
+  if (!raw) return null;
+  const problem = `CANTO_INGRESS_BASE_URL must be an http:// or https:// origin with a domain name (e.g. https://apps.example.com), got "${raw}"`;
+  let url: URL;
+  try {
+    url = new URL(raw);
+  } catch {
+    throw new Error(problem);
+  }
+  // Exposure hosts are `{port}-{desktop_id}.<domain>`: the domain must be a name that can take a
+  // label in front of it, not an IP literal, and nothing but an origin makes sense as the base.
+  const domain = url.hostname.toLowerCase().replace(/\.$/, '');
+  if (
+    (url.protocol !== 'http:' && url.protocol !== 'https:') ||
+    url.username || url.password || url.search || url.hash || (url.pathname !== '/' && url.pathname !== '') ||
+    !/^[a-z0-9-]+(\.[a-z0-9-]+)*$/.test(domain) || isIP(domain) !== 0
+  ) {
+    throw new Error(problem);
+  }
+  const listen = parseListen(env.CANTO_INGRESS_LISTEN || '0.0.0.0:8081');
+  return Object.freeze({
+    scheme: url.protocol === 'https:' ? 'https' : 'http',
+    domain,
+    urlPort: url.port === '' ? null : Number(url.port),
+    listenHost: listen.host,
+    listenPort: listen.port,
   });
 }

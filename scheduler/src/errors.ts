@@ -63,4 +63,14 @@ export const errors = {
   /** A failure inside the guest; the detail is a fixed sentence, the agent's text goes to the log. */
   guestFailed: (detail: string) => new ApiError(500, detail),
   noCapacity: (operationId: string, detail: string) => new ApiError(413, detail, { operation_id: operationId }),
+  portNotFound: () => new ApiError(404, 'port exposure not found'),
+  portAlreadyExposed: () => new ApiError(409, 'the port is already exposed on this desktop; to rotate its token, delete and re-create it'),
+  ingressDisabled: () => new ApiError(501, 'the port ingress is not enabled on this deployment'),
+  /* The port ingress's answers (SPEC 4.7). One 404 for every URL that leads nowhere, whatever the reason. */
+  ingressNotFound: () => new ApiError(404, 'not found'),
+  ingressUnauthorized: () => new ApiError(401, 'missing or invalid port token (svc_token query parameter or X-Svc-Token header)'),
+  portUnbound: () =>
+    new ApiError(503, 'the port is unbound: its desktop is not awake or its host is unreachable; retry', {}, { 'retry-after': '5' }),
+  portRefused: () => new ApiError(502, 'nothing accepts connections on this port inside the desktop'),
+  portLinkFailed: () => new ApiError(502, "the desktop's host could not be reached"),
 } as const;

@@ -23,12 +23,16 @@ import { HostRecovery } from './engine/host-recovery.js';
 import { WebhookService } from './services/webhooks.js';
 import { WebhookDispatcher } from './webhooks/dispatcher.js';
 import { deliveryQueue } from './store/webhook-deliveries.js';
+import { PortService } from './services/ports.js';
+import { PortIngress } from './ingress/ingress-server.js';
 
 export interface RunningScheduler {
   readonly url: string;
   readonly app: App;
   readonly leadership: Leadership;
   readonly agents: AgentGateway;
+  /** Where the port ingress listens (`http://host:port`); null when it is not enabled. */
+  readonly ingressUrl: string | null;
   close(): Promise<void>;
 }
 
@@ -76,6 +80,7 @@ export async function startScheduler(config: SchedulerConfig, logger?: Logger): 
     },
   }, log);
 
+  const ports = new PortService({ sql, ingress: config.ingress });
   const app = await buildApp({
     logger: log,
     authenticate: createAuthenticator(sql, config.jwt ? createJwtVerifier(config.jwt) : null),
@@ -85,10 +90,20 @@ export async function startScheduler(config: SchedulerConfig, logger?: Logger): 
     usage: new UsageService(sql),
     guest: new GuestService(sql, agents, log),
     webhooks: new WebhookService({ sql, secrets, allowLoopback: config.webhooks.allowLoopback }),
+    ports,
     waitCapMs: config.waitCapMs,
   });
   agents.attach(app.server);
   await app.listen({ host: config.listenHost, port: config.listenPort });
+  let ingress: PortIngress | null = null;
+  try {
+    ingress = config.ingress && (await PortIngress.start({ settings: config.ingress, ports, joinToken: config.joinToken, logger: log }));
+  } catch (err) {
+    await app.close();
+    await waiter.stop();
+    await sql.end({ timeout: 5 });
+    throw err;
+  }
   await leadership.start();
   const address = app.server.address();
   const port = typeof address === 'object' && address ? address.port : config.listenPort;
@@ -102,10 +117,12 @@ export async function startScheduler(config: SchedulerConfig, logger?: Logger): 
     app,
     leadership,
     agents,
+    ingressUrl: ingress?.url ?? null,
     close() {
       closing ??= (async () => {
         await leadership.stop();
         agents.closeAll();
+        await ingress?.close();
         await app.close();
         await waiter.stop();
         await sql.end({ timeout: 5 });

@@ -16,6 +16,7 @@ export const ID_PREFIXES = {
   layer: 'lyr',
   webhook: 'whk',
   delivery: 'dlv',
+  port: 'prt',
 } as const;
 
 export type IdKind = keyof typeof ID_PREFIXES;

@@ -15,6 +15,7 @@
  *   1.2 — desktop.fork.
  *   1.3 — guest.display.get, guest.display.set.
  *   1.4 — guest.screenshot, guest.input, stream.grant; error code control_claimed.
+ *   1.5 — hello `ingress`: where the agent's port gateway listens (shared/src/port-link.ts).
  *
  * Every desktop command carries the desktop's `generation`. The agent remembers the highest
  * generation it has seen per desktop and refuses an older one with `stale_generation`: after a
@@ -25,7 +26,7 @@ import { Type, type Static, type TSchema } from '@sinclair/typebox';
 import { TypeCompiler } from '@sinclair/typebox/compiler';
 import { INPUT_LIMITS, InputAction, STREAM_CLAIMS } from './computer-use.js';
 
-export const PROTOCOL_VERSION = '1.4';
+export const PROTOCOL_VERSION = '1.5';
 export const WIRE_VERSION = 1;
 
 export function protocolMajor(version: string): number {
@@ -84,6 +85,8 @@ export const HelloPayload = Type.Object({
   desktops: Type.Array(
     Type.Object({ ...DesktopRef, running: Type.Boolean(), has_snapshot: Type.Boolean() }),
   ),
+  /** 1.5: the port gateway the scheduler's ingress dials; absent when it is turned off. */
+  ingress: Type.Optional(Type.Object({ host: Type.String({ minLength: 1 }), port: Type.Integer({ minimum: 1, maximum: 65535 }) })),
 });
 export type HelloPayload = Static<typeof HelloPayload>;
 

@@ -19,6 +19,7 @@ import { benchGuestOps } from './guest-ops.js';
 import { benchFork } from './fork.js';
 import { benchWebhooks } from './webhooks.js';
 import { benchComputerUse } from './computer-use.js';
+import { benchIngress } from './ingress.js';
 import { median, table, timed } from './stats.js';
 import { freePort, startAgentProcess, startSchedulerProcess } from '../helpers/processes.js';
 
@@ -45,7 +46,12 @@ async function main(): Promise<void> {
   const pg = await startEmbeddedPostgres({ dir: join(dir, 'pg'), fast: true });
   // The production shape: the scheduler and the agent are processes of their own (the built
   // CLI), and this process is only the client and the baseline.
-  const scheduler = await startSchedulerProcess({ databaseUrl: pg.url, port: await freePort(), extra: { CANTO_LOG_LEVEL: 'warn' } });
+  const ingressPort = await freePort();
+  const scheduler = await startSchedulerProcess({
+    databaseUrl: pg.url,
+    port: await freePort(),
+    extra: { CANTO_LOG_LEVEL: 'warn', CANTO_INGRESS_BASE_URL: 'http://apps.canto.test', CANTO_INGRESS_LISTEN: `127.0.0.1:${ingressPort}` },
+  });
   const agent = startAgentProcess(scheduler.url, join(dir, 'agent'), { CANTO_LOG_LEVEL: 'warn' });
   const sql = connectDatabase(pg.url, { max: 1 });
   const key = (await createApiKey(sql, 'bench')).key;
@@ -133,6 +139,13 @@ async function main(): Promise<void> {
     await benchGuestOps({ schedulerUrl: scheduler.url, apiKey: key, runtimeDir: join(dir, 'agent', 'runtime'), runs: RUNS });
     await benchFork({ schedulerUrl: scheduler.url, apiKey: key, runs: RUNS });
     await benchComputerUse({ schedulerUrl: scheduler.url, apiKey: key, runs: RUNS });
+    await benchIngress({
+      schedulerUrl: scheduler.url,
+      ingressUrl: `http://127.0.0.1:${ingressPort}`,
+      apiKey: key,
+      runtimeDir: join(dir, 'agent', 'runtime'),
+      runs: RUNS,
+    });
     await benchWebhooks({ databaseUrl: pg.url, runs: RUNS });
   } finally {
     await agent.kill('SIGTERM');

@@ -39,7 +39,8 @@ export async function startFakeAgent(schedulerUrl: string, options: FakeAgentOpt
     CANTO_AGENT_RUNTIME: 'fake',
     CANTO_AGENT_RECONNECT_MAX_MS: '500',
     CANTO_AGENT_STREAM_LISTEN: '127.0.0.1:0',
-    CANTO_AGENT_STREAM_HOST: '127.0.0.1',
+    CANTO_AGENT_INGRESS_LISTEN: '127.0.0.1:0',
+    CANTO_AGENT_ADDRESS: '127.0.0.1',
     CANTO_LOG_LEVEL: 'silent',
   });
   const logger = silentLogger();
@@ -85,7 +86,8 @@ export async function startSandboxAgent(schedulerUrl: string, existingStateDir?:
     CANTO_AGENT_RUNTIME: 'sandbox',
     CANTO_AGENT_RECONNECT_MAX_MS: '500',
     CANTO_AGENT_STREAM_LISTEN: '127.0.0.1:0',
-    CANTO_AGENT_STREAM_HOST: '127.0.0.1',
+    CANTO_AGENT_INGRESS_LISTEN: '127.0.0.1:0',
+    CANTO_AGENT_ADDRESS: '127.0.0.1',
     CANTO_LOG_LEVEL: 'silent',
   });
   const handle = await runAgent(config, { handleSignals: false, logger: silentLogger() });

@@ -82,7 +82,8 @@ export function startAgentProcess(schedulerUrl: string, stateDir: string, extra:
     CANTO_AGENT_RECONNECT_MAX_MS: '500',
     CANTO_LOG_LEVEL: 'info',
     CANTO_AGENT_STREAM_LISTEN: '127.0.0.1:0',
-    CANTO_AGENT_STREAM_HOST: '127.0.0.1',
+    CANTO_AGENT_INGRESS_LISTEN: '127.0.0.1:0',
+    CANTO_AGENT_ADDRESS: '127.0.0.1',
     ...extra,
   });
 }

@@ -1,7 +1,7 @@
 /**
  * The OpenAPI 3.1 document (SPEC 1.6, 5.2): served without credentials, valid against the
  * OpenAPI 3.1 schema, with the `bearer_auth` scheme, every implemented route of SPEC 4.1, 4.2, 4.3,
- * 4.4, 4.8 and 4.9, and problem+json error responses documented on each.
+ * 4.4, 4.7, 4.8 and 4.9, and problem+json error responses documented on each.
  */
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { Validator } from '@seriousme/openapi-schema-validator';
@@ -45,6 +45,8 @@ const ROUTES: Record<string, Record<string, number[]>> = {
   '/v1/desktops/{id}/screenshot': { post: [400, 401, 404, 409, 413, 500, 501, 503, 504] },
   '/v1/desktops/{id}/input': { post: [400, 401, 404, 409, 500, 501, 503, 504] },
   '/v1/desktops/{id}/stream': { post: [400, 401, 404, 409, 501, 503] },
+  '/v1/desktops/{id}/ports': { get: [400, 401, 404], post: [400, 401, 404, 409, 501] },
+  '/v1/desktops/{id}/ports/{port}': { delete: [400, 401, 404] },
   '/v1/webhooks': { get: [401], post: [400, 401] },
   '/v1/webhooks/{id}': { delete: [401, 404] },
   '/v1/webhooks/{id}/deliveries': { get: [400, 401, 404] },
@@ -150,6 +152,21 @@ describe('GET /v1/openapi.json', () => {
     expect(body.properties.events.items.enum).toEqual(['desktop.created', 'desktop.woken', 'desktop.hibernated', 'desktop.destroyed']);
     const limit = doc.paths['/v1/webhooks/{id}/deliveries'].get.parameters.find((p: { name: string }) => p.name === 'limit');
     expect(limit).toMatchObject({ in: 'query' });
+  });
+
+  it('documents the port exposure records with the SPEC fields, the token optional', () => {
+    const ref = (op: any, status: number) => JSON.stringify(op.responses[String(status)].content['application/json'].schema);
+    expect(ref(doc.paths['/v1/desktops/{id}/ports'].post, 201)).toContain('PortExposure');
+    expect(ref(doc.paths['/v1/desktops/{id}/ports'].get, 200)).toContain('PortExposure');
+    const { PortExposure } = doc.components.schemas;
+    expect(Object.keys(PortExposure.properties).sort()).toEqual(['created_at', 'id', 'port', 'public', 'status', 'token', 'url']);
+    expect(PortExposure.required).not.toContain('token');
+    const body = doc.paths['/v1/desktops/{id}/ports'].post.requestBody.content['application/json'].schema;
+    expect(body.required).toEqual(['port']);
+    expect(body.properties.port).toMatchObject({ type: 'integer', minimum: 1, maximum: 65535 });
+    expect(body.properties.public).toMatchObject({ type: 'boolean', default: false });
+    const port = doc.paths['/v1/desktops/{id}/ports/{port}'].delete.parameters.find((p: { name: string }) => p.name === 'port');
+    expect(port).toMatchObject({ in: 'path', required: true });
   });
 
   it('has Problem, DesktopJson and OperationJson with the SPEC fields', () => {

@@ -19,7 +19,8 @@ describe('loadAgentConfig', () => {
       reconnectMaxMs: 10_000,
       logLevel: 'info',
       streamListen: { host: '0.0.0.0', port: 7010 },
-      streamHost: hostname(),
+      ingressListen: { host: '0.0.0.0', port: 7011 },
+      address: hostname(),
     });
     expect(Object.isFrozen(config)).toBe(true);
   });
@@ -32,7 +33,7 @@ describe('loadAgentConfig', () => {
     for (const bad of ['7010', 'host:', 'host:70000', ':7010', 'a b:1']) {
       expect(() => at(bad), bad).toThrow(/CANTO_AGENT_STREAM_LISTEN/);
     }
-    expect(loadAgentConfig({ ...base, CANTO_AGENT_STREAM_HOST: 'desk-7.example' }).streamHost).toBe('desk-7.example');
+    expect(loadAgentConfig({ ...base, CANTO_AGENT_ADDRESS: 'desk-7.example' }).address).toBe('desk-7.example');
   });
 
   it('prefers flags over the environment', () => {

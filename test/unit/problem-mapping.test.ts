@@ -23,6 +23,7 @@ function throwingDeps(error: Error): AppDeps {
     usage: { report: fail } as unknown as AppDeps['usage'],
     guest: { exec: fail, spawn: fail, processStatus: fail, readFile: fail, writeFile: fail, deletePath: fail, stat: fail, listDir: fail } as unknown as AppDeps['guest'],
     webhooks: { create: fail, list: fail, remove: fail, deliveries: fail } as unknown as AppDeps['webhooks'],
+    ports: { list: fail, create: fail, remove: fail } as unknown as AppDeps['ports'],
     waitCapMs: 1000,
   };
 }

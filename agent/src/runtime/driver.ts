@@ -6,6 +6,7 @@
  * reply: `start` on a running desktop succeeds without restarting it, `hibernate` on a stopped
  * one succeeds, `destroy` of an unknown desktop succeeds.
  */
+import type { Duplex } from 'node:stream';
 import type { Tier } from '../../../shared/src/tiers.js';
 import type { InputAction } from '../../../shared/src/computer-use.js';
 
@@ -163,6 +164,16 @@ export interface VncSession {
   close(): void;
 }
 
+/**
+ * A connection to a TCP port inside a desktop, for one client of the port gateway (SPEC 4.7): the
+ * bytes written go to the guest app, the bytes read come from it. Half-close works both ways:
+ * `end()` reaches the app as an end of its input while its answer still arrives, and the app
+ * ending its output ends this stream's readable side only. It must be created with
+ * `allowHalfOpen` (a net.Socket is fine). `destroy()` closes both directions at once. It also
+ * ends when the desktop hibernates or is destroyed.
+ */
+export type GuestConnection = Duplex;
+
 export interface DesktopStatus {
   readonly desktopId: string;
   readonly running: boolean;
@@ -224,6 +235,12 @@ export interface RuntimeDriver {
   input(desktopId: string, actions: readonly InputAction[]): Promise<CursorPosition>;
   /** Starts a VNC server on the desktop's display for one client; `viewOnly` ignores its input. */
   openVnc(desktopId: string, viewOnly: boolean): Promise<VncSession>;
+  /**
+   * Connects to `127.0.0.1:<port>` in the desktop's own network namespace. Rejects with an
+   * `AgentFailure` (`not_found`, `not_running`) when the desktop is not running here, and with an
+   * error whose `code` is `ECONNREFUSED` when nothing accepts connections on the port.
+   */
+  openGuestPort(desktopId: string, port: number): Promise<GuestConnection>;
   /** Desktops this host holds a disk for. */
   list(): Promise<DesktopStatus[]>;
   /** Releases driver resources; running desktops keep running. */

@@ -14,6 +14,7 @@
  * (enough for the link and the API's streaming; the sandbox driver's tests cover real files).
  * Detached processes finish at once with what `exec` would give.
  */
+import { connect } from 'node:net';
 import { setTimeout as sleep } from 'node:timers/promises';
 import sharp from 'sharp';
 import type { InputAction } from '../../../shared/src/computer-use.js';
@@ -32,6 +33,7 @@ import type {
   FileStat,
   FileWriteSpec,
   FirstBootSpec,
+  GuestConnection,
   ProcessStatus,
   RuntimeCapabilities,
   RuntimeDriver,
@@ -315,6 +317,21 @@ export class FakeDriver implements RuntimeDriver {
   openVnc(desktopId: string): Promise<VncSession> {
     this.running(desktopId);
     return Promise.reject(new AgentFailure('unsupported', 'the fake runtime has no VNC server', false));
+  }
+
+  /**
+   * The fake has no guest network: a running desktop's ports are the host's, so a test stands for
+   * the guest app with a server on `127.0.0.1:<port>`. A refused connect rejects with the socket's
+   * own error (`code` ECONNREFUSED), as the real drivers report it.
+   */
+  async openGuestPort(desktopId: string, port: number): Promise<GuestConnection> {
+    this.running(desktopId);
+    const socket = connect({ host: '127.0.0.1', port, allowHalfOpen: true, noDelay: true });
+    await new Promise<void>((resolve, reject) => {
+      socket.once('connect', resolve);
+      socket.once('error', reject);
+    });
+    return socket;
   }
 
   private running(desktopId: string): FakeDesktop {

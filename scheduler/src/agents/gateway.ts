@@ -175,6 +175,8 @@ export class AgentGateway {
         memorySnapshots: hello.capabilities.memory_snapshots,
         vcpus: hello.capacity.vcpus,
         memoryMb: hello.capacity.memory_mb,
+        // Recorded on every hello, so an agent that turned its port gateway off clears it.
+        ingressAddress: hello.ingress ? formatHostPort(hello.ingress.host, hello.ingress.port) : null,
       });
       clearTimeout(helloTimer);
       hostId = hello.host_id;
@@ -207,6 +209,11 @@ export class AgentGateway {
       markHostDown(this.deps.sql, hostId, instanceId).catch((err: unknown) => this.log.error({ err }, 'marking host down failed'));
     });
   }
+}
+
+/** `host:port`, with an IPv6 literal in brackets so the last colon always separates the port. */
+function formatHostPort(host: string, port: number): string {
+  return `${host.includes(':') ? `[${host}]` : host}:${port}`;
 }
 
 function refuse(socket: Duplex, status: number, reason: string): void {

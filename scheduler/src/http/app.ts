@@ -17,6 +17,7 @@ import {
   InputResponse,
   ListDirResponse,
   OperationJson,
+  PortExposureJson,
   Problem,
   ProcessStatusResponse,
   ScreenshotBase64Response,
@@ -34,12 +35,14 @@ import { registerFileRoutes } from './routes/files.js';
 import { registerDisplayRoutes } from './routes/display.js';
 import { registerComputerUseRoutes } from './routes/computer-use.js';
 import { registerWebhookRoutes } from './routes/webhooks.js';
+import { registerPortRoutes } from './routes/ports.js';
 import type { DesktopService } from '../services/desktops.js';
 import type { LifecycleService } from '../services/lifecycle.js';
 import type { OperationWaiter } from '../services/waiter.js';
 import type { UsageService } from '../services/usage.js';
 import type { GuestService } from '../services/guest.js';
 import type { WebhookService } from '../services/webhooks.js';
+import type { PortService } from '../services/ports.js';
 
 export const BODY_LIMIT_BYTES = 2 * 1024 * 1024;
 
@@ -63,6 +66,7 @@ export interface AppDeps {
   usage: UsageService;
   guest: GuestService;
   webhooks: WebhookService;
+  ports: PortService;
   waitCapMs: number;
 }
 
@@ -94,7 +98,7 @@ export async function buildApp(deps: AppDeps): Promise<App> {
     Problem, DesktopJson, OperationJson, UsageResponse,
     ExecResponse, ExecDetachedResponse, ProcessStatusResponse, FileStatJson, ListDirResponse, DisplayResponse,
     ScreenshotBase64Response, InputResponse, StreamTicketResponse,
-    WebhookEndpointJson, WebhookDeliveryJson,
+    WebhookEndpointJson, WebhookDeliveryJson, PortExposureJson,
   ]) app.addSchema(schema);
 
   // An empty body on a route whose body is optional means `{}` (SPEC 2.4); anything else goes
@@ -191,6 +195,7 @@ export async function buildApp(deps: AppDeps): Promise<App> {
   registerDisplayRoutes(app, deps);
   registerComputerUseRoutes(app, deps);
   registerWebhookRoutes(app, deps);
+  registerPortRoutes(app, deps);
   return app;
 }
 

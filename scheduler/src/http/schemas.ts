@@ -272,6 +272,40 @@ export const DeliveriesQuery = Type.Object({
   limit: Type.Optional(Type.String({ pattern: DIGITS, description: 'Integer 1..200; default 50' })),
 });
 
+/* ------------------------------------------------------------------ ports */
+
+export const PortExposureJson = Type.Object(
+  {
+    id: Type.String(),
+    port: Type.Integer({ minimum: 1, maximum: 65535, description: 'Guest TCP port' }),
+    public: Type.Boolean(),
+    url: Type.String({ description: '`https://{port}-{desktop_id}.{ingress_domain}`' }),
+    status: Type.Union([Type.Literal('bound'), Type.Literal('unbound')], {
+      description: '`bound`: the URL reaches the desktop now. `unbound`: the desktop is not awake or its host is down; the URL answers 503',
+    }),
+    created_at: Type.String({ format: 'date-time' }),
+    token: Type.Optional(Type.String({
+      description: 'Port token (`svc_pt_…`) of a private exposure; only in the create response, absent for public ones',
+    })),
+  },
+  { $id: 'PortExposure' },
+);
+export type PortExposureJson = Static<typeof PortExposureJson>;
+
+export const CreatePortBody = Type.Object(
+  {
+    port: Type.Integer({ minimum: 1, maximum: 65535, description: 'Guest TCP port' }),
+    public: Type.Optional(Type.Boolean({ default: false, description: 'A public exposure needs no token at the ingress' })),
+  },
+  { additionalProperties: true },
+);
+export type CreatePortBody = Static<typeof CreatePortBody>;
+
+export const PortParams = Type.Object({
+  id: Type.String({ pattern: idPattern('desktop') }),
+  port: Type.String({ pattern: '^[0-9]{1,5}$', description: 'Exposed guest port, 1..65535' }),
+});
+
 /* ------------------------------------------------------------------ computer use */
 
 export const DisplayResponse = Type.Object(

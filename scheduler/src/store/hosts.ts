@@ -12,17 +12,19 @@ export interface HostHello {
   memorySnapshots: boolean;
   vcpus: number;
   memoryMb: number;
+  /** `host:port` of the agent's port gateway (IPv6 in brackets); null when the hello has none. */
+  ingressAddress: string | null;
 }
 
 export async function upsertHost(sql: Sql, h: HostHello): Promise<void> {
   await sql`
-    INSERT INTO hosts (id, hostname, agent_instance_id, protocol, runtime, memory_snapshots, vcpus, memory_mb, status, last_seen_at)
-    VALUES (${h.id}, ${h.hostname}, ${h.agentInstanceId}, ${h.protocol}, ${h.runtime}, ${h.memorySnapshots}, ${h.vcpus}, ${h.memoryMb}, 'ready', now())
+    INSERT INTO hosts (id, hostname, agent_instance_id, protocol, runtime, memory_snapshots, vcpus, memory_mb, ingress_address, status, last_seen_at)
+    VALUES (${h.id}, ${h.hostname}, ${h.agentInstanceId}, ${h.protocol}, ${h.runtime}, ${h.memorySnapshots}, ${h.vcpus}, ${h.memoryMb}, ${h.ingressAddress}, 'ready', now())
     ON CONFLICT (id) DO UPDATE SET
       hostname = EXCLUDED.hostname, agent_instance_id = EXCLUDED.agent_instance_id,
       protocol = EXCLUDED.protocol, runtime = EXCLUDED.runtime,
       memory_snapshots = EXCLUDED.memory_snapshots, vcpus = EXCLUDED.vcpus,
-      memory_mb = EXCLUDED.memory_mb, status = 'ready', last_seen_at = now()`;
+      memory_mb = EXCLUDED.memory_mb, ingress_address = EXCLUDED.ingress_address, status = 'ready', last_seen_at = now()`;
 }
 
 export async function touchHost(sql: Sql, hostId: string): Promise<void> {

@@ -28,7 +28,19 @@ export interface CriuInfo {
   readonly version: string;
 }
 
-const COMMON_FLAGS = ['--network-lock', 'skip', '--manage-cgroups=ignore', '--file-locks'];
+/**
+ * `--tcp-close`: a guest TCP connection that is open, or closed by one side only, at dump time
+ * (one the port forwarder brought in, killed just before the dump, leaves the guest's end in
+ * CLOSE_WAIT; or two guest apps talking over loopback) makes CRIU refuse the dump ("Connected TCP
+ * socket, consider using --tcp-established"). With the flag the dump succeeds and the restore
+ * gives such sockets back closed: the app sees its connection end, as after a network drop, and
+ * its listening sockets work as before. A dump made with it refuses to restore without it ("Need
+ * to set the --tcp-close options"), so it is on both; images dumped without it restore with it.
+ * `--tcp-established` would keep loopback connections alive, but needs the network locked during
+ * the dump, which `--network-lock skip` turns off, and a peer that is gone (the forwarder's) would
+ * only reset later.
+ */
+const COMMON_FLAGS = ['--network-lock', 'skip', '--manage-cgroups=ignore', '--file-locks', '--tcp-close'];
 
 /** Finds a CRIU 4.x that passes `criu check`; null means memory snapshots are unavailable. */
 export async function detectCriu(criuPath: string | undefined): Promise<CriuInfo | null> {

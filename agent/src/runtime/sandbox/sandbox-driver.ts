@@ -34,6 +34,7 @@ import type {
   FileReadSpec,
   FileStat,
   FileWriteSpec,
+  GuestConnection,
   GuestPath,
   ProcessStatus,
   RuntimeCapabilities,
@@ -51,6 +52,7 @@ import { resolveTool } from './tools.js';
 import { readDisplay, resizeDisplay } from './guest-display.js';
 import { runInput } from './guest-input.js';
 import { VncSessions } from './guest-vnc.js';
+import { GuestPorts } from './guest-ports.js';
 import { guestExec, MAX_OUTPUT_BYTES } from './guest-exec.js';
 import { NESTED_MOUNTPOINTS } from './guest-init.js';
 import { GuestOperations } from './guest-ops.js';
@@ -93,6 +95,7 @@ export class SandboxDriver implements RuntimeDriver {
   private readonly mutex = new KeyedMutex();
   private readonly guest: GuestOperations;
   private readonly vnc: VncSessions;
+  private readonly ports: GuestPorts;
   private readonly log: (msg: string, fields?: object) => void;
 
   private constructor(
@@ -104,6 +107,12 @@ export class SandboxDriver implements RuntimeDriver {
     this.log = log ?? (() => undefined);
     this.guest = new GuestOperations(stateDir, tools.nsenter, (paths) => this.runningInit(paths), this.log);
     this.vnc = new VncSessions({ nsenterPath: tools.nsenter, init: (desktopId) => this.guest.runningInitOf(desktopId), log: this.log });
+    this.ports = new GuestPorts({
+      nsenterPath: tools.nsenter,
+      init: (desktopId) => this.guest.runningInitOf(desktopId),
+      socketDir: (desktopId) => desktopPaths(stateDir, desktopId).run,
+      log: this.log,
+    });
   }
 
   /** Detects CRIU and the sandbox tools, and prepares the state directory. */
@@ -141,6 +150,8 @@ export class SandboxDriver implements RuntimeDriver {
         const t0 = performance.now();
         // Warm servers of a previous init are dead or about to be: a new init gets its own.
         await this.guest.reset(spec.desktopId);
+        // So does the port forwarder, which would otherwise hold the old network namespace.
+        await this.ports.closeAll(spec.desktopId);
         await rm(paths.snapshotTmp, { recursive: true, force: true });
         // Leftovers of a desktop whose init died (or of a restore the agent crashed during) would
         // otherwise run beside the new guest: kill them, and start from fresh groups.
@@ -182,12 +193,16 @@ export class SandboxDriver implements RuntimeDriver {
       const init = await this.runningInit(paths);
       if (init === null) {
         await this.guest.reset(desktopId);
+        await this.ports.closeAll(desktopId);
         return { snapshot: await exists(paths.snapshot) };
       }
       const t0 = performance.now();
       await this.guest.inFlight.drain(desktopId, FILE_OP_GRACE_MS);
       // A VNC server's pipes lead out of the guest: CRIU cannot dump them.
       await this.vnc.closeAll(desktopId);
+      // The port forwarder is outside the dumped tree but holds the guest's network namespace and
+      // connections into it; the guest's ends of those are dumped closed (criu.ts, --tcp-close).
+      await this.ports.closeAll(desktopId);
       // A warm server inside the guest would break the dump (its children serve no operation now).
       await this.guest.reset(desktopId);
       await this.killDetached(desktopId, init);
@@ -218,6 +233,7 @@ export class SandboxDriver implements RuntimeDriver {
       // No grace: whatever a file operation would finish is about to be deleted.
       await this.guest.inFlight.drain(desktopId, 0);
       await this.vnc.closeAll(desktopId);
+      await this.ports.closeAll(desktopId);
       await this.guest.reset(desktopId);
       const init = await this.runningInit(paths);
       if (init !== null) await this.stopProcesses(paths, desktopId, init);
@@ -276,6 +292,10 @@ export class SandboxDriver implements RuntimeDriver {
 
   openVnc(desktopId: string, viewOnly: boolean): Promise<VncSession> {
     return this.vnc.open(desktopId, viewOnly);
+  }
+
+  openGuestPort(desktopId: string, port: number): Promise<GuestConnection> {
+    return this.ports.open(desktopId, port);
   }
 
   exec(desktopId: string, spec: ExecSpec): Promise<ExecOutcome> {
@@ -338,6 +358,7 @@ export class SandboxDriver implements RuntimeDriver {
   async close(): Promise<void> {
     // VNC sessions are the agent's: their clients are gone with it.
     await this.vnc.close();
+    await this.ports.close();
     await this.guest.close();
     await this.mutex.idle();
   }

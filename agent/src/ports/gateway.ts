@@ -1,0 +1,232 @@
+/**
+ * The port gateway (SPEC 4.7): one TCP listener per agent through which the scheduler's ingress
+ * reaches TCP ports of apps running inside desktops.
+ *
+ * The ingress dials the gateway and opens with one signed line naming the desktop, its
+ * generation and the guest port (shared/src/port-link.ts). A line that verifies is handed to
+ * `open` (the agent checks the generation and asks the runtime driver for a connection to the
+ * port inside the desktop); once that connection stands the gateway answers `OK\n` and from then
+ * on only relays bytes both ways, with backpressure, and each side's end reaches the other as a
+ * half-close, so a client that finishes sending still gets the whole answer. Anything else gets
+ * `ERR <code>\n` and the connection is closed.
+ *
+ * Only the scheduler holds the join token that signs lines, so the listener may sit on a routable
+ * address. Nothing here logs a line (its signature is good for a minute), and every timer is
+ * unref'd: the gateway never keeps the agent alive. A failing connection only ever closes itself.
+ */
+import { createServer, type Server, type Socket } from 'node:net';
+import { PORT_LINK_MAX_LINE, verifyPortLinkLine, type PortLinkRefusal, type PortTarget } from '../../../shared/src/port-link.js';
+import { AgentFailure } from '../../../shared/src/protocol.js';
+import type { GuestConnection } from '../runtime/driver.js';
+
+export interface PortGatewayOptions {
+  /** Address to listen on. */
+  readonly listenHost: string;
+  /** TCP port; 0 picks a free one (see `port`). */
+  readonly port: number;
+  /** The join token: the key of the lines' HMAC. */
+  readonly secret: string;
+  /**
+   * A connection to the target's port inside its desktop. Rejects with an AgentFailure
+   * (`not_running`, `not_found`, `stale_generation`) when the desktop is not running here at that
+   * generation, and with an error coded `ECONNREFUSED` when nothing listens on the port.
+   */
+  readonly open: (target: PortTarget) => Promise<GuestConnection>;
+  /** How long a client has to send its line. Default 10 000 ms. */
+  readonly handshakeTimeoutMs?: number;
+  readonly log: (msg: string, fields?: object) => void;
+}
+
+const DEFAULT_HANDSHAKE_MS = 10_000;
+/** Connections that have not sent their line yet; more are dropped at once. */
+const MAX_HANDSHAKES = 64;
+/** How long a refused connection may stay half-open for its `ERR` line to reach the client. */
+const LINGER_MS = 2_000;
+/** Dead peers are found by TCP keepalive, so that their guest connection does not stay open. */
+const KEEPALIVE_MS = 30_000;
+
+/** AgentFailure codes that mean the desktop is not running here at the signed generation. */
+const GONE = new Set(['not_running', 'not_found', 'stale_generation']);
+
+/** What a failed `open` is reported as. */
+export function refusalFor(err: unknown): Exclude<PortLinkRefusal, 'unauthorized'> {
+  if (err instanceof AgentFailure) return GONE.has(err.code) ? 'not_running' : 'unavailable';
+  return (err as NodeJS.ErrnoException | null)?.code === 'ECONNREFUSED' ? 'refused' : 'unavailable';
+}
+
+/** A client whose line verified, from then until both its sockets are closed. */
+interface Relay {
+  readonly client: Socket;
+  readonly target: PortTarget;
+  readonly since: number;
+  guest: GuestConnection | null;
+}
+
+export class PortGateway {
+  /** Every open client connection, whatever its state. */
+  private readonly sockets = new Set<Socket>();
+  private readonly handshakes = new Set<Socket>();
+  private readonly relays = new Set<Relay>();
+  private closing = false;
+
+  private constructor(
+    private readonly server: Server,
+    private readonly options: PortGatewayOptions,
+    readonly port: number,
+  ) {
+    server.on('connection', (socket) => this.accept(socket));
+  }
+
+  static async start(options: PortGatewayOptions): Promise<PortGateway> {
+    // allowHalfOpen: a client's end must not end our side too, or the guest's answer is lost.
+    const server = createServer({ noDelay: true, keepAlive: true, keepAliveInitialDelay: KEEPALIVE_MS, allowHalfOpen: true });
+    await new Promise<void>((resolve, reject) => {
+      server.once('error', reject);
+      server.listen(options.port, options.listenHost, () => {
+        server.off('error', reject);
+        resolve();
+      });
+    });
+    // A failing accept must not crash the agent.
+    server.on('error', (err) => options.log('port gateway error', { error: String(err) }));
+    const address = server.address();
+    const port = typeof address === 'object' && address !== null ? address.port : options.port;
+    options.log('port gateway listening', { host: options.listenHost, port });
+    return new PortGateway(server, options, port);
+  }
+
+  /** Stops listening and closes every connection, the guest ends included. */
+  async close(): Promise<void> {
+    this.closing = true;
+    const closed = new Promise<void>((resolve) => this.server.close(() => resolve()));
+    for (const relay of this.relays) relay.guest?.destroy();
+    for (const socket of this.sockets) socket.destroy();
+    await closed;
+  }
+
+  /** Reads the opening line, with a deadline and a length limit. */
+  private accept(socket: Socket): void {
+    socket.on('error', () => undefined);
+    if (this.closing || this.handshakes.size >= MAX_HANDSHAKES) {
+      socket.destroy();
+      return;
+    }
+    this.sockets.add(socket);
+    socket.once('close', () => this.sockets.delete(socket));
+    this.handshakes.add(socket);
+    let head: Buffer = Buffer.alloc(0);
+    const timer = setTimeout(() => {
+      done();
+      this.refuse(socket, 'unauthorized', null, 'no line in time');
+    }, this.options.handshakeTimeoutMs ?? DEFAULT_HANDSHAKE_MS);
+    timer.unref();
+    const done = () => {
+      clearTimeout(timer);
+      socket.off('data', onData);
+      socket.off('end', onEnd);
+      this.handshakes.delete(socket);
+    };
+    const onData = (chunk: Buffer) => {
+      head = head.length === 0 ? chunk : Buffer.concat([head, chunk]);
+      const nl = head.indexOf(0x0a);
+      if (nl < 0 && head.length < PORT_LINK_MAX_LINE) return;
+      done();
+      // The line, newline included, fits in PORT_LINK_MAX_LINE bytes; a longer one is not read on.
+      if (nl < 0 || nl >= PORT_LINK_MAX_LINE) {
+        this.refuse(socket, 'unauthorized', null, 'line too long');
+        return;
+      }
+      // Anything after the line is the client's first bytes for the guest: held until it is open.
+      socket.pause();
+      const line = head.subarray(0, nl).toString('latin1').replace(/\r$/, '');
+      void this.begin(socket, line, head.subarray(nl + 1));
+    };
+    // A client that ends before its newline sent no line.
+    const onEnd = () => {
+      done();
+      this.refuse(socket, 'unauthorized', null, 'no line');
+    };
+    socket.on('data', onData);
+    socket.once('end', onEnd);
+    socket.once('close', done);
+  }
+
+  private async begin(client: Socket, line: string, early: Buffer): Promise<void> {
+    if (this.closing) {
+      client.destroy();
+      return;
+    }
+    const target = verifyPortLinkLine(this.options.secret, line);
+    if (target === null) {
+      this.refuse(client, 'unauthorized', null, 'bad line');
+      return;
+    }
+    const relay: Relay = { client, target, since: performance.now(), guest: null };
+    this.relays.add(relay);
+    client.once('close', () => this.finish(relay));
+    let guest: GuestConnection;
+    try {
+      guest = await this.options.open(target);
+    } catch (err) {
+      this.refuse(client, refusalFor(err), target, err);
+      return;
+    }
+    guest.on('error', () => undefined);
+    if (client.destroyed || this.closing) {
+      // The client left, or the gateway closed, while the port was being opened.
+      guest.destroy();
+      return;
+    }
+    relay.guest = guest;
+    this.relay(relay, guest, early);
+  }
+
+  /**
+   * Client → guest and guest → client. `pipe` gives the backpressure and passes each side's end
+   * on as the other's half-close. Both sockets are half-open capable, so each closes by itself
+   * once both its directions have ended. A side that closes otherwise (an error, a reset, the
+   * desktop stopping) takes the other with it at once; after a clean close the other is left to
+   * flush its last bytes.
+   */
+  private relay(relay: Relay, guest: GuestConnection, early: Buffer): void {
+    const { client, target } = relay;
+    this.options.log('port connection opened', {
+      desktopId: target.desktopId, port: target.port, remote: client.remoteAddress, ms: Math.round(performance.now() - relay.since),
+    });
+    // A reset, so that a client reading to the end of the stream cannot take a cut-off answer
+    // for a whole one.
+    guest.once('close', () => {
+      if (!(client.writableEnded && client.readableEnded)) client.resetAndDestroy();
+    });
+    client.once('close', () => {
+      if (!(guest.writableEnded && guest.readableEnded)) guest.destroy();
+    });
+    client.write('OK\n');
+    if (early.length > 0) guest.write(early);
+    guest.pipe(client);
+    client.pipe(guest);
+  }
+
+  /** Writes `ERR <code>` and closes; unread input is drained so the line is not lost to a reset. */
+  private refuse(socket: Socket, code: PortLinkRefusal, target: PortTarget | null, why: unknown): void {
+    this.options.log('port connection refused', {
+      code, remote: socket.remoteAddress, desktopId: target?.desktopId, port: target?.port,
+      reason: why instanceof Error ? why.message : String(why),
+    });
+    if (socket.destroyed) return;
+    socket.end(`ERR ${code}\n`);
+    socket.resume();
+    const timer = setTimeout(() => socket.destroy(), LINGER_MS);
+    timer.unref();
+    socket.once('close', () => clearTimeout(timer));
+  }
+
+  private finish(relay: Relay): void {
+    if (!this.relays.delete(relay) || relay.guest === null) return;
+    this.options.log('port connection closed', {
+      desktopId: relay.target.desktopId, port: relay.target.port,
+      bytesIn: relay.client.bytesRead, bytesOut: relay.client.bytesWritten,
+      durationMs: Math.round(performance.now() - relay.since),
+    });
+  }
+}

@@ -1,0 +1,476 @@
+/**
+ * Connections to TCP ports inside desktops, for the port gateway (SPEC 4.7).
+ *
+ * A desktop has its own network namespace with only a loopback, so an app listening on
+ * `127.0.0.1:8000` in the guest is reachable only from inside that namespace, and Node cannot
+ * enter one. Each running desktop therefore gets one small forwarder process, started on the
+ * first connection: it listens on a Unix socket in the desktop's driver-only `run/` directory and
+ * sits in the guest's network namespace, so for each connection the agent makes to that socket it
+ * connects to `127.0.0.1:<port>` there and relays bytes both ways.
+ *
+ * The forwarder enters the network namespace only (`nsenter -n`): it stays in the host's mount
+ * namespace, where the socket's path is, and outside the guest's pid namespace, so the guest
+ * cannot see or signal it and CRIU never dumps it. Before that it joins the desktop's cgroups, so
+ * its memory and processes count against the desktop's limits, and after it, it drops to `nobody`
+ * with no capabilities and no_new_privs: it holds connections to guest code and needs nothing.
+ *
+ * Why Perl and one process per connection: measured here, an idle Perl forwarder is 5.5 MB RSS
+ * (2.3 MB PSS, the rest is libperl shared with every other Perl) and each open connection adds a
+ * forked child of 0.5 MB PSS, while the same forwarder in Node was 45 MB RSS (26 MB PSS) before
+ * its first connection, charged to the desktop's memory limit. Both opened a connection in about
+ * 1 ms and relayed 400-600 MB/s. A child per connection keeps the relay a plain poll loop over
+ * two non-blocking sockets, and a connect that hangs (a full listen backlog) stalls only its own
+ * connection.
+ *
+ * Protocol on the Unix socket: the agent sends the port as two bytes (big-endian); the forwarder
+ * answers one byte, 0 once connected or the connect's errno (ECONNREFUSED when nothing listens),
+ * and from then on the socket carries the guest connection's bytes. Each side's end is passed on
+ * as a half-close (shutdown), and the child exits once both directions have ended.
+ *
+ * Lifetime. A forwarder belongs to one guest init (pid and start time): a desktop that started
+ * again gets a new one. One that died is replaced on the next connection; one without connections
+ * for ten minutes is retired. `closeAll`, which the driver calls before a CRIU dump, before a
+ * destroy and when a desktop starts, fences the guest init (no new connections into it), closes
+ * the agent's ends of its connections, kills the forwarder's process group and returns once every
+ * process of it is gone. The forwarder also dies with the agent (its stdin ends and it has
+ * PR_SET_PDEATHSIG), so none outlives the agent that started it.
+ */
+import { spawn, type ChildProcess } from 'node:child_process';
+import { randomBytes } from 'node:crypto';
+import { closeSync, openSync, readFileSync } from 'node:fs';
+import { rm } from 'node:fs/promises';
+import { connect, type Socket } from 'node:net';
+import { constants as osc } from 'node:os';
+import { join } from 'node:path';
+import { AgentFailure } from '../../../../shared/src/protocol.js';
+import { cgroupDirs, cgroupPids, JOIN_FAILED } from './cgroups.js';
+import type { InitProcess } from './cold-boot.js';
+import { isSameProcessSync, signal, waitFor } from './host-procs.js';
+import { WARM_PROLOGUE } from './warm-perl.js';
+
+export interface GuestPortsOptions {
+  readonly nsenterPath: string;
+  /** The desktop's running guest init; rejects with `not_found` / `not_running`. */
+  readonly init: (desktopId: string) => Promise<InitProcess>;
+  /** The desktop's driver-only directory (`run/`), where the forwarder's socket goes. */
+  readonly socketDir: (desktopId: string) => string;
+  readonly log: (msg: string, fields?: object) => void;
+}
+
+/** How long a new forwarder gets to say `ready`. */
+const READY_MS = 10_000;
+/** How long a connect inside the guest may take (the forwarder's child gives up a little later). */
+const CONNECT_MS = 10_000;
+const CHILD_CONNECT_SEC = 12;
+/** A forwarder without connections for this long is retired. */
+const IDLE_MS = 10 * 60_000;
+/** Bound on waiting for a killed forwarder and its children to be gone. */
+const GONE_MS = 5_000;
+const STDERR_KEEP = 1024;
+/** The forwarder runs as `nobody`. */
+const NOBODY = 65534;
+
+/** prctl(2) and ppoll(2) by architecture: the forwarder loads no modules. */
+const SYSCALLS: Readonly<Record<string, { prctl: number; ppoll: number }>> = {
+  x64: { prctl: 157, ppoll: 271 },
+  arm64: { prctl: 167, ppoll: 73 },
+};
+
+/**
+ * `perl -e FORWARDER -- <desktop id> <listening fd>`. Constants are Linux's, the same on x86-64
+ * and arm64: F_GETFL 3, F_SETFL 4, F_SETFD 2, O_NONBLOCK 04000, EINTR 4, EAGAIN 11, SHUT_WR 1,
+ * SOL_SOCKET 1, SO_PEERCRED 17, IPPROTO_TCP 6, TCP_NODELAY 1, PR_SET_PDEATHSIG 1,
+ * PR_SET_DUMPABLE 4; poll events POLLIN 1, POLLOUT 4, POLLERR 8, POLLHUP 16.
+ */
+export function forwarderProgram(): string {
+  const sys = SYSCALLS[process.arch];
+  if (sys === undefined) throw new Error(`the port forwarder does not know the system calls of ${process.arch}`);
+  return String.raw`
+use strict;
+$SIG{PIPE} = 'IGNORE';
+my ($desktop, $fd) = @ARGV;
+@ARGV = ();
+open(my $listen, '<&=', $fd) or exit 1;
+fcntl($listen, 2, 1);
+# Dies with the agent; not dumpable, so no other process of this uid can ptrace it.
+syscall(${sys.prctl}, 1, 9);
+syscall(${sys.prctl}, 4, 0);
+# Children are reaped by the kernel.
+$SIG{CHLD} = 'IGNORE';
+$0 = "canto-ports $desktop";
+my $server = $$;
+
+# Both directions of one connection, each [from, to, pending bytes, still reading] over the
+# handles (c, t), with backpressure: a direction reads only once what it read before is written.
+# ppoll rather than select: only POLLHUP tells the agent closing its end for good from a half-close.
+sub relay {
+  my ($c, $t) = @_;
+  my @fh = ($c, $t);
+  for my $fh (@fh) { fcntl($fh, 4, fcntl($fh, 3, 0) | 2048) or return; }
+  my @dir = ([0, 1, '', 1], [1, 0, '', 1]);
+  for (;;) {
+    my @ev = (0, 0);
+    my $live = 0;
+    for my $d (@dir) {
+      if (length $d->[2]) { $ev[$d->[1]] |= 4; $live = 1; }
+      elsif ($d->[3]) { $ev[$d->[0]] |= 1; $live = 1; }
+    }
+    return unless $live;
+    my $fds = pack('iss iss', fileno($c), $ev[0], 0, fileno($t), $ev[1], 0);
+    if (syscall(${sys.ppoll}, $fds, 2, 0, 0, 8) < 0) { next if $! == 4; return; }
+    my @rev = (unpack('iss iss', $fds))[2, 5];
+    # POLLHUP from the agent's end with nothing left to read, while the guest's answer still flows
+    # to it: the agent closed for good (its client went away), so nothing more is wanted.
+    return if ($rev[0] & 16) && !($rev[0] & 1) && (length $dir[1][2] || $dir[1][3]);
+    for my $d (@dir) {
+      if (length $d->[2]) {
+        next unless $rev[$d->[1]] & 28;
+        my $w = syswrite($fh[$d->[1]], $d->[2]);
+        if (!defined $w) { next if $! == 11 || $! == 4; return; }
+        substr($d->[2], 0, $w, '');
+      } elsif ($d->[3] && ($rev[$d->[0]] & 25)) {
+        my $r = sysread($fh[$d->[0]], $d->[2], 262144);
+        if (!defined $r) { next if $! == 11 || $! == 4; return; }
+        # The end of one side is a half-close of the other.
+        if ($r == 0) { $d->[3] = 0; shutdown($fh[$d->[1]], 1); }
+      }
+    }
+  }
+}
+
+sub serve {
+  my $c = shift;
+  # SO_PEERCRED: only root on the host reaches the socket's path; this makes sure of it.
+  my $cred = getsockopt($c, 1, 17);
+  my (undef, $uid) = defined $cred ? unpack('l L', $cred) : (0, 1);
+  return if $uid != 0;
+  my $head = '';
+  alarm ${CHILD_CONNECT_SEC};
+  while (length $head < 2) { sysread($c, $head, 2 - length $head, length $head) or return; }
+  my $port = unpack('n', $head);
+  my $t;
+  if (!socket($t, 2, 1, 6) || !connect($t, pack('S n C4 x8', 2, $port, 127, 0, 0, 1))) {
+    my $errno = ($! + 0) & 255;
+    syswrite($c, chr($errno || 255));
+    return;
+  }
+  alarm 0;
+  setsockopt($t, 6, 1, 1);
+  syswrite($c, "\0") or return;
+  relay($c, $t);
+}
+
+syswrite(STDOUT, "ready\n");
+for (;;) {
+  my $rin = '';
+  vec($rin, 0, 1) = 1;
+  vec($rin, fileno($listen), 1) = 1;
+  my $rout = $rin;
+  if (select($rout, undef, undef, undef) < 0) { next if $! == 4; exit 1; }
+  # The agent is gone.
+  if (vec($rout, 0, 1)) { exit 0 unless sysread(STDIN, my $junk, 64); }
+  next unless vec($rout, fileno($listen), 1);
+  accept(my $c, $listen) or next;
+  my $pid = fork();
+  if (!defined $pid || $pid) { close($c); next; }
+  syscall(${sys.prctl}, 1, 9);
+  exit 0 if getppid() != $server;
+  close($listen); close(STDIN); close(STDOUT);
+  serve($c);
+  exit 0;
+}
+`;
+}
+
+/** A failed connect inside the guest, coded like Node's own (`ECONNREFUSED`, ...). */
+function connectError(errno: number, port: number): Error {
+  const code = Object.entries(osc.errno).find(([, n]) => n === errno)?.[0] ?? 'EIO';
+  return Object.assign(new Error(`connect ${code} 127.0.0.1:${port} in the guest`), { code, errno: -errno, syscall: 'connect' });
+}
+
+/** Processes of the desktop's cgroups in process group `pgid`, zombies left out. */
+async function groupMembers(desktopId: string, pgid: number): Promise<number[]> {
+  const out: number[] = [];
+  for (const pid of await cgroupPids(desktopId)) {
+    let text: string;
+    try {
+      text = readFileSync(`/proc/${pid}/stat`, 'utf8');
+    } catch {
+      continue;
+    }
+    // Field 3 is the state, field 5 the process group.
+    const rest = text.slice(text.lastIndexOf(')') + 2).split(' ');
+    if (rest[0] !== 'Z' && rest[0] !== 'X' && Number(rest[2]) === pgid) out.push(pid);
+  }
+  return out;
+}
+
+/** One desktop's forwarder and the agent's ends of its connections. */
+class Forwarder {
+  readonly ready: Promise<void>;
+  readonly exited: Promise<void>;
+  private readonly connections = new Set<Socket>();
+  private exitedFlag = false;
+  private stderr = '';
+  private idleTimer: NodeJS.Timeout | undefined;
+  private killing: Promise<void> | null = null;
+
+  constructor(
+    readonly desktopId: string,
+    readonly init: InitProcess,
+    private readonly child: ChildProcess,
+    private readonly dir: string,
+    private readonly dirFd: number,
+    private readonly name: string,
+    private readonly onIdle: () => void,
+  ) {
+    this.exited = new Promise((resolve) => {
+      const done = () => {
+        if (this.exitedFlag) return;
+        this.exitedFlag = true;
+        clearTimeout(this.idleTimer);
+        for (const s of [child.stdin, child.stdout, child.stderr]) s?.destroy();
+        closeSync(dirFd);
+        void rm(join(dir, name), { force: true }).catch(() => undefined).then(() => resolve());
+      };
+      child.once('exit', done);
+      child.once('error', done);
+    });
+    child.stdin?.on('error', () => undefined);
+    child.stderr?.on('data', (chunk: Buffer) => {
+      if (this.stderr.length < STDERR_KEEP) this.stderr += chunk.toString('utf8').slice(0, STDERR_KEEP);
+    });
+    this.ready = new Promise<void>((resolve, reject) => {
+      let said = '';
+      const timer = setTimeout(() => {
+        void this.kill();
+        reject(new AgentFailure('timeout', `the port forwarder of ${desktopId} did not start within ${READY_MS} ms`, true));
+      }, READY_MS);
+      // Not unref'd: a caller is waiting, and the forwarder's own handles are.
+      child.stdout?.on('data', (chunk: Buffer) => {
+        said = (said + chunk.toString('latin1')).slice(0, 16);
+        if (said.startsWith('ready\n')) {
+          clearTimeout(timer);
+          resolve();
+        }
+      });
+      void this.exited.then(() => {
+        clearTimeout(timer);
+        reject(this.startFailure());
+      });
+    });
+    // Handled by whoever awaits it; a forwarder nobody waits for must not raise an unhandled rejection.
+    this.ready.catch(() => undefined);
+    // A forwarder waiting for connections must not keep the agent alive.
+    child.unref();
+    for (const s of [child.stdin, child.stdout, child.stderr]) (s as Socket | null)?.unref();
+    this.armIdle();
+  }
+
+  get alive(): boolean {
+    return !this.exitedFlag && this.killing === null && this.child.exitCode === null && this.child.signalCode === null;
+  }
+
+  /** A connection to the guest port, with the forwarder's status byte taken off. */
+  connect(port: number): Promise<Socket> {
+    return new Promise((resolve, reject) => {
+      const socket = connect({ path: `/proc/self/fd/${this.dirFd}/${this.name}`, allowHalfOpen: true });
+      let settled = false;
+      const fail = (err: Error) => {
+        if (settled) return;
+        settled = true;
+        clearTimeout(timer);
+        socket.destroy();
+        reject(err);
+      };
+      const timer = setTimeout(
+        () => fail(new AgentFailure('timeout', `guest port ${port} did not accept within ${CONNECT_MS} ms`, true)),
+        CONNECT_MS,
+      );
+      timer.unref();
+      // Stays attached: later errors show as the connection closing, which the caller handles.
+      socket.on('error', (err) => fail(new AgentFailure('runtime_error', `cannot reach the port forwarder: ${err.message}`, true)));
+      socket.once('close', () => fail(new AgentFailure('runtime_error', 'the port forwarder closed the connection', true)));
+      socket.once('connect', () => socket.write(Buffer.from([port >> 8, port & 0xff])));
+      // 'readable' and read(1) take the status byte alone and leave the stream as a fresh socket's
+      // (not flowing until someone reads), with the guest's first bytes still in it.
+      const onReadable = () => {
+        const head = socket.read(1) as Buffer | null;
+        if (head === null) return;
+        socket.off('readable', onReadable);
+        const status = head[0] as number;
+        if (status !== 0) return fail(connectError(status, port));
+        settled = true;
+        clearTimeout(timer);
+        this.track(socket);
+        resolve(socket);
+      };
+      socket.on('readable', onReadable);
+    });
+  }
+
+  /**
+   * Closes the agent's ends of the connections (the gateway resets its clients), SIGKILLs the
+   * forwarder's process group (the forwarder and every connection's child at once) and waits
+   * until none of it runs.
+   */
+  kill(): Promise<void> {
+    this.killing ??= (async () => {
+      clearTimeout(this.idleTimer);
+      for (const s of this.connections) s.destroy();
+      const leader = this.child.pid;
+      // Before any await: until its exit is seen the leader is unreaped, so the group id is ours.
+      if (leader !== undefined && !this.exitedFlag) signal(-leader, 'SIGKILL');
+      // A ref'd timer: the forwarder's own handles are unref'd, and a caller is waiting.
+      let timer: NodeJS.Timeout | undefined;
+      await Promise.race([this.exited, new Promise((r) => (timer = setTimeout(r, GONE_MS)))]);
+      clearTimeout(timer);
+      if (leader !== undefined) {
+        await waitFor(async () => (await groupMembers(this.desktopId, leader)).length === 0, GONE_MS);
+      }
+    })();
+    return this.killing;
+  }
+
+  private track(socket: Socket): void {
+    this.connections.add(socket);
+    clearTimeout(this.idleTimer);
+    socket.once('close', () => {
+      this.connections.delete(socket);
+      if (this.connections.size === 0) this.armIdle();
+    });
+  }
+
+  private armIdle(): void {
+    clearTimeout(this.idleTimer);
+    if (this.exitedFlag) return;
+    this.idleTimer = setTimeout(this.onIdle, IDLE_MS);
+    this.idleTimer.unref();
+  }
+
+  private startFailure(): AgentFailure {
+    const detail = this.stderr.trim().split('\n')[0] ?? '';
+    // The cgroup prologue failed, or nsenter found no guest init: the desktop stopped under us.
+    if (detail.startsWith(JOIN_FAILED) || detail.startsWith('nsenter:') || this.killing !== null) {
+      return new AgentFailure('not_running', `desktop ${this.desktopId} is not running`, false);
+    }
+    return new AgentFailure('runtime_error', `the port forwarder did not start${detail ? `: ${detail}` : ''}`, true);
+  }
+}
+
+export class GuestPorts {
+  private readonly forwarders = new Map<string, Forwarder>();
+  /** Guest inits that `closeAll` ran for: they are about to stop, and no connection may enter them. */
+  private readonly fenced = new Map<string, InitProcess>();
+  private closing = false;
+
+  constructor(private readonly options: GuestPortsOptions) {}
+
+  /** A connection to `127.0.0.1:<port>` in the desktop's network namespace (RuntimeDriver.openGuestPort). */
+  async open(desktopId: string, port: number): Promise<Socket> {
+    if (!Number.isInteger(port) || port < 1 || port > 65535) throw new AgentFailure('bad_request', `invalid port ${port}`, false);
+    if (this.closing) throw new AgentFailure('not_running', 'the driver is closing', false);
+    const init = await this.options.init(desktopId);
+    if (this.isFenced(desktopId, init) || this.closing) throw stopping(desktopId);
+    // A fence for an earlier init is stale: the desktop has started again since.
+    this.fenced.delete(desktopId);
+    // From the fence check to the registration nothing awaits: closeAll sees this forwarder or
+    // this call sees its fence.
+    const forwarder = this.forwarderFor(desktopId, init);
+    try {
+      await forwarder.ready;
+      return await forwarder.connect(port);
+    } catch (err) {
+      // closeAll stopped the forwarder meanwhile: the desktop is stopping, not broken.
+      if (this.isFenced(desktopId, init)) throw stopping(desktopId);
+      throw err;
+    }
+  }
+
+  /**
+   * Ends every connection into the desktop and waits until its forwarder is gone. For a desktop
+   * whose guest is about to stop (hibernate, destroy): connections into the same guest init are
+   * refused from now on. Also called when a desktop starts, to drop a forwarder of an earlier init.
+   */
+  async closeAll(desktopId: string): Promise<void> {
+    const init = await this.options.init(desktopId).catch(() => null);
+    if (init !== null) this.fenced.set(desktopId, init);
+    for (const [id, fence] of this.fenced) if (!isSameProcessSync(fence.pid, fence.startTime)) this.fenced.delete(id);
+    const forwarder = this.forwarders.get(desktopId);
+    if (forwarder === undefined) return;
+    this.forwarders.delete(desktopId);
+    await forwarder.kill();
+  }
+
+  /** Kills every forwarder (the driver is closing; the agent's clients are gone with it). */
+  async close(): Promise<void> {
+    this.closing = true;
+    const all = [...this.forwarders.values()];
+    this.forwarders.clear();
+    await Promise.all(all.map((f) => f.kill()));
+  }
+
+  private isFenced(desktopId: string, init: InitProcess): boolean {
+    const fence = this.fenced.get(desktopId);
+    return fence !== undefined && fence.pid === init.pid && fence.startTime === init.startTime;
+  }
+
+  /** The desktop's forwarder for this init, started (synchronously) when there is none alive. */
+  private forwarderFor(desktopId: string, init: InitProcess): Forwarder {
+    const current = this.forwarders.get(desktopId);
+    if (current?.alive && current.init.pid === init.pid && current.init.startTime === init.startTime) return current;
+    // Dead, or in the namespaces of an earlier init.
+    if (current !== undefined) void current.kill();
+    const dir = this.options.socketDir(desktopId);
+    // Random, so a new forwarder never meets the socket of an old one.
+    const name = `ports-${randomBytes(6).toString('hex')}.sock`;
+    let dirFd: number | null = null;
+    let forwarder: Forwarder;
+    try {
+      // Synchronous, like the spawn beside it: opening a local directory does not block.
+      dirFd = openSync(dir, 'r');
+      forwarder = new Forwarder(desktopId, init, this.spawn(desktopId, init, dir, name), dir, dirFd, name, () => {
+        if (this.forwarders.get(desktopId) === forwarder) this.forwarders.delete(desktopId);
+        this.options.log('idle port forwarder retired', { desktopId });
+        void forwarder.kill();
+      });
+    } catch (err) {
+      if (dirFd !== null) closeSync(dirFd);
+      throw new AgentFailure('runtime_error', `cannot start the port forwarder: ${String(err)}`, true);
+    }
+    this.forwarders.set(desktopId, forwarder);
+    void forwarder.exited.then(() => {
+      if (this.forwarders.get(desktopId) === forwarder) this.forwarders.delete(desktopId);
+    });
+    const t0 = performance.now();
+    forwarder.ready.then(
+      () => this.options.log('port forwarder started', { desktopId, ms: Math.round(performance.now() - t0) }),
+      (err: unknown) => this.options.log('port forwarder did not start', { desktopId, error: String(err) }),
+    );
+    return forwarder;
+  }
+
+  /**
+   * The prologue joins the desktop's cgroups and binds the socket as root on the host, then
+   * nsenter enters the guest's network namespace and setpriv drops to nobody before the forwarder
+   * runs. Each step execs the next, so the forwarder is this child itself; it leads its own
+   * process group (detached), which its connections' children share.
+   */
+  private spawn(desktopId: string, init: InitProcess, dir: string, name: string): ChildProcess {
+    const groups = cgroupDirs(desktopId);
+    return spawn(
+      '/usr/bin/perl',
+      [
+        '-e', WARM_PROLOGUE, '--', String(groups.length), ...groups, dir, name,
+        this.options.nsenterPath, '-t', String(init.pid), '-n',
+        '/usr/bin/setpriv', `--reuid=${NOBODY}`, `--regid=${NOBODY}`, '--clear-groups', '--inh-caps=-all', '--bounding-set=-all', '--no-new-privs',
+        '/usr/bin/perl', '-e', forwarderProgram(), '--', desktopId,
+      ],
+      { env: { PATH: '/usr/sbin:/usr/bin:/sbin:/bin' }, stdio: ['pipe', 'pipe', 'pipe'], detached: true },
+    );
+  }
+}
+
+function stopping(desktopId: string): AgentFailure {
+  return new AgentFailure('not_running', `desktop ${desktopId} is stopping`, false);
+}

@@ -1,0 +1,226 @@
+/**
+ * The port ingress (SPEC 4.7): an HTTP server of its own, beside the API, that serves
+ * `{port}-{desktop_id}.{domain}`. Each request (and WebSocket upgrade) is admitted in order —
+ * the host names an exposure (else 404, the same answer for ever after a delete), the token of a
+ * private exposure matches (else 401), the desktop is awake on a host that is up with a port
+ * gateway (else 503 with Retry-After) — and is then proxied, streaming both ways, over a port
+ * link opened to that host's agent (port-link-client.ts). The agent's refusals map to statuses
+ * here: `not_running` and `unavailable` are 503 (retry), `refused` is 502 (nothing listens in the
+ * guest), anything else 502.
+ *
+ * The ingress reads exposures, desktops and hosts from PostgreSQL and dials agents directly, so
+ * it works on every replica, not only on the leader that holds the agent links.
+ */
+import { createServer, STATUS_CODES, type IncomingMessage, type Server, type ServerResponse } from 'node:http';
+import type { Socket } from 'node:net';
+import type { Duplex } from 'node:stream';
+import { ProxyServer } from 'http-proxy-3';
+import type { Logger } from '../../../shared/src/log.js';
+import type { IngressSettings } from '../config.js';
+import { ApiError, errors, problem } from '../errors.js';
+import { isBound, type PortRoute } from '../services/ports.js';
+import { parseExposureHost } from './exposure-host.js';
+import { dialPortLink, PortLinkAgent, PortLinkError } from './port-link-client.js';
+import { presentedToken, stripToken, tokenMatches } from './port-token.js';
+import { keyOf, RouteCache } from './route-cache.js';
+
+/** What the ingress needs from the port service. */
+export interface IngressPorts {
+  route(desktopId: string, port: number): Promise<PortRoute | null>;
+  onChange(listener: (desktopId: string, port: number) => void): () => void;
+}
+
+export interface IngressDeps {
+  settings: IngressSettings;
+  ports: IngressPorts;
+  /** Signs port links; the agents check it. Null: no agent can have joined, so nothing is reachable. */
+  joinToken: string | null;
+  logger: Logger;
+}
+
+/** The proxy needs a target URL; the connection itself always comes from the port link agent. */
+const LINK_TARGET = new URL('http://port-link.invalid');
+/** How long a client may take to send request headers. Bodies have no deadline: they stream. */
+const HEADERS_TIMEOUT_MS = 60_000;
+
+export class PortIngress {
+  private readonly log: Logger;
+  private readonly routes: RouteCache;
+  private readonly proxy = new ProxyServer({ xfwd: true, ws: true });
+  /** Client sockets carrying traffic of an exposure, closed when the exposure is deleted. */
+  private readonly open = new Map<string, Set<Duplex>>();
+  /** Every client socket, including upgraded ones the HTTP server no longer tracks. */
+  private readonly sockets = new Set<Duplex>();
+  private readonly unsubscribe: () => void;
+
+  private constructor(
+    private readonly deps: IngressDeps,
+    private readonly server: Server,
+  ) {
+    this.log = deps.logger.child({ component: 'ingress' });
+    this.routes = new RouteCache((desktopId, port) => deps.ports.route(desktopId, port));
+    this.unsubscribe = deps.ports.onChange((desktopId, port) => this.exposureChanged(desktopId, port));
+    // Errors are handled per call; this only keeps a stray one from being thrown.
+    this.proxy.on('error', (err) => this.log.debug({ err }, 'proxy error'));
+  }
+
+  static async start(deps: IngressDeps): Promise<PortIngress> {
+    const server = createServer({ requestTimeout: 0, headersTimeout: HEADERS_TIMEOUT_MS });
+    const ingress = new PortIngress(deps, server);
+    server.on('connection', (socket: Socket) => ingress.track(socket));
+    server.on('request', (req: IncomingMessage, res: ServerResponse) => {
+      ingress.web(req, res).catch((err: unknown) => ingress.answer(res, ingress.asApiError(err)));
+    });
+    server.on('upgrade', (req: IncomingMessage, socket: Duplex, head: Buffer) => {
+      ingress.upgrade(req, socket, head).catch((err: unknown) => rejectUpgrade(socket, ingress.asApiError(err)));
+    });
+    await new Promise<void>((resolve, reject) => {
+      server.once('error', reject);
+      server.listen(deps.settings.listenPort, deps.settings.listenHost, () => {
+        server.off('error', reject);
+        resolve();
+      });
+    });
+    ingress.log.info({ url: ingress.url, domain: deps.settings.domain }, 'port ingress listening');
+    return ingress;
+  }
+
+  /** Where the ingress listens, e.g. `http://127.0.0.1:8081`. */
+  get url(): string {
+    const address = this.server.address();
+    const port = typeof address === 'object' && address ? address.port : this.deps.settings.listenPort;
+    const host = this.deps.settings.listenHost;
+    const shown = host === '0.0.0.0' || host === '::' || host === '' ? '127.0.0.1' : host.includes(':') ? `[${host}]` : host;
+    return `http://${shown}:${port}`;
+  }
+
+  async close(): Promise<void> {
+    this.unsubscribe();
+    const closed = new Promise<void>((resolve) => this.server.close(() => resolve()));
+    for (const socket of this.sockets) socket.destroy();
+    this.server.closeAllConnections();
+    await closed;
+    this.routes.clear();
+  }
+
+  private async web(req: IncomingMessage, res: ServerResponse): Promise<void> {
+    let route: PortRoute;
+    try {
+      route = await this.admit(req);
+    } catch (err) {
+      return this.answer(res, this.asApiError(err));
+    }
+    this.hold(route, req.socket);
+    const agent = this.linkAgent(route);
+    this.proxy.web(req, res, { target: LINK_TARGET, agent }, (err) => {
+      const failure = this.linkFailure(err, route);
+      if (res.headersSent) res.destroy();
+      else this.answer(res, failure);
+    });
+  }
+
+  private async upgrade(req: IncomingMessage, socket: Duplex, head: Buffer): Promise<void> {
+    let route: PortRoute;
+    try {
+      route = await this.admit(req);
+    } catch (err) {
+      return rejectUpgrade(socket, this.asApiError(err));
+    }
+    this.hold(route, socket);
+    const agent = this.linkAgent(route);
+    this.proxy.ws(req, socket, head, { target: LINK_TARGET, agent }, (err) => {
+      const failure = this.linkFailure(err, route);
+      // Before the 101 nothing has been written, and the client can still be told why.
+      if ((socket as Socket).bytesWritten === 0) rejectUpgrade(socket, failure);
+      else socket.destroy();
+    });
+  }
+
+  /** The exposure the request may reach, or the ApiError that answers it. */
+  private async admit(req: IncomingMessage): Promise<PortRoute> {
+    const target = parseExposureHost(this.deps.settings, req.headers.host);
+    if (!target) throw errors.ingressNotFound();
+    const route = await this.routes.get(target.desktopId, target.port);
+    if (!route || route.desktop_state === 'destroyed') throw errors.ingressNotFound();
+    if (!route.public && !tokenMatches(presentedToken(req), route.token_hash)) throw errors.ingressUnauthorized();
+    if (!isBound(route)) throw errors.portUnbound();
+    if (!this.deps.joinToken) throw errors.portLinkFailed();
+    stripToken(req);
+    return route;
+  }
+
+  private linkAgent(route: PortRoute): PortLinkAgent {
+    const secret = this.deps.joinToken!;
+    const target = { desktopId: route.desktop_id, generation: route.generation, port: route.port };
+    return new PortLinkAgent(() => dialPortLink(secret, route.ingress_address!, target));
+  }
+
+  /** The answer for a failed proxy attempt; the cached route is dropped, it may be stale. */
+  private linkFailure(err: unknown, route: PortRoute): ApiError {
+    this.routes.forget(route.desktop_id, route.port);
+    if (err instanceof PortLinkError) {
+      this.log.info({ desktopId: route.desktop_id, port: route.port, reason: err.reason, message: err.message }, 'port link failed');
+      switch (err.reason) {
+        case 'not_running':
+        case 'unavailable':
+          return errors.portUnbound();
+        case 'refused':
+          return errors.portRefused();
+        default:
+          return errors.portLinkFailed();
+      }
+    }
+    this.log.info({ desktopId: route.desktop_id, port: route.port, err }, 'proxying to the guest port failed');
+    return errors.portLinkFailed();
+  }
+
+  private asApiError(err: unknown): ApiError {
+    if (err instanceof ApiError) return err;
+    this.log.error({ err }, 'ingress request failed');
+    return new ApiError(500, 'internal error');
+  }
+
+  private answer(res: ServerResponse, err: ApiError): void {
+    if (res.headersSent) return void res.destroy();
+    const body = JSON.stringify(problem(err.status, err.detail));
+    res.writeHead(err.status, { ...err.headers, 'content-type': 'application/problem+json', 'content-length': Buffer.byteLength(body) });
+    res.end(body);
+  }
+
+  private track(socket: Duplex): void {
+    this.sockets.add(socket);
+    socket.once('close', () => this.sockets.delete(socket));
+  }
+
+  /** Remembers that `socket` carries the exposure's traffic, until it closes. */
+  private hold(route: PortRoute, socket: Duplex): void {
+    const key = keyOf(route.desktop_id, route.port);
+    let held = this.open.get(key);
+    if (!held) this.open.set(key, (held = new Set()));
+    if (held.has(socket)) return;
+    held.add(socket);
+    socket.once('close', () => {
+      held.delete(socket);
+      if (held.size === 0 && this.open.get(key) === held) this.open.delete(key);
+    });
+  }
+
+  /** An exposure was created or deleted here: forget its route, and close what it carried. */
+  private exposureChanged(desktopId: string, port: number): void {
+    this.routes.forget(desktopId, port);
+    const key = keyOf(desktopId, port);
+    for (const socket of this.open.get(key) ?? []) socket.destroy();
+    this.open.delete(key);
+  }
+}
+
+/** Answers an upgrade request that will not be proxied, on its raw socket. */
+function rejectUpgrade(socket: Duplex, err: ApiError): void {
+  if (socket.destroyed) return;
+  const body = JSON.stringify(problem(err.status, err.detail));
+  const extra = Object.entries(err.headers).map(([name, value]) => `${name}: ${value}\r\n`).join('');
+  socket.end(
+    `HTTP/1.1 ${err.status} ${STATUS_CODES[err.status] ?? 'Error'}\r\n` +
+      `content-type: application/problem+json\r\ncontent-length: ${Buffer.byteLength(body)}\r\n${extra}connection: close\r\n\r\n${body}`,
+  );
+}

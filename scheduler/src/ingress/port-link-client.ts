@@ -1,0 +1,110 @@
+/**
+ * The ingress's end of the port link (shared/src/port-link.ts): dial the agent's port gateway,
+ * send the signed opening line, read the one-line answer, and hand over the socket, which from
+ * then on carries raw bytes to and from the guest port. `PortLinkAgent` makes such a socket the
+ * connection of an ordinary `http.request`, which is how the proxy library uses it for plain
+ * requests and WebSocket upgrades alike.
+ */
+import { Agent, type ClientRequestArgs } from 'node:http';
+import { connect, type Socket } from 'node:net';
+import type { Duplex } from 'node:stream';
+import { portLinkLine, type PortLinkRefusal, type PortTarget } from '../../../shared/src/port-link.js';
+
+/** Connecting and reading the answer, together. */
+const DIAL_TIMEOUT_MS = 10_000;
+/** `ERR unavailable\n` is the longest answer; anything longer is not the port link. */
+const MAX_ANSWER_BYTES = 64;
+const REFUSALS: readonly PortLinkRefusal[] = ['unauthorized', 'not_running', 'refused', 'unavailable'];
+
+export class PortLinkError extends Error {
+  constructor(
+    /** The agent's refusal, or `unreachable` (no connection, a timeout, a garbled answer). */
+    readonly reason: PortLinkRefusal | 'unreachable',
+    message: string,
+  ) {
+    super(message);
+    this.name = 'PortLinkError';
+  }
+}
+
+/** `host:port`, or `[v6]:port`, as the scheduler records it from the agent's hello. */
+export function parseGatewayAddress(address: string): { host: string; port: number } | null {
+  const match = /^(?:\[([^\]]+)\]|([^:[\]]+)):(\d{1,5})$/.exec(address);
+  const port = match ? Number(match[3]) : 0;
+  if (!match || port < 1 || port > 65535) return null;
+  return { host: match[1] ?? match[2]!, port };
+}
+
+/** A socket relaying to the guest port, or a `PortLinkError`. */
+export function dialPortLink(secret: string, address: string, target: PortTarget, timeoutMs = DIAL_TIMEOUT_MS): Promise<Socket> {
+  const gateway = parseGatewayAddress(address);
+  if (!gateway) return Promise.reject(new PortLinkError('unreachable', `malformed port gateway address "${address}"`));
+  return new Promise((resolve, reject) => {
+    const socket = connect({ host: gateway.host, port: gateway.port });
+    let answer = Buffer.alloc(0);
+    const fail = (reason: PortLinkError['reason'], message: string) => {
+      cleanup();
+      socket.destroy();
+      reject(new PortLinkError(reason, message));
+    };
+    const onReadable = () => {
+      let chunk: Buffer | null;
+      while ((chunk = socket.read() as Buffer | null) !== null) {
+        answer = Buffer.concat([answer, chunk]);
+        const newline = answer.indexOf(0x0a);
+        if (newline === -1) {
+          if (answer.length > MAX_ANSWER_BYTES) return fail('unreachable', 'the port gateway sent no answer line');
+          continue;
+        }
+        const line = answer.subarray(0, newline).toString('latin1').replace(/\r$/, '');
+        const rest = answer.subarray(newline + 1);
+        if (line === 'OK') {
+          cleanup();
+          // Bytes the guest sent right behind the answer belong to whoever reads the socket next.
+          if (rest.length > 0) socket.unshift(rest);
+          // The HTTP client listens for errors only a tick after it is handed the socket; an error
+          // in between must not be an uncaught exception (it still reaches the client as a close).
+          socket.on('error', () => {});
+          return resolve(socket);
+        }
+        const code = /^ERR (\S+)$/.exec(line)?.[1] as PortLinkRefusal | undefined;
+        if (code && REFUSALS.includes(code)) return fail(code, `the agent refused the port link: ${code}`);
+        return fail('unreachable', 'the port gateway answered something other than the port link');
+      }
+    };
+    const onError = (err: Error) => fail('unreachable', `port gateway: ${err.message}`);
+    const onEnd = () => fail('unreachable', 'the port gateway closed before answering');
+    const timer = setTimeout(() => fail('unreachable', 'the port gateway did not answer in time'), timeoutMs);
+    function cleanup() {
+      clearTimeout(timer);
+      socket.off('readable', onReadable);
+      socket.off('error', onError);
+      socket.off('end', onEnd);
+    }
+    socket.on('readable', onReadable);
+    socket.on('error', onError);
+    socket.on('end', onEnd);
+    socket.once('connect', () => {
+      socket.setNoDelay(true);
+      socket.write(portLinkLine(secret, target));
+    });
+  });
+}
+
+/**
+ * An `http.Agent` whose every connection is a fresh port link. No keep-alive: a link is bound to
+ * the desktop generation it was opened for, and is cheap to open again.
+ */
+export class PortLinkAgent extends Agent {
+  constructor(private readonly open: () => Promise<Socket>) {
+    super({ keepAlive: false });
+  }
+
+  override createConnection(_options: ClientRequestArgs, callback?: (err: Error | null, stream: Duplex) => void): Duplex | null | undefined {
+    this.open().then(
+      (socket) => callback?.(null, socket),
+      (err: unknown) => callback?.(err instanceof Error ? err : new Error(String(err)), undefined as unknown as Duplex),
+    );
+    return undefined;
+  }
+}

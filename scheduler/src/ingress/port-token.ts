@@ -1,0 +1,61 @@
+/**
+ * The ingress's own credential (SPEC 4.7): a private exposure's token arrives as query parameter
+ * `svc_token` or header `X-Svc-Token`, and neither is forwarded, so the guest app never sees it
+ * and `Authorization` stays the app's to use.
+ */
+import type { IncomingMessage } from 'node:http';
+import { hashToken, safeEqualHex } from '../crypto/secret-box.js';
+
+export const TOKEN_QUERY_PARAM = 'svc_token';
+export const TOKEN_HEADER = 'x-svc-token';
+/** Tokens are `svc_pt_` and 43 base64url characters; anything much longer is not one. */
+const MAX_TOKEN_LENGTH = 256;
+
+/** The presented token: the header when there is one, else the first `svc_token` parameter. */
+export function presentedToken(req: IncomingMessage): string | null {
+  const header = req.headers[TOKEN_HEADER];
+  if (typeof header === 'string') return header.trim();
+  const query = queryOf(req.url ?? '');
+  if (query === null) return null;
+  return new URLSearchParams(query).get(TOKEN_QUERY_PARAM);
+}
+
+/** Whether `token` is the one whose sha256 is `tokenHash`, compared in constant time. */
+export function tokenMatches(token: string | null, tokenHash: string | null): boolean {
+  if (token === null || tokenHash === null || token.length === 0 || token.length > MAX_TOKEN_LENGTH) return false;
+  return safeEqualHex(hashToken(token), tokenHash);
+}
+
+/** Removes the ingress credential from the request before it is forwarded. */
+export function stripToken(req: IncomingMessage): void {
+  delete req.headers[TOKEN_HEADER];
+  req.url = withoutTokenParam(req.url ?? '/');
+}
+
+/**
+ * The URL without any `svc_token` parameter. The other parameters keep their exact bytes and
+ * order: re-encoding them could change what the app receives.
+ */
+export function withoutTokenParam(url: string): string {
+  const query = queryOf(url);
+  if (query === null) return url;
+  const path = url.slice(0, url.indexOf('?'));
+  const kept = query.split('&').filter((pair) => {
+    const name = pair.split('=', 1)[0]!;
+    return decodeName(name) !== TOKEN_QUERY_PARAM;
+  });
+  return kept.length === 0 ? path : `${path}?${kept.join('&')}`;
+}
+
+function queryOf(url: string): string | null {
+  const at = url.indexOf('?');
+  return at === -1 ? null : url.slice(at + 1);
+}
+
+function decodeName(name: string): string {
+  try {
+    return decodeURIComponent(name.replace(/\+/g, ' '));
+  } catch {
+    return name;
+  }
+}

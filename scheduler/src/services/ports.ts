@@ -1,0 +1,115 @@
+/**
+ * Port exposures (SPEC 2.9, 4.7): a guest TCP port of a desktop made reachable at
+ * `https://{port}-{desktop_id}.{domain}` through the scheduler's ingress. A private exposure has
+ * a token (`svc_pt_…`) that is shown once, in the create response, and stored only as its
+ * sha256, which is all the ingress needs to check it. Another org's desktop answers exactly like
+ * a missing one.
+ *
+ * Nothing is bound on the host when an exposure is created: the agent opens the guest port
+ * lazily, per ingress connection, through its port gateway (shared/src/port-link.ts). So an
+ * exposure is `bound` exactly when a connection could be made now — the desktop is awake and
+ * its host is up with a port gateway — and `unbound` otherwise (hibernated, waking, moving, or
+ * its host is down). Wake needs no rebind step for the same reason: the next connection after
+ * the wake reaches the desktop's new generation.
+ */
+import { randomBytes } from 'node:crypto';
+import type { Sql } from '../store/db.js';
+import * as store from '../store/ports.js';
+import { getDesktop } from '../store/desktops.js';
+import { hashToken } from '../crypto/secret-box.js';
+import { errors } from '../errors.js';
+import type { CreatePortBody, PortExposureJson } from '../http/schemas.js';
+import { exposureUrl, type ExposureDomain } from '../ingress/exposure-host.js';
+
+export const PORT_TOKEN_PREFIX = 'svc_pt_';
+
+export type PortRoute = store.PortRouteRow;
+
+export interface PortServiceDeps {
+  sql: Sql;
+  /** The ingress's domain; null when the deployment runs no ingress (create answers 501). */
+  ingress: ExposureDomain | null;
+}
+
+/** Called after an exposure is created or deleted, so the ingress forgets what it cached. */
+export type ExposureListener = (desktopId: string, port: number) => void;
+
+export class PortService {
+  private readonly listeners = new Set<ExposureListener>();
+
+  constructor(private readonly deps: PortServiceDeps) {}
+
+  onChange(listener: ExposureListener): () => void {
+    this.listeners.add(listener);
+    return () => this.listeners.delete(listener);
+  }
+
+  async list(orgId: string, desktopId: string): Promise<PortExposureJson[]> {
+    await this.desktop(orgId, desktopId);
+    return (await store.listRoutes(this.deps.sql, desktopId)).map((row) => this.toJson(row));
+  }
+
+  async create(orgId: string, desktopId: string, body: CreatePortBody): Promise<PortExposureJson> {
+    if (!this.deps.ingress) throw errors.ingressDisabled();
+    const desktop = await this.desktop(orgId, desktopId);
+    if (desktop.state !== 'awake') throw errors.notAwake(desktop.state);
+    const isPublic = body.public ?? false;
+    const token = isPublic ? null : PORT_TOKEN_PREFIX + randomBytes(32).toString('base64url');
+    const row = await store.insertExposure(this.deps.sql, {
+      orgId,
+      desktopId,
+      port: body.port,
+      public: isPublic,
+      tokenHash: token === null ? null : hashToken(token),
+    });
+    if (!row) throw errors.portAlreadyExposed();
+    this.changed(desktopId, body.port);
+    const json = this.toJson(row);
+    return token === null ? json : { ...json, token };
+  }
+
+  /** `portText` is the URL segment: anything that is not an exposed port is simply not found. */
+  async remove(orgId: string, desktopId: string, portText: string): Promise<void> {
+    await this.desktop(orgId, desktopId);
+    const port = /^\d{1,5}$/.test(portText) ? Number(portText) : NaN;
+    if (!(port >= 1 && port <= 65535) || !(await store.deleteExposure(this.deps.sql, desktopId, port))) throw errors.portNotFound();
+    this.changed(desktopId, port);
+  }
+
+  /** The exposure an ingress request names, with where its desktop runs; null when there is none. */
+  async route(desktopId: string, port: number): Promise<PortRoute | null> {
+    return store.getRoute(this.deps.sql, desktopId, port);
+  }
+
+  private async desktop(orgId: string, desktopId: string) {
+    const desktop = await getDesktop(this.deps.sql, orgId, desktopId);
+    if (!desktop) throw errors.desktopNotFound();
+    return desktop;
+  }
+
+  private changed(desktopId: string, port: number): void {
+    for (const listener of this.listeners) listener(desktopId, port);
+  }
+
+  private toJson(row: PortRoute): PortExposureJson {
+    // The service's only writer of URLs; without an ingress, listed exposures (created while one
+    // was configured) keep a URL on an empty domain rather than failing the list.
+    const url = this.deps.ingress ? exposureUrl(this.deps.ingress, row.desktop_id, row.port) : '';
+    return {
+      id: row.id,
+      port: row.port,
+      public: row.public,
+      url,
+      status: isBound(row) ? 'bound' : 'unbound',
+      created_at: row.created_at.toISOString(),
+    };
+  }
+}
+
+/**
+ * Whether a connection to the exposure could be made now: the desktop is awake on a host that is
+ * up (by its row, so every replica answers alike) and runs a port gateway.
+ */
+export function isBound(row: PortRoute): boolean {
+  return row.desktop_state === 'awake' && row.host_status === 'ready' && row.ingress_address !== null;
+}

@@ -1,0 +1,71 @@
+/**
+ * Port exposures (SPEC 2.9, 4.7): one row per exposed guest port of a desktop, unique per
+ * (desktop, port). A private exposure stores only the sha256 of its token. Reads join the
+ * desktop and its host, because an exposure's status and its route through the ingress both
+ * depend on where the desktop runs now.
+ */
+import { newId } from '../../../shared/src/ids.js';
+import type { Sql } from './db.js';
+import type { DesktopState } from './rows.js';
+
+export interface PortExposureRow {
+  id: string;
+  org_id: string;
+  desktop_id: string;
+  port: number;
+  public: boolean;
+  token_hash: string | null;
+  created_at: Date;
+}
+
+/** An exposure with what decides whether it can carry traffic right now. */
+export interface PortRouteRow extends PortExposureRow {
+  desktop_state: DesktopState;
+  generation: number;
+  /** Null when the desktop is not placed on a host. */
+  host_status: 'ready' | 'down' | null;
+  /** The host's port gateway (`host:port`); null when the host has none or there is no host. */
+  ingress_address: string | null;
+}
+
+export interface NewExposure {
+  orgId: string;
+  desktopId: string;
+  port: number;
+  public: boolean;
+  tokenHash: string | null;
+}
+
+/** Inserts the exposure; null when the desktop already exposes that port. */
+export async function insertExposure(sql: Sql, e: NewExposure): Promise<PortRouteRow | null> {
+  const [row] = await sql<PortExposureRow[]>`
+    INSERT INTO port_exposures (id, org_id, desktop_id, port, public, token_hash)
+    VALUES (${newId('port')}, ${e.orgId}, ${e.desktopId}, ${e.port}, ${e.public}, ${e.tokenHash})
+    ON CONFLICT (desktop_id, port) DO NOTHING
+    RETURNING *`;
+  if (!row) return null;
+  return getRoute(sql, row.desktop_id, row.port);
+}
+
+/** The desktop's exposures, by port. */
+export async function listRoutes(sql: Sql, desktopId: string): Promise<PortRouteRow[]> {
+  return sql<PortRouteRow[]>`
+    SELECT p.*, d.state AS desktop_state, d.generation, h.status AS host_status, h.ingress_address
+    FROM port_exposures p JOIN desktops d ON d.id = p.desktop_id LEFT JOIN hosts h ON h.id = d.host_id
+    WHERE p.desktop_id = ${desktopId} ORDER BY p.port`;
+}
+
+/** One exposure, looked up by what an exposure URL names: the desktop id and the port. */
+export async function getRoute(sql: Sql, desktopId: string, port: number): Promise<PortRouteRow | null> {
+  const [row] = await sql<PortRouteRow[]>`
+    SELECT p.*, d.state AS desktop_state, d.generation, h.status AS host_status, h.ingress_address
+    FROM port_exposures p JOIN desktops d ON d.id = p.desktop_id LEFT JOIN hosts h ON h.id = d.host_id
+    WHERE p.desktop_id = ${desktopId} AND p.port = ${port}`;
+  return row ?? null;
+}
+
+/** Deletes the exposure; false when the desktop has none on that port. */
+export async function deleteExposure(sql: Sql, desktopId: string, port: number): Promise<boolean> {
+  const rows = await sql`DELETE FROM port_exposures WHERE desktop_id = ${desktopId} AND port = ${port} RETURNING id`;
+  return rows.length === 1;
+}
