@@ -44,7 +44,11 @@ async function direct(open: () => Promise<NodeJS.ReadWriteStream>): Promise<numb
     socket.on('data', (chunk: Buffer) => {
       if (head.length < 12) head += chunk.toString('latin1');
     });
-    socket.on('end', () => resolve(Number(head.slice(9, 12))));
+    socket.on('end', () => {
+      // Our end too: the forwarder keeps a half-open connection (and its process) otherwise.
+      socket.end();
+      resolve(Number(head.slice(9, 12)));
+    });
     socket.on('error', reject);
     socket.write('GET /bench HTTP/1.1\r\nHost: guest\r\nConnection: close\r\n\r\n');
   });

@@ -24,6 +24,9 @@ import { median, table, timed } from './stats.js';
 import { freePort, startAgentProcess, startSchedulerProcess } from '../helpers/processes.js';
 
 const RUNS = Number(process.env.CANTO_BENCH_RUNS ?? 10);
+/** `CANTO_BENCH_ONLY=ingress,computer-use` runs only those sections; unset runs them all. */
+const ONLY = process.env.CANTO_BENCH_ONLY?.split(',').map((s) => s.trim()).filter(Boolean) ?? [];
+const want = (section: string) => ONLY.length === 0 || ONLY.includes(section);
 
 /** Until the agent has said hello (its host is ready). */
 async function waitForHost(databaseUrl: string): Promise<void> {
@@ -66,87 +69,91 @@ async function main(): Promise<void> {
   };
 
   try {
-    // Lifecycle through the API.
-    const cold: number[] = [];
-    const hibernate: number[] = [];
-    const wake: number[] = [];
-    for (let i = 0; i < RUNS; i++) {
-      let id = '';
-      cold.push(await timed(async () => {
-        id = (await post('/v1/desktops', { tier: 'small' })).id;
-        await post(`/v1/desktops/${id}/wake?wait=true`);
-      }));
-      hibernate.push(await timed(() => post(`/v1/desktops/${id}/hibernate?wait=true`)));
-      wake.push(await timed(() => post(`/v1/desktops/${id}/wake?wait=true`)));
-      await post(`/v1/desktops/${id}/destroy?wait=true`);
-      process.stderr.write(`lifecycle run ${i + 1}/${RUNS}\r`);
-    }
+    if (want('lifecycle')) {
+      // Lifecycle through the API.
+      const cold: number[] = [];
+      const hibernate: number[] = [];
+      const wake: number[] = [];
+      for (let i = 0; i < RUNS; i++) {
+        let id = '';
+        cold.push(await timed(async () => {
+          id = (await post('/v1/desktops', { tier: 'small' })).id;
+          await post(`/v1/desktops/${id}/wake?wait=true`);
+        }));
+        hibernate.push(await timed(() => post(`/v1/desktops/${id}/hibernate?wait=true`)));
+        wake.push(await timed(() => post(`/v1/desktops/${id}/wake?wait=true`)));
+        await post(`/v1/desktops/${id}/destroy?wait=true`);
+        process.stderr.write(`lifecycle run ${i + 1}/${RUNS}\r`);
+      }
 
-    // The same operations straight on the runtime driver.
-    const driver = await createSandboxDriver({ stateDir: join(dir, 'direct') });
-    const dCold: number[] = [];
-    const dHib: number[] = [];
-    const dWake: number[] = [];
-    for (let i = 0; i < RUNS; i++) {
-      const id = newId('desktop');
-      dCold.push(await timed(async () => {
-        await driver.prepare(id, 'small');
-        await driver.start({ desktopId: id, tier: 'small', firstBoot: null });
-      }));
-      dHib.push(await timed(() => driver.hibernate(id)));
-      dWake.push(await timed(() => driver.start({ desktopId: id, tier: 'small', firstBoot: null })));
-      await driver.destroy(id);
-    }
-    await driver.close();
-    const snapshots = driver.capabilities().memorySnapshots ? 'CRIU' : 'cold stop (no CRIU)';
-    table(`Lifecycle latency (ms, ${RUNS} runs each, hibernate = ${snapshots}); baseline = sandbox driver alone`, [
-      ['create → awake (cold boot)', median(cold), median(dCold), 'ms', '< 1000 ms'],
-      ['hibernate', median(hibernate), median(dHib), 'ms', '< 300 ms'],
-      ['wake from snapshot', median(wake), median(dWake), 'ms', '< 250 ms'],
-    ]);
+      // The same operations straight on the runtime driver.
+      const driver = await createSandboxDriver({ stateDir: join(dir, 'direct') });
+      const dCold: number[] = [];
+      const dHib: number[] = [];
+      const dWake: number[] = [];
+      for (let i = 0; i < RUNS; i++) {
+        const id = newId('desktop');
+        dCold.push(await timed(async () => {
+          await driver.prepare(id, 'small');
+          await driver.start({ desktopId: id, tier: 'small', firstBoot: null });
+        }));
+        dHib.push(await timed(() => driver.hibernate(id)));
+        dWake.push(await timed(() => driver.start({ desktopId: id, tier: 'small', firstBoot: null })));
+        await driver.destroy(id);
+      }
+      await driver.close();
+      const snapshots = driver.capabilities().memorySnapshots ? 'CRIU' : 'cold stop (no CRIU)';
+      table(`Lifecycle latency (ms, ${RUNS} runs each, hibernate = ${snapshots}); baseline = sandbox driver alone`, [
+        ['create → awake (cold boot)', median(cold), median(dCold), 'ms', '< 1000 ms'],
+        ['hibernate', median(hibernate), median(dHib), 'ms', '< 300 ms'],
+        ['wake from snapshot', median(wake), median(dWake), 'ms', '< 250 ms'],
+      ]);
 
-    // Read throughput: GET /v1/desktops/{id} against a bare HTTP server.
-    const id = (await post('/v1/desktops', { tier: 'small' })).id;
-    const bare = createServer((_req, res) => res.writeHead(200, { 'content-type': 'application/json' }).end('{"ok":true}'));
-    await new Promise<void>((r) => bare.listen(0, '127.0.0.1', r));
-    const bareUrl = `http://127.0.0.1:${(bare.address() as { port: number }).port}/`;
-    const throughput = async (url: string, hdrs: Record<string, string>) => {
-      const n = 400;
-      const concurrency = 16;
-      let next = 0;
-      const ms = await timed(() =>
-        Promise.all(Array.from({ length: concurrency }, async () => {
-          while (next++ < n) {
-            const res = await fetch(url, { headers: hdrs });
-            if (res.status !== 200) throw new Error(`GET ${url}: ${res.status}`);
-            await res.arrayBuffer();
-          }
-        })),
-      );
-      return (n / ms) * 1000;
-    };
-    const api: number[] = [];
-    const base: number[] = [];
-    for (let i = 0; i < RUNS; i++) {
-      base.push(await throughput(bareUrl, {}));
-      api.push(await throughput(`${scheduler.url}/v1/desktops/${id}`, { authorization: headers.authorization }));
-    }
-    bare.close();
-    table(`Read throughput (requests/s, 400 requests at concurrency 16, ${RUNS} rounds); baseline = bare node:http`, [
-      ['GET /v1/desktops/{id}', median(api), median(base), 'req/s', 'higher is better'],
-    ]);
+      // Read throughput: GET /v1/desktops/{id} against a bare HTTP server.
+      const id = (await post('/v1/desktops', { tier: 'small' })).id;
+      const bare = createServer((_req, res) => res.writeHead(200, { 'content-type': 'application/json' }).end('{"ok":true}'));
+      await new Promise<void>((r) => bare.listen(0, '127.0.0.1', r));
+      const bareUrl = `http://127.0.0.1:${(bare.address() as { port: number }).port}/`;
+      const throughput = async (url: string, hdrs: Record<string, string>) => {
+        const n = 400;
+        const concurrency = 16;
+        let next = 0;
+        const ms = await timed(() =>
+          Promise.all(Array.from({ length: concurrency }, async () => {
+            while (next++ < n) {
+              const res = await fetch(url, { headers: hdrs });
+              if (res.status !== 200) throw new Error(`GET ${url}: ${res.status}`);
+              await res.arrayBuffer();
+            }
+          })),
+        );
+        return (n / ms) * 1000;
+      };
+      const api: number[] = [];
+      const base: number[] = [];
+      for (let i = 0; i < RUNS; i++) {
+        base.push(await throughput(bareUrl, {}));
+        api.push(await throughput(`${scheduler.url}/v1/desktops/${id}`, { authorization: headers.authorization }));
+      }
+      bare.close();
+      table(`Read throughput (requests/s, 400 requests at concurrency 16, ${RUNS} rounds); baseline = bare node:http`, [
+        ['GET /v1/desktops/{id}', median(api), median(base), 'req/s', 'higher is better'],
+      ]);
 
-    await benchGuestOps({ schedulerUrl: scheduler.url, apiKey: key, runtimeDir: join(dir, 'agent', 'runtime'), runs: RUNS });
-    await benchFork({ schedulerUrl: scheduler.url, apiKey: key, runs: RUNS });
-    await benchComputerUse({ schedulerUrl: scheduler.url, apiKey: key, runs: RUNS });
-    await benchIngress({
-      schedulerUrl: scheduler.url,
-      ingressUrl: `http://127.0.0.1:${ingressPort}`,
-      apiKey: key,
-      runtimeDir: join(dir, 'agent', 'runtime'),
-      runs: RUNS,
-    });
-    await benchWebhooks({ databaseUrl: pg.url, runs: RUNS });
+    }
+    if (want('guest-ops')) await benchGuestOps({ schedulerUrl: scheduler.url, apiKey: key, runtimeDir: join(dir, 'agent', 'runtime'), runs: RUNS });
+    if (want('fork')) await benchFork({ schedulerUrl: scheduler.url, apiKey: key, runs: RUNS });
+    if (want('computer-use')) await benchComputerUse({ schedulerUrl: scheduler.url, apiKey: key, runs: RUNS });
+    if (want('ingress')) {
+      await benchIngress({
+        schedulerUrl: scheduler.url,
+        ingressUrl: `http://127.0.0.1:${ingressPort}`,
+        apiKey: key,
+        runtimeDir: join(dir, 'agent', 'runtime'),
+        runs: RUNS,
+      });
+    }
+    if (want('webhooks')) await benchWebhooks({ databaseUrl: pg.url, runs: RUNS });
   } finally {
     await agent.kill('SIGTERM');
     const cleaner = await createSandboxDriver({ stateDir: join(dir, 'agent', 'runtime') });
