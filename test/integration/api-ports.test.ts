@@ -610,6 +610,16 @@ describe('the ingress, through an agent on the FakeDriver', () => {
     expectIngressProblem(await through(url, '/', { headers: auth }), 404);
     expectIngressProblem(await through(url, '/', { headers: auth }), 404, 'again');
   });
+
+  it('forgets the exposures of a destroyed desktop', async () => {
+    const { url } = await expose(alice, desktopId, app.port, true);
+    expect((await through(url, '/')).status).toBe(200);
+    const gone = await alice('POST', `/v1/desktops/${desktopId}/destroy?wait=true`);
+    expect(gone.json.state, gone.text).toBe('succeeded');
+    const [row] = await sql<Array<{ n: number }>>`SELECT count(*)::int AS n FROM port_exposures WHERE desktop_id = ${desktopId}`;
+    expect(row?.n).toBe(0);
+    await until(async () => (await through(url, '/')).status === 404, ROUTE_CACHE_TTL_MS + 5_000, '404 once destroyed');
+  });
 });
 
 /* ------------------------------------------------------------------ helpers */

@@ -13,6 +13,7 @@ import { getDesktopById, insertForks, setPlacement, transition } from '../store/
 import { closeMeter, openMeter, recordEvent } from '../store/events.js';
 import { committedLoad, listHosts, slotsUsed } from '../store/hosts.js';
 import { hasOpenOperation, settleOperation } from '../store/operations.js';
+import { deleteExposuresOf } from '../store/ports.js';
 import type { DesktopRow, OperationRow } from '../store/rows.js';
 import type { AgentGateway } from '../agents/gateway.js';
 import type { SecretBox } from '../crypto/secret-box.js';
@@ -157,6 +158,7 @@ export async function destroy(deps: StepDeps, op: OperationRow): Promise<void> {
     const gone = await transition(tx, d.id, ['provisioning', 'awake', 'hibernated'], 'destroyed', { markDestroyed: true });
     if (!gone) throw new StepFailure('conflict', 'desktop changed state during destroy');
     await closeMeter(tx, d.id);
+    await deleteExposuresOf(tx, d.id);
     await recordEvent(tx, { orgId: d.org_id, desktopId: d.id, type: 'desktop.destroyed' });
     await settle(tx, deps, op, { generation: gone.generation });
   });

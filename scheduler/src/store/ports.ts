@@ -64,6 +64,11 @@ export async function getRoute(sql: Sql, desktopId: string, port: number): Promi
   return row ?? null;
 }
 
+/** Deletes every exposure of a desktop (it was destroyed: its URLs answer 404 from now on). */
+export async function deleteExposuresOf(sql: Sql, desktopId: string): Promise<void> {
+  await sql`DELETE FROM port_exposures WHERE desktop_id = ${desktopId}`;
+}
+
 /** Deletes the exposure; false when the desktop has none on that port. */
 export async function deleteExposure(sql: Sql, desktopId: string, port: number): Promise<boolean> {
   const rows = await sql`DELETE FROM port_exposures WHERE desktop_id = ${desktopId} AND port = ${port} RETURNING id`;
