@@ -263,9 +263,8 @@ export class CommandHandlers {
         const p = parse(StreamGrantPayload, raw, type);
         const stream = this.stream;
         if (stream === null) return Promise.reject(new AgentFailure('unsupported', 'streaming is turned off on this host', false));
+        // The scheduler granted it for an awake desktop; the gateway checks again when the client dials.
         return this.computerUse(type, p, async () => {
-          // The desktop must be awake now; the gateway checks again when the client dials.
-          await this.driver.getDisplay(p.desktop_id);
           const grant = stream.grant(p.desktop_id, p.claim);
           return { ticket: grant.ticket, expires_at: grant.expiresAt.toISOString(), host: grant.host, port: grant.port };
         });
