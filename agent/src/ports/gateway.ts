@@ -14,9 +14,10 @@
  * address. Nothing here logs a line (its signature is good for a minute), and every timer is
  * unref'd: the gateway never keeps the agent alive. A failing connection only ever closes itself.
  */
-import { createServer, type Server, type Socket } from 'node:net';
+import type { Socket } from 'node:net';
 import { PORT_LINK_MAX_LINE, verifyPortLinkLine, type PortLinkRefusal, type PortTarget } from '../../../shared/src/port-link.js';
 import { AgentFailure } from '../../../shared/src/protocol.js';
+import { LineListener, refuseWithLine } from '../line-listener.js';
 import type { GuestConnection } from '../runtime/driver.js';
 
 export interface PortGatewayOptions {
@@ -38,12 +39,6 @@ export interface PortGatewayOptions {
 }
 
 const DEFAULT_HANDSHAKE_MS = 10_000;
-/** Connections that have not sent their line yet; more are dropped at once. */
-const MAX_HANDSHAKES = 64;
-/** How long a refused connection may stay half-open for its `ERR` line to reach the client. */
-const LINGER_MS = 2_000;
-/** Dead peers are found by TCP keepalive, so that their guest connection does not stay open. */
-const KEEPALIVE_MS = 30_000;
 
 /** AgentFailure codes that mean the desktop is not running here at the signed generation. */
 const GONE = new Set(['not_running', 'not_found', 'stale_generation']);
@@ -63,96 +58,41 @@ interface Relay {
 }
 
 export class PortGateway {
-  /** Every open client connection, whatever its state. */
-  private readonly sockets = new Set<Socket>();
-  private readonly handshakes = new Set<Socket>();
   private readonly relays = new Set<Relay>();
-  private closing = false;
+  private listener!: LineListener;
 
-  private constructor(
-    private readonly server: Server,
-    private readonly options: PortGatewayOptions,
-    readonly port: number,
-  ) {
-    server.on('connection', (socket) => this.accept(socket));
-  }
+  private constructor(private readonly options: PortGatewayOptions) {}
 
   static async start(options: PortGatewayOptions): Promise<PortGateway> {
-    // allowHalfOpen: a client's end must not end our side too, or the guest's answer is lost.
-    const server = createServer({ noDelay: true, keepAlive: true, keepAliveInitialDelay: KEEPALIVE_MS, allowHalfOpen: true });
-    await new Promise<void>((resolve, reject) => {
-      server.once('error', reject);
-      server.listen(options.port, options.listenHost, () => {
-        server.off('error', reject);
-        resolve();
-      });
+    const gateway = new PortGateway(options);
+    gateway.listener = await LineListener.start({
+      listenHost: options.listenHost,
+      port: options.port,
+      maxLineBytes: PORT_LINK_MAX_LINE,
+      handshakeTimeoutMs: options.handshakeTimeoutMs ?? DEFAULT_HANDSHAKE_MS,
+      // A client's end must not end our side too, or the guest's answer is lost.
+      allowHalfOpen: true,
+      name: 'port gateway',
+      log: options.log,
+      onLine: (socket, line, early) => void gateway.begin(socket, line, early),
+      onNoLine: (socket, why) => gateway.refuse(socket, 'unauthorized', null, `no line (${why})`),
     });
-    // A failing accept must not crash the agent.
-    server.on('error', (err) => options.log('port gateway error', { error: String(err) }));
-    const address = server.address();
-    const port = typeof address === 'object' && address !== null ? address.port : options.port;
-    options.log('port gateway listening', { host: options.listenHost, port });
-    return new PortGateway(server, options, port);
+    return gateway;
+  }
+
+  get port(): number {
+    return this.listener.port;
   }
 
   /** Stops listening and closes every connection, the guest ends included. */
   async close(): Promise<void> {
-    this.closing = true;
-    const closed = new Promise<void>((resolve) => this.server.close(() => resolve()));
+    const closed = this.listener.close();
     for (const relay of this.relays) relay.guest?.destroy();
-    for (const socket of this.sockets) socket.destroy();
     await closed;
   }
 
-  /** Reads the opening line, with a deadline and a length limit. */
-  private accept(socket: Socket): void {
-    socket.on('error', () => undefined);
-    if (this.closing || this.handshakes.size >= MAX_HANDSHAKES) {
-      socket.destroy();
-      return;
-    }
-    this.sockets.add(socket);
-    socket.once('close', () => this.sockets.delete(socket));
-    this.handshakes.add(socket);
-    let head: Buffer = Buffer.alloc(0);
-    const timer = setTimeout(() => {
-      done();
-      this.refuse(socket, 'unauthorized', null, 'no line in time');
-    }, this.options.handshakeTimeoutMs ?? DEFAULT_HANDSHAKE_MS);
-    timer.unref();
-    const done = () => {
-      clearTimeout(timer);
-      socket.off('data', onData);
-      socket.off('end', onEnd);
-      this.handshakes.delete(socket);
-    };
-    const onData = (chunk: Buffer) => {
-      head = head.length === 0 ? chunk : Buffer.concat([head, chunk]);
-      const nl = head.indexOf(0x0a);
-      if (nl < 0 && head.length < PORT_LINK_MAX_LINE) return;
-      done();
-      // The line, newline included, fits in PORT_LINK_MAX_LINE bytes; a longer one is not read on.
-      if (nl < 0 || nl >= PORT_LINK_MAX_LINE) {
-        this.refuse(socket, 'unauthorized', null, 'line too long');
-        return;
-      }
-      // Anything after the line is the client's first bytes for the guest: held until it is open.
-      socket.pause();
-      const line = head.subarray(0, nl).toString('latin1').replace(/\r$/, '');
-      void this.begin(socket, line, head.subarray(nl + 1));
-    };
-    // A client that ends before its newline sent no line.
-    const onEnd = () => {
-      done();
-      this.refuse(socket, 'unauthorized', null, 'no line');
-    };
-    socket.on('data', onData);
-    socket.once('end', onEnd);
-    socket.once('close', done);
-  }
-
   private async begin(client: Socket, line: string, early: Buffer): Promise<void> {
-    if (this.closing) {
+    if (this.listener.closing) {
       client.destroy();
       return;
     }
@@ -172,7 +112,7 @@ export class PortGateway {
       return;
     }
     guest.on('error', () => undefined);
-    if (client.destroyed || this.closing) {
+    if (client.destroyed || this.listener.closing) {
       // The client left, or the gateway closed, while the port was being opened.
       guest.destroy();
       return;
@@ -207,18 +147,13 @@ export class PortGateway {
     client.pipe(guest);
   }
 
-  /** Writes `ERR <code>` and closes; unread input is drained so the line is not lost to a reset. */
+  /** Logs the refusal (never the line) and answers it with `ERR <code>`. */
   private refuse(socket: Socket, code: PortLinkRefusal, target: PortTarget | null, why: unknown): void {
     this.options.log('port connection refused', {
       code, remote: socket.remoteAddress, desktopId: target?.desktopId, port: target?.port,
       reason: why instanceof Error ? why.message : String(why),
     });
-    if (socket.destroyed) return;
-    socket.end(`ERR ${code}\n`);
-    socket.resume();
-    const timer = setTimeout(() => socket.destroy(), LINGER_MS);
-    timer.unref();
-    socket.once('close', () => clearTimeout(timer));
+    refuseWithLine(socket, code);
   }
 
   private finish(relay: Relay): void {

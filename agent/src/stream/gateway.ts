@@ -12,9 +12,10 @@
  *
  * Nothing here logs a ticket, and every timer is unref'd: the gateway never keeps the agent alive.
  */
-import { createServer, type Server, type Socket } from 'node:net';
+import type { Socket } from 'node:net';
 import type { StreamClaim } from '../../../shared/src/computer-use.js';
 import { AgentFailure } from '../../../shared/src/protocol.js';
+import { LineListener, LINGER_MS, refuseWithLine } from '../line-listener.js';
 import type { VncSession } from '../runtime/driver.js';
 import { TicketBook, type Lease } from './tickets.js';
 
@@ -48,12 +49,6 @@ const DEFAULT_TTL_MS = 60_000;
 const DEFAULT_HANDSHAKE_MS = 10_000;
 /** The ticket line, newline included. */
 const MAX_LINE_BYTES = 256;
-/** Connections that have not presented a ticket yet; more are dropped at once. */
-const MAX_HANDSHAKES = 64;
-/** How long a closing connection may stay half-open for its last bytes to reach the client. */
-const LINGER_MS = 2_000;
-/** Dead clients are found by TCP keepalive, so that their control claim does not stay held. */
-const KEEPALIVE_MS = 30_000;
 
 /** A client that presented a good ticket, from then until its connection closes. */
 interface Connection {
@@ -67,41 +62,36 @@ interface Connection {
 
 export class StreamGateway {
   private readonly book: TicketBook;
-  /** Every open client connection, whatever its state. */
-  private readonly sockets = new Set<Socket>();
-  private readonly handshakes = new Set<Socket>();
   private readonly connections = new Set<Connection>();
-  private closing = false;
+  private listener!: LineListener;
 
-  private constructor(
-    private readonly server: Server,
-    private readonly options: StreamGatewayOptions,
-    readonly port: number,
-  ) {
+  private constructor(private readonly options: StreamGatewayOptions) {
     this.book = new TicketBook(options.ticketTtlMs ?? DEFAULT_TTL_MS);
-    server.on('connection', (socket) => this.accept(socket));
   }
 
   static async start(options: StreamGatewayOptions): Promise<StreamGateway> {
-    const server = createServer({ noDelay: true, keepAlive: true, keepAliveInitialDelay: KEEPALIVE_MS });
-    await new Promise<void>((resolve, reject) => {
-      server.once('error', reject);
-      server.listen(options.port, options.listenHost, () => {
-        server.off('error', reject);
-        resolve();
-      });
+    const gateway = new StreamGateway(options);
+    gateway.listener = await LineListener.start({
+      listenHost: options.listenHost,
+      port: options.port,
+      maxLineBytes: MAX_LINE_BYTES,
+      handshakeTimeoutMs: options.handshakeTimeoutMs ?? DEFAULT_HANDSHAKE_MS,
+      name: 'stream gateway',
+      log: options.log,
+      onLine: (socket, line, early) => void gateway.begin(socket, line, early),
+      // An over-long line is answered; silence and a client gone before its ticket are not.
+      onNoLine: (socket, why) => (why === 'too_long' ? gateway.refuse(socket, 'invalid_ticket', null) : socket.destroy()),
     });
-    // A failing accept must not crash the agent.
-    server.on('error', (err) => options.log('stream gateway error', { error: String(err) }));
-    const address = server.address();
-    const port = typeof address === 'object' && address !== null ? address.port : options.port;
-    options.log('stream gateway listening', { host: options.listenHost, port });
-    return new StreamGateway(server, options, port);
+    return gateway;
+  }
+
+  get port(): number {
+    return this.listener.port;
   }
 
   /** Issues a single-use ticket; `control_claimed` or `too_large` when the claim cannot be had. */
   grant(desktopId: string, claim: StreamClaim): StreamGrant {
-    if (this.closing) throw new AgentFailure('runtime_error', 'the stream gateway is closed', true);
+    if (this.listener.closing) throw new AgentFailure('runtime_error', 'the stream gateway is closed', true);
     const { ticket, expiresAt } = this.book.issue(desktopId, claim);
     this.options.log('stream ticket granted', { desktopId, claim, expiresAt: new Date(expiresAt).toISOString() });
     return { ticket, expiresAt: new Date(expiresAt), host: this.options.advertiseHost, port: this.port };
@@ -121,52 +111,14 @@ export class StreamGateway {
   }
 
   async close(): Promise<void> {
-    this.closing = true;
-    const closed = new Promise<void>((resolve) => this.server.close(() => resolve()));
     const sessions = [...this.connections].map((conn) => conn.opening.then((session) => session?.closed));
-    for (const socket of this.sockets) socket.destroy();
+    const closed = this.listener.close();
     this.book.clear();
     await Promise.all([closed, ...sessions]);
   }
 
-  /** Reads the ticket line, with a deadline and a length limit. */
-  private accept(socket: Socket): void {
-    socket.on('error', () => undefined);
-    if (this.closing || this.handshakes.size >= MAX_HANDSHAKES) {
-      socket.destroy();
-      return;
-    }
-    this.sockets.add(socket);
-    socket.once('close', () => this.sockets.delete(socket));
-    this.handshakes.add(socket);
-    let head: Buffer = Buffer.alloc(0);
-    const timer = setTimeout(() => socket.destroy(), this.options.handshakeTimeoutMs ?? DEFAULT_HANDSHAKE_MS);
-    timer.unref();
-    const done = () => {
-      clearTimeout(timer);
-      socket.off('data', onData);
-      this.handshakes.delete(socket);
-    };
-    const onData = (chunk: Buffer) => {
-      head = head.length === 0 ? chunk : Buffer.concat([head, chunk]);
-      const nl = head.indexOf(0x0a);
-      if (nl < 0 && head.length < MAX_LINE_BYTES) return;
-      done();
-      if (nl < 0 || nl >= MAX_LINE_BYTES) {
-        this.refuse(socket, 'invalid_ticket', null);
-        return;
-      }
-      // Anything after the line is the client's first RFB bytes: hold them until the server runs.
-      socket.pause();
-      const line = head.subarray(0, nl).toString('latin1').replace(/\r$/, '');
-      void this.begin(socket, line, head.subarray(nl + 1));
-    };
-    socket.on('data', onData);
-    socket.once('close', done);
-  }
-
   private async begin(socket: Socket, line: string, early: Buffer): Promise<void> {
-    if (this.closing) {
+    if (this.listener.closing) {
       socket.destroy();
       return;
     }
@@ -211,17 +163,12 @@ export class StreamGateway {
     void session.closed.then(() => this.hangUp(conn, LINGER_MS));
   }
 
-  /** Writes `ERR <code>` and closes; unread input is drained so the line is not lost to a reset. */
+  /** Logs the refusal (never the ticket) and answers it with `ERR <code>`. */
   private refuse(socket: Socket, code: StreamRefusal, lease: Lease | null, err?: unknown): void {
     this.options.log('stream connection refused', {
       code, remote: socket.remoteAddress, desktopId: lease?.desktopId, ...(err === undefined ? {} : { error: String(err) }),
     });
-    if (socket.destroyed) return;
-    socket.end(`ERR ${code}\n`);
-    socket.resume();
-    const timer = setTimeout(() => socket.destroy(), LINGER_MS);
-    timer.unref();
-    socket.once('close', () => clearTimeout(timer));
+    refuseWithLine(socket, code);
   }
 
   /** Closes the connection: at once, or after ending it and a grace for the last bytes. */

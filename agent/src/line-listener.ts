@@ -1,0 +1,140 @@
+/**
+ * What the agent's two TCP gateways share (stream/gateway.ts for VNC clients, ports/gateway.ts
+ * for the scheduler's ingress): a listener whose clients open with one line — a ticket, a signed
+ * target — before anything else. It reads that line with a length limit and a deadline, caps the
+ * connections still owing one, and hands the line and whatever bytes followed it to the gateway;
+ * the gateway decides what the line means and relays from there. A refusal is one `ERR` line.
+ *
+ * Every timer is unref'd and every socket error is swallowed here: a gateway never keeps the
+ * agent alive, and a failing connection only ever closes itself.
+ */
+import { createServer, type Server, type Socket } from 'node:net';
+
+export interface LineListenerOptions {
+  /** Address and TCP port to listen on; port 0 picks a free one (see `port`). */
+  readonly listenHost: string;
+  readonly port: number;
+  /** The line, newline included, must fit in this many bytes. */
+  readonly maxLineBytes: number;
+  readonly handshakeTimeoutMs: number;
+  /** Keep a client's half-close from ending our side too (the answer may still be flowing). */
+  readonly allowHalfOpen?: boolean;
+  /** For the log lines, e.g. `stream gateway`. */
+  readonly name: string;
+  readonly log: (msg: string, fields?: object) => void;
+  /** A line (without its newline or a trailing CR) and the bytes after it; the socket is paused. */
+  readonly onLine: (socket: Socket, line: string, early: Buffer) => void;
+  /** No usable line: over the limit, not in time, or the client ended first. */
+  readonly onNoLine: (socket: Socket, why: 'too_long' | 'timeout' | 'ended') => void;
+}
+
+/** Connections that have not sent their line yet; more are dropped at once. */
+const MAX_HANDSHAKES = 64;
+/** Dead peers are found by TCP keepalive, so that what they hold does not stay held. */
+const KEEPALIVE_MS = 30_000;
+/** How long a refused connection may stay half-open for its `ERR` line to reach the client. */
+export const LINGER_MS = 2_000;
+
+export class LineListener {
+  /** Every open client connection, whatever its state. */
+  private readonly sockets = new Set<Socket>();
+  private readonly handshakes = new Set<Socket>();
+  private closingFlag = false;
+
+  private constructor(
+    private readonly server: Server,
+    private readonly options: LineListenerOptions,
+    readonly port: number,
+  ) {
+    server.on('connection', (socket) => this.accept(socket));
+  }
+
+  static async start(options: LineListenerOptions): Promise<LineListener> {
+    const server = createServer({
+      noDelay: true,
+      keepAlive: true,
+      keepAliveInitialDelay: KEEPALIVE_MS,
+      allowHalfOpen: options.allowHalfOpen ?? false,
+    });
+    await new Promise<void>((resolve, reject) => {
+      server.once('error', reject);
+      server.listen(options.port, options.listenHost, () => {
+        server.off('error', reject);
+        resolve();
+      });
+    });
+    // A failing accept must not crash the agent.
+    server.on('error', (err) => options.log(`${options.name} error`, { error: String(err) }));
+    const address = server.address();
+    const port = typeof address === 'object' && address !== null ? address.port : options.port;
+    options.log(`${options.name} listening`, { host: options.listenHost, port });
+    return new LineListener(server, options, port);
+  }
+
+  get closing(): boolean {
+    return this.closingFlag;
+  }
+
+  /** Stops listening and destroys every connection; resolves once the listener is closed. */
+  close(): Promise<void> {
+    this.closingFlag = true;
+    const closed = new Promise<void>((resolve) => this.server.close(() => resolve()));
+    for (const socket of this.sockets) socket.destroy();
+    return closed;
+  }
+
+  private accept(socket: Socket): void {
+    socket.on('error', () => undefined);
+    if (this.closingFlag || this.handshakes.size >= MAX_HANDSHAKES) {
+      socket.destroy();
+      return;
+    }
+    this.sockets.add(socket);
+    socket.once('close', () => this.sockets.delete(socket));
+    this.handshakes.add(socket);
+    const { maxLineBytes, onLine, onNoLine } = this.options;
+    let head: Buffer = Buffer.alloc(0);
+    const timer = setTimeout(() => {
+      done();
+      onNoLine(socket, 'timeout');
+    }, this.options.handshakeTimeoutMs);
+    timer.unref();
+    const done = () => {
+      clearTimeout(timer);
+      socket.off('data', onData);
+      socket.off('end', onEnd);
+      this.handshakes.delete(socket);
+    };
+    const onData = (chunk: Buffer) => {
+      head = head.length === 0 ? chunk : Buffer.concat([head, chunk]);
+      const nl = head.indexOf(0x0a);
+      if (nl < 0 && head.length < maxLineBytes) return;
+      done();
+      // A longer line is not read on.
+      if (nl < 0 || nl >= maxLineBytes) {
+        onNoLine(socket, 'too_long');
+        return;
+      }
+      // What follows the line is the client's first bytes for the other side: held until it is open.
+      socket.pause();
+      onLine(socket, head.subarray(0, nl).toString('latin1').replace(/\r$/, ''), head.subarray(nl + 1));
+    };
+    const onEnd = () => {
+      done();
+      onNoLine(socket, 'ended');
+    };
+    socket.on('data', onData);
+    socket.once('end', onEnd);
+    socket.once('close', done);
+  }
+}
+
+/** Writes `ERR <code>` and closes; unread input is drained so the line is not lost to a reset. */
+export function refuseWithLine(socket: Socket, code: string): void {
+  if (socket.destroyed) return;
+  socket.end(`ERR ${code}\n`);
+  socket.resume();
+  const timer = setTimeout(() => socket.destroy(), LINGER_MS);
+  timer.unref();
+  socket.once('close', () => clearTimeout(timer));
+}
