@@ -19,15 +19,16 @@
  * destroy can wait for it or kill it; a call killed that way fails with `not_running`.
  */
 import { spawn, type ChildProcess } from 'node:child_process';
-import type { Socket } from 'node:net';
 import { PassThrough, type Readable, type Writable } from 'node:stream';
 import { AgentFailure, type AgentErrorCode } from '../../../../shared/src/protocol.js';
 import { cgroupDirs, JOIN_FAILED, joinArgv } from './cgroups.js';
 import { guestHelperProgram, helperRequest, warmHelperProgram, type HelperOp } from './guest-helper.js';
 import { GUEST_CAPS, GUEST_ENV, GUEST_PATH } from './guest-init.js';
 import { killTree } from './host-procs.js';
+import type { HandoffScope } from './guest-handoff.js';
 import type { GuestOp } from './in-flight.js';
 import { WARM_PROLOGUE } from './warm-perl.js';
+import type { WarmConnection } from './warm-pool.js';
 
 export interface GuestTarget {
   readonly desktopId: string;
@@ -36,7 +37,7 @@ export interface GuestTarget {
   /** The in-flight registration; null for the driver's own calls under the lifecycle mutex. */
   readonly op: GuestOp | null;
   /** A connection to the desktop's warm file server, if one is ready (null: start cold). */
-  readonly warm?: () => Promise<Socket | null>;
+  readonly warm?: () => Promise<WarmConnection | null>;
 }
 
 export interface CallOptions {
@@ -59,6 +60,8 @@ interface Channel {
   readonly stderr: Readable | null;
   /** Resolves when the helper is finished with (exited, or the connection closed). */
   readonly closed: Promise<void>;
+  /** The host process started for the call, which the helper descends from. */
+  readonly hostRoot: number | null;
   kill(): Promise<void>;
 }
 
@@ -72,6 +75,7 @@ function coldChannel(child: ChildProcess): Channel {
     stdout: child.stdout as Readable,
     stderr: child.stderr,
     closed,
+    hostRoot: child.pid ?? null,
     kill: async () => {
       if (child.pid !== undefined && child.exitCode === null && child.signalCode === null) await killTree(child.pid);
     },
@@ -88,7 +92,7 @@ function coldChannel(child: ChildProcess): Channel {
  * read ends (an upload without its end marker changes nothing). A recursive delete's rm may run on
  * until done; hibernate and destroy kill the server's whole group anyway.
  */
-function warmChannel(socket: Socket): Channel {
+function warmChannel({ socket, serverPid }: WarmConnection): Channel {
   const stdout = new PassThrough();
   socket.on('data', (chunk: Buffer) => {
     if (!stdout.write(chunk)) socket.pause();
@@ -105,6 +109,7 @@ function warmChannel(socket: Socket): Channel {
     stdout,
     stderr: null,
     closed: new Promise<void>((resolve) => socket.once('close', () => resolve())),
+    hostRoot: serverPid,
     kill: async () => {
       socket.destroy();
     },
@@ -123,6 +128,7 @@ export class GuestCall {
   private readonly exited: Promise<void>;
   /** The helper is done: no deadline is armed any more (one armed now would never be cleared). */
   private finished = false;
+  private readonly releases: Array<() => Promise<void>> = [];
 
   private constructor(
     private readonly target: GuestTarget,
@@ -151,14 +157,14 @@ export class GuestCall {
     let channel: Channel | null = null;
     if (!opts.guestCaps && target.warm !== undefined) {
       const request = helperRequest(op, args);
-      const socket = await target.warm();
+      const warm = await target.warm();
       if (target.op?.cancelled) {
-        socket?.destroy();
+        warm?.socket.destroy();
         throw stopping(target.desktopId);
       }
-      if (socket !== null) {
-        socket.write(request);
-        channel = warmChannel(socket);
+      if (warm !== null) {
+        warm.socket.write(request);
+        channel = warmChannel(warm);
       }
     }
     channel ??= coldChannel(spawnHelper(target, op, args, opts.guestCaps === true));
@@ -176,11 +182,41 @@ export class GuestCall {
     }, ms);
   }
 
+  /** Stops the deadline: the caller waits on something that has its own (an upload's sender). */
+  disarm(): void {
+    clearTimeout(this.timer);
+  }
+
+  /** Where the helper of this call runs, for a file handoff (guest-handoff.ts). */
+  handoffScope(): HandoffScope {
+    if (this.channel.hostRoot === null) throw new AgentFailure('runtime_error', 'guest helper did not start', true);
+    return { root: this.channel.hostRoot, initPid: this.target.initPid };
+  }
+
+  /**
+   * Runs `release` (closing a handed-off file) before the helper is killed, so that a stop that
+   * kills this call leaves nothing of the guest open in the agent.
+   */
+  holdUntilKilled(release: () => Promise<void>): void {
+    this.releases.push(release);
+  }
+
+  /** True once the helper has exited (or its connection closed): the call is over. */
+  get isFinished(): boolean {
+    return this.finished;
+  }
+
+  /** Resolves when the helper has exited (or its connection closed). */
+  whenFinished(): Promise<void> {
+    return this.exited;
+  }
+
   /**
    * Kills the helper and drops what it sent and nobody read: the call counts as finished (and
    * leaves the in-flight set) only once its stdout is closed, which unread data would prevent.
    */
   async kill(): Promise<void> {
+    await Promise.all(this.releases.splice(0).map((release) => release().catch(() => undefined)));
     await this.channel.kill();
     this.channel.stdout.destroy();
   }
@@ -304,7 +340,8 @@ export class GuestCall {
     return new AgentFailure('runtime_error', `guest helper failed${detail ? `: ${detail}` : ''}`, true);
   }
 
-  private shortBody(): AgentFailure {
+  /** Why a body stopped short: the deadline, a stop of the desktop, or the file itself. */
+  shortBody(): AgentFailure {
     if (this.timedOut) return this.timeoutFailure();
     if (this.target.op?.cancelled) return stopping(this.target.desktopId);
     return new AgentFailure('runtime_error', 'file ended early (changed while being read?)', true);

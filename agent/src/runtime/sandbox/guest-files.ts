@@ -4,14 +4,17 @@
  * the arguments, frames upload data, and turns the helper's replies into the driver's types.
  *
  * Streaming: a read returns as soon as the helper has opened the file and reported its size; the
- * body then flows from the helper's stdout as the consumer pulls it. An upload is sent one chunk at
- * a time, each written only after the previous one has drained, so the agent never holds more than
- * the chunk it was given. Names are bytes in the guest and strings here: they are decoded as UTF-8,
+ * body then flows from the helper's stdout as the consumer pulls it, or, from 128 KiB on, from the
+ * agent's own descriptor of the helper's file (guest-handoff.ts). A replacing write is handed off
+ * the same way: the agent writes into the helper's anonymous temporary and the helper commits it.
+ * An append is sent to the helper one chunk at a time, each written only after the previous one
+ * has drained, so the agent never holds more than the chunk it was given. Names are bytes in the guest and strings here: they are decoded as UTF-8,
  * and a name that is not valid UTF-8 comes out with U+FFFD in place of the bad bytes.
  */
 import { AgentFailure } from '../../../../shared/src/protocol.js';
 import type { DirEntry, DirListing, FileRead, FileReadSpec, FileStat, FileType, FileWriteSpec } from '../driver.js';
 import { GuestCall, type GuestTarget } from './guest-call.js';
+import { BatchedWriter, openHandedFile, parseHandedFile, type HandedFile } from './guest-handoff.js';
 import { MAX_APPEND_BYTES } from './guest-helper.js';
 
 /** Deadline of a metadata operation (stat, list, delete) and of the status line of a read. */
@@ -20,6 +23,13 @@ const META_MS = 30_000;
 const COMMIT_MS = 30_000;
 /** A read whose consumer (or helper) makes no progress for this long is ended. */
 const BODY_IDLE_MS = 60_000;
+/**
+ * Reads of at least this many bytes are handed off (guest-handoff.ts): below it, the helper's pipe
+ * is cheaper than the agent's extra checks and open.
+ */
+export const HANDOFF_READ_MIN_BYTES = 128 * 1024;
+/** A handed-off read moves the file in pieces of this size. */
+const HANDOFF_PIECE_BYTES = 256 * 1024;
 /** A listing reply: 2000 entries of at most 255-byte names fit many times over. */
 const MAX_LISTING_BYTES = 64 * 1024 * 1024;
 
@@ -108,29 +118,74 @@ export async function readGuest(target: GuestTarget, spec: FileReadSpec): Promis
   }
   const offset = spec.offset === null ? '-' : String(spec.offset);
   const length = spec.offset === null ? '0' : String(spec.length);
-  const call = await GuestCall.start(target, 'read', [spec.path, offset, length, String(spec.maxWholeBytes)], {
-    timeoutMs: META_MS,
-  });
-  const [sizeText, lengthText] = await call.status();
+  const args = [spec.path, offset, length, String(spec.maxWholeBytes), String(HANDOFF_READ_MIN_BYTES)];
+  const call = await GuestCall.start(target, 'read', args, { timeoutMs: META_MS });
+  const [sizeText, lengthText, ...handed] = await call.status();
   const size = count(sizeText);
   const bytes = count(lengthText);
   const from = spec.offset ?? 0;
   if (bytes > size || (spec.offset !== null && bytes > spec.length)) throw malformed();
-  return { size, length: bytes, eof: from + bytes >= size, body: call.body(bytes, BODY_IDLE_MS) };
+  const body = handed.length === 0 ? call.body(bytes, BODY_IDLE_MS) : handedBody(call, parseHandedFile(handed), from, bytes);
+  return { size, length: bytes, eof: from + bytes >= size, body };
+}
+
+/**
+ * The body of a handed-off read: the agent's own descriptor of the helper's file, read from
+ * `from`. The helper waits meanwhile (its registration in flight lasts as long), and is let go when
+ * the body ends; a stop that kills the call closes the descriptor first.
+ */
+function handedBody(call: GuestCall, file: HandedFile, from: number, length: number): AsyncGenerator<Buffer> {
+  const handle = openHandedFile(call.handoffScope(), file, 'read');
+  let closed = false;
+  const close = () => {
+    closed = true;
+    handle.close();
+  };
+  call.holdUntilKilled(async () => close());
+  call.arm(BODY_IDLE_MS);
+  async function* pieces(): AsyncGenerator<Buffer> {
+    let at = from;
+    let complete = false;
+    try {
+      while (at < from + length) {
+        if (closed || call.isFinished) throw call.shortBody();
+        const want = Math.min(HANDOFF_PIECE_BYTES, from + length - at);
+        const buffer = Buffer.allocUnsafe(want);
+        const bytesRead = await handle.read(buffer, at);
+        if (bytesRead === 0) throw call.shortBody();
+        at += bytesRead;
+        call.arm(BODY_IDLE_MS);
+        yield bytesRead === want ? buffer : buffer.subarray(0, bytesRead);
+      }
+      complete = true;
+    } finally {
+      close();
+      // The helper exits once its input ends; a body left unfinished kills it instead.
+      if (complete) {
+        call.stdin.end();
+        call.arm(META_MS);
+      } else {
+        await call.kill();
+      }
+    }
+  }
+  return pieces();
 }
 
 const REPLIED: unique symbol = Symbol('replied');
 
 /**
- * Streams `body` to the helper as length-prefixed chunks and commits with a zero-length one. If
+ * A replacing write is handed off (writeHandedOff). An append streams `body` to the helper as
+ * length-prefixed chunks and commits with a zero-length one. If
  * the body throws, stdin is closed without the commit marker, so the helper throws its work away,
  * and the body's own error is rethrown. If the helper answers early (an error before the data is
  * all sent), sending stops and its answer is the result.
  */
 export async function writeGuest(target: GuestTarget, spec: FileWriteSpec, body: AsyncIterable<Buffer>): Promise<void> {
   assertGuestPath(spec.path);
-  if (spec.appendAt !== null) assertCount(spec.appendAt, 'append offset');
-  const at = spec.appendAt === null ? '-' : String(spec.appendAt);
+  if (spec.appendAt === null) return writeHandedOff(target, spec.path, body);
+  assertCount(spec.appendAt, 'append offset');
+  const at = String(spec.appendAt);
   const call = await GuestCall.start(target, 'write', [spec.path, at, String(MAX_APPEND_BYTES)], { timeoutMs: null });
   const status = call.status();
   const replied: Promise<typeof REPLIED> = status.then(
@@ -167,6 +222,49 @@ export async function writeGuest(target: GuestTarget, spec: FileWriteSpec, body:
     throw bodyError.error;
   }
   await status;
+}
+
+/**
+ * A replacing write, handed off: the helper opens the anonymous temporary and names it; the agent
+ * writes the body straight into it and sends the commit marker, and the helper swaps it in. A body
+ * that throws (or a stop) kills the helper before the marker, so the temporary vanishes with it.
+ */
+async function writeHandedOff(target: GuestTarget, path: string, body: AsyncIterable<Buffer>): Promise<void> {
+  const call = await GuestCall.start(target, 'write', [path, '-', String(MAX_APPEND_BYTES), 'h'], { timeoutMs: META_MS });
+  const handle = openHandedFile(call.handoffScope(), parseHandedFile(await call.status()), 'write');
+  let closed = false;
+  const close = () => {
+    closed = true;
+    handle.close();
+  };
+  call.holdUntilKilled(async () => close());
+  // The body may come as slowly as its sender pleases; the deadline is the commit's, set below.
+  call.disarm();
+  // A stop (or the guest) may end the helper while the body is waiting for its sender.
+  const gone: Promise<typeof REPLIED> = call.whenFinished().then(() => REPLIED);
+  const it = body[Symbol.asyncIterator]();
+  const writer = new BatchedWriter(handle);
+  try {
+    for (;;) {
+      const next = it.next();
+      next.catch(() => undefined); // it may lose the race below and fail later, unobserved
+      const step = await Promise.race([next, gone]);
+      if (step === REPLIED || closed) throw call.shortBody();
+      if (step.done) break;
+      writer.write(step.value);
+    }
+    await writer.flush();
+    close();
+  } catch (error) {
+    void Promise.resolve(it.return?.()).catch(() => undefined);
+    close();
+    await call.kill();
+    throw error;
+  }
+  await call.send('0\n');
+  call.stdin.end();
+  call.arm(COMMIT_MS);
+  await call.status();
 }
 
 export async function deleteGuest(target: GuestTarget, path: string, recursive: boolean): Promise<void> {

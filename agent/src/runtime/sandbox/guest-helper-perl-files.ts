@@ -105,6 +105,14 @@ if ($offset eq '-') {
   $from = num($offset);
   $len = $from >= $size ? 0 : $size - $from < $length ? $size - $from : $length;
 }
+if (defined $arg[4] && $len > 0 && $len >= num($arg[4])) {
+  # Handoff (guest-handoff.ts): the agent opens this very descriptor through /proc and reads the
+  # bytes itself; the file stays open here until the agent ends the call.
+  my @st = stat($fh);
+  out("OK $size $len $$ " . fileno($fh) . " $st[0] $st[1]\n");
+  1 while sysread(STDIN, my $ignored, 4096);
+  exit 0;
+}
 out("OK $size $len\n");
 sysseek($fh, $from, 0) if $len > 0;
 my $buf;
@@ -118,7 +126,7 @@ while ($len > 0) {
 `;
 
   const write = String.raw`
-my ($path, $at, $max) = ($arg[0], $arg[1], num($arg[2]));
+my ($path, $at, $max, $handoff) = ($arg[0], $arg[1], num($arg[2]), ($arg[3] // '') eq 'h');
 my $target = follow($path);
 if ($at eq '-') {
   my @st = stat($target);
@@ -144,9 +152,18 @@ if ($at eq '-') {
     $tmp = child($dir, ".canto-write-$$-" . int(rand(1e9)));
     sysopen($fh, $tmp, ${k.O_WRONLY_CREAT_EXCL}, 0600) or oserr('cannot write', 1);
   }
-  my $done = receive(sub {
-    put($fh, $_[0]) or do { my $err = $!; unlink($tmp) if defined $tmp; $! = $err; oserr('cannot write', 1); };
-  });
+  my $done;
+  if ($handoff) {
+    # The agent writes the content through this descriptor (guest-handoff.ts), then sends the
+    # commit marker alone; data on the connection would be a protocol error.
+    my @fs = stat($fh);
+    out("OK $$ " . fileno($fh) . " $fs[0] $fs[1]\n");
+    $done = receive(sub { unlink($tmp) if defined $tmp; fail('bad_request', 'data sent on a handed-off write'); });
+  } else {
+    $done = receive(sub {
+      put($fh, $_[0]) or do { my $err = $!; unlink($tmp) if defined $tmp; $! = $err; oserr('cannot write', 1); };
+    });
+  }
   if (!$done) { unlink($tmp) if defined $tmp; fail('aborted', 'the upload ended before its end marker'); }
   if (@st) { chown($st[4], $st[5], $fh); chmod($st[2] & 07777, $fh); } else { chmod(0644, $fh); }
   if (!defined $tmp) {

@@ -24,11 +24,16 @@
  * Ops and their OK fields:
  *   stat <path>                    OK <type> <size> <mtime ms> <octal mode>
  *   list <path> <limit>            OK <truncated 0|1>, then per entry `<type> <size> <mtime ms> <name>\0`
- *   read <path> <offset|-> <length> <max whole>
- *                                  OK <size> <length>, then exactly <length> bytes
- *   write <path> <append at|-> <max append>
+ *   read <path> <offset|-> <length> <max whole> [<handoff from>]
+ *                                  OK <size> <length>, then exactly <length> bytes; or, when
+ *                                  <length> is at least <handoff from>, OK <size> <length> <pid>
+ *                                  <fd> <dev> <ino> and the agent reads the descriptor itself
+ *                                  (guest-handoff.ts) until it ends stdin
+ *   write <path> <append at|-> <max append> [h]
  *                                  stdin: chunks `<decimal length>\n<bytes>`, then `0\n` to commit;
- *                                  EOF before `0\n` aborts and changes nothing. Answers OK.
+ *                                  EOF before `0\n` aborts and changes nothing. Answers OK. With
+ *                                  `h` (replacing only), first OK <pid> <fd> <dev> <ino> of the
+ *                                  temporary, which the agent fills; stdin is then `0\n` alone
  *   delete <path> <recursive 0|1>  OK
  *   spawn <id>                     stdin: the script. OK (also when <id> was already started)
  *   status <id> <tail bytes>       OK none | OK <running|exited|lost> <code|-> <out len> <err len>,

@@ -101,7 +101,7 @@ export class GuestOperations {
         timeoutMs: spec.timeoutMs,
         maxOutputBytes: spec.maxOutputBytes,
         sourceEnv: true,
-        warm: () => this.warm.connect('exec', desktopId, init),
+        warm: async () => (await this.warm.connect('exec', desktopId, init))?.socket ?? null,
         register: (kill) => {
           op.attach(kill);
           return () => op.end();

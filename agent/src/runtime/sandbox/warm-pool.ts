@@ -30,6 +30,13 @@ import { TOKEN_HEX } from './warm-perl.js';
 
 export type WarmKind = 'file' | 'exec';
 
+/** A connection to a warm child, and the host pid of the server process group it came from. */
+export interface WarmConnection {
+  readonly socket: Socket;
+  /** The host pid that leads the server's group: the child descends from it. */
+  readonly serverPid: number;
+}
+
 export interface WarmInit {
   readonly pid: number;
   readonly startTime: string;
@@ -138,6 +145,11 @@ class WarmServer {
     return this.readyFlag && this.alive;
   }
 
+  /** The host pid of the server's group leader (the process the agent spawned). */
+  get pid(): number {
+    return this.child.pid as number;
+  }
+
   /** It said `ready` at some point (a server that never did is a failed start). */
   get wasReady(): boolean {
     return this.readyFlag;
@@ -238,7 +250,7 @@ export class WarmPool {
    * A connection to a warm child of `kind` in the guest of `init`, or null: the caller runs cold,
    * and the server is started (or replaced) in the background for the next operation.
    */
-  async connect(kind: WarmKind, desktopId: string, init: WarmInit): Promise<Socket | null> {
+  async connect(kind: WarmKind, desktopId: string, init: WarmInit): Promise<WarmConnection | null> {
     if (this.closed || this.opts.fenced(desktopId)) return null;
     let desktop = this.desktops.get(desktopId);
     if (desktop !== undefined && (desktop.init.pid !== init.pid || desktop.init.startTime !== init.startTime)) {
@@ -254,7 +266,7 @@ export class WarmPool {
       const socket = await server.connect();
       if (socket !== null) {
         server.touch(() => void this.stop(desktopId, kind, server));
-        return socket;
+        return { socket, serverPid: server.pid };
       }
       // Alive but not serving: it is no use, and the next operation starts another.
       this.log('warm guest server does not answer; replacing it', { desktopId, kind });

@@ -1,0 +1,148 @@
+/**
+ * File handoff (agent/src/runtime/sandbox/guest-handoff.ts) on a real sandbox desktop: large reads
+ * and replacing writes move through the agent's own descriptor of the guest's file, land in the
+ * guest (through guest symlinks too), and the agent opens a guest descriptor only when it is a
+ * regular file, named exactly (device and inode), held by a process inside the desktop and below
+ * the call's own process.
+ */
+import { spawn } from 'node:child_process';
+import { createHash, randomBytes } from 'node:crypto';
+import { readFileSync, statSync } from 'node:fs';
+import { mkdtemp, readFile, rm, writeFile } from 'node:fs/promises';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { newId } from '../../shared/src/ids.js';
+import { AgentFailure } from '../../shared/src/protocol.js';
+import type { FileRead } from '../../agent/src/runtime/driver.js';
+import { HANDOFF_READ_MIN_BYTES } from '../../agent/src/runtime/sandbox/guest-files.js';
+import { openHandedFile, type HandedFile } from '../../agent/src/runtime/sandbox/guest-handoff.js';
+import { createSandboxDriver, type SandboxDriver } from '../../agent/src/runtime/sandbox/index.js';
+import { until } from '../helpers/scheduler.js';
+
+const isRoot = process.getuid?.() === 0;
+const sha = (data: Buffer) => createHash('sha256').update(data).digest('hex');
+
+async function* once(data: Buffer): AsyncGenerator<Buffer> {
+  yield data;
+}
+
+async function drain(read: FileRead): Promise<Buffer> {
+  const parts: Buffer[] = [];
+  for await (const part of read.body) parts.push(part);
+  return Buffer.concat(parts);
+}
+
+/** `[innermost pid, depth]` of a host pid's NSpid line. */
+function nspid(pid: number): [number, number] {
+  const line = /^NSpid:\s+(.*)$/m.exec(readFileSync(`/proc/${pid}/status`, 'latin1'))?.[1] ?? '';
+  const pids = line.trim().split(/\s+/).map(Number);
+  return [pids[pids.length - 1] as number, pids.length];
+}
+
+function parentOf(pid: number): number {
+  const stat = readFileSync(`/proc/${pid}/stat`, 'latin1');
+  return Number(stat.slice(stat.lastIndexOf(')') + 2).split(' ')[1]);
+}
+
+describe.skipIf(!isRoot)('sandbox file handoff', () => {
+  let base: string;
+  let driver: SandboxDriver;
+  let id: string;
+
+  async function sh(command: string): Promise<string> {
+    const out = await driver.exec(id, { command, timeoutMs: 10_000, maxOutputBytes: 1 << 20 });
+    expect(out.exitCode, `${command}: ${out.stderr}`).toBe(0);
+    return out.stdout.trim();
+  }
+
+  beforeAll(async () => {
+    base = await mkdtemp(join(tmpdir(), 'canto-handoff-test-'));
+    driver = await createSandboxDriver({ stateDir: join(base, 'state') });
+    id = newId('desktop');
+    await driver.prepare(id, 'small');
+    await driver.start({ desktopId: id, tier: 'small', firstBoot: null });
+  });
+
+  afterAll(async () => {
+    await driver?.destroy(id).catch(() => undefined);
+    await driver?.close();
+    await rm(base, { recursive: true, force: true });
+  });
+
+  it('moves large files both ways, through guest symlinks, inside the guest only', async () => {
+    const hostFile = join(base, 'host-target.bin');
+    await writeFile(hostFile, 'HOST');
+    await sh(`mkdir -p /root/ho && ln -s ${hostFile} /root/ho/link && ln -s /proc/1/root${hostFile} /root/ho/proc-link`);
+    const data = randomBytes(3 * 1024 * 1024 + 5);
+    for (const path of ['/root/ho/link', '/root/ho/proc-link', '/root/ho/plain.bin']) {
+      await driver.writeFile(id, { path, appendAt: null }, once(data));
+      const read = await driver.readFile(id, { path, offset: null, length: 0, maxWholeBytes: 8 << 20 });
+      expect(read.size).toBe(data.length);
+      expect(sha(await drain(read)), path).toBe(sha(data));
+      const window = await driver.readFile(id, { path, offset: 1000, length: HANDOFF_READ_MIN_BYTES * 2, maxWholeBytes: 0 });
+      expect((await drain(window)).equals(data.subarray(1000, 1000 + HANDOFF_READ_MIN_BYTES * 2)), path).toBe(true);
+    }
+    // The links resolved inside the guest: the host file is untouched, the guest holds the data.
+    expect(await readFile(hostFile, 'utf8')).toBe('HOST');
+    expect(await sh(`sha256sum < ${hostFile} | cut -d' ' -f1`)).toBe(sha(data));
+    // Nothing of the upload's temporaries is left behind.
+    expect(await sh('ls -A /root/ho')).toBe('link\nplain.bin\nproc-link');
+  });
+
+  it('opens only a regular file, named exactly, held inside the desktop below the call', async () => {
+    await sh('printf held > /root/held.txt && mkfifo /root/fifo');
+    // A guest process holding a regular file (7), a directory (8) and a FIFO (9).
+    await driver.exec(id, {
+      command: 'setsid sh -c "exec 7</root/held.txt 8</ 9<>/root/fifo; exec sleep 6543" >/dev/null 2>&1 &',
+      timeoutMs: 10_000,
+      maxOutputBytes: 100,
+    });
+    let holder = 0;
+    await until(async () => {
+      for (const name of await import('node:fs/promises').then((fs) => fs.readdir('/proc'))) {
+        if (!/^\d+$/.test(name)) continue;
+        const args = readFileSync(`/proc/${name}/cmdline`, 'latin1');
+        if (args === 'sleep\u00006543\u0000') holder = Number(name);
+      }
+      return holder > 0;
+    });
+    const [guestPid, depth] = nspid(holder);
+    expect(depth).toBe(2);
+    let initPid = holder;
+    while (nspid(initPid)[0] !== 1) initPid = parentOf(initPid);
+    const scope = { root: initPid, initPid };
+    const st = statSync(`/proc/${holder}/fd/7`, { bigint: true });
+    const file: HandedFile = { guestPid, fd: 7, dev: st.dev, ino: st.ino };
+
+    const handle = openHandedFile(scope, file, 'read');
+    const buffer = Buffer.alloc(16);
+    expect(buffer.subarray(0, await handle.read(buffer, 0)).toString()).toBe('held');
+    handle.close();
+
+    const refused = (f: HandedFile, s = scope) => {
+      try {
+        openHandedFile(s, f, 'read').close();
+        return 'opened';
+      } catch (err) {
+        expect(err).toBeInstanceOf(AgentFailure);
+        return (err as AgentFailure).message;
+      }
+    };
+    expect(refused({ ...file, ino: file.ino + 1n })).toMatch(/not the file the helper opened/);
+    expect(refused({ ...file, fd: 8 })).toMatch(/not a regular file/);
+    expect(refused({ ...file, fd: 9 })).toMatch(/not a regular file/);
+    expect(refused({ ...file, fd: 99 })).toMatch(/cannot open the descriptor/);
+    expect(refused({ ...file, guestPid: 99_999 })).toMatch(/not among the processes/);
+    // Below another root (a host process of its own), the guest's holder is not found.
+    const other = spawn('sleep', ['30'], { stdio: 'ignore' });
+    try {
+      expect(refused(file, { root: other.pid as number, initPid })).toMatch(/not among the processes/);
+    } finally {
+      other.kill('SIGKILL');
+    }
+    // A scope whose "desktop" is the host: the holder is not in its pid namespace.
+    expect(refused(file, { root: initPid, initPid: process.pid })).toMatch(/not in the desktop/);
+    await sh(`kill ${guestPid}`);
+  });
+});
