@@ -27,6 +27,7 @@ import {
   HelloPayload,
   HelloResult,
   PROTOCOL_VERSION,
+  protocolAtLeast,
   parseMessage,
   protocolMajor,
 } from '../../shared/src/protocol.js';
@@ -254,6 +255,7 @@ class AgentChannel {
         throw new AgentFailure('unsupported', `scheduler speaks protocol ${reply.protocol}, agent ${PROTOCOL_VERSION}`, false);
       }
       if (!peer.isOpen || this.stopping) return;
+      peer.binaryStreams = protocolAtLeast(reply.protocol, 1, 6);
       conn.ready = true;
       this.isConnected = true;
       this.attempt = 0;

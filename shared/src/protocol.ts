@@ -16,6 +16,8 @@
  *   1.3 — guest.display.get, guest.display.set.
  *   1.4 — guest.screenshot, guest.input, stream.grant; error code control_claimed.
  *   1.5 — hello `ingress`: where the agent's port gateway listens (shared/src/port-link.ts).
+ *   1.6 — raw stream chunks (rpc.ts): a peer sends them once the other side said 1.6 or later in
+ *         hello; stream.up/stream.down notifications stay valid for older peers.
  *
  * Every desktop command carries the desktop's `generation`. The agent remembers the highest
  * generation it has seen per desktop and refuses an older one with `stale_generation`: after a
@@ -26,8 +28,15 @@ import { Type, type Static, type TSchema } from '@sinclair/typebox';
 import { TypeCompiler } from '@sinclair/typebox/compiler';
 import { INPUT_LIMITS, InputAction, STREAM_CLAIMS } from './computer-use.js';
 
-export const PROTOCOL_VERSION = '1.5';
+export const PROTOCOL_VERSION = '1.6';
 export const WIRE_VERSION = 1;
+
+/** True when `version` is `major.minor` or later (a version that does not parse is not). */
+export function protocolAtLeast(version: string, major: number, minor: number): boolean {
+  const [maj, min] = version.split('.').map((part) => Number.parseInt(part, 10));
+  if (maj === undefined || min === undefined || !Number.isFinite(maj) || !Number.isFinite(min)) return false;
+  return maj > major || (maj === major && min >= minor);
+}
 
 export function protocolMajor(version: string): number {
   const major = Number.parseInt(version.split('.')[0] ?? '', 10);

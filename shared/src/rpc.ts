@@ -9,6 +9,16 @@
  * A request may carry an upload (bytes the handler reads as they arrive) or ask for a download
  * (bytes the handler sends after its reply); see byte-stream.ts. Streams fail, like calls, when
  * the socket closes.
+ *
+ * Stream bytes travel in one of two ways. Every peer reads both; which one it sends depends on the
+ * other side's protocol, learnt at hello (`binaryStreams`). The original form is a msgpack
+ * `stream.up`/`stream.down` notification per chunk, which copies each chunk into the encoder's
+ * buffer on one side and out of the frame on the other. From protocol 1.6 a chunk is two
+ * websocket messages instead: a ten-byte header (0xc1, which msgpack never uses as a first byte;
+ * the direction; the request id; the length) and then the raw bytes as their own message, so a
+ * chunk goes out exactly as it was read and arrives as one buffer. The end and the abort of a
+ * stream stay msgpack notifications: they are rare, and their order after the data is kept because
+ * one websocket delivers messages in order.
  */
 import { Packr } from 'msgpackr';
 import type WebSocket from 'ws';
@@ -52,6 +62,21 @@ export interface Download {
 const STREAM_UP = 'stream.up';
 const STREAM_DOWN = 'stream.down';
 
+/** First byte of a raw chunk's header: a byte msgpack never produces (see the module comment). */
+const RAW_MARK = 0xc1;
+const RAW_UP = 1;
+const RAW_DOWN = 2;
+const RAW_HEADER_BYTES = 10;
+
+function rawHeader(direction: number, id: number, length: number): Buffer {
+  const header = Buffer.allocUnsafe(RAW_HEADER_BYTES);
+  header[0] = RAW_MARK;
+  header[1] = direction;
+  header.writeUInt32BE(id, 2);
+  header.writeUInt32BE(length, 6);
+  return header;
+}
+
 interface PendingCall {
   resolve(value: unknown): void;
   reject(error: Error): void;
@@ -68,6 +93,10 @@ export class RpcPeer {
   private readonly uploads = new Map<number, IncomingBytes>();
   /** Downloads of requests this peer sent, by request id. */
   private readonly downloads = new Map<number, IncomingBytes>();
+  /** Send stream chunks as raw messages: the other side speaks protocol 1.6 or later. */
+  private rawStreams = false;
+  /** The header of a raw chunk whose bytes are the next message. */
+  private rawPending: { direction: number; id: number; length: number } | null = null;
 
   constructor(
     private readonly socket: WebSocket,
@@ -83,6 +112,11 @@ export class RpcPeer {
 
   get isOpen(): boolean {
     return !this.closed;
+  }
+
+  /** From now on, stream chunks go out as raw messages (the other side reads them). */
+  set binaryStreams(on: boolean) {
+    this.rawStreams = on;
   }
 
   /** Handles incoming requests (and notifications) of `type`. */
@@ -151,6 +185,16 @@ export class RpcPeer {
     this.shutdown();
   }
 
+  private sendRaw(direction: number, id: number, data: Uint8Array): void {
+    if (data.byteLength === 0) return;
+    try {
+      this.socket.send(rawHeader(direction, id, data.byteLength));
+      this.socket.send(data);
+    } catch {
+      this.shutdown();
+    }
+  }
+
   private send(frame: object): void {
     try {
       this.socket.send(encodeFrame(frame));
@@ -160,6 +204,14 @@ export class RpcPeer {
   }
 
   private receive(data: Buffer): void {
+    if (this.rawPending !== null) return this.receiveRaw(data);
+    if (data[0] === RAW_MARK) {
+      if (data.length !== RAW_HEADER_BYTES || (data[1] !== RAW_UP && data[1] !== RAW_DOWN)) {
+        return this.onProtocolError('malformed raw stream header');
+      }
+      this.rawPending = { direction: data[1], id: data.readUInt32BE(2), length: data.readUInt32BE(6) };
+      return;
+    }
     let frame: unknown;
     try {
       frame = decodeFrame(data);
@@ -201,12 +253,24 @@ export class RpcPeer {
     }
   }
 
+  /** The bytes of the raw chunk whose header came just before. */
+  private receiveRaw(data: Buffer): void {
+    const { direction, id, length } = this.rawPending as NonNullable<typeof this.rawPending>;
+    this.rawPending = null;
+    if (data.length !== length) return this.onProtocolError('raw stream chunk does not match its header');
+    const stream = (direction === RAW_UP ? this.uploads : this.downloads).get(id);
+    // Its request already finished: nobody reads these bytes any more.
+    if (stream !== undefined && length > 0) stream.push(data);
+  }
+
   /** Sends `source` as stream frames of request `id`; a throwing source becomes an abort frame. */
   private async pump(type: string, id: number, source: AsyncIterable<Uint8Array>): Promise<void> {
     try {
-      for await (const data of rechunk(source)) {
+      // Raw chunks need no regrouping: each costs two small headers, not a copy.
+      for await (const data of this.rawStreams ? source : rechunk(source)) {
         if (this.closed) return;
-        this.send({ v: WIRE_VERSION, type, payload: { id, data } });
+        if (this.rawStreams) this.sendRaw(type === STREAM_UP ? RAW_UP : RAW_DOWN, id, data);
+        else this.send({ v: WIRE_VERSION, type, payload: { id, data } });
       }
       this.send({ v: WIRE_VERSION, type, payload: { id, end: true } });
     } catch (err) {

@@ -2,6 +2,8 @@
  * Byte streams on the agent link (shared/src/rpc.ts, byte-stream.ts) over a real websocket: an
  * upload reaches the handler in order and whole, an aborted upload fails the handler's read, a
  * download follows its reply, and a closed link fails both kinds of stream instead of hanging.
+ * Every case runs with chunks as msgpack notifications and as raw messages (protocol 1.6), and
+ * peers of different versions understand each other.
  */
 import { createHash, randomBytes } from 'node:crypto';
 import type { AddressInfo } from 'node:net';
@@ -27,7 +29,10 @@ async function* pieces(data: Buffer, size: number, failAt = -1): AsyncGenerator<
   }
 }
 
-describe('byte streams on the agent link', () => {
+describe.each([
+  ['msgpack chunks', false],
+  ['raw chunks', true],
+])('byte streams on the agent link, %s', (_name, raw) => {
   let server: WebSocketServer | null = null;
   let client: RpcPeer | null = null;
   let remote: RpcPeer | null = null;
@@ -48,6 +53,8 @@ describe('byte streams on the agent link', () => {
     await new Promise((r) => ws.once('open', r));
     client = new RpcPeer(ws);
     remote = await accepted;
+    client.binaryStreams = raw;
+    remote.binaryStreams = raw;
     return { scheduler: remote, agent: client };
   }
 
@@ -113,3 +120,40 @@ describe('byte streams on the agent link', () => {
     expect((await collect(body)).length).toBe(0);
   });
 });
+
+describe('raw stream chunks between peers of different versions', () => {
+  it('an old sender and a new one are both understood, and a bad raw header is a protocol error', async () => {
+    const server = new WebSocketServer({ port: 0, host: '127.0.0.1' });
+    await new Promise((r) => server.once('listening', r));
+    const errors: string[] = [];
+    const accepted = new Promise<RpcPeer>((resolve) => server.once('connection', (ws) => resolve(new RpcPeer(ws, (m) => errors.push(m)))));
+    const ws = new WebSocket(`ws://127.0.0.1:${(server.address() as AddressInfo).port}`);
+    await new Promise((r) => ws.once('open', r));
+    const agent = new RpcPeer(ws);
+    const scheduler = await accepted;
+    try {
+      // The scheduler knows the agent is new (raw uploads); the agent thinks the scheduler is old.
+      scheduler.binaryStreams = true;
+      const data = randomBytes(1024 * 1024 + 3);
+      let rawHeaders = 0;
+      ws.on('message', (m: Buffer) => (rawHeaders += m[0] === 0xc1 && m.length === 10 ? 1 : 0));
+      agent.handle('sum', async (_p, ctx) => ({ sha: sha(await collect(ctx.upload!)) }));
+      expect(await scheduler.request('sum', {}, 10_000, pieces(data, 65_536))).toEqual({ sha: sha(data) });
+      expect(rawHeaders).toBe(Math.ceil(data.length / 65_536));
+      agent.handle('get', async () => new WithDownload({}, pieces(data, 300_000)));
+      expect(sha(await collect((await scheduler.requestDownload('get', {}, 10_000)).body))).toBe(sha(data));
+
+      ws.send(Buffer.from([0xc1, 9, 0, 0, 0, 1, 0, 0, 0, 4]));
+      await until(() => errors.length > 0);
+      expect(errors).toEqual(['malformed raw stream header']);
+    } finally {
+      agent.close();
+      scheduler.close();
+      await new Promise<void>((resolve) => server.close(() => resolve()));
+    }
+  });
+});
+
+async function until(check: () => boolean): Promise<void> {
+  for (let i = 0; i < 200 && !check(); i++) await new Promise((r) => setTimeout(r, 10));
+}

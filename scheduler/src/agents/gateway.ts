@@ -19,6 +19,7 @@ import {
   HeartbeatPayload,
   HelloPayload,
   PROTOCOL_VERSION,
+  protocolAtLeast,
   parseMessage,
   protocolMajor,
   type AgentCommand,
@@ -179,6 +180,7 @@ export class AgentGateway {
         ingressAddress: hello.ingress ? formatHostPort(hello.ingress.host, hello.ingress.port) : null,
       });
       clearTimeout(helloTimer);
+      peer.binaryStreams = protocolAtLeast(hello.protocol, 1, 6);
       hostId = hello.host_id;
       instanceId = hello.agent_instance_id;
       const previous = this.links.get(hostId);
