@@ -8,7 +8,7 @@
 import { spawn } from 'node:child_process';
 import { createHash, randomBytes } from 'node:crypto';
 import { readFileSync, statSync } from 'node:fs';
-import { mkdtemp, readFile, rm, writeFile } from 'node:fs/promises';
+import { mkdtemp, readdir, readFile, rm, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
@@ -100,9 +100,10 @@ describe.skipIf(!isRoot)('sandbox file handoff', () => {
     });
     let holder = 0;
     await until(async () => {
-      for (const name of await import('node:fs/promises').then((fs) => fs.readdir('/proc'))) {
+      for (const name of await readdir('/proc')) {
         if (!/^\d+$/.test(name)) continue;
-        const args = readFileSync(`/proc/${name}/cmdline`, 'latin1');
+        // Processes come and go while the list is read.
+        const args = await readFile(`/proc/${name}/cmdline`, 'latin1').catch(() => '');
         if (args === 'sleep\u00006543\u0000') holder = Number(name);
       }
       return holder > 0;

@@ -8,8 +8,9 @@
  * agent's own descriptor of the helper's file (guest-handoff.ts). A replacing write is handed off
  * the same way: the agent writes into the helper's anonymous temporary and the helper commits it.
  * An append is sent to the helper one chunk at a time, each written only after the previous one
- * has drained, so the agent never holds more than the chunk it was given. Names are bytes in the guest and strings here: they are decoded as UTF-8,
- * and a name that is not valid UTF-8 comes out with U+FFFD in place of the bad bytes.
+ * has drained, so the agent never holds more than the chunk it was given. Names are bytes in the
+ * guest and strings here: they are decoded as UTF-8, and a name that is not valid UTF-8 comes out
+ * with U+FFFD in place of the bad bytes.
  */
 import { AgentFailure } from '../../../../shared/src/protocol.js';
 import type { DirEntry, DirListing, FileRead, FileReadSpec, FileStat, FileType, FileWriteSpec } from '../driver.js';
@@ -176,10 +177,10 @@ const REPLIED: unique symbol = Symbol('replied');
 
 /**
  * A replacing write is handed off (writeHandedOff). An append streams `body` to the helper as
- * length-prefixed chunks and commits with a zero-length one. If
- * the body throws, stdin is closed without the commit marker, so the helper throws its work away,
- * and the body's own error is rethrown. If the helper answers early (an error before the data is
- * all sent), sending stops and its answer is the result.
+ * length-prefixed chunks and commits with a zero-length one. If the body throws, stdin is closed
+ * without the commit marker, so the helper throws its work away, and the body's own error is
+ * rethrown. If the helper answers early (an error before the data is all sent), sending stops and
+ * its answer is the result.
  */
 export async function writeGuest(target: GuestTarget, spec: FileWriteSpec, body: AsyncIterable<Buffer>): Promise<void> {
   assertGuestPath(spec.path);
