@@ -6,12 +6,13 @@ import { randomBytes } from 'node:crypto';
 import { mkdtempSync, openSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { afterEach, describe, expect, it } from 'vitest';
+import { afterAll, afterEach, describe, expect, it } from 'vitest';
 import { BatchedWriter, HandedFd, parseHandedFile } from '../../agent/src/runtime/sandbox/guest-handoff.js';
 
 describe('handoff writer', () => {
   const dir = mkdtempSync(join(tmpdir(), 'canto-handoff-writer-'));
   afterEach(() => rmSync(join(dir, 'f'), { force: true }));
+  afterAll(() => rmSync(dir, { recursive: true, force: true }));
 
   it('writes queued chunks in order, whatever their sizes', async () => {
     const path = join(dir, 'f');
