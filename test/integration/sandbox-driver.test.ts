@@ -13,21 +13,13 @@ import { newId } from '../../shared/src/ids.js';
 import { AgentFailure } from '../../shared/src/protocol.js';
 import { TIER_SPECS } from '../../shared/src/tiers.js';
 import { createSandboxDriver, type SandboxDriver } from '../../agent/src/runtime/sandbox/index.js';
+import { isRoot, stopwatch } from '../helpers/sandbox.js';
 
 const execFileAsync = promisify(execFile);
 
-const isRoot = process.getuid?.() === 0;
 if (!isRoot) console.warn('sandbox-driver tests skipped: they need root (namespaces, cgroups, CRIU)');
 
-const timings: Record<string, number[]> = {};
-async function timed<T>(name: string, fn: () => Promise<T>): Promise<T> {
-  const t0 = performance.now();
-  try {
-    return await fn();
-  } finally {
-    (timings[name] ??= []).push(Math.round(performance.now() - t0));
-  }
-}
+const { timings, timed } = stopwatch();
 
 async function waitUntil(check: () => Promise<boolean>, timeoutMs = 5_000): Promise<void> {
   const deadline = Date.now() + timeoutMs;

@@ -13,57 +13,31 @@ import { promisify } from 'node:util';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { newId } from '../../shared/src/ids.js';
 import type { AgentFailure } from '../../shared/src/protocol.js';
-import type { FileRead } from '../../agent/src/runtime/driver.js';
 import { guestHelperProgram, type HelperOp } from '../../agent/src/runtime/sandbox/guest-helper.js';
 import { until } from '../helpers/scheduler.js';
 import { createSandboxDriver, type SandboxDriver } from '../../agent/src/runtime/sandbox/index.js';
 import { failure } from '../helpers/agent-failure.js';
+import { chunks, drain, hostProcesses, isRoot, sha256, stopwatch } from '../helpers/sandbox.js';
 
 const execFileAsync = promisify(execFile);
 
-const isRoot = process.getuid?.() === 0;
 if (!isRoot) console.warn('sandbox guest-ops tests skipped: they need root (namespaces, cgroups, CRIU)');
 
 const MiB = 1024 * 1024;
 const GUEST_ROOT_NAMES = new Set(['bin', 'dev', 'etc', 'home', 'lib', 'lib64', 'proc', 'root', 'run', 'sbin', 'tmp', 'usr', 'var']);
 
-const timings: Record<string, number[]> = {};
-async function timed<T>(name: string, fn: () => Promise<T>): Promise<T> {
-  const t0 = performance.now();
-  try {
-    return await fn();
-  } finally {
-    (timings[name] ??= []).push(Math.round((performance.now() - t0) * 10) / 10);
-  }
-}
-
-async function* chunks(...parts: Array<string | Buffer>): AsyncGenerator<Buffer> {
-  for (const p of parts) yield Buffer.from(p);
-}
-
-async function drain(read: FileRead): Promise<Buffer> {
-  const parts: Buffer[] = [];
-  for await (const part of read.body) parts.push(part);
-  const data = Buffer.concat(parts);
-  expect(data.length).toBe(read.length);
-  return data;
-}
-
-const sha256 = (data: Buffer) => createHash('sha256').update(data).digest('hex');
+const { timings, timed } = stopwatch();
 
 /**
  * Host pids of guest helpers working on `needles`: a cold helper has them as whole arguments, a
  * warm one (a child of the desktop's file server) in its title, `canto-helper <op> <args>`.
  */
 async function hostPidsWithArgs(...needles: string[]): Promise<number[]> {
-  const out: number[] = [];
-  for (const name of await readdir('/proc')) {
-    if (!/^\d+$/.test(name)) continue;
-    const args = (await readFile(`/proc/${name}/cmdline`, 'utf8').catch(() => '')).split('\0');
+  const found = await hostProcesses((args) => {
     const title = args[0]?.startsWith('canto-helper ') ? args[0].split(' ') : [];
-    if (needles.every((n) => args.includes(n) || title.includes(n))) out.push(Number(name));
-  }
-  return out;
+    return needles.every((n) => args.includes(n) || title.includes(n));
+  });
+  return found.map((p) => p.pid);
 }
 
 describe.skipIf(!isRoot)('sandbox driver guest operations', () => {

@@ -6,43 +6,25 @@
  * the call's own process.
  */
 import { spawn } from 'node:child_process';
-import { createHash, randomBytes } from 'node:crypto';
+import { randomBytes } from 'node:crypto';
 import { readFileSync, statSync } from 'node:fs';
-import { mkdtemp, readdir, readFile, rm, writeFile } from 'node:fs/promises';
+import { mkdtemp, readFile, rm, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { newId } from '../../shared/src/ids.js';
 import { AgentFailure } from '../../shared/src/protocol.js';
-import type { FileRead } from '../../agent/src/runtime/driver.js';
 import { HANDOFF_READ_MIN_BYTES } from '../../agent/src/runtime/sandbox/guest-files.js';
 import { openHandedFile, type HandedFile } from '../../agent/src/runtime/sandbox/guest-handoff.js';
 import { createSandboxDriver, type SandboxDriver } from '../../agent/src/runtime/sandbox/index.js';
+import { chunks, drain, hostProcesses, isRoot, parentPid, sha256 } from '../helpers/sandbox.js';
 import { until } from '../helpers/scheduler.js';
-
-const isRoot = process.getuid?.() === 0;
-const sha = (data: Buffer) => createHash('sha256').update(data).digest('hex');
-
-async function* once(data: Buffer): AsyncGenerator<Buffer> {
-  yield data;
-}
-
-async function drain(read: FileRead): Promise<Buffer> {
-  const parts: Buffer[] = [];
-  for await (const part of read.body) parts.push(part);
-  return Buffer.concat(parts);
-}
 
 /** `[innermost pid, depth]` of a host pid's NSpid line. */
 function nspid(pid: number): [number, number] {
   const line = /^NSpid:\s+(.*)$/m.exec(readFileSync(`/proc/${pid}/status`, 'latin1'))?.[1] ?? '';
   const pids = line.trim().split(/\s+/).map(Number);
   return [pids[pids.length - 1] as number, pids.length];
-}
-
-function parentOf(pid: number): number {
-  const stat = readFileSync(`/proc/${pid}/stat`, 'latin1');
-  return Number(stat.slice(stat.lastIndexOf(')') + 2).split(' ')[1]);
 }
 
 describe.skipIf(!isRoot)('sandbox file handoff', () => {
@@ -76,16 +58,16 @@ describe.skipIf(!isRoot)('sandbox file handoff', () => {
     await sh(`mkdir -p /root/ho && ln -s ${hostFile} /root/ho/link && ln -s /proc/1/root${hostFile} /root/ho/proc-link`);
     const data = randomBytes(3 * 1024 * 1024 + 5);
     for (const path of ['/root/ho/link', '/root/ho/proc-link', '/root/ho/plain.bin']) {
-      await driver.writeFile(id, { path, appendAt: null }, once(data));
+      await driver.writeFile(id, { path, appendAt: null }, chunks(data));
       const read = await driver.readFile(id, { path, offset: null, length: 0, maxWholeBytes: 8 << 20 });
       expect(read.size).toBe(data.length);
-      expect(sha(await drain(read)), path).toBe(sha(data));
+      expect(sha256(await drain(read)), path).toBe(sha256(data));
       const window = await driver.readFile(id, { path, offset: 1000, length: HANDOFF_READ_MIN_BYTES * 2, maxWholeBytes: 0 });
       expect((await drain(window)).equals(data.subarray(1000, 1000 + HANDOFF_READ_MIN_BYTES * 2)), path).toBe(true);
     }
     // The links resolved inside the guest: the host file is untouched, the guest holds the data.
     expect(await readFile(hostFile, 'utf8')).toBe('HOST');
-    expect(await sh(`sha256sum < ${hostFile} | cut -d' ' -f1`)).toBe(sha(data));
+    expect(await sh(`sha256sum < ${hostFile} | cut -d' ' -f1`)).toBe(sha256(data));
     // Nothing of the upload's temporaries is left behind.
     expect(await sh('ls -A /root/ho')).toBe('link\nplain.bin\nproc-link');
   });
@@ -98,20 +80,11 @@ describe.skipIf(!isRoot)('sandbox file handoff', () => {
       timeoutMs: 10_000,
       maxOutputBytes: 100,
     });
-    let holder = 0;
-    await until(async () => {
-      for (const name of await readdir('/proc')) {
-        if (!/^\d+$/.test(name)) continue;
-        // Processes come and go while the list is read.
-        const args = await readFile(`/proc/${name}/cmdline`, 'latin1').catch(() => '');
-        if (args === 'sleep\u00006543\u0000') holder = Number(name);
-      }
-      return holder > 0;
-    });
+    const { pid: holder } = await until(async () => (await hostProcesses((args) => args.join(' ') === 'sleep 6543 '))[0]);
     const [guestPid, depth] = nspid(holder);
     expect(depth).toBe(2);
     let initPid = holder;
-    while (nspid(initPid)[0] !== 1) initPid = parentOf(initPid);
+    while (nspid(initPid)[0] !== 1) initPid = await parentPid(initPid);
     const scope = { root: initPid, initPid };
     const st = statSync(`/proc/${holder}/fd/7`, { bigint: true });
     const file: HandedFile = { guestPid, fd: 7, dev: st.dev, ino: st.ino };

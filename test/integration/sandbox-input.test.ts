@@ -14,23 +14,14 @@ import { newId } from '../../shared/src/ids.js';
 import { typedText } from '../../agent/src/runtime/sandbox/guest-input.js';
 import { createSandboxDriver, type SandboxDriver } from '../../agent/src/runtime/sandbox/index.js';
 import { failure } from '../helpers/agent-failure.js';
+import { isRoot, median, stopwatch } from '../helpers/sandbox.js';
 import { until } from '../helpers/scheduler.js';
 
-const isRoot = process.getuid?.() === 0;
 if (!isRoot) console.warn('sandbox input tests skipped: they need root (namespaces, cgroups)');
 
 const XEV_LOG = '/tmp/xev.log';
 
-const timings: Record<string, number[]> = {};
-async function timed<T>(name: string, fn: () => Promise<T>): Promise<T> {
-  const t0 = performance.now();
-  try {
-    return await fn();
-  } finally {
-    (timings[name] ??= []).push(Math.round((performance.now() - t0) * 10) / 10);
-  }
-}
-const median = (xs: number[]) => [...xs].sort((a, b) => a - b)[Math.floor(xs.length / 2)];
+const { timings, timed } = stopwatch();
 
 /** The root window property where the input binder keeps its slots (guest-input.ts). */
 const KEYS_PROPERTY = '_CANTO_INPUT_KEYS';

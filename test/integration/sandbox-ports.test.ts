@@ -9,7 +9,7 @@
  * desktop is destroyed in afterAll; latency and throughput are printed for the docs.
  */
 import { execFile } from 'node:child_process';
-import { mkdtemp, readdir, readFile, readlink, rm } from 'node:fs/promises';
+import { mkdtemp, readFile, readlink, rm } from 'node:fs/promises';
 import { connect, type Socket } from 'node:net';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
@@ -22,10 +22,11 @@ import { PortGateway } from '../../agent/src/ports/gateway.js';
 import { forwarderProgram } from '../../agent/src/runtime/sandbox/guest-ports-perl.js';
 import { createSandboxDriver, type SandboxDriver } from '../../agent/src/runtime/sandbox/index.js';
 import { failure } from '../helpers/agent-failure.js';
+import { hostProcesses, isAlive, isRoot, median, parentPid } from '../helpers/sandbox.js';
+import { until } from '../helpers/scheduler.js';
 
 const execFileAsync = promisify(execFile);
 
-const isRoot = process.getuid?.() === 0;
 if (!isRoot) console.warn('sandbox port tests skipped: they need root (namespaces, cgroups, CRIU)');
 
 const MiB = 1024 * 1024;
@@ -33,18 +34,6 @@ const HTTP_PORT = 8000;
 /** A guest server that accepts connections and never closes them. */
 const HOLD_PORT = 8001;
 const SECRET = 'test-join-token-0123456789abcdef';
-
-async function until<T>(check: () => Promise<T> | T, what: string, timeoutMs = 10_000): Promise<NonNullable<T>> {
-  const deadline = Date.now() + timeoutMs;
-  for (;;) {
-    const value = await check();
-    if (value) return value as NonNullable<T>;
-    if (Date.now() > deadline) throw new Error(`timed out waiting for ${what}`);
-    await new Promise((r) => setTimeout(r, 20));
-  }
-}
-
-const median = (xs: number[]) => [...xs].sort((a, b) => a - b)[Math.floor(xs.length / 2)] ?? NaN;
 
 /**
  * Everything a stream yields until it ends (or closes); then it is closed. A guest connection is
@@ -77,23 +66,16 @@ async function get(conn: Duplex, path: string): Promise<{ status: number; body: 
 
 /** Host pids whose title is `canto-ports <desktop id>`: the forwarder and its connections' children. */
 async function forwarderPids(desktopId: string): Promise<number[]> {
-  const out: number[] = [];
-  for (const name of await readdir('/proc')) {
-    if (!/^\d+$/.test(name)) continue;
-    const cmdline = await readFile(`/proc/${name}/cmdline`, 'utf8').catch(() => '');
-    const state = await readFile(`/proc/${name}/stat`, 'utf8').catch(() => '');
-    if (cmdline.split('\0')[0]?.trim() === `canto-ports ${desktopId}` && !/\) [ZX] /.test(state)) out.push(Number(name));
-  }
-  return out.sort((a, b) => a - b);
+  const found = await hostProcesses((args) => args[0]?.trim() === `canto-ports ${desktopId}`);
+  const live = await Promise.all(found.map(async (p) => ((await isAlive(p.pid)) ? [p.pid] : [])));
+  return live.flat();
 }
 
 /** The forwarder itself: the one of them whose parent is not another of them. */
 async function forwarderPid(desktopId: string): Promise<number | null> {
   const pids = await forwarderPids(desktopId);
   for (const pid of pids) {
-    const stat = await readFile(`/proc/${pid}/stat`, 'utf8').catch(() => '');
-    const ppid = Number(stat.slice(stat.lastIndexOf(')') + 2).split(' ')[1]);
-    if (!pids.includes(ppid)) return pid;
+    if (!pids.includes(await parentPid(pid))) return pid;
   }
   return null;
 }
@@ -148,7 +130,7 @@ describe.skipIf(!isRoot)('sandbox guest ports', () => {
         '(setsid nohup python3 /root/hold.py </dev/null >/tmp/hold.log 2>&1 &)',
     );
     // Listening once a connect is not refused.
-    await until(async () => (await answers(HTTP_PORT)) && (await answers(HOLD_PORT)), 'the guest servers to listen');
+    await until(async () => (await answers(HTTP_PORT)) && (await answers(HOLD_PORT)), 10_000, 'the guest servers to listen');
   }
 
   beforeAll(async () => {
@@ -205,7 +187,7 @@ describe.skipIf(!isRoot)('sandbox guest ports', () => {
 
   it('runs one forwarder per desktop, outside the guest pid namespace, in its network and cgroups, as nobody', async () => {
     const conns = await Promise.all([1, 2, 3].map(() => driver.openGuestPort(id, HOLD_PORT)));
-    const fwd = await until(() => forwarderPid(id), 'the forwarder');
+    const fwd = await until(() => forwarderPid(id), 10_000, 'the forwarder');
     // The forwarder and one child per open connection.
     expect((await forwarderPids(id)).length).toBeGreaterThanOrEqual(4);
     const init = await initPid();
@@ -235,13 +217,13 @@ describe.skipIf(!isRoot)('sandbox guest ports', () => {
     );
     for (const c of conns) c.destroy();
     // A connection's child exits with its connection.
-    await until(async () => (await forwarderPids(id)).length === 1, 'the connection children to exit');
+    await until(async () => (await forwarderPids(id)).length === 1, 10_000, 'the connection children to exit');
   });
 
   it('starts a new forwarder when the old one died', async () => {
-    const before = await until(() => forwarderPid(id), 'the forwarder');
+    const before = await until(() => forwarderPid(id), 10_000, 'the forwarder');
     process.kill(before, 'SIGKILL');
-    await until(async () => (await forwarderPid(id)) === null, 'the forwarder to be gone');
+    await until(async () => (await forwarderPid(id)) === null, 10_000, 'the forwarder to be gone');
     const res = await get(await driver.openGuestPort(id, HTTP_PORT), '/index.txt');
     expect(res.body.toString()).toBe('index');
     const after = await forwarderPid(id);
@@ -311,7 +293,7 @@ describe.skipIf(!isRoot)('sandbox guest ports', () => {
     held.push(holding as Socket, partial as Socket);
     await new Promise<void>((resolve) => holding.once('data', () => resolve()));
     const closed = Promise.all([holding, partial].map((c) => new Promise<void>((resolve) => c.once('close', () => resolve()))));
-    const oldForwarder = await until(() => forwarderPid(id), 'the forwarder');
+    const oldForwarder = await until(() => forwarderPid(id), 10_000, 'the forwarder');
 
     logs.length = 0;
     const first = await driver.hibernate(id);

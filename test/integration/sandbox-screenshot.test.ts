@@ -27,11 +27,11 @@ import {
 } from '../../agent/src/runtime/sandbox/screenshot.js';
 import { createSandboxDriver, type SandboxDriver } from '../../agent/src/runtime/sandbox/index.js';
 import { failure } from '../helpers/agent-failure.js';
+import { isRoot } from '../helpers/sandbox.js';
 import { until } from '../helpers/scheduler.js';
 
 const execFileAsync = promisify(execFile);
 
-const isRoot = process.getuid?.() === 0;
 if (!isRoot) console.warn('sandbox screenshot tests skipped: they need root (namespaces, cgroups)');
 
 const MiB = 1024 * 1024;

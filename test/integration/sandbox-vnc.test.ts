@@ -8,7 +8,7 @@
  * handshake timings are printed for the docs.
  */
 import { connect, type Socket } from 'node:net';
-import { mkdtemp, readdir, readFile, rm } from 'node:fs/promises';
+import { mkdtemp, rm } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { createConnection, type Rect, type RfbClient } from 'rfb2';
@@ -16,25 +16,14 @@ import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
 import { newId } from '../../shared/src/ids.js';
 import { createSandboxDriver, type SandboxDriver } from '../../agent/src/runtime/sandbox/index.js';
 import { StreamGateway } from '../../agent/src/stream/gateway.js';
+import { hostProcesses, isRoot, median } from '../helpers/sandbox.js';
+import { until } from '../helpers/scheduler.js';
 
-const isRoot = process.getuid?.() === 0;
 if (!isRoot) console.warn('sandbox VNC tests skipped: they need root (namespaces, cgroups, CRIU)');
 
 const RAW = 0;
 const DESKTOP_SIZE = -223;
 const CAPS_LOCK = 0xffe5;
-
-async function until<T>(check: () => Promise<T> | T, what: string, timeoutMs = 10_000): Promise<NonNullable<T>> {
-  const deadline = Date.now() + timeoutMs;
-  for (;;) {
-    const value = await check();
-    if (value) return value as NonNullable<T>;
-    if (Date.now() > deadline) throw new Error(`timed out waiting for ${what}`);
-    await new Promise((r) => setTimeout(r, 20));
-  }
-}
-
-const median = (xs: number[]) => [...xs].sort((a, b) => a - b)[Math.floor(xs.length / 2)] ?? NaN;
 
 interface Viewer {
   readonly socket: Socket;
@@ -130,15 +119,7 @@ describe.skipIf(!isRoot)('sandbox VNC stream', () => {
   }
 
   /** Host pids and command lines of this desktop's VNC servers. */
-  async function servers(): Promise<Array<{ pid: number; args: string[] }>> {
-    const out: Array<{ pid: number; args: string[] }> = [];
-    for (const name of await readdir('/proc')) {
-      if (!/^\d+$/.test(name)) continue;
-      const args = (await readFile(`/proc/${name}/cmdline`, 'utf8').catch(() => '')).split('\0');
-      if (args[0] === '/usr/bin/x11vnc' && args.includes(id)) out.push({ pid: Number(name), args });
-    }
-    return out;
-  }
+  const servers = () => hostProcesses((args) => args[0] === '/usr/bin/x11vnc' && args.includes(id));
 
   beforeAll(async () => {
     base = await mkdtemp(join(tmpdir(), 'canto-vnc-test-'));
@@ -158,7 +139,7 @@ describe.skipIf(!isRoot)('sandbox VNC stream', () => {
   // Every session ends with its test, and its server with it.
   afterEach(async () => {
     for (const v of viewers.splice(0)) v.socket.destroy();
-    await until(async () => (await servers()).length === 0, 'the VNC servers to exit');
+    await until(async () => (await servers()).length === 0, 10_000, 'the VNC servers to exit');
   });
 
   afterAll(async () => {
@@ -204,7 +185,7 @@ describe.skipIf(!isRoot)('sandbox VNC stream', () => {
     await until(async () => {
       const p = await pointer();
       return p.x === 123 && p.y === 234;
-    }, 'the pointer to move');
+    }, 10_000, 'the pointer to move');
 
     watcher.rfb.pointerEvent(400, 300, 0);
     // The server reads a client's messages in order: once the update requested after the pointer
@@ -216,7 +197,7 @@ describe.skipIf(!isRoot)('sandbox VNC stream', () => {
     await until(async () => {
       const p = await pointer();
       return p.x === 321 && p.y === 123;
-    }, 'the pointer to move again');
+    }, 10_000, 'the pointer to move again');
 
     // Keys: Caps Lock toggles a keyboard LED, which needs no focused window to observe.
     expect(await capsLock()).toBe('off');
@@ -227,11 +208,11 @@ describe.skipIf(!isRoot)('sandbox VNC stream', () => {
     for (const expected of ['on', 'off']) {
       control.rfb.keyEvent(CAPS_LOCK, true);
       control.rfb.keyEvent(CAPS_LOCK, false);
-      await until(async () => (await capsLock()) === expected, `Caps Lock to be ${expected}`);
+      await until(async () => (await capsLock()) === expected, 10_000, `Caps Lock to be ${expected}`);
     }
 
     control.socket.destroy();
-    await until(() => !gateway.controlHeld(id), 'the control claim to be released');
+    await until(() => !gateway.controlHeld(id), 10_000, 'the control claim to be released');
   });
 
   it('serves the new size after a resize', async () => {
@@ -267,7 +248,7 @@ describe.skipIf(!isRoot)('sandbox VNC stream', () => {
     });
     try {
       const grant = shortLived.grant(id, 'control');
-      await until(() => !shortLived.controlHeld(id), 'the ticket to expire');
+      await until(() => !shortLived.controlHeld(id), 10_000, 'the ticket to expire');
       expect(await refusal(shortLived.port, `${grant.ticket}\n`)).toBe('ERR expired_ticket\n');
     } finally {
       await shortLived.close();
@@ -285,7 +266,7 @@ describe.skipIf(!isRoot)('sandbox VNC stream', () => {
     expect(await driver.hibernate(id)).toEqual({ snapshot: true });
     await live.closed;
     expect(await servers()).toHaveLength(0);
-    await until(() => !gateway.controlHeld(id), 'the control claim to be released');
+    await until(() => !gateway.controlHeld(id), 10_000, 'the control claim to be released');
     expect(await refusal(gateway.port, `${unused}\n`)).toBe('ERR not_running\n');
 
     expect(await driver.start({ desktopId: id, tier: 'small', firstBoot: null })).toEqual({ restored: true });
@@ -297,7 +278,7 @@ describe.skipIf(!isRoot)('sandbox VNC stream', () => {
     await until(async () => {
       const p = await pointer();
       return p.x === 10 && p.y === 20;
-    }, 'the pointer to move after the restore');
+    }, 10_000, 'the pointer to move after the restore');
   });
 
   it('kills a server that does not exit, and still keeps the memory snapshot', async () => {

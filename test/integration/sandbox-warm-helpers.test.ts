@@ -17,10 +17,10 @@ import { guestHelperProgram, warmHelperProgram } from '../../agent/src/runtime/s
 import { execServerProgram, WARM_PROLOGUE } from '../../agent/src/runtime/sandbox/warm-perl.js';
 import { createSandboxDriver, type SandboxDriver } from '../../agent/src/runtime/sandbox/index.js';
 import { failure } from '../helpers/agent-failure.js';
+import { isAlive, isRoot, parentPid } from '../helpers/sandbox.js';
 
 const execFileAsync = promisify(execFile);
 
-const isRoot = process.getuid?.() === 0;
 if (!isRoot) console.warn('sandbox warm-server tests skipped: they need root (namespaces, cgroups, CRIU)');
 
 const MiB = 1024 * 1024;
@@ -37,28 +37,16 @@ async function comm(pid: number): Promise<string> {
   return (await readFile(`/proc/${pid}/comm`, 'utf8').catch(() => '')).trim();
 }
 
-async function ppid(pid: number): Promise<number> {
-  const text = await readFile(`/proc/${pid}/stat`, 'utf8').catch(() => '');
-  return Number(text.slice(text.lastIndexOf(')') + 2).split(' ')[1] ?? 0);
-}
-
-/** A pid counts as gone once it is reaped or a zombie. */
-async function alive(pid: number): Promise<boolean> {
-  const text = await readFile(`/proc/${pid}/stat`, 'utf8').catch(() => '');
-  const state = text.slice(text.lastIndexOf(')') + 2, text.lastIndexOf(')') + 3);
-  return text !== '' && state !== 'Z' && state !== 'X';
-}
-
 /** Warm processes of a desktop, by kind. */
 async function warmProcs(desktopId: string): Promise<{ file: WarmProc[]; exec: WarmProc[] }> {
   const text = await readFile(`/sys/fs/cgroup/pids/canto/${desktopId}/cgroup.procs`, 'utf8').catch(() => '');
   const out: { file: WarmProc[]; exec: WarmProc[] } = { file: [], exec: [] };
   for (const pid of text.split('\n').filter(Boolean).map(Number)) {
-    if (!(await alive(pid))) continue;
+    if (!(await isAlive(pid))) continue;
     const title = await comm(pid);
     const kind = title.startsWith('canto-helper') ? 'file' : title === 'canto-exec' ? 'exec' : null;
     if (kind === null) continue;
-    out[kind].push({ pid, comm: title, server: (await comm(await ppid(pid))) === 'nsenter' });
+    out[kind].push({ pid, comm: title, server: (await comm(await parentPid(pid))) === 'nsenter' });
   }
   return out;
 }
@@ -251,7 +239,7 @@ describe.skipIf(!isRoot)('sandbox driver warm guest servers', () => {
     expect((await driver.statPath(id, '/root')).fileType).toBe('directory');
     expect(Date.now() - t0).toBeLessThan(10_000);
     await waitUntil(async () => {
-      for (const p of before.file) if (await alive(p.pid)) return false;
+      for (const p of before.file) if (await isAlive(p.pid)) return false;
       return true;
     });
     const after = await warmUp();
@@ -263,7 +251,7 @@ describe.skipIf(!isRoot)('sandbox driver warm guest servers', () => {
     const before = await warmUp();
     await sh('echo restored-guest > /run/marker; sleep 1008 >/dev/null 2>&1 &');
     expect(await driver.hibernate(id)).toEqual({ snapshot: snapshots });
-    for (const p of [...before.file, ...before.exec]) expect(await alive(p.pid), `pid ${p.pid}`).toBe(false);
+    for (const p of [...before.file, ...before.exec]) expect(await isAlive(p.pid), `pid ${p.pid}`).toBe(false);
 
     expect(await driver.start({ desktopId: id, tier: 'small', firstBoot: null })).toEqual({ restored: snapshots });
     // At once, before any server of the new guest is ready.
@@ -288,7 +276,7 @@ describe.skipIf(!isRoot)('sandbox driver warm guest servers', () => {
       const before = await warmUp(cold, other);
       await sh('echo old-guest > /run/marker', cold, other);
       expect(await cold.hibernate(other)).toEqual({ snapshot: false });
-      for (const p of [...before.file, ...before.exec]) expect(await alive(p.pid)).toBe(false);
+      for (const p of [...before.file, ...before.exec]) expect(await isAlive(p.pid)).toBe(false);
       expect(await cold.start({ desktopId: other, tier: 'small', firstBoot: null })).toEqual({ restored: false });
       expect(await sh('cat /run/marker 2>/dev/null || echo fresh', cold, other)).toBe('fresh');
       await warmUp(cold, other);
@@ -304,7 +292,7 @@ describe.skipIf(!isRoot)('sandbox driver warm guest servers', () => {
   it('close() kills the servers, and a new driver on the same state works', async () => {
     const before = await warmUp();
     await driver.close();
-    for (const p of [...before.file, ...before.exec]) expect(await alive(p.pid), `pid ${p.pid}`).toBe(false);
+    for (const p of [...before.file, ...before.exec]) expect(await isAlive(p.pid), `pid ${p.pid}`).toBe(false);
     expect(await warmProcs(id)).toEqual({ file: [], exec: [] });
     expect((await readdir(join(stateDir, 'desktops', id, 'run'))).filter((n) => n.startsWith('warm-'))).toEqual([]);
 

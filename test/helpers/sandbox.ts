@@ -1,0 +1,75 @@
+/**
+ * Helpers of the sandbox integration tests: file bodies, the host's view of processes, and
+ * per-test timings printed for the docs. These tests need root (namespaces, cgroups, CRIU) and skip without it.
+ */
+import { createHash } from 'node:crypto';
+import { readdir, readFile } from 'node:fs/promises';
+import { expect } from 'vitest';
+import type { FileRead } from '../../agent/src/runtime/driver.js';
+
+export const isRoot = process.getuid?.() === 0;
+
+/**
+ * Host processes whose command line (split at NULs) passes `match`, by pid. Processes come and go
+ * while /proc is listed; one gone before its command line is read is simply not matched.
+ */
+export async function hostProcesses(match: (args: string[]) => boolean): Promise<Array<{ pid: number; args: string[] }>> {
+  const out: Array<{ pid: number; args: string[] }> = [];
+  for (const name of await readdir('/proc')) {
+    if (!/^\d+$/.test(name)) continue;
+    const args = (await readFile(`/proc/${name}/cmdline`, 'utf8').catch(() => '')).split('\0');
+    if (args[0] !== '' && match(args)) out.push({ pid: Number(name), args });
+  }
+  return out.sort((a, b) => a.pid - b.pid);
+}
+
+/** The fields of `/proc/<pid>/stat` after the command name, or null once the process is gone. */
+async function statFields(pid: number): Promise<string[] | null> {
+  const text = await readFile(`/proc/${pid}/stat`, 'utf8').catch(() => '');
+  return text === '' ? null : text.slice(text.lastIndexOf(')') + 2).split(' ');
+}
+
+export async function parentPid(pid: number): Promise<number> {
+  return Number((await statFields(pid))?.[1] ?? 0);
+}
+
+/** A pid counts as gone once it is reaped or a zombie. */
+export async function isAlive(pid: number): Promise<boolean> {
+  const state = (await statFields(pid))?.[0];
+  return state !== undefined && state !== 'Z' && state !== 'X';
+}
+
+/** An upload body of the given parts. */
+export async function* chunks(...parts: Array<string | Buffer>): AsyncGenerator<Buffer> {
+  for (const p of parts) yield Buffer.from(p);
+}
+
+/** A read's whole body, which must be as long as the read said. */
+export async function drain(read: FileRead): Promise<Buffer> {
+  const parts: Buffer[] = [];
+  for await (const part of read.body) parts.push(part);
+  const data = Buffer.concat(parts);
+  expect(data.length).toBe(read.length);
+  return data;
+}
+
+export const sha256 = (data: Buffer): string => createHash('sha256').update(data).digest('hex');
+
+export const median = (xs: readonly number[]): number => [...xs].sort((a, b) => a - b)[Math.floor(xs.length / 2)] ?? NaN;
+
+/** Durations by name, in ms to a tenth, and `timed` to add one. */
+export function stopwatch(): {
+  timings: Record<string, number[]>;
+  timed: <T>(name: string, fn: () => Promise<T>) => Promise<T>;
+} {
+  const timings: Record<string, number[]> = {};
+  async function timed<T>(name: string, fn: () => Promise<T>): Promise<T> {
+    const t0 = performance.now();
+    try {
+      return await fn();
+    } finally {
+      (timings[name] ??= []).push(Math.round((performance.now() - t0) * 10) / 10);
+    }
+  }
+  return { timings, timed };
+}
