@@ -113,7 +113,8 @@ async function startStreamGateway(options: StartAgentOptions): Promise<StreamGat
 
 /**
  * The port gateway, where the scheduler's ingress reaches ports inside this host's desktops with
- * lines signed by the join token (shared/src/port-link.ts); none when turned off. Each line is
+ * lines signed by this host's port-link key (shared/src/port-link.ts), which the hello reply
+ * brings; none when turned off. Each line is
  * fenced against the generations this host holds (ports/fence.ts) before the port is opened.
  */
 async function startPortGateway(options: StartAgentOptions, generations: GenerationStore): Promise<PortGateway | null> {
@@ -123,7 +124,6 @@ async function startPortGateway(options: StartAgentOptions, generations: Generat
   return PortGateway.start({
     listenHost: listen.host,
     port: listen.port,
-    secret: options.config.token,
     open: async (target) => {
       fencePortLine(generations.get(target.desktopId), target);
       return options.driver.openGuestPort(target.desktopId, target.port);
@@ -256,6 +256,8 @@ class AgentChannel {
       }
       if (!peer.isOpen || this.stopping) return;
       peer.binaryStreams = protocolAtLeast(reply.protocol, 1, 6);
+      // A scheduler before 1.6 sends no key: its ingress still signs with the join token.
+      this.ports?.setKey(reply.port_link_key ?? this.options.config.token);
       conn.ready = true;
       this.isConnected = true;
       this.attempt = 0;

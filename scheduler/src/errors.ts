@@ -72,5 +72,5 @@ export const errors = {
   portUnbound: () =>
     new ApiError(503, 'the port is unbound: its desktop is not awake or its host is unreachable; retry', {}, { 'retry-after': '5' }),
   portRefused: () => new ApiError(502, 'nothing accepts connections on this port inside the desktop'),
-  portLinkFailed: () => new ApiError(502, "the desktop's host could not be reached"),
+  portLinkFailed: () => new ApiError(502, "the desktop's host did not answer the port link as expected"),
 } as const;

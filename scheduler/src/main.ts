@@ -44,7 +44,9 @@ export async function startScheduler(config: SchedulerConfig, logger?: Logger): 
 
   let leadership: Leadership | null = null;
   const isLeader = () => leadership?.isLeader() ?? false;
-  const agents = new AgentGateway({ sql, logger: log, joinToken: config.joinToken, heartbeatMs: config.heartbeatMs, isLeader });
+  const agents = new AgentGateway({
+    sql, logger: log, joinToken: config.joinToken, portLinkSecret: config.secretKey, heartbeatMs: config.heartbeatMs, isLeader,
+  });
   const lifecycle = new LifecycleService(sql, { isLeader }, Math.max(1, Math.ceil(config.leaseTtlMs / 1000)), config.hostSlots);
   const waiter = new OperationWaiter(sql, config.waitPollMs);
   await waiter.start();
@@ -97,7 +99,7 @@ export async function startScheduler(config: SchedulerConfig, logger?: Logger): 
   await app.listen({ host: config.listenHost, port: config.listenPort });
   let ingress: PortIngress | null = null;
   try {
-    ingress = config.ingress && (await PortIngress.start({ settings: config.ingress, ports, joinToken: config.joinToken, logger: log }));
+    ingress = config.ingress && (await PortIngress.start({ settings: config.ingress, ports, portLinkSecret: config.secretKey, logger: log }));
   } catch (err) {
     await app.close();
     await waiter.stop();

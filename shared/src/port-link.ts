@@ -1,16 +1,20 @@
 /**
  * The port link: how the scheduler's ingress reaches a port inside a desktop (SPEC 4.7). The
  * ingress dials the agent's port gateway over TCP and opens with one line naming the desktop,
- * its generation and the guest port, signed with the join token both sides already share:
+ * its generation and the guest port, signed with the host's port-link key:
  *
- *   CANTO-PORT/1 <desktop_id> <generation> <port> <unix ms> <hex HMAC-SHA256(join token, "<desktop_id> <generation> <port> <unix ms>")>\n
+ *   CANTO-PORT/1 <desktop_id> <generation> <port> <unix ms> <hex HMAC-SHA256(key, "<desktop_id> <generation> <port> <unix ms>")>\n
  *
  * The agent answers `OK\n` and from then on relays raw bytes to the guest port, or `ERR <code>\n`
- * and closes. Only the scheduler can sign, so the gateway can listen on a routable address
- * without opening desktops to anyone who finds it; the timestamp bounds replays to a minute,
- * and the generation fences a desktop that was recovered elsewhere.
+ * and closes. Each host has its own key, derived from the schedulers' secret key and the host id
+ * (`portLinkKey`) and handed to the agent in the hello reply, over its authenticated link. So only
+ * a scheduler can sign for any host, and an agent (or whoever takes one over) can sign for none
+ * but its own: the join token, which every agent holds, is not the key. The gateway can therefore
+ * listen on a routable address; the timestamp bounds replays to a minute, and the generation
+ * fences a desktop that was recovered elsewhere.
  */
 import { createHmac, timingSafeEqual } from 'node:crypto';
+import { isId } from './ids.js';
 
 export const PORT_LINK_PREFIX = 'CANTO-PORT/1';
 /** A line longer than this is refused unread. */
@@ -35,6 +39,11 @@ export interface PortTarget {
   readonly port: number;
 }
 
+/** The key of `hostId`'s lines: only holders of the schedulers' secret key can derive it. */
+export function portLinkKey(schedulerSecret: string, hostId: string): string {
+  return createHmac('sha256', schedulerSecret).update(`canto port link ${hostId}`).digest('hex');
+}
+
 function sign(secret: string, t: PortTarget, atMs: number): string {
   return createHmac('sha256', secret).update(`${t.desktopId} ${t.generation} ${t.port} ${atMs}`).digest('hex');
 }
@@ -49,7 +58,7 @@ export function verifyPortLinkLine(secret: string, line: string, nowMs = Date.no
   const parts = line.split(' ');
   if (parts.length !== 6 || parts[0] !== PORT_LINK_PREFIX) return null;
   const [, desktopId, gen, portText, atText, mac] = parts as [string, string, string, string, string, string];
-  if (!/^dsk_[0-9a-v]{24}$/.test(desktopId) || !/^\d{1,15}$/.test(gen) || !/^\d{1,5}$/.test(portText) || !/^\d{1,15}$/.test(atText)) return null;
+  if (!isId('desktop', desktopId) || !/^\d{1,15}$/.test(gen) || !/^\d{1,5}$/.test(portText) || !/^\d{1,15}$/.test(atText)) return null;
   const port = Number(portText);
   const atMs = Number(atText);
   if (port < 1 || port > 65535 || Math.abs(nowMs - atMs) > PORT_LINK_MAX_SKEW_MS || !/^[0-9a-f]{64}$/.test(mac)) return null;

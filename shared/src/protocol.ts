@@ -17,7 +17,8 @@
  *   1.4 — guest.screenshot, guest.input, stream.grant; error code control_claimed.
  *   1.5 — hello `ingress`: where the agent's port gateway listens (shared/src/port-link.ts).
  *   1.6 — raw stream chunks (rpc.ts): a peer sends them once the other side said 1.6 or later in
- *         hello; stream.up/stream.down notifications stay valid for older peers.
+ *         hello; stream.up/stream.down notifications stay valid for older peers. Hello reply
+ *         `port_link_key`: the host's own key for port-link lines, instead of the join token.
  *
  * Every desktop command carries the desktop's `generation`. The agent remembers the highest
  * generation it has seen per desktop and refuses an older one with `stale_generation`: after a
@@ -99,7 +100,12 @@ export const HelloPayload = Type.Object({
 });
 export type HelloPayload = Static<typeof HelloPayload>;
 
-export const HelloResult = Type.Object({ protocol: Type.String(), heartbeat_ms: Type.Integer() });
+export const HelloResult = Type.Object({
+  protocol: Type.String(),
+  heartbeat_ms: Type.Integer(),
+  /** 1.6: the key of this host's port-link lines (shared/src/port-link.ts), hex. */
+  port_link_key: Type.Optional(Type.String({ pattern: '^[0-9a-f]{64}$' })),
+});
 export type HelloResult = Static<typeof HelloResult>;
 
 export const HeartbeatPayload = Type.Object({ running_desktops: Type.Integer({ minimum: 0 }) });

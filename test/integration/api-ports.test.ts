@@ -19,7 +19,8 @@ import { Readable } from 'node:stream';
 import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
 import WebSocket, { WebSocketServer } from 'ws';
 import { newId } from '../../shared/src/ids.js';
-import { verifyPortLinkLine, type PortTarget } from '../../shared/src/port-link.js';
+import { portLinkKey, verifyPortLinkLine, type PortTarget } from '../../shared/src/port-link.js';
+import { generateSecretKey } from '../../scheduler/src/crypto/secret-box.js';
 import { PROTOCOL_VERSION } from '../../shared/src/protocol.js';
 import { RpcPeer } from '../../shared/src/rpc.js';
 import { connectDatabase, type Sql } from '../../scheduler/src/store/db.js';
@@ -35,7 +36,10 @@ type Call = ReturnType<typeof api>;
 
 const MiB = 1024 * 1024;
 const BASE = { domain: 'apps.test', port: 8443 };
+/** The schedulers' secret key: the stand-in gateway derives its host's port-link key from it. */
+const SECRET_KEY = generateSecretKey();
 const INGRESS_ENV = {
+  CANTO_SECRET_KEY: SECRET_KEY,
   CANTO_INGRESS_BASE_URL: `http://APPS.test:${BASE.port}`,
   CANTO_INGRESS_LISTEN: '127.0.0.1:0',
   // The stand-in host below never heartbeats; keep host recovery away from its desktops.
@@ -59,8 +63,8 @@ beforeAll(async () => {
   bob = api(s.url, await mintKey(s.databaseUrl, 'ports-bob'));
   aliceOrg = (await sql<Array<{ id: string }>>`SELECT id FROM orgs WHERE name = 'ports-alice'`)[0]!.id;
   app = await startGuestApp();
-  gateway = await startStandInGateway();
   standInHost = newId('host');
+  gateway = await startStandInGateway(portLinkKey(SECRET_KEY, standInHost));
   // A host that is up and runs `gateway` as its port gateway, but has no agent link (so nothing
   // is ever placed on it) and is cordoned besides.
   await sql`
@@ -280,6 +284,31 @@ describe('without an ingress', () => {
 });
 
 describe("the agent's hello", () => {
+  it('hands each host a port-link key of its own, which neither the join token nor another host key is', async () => {
+    await until(() => s.leadership.isLeader(), 5_000, 'leadership');
+    const keys: string[] = [];
+    for (const hostId of [newId('host'), newId('host')]) {
+      const ws = new WebSocket(`${s.url.replace(/^http/, 'ws')}/internal/agents/ws`, { headers: { authorization: `Bearer ${JOIN_TOKEN}` } });
+      await new Promise((resolve, reject) => ws.once('open', resolve).once('error', reject));
+      const closed = new Promise((resolve) => ws.once('close', resolve));
+      const reply = (await new RpcPeer(ws).request('hello', {
+        protocol: PROTOCOL_VERSION,
+        host_id: hostId,
+        agent_instance_id: newId('host'),
+        hostname: 'hand-made',
+        capabilities: { runtime: 'hand-made', memory_snapshots: false },
+        capacity: { vcpus: 2, memory_mb: 4096 },
+        desktops: [],
+      }, 5_000)) as { port_link_key?: string };
+      expect(reply.port_link_key).toBe(portLinkKey(SECRET_KEY, hostId));
+      keys.push(reply.port_link_key!);
+      ws.close();
+      await closed;
+    }
+    expect(keys[0]).not.toBe(keys[1]);
+    expect(keys).not.toContain(JOIN_TOKEN);
+  });
+
   it('records the port gateway address, and clears it when a later hello has none', async () => {
     const hostId = newId('host');
     const hello = (ingress?: { host: string; port: number }) => ({
@@ -504,7 +533,7 @@ describe('the ingress, through a stand-in port gateway', () => {
     expect((await through(url, '/')).status).toBe(200);
   });
 
-  it('answers 502 when the port gateway cannot be reached', async () => {
+  it('answers 503 with Retry-After when the port gateway cannot be reached (the host may be down)', async () => {
     const closed = createTcpServer();
     await new Promise<void>((resolve) => closed.listen(0, '127.0.0.1', resolve));
     const deadAddress = `127.0.0.1:${(closed.address() as AddressInfo).port}`;
@@ -516,7 +545,9 @@ describe('the ingress, through a stand-in port gateway', () => {
     const id = await standInDesktop();
     await sql`UPDATE desktops SET host_id = ${hostId} WHERE id = ${id}`;
     const { url } = await expose(alice, id, app.port, true);
-    expectIngressProblem(await through(url, '/'), 502);
+    const res = await through(url, '/');
+    expectIngressProblem(res, 503);
+    expect(res.headers.get('retry-after')).toBe('5');
   });
 
   it('answers 404 for ever after a delete, and closes what the exposure carried', async () => {
@@ -769,7 +800,7 @@ interface StandInGateway {
  * A port gateway speaking shared/src/port-link.ts: it checks the signed line with the join token
  * and relays to `127.0.0.1:<port>`, or answers as `mode` says.
  */
-async function startStandInGateway(): Promise<StandInGateway> {
+async function startStandInGateway(key: string): Promise<StandInGateway> {
   const sockets = new Set<Socket>();
   const state: StandInGateway = {
     address: '',
@@ -791,7 +822,7 @@ async function startStandInGateway(): Promise<StandInGateway> {
       if (newline === -1) return;
       socket.off('data', onData);
       socket.pause();
-      const target = verifyPortLinkLine(JOIN_TOKEN, buffered.subarray(0, newline).toString('latin1'));
+      const target = verifyPortLinkLine(key, buffered.subarray(0, newline).toString('latin1'));
       const rest = buffered.subarray(newline + 1);
       if (!target) return void socket.end('ERR unauthorized\n');
       state.lastTarget = target;

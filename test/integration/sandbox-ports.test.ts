@@ -260,10 +260,10 @@ describe.skipIf(!isRoot)('sandbox guest ports', () => {
     const gateway = await PortGateway.start({
       listenHost: '127.0.0.1',
       port: 0,
-      secret: SECRET,
       open: (target) => driver.openGuestPort(target.desktopId, target.port),
       log: () => undefined,
     });
+    gateway.setKey(SECRET);
     try {
       const ask = async (port: number) => {
         const socket = connect({ host: '127.0.0.1', port: gateway.port });

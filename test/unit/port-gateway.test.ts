@@ -10,7 +10,7 @@ import { createHash, randomBytes } from 'node:crypto';
 import { connect, createServer, type Server, type Socket } from 'node:net';
 import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
 import { newId } from '../../shared/src/ids.js';
-import { PORT_LINK_MAX_SKEW_MS, portLinkLine, type PortTarget } from '../../shared/src/port-link.js';
+import { PORT_LINK_MAX_SKEW_MS, portLinkKey, portLinkLine, type PortTarget } from '../../shared/src/port-link.js';
 import { AgentFailure } from '../../shared/src/protocol.js';
 import { fencePortLine } from '../../agent/src/ports/fence.js';
 import { PortGateway, refusalFor, type PortGatewayOptions } from '../../agent/src/ports/gateway.js';
@@ -122,13 +122,12 @@ describe('port gateway', () => {
     await Promise.all([echo, answer].map((s) => new Promise<void>((resolve) => s.close(() => resolve()))));
   });
 
-  async function start(options: Partial<PortGatewayOptions> = {}): Promise<PortGateway> {
+  async function start(options: Partial<PortGatewayOptions> = {}, key: string | null = SECRET): Promise<PortGateway> {
     logs.length = 0;
     opened.length = 0;
     gateway = await PortGateway.start({
       listenHost: '127.0.0.1',
       port: 0,
-      secret: SECRET,
       open: async (target) => {
         opened.push(target);
         const socket = connect({ host: '127.0.0.1', port: target.port, allowHalfOpen: true });
@@ -141,6 +140,7 @@ describe('port gateway', () => {
       log: (msg, fields) => logs.push({ msg, fields }),
       ...options,
     });
+    if (key !== null) gateway.setKey(key);
     return gateway;
   }
 
@@ -199,6 +199,20 @@ describe('port gateway', () => {
     expect(await refused(portLinkLine(SECRET, t).trimEnd())).toBe('ERR unauthorized\n');
     expect(await refused(undefined)).toBe('ERR unauthorized\n');
     expect(opened).toEqual([]);
+  });
+
+  it('refuses every line until it has its key, and lines signed with another host key', async () => {
+    const gw = await start({}, null);
+    const t = target(echoPort);
+    const refused = async (first: string) => (await Client.dial(gw.port, first)).closedWith();
+    expect(await refused(portLinkLine(SECRET, t))).toBe('ERR unauthorized\n');
+    gw.setKey(portLinkKey('scheduler secret', 'host-a'));
+    expect(await refused(portLinkLine(portLinkKey('scheduler secret', 'host-b'), t))).toBe('ERR unauthorized\n');
+    expect(await refused(portLinkLine('scheduler secret', t))).toBe('ERR unauthorized\n');
+    const client = await Client.dial(gw.port, portLinkLine(portLinkKey('scheduler secret', 'host-a'), t));
+    await client.waitFor('OK\n');
+    client.socket.destroy();
+    expect(opened).toEqual([t]);
   });
 
   it('refuses a client that ends before its newline', async () => {

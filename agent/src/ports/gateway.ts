@@ -25,8 +25,6 @@ export interface PortGatewayOptions {
   readonly listenHost: string;
   /** TCP port; 0 picks a free one (see `port`). */
   readonly port: number;
-  /** The join token: the key of the lines' HMAC. */
-  readonly secret: string;
   /**
    * A connection to the target's port inside its desktop. Rejects with an AgentFailure
    * (`not_running`, `not_found`, `stale_generation`) when the desktop is not running here at that
@@ -60,6 +58,8 @@ interface Relay {
 export class PortGateway {
   private readonly relays = new Set<Relay>();
   private listener!: LineListener;
+  /** This host's port-link key, from the scheduler's hello reply; until then every line is refused. */
+  private key: string | null = null;
 
   private constructor(private readonly options: PortGatewayOptions) {}
 
@@ -84,6 +84,11 @@ export class PortGateway {
     return this.listener.port;
   }
 
+  /** Sets the key lines must be signed with (the scheduler hands it over in hello). */
+  setKey(key: string): void {
+    this.key = key;
+  }
+
   /** Stops listening and closes every connection, the guest ends included. */
   async close(): Promise<void> {
     const closed = this.listener.close();
@@ -96,7 +101,7 @@ export class PortGateway {
       client.destroy();
       return;
     }
-    const target = verifyPortLinkLine(this.options.secret, line);
+    const target = this.key === null ? null : verifyPortLinkLine(this.key, line);
     if (target === null) {
       this.refuse(client, 'unauthorized', null, 'bad line');
       return;

@@ -9,6 +9,7 @@
  * the only sender of commands, so agents must be connected to it. Losing leadership closes every
  * link, and agents reconnect to whichever replica leads now.
  */
+import { portLinkKey } from '../../../shared/src/port-link.js';
 import type { IncomingMessage, Server } from 'node:http';
 import type { Duplex } from 'node:stream';
 import { WebSocketServer } from 'ws';
@@ -48,6 +49,8 @@ export interface AgentGatewayDeps {
   sql: Sql;
   logger: Logger;
   joinToken: string | null;
+  /** The schedulers' secret key, from which each host's port-link key is derived. */
+  portLinkSecret: string;
   heartbeatMs: number;
   isLeader(): boolean;
 }
@@ -193,7 +196,11 @@ export class AgentGateway {
       setImmediate(() => {
         for (const listener of this.helloListeners) listener(connectedHost, hello.desktops);
       });
-      return { protocol: PROTOCOL_VERSION, heartbeat_ms: this.deps.heartbeatMs };
+      return {
+        protocol: PROTOCOL_VERSION,
+        heartbeat_ms: this.deps.heartbeatMs,
+        port_link_key: portLinkKey(this.deps.portLinkSecret, hello.host_id),
+      };
     });
 
     peer.handle('heartbeat', async (raw) => {

@@ -16,6 +16,7 @@ import type { Socket } from 'node:net';
 import type { Duplex } from 'node:stream';
 import { ProxyServer } from 'http-proxy-3';
 import type { Logger } from '../../../shared/src/log.js';
+import { portLinkKey } from '../../../shared/src/port-link.js';
 import type { IngressSettings } from '../config.js';
 import { ApiError, errors, problem } from '../errors.js';
 import { isBound, type PortRoute } from '../services/ports.js';
@@ -33,8 +34,8 @@ export interface IngressPorts {
 export interface IngressDeps {
   settings: IngressSettings;
   ports: IngressPorts;
-  /** Signs port links; the agents check it. Null: no agent can have joined, so nothing is reachable. */
-  joinToken: string | null;
+  /** The schedulers' secret key: each host's port-link key derives from it (portLinkKey). */
+  portLinkSecret: string;
   logger: Logger;
 }
 
@@ -144,15 +145,15 @@ export class PortIngress {
     if (!route || route.desktop_state === 'destroyed') throw errors.ingressNotFound();
     if (!route.public && !tokenMatches(presentedToken(req), route.token_hash)) throw errors.ingressUnauthorized();
     if (!isBound(route)) throw errors.portUnbound();
-    if (!this.deps.joinToken) throw errors.portLinkFailed();
     stripToken(req);
     return route;
   }
 
   private linkAgent(route: PortRoute): PortLinkAgent {
-    const secret = this.deps.joinToken!;
+    // isBound: a bound route has a host.
+    const key = portLinkKey(this.deps.portLinkSecret, route.host_id!);
     const target = { desktopId: route.desktop_id, generation: route.generation, port: route.port };
-    return new PortLinkAgent(() => dialPortLink(secret, route.ingress_address!, target));
+    return new PortLinkAgent(() => dialPortLink(key, route.ingress_address!, target));
   }
 
   /** The answer for a failed proxy attempt; the cached route is dropped, it may be stale. */
@@ -163,6 +164,8 @@ export class PortIngress {
       switch (err.reason) {
         case 'not_running':
         case 'unavailable':
+        // SPEC: an unreachable host is 503 (retryable), even before the scheduler marks it down.
+        case 'unreachable':
           return errors.portUnbound();
         case 'refused':
           return errors.portRefused();

@@ -18,8 +18,11 @@ const REFUSALS: readonly PortLinkRefusal[] = ['unauthorized', 'not_running', 're
 
 export class PortLinkError extends Error {
   constructor(
-    /** The agent's refusal, or `unreachable` (no connection, a timeout, a garbled answer). */
-    readonly reason: PortLinkRefusal | 'unreachable',
+    /**
+     * The agent's refusal; `unreachable` (no connection, a timeout, closed before answering: the
+     * host may be down); or `garbled` (a malformed address, or an answer that is not the port link).
+     */
+    readonly reason: PortLinkRefusal | 'unreachable' | 'garbled',
     message: string,
   ) {
     super(message);
@@ -38,7 +41,7 @@ export function parseGatewayAddress(address: string): { host: string; port: numb
 /** A socket relaying to the guest port, or a `PortLinkError`. */
 export function dialPortLink(secret: string, address: string, target: PortTarget, timeoutMs = DIAL_TIMEOUT_MS): Promise<Socket> {
   const gateway = parseGatewayAddress(address);
-  if (!gateway) return Promise.reject(new PortLinkError('unreachable', `malformed port gateway address "${address}"`));
+  if (!gateway) return Promise.reject(new PortLinkError('garbled', `malformed port gateway address "${address}"`));
   return new Promise((resolve, reject) => {
     const socket = connect({ host: gateway.host, port: gateway.port });
     let answer = Buffer.alloc(0);
@@ -53,7 +56,7 @@ export function dialPortLink(secret: string, address: string, target: PortTarget
         answer = Buffer.concat([answer, chunk]);
         const newline = answer.indexOf(0x0a);
         if (newline === -1) {
-          if (answer.length > MAX_ANSWER_BYTES) return fail('unreachable', 'the port gateway sent no answer line');
+          if (answer.length > MAX_ANSWER_BYTES) return fail('garbled', 'the port gateway sent no answer line');
           continue;
         }
         const line = answer.subarray(0, newline).toString('latin1').replace(/\r$/, '');
@@ -69,7 +72,7 @@ export function dialPortLink(secret: string, address: string, target: PortTarget
         }
         const code = /^ERR (\S+)$/.exec(line)?.[1] as PortLinkRefusal | undefined;
         if (code && REFUSALS.includes(code)) return fail(code, `the agent refused the port link: ${code}`);
-        return fail('unreachable', 'the port gateway answered something other than the port link');
+        return fail('garbled', 'the port gateway answered something other than the port link');
       }
     };
     const onError = (err: Error) => fail('unreachable', `port gateway: ${err.message}`);

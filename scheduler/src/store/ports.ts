@@ -23,6 +23,7 @@ export interface PortRouteRow extends PortExposureRow {
   desktop_state: DesktopState;
   generation: number;
   /** Null when the desktop is not placed on a host. */
+  host_id: string | null;
   host_status: 'ready' | 'down' | null;
   /** The host's port gateway (`host:port`); null when the host has none or there is no host. */
   ingress_address: string | null;
@@ -50,7 +51,7 @@ export async function insertExposure(sql: Sql, e: NewExposure): Promise<PortRout
 /** The desktop's exposures, by port. */
 export async function listRoutes(sql: Sql, desktopId: string): Promise<PortRouteRow[]> {
   return sql<PortRouteRow[]>`
-    SELECT p.*, d.state AS desktop_state, d.generation, h.status AS host_status, h.ingress_address
+    SELECT p.*, d.state AS desktop_state, d.generation, d.host_id, h.status AS host_status, h.ingress_address
     FROM port_exposures p JOIN desktops d ON d.id = p.desktop_id LEFT JOIN hosts h ON h.id = d.host_id
     WHERE p.desktop_id = ${desktopId} ORDER BY p.port`;
 }
@@ -58,7 +59,7 @@ export async function listRoutes(sql: Sql, desktopId: string): Promise<PortRoute
 /** One exposure, looked up by what an exposure URL names: the desktop id and the port. */
 export async function getRoute(sql: Sql, desktopId: string, port: number): Promise<PortRouteRow | null> {
   const [row] = await sql<PortRouteRow[]>`
-    SELECT p.*, d.state AS desktop_state, d.generation, h.status AS host_status, h.ingress_address
+    SELECT p.*, d.state AS desktop_state, d.generation, d.host_id, h.status AS host_status, h.ingress_address
     FROM port_exposures p JOIN desktops d ON d.id = p.desktop_id LEFT JOIN hosts h ON h.id = d.host_id
     WHERE p.desktop_id = ${desktopId} AND p.port = ${port}`;
   return row ?? null;
