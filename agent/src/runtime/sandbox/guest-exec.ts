@@ -11,8 +11,9 @@
  * A user command goes to the desktop's warm exec server when one is ready (warm-pool.ts): a child
  * of it, already inside the guest with the guest's capabilities and cgroups, does what the cold
  * chain's end does (setsid, env file, real pipes, the 20 ms grace rounds) and relays the output in
- * frames (warm-perl.ts). A child that is gone before it started the command makes the command run
- * cold instead: it never ran, so it runs exactly once.
+ * frames (warm-perl.ts). A child that is gone before it said "started" (which it says before it
+ * forks the shell) makes the command run cold instead: it never ran, so it runs exactly once. One
+ * gone after that fails the exec as retryable: the command may have run.
  */
 import { spawn, type ChildProcess } from 'node:child_process';
 import type { Socket } from 'node:net';

@@ -199,6 +199,9 @@ pipe(my $out_r, my $out_w) or exit 1;
 pipe(my $err_r, my $err_w) or exit 1;
 pipe(my $sig_r, my $sig_w) or exit 1;
 $SIG{CHLD} = sub { syswrite($sig_w, '.'); };
+# "Started" goes out before the fork: a child that dies after it (killed by the guest or a stop)
+# then reads as "may have run", never as "did not run", so the agent never runs the command twice.
+frame('s', '');
 my $pid = fork() // exit 1;
 if ($pid == 0) {
   # An ignored SIGPIPE would be inherited through exec: the command gets the default back.
@@ -210,7 +213,6 @@ if ($pid == 0) {
   exit 127;
 }
 close($_) for ($in_r, $in_w, $out_w, $err_w);
-frame('s', '');
 my %open = (fileno($out_r) => [$out_r, 'o'], fileno($err_r) => [$err_r, 'e']);
 my ($watch, $status, $grace) = (1);
 for (;;) {
