@@ -17,7 +17,8 @@ import { guestHelperProgram, warmHelperProgram } from '../../agent/src/runtime/s
 import { execServerProgram, WARM_PROLOGUE } from '../../agent/src/runtime/sandbox/warm-perl.js';
 import { createSandboxDriver, type SandboxDriver } from '../../agent/src/runtime/sandbox/index.js';
 import { failure } from '../helpers/agent-failure.js';
-import { isAlive, isRoot, parentPid } from '../helpers/sandbox.js';
+import { hostProcesses, isAlive, isRoot, parentPid } from '../helpers/sandbox.js';
+import { until } from '../helpers/scheduler.js';
 
 const execFileAsync = promisify(execFile);
 
@@ -244,6 +245,34 @@ describe.skipIf(!isRoot)('sandbox driver warm guest servers', () => {
     });
     const after = await warmUp();
     expect(after.file.some((p) => before.file.some((b) => b.pid === p.pid))).toBe(false);
+  });
+
+  it('lets a replaced server finish the operation it is serving, then retires it', async () => {
+    await warmUp();
+    let release: () => void = () => undefined;
+    const gate = new Promise<void>((resolve) => (release = resolve));
+    const writing = driver.writeFile(id, { path: '/root/drain.txt', appendAt: null }, (async function* () {
+      yield Buffer.from('first ');
+      await gate;
+      yield Buffer.from('second');
+    })());
+    const busy = await until(async () => {
+      const found = await hostProcesses((args) => args[0]?.startsWith('canto-helper write /root/drain.txt') === true);
+      return found[0];
+    }, 10_000, 'the writing child');
+    // The server and its idle children (the one forked after the write took its child included)
+    // stop answering; the busy child goes on.
+    const others = (await warmProcs(id)).file.filter((p) => p.pid !== busy.pid);
+    for (const p of others) process.kill(p.pid, 'SIGSTOP');
+    expect((await driver.statPath(id, '/root')).fileType).toBe('directory');
+    expect(await isAlive(busy.pid)).toBe(true);
+    release();
+    await writing;
+    expect(await sh('cat /root/drain.txt')).toBe('first second');
+    await waitUntil(async () => {
+      for (const p of others) if (await isAlive(p.pid)) return false;
+      return true;
+    });
   });
 
   it('kills the servers before a hibernate and never reuses them after the wake', async () => {

@@ -17,7 +17,8 @@
  * hibernate and destroy call before the dump or the kill) returns once every server of the
  * desktop has exited: a foreign process in the guest's pid namespace would break a CRIU dump. A
  * server that dies (the guest may kill it) is replaced only when the next operation asks, so a
- * guest cannot make the agent spawn in a loop; one left unused for long is retired.
+ * guest cannot make the agent spawn in a loop; one left unused for long is retired. One that stops
+ * answering is replaced, and retired once its children have finished what they already serve.
  */
 import type { ChildProcess } from 'node:child_process';
 import { randomBytes } from 'node:crypto';
@@ -89,6 +90,9 @@ class WarmServer {
   private readyTimer: NodeJS.Timeout | undefined;
   private exitedFlag = false;
   private idleTimer: NodeJS.Timeout | undefined;
+  /** Connections its children are serving now. */
+  private active = 0;
+  private draining = false;
   private readonly token = `${randomBytes(TOKEN_HEX / 2).toString('hex')}\n`;
   readonly exited: Promise<void>;
 
@@ -96,7 +100,7 @@ class WarmServer {
     private readonly child: ChildProcess,
     private readonly socket: ServerSocket,
     log: (msg: string, fields?: object) => void,
-    onIdle: () => void,
+    private readonly onIdle: () => void,
   ) {
     this.exited = new Promise((resolve) => {
       const done = () => {
@@ -137,7 +141,7 @@ class WarmServer {
     // A server waiting for work must not keep the agent alive.
     child.unref();
     for (const s of sockets(child)) s.unref();
-    this.touch(onIdle);
+    this.armIdle();
   }
 
   /** Running and listening: `exit` has not been seen, so its pid (and group id) is not reused yet. */
@@ -159,11 +163,27 @@ class WarmServer {
     return !this.exitedFlag && this.child.pid !== undefined && this.child.exitCode === null && this.child.signalCode === null;
   }
 
-  /** (Re)starts the idle deadline. */
-  touch(onIdle: () => void): void {
+  /**
+   * No new work: the server is retired (`onIdle`) once its children have finished what they
+   * serve, so a replacement never kills another caller's operation midway.
+   */
+  retireWhenIdle(): void {
+    this.draining = true;
+    if (this.active === 0) this.onIdle();
+  }
+
+  /** The idle deadline runs only while no connection is open: a long operation keeps its server. */
+  private armIdle(): void {
     clearTimeout(this.idleTimer);
-    this.idleTimer = setTimeout(onIdle, IDLE_MS);
+    this.idleTimer = setTimeout(this.onIdle, IDLE_MS);
     this.idleTimer.unref();
+  }
+
+  private released(): void {
+    this.active--;
+    if (this.active > 0) return;
+    if (this.draining) this.onIdle();
+    else this.armIdle();
   }
 
   /**
@@ -187,6 +207,9 @@ class WarmServer {
         // The child sends nothing else before it has the request.
         if (chunk.length !== 1 || chunk[0] !== 0x2b) return fail();
         clearTimeout(timer);
+        this.active++;
+        clearTimeout(this.idleTimer);
+        socket.once('close', () => this.released());
         resolve(socket);
       });
     });
@@ -235,6 +258,8 @@ interface DesktopWarm {
   readonly servers: Partial<Record<WarmKind, WarmServer>>;
   /** When a server of the kind failed to come up: no new one before `RETRY_MS` has passed. */
   readonly failedAt: Partial<Record<WarmKind, number>>;
+  /** Replaced servers whose children still serve operations; a retire kills them too. */
+  readonly draining: Set<WarmServer>;
 }
 
 export class WarmPool {
@@ -258,19 +283,19 @@ export class WarmPool {
       desktop = undefined;
     }
     if (desktop === undefined) {
-      desktop = { init, servers: {}, failedAt: {} };
+      desktop = { init, servers: {}, failedAt: {}, draining: new Set() };
       this.desktops.set(desktopId, desktop);
     }
     const server = desktop.servers[kind];
     if (server?.usable) {
       const socket = await server.connect();
-      if (socket !== null) {
-        server.touch(() => void this.stop(desktopId, kind, server));
-        return { socket, serverPid: server.pid };
-      }
-      // Alive but not serving: it is no use, and the next operation starts another.
+      if (socket !== null) return { socket, serverPid: server.pid };
+      // Alive but not serving: the next operation starts another. This one runs cold at once;
+      // the server goes when the operations its children still serve have ended.
       this.log('warm guest server does not answer; replacing it', { desktopId, kind });
-      await this.stop(desktopId, kind, server);
+      if (desktop.servers[kind] === server) delete desktop.servers[kind];
+      desktop.draining.add(server);
+      server.retireWhenIdle();
       return null;
     }
     const failedAt = desktop.failedAt[kind];
@@ -319,6 +344,7 @@ export class WarmPool {
     desktop.servers[kind] = server;
     void server.exited.then(() => {
       if (desktop.servers[kind] === server) delete desktop.servers[kind];
+      desktop.draining.delete(server);
       if (!server.wasReady) desktop.failedAt[kind] = Date.now();
     });
   }
@@ -326,12 +352,14 @@ export class WarmPool {
   private async stop(desktopId: string, kind: WarmKind, server: WarmServer): Promise<void> {
     const desktop = this.desktops.get(desktopId);
     if (desktop?.servers[kind] === server) delete desktop.servers[kind];
+    desktop?.draining.delete(server);
     await server.kill();
   }
 
   private async drop(desktop: DesktopWarm): Promise<void> {
-    const all = Object.values(desktop.servers);
+    const all = [...Object.values(desktop.servers), ...desktop.draining];
     for (const kind of Object.keys(desktop.servers) as WarmKind[]) delete desktop.servers[kind];
+    desktop.draining.clear();
     await Promise.all(all.map((s) => s.kill()));
   }
 }
