@@ -19,6 +19,7 @@
  */
 import { closeSync, constants as fsc, fstatSync, openSync, read, readFileSync, readlinkSync, writev } from 'node:fs';
 import { AgentFailure } from '../../../../shared/src/protocol.js';
+import { childPidsSync, procStatSync } from './host-procs.js';
 
 export interface HandedFile {
   /** The helper's pid inside the guest. */
@@ -54,15 +55,19 @@ export function parseHandedFile(fields: readonly (string | undefined)[]): Handed
   return { guestPid, fd: n, dev: BigInt(dev as string), ino: BigInt(ino as string) };
 }
 
-/** `(start time, pid namespace)` of a host pid, or null when it is gone. */
-function identity(pid: number): string | null {
+function pidNamespace(pid: number): string | null {
   try {
-    const stat = readFileSync(`/proc/${pid}/stat`, 'latin1');
-    const startTime = stat.slice(stat.lastIndexOf(')') + 2).split(' ')[19];
-    return `${startTime} ${readlinkSync(`/proc/${pid}/ns/pid`)}`;
+    return readlinkSync(`/proc/${pid}/ns/pid`);
   } catch {
     return null;
   }
+}
+
+/** `(start time, pid namespace)` of a live host pid, or null when it is gone. */
+function identity(pid: number): string | null {
+  const st = procStatSync(pid);
+  const ns = pidNamespace(pid);
+  return st === null || ns === null ? null : `${st.startTime} ${ns}`;
 }
 
 /** The innermost pid in `/proc/<pid>/status`'s NSpid line, and how many namespaces it lists. */
@@ -91,21 +96,13 @@ function hostPidOf(scope: HandoffScope, guestPid: number): number {
       const inner = innermostPid(pid);
       if (inner !== null && inner.depth > 1 && inner.pid === guestPid) return pid;
     }
-    queue.push(...childrenOf(pid));
+    queue.push(...childPidsSync(pid));
   }
   throw refused('the helper is not among the processes of this call');
 }
 
 /** A warm server has a handful of children; a tree this big is not one of ours. */
 const MAX_TREE = 256;
-
-function childrenOf(pid: number): number[] {
-  try {
-    return readFileSync(`/proc/${pid}/task/${pid}/children`, 'latin1').split(' ').filter(Boolean).map(Number);
-  } catch {
-    return [];
-  }
-}
 
 /**
  * The agent's descriptor of a handed-off file. Reads and writes go through the thread pool; the
@@ -159,9 +156,9 @@ export class HandedFd {
 /** Opens the file the helper holds, after the checks described above. The caller must close it. */
 export function openHandedFile(scope: HandoffScope, file: HandedFile, mode: 'read' | 'write'): HandedFd {
   const pid = hostPidOf(scope, file.guestPid);
-  const guestNs = identity(scope.initPid)?.split(' ')[1];
+  const guestNs = pidNamespace(scope.initPid);
   const before = identity(pid);
-  if (guestNs === undefined || before === null || before.split(' ')[1] !== guestNs) {
+  if (guestNs === null || before === null || !before.endsWith(` ${guestNs}`)) {
     throw refused('the helper is not in the desktop');
   }
   const flags = (mode === 'read' ? fsc.O_RDONLY : fsc.O_WRONLY) | fsc.O_NONBLOCK | fsc.O_NOCTTY;

@@ -37,7 +37,7 @@
  */
 import { spawn, type ChildProcess } from 'node:child_process';
 import { randomBytes } from 'node:crypto';
-import { closeSync, openSync, readFileSync } from 'node:fs';
+import { closeSync, openSync } from 'node:fs';
 import { rm } from 'node:fs/promises';
 import { connect, type Socket } from 'node:net';
 import { constants as osc } from 'node:os';
@@ -45,7 +45,7 @@ import { join } from 'node:path';
 import { AgentFailure } from '../../../../shared/src/protocol.js';
 import { cgroupDirs, cgroupPids, JOIN_FAILED } from './cgroups.js';
 import type { InitProcess } from './cold-boot.js';
-import { isSameProcessSync, signal, waitFor } from './host-procs.js';
+import { isSameProcessSync, procStatSync, signal, waitFor } from './host-procs.js';
 import { WARM_PROLOGUE } from './warm-perl.js';
 import { forwarderProgram } from './guest-ports-perl.js';
 
@@ -80,15 +80,7 @@ function connectError(errno: number, port: number): Error {
 async function groupMembers(desktopId: string, pgid: number): Promise<number[]> {
   const out: number[] = [];
   for (const pid of await cgroupPids(desktopId)) {
-    let text: string;
-    try {
-      text = readFileSync(`/proc/${pid}/stat`, 'utf8');
-    } catch {
-      continue;
-    }
-    // Field 3 is the state, field 5 the process group.
-    const rest = text.slice(text.lastIndexOf(')') + 2).split(' ');
-    if (rest[0] !== 'Z' && rest[0] !== 'X' && Number(rest[2]) === pgid) out.push(pid);
+    if (procStatSync(pid)?.pgid === pgid) out.push(pid);
   }
   return out;
 }

@@ -9,6 +9,7 @@ import { readdir, readFile } from 'node:fs/promises';
 export interface ProcStat {
   readonly pid: number;
   readonly ppid: number;
+  readonly pgid: number;
   readonly session: number;
   /** Start time in clock ticks since boot (field 22 of /proc/PID/stat). */
   readonly startTime: string;
@@ -32,6 +33,7 @@ function parseStat(pid: number, text: string): ProcStat | null {
   return {
     pid,
     ppid: Number(rest[1]),
+    pgid: Number(rest[2]),
     session: Number(rest[3]),
     startTime: rest[19] ?? '',
   };
@@ -43,17 +45,19 @@ export async function isSameProcess(pid: number, startTime: string): Promise<boo
 }
 
 /**
- * The same check, synchronously, for the path of every guest operation: a /proc file is made up
- * by the kernel on read and never blocks, and a trip through the thread pool costs more than it.
+ * procStat, synchronously, for the path of every guest operation: a /proc file is made up by the
+ * kernel on read and never blocks, and a trip through the thread pool costs more than it.
  */
-export function isSameProcessSync(pid: number, startTime: string): boolean {
-  let text: string;
+export function procStatSync(pid: number): ProcStat | null {
   try {
-    text = readFileSync(`/proc/${pid}/stat`, 'utf8');
+    return parseStat(pid, readFileSync(`/proc/${pid}/stat`, 'utf8'));
   } catch {
-    return false;
+    return null;
   }
-  return parseStat(pid, text)?.startTime === startTime;
+}
+
+export function isSameProcessSync(pid: number, startTime: string): boolean {
+  return procStatSync(pid)?.startTime === startTime;
 }
 
 export async function allProcs(): Promise<ProcStat[]> {
@@ -103,6 +107,15 @@ export async function childPids(pid: number): Promise<number[]> {
   try {
     const text = await readFile(`/proc/${pid}/task/${pid}/children`, 'utf8');
     return text.split(' ').filter(Boolean).map(Number);
+  } catch {
+    return [];
+  }
+}
+
+/** childPids, synchronously (see procStatSync). */
+export function childPidsSync(pid: number): number[] {
+  try {
+    return readFileSync(`/proc/${pid}/task/${pid}/children`, 'utf8').split(' ').filter(Boolean).map(Number);
   } catch {
     return [];
   }
