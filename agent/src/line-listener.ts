@@ -2,7 +2,7 @@
  * What the agent's two TCP gateways share (stream/gateway.ts for VNC clients, ports/gateway.ts
  * for the scheduler's ingress): a listener whose clients open with one line — a ticket, a signed
  * target — before anything else. It reads that line with a length limit and a deadline, caps the
- * connections still owing one, and hands the line and whatever bytes followed it to the gateway;
+ * connections still owing one (in all and per client address), and hands the line and whatever bytes followed it to the gateway;
  * the gateway decides what the line means and relays from there. A refusal is one `ERR` line.
  *
  * Every timer is unref'd and every socket error is swallowed here: a gateway never keeps the
@@ -30,6 +30,11 @@ export interface LineListenerOptions {
 
 /** Connections that have not sent their line yet; more are dropped at once. */
 const MAX_HANDSHAKES = 64;
+/**
+ * The same, per client address: one client holding silent connections open cannot take every
+ * slot, and lock every other client out, for as long as it keeps opening them.
+ */
+export const MAX_HANDSHAKES_PER_ADDRESS = 8;
 /** Dead peers are found by TCP keepalive, so that what they hold does not stay held. */
 const KEEPALIVE_MS = 30_000;
 /** How long a refused connection may stay half-open for its `ERR` line to reach the client. */
@@ -39,6 +44,7 @@ export class LineListener {
   /** Every open client connection, whatever its state. */
   private readonly sockets = new Set<Socket>();
   private readonly handshakes = new Set<Socket>();
+  private readonly handshakesByAddress = new Map<string, number>();
   private closingFlag = false;
 
   private constructor(
@@ -85,13 +91,16 @@ export class LineListener {
 
   private accept(socket: Socket): void {
     socket.on('error', () => undefined);
-    if (this.closingFlag || this.handshakes.size >= MAX_HANDSHAKES) {
+    const address = socket.remoteAddress ?? '';
+    const fromAddress = this.handshakesByAddress.get(address) ?? 0;
+    if (this.closingFlag || this.handshakes.size >= MAX_HANDSHAKES || fromAddress >= MAX_HANDSHAKES_PER_ADDRESS) {
       socket.destroy();
       return;
     }
     this.sockets.add(socket);
     socket.once('close', () => this.sockets.delete(socket));
     this.handshakes.add(socket);
+    this.handshakesByAddress.set(address, fromAddress + 1);
     const { maxLineBytes, onLine, onNoLine } = this.options;
     let head: Buffer = Buffer.alloc(0);
     const timer = setTimeout(() => {
@@ -103,7 +112,10 @@ export class LineListener {
       clearTimeout(timer);
       socket.off('data', onData);
       socket.off('end', onEnd);
-      this.handshakes.delete(socket);
+      if (!this.handshakes.delete(socket)) return;
+      const left = (this.handshakesByAddress.get(address) ?? 1) - 1;
+      if (left > 0) this.handshakesByAddress.set(address, left);
+      else this.handshakesByAddress.delete(address);
     };
     const onData = (chunk: Buffer) => {
       head = head.length === 0 ? chunk : Buffer.concat([head, chunk]);
