@@ -70,6 +70,8 @@ const ACK_MS = 5_000;
 /** Bound on waiting for a killed server to be reaped; a SIGKILLed group ends at once. */
 const EXIT_WAIT_MS = 5_000;
 const STDERR_LOG_BYTES = 1024;
+/** Log lines per server for what it writes to stderr. */
+const STDERR_LOG_LINES = 20;
 
 /**
  * Where a server listens. `dirFd` is an open descriptor of the directory: connecting through
@@ -134,10 +136,16 @@ class WarmServer {
       void this.kill();
     }, READY_MS);
     this.readyTimer.unref();
-    // Anything a server or its children write to stderr is a fault worth a log line.
-    child.stderr?.on('data', (chunk: Buffer) =>
-      log('warm guest server says', { socket: socket.name, text: chunk.toString('utf8', 0, STDERR_LOG_BYTES) }),
-    );
+    // Anything a server or its children write to stderr is a fault worth a log line; a few, since
+    // the guest can make a server write (the exec server runs with the guest's capabilities).
+    let lines = 0;
+    child.stderr?.on('data', (chunk: Buffer) => {
+      if (++lines <= STDERR_LOG_LINES) {
+        log('warm guest server says', { socket: socket.name, text: chunk.toString('utf8', 0, STDERR_LOG_BYTES) });
+      } else if (lines === STDERR_LOG_LINES + 1) {
+        log('warm guest server says more; not logged', { socket: socket.name });
+      }
+    });
     // A server waiting for work must not keep the agent alive.
     child.unref();
     for (const s of sockets(child)) s.unref();
