@@ -23,7 +23,7 @@ import { PassThrough, type Readable, type Writable } from 'node:stream';
 import { AgentFailure, type AgentErrorCode } from '../../../../shared/src/protocol.js';
 import { cgroupDirs, JOIN_FAILED, joinArgv } from './cgroups.js';
 import { guestHelperProgram, helperRequest, warmHelperProgram, type HelperOp } from './guest-helper.js';
-import { GUEST_CAPS, GUEST_ENV, GUEST_PATH } from './guest-init.js';
+import { GUEST_CAPS_ONLY, GUEST_ENV, GUEST_PATH, nsenterArgv } from './guest-init.js';
 import { killTree } from './host-procs.js';
 import type { HandoffScope } from './guest-handoff.js';
 import type { GuestOp } from './in-flight.js';
@@ -357,12 +357,12 @@ export class GuestCall {
  * guest's pid namespace) runs the helper for this one operation.
  */
 function spawnHelper(target: GuestTarget, op: HelperOp, args: readonly string[], guestCaps: boolean): ChildProcess {
-  const caps = guestCaps ? ['/usr/bin/setpriv', `--bounding-set=-all,${GUEST_CAPS.map((c) => `+${c}`).join(',')}`] : [];
+  const caps = guestCaps ? GUEST_CAPS_ONLY : [];
   return spawn(
     '/bin/sh',
     [
       ...joinArgv(target.desktopId),
-      target.nsenterPath, '-t', String(target.initPid), '-m', '-u', '-i', '-n', '-p', '-r', '--wdns=/',
+      ...nsenterArgv(target.nsenterPath, target.initPid),
       ...caps, '/usr/bin/perl', '-e', guestHelperProgram(op), '--', op, ...args,
     ],
     // A detached process inherits the guest environment; every other helper needs only PATH
@@ -382,7 +382,7 @@ export function startWarmFileServer(desktopId: string, initPid: number, nsenterP
     '/usr/bin/perl',
     [
       '-e', WARM_PROLOGUE, '--', String(groups.length), ...groups, socketDir, socketName,
-      nsenterPath, '-t', String(initPid), '-m', '-u', '-i', '-n', '-p', '-r', '--wdns=/',
+      ...nsenterArgv(nsenterPath, initPid),
       '/usr/bin/perl', '-e', warmHelperProgram(), '--',
     ],
     { env: { PATH: GUEST_PATH }, stdio: ['pipe', 'pipe', 'pipe'], detached: true },

@@ -23,7 +23,8 @@ import { AgentFailure } from '../../../../shared/src/protocol.js';
 import type { ExecOutcome } from '../driver.js';
 import { cgroupDirs } from './cgroups.js';
 import { EXEC_RELAY, RELAY_JOIN_FAILED } from './exec-relay.js';
-import { GUEST_CAPS, GUEST_ENV } from './guest-init.js';
+import { GUEST_CAPS_ONLY, GUEST_ENV, nsenterArgv } from './guest-init.js';
+import { lengthFramed, WARM_IDLE } from './guest-helper.js';
 import { killTree } from './host-procs.js';
 import { execServerProgram, WARM_PROLOGUE } from './warm-perl.js';
 
@@ -33,8 +34,6 @@ export const MAX_OUTPUT_BYTES = 8 * 1024 * 1024;
 const DRAIN_GRACE_MS = 100;
 /** How long a warm child gets to kill the command's session when asked to. */
 const WARM_KILL_MS = 2_000;
-/** Children the warm exec server keeps waiting. */
-const WARM_IDLE = 2;
 
 export interface GuestExecOptions {
   readonly desktopId: string;
@@ -63,18 +62,12 @@ export interface GuestExecOptions {
  */
 const WITH_ENV = '[ -f /root/.canto/env ] && . /root/.canto/env; exec /bin/sh -c "$0"';
 
-const GUEST_CAPS_ONLY = ['/usr/bin/setpriv', `--bounding-set=-all,${GUEST_CAPS.map((c) => `+${c}`).join(',')}`];
-
-function nsenterArgv(nsenterPath: string, initPid: number): string[] {
-  return [nsenterPath, '-t', String(initPid), '-m', '-u', '-i', '-n', '-p', '-r', '--wdns=/root'];
-}
-
 /** The warm exec server: cgroups, socket, nsenter, the guest's capabilities, then the server. */
 export function startWarmExecServer(desktopId: string, initPid: number, nsenterPath: string, socketDir: string, socketName: string): ChildProcess {
   const groups = cgroupDirs(desktopId);
   const argv = [
     '-e', WARM_PROLOGUE, '--', String(groups.length), ...groups, socketDir, socketName,
-    ...nsenterArgv(nsenterPath, initPid), ...GUEST_CAPS_ONLY,
+    ...nsenterArgv(nsenterPath, initPid, '/root'), ...GUEST_CAPS_ONLY,
     '/usr/bin/perl', '-e', execServerProgram(WITH_ENV, constants.errno.EINTR, WARM_IDLE), '--',
   ];
   // A group of its own (detached), so retiring it kills everything it forked.
@@ -195,8 +188,7 @@ function warmRun(socket: Socket, command: string, limit: number): Run {
   socket.on('error', () => undefined);
   socket.resume();
   const closed = new Promise<void>((resolve) => socket.once('close', () => resolve()));
-  const body = Buffer.from(command, 'utf8');
-  socket.write(Buffer.concat([Buffer.from(`${body.length.toString(16).padStart(8, '0')}\n`, 'latin1'), body]));
+  socket.write(lengthFramed(Buffer.from(command, 'utf8')));
   return {
     done: closed.then(() => ({ code, started, stdout, stderr })),
     kill: async () => {

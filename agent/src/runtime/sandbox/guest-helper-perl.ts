@@ -45,7 +45,7 @@ export interface PerlPart {
  * exact-length reads so that not a byte of what follows (upload chunks) is taken early. The process
  * title then names the operation, as a cold helper's arguments do.
  */
-export function perlWarmRequest(k: PerlConstants): string {
+function perlWarmRequest(k: PerlConstants): string {
   return String.raw`
 ${perlPrefork()}
 prefork('canto-helper', ${k.warmIdle}, ${k.E('EINTR')});

@@ -54,8 +54,8 @@ import {
   type PerlPart,
 } from './guest-helper-perl.js';
 
-/** Children a warm file server keeps waiting, so that a run of operations never waits for a fork. */
-const WARM_IDLE = 2;
+/** Children a warm server (file or exec) keeps waiting, so that a run of operations never waits for a fork. */
+export const WARM_IDLE = 2;
 
 /** Largest append chunk the helper buffers (the API's limit is 8 MiB). */
 export const MAX_APPEND_BYTES = 8 * 1024 * 1024;
@@ -165,6 +165,10 @@ export function warmHelperProgram(): string {
 export function helperRequest(op: HelperOp, args: readonly string[]): Buffer {
   const fields = [op, ...args];
   if (fields.some((f) => f.includes('\0'))) throw new Error('a helper argument holds a NUL');
-  const body = Buffer.from(fields.join('\0'), 'utf8');
+  return lengthFramed(Buffer.from(fields.join('\0'), 'utf8'));
+}
+
+/** `<length as 8 hex digits>\n<body>`: how a warm child (file or exec) reads its request. */
+export function lengthFramed(body: Buffer): Buffer {
   return Buffer.concat([Buffer.from(`${body.length.toString(16).padStart(8, '0')}\n`, 'latin1'), body]);
 }

@@ -50,6 +50,16 @@ export const GUEST_CAPS = [
   'setfcap', 'net_bind_service', 'net_raw', 'sys_chroot', 'audit_write',
 ] as const;
 
+/** `setpriv` down to the guest's bounding set: the prefix of anything that runs guest code. */
+export const GUEST_CAPS_ONLY: readonly string[] = [
+  '/usr/bin/setpriv', `--bounding-set=-all,${GUEST_CAPS.map((c) => `+${c}`).join(',')}`,
+];
+
+/** nsenter into every namespace of the guest init (its pid namespace too) and its root. */
+export function nsenterArgv(nsenterPath: string, initPid: number, workdir = '/'): string[] {
+  return [nsenterPath, '-t', String(initPid), '-m', '-u', '-i', '-n', '-p', '-r', `--wdns=${workdir}`];
+}
+
 /** Mountpoints that are created inside guest-owned mounts (not in the root skeleton). */
 export const NESTED_MOUNTPOINTS = ['/dev', '/proc', '/run'] as const;
 

@@ -40,12 +40,12 @@ const SCROLL_BUTTONS: Readonly<Record<ScrollDirection, number>> = { up: 4, down:
  * X delivers the events in order anyway; the pauses are for toolkits whose drag-and-drop talks
  * to the drop target asynchronously (XDND) and drops nothing if the release comes first.
  */
-export const DRAG_PAUSE_MS = 50;
+const DRAG_PAUSE_MS = 50;
 /**
  * Between wheel clicks. The X server does not merge button events: every notch reaches the
  * client as its own press and release (the integration test counts them), so none is needed.
  */
-export const SCROLL_DELAY_MS = 0;
+const SCROLL_DELAY_MS = 0;
 /** xdotool's `--repeat 2 --delay 120` also sleeps after the second click; a chained sleep does not. */
 const DOUBLE_CLICK_GAP_S = '0.12';
 

@@ -39,7 +39,7 @@ import { AgentFailure } from '../../../../shared/src/protocol.js';
 import type { VncSession } from '../driver.js';
 import { joinArgv, JOIN_FAILED } from './cgroups.js';
 import type { InitProcess } from './cold-boot.js';
-import { GUEST_CAPS, GUEST_ENV } from './guest-init.js';
+import { GUEST_CAPS_ONLY, GUEST_ENV, nsenterArgv } from './guest-init.js';
 import { isSameProcessSync, processTree, procStat, signal, waitFor, type ProcStat } from './host-procs.js';
 
 export interface VncSessionsOptions {
@@ -78,7 +78,7 @@ const X11VNC = '/usr/bin/x11vnc';
  * - `-norc`, `-noremote`, `-nocmds`: see the module comment.
  * - `-viewonly` discards all input, the clipboard's included.
  */
-export function x11vncArgs(desktopId: string, viewOnly: boolean): string[] {
+function x11vncArgs(desktopId: string, viewOnly: boolean): string[] {
   return [
     '-inetd', '-display', ':0', '-q', '-nopw', '-once', '-nonap', '-speeds', 'lan', '-noshm', '-repeat', '-norc', '-noremote', '-nocmds',
     '-desktop', desktopId,
@@ -86,7 +86,6 @@ export function x11vncArgs(desktopId: string, viewOnly: boolean): string[] {
   ];
 }
 
-const GUEST_CAPS_ONLY = ['/usr/bin/setpriv', `--bounding-set=-all,${GUEST_CAPS.map((c) => `+${c}`).join(',')}`];
 
 /**
  * One x11vnc and the agent's end of its socket. What the server sends passes through `output`
@@ -293,7 +292,7 @@ export class VncSessions {
       '/bin/sh',
       [
         ...joinArgv(desktopId),
-        this.options.nsenterPath, '-t', String(init.pid), '-m', '-u', '-i', '-n', '-p', '-r', '--wdns=/',
+        ...nsenterArgv(this.options.nsenterPath, init.pid),
         ...GUEST_CAPS_ONLY, '/usr/bin/setsid', X11VNC, ...x11vncArgs(desktopId, viewOnly),
       ],
       { env: { ...GUEST_ENV }, stdio: [serverEnd, serverEnd, 'pipe'] },
