@@ -303,7 +303,7 @@ export type CreatePortBody = Static<typeof CreatePortBody>;
 
 export const PortParams = Type.Object({
   id: Type.String({ pattern: idPattern('desktop') }),
-  port: Type.String({ pattern: '^[0-9]{1,5}$', description: 'Exposed guest port, 1..65535' }),
+  port: Type.String({ description: 'Exposed guest port, 1..65535 (anything else is not found)' }),
 });
 
 /* ------------------------------------------------------------------ computer use */
