@@ -10,6 +10,7 @@
  */
 
 import { hostname } from 'node:os';
+import { parseHostPort } from '../../shared/src/host-port.js';
 
 export type AgentRuntime = 'sandbox' | 'fake';
 
@@ -113,10 +114,9 @@ export function loadAgentConfig(env: Env, flags: AgentFlags = {}): AgentConfig {
 function parseListen(env: Env, name: string, fallback: string): { host: string; port: number } | null {
   const raw = env[name]?.trim() || fallback;
   if (raw.toLowerCase() === 'off') return null;
-  const m = /^(?:\[([0-9a-fA-F:.]+)\]|([^:\s]+)):(\d{1,5})$/.exec(raw);
-  const port = m ? Number(m[3]) : Number.NaN;
-  if (!m || port > 65535) throw new Error(`agent config: ${name} must be host:port or off, got "${raw}"`);
-  return { host: m[1] ?? m[2]!, port };
+  const address = parseHostPort(raw);
+  if (address === null) throw new Error(`agent config: ${name} must be host:port or off, got "${raw}"`);
+  return address;
 }
 
 function parseSchedulerUrls(value: string | undefined): readonly string[] {

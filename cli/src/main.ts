@@ -15,6 +15,7 @@ import { runAgent } from '../../agent/src/main.js';
 import { DEFAULT_DATA_DIR, openDataDirDatabase } from './data-dir.js';
 import { up } from './up.js';
 import { bridgeOnce, parseStreamUrl } from './vnc-bridge.js';
+import { formatHostPort, parseHostPort } from '../../shared/src/host-port.js';
 
 const env = process.env;
 const program = new Command('canto').description('Canto: persistent Linux cloud desktops').showHelpAfterError();
@@ -56,16 +57,13 @@ program
   .option('--listen <host:port>', 'where the viewer connects', '127.0.0.1:5900')
   .action(async (streamUrl: string, opts: { listen: string }) => {
     const target = parseStreamUrl(streamUrl);
-    const at = opts.listen.lastIndexOf(':');
-    const listenHost = opts.listen.slice(0, at).replace(/^\[(.*)\]$/, '$1');
-    const listenPort = Number(opts.listen.slice(at + 1));
-    if (at <= 0 || !Number.isInteger(listenPort) || listenPort < 0 || listenPort > 65535) {
-      throw new Error(`--listen must be host:port, got "${opts.listen}"`);
-    }
+    const listen = parseHostPort(opts.listen);
+    if (listen === null) throw new Error(`--listen must be host:port, got "${opts.listen}"`);
     await bridgeOnce(target, {
-      listenHost,
-      listenPort,
-      onListening: (port) => process.stdout.write(`Point a VNC viewer at ${listenHost}:${port} (one connection: the ticket works once).\n`),
+      listenHost: listen.host,
+      listenPort: listen.port,
+      onListening: (port) =>
+        process.stdout.write(`Point a VNC viewer at ${formatHostPort(listen.host, port)} (one connection: the ticket works once).\n`),
     });
     process.stdout.write('The viewer disconnected.\n');
   });

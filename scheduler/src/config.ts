@@ -5,6 +5,7 @@
  */
 import { randomUUID } from 'node:crypto';
 import { isIP } from 'node:net';
+import { parseHostPort } from '../../shared/src/host-port.js';
 
 export interface JwtSettings {
   readonly jwksUrl: string;
@@ -132,9 +133,9 @@ function num(env: Env, name: string, fallback: number): number {
 }
 
 export function parseListen(value: string): { host: string; port: number } {
-  const match = /^(.*):(\d+)$/.exec(value);
-  if (!match || Number(match[2]) > 65535) throw new Error(`listen address must be HOST:PORT, got "${value}"`);
-  return { host: match[1]!.replace(/^\[(.*)\]$/, '$1'), port: Number(match[2]) };
+  const address = parseHostPort(value);
+  if (address === null) throw new Error(`listen address must be HOST:PORT ([v6]:PORT), got "${value}"`);
+  return address;
 }
 
 export function loadSchedulerConfig(env: Env): SchedulerConfig {

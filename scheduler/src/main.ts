@@ -25,6 +25,7 @@ import { WebhookDispatcher } from './webhooks/dispatcher.js';
 import { deliveryQueue } from './store/webhook-deliveries.js';
 import { PortService } from './services/ports.js';
 import { PortIngress } from './ingress/ingress-server.js';
+import { formatHost } from '../../shared/src/host-port.js';
 
 export interface RunningScheduler {
   readonly url: string;
@@ -109,7 +110,7 @@ export async function startScheduler(config: SchedulerConfig, logger?: Logger): 
   await leadership.start();
   const address = app.server.address();
   const port = typeof address === 'object' && address ? address.port : config.listenPort;
-  const host = config.listenHost.includes(':') ? `[${config.listenHost}]` : config.listenHost;
+  const host = formatHost(config.listenHost);
   const url = `http://${host === '0.0.0.0' ? '127.0.0.1' : host}:${port}`;
   log.info({ url, replica: config.replicaId }, 'scheduler listening');
 

@@ -31,6 +31,7 @@ import { RpcPeer } from '../../../shared/src/rpc.js';
 import type { Sql } from '../store/db.js';
 import { markHostDown, touchHost, upsertHost } from '../store/hosts.js';
 import { hashToken, safeEqualHex } from '../crypto/secret-box.js';
+import { formatHostPort } from '../../../shared/src/host-port.js';
 
 export const AGENT_LINK_PATH = '/internal/agents/ws';
 const HELLO_TIMEOUT_MS = 10_000;
@@ -221,10 +222,6 @@ export class AgentGateway {
 }
 
 /** `host:port`, with an IPv6 literal in brackets so the last colon always separates the port. */
-function formatHostPort(host: string, port: number): string {
-  return `${host.includes(':') ? `[${host}]` : host}:${port}`;
-}
-
 function refuse(socket: Duplex, status: number, reason: string): void {
   socket.end(`HTTP/1.1 ${status} ${reason}\r\nConnection: close\r\nContent-Length: 0\r\n\r\n`);
 }

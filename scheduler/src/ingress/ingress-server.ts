@@ -24,6 +24,7 @@ import { parseExposureHost } from './exposure-host.js';
 import { dialPortLink, PortLinkAgent, PortLinkError } from './port-link-client.js';
 import { presentedToken, stripToken, tokenMatches } from './port-token.js';
 import { keyOf, RouteCache } from './route-cache.js';
+import { formatHost } from '../../../shared/src/host-port.js';
 
 /** What the ingress needs from the port service. */
 export interface IngressPorts {
@@ -91,7 +92,7 @@ export class PortIngress {
     const address = this.server.address();
     const port = typeof address === 'object' && address ? address.port : this.deps.settings.listenPort;
     const host = this.deps.settings.listenHost;
-    const shown = host === '0.0.0.0' || host === '::' || host === '' ? '127.0.0.1' : host.includes(':') ? `[${host}]` : host;
+    const shown = host === '0.0.0.0' || host === '::' || host === '' ? '127.0.0.1' : formatHost(host);
     return `http://${shown}:${port}`;
   }
 

@@ -9,6 +9,7 @@ import { Agent, type ClientRequestArgs } from 'node:http';
 import { connect, type Socket } from 'node:net';
 import type { Duplex } from 'node:stream';
 import { portLinkLine, type PortLinkRefusal, type PortTarget } from '../../../shared/src/port-link.js';
+import { parseHostPort } from '../../../shared/src/host-port.js';
 
 /** Connecting and reading the answer, together. */
 const DIAL_TIMEOUT_MS = 10_000;
@@ -30,12 +31,10 @@ export class PortLinkError extends Error {
   }
 }
 
-/** `host:port`, or `[v6]:port`, as the scheduler records it from the agent's hello. */
+/** The gateway address the scheduler recorded from the agent's hello; null if it cannot be dialled. */
 export function parseGatewayAddress(address: string): { host: string; port: number } | null {
-  const match = /^(?:\[([^\]]+)\]|([^:[\]]+)):(\d{1,5})$/.exec(address);
-  const port = match ? Number(match[3]) : 0;
-  if (!match || port < 1 || port > 65535) return null;
-  return { host: match[1] ?? match[2]!, port };
+  const gateway = parseHostPort(address);
+  return gateway === null || gateway.port < 1 ? null : gateway;
 }
 
 /** A socket relaying to the guest port, or a `PortLinkError`. */

@@ -17,6 +17,7 @@ import { ApiError, errors } from '../errors.js';
 import type { Sql } from '../store/db.js';
 import { getDesktop } from '../store/desktops.js';
 import type { DesktopRow } from '../store/rows.js';
+import { formatHostPort } from '../../../shared/src/host-port.js';
 
 /** Synchronous exec: SPEC's default and ceiling for `timeout_secs`. */
 export const EXEC_DEFAULT_TIMEOUT_SECS = 60;
@@ -199,9 +200,8 @@ export class GuestService {
   async streamTicket(orgId: string, desktopId: string, claim: StreamClaim) {
     const target = await this.target(orgId, desktopId);
     const grant = await this.run(target, 'stream.grant', { ...target.ref, claim }, GUEST_OP_TIMEOUT_MS);
-    const host = grant.host.includes(':') ? `[${grant.host}]` : grant.host;
     return {
-      url: `tcp://${host}:${grant.port}/?ticket=${encodeURIComponent(grant.ticket)}`,
+      url: `tcp://${formatHostPort(grant.host, grant.port)}/?ticket=${encodeURIComponent(grant.ticket)}`,
       claim,
       expires_at: grant.expires_at,
     };
