@@ -237,18 +237,19 @@ export const DisplaySetPayload = Type.Object({
 /** The geometry read from the guest's X server (after a resize: read again). */
 export const DisplayResult = Type.Object({ width: Type.Integer({ minimum: 1 }), height: Type.Integer({ minimum: 1 }) });
 
+/** A rectangle of screen pixels. */
+export const ScreenRegion = Type.Object({
+  x: Type.Integer({ minimum: 0 }),
+  y: Type.Integer({ minimum: 0 }),
+  width: Type.Integer({ minimum: 1 }),
+  height: Type.Integer({ minimum: 1 }),
+});
+export type ScreenRegion = Readonly<Static<typeof ScreenRegion>>;
+
 export const ScreenshotPayload = Type.Object({
   ...DesktopRef,
   /** Screen pixels, clamped to the screen by the agent; null captures it all. */
-  region: Type.Union([
-    Type.Object({
-      x: Type.Integer({ minimum: 0 }),
-      y: Type.Integer({ minimum: 0 }),
-      width: Type.Integer({ minimum: 1 }),
-      height: Type.Integer({ minimum: 1 }),
-    }),
-    Type.Null(),
-  ]),
+  region: Type.Union([ScreenRegion, Type.Null()]),
   scale_percent: Type.Union([Type.Integer({ minimum: 1, maximum: 100 }), Type.Null()]),
   /** A PNG over this size fails with `too_large`. */
   max_bytes: Type.Integer({ minimum: 1 }),

@@ -9,6 +9,9 @@
 import type { Duplex } from 'node:stream';
 import type { Tier } from '../../../shared/src/tiers.js';
 import type { InputAction } from '../../../shared/src/computer-use.js';
+import type { ScreenRegion } from '../../../shared/src/protocol.js';
+
+export type { ScreenRegion };
 
 export interface RuntimeCapabilities {
   /** Short driver name, e.g. `sandbox`. */
@@ -119,13 +122,6 @@ export interface DirListing {
 }
 
 export interface DisplaySize {
-  readonly width: number;
-  readonly height: number;
-}
-
-export interface ScreenRegion {
-  readonly x: number;
-  readonly y: number;
   readonly width: number;
   readonly height: number;
 }

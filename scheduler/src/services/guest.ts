@@ -8,7 +8,7 @@
  * Guest operations are not durable operations: they run while the caller waits, and a lost link
  * fails the call (503) rather than being retried here, because an exec is not idempotent.
  */
-import type { AgentCommand, CommandPayload, CommandResult } from '../../../shared/src/protocol.js';
+import type { AgentCommand, CommandPayload, CommandResult, ScreenRegion } from '../../../shared/src/protocol.js';
 import { INPUT_LIMITS, inputBatchProblem, SCREENSHOT_MAX_BYTES, type InputAction, type StreamClaim } from '../../../shared/src/computer-use.js';
 import { AgentFailure } from '../../../shared/src/protocol.js';
 import { newId } from '../../../shared/src/ids.js';
@@ -75,13 +75,6 @@ export function clampExecTimeoutSecs(value: number | null | undefined): number {
 export function clampTailBytes(value: number | undefined): number {
   if (value === undefined || value === 0) return TAIL_DEFAULT_BYTES;
   return Math.min(TAIL_MAX_BYTES, value);
-}
-
-export interface ScreenRegion {
-  readonly x: number;
-  readonly y: number;
-  readonly width: number;
-  readonly height: number;
 }
 
 interface Target {
