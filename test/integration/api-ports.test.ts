@@ -172,6 +172,21 @@ describe('POST /v1/desktops/{id}/ports', () => {
     expect(again.token).not.toBe(first.token);
   });
 
+  it('leaves no exposure behind when a destroy commits while the create runs', async () => {
+    const id = await standInDesktop();
+    let creating: Promise<ApiResponse> | null = null;
+    await sql.begin(async (tx) => {
+      // What the destroy step does, holding the desktop's row until the create has been sent.
+      await tx`UPDATE desktops SET state = 'destroyed' WHERE id = ${id}`;
+      await tx`DELETE FROM port_exposures WHERE desktop_id = ${id}`;
+      creating = alice('POST', `/v1/desktops/${id}/ports`, { port: 8123 });
+      await new Promise((r) => setTimeout(r, 300));
+    });
+    const res = await creating!;
+    expect([404, 409]).toContain(res.status);
+    expect(await sql`SELECT id FROM port_exposures WHERE desktop_id = ${id}`).toHaveLength(0);
+  });
+
   it('answers 409 for a desktop that is not awake', async () => {
     const id = await standInDesktop();
     for (const state of ['provisioning', 'waking', 'hibernating', 'hibernated', 'destroyed']) {

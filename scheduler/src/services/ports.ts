@@ -62,7 +62,9 @@ export class PortService {
       public: isPublic,
       tokenHash: token === null ? null : hashToken(token),
     });
-    if (!row) throw errors.portAlreadyExposed();
+    if (row === 'exists') throw errors.portAlreadyExposed();
+    // It stopped being awake since the check above (a hibernate or destroy in between).
+    if (row === 'not_awake') throw errors.notAwake((await this.desktop(orgId, desktopId)).state);
     this.changed(desktopId, body.port);
     const json = this.toJson(row);
     return token === null ? json : { ...json, token };

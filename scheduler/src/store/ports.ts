@@ -37,15 +37,21 @@ export interface NewExposure {
   tokenHash: string | null;
 }
 
-/** Inserts the exposure; null when the desktop already exposes that port. */
-export async function insertExposure(sql: Sql, e: NewExposure): Promise<PortRouteRow | null> {
+/**
+ * Inserts the exposure while the desktop is awake: the desktop's row is share-locked for the
+ * insert, so a destroy (which deletes a desktop's exposures in the transaction that marks it
+ * destroyed) either sees the new row or makes the insert find the desktop no longer awake.
+ * `exists` when the desktop already exposes that port, `not_awake` when it stopped being awake.
+ */
+export async function insertExposure(sql: Sql, e: NewExposure): Promise<PortRouteRow | 'exists' | 'not_awake'> {
   const [row] = await sql<PortExposureRow[]>`
+    WITH awake AS (SELECT id FROM desktops WHERE id = ${e.desktopId} AND org_id = ${e.orgId} AND state = 'awake' FOR SHARE)
     INSERT INTO port_exposures (id, org_id, desktop_id, port, public, token_hash)
-    VALUES (${newId('port')}, ${e.orgId}, ${e.desktopId}, ${e.port}, ${e.public}, ${e.tokenHash})
+    SELECT ${newId('port')}, ${e.orgId}, awake.id, ${e.port}, ${e.public}, ${e.tokenHash} FROM awake
     ON CONFLICT (desktop_id, port) DO NOTHING
     RETURNING *`;
-  if (!row) return null;
-  return getRoute(sql, row.desktop_id, row.port);
+  if (row) return (await getRoute(sql, row.desktop_id, row.port)) ?? 'not_awake';
+  return (await getRoute(sql, e.desktopId, e.port)) ? 'exists' : 'not_awake';
 }
 
 /** The desktop's exposures, by port. */
