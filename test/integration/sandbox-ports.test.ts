@@ -185,6 +185,19 @@ describe.skipIf(!isRoot)('sandbox guest ports', () => {
     expect((await failure(driver.openGuestPort(id, 65536))).code).toBe('bad_request');
   });
 
+  it('refuses connections and streams only while a stop holds the fence, and serves again after it', async () => {
+    // The fence a hibernate or destroy raises; one that fails leaves the desktop running.
+    const release = (driver as unknown as { guest: { inFlight: { fence(id: string): () => void } } }).guest.inFlight.fence(id);
+    try {
+      expect((await failure(driver.openGuestPort(id, HTTP_PORT))).code).toBe('not_running');
+      expect((await failure(driver.openVnc(id, true))).code).toBe('not_running');
+    } finally {
+      release();
+    }
+    const res = await get(await driver.openGuestPort(id, HTTP_PORT), '/index.txt');
+    expect(res.status).toBe(200);
+  });
+
   it('runs one forwarder per desktop, outside the guest pid namespace, in its network and cgroups, as nobody', async () => {
     const conns = await Promise.all([1, 2, 3].map(() => driver.openGuestPort(id, HOLD_PORT)));
     const fwd = await until(() => forwarderPid(id), 10_000, 'the forwarder');

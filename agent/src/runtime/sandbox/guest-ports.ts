@@ -29,9 +29,8 @@
  *
  * Lifetime. A forwarder belongs to one guest init (pid and start time): a desktop that started
  * again gets a new one. One that died is replaced on the next connection; one without connections
- * for ten minutes is retired. `closeAll`, which the driver calls before a CRIU dump, before a
- * destroy and when a desktop starts, fences the guest init (no new connections into it), closes
- * the agent's ends of its connections, kills the forwarder's process group and returns once every
+ * for ten minutes is retired. `closeAll`, which the driver calls before a CRIU dump and a destroy
+ * (while its fence keeps new connections out) and when a desktop starts, closes the agent's ends of its connections, kills the forwarder's process group and returns once every
  * process of it is gone. The forwarder also dies with the agent (its stdin ends and it has
  * PR_SET_PDEATHSIG), so none outlives the agent that started it.
  */
@@ -45,7 +44,7 @@ import { join } from 'node:path';
 import { AgentFailure } from '../../../../shared/src/protocol.js';
 import { cgroupDirs, cgroupPids, JOIN_FAILED } from './cgroups.js';
 import type { InitProcess } from './cold-boot.js';
-import { isSameProcessSync, procStatSync, signal, waitFor } from './host-procs.js';
+import { procStatSync, signal, waitFor } from './host-procs.js';
 import { WARM_PROLOGUE } from './warm-perl.js';
 import { forwarderProgram } from './guest-ports-perl.js';
 
@@ -55,6 +54,11 @@ export interface GuestPortsOptions {
   readonly init: (desktopId: string) => Promise<InitProcess>;
   /** The desktop's driver-only directory (`run/`), where the forwarder's socket goes. */
   readonly socketDir: (desktopId: string) => string;
+  /**
+   * True while the desktop is stopping (the driver's in-flight fence, in-flight.ts): nothing new
+   * may enter it. Hibernate and destroy raise it before they call `closeAll`.
+   */
+  readonly fenced: (desktopId: string) => boolean;
   readonly log: (msg: string, fields?: object) => void;
 }
 
@@ -240,8 +244,6 @@ class Forwarder {
 
 export class GuestPorts {
   private readonly forwarders = new Map<string, Forwarder>();
-  /** Guest inits that `closeAll` ran for: they are about to stop, and no connection may enter them. */
-  private readonly fenced = new Map<string, InitProcess>();
   private closing = false;
 
   constructor(private readonly options: GuestPortsOptions) {}
@@ -251,31 +253,26 @@ export class GuestPorts {
     if (!Number.isInteger(port) || port < 1 || port > 65535) throw new AgentFailure('bad_request', `invalid port ${port}`, false);
     if (this.closing) throw new AgentFailure('not_running', 'the driver is closing', false);
     const init = await this.options.init(desktopId);
-    if (this.isFenced(desktopId, init) || this.closing) throw stopping(desktopId);
-    // A fence for an earlier init is stale: the desktop has started again since.
-    this.fenced.delete(desktopId);
+    if (this.options.fenced(desktopId) || this.closing) throw stopping(desktopId);
     // From the fence check to the registration nothing awaits: closeAll sees this forwarder or
-    // this call sees its fence.
+    // this call sees the fence.
     const forwarder = this.forwarderFor(desktopId, init);
     try {
       await forwarder.ready;
       return await forwarder.connect(port);
     } catch (err) {
       // closeAll stopped the forwarder meanwhile: the desktop is stopping, not broken.
-      if (this.isFenced(desktopId, init)) throw stopping(desktopId);
+      if (this.options.fenced(desktopId)) throw stopping(desktopId);
       throw err;
     }
   }
 
   /**
-   * Ends every connection into the desktop and waits until its forwarder is gone. For a desktop
-   * whose guest is about to stop (hibernate, destroy): connections into the same guest init are
-   * refused from now on. Also called when a desktop starts, to drop a forwarder of an earlier init.
+   * Ends every connection into the desktop and waits until its forwarder is gone: for a desktop
+   * whose guest is about to stop (hibernate, destroy, under the fence, so no new connection enters
+   * meanwhile), and when a desktop starts, to drop a forwarder of an earlier init.
    */
   async closeAll(desktopId: string): Promise<void> {
-    const init = await this.options.init(desktopId).catch(() => null);
-    if (init !== null) this.fenced.set(desktopId, init);
-    for (const [id, fence] of this.fenced) if (!isSameProcessSync(fence.pid, fence.startTime)) this.fenced.delete(id);
     const forwarder = this.forwarders.get(desktopId);
     if (forwarder === undefined) return;
     this.forwarders.delete(desktopId);
@@ -288,11 +285,6 @@ export class GuestPorts {
     const all = [...this.forwarders.values()];
     this.forwarders.clear();
     await Promise.all(all.map((f) => f.kill()));
-  }
-
-  private isFenced(desktopId: string, init: InitProcess): boolean {
-    const fence = this.fenced.get(desktopId);
-    return fence !== undefined && fence.pid === init.pid && fence.startTime === init.startTime;
   }
 
   /** The desktop's forwarder for this init, started (synchronously) when there is none alive. */

@@ -21,8 +21,8 @@
  * input and exits within milliseconds, closing its X connections), a server that is still there
  * after a grace is killed, and the call returns only when every one has exited. Nothing of a
  * server outlives it in the guest, even when it is killed (see `x11vncArgs`), so the snapshot
- * holds no trace of a stream. `closeAll` also fences the guest init it ran for: the driver calls
- * it only when that init is about to stop, and a stream opened meanwhile would break the dump.
+ * holds no trace of a stream. The driver calls `closeAll` under its fence (in-flight.ts), which
+ * refuses new streams until the stop is over: one opened meanwhile would break the dump.
  *
  * A server shows the display at the size it had when the server started. x11vnc 0.9.16 does not
  * notice this X server's RandR resizes; after a shrink it fails its next screen poll and exits,
@@ -46,6 +46,11 @@ export interface VncSessionsOptions {
   readonly nsenterPath: string;
   /** The desktop's running guest init; rejects with `not_found` / `not_running`. */
   readonly init: (desktopId: string) => Promise<InitProcess>;
+  /**
+   * True while the desktop is stopping (the driver's in-flight fence, in-flight.ts): nothing new
+   * may enter it. Hibernate and destroy raise it before they call `closeAll`.
+   */
+  readonly fenced: (desktopId: string) => boolean;
   readonly log: (msg: string, fields?: object) => void;
 }
 
@@ -105,7 +110,6 @@ class VncServer implements VncSession {
 
   constructor(
     readonly desktopId: string,
-    readonly init: InitProcess,
     private readonly child: ChildProcess,
     private readonly socket: Socket,
   ) {
@@ -209,8 +213,6 @@ class VncServer implements VncSession {
 
 export class VncSessions {
   private readonly servers = new Map<string, Set<VncServer>>();
-  /** Guest inits that `closeAll` ran for: they are about to stop, and no stream may start in them. */
-  private readonly fenced = new Map<string, InitProcess>();
   private dir: Promise<string> | null = null;
   private closing = false;
 
@@ -223,13 +225,11 @@ export class VncSessions {
     let server: VncServer;
     try {
       const init = await this.options.init(desktopId);
-      if (this.isFenced(desktopId, init)) throw new AgentFailure('not_running', `desktop ${desktopId} is stopping`, false);
-      // A fence for an earlier init is stale: the desktop has started again since.
-      this.fenced.delete(desktopId);
+      if (this.options.fenced(desktopId)) throw new AgentFailure('not_running', `desktop ${desktopId} is stopping`, false);
       if (this.closing) throw new AgentFailure('not_running', 'the driver is closing', false);
       // From the fence check to the registration nothing awaits: closeAll sees this server or
-      // this call sees its fence.
-      server = new VncServer(desktopId, init, this.spawnServer(desktopId, init, viewOnly, serverEnd), agentEnd);
+      // this call sees the fence.
+      server = new VncServer(desktopId, this.spawnServer(desktopId, init, viewOnly, serverEnd), agentEnd);
     } catch (err) {
       agentEnd.destroy();
       throw err;
@@ -241,7 +241,7 @@ export class VncSessions {
       await server.started();
     } catch (err) {
       // closeAll stopped it while it started: the desktop is stopping, not broken.
-      if (this.isFenced(desktopId, server.init)) throw new AgentFailure('not_running', `desktop ${desktopId} is stopping`, false);
+      if (this.options.fenced(desktopId)) throw new AgentFailure('not_running', `desktop ${desktopId} is stopping`, false);
       throw err;
     }
     this.options.log('vnc server started', { desktopId, viewOnly, ms: Math.round(performance.now() - t0) });
@@ -251,13 +251,9 @@ export class VncSessions {
 
   /**
    * Ends every session of the desktop and waits for their servers to exit. Only for a desktop
-   * whose guest is about to stop (hibernate, destroy): new sessions in the same guest init are
-   * refused from now on.
+   * whose guest is about to stop (hibernate, destroy), under the fence: no session starts meanwhile.
    */
   async closeAll(desktopId: string): Promise<void> {
-    const init = await this.options.init(desktopId).catch(() => null);
-    if (init !== null) this.fenced.set(desktopId, init);
-    for (const [id, fence] of this.fenced) if (!isSameProcessSync(fence.pid, fence.startTime)) this.fenced.delete(id);
     const servers = [...(this.servers.get(desktopId) ?? [])];
     await Promise.all(servers.map((s) => s.stop()));
   }
@@ -270,11 +266,6 @@ export class VncSessions {
     const dir = await this.dir?.catch(() => null);
     this.dir = null;
     if (dir) await rm(dir, { recursive: true, force: true }).catch(() => undefined);
-  }
-
-  private isFenced(desktopId: string, init: InitProcess): boolean {
-    const fence = this.fenced.get(desktopId);
-    return fence !== undefined && fence.pid === init.pid && fence.startTime === init.startTime;
   }
 
   private register(server: VncServer): void {

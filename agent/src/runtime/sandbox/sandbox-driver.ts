@@ -106,10 +106,17 @@ export class SandboxDriver implements RuntimeDriver {
   ) {
     this.log = log ?? (() => undefined);
     this.guest = new GuestOperations(stateDir, tools.nsenter, (paths) => this.runningInit(paths), this.log);
-    this.vnc = new VncSessions({ nsenterPath: tools.nsenter, init: (desktopId) => this.guest.runningInitOf(desktopId), log: this.log });
+    const fenced = (desktopId: string) => this.guest.inFlight.fenced(desktopId);
+    this.vnc = new VncSessions({
+      nsenterPath: tools.nsenter,
+      init: (desktopId) => this.guest.runningInitOf(desktopId),
+      fenced,
+      log: this.log,
+    });
     this.ports = new GuestPorts({
       nsenterPath: tools.nsenter,
       init: (desktopId) => this.guest.runningInitOf(desktopId),
+      fenced,
       socketDir: (desktopId) => desktopPaths(stateDir, desktopId).run,
       log: this.log,
     });
