@@ -1,8 +1,9 @@
 /**
- * The desktop's display geometry, read and changed with RandR from inside the guest. Xvfb starts
- * at its largest size and the init shrinks the screen to 1024x768 (guest-init.ts); a resize is
- * the same `xrandr --fb` within those bounds, so it needs no restart, and being server state it
- * is part of a memory snapshot. Every answer is read back from the X server, never assumed.
+ * The desktop's display geometry, changed with RandR from inside the guest (reading it is the
+ * guest helper's `xsize`, screenshot.ts). Xvfb starts at its largest size and the init shrinks
+ * the screen to 1024x768 (guest-init.ts); a resize is the same `xrandr --fb` within those bounds,
+ * so it needs no restart, and being server state it is part of a memory snapshot. The answer is
+ * read back from the X server, never assumed.
  */
 import { AgentFailure } from '../../../../shared/src/protocol.js';
 import type { DisplaySize, ExecOutcome, ExecSpec } from '../driver.js';
@@ -22,15 +23,6 @@ export function parseCurrent(text: string): DisplaySize | null {
 
 async function run(exec: Exec, command: string): Promise<ExecOutcome> {
   return exec({ command, timeoutMs: DISPLAY_TIMEOUT_MS, maxOutputBytes: 64 * 1024 });
-}
-
-export async function readDisplay(exec: Exec): Promise<DisplaySize> {
-  const out = await run(exec, READ);
-  const size = out.exitCode === 0 ? parseCurrent(out.stdout) : null;
-  if (size === null) {
-    throw new AgentFailure('runtime_error', `the X server did not report its geometry: ${out.stderr.trim().slice(0, 200)}`, true);
-  }
-  return size;
 }
 
 export async function resizeDisplay(exec: Exec, size: DisplaySize): Promise<DisplaySize> {

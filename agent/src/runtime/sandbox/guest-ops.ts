@@ -18,6 +18,7 @@ import { AgentFailure } from '../../../../shared/src/protocol.js';
 import type {
   DetachedSpec,
   DirListing,
+  DisplaySize,
   ExecOutcome,
   ExecSpec,
   FileRead,
@@ -157,6 +158,11 @@ export class GuestOperations {
   screenshot(desktopId: string, spec: ScreenshotSpec): Promise<Screenshot> {
     const fbDir = desktopPaths(this.stateDir, desktopId).fb;
     return this.helperOp(desktopId, (t) => captureScreenshot(fbDir, spec, () => guestScreenSize(t)));
+  }
+
+  /** The X screen's current size, from the X server itself (the helper's `xsize`, ≈1 ms warm). */
+  screenSize(desktopId: string): Promise<DisplaySize> {
+    return this.helperOp(desktopId, (t) => guestScreenSize(t));
   }
 
   /** The running guest init of an awake desktop: `not_found` or `not_running` otherwise. */

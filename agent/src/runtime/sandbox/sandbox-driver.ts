@@ -49,7 +49,7 @@ import { coldBoot, type InitProcess } from './cold-boot.js';
 import { detectCriu, dump, restore, type CriuInfo } from './criu.js';
 import { applyFirstBoot, WRITE_ENV_COMMAND } from './first-boot.js';
 import { resolveTool } from './tools.js';
-import { readDisplay, resizeDisplay } from './guest-display.js';
+import { resizeDisplay } from './guest-display.js';
 import { runInput } from './guest-input.js';
 import { VncSessions } from './guest-vnc.js';
 import { GuestPorts } from './guest-ports.js';
@@ -282,7 +282,7 @@ export class SandboxDriver implements RuntimeDriver {
   }
 
   getDisplay(desktopId: string): Promise<DisplaySize> {
-    return readDisplay((spec) => this.guest.exec(desktopId, spec));
+    return this.guest.screenSize(desktopId);
   }
 
   setDisplay(desktopId: string, size: DisplaySize): Promise<DisplaySize> {
