@@ -99,14 +99,12 @@ export class TicketBook {
     if (set?.delete(lease) && set.size === 0) this.leases.delete(lease.desktopId);
   }
 
-  /** Drops the desktop's unused tickets and ends its leases; returns the leases it ended. */
-  release(desktopId: string): Lease[] {
+  /** Drops the desktop's unused tickets and ends its leases. */
+  release(desktopId: string): void {
     for (const ticket of [...this.tickets.values()]) {
       if (ticket.desktopId === desktopId) this.bury(ticket, 'not_running');
     }
-    const ended = [...(this.leases.get(desktopId) ?? [])];
     this.leases.delete(desktopId);
-    return ended;
   }
 
   controlHeld(desktopId: string): boolean {

@@ -26,6 +26,7 @@ import { closeSync, openSync } from 'node:fs';
 import { rm } from 'node:fs/promises';
 import { connect, type Socket } from 'node:net';
 import { join } from 'node:path';
+import type { InitProcess } from './cold-boot.js';
 import { processTree, procStat, signal, waitFor } from './host-procs.js';
 import { TOKEN_HEX } from './warm-perl.js';
 
@@ -38,17 +39,12 @@ export interface WarmConnection {
   readonly serverPid: number;
 }
 
-export interface WarmInit {
-  readonly pid: number;
-  readonly startTime: string;
-}
-
 export interface WarmPoolOptions {
   /**
    * Starts a server of `kind` for the guest of `init`, in a process group of its own, listening on
    * a socket named `socketName` in `socketDir`.
    */
-  readonly start: (kind: WarmKind, desktopId: string, init: WarmInit, socketDir: string, socketName: string) => ChildProcess;
+  readonly start: (kind: WarmKind, desktopId: string, init: InitProcess, socketDir: string, socketName: string) => ChildProcess;
   /** The directory for the desktop's sockets: one only the driver (root) can reach. */
   readonly socketDir: (desktopId: string) => string;
   /** True while the desktop is stopping: nothing new may enter it. */
@@ -262,7 +258,7 @@ class WarmServer {
 }
 
 interface DesktopWarm {
-  readonly init: WarmInit;
+  readonly init: InitProcess;
   readonly servers: Partial<Record<WarmKind, WarmServer>>;
   /** When a server of the kind failed to come up: no new one before `RETRY_MS` has passed. */
   readonly failedAt: Partial<Record<WarmKind, number>>;
@@ -283,7 +279,7 @@ export class WarmPool {
    * A connection to a warm child of `kind` in the guest of `init`, or null: the caller runs cold,
    * and the server is started (or replaced) in the background for the next operation.
    */
-  async connect(kind: WarmKind, desktopId: string, init: WarmInit): Promise<WarmConnection | null> {
+  async connect(kind: WarmKind, desktopId: string, init: InitProcess): Promise<WarmConnection | null> {
     if (this.closed || this.opts.fenced(desktopId)) return null;
     let desktop = this.desktops.get(desktopId);
     if (desktop !== undefined && (desktop.init.pid !== init.pid || desktop.init.startTime !== init.startTime)) {
