@@ -6,9 +6,9 @@
  * whole in a frame.
  *
  * `IncomingBytes` is the receiving end: a queue that turns pushed chunks into an async iterable.
- * It ends with `end()`, fails with `fail()` (the sender aborted, or the link closed), and holds at
- * most what the sender sends: the API caps every transfer at one 8 MiB chunk, so there is no
- * flow control beyond that cap.
+ * It ends with `end()`, fails with `fail()` (the sender aborted, or the link closed), and tells
+ * its hooks what the consumer took, which is how a flow-controlled sender (rpc.ts) learns it may
+ * send more.
  */
 import { Type, type Static } from '@sinclair/typebox';
 
@@ -32,11 +32,21 @@ export class StreamAborted extends Error {
   }
 }
 
+/** What the receiving side of a flow-controlled stream tells its sender (rpc.ts). */
+export interface IncomingHooks {
+  /** The consumer took `bytes` more. */
+  consumed?(bytes: number): void;
+  /** The consumer stopped reading before the end (it returned early). */
+  abandoned?(): void;
+}
+
 export class IncomingBytes implements AsyncIterable<Buffer> {
   private readonly chunks: Buffer[] = [];
   private done = false;
   private error: Error | null = null;
   private wake: (() => void) | null = null;
+
+  constructor(private readonly hooks: IncomingHooks = {}) {}
 
   push(chunk: Uint8Array): void {
     if (this.done || this.error) return;
@@ -57,15 +67,27 @@ export class IncomingBytes implements AsyncIterable<Buffer> {
   }
 
   async *[Symbol.asyncIterator](): AsyncIterator<Buffer> {
-    for (;;) {
-      if (this.error) throw this.error;
-      const chunk = this.chunks.shift();
-      if (chunk !== undefined) {
-        yield chunk;
-        continue;
+    let finished = false;
+    try {
+      for (;;) {
+        if (this.error) {
+          finished = true;
+          throw this.error;
+        }
+        const chunk = this.chunks.shift();
+        if (chunk !== undefined) {
+          this.hooks.consumed?.(chunk.length);
+          yield chunk;
+          continue;
+        }
+        if (this.done) {
+          finished = true;
+          return;
+        }
+        await new Promise<void>((resolve) => (this.wake = resolve));
       }
-      if (this.done) return;
-      await new Promise<void>((resolve) => (this.wake = resolve));
+    } finally {
+      if (!finished) this.hooks.abandoned?.();
     }
   }
 

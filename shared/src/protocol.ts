@@ -17,7 +17,8 @@
  *   1.4 — guest.screenshot, guest.input, stream.grant; error code control_claimed.
  *   1.5 — hello `ingress`: where the agent's port gateway listens (shared/src/port-link.ts).
  *   1.6 — raw stream chunks (rpc.ts): a peer sends them once the other side said 1.6 or later in
- *         hello; stream.up/stream.down notifications stay valid for older peers. Hello reply
+ *         hello; stream.up/stream.down notifications stay valid for older peers. Raw streams
+ *         are flow-controlled with ack and cancel headers (rpc.ts). Hello reply
  *         `port_link_key`: the host's own key for port-link lines, instead of the join token.
  *
  * Every desktop command carries the desktop's `generation`. The agent remembers the highest

@@ -19,6 +19,14 @@
  * chunk goes out exactly as it was read and arrives as one buffer. The end and the abort of a
  * stream stay msgpack notifications: they are rare, and their order after the data is kept because
  * one websocket delivers messages in order.
+ *
+ * Raw streams are flow-controlled. A sender keeps at most `STREAM_WINDOW_BYTES` unacknowledged and
+ * then stops pulling its source, so the bytes wait where they came from (a client's socket, a file)
+ * instead of in the receiver's memory; the receiver credits what its consumer has taken with an
+ * ack header (no bytes follow). A download whose consumer gives up is cancelled with another
+ * header, and an upload stops when its request is answered: a sender never waits for credit that
+ * cannot come. Without flow control, an upload arriving while its handler still opened the file
+ * sat whole in the handler's heap, long enough to be promoted and cost full collections.
  */
 import { Packr } from 'msgpackr';
 import type WebSocket from 'ws';
@@ -66,7 +74,22 @@ const STREAM_DOWN = 'stream.down';
 const RAW_MARK = 0xc1;
 const RAW_UP = 1;
 const RAW_DOWN = 2;
+/** Control headers, no bytes follow: credit for an upload / a download, and a download given up. */
+const RAW_ACK_UP = 3;
+const RAW_ACK_DOWN = 4;
+const RAW_CANCEL_DOWN = 5;
 const RAW_HEADER_BYTES = 10;
+/** Unacknowledged bytes a raw stream's sender may have in flight. */
+export const STREAM_WINDOW_BYTES = 4 * 1024 * 1024;
+/** A receiver acknowledges once its consumer has taken this much. */
+const STREAM_ACK_BYTES = 1024 * 1024;
+
+/** The sending side of a raw stream: bytes in flight, and a pump waiting for credit. */
+interface Outgoing {
+  inFlight: number;
+  stopped: boolean;
+  wake: (() => void) | null;
+}
 
 function rawHeader(direction: number, id: number, length: number): Buffer {
   const header = Buffer.allocUnsafe(RAW_HEADER_BYTES);
@@ -97,6 +120,10 @@ export class RpcPeer {
   private rawStreams = false;
   /** The header of a raw chunk whose bytes are the next message. */
   private rawPending: { direction: number; id: number; length: number } | null = null;
+  /** Incoming streams that received raw chunks: their senders wait for credit. */
+  private readonly rawFed = new WeakSet<IncomingBytes>();
+  /** Raw streams this peer is sending, by direction and request id. */
+  private readonly outgoing = new Map<string, Outgoing>();
 
   constructor(
     private readonly socket: WebSocket,
@@ -139,7 +166,12 @@ export class RpcPeer {
 
   /** Sends a request whose handler answers with a download; the body streams after the reply. */
   async requestDownload(type: string, payload: unknown, timeoutMs: number): Promise<Download> {
-    const body = new IncomingBytes();
+    // The id `call` is about to take.
+    const id = this.nextId;
+    const body = this.incoming(RAW_ACK_DOWN, id, () => {
+      // Given up before its end: the handler's pump stops instead of waiting for credit.
+      if (this.downloads.delete(id) && (this.rawStreams || this.rawFed.has(body))) this.sendControl(RAW_CANCEL_DOWN, id, 0);
+    });
     const result = await this.call(type, payload, timeoutMs, undefined, body);
     return { result, body };
   }
@@ -167,7 +199,14 @@ export class RpcPeer {
       if (download) frame.download = true;
       this.send(frame);
     });
-    if (upload) void this.pump(STREAM_UP, id, upload);
+    if (upload) {
+      void this.pump(STREAM_UP, id, upload);
+      // Answered: the handler reads no more of the upload, and sends no more credit for it.
+      void reply.then(
+        () => this.stopOutgoing(RAW_UP, id),
+        () => this.stopOutgoing(RAW_UP, id),
+      );
+    }
     // A failed call gets no body: stop routing frames to it.
     reply.catch(() => {
       this.downloads.delete(id);
@@ -183,6 +222,62 @@ export class RpcPeer {
   close(code = 1000, reason = ''): void {
     this.socket.close(code, reason);
     this.shutdown();
+  }
+
+  /**
+   * An incoming stream that credits its sender as its consumer takes bytes. Only a raw sender
+   * waits for credit, so only a stream that received raw chunks is acknowledged.
+   */
+  private incoming(ackType: number, id: number, abandoned?: () => void): IncomingBytes {
+    let unacked = 0;
+    const stream: IncomingBytes = new IncomingBytes({
+      consumed: (bytes) => {
+        if (!this.rawFed.has(stream)) return;
+        unacked += bytes;
+        if (unacked < STREAM_ACK_BYTES) return;
+        this.sendControl(ackType, id, unacked);
+        unacked = 0;
+      },
+      ...(abandoned ? { abandoned } : {}),
+    });
+    return stream;
+  }
+
+  private sendControl(type: number, id: number, value: number): void {
+    if (this.closed) return;
+    try {
+      this.socket.send(rawHeader(type, id, value));
+    } catch {
+      this.shutdown();
+    }
+  }
+
+  private receiveControl(type: number, id: number, value: number): void {
+    const direction = type === RAW_ACK_UP ? RAW_UP : RAW_DOWN;
+    const out = this.outgoing.get(`${direction}:${id}`);
+    if (out === undefined) return; // Finished meanwhile.
+    if (type === RAW_CANCEL_DOWN) out.stopped = true;
+    else out.inFlight = Math.max(0, out.inFlight - value);
+    out.wake?.();
+  }
+
+  private stopOutgoing(direction: number, id: number): void {
+    const out = this.outgoing.get(`${direction}:${id}`);
+    if (out === undefined) return;
+    out.stopped = true;
+    out.wake?.();
+  }
+
+  /** Until `bytes` more fit in the window; false when the stream was stopped (or the link closed). */
+  private async credit(out: Outgoing, bytes: number): Promise<boolean> {
+    // A chunk larger than the window goes alone.
+    while (!out.stopped && !this.closed && out.inFlight > 0 && out.inFlight + bytes > STREAM_WINDOW_BYTES) {
+      await new Promise<void>((resolve) => (out.wake = resolve));
+      out.wake = null;
+    }
+    if (out.stopped || this.closed) return false;
+    out.inFlight += bytes;
+    return true;
   }
 
   private sendRaw(direction: number, id: number, data: Uint8Array): void {
@@ -206,10 +301,14 @@ export class RpcPeer {
   private receive(data: Buffer): void {
     if (this.rawPending !== null) return this.receiveRaw(data);
     if (data[0] === RAW_MARK) {
-      if (data.length !== RAW_HEADER_BYTES || (data[1] !== RAW_UP && data[1] !== RAW_DOWN)) {
+      const type = data[1] ?? 0;
+      if (data.length !== RAW_HEADER_BYTES || type < RAW_UP || type > RAW_CANCEL_DOWN) {
         return this.onProtocolError('malformed raw stream header');
       }
-      this.rawPending = { direction: data[1], id: data.readUInt32BE(2), length: data.readUInt32BE(6) };
+      const id = data.readUInt32BE(2);
+      const value = data.readUInt32BE(6);
+      if (type === RAW_UP || type === RAW_DOWN) this.rawPending = { direction: type, id, length: value };
+      else this.receiveControl(type, id, value);
       return;
     }
     let frame: unknown;
@@ -260,22 +359,37 @@ export class RpcPeer {
     if (data.length !== length) return this.onProtocolError('raw stream chunk does not match its header');
     const stream = (direction === RAW_UP ? this.uploads : this.downloads).get(id);
     // Its request already finished: nobody reads these bytes any more.
-    if (stream !== undefined && length > 0) stream.push(data);
+    if (stream === undefined || length === 0) return;
+    this.rawFed.add(stream);
+    stream.push(data);
   }
 
   /** Sends `source` as stream frames of request `id`; a throwing source becomes an abort frame. */
   private async pump(type: string, id: number, source: AsyncIterable<Uint8Array>): Promise<void> {
+    const direction = type === STREAM_UP ? RAW_UP : RAW_DOWN;
+    const raw = this.rawStreams;
+    const key = `${direction}:${id}`;
+    const out: Outgoing = { inFlight: 0, stopped: false, wake: null };
+    if (raw) this.outgoing.set(key, out);
     try {
-      // Raw chunks need no regrouping: each costs two small headers, not a copy.
-      for await (const data of this.rawStreams ? source : rechunk(source)) {
+      // Raw chunks need no regrouping: each costs two small headers, not a copy. Leaving the
+      // loop early (stopped, closed) returns the source, which releases what it holds.
+      for await (const data of raw ? source : rechunk(source)) {
         if (this.closed) return;
-        if (this.rawStreams) this.sendRaw(type === STREAM_UP ? RAW_UP : RAW_DOWN, id, data);
-        else this.send({ v: WIRE_VERSION, type, payload: { id, data } });
+        if (!raw) {
+          this.send({ v: WIRE_VERSION, type, payload: { id, data } });
+          continue;
+        }
+        if (data.byteLength === 0) continue;
+        if (!(await this.credit(out, data.byteLength))) return;
+        this.sendRaw(direction, id, data);
       }
       this.send({ v: WIRE_VERSION, type, payload: { id, end: true } });
     } catch (err) {
       const reason = err instanceof Error ? err.message : String(err);
       if (!this.closed) this.send({ v: WIRE_VERSION, type, payload: { id, error: reason.slice(0, 200) || 'aborted' } });
+    } finally {
+      this.outgoing.delete(key);
     }
   }
 
@@ -283,7 +397,7 @@ export class RpcPeer {
     const handler = this.handlers.get(frame.type);
     let upload: IncomingBytes | null = null;
     if (frame.upload && frame.id !== undefined) {
-      upload = new IncomingBytes();
+      upload = this.incoming(RAW_ACK_UP, frame.id);
       this.uploads.set(frame.id, upload);
     }
     let reply: object;
@@ -320,6 +434,10 @@ export class RpcPeer {
       clearTimeout(call.timer);
       call.reject(new AgentFailure('disconnected', 'agent link closed before the reply', true));
       this.pending.delete(id);
+    }
+    for (const out of this.outgoing.values()) {
+      out.stopped = true;
+      out.wake?.();
     }
     const lost = new AgentFailure('disconnected', 'agent link closed during a transfer', true);
     for (const stream of [...this.uploads.values(), ...this.downloads.values()]) stream.fail(lost);

@@ -3,7 +3,8 @@
  * upload reaches the handler in order and whole, an aborted upload fails the handler's read, a
  * download follows its reply, and a closed link fails both kinds of stream instead of hanging.
  * Every case runs with chunks as msgpack notifications and as raw messages (protocol 1.6), and
- * peers of different versions understand each other.
+ * peers of different versions understand each other. Raw streams are flow-controlled: a sender
+ * pulls no more than the window ahead of its receiver's consumer, and stops when nobody will read.
  */
 import { createHash, randomBytes } from 'node:crypto';
 import type { AddressInfo } from 'node:net';
@@ -11,7 +12,7 @@ import { afterEach, describe, expect, it } from 'vitest';
 import WebSocket, { WebSocketServer } from 'ws';
 import { WithDownload } from '../../shared/src/byte-stream.js';
 import { AgentFailure } from '../../shared/src/protocol.js';
-import { RpcPeer } from '../../shared/src/rpc.js';
+import { RpcPeer, STREAM_WINDOW_BYTES } from '../../shared/src/rpc.js';
 
 const sha = (b: Uint8Array) => createHash('sha256').update(b).digest('hex');
 
@@ -118,6 +119,97 @@ describe.each([
     const { result, body } = await scheduler.requestDownload('get', {}, 10_000);
     expect(result).toEqual({ nothing: true });
     expect((await collect(body)).length).toBe(0);
+  });
+});
+
+describe('flow control of raw streams', () => {
+  let server: WebSocketServer | null = null;
+  const peers: RpcPeer[] = [];
+  afterEach(async () => {
+    for (const p of peers.splice(0)) p.close();
+    await new Promise<void>((resolve) => (server ? server.close(() => resolve()) : resolve()));
+    server = null;
+  });
+
+  async function pair(): Promise<{ scheduler: RpcPeer; agent: RpcPeer }> {
+    server = new WebSocketServer({ port: 0, host: '127.0.0.1' });
+    await new Promise((r) => server!.once('listening', r));
+    const accepted = new Promise<RpcPeer>((resolve) => server!.once('connection', (ws) => resolve(new RpcPeer(ws))));
+    const ws = new WebSocket(`ws://127.0.0.1:${(server.address() as AddressInfo).port}`);
+    await new Promise((r) => ws.once('open', r));
+    const agent = new RpcPeer(ws);
+    const scheduler = await accepted;
+    agent.binaryStreams = true;
+    scheduler.binaryStreams = true;
+    peers.push(agent, scheduler);
+    return { scheduler, agent };
+  }
+
+  /** A source of 64 KiB chunks that counts what was pulled and notes when it is returned. */
+  function counted(total: number) {
+    const state = { pulled: 0, returned: false };
+    const source = (async function* () {
+      try {
+        for (let sent = 0; sent < total; sent += 65_536) {
+          state.pulled += 65_536;
+          yield randomBytes(65_536);
+        }
+      } finally {
+        state.returned = true;
+      }
+    })();
+    return { state, source };
+  }
+
+  const settle = () => new Promise((r) => setTimeout(r, 200));
+
+  it('pulls no more of an upload than the window while the handler does not read', async () => {
+    const { scheduler, agent } = await pair();
+    let read: () => void = () => undefined;
+    const reading = new Promise<void>((r) => (read = r));
+    agent.handle('put', async (_p, ctx) => {
+      await reading;
+      return { size: (await collect(ctx.upload!)).length };
+    });
+    const { state, source } = counted(8 * 1024 * 1024);
+    const reply = scheduler.request('put', {}, 10_000, source);
+    await settle();
+    expect(state.pulled).toBeLessThanOrEqual(STREAM_WINDOW_BYTES + 65_536);
+    read();
+    expect(await reply).toEqual({ size: 8 * 1024 * 1024 });
+  });
+
+  it('returns the source of an upload its handler answered without reading', async () => {
+    const { scheduler, agent } = await pair();
+    agent.handle('put', async () => ({ ignored: true }));
+    const { state, source } = counted(8 * 1024 * 1024);
+    expect(await scheduler.request('put', {}, 10_000, source)).toEqual({ ignored: true });
+    await settle();
+    expect(state.returned).toBe(true);
+    expect(state.pulled).toBeLessThan(8 * 1024 * 1024);
+  });
+
+  it('cancels a download its consumer gave up, and the handler\'s source is returned', async () => {
+    const { scheduler, agent } = await pair();
+    const { state, source } = counted(64 * 1024 * 1024);
+    agent.handle('get', async () => new WithDownload({}, source));
+    const { body } = await scheduler.requestDownload('get', {}, 10_000);
+    for await (const _chunk of body) break;
+    await settle();
+    expect(state.returned).toBe(true);
+    expect(state.pulled).toBeLessThanOrEqual(STREAM_WINDOW_BYTES + 2 * 65_536);
+  });
+
+  it('wakes a sender waiting for credit when the link closes', async () => {
+    const { scheduler, agent } = await pair();
+    agent.handle('put', () => new Promise(() => undefined));
+    const { state, source } = counted(8 * 1024 * 1024);
+    const reply = scheduler.request('put', {}, 10_000, source).catch((e: unknown) => e);
+    await settle();
+    agent.close();
+    expect(await reply).toMatchObject({ code: 'disconnected' });
+    await settle();
+    expect(state.returned).toBe(true);
   });
 });
 
