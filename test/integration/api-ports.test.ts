@@ -299,34 +299,13 @@ describe('without an ingress', () => {
 });
 
 describe("the agent's hello", () => {
-  it('hands each host a port-link key of its own, which neither the join token nor another host key is', async () => {
+  /** A hand-made agent's hello (on a link of its own, closed after the reply), and the reply. */
+  async function hello(hostId: string, ingress?: { host: string; port: number }): Promise<{ port_link_key?: string }> {
     await until(() => s.leadership.isLeader(), 5_000, 'leadership');
-    const keys: string[] = [];
-    for (const hostId of [newId('host'), newId('host')]) {
-      const ws = new WebSocket(`${s.url.replace(/^http/, 'ws')}/internal/agents/ws`, { headers: { authorization: `Bearer ${JOIN_TOKEN}` } });
-      await new Promise((resolve, reject) => ws.once('open', resolve).once('error', reject));
-      const closed = new Promise((resolve) => ws.once('close', resolve));
-      const reply = (await new RpcPeer(ws).request('hello', {
-        protocol: PROTOCOL_VERSION,
-        host_id: hostId,
-        agent_instance_id: newId('host'),
-        hostname: 'hand-made',
-        capabilities: { runtime: 'hand-made', memory_snapshots: false },
-        capacity: { vcpus: 2, memory_mb: 4096 },
-        desktops: [],
-      }, 5_000)) as { port_link_key?: string };
-      expect(reply.port_link_key).toBe(portLinkKey(SECRET_KEY, hostId));
-      keys.push(reply.port_link_key!);
-      ws.close();
-      await closed;
-    }
-    expect(keys[0]).not.toBe(keys[1]);
-    expect(keys).not.toContain(JOIN_TOKEN);
-  });
-
-  it('records the port gateway address, and clears it when a later hello has none', async () => {
-    const hostId = newId('host');
-    const hello = (ingress?: { host: string; port: number }) => ({
+    const ws = new WebSocket(`${s.url.replace(/^http/, 'ws')}/internal/agents/ws`, { headers: { authorization: `Bearer ${JOIN_TOKEN}` } });
+    await new Promise((resolve, reject) => ws.once('open', resolve).once('error', reject));
+    const closed = new Promise((resolve) => ws.once('close', resolve));
+    const reply = await new RpcPeer(ws).request('hello', {
       protocol: PROTOCOL_VERSION,
       host_id: hostId,
       agent_instance_id: newId('host'),
@@ -335,21 +314,30 @@ describe("the agent's hello", () => {
       capacity: { vcpus: 2, memory_mb: 4096 },
       desktops: [],
       ...(ingress ? { ingress } : {}),
-    });
+    }, 5_000);
+    ws.close();
+    await closed;
+    return reply as { port_link_key?: string };
+  }
+
+  it('hands each host a port-link key of its own, which neither the join token nor another host key is', async () => {
+    const [a, b] = [newId('host'), newId('host')];
+    const keys = [(await hello(a)).port_link_key, (await hello(b)).port_link_key];
+    expect(keys).toEqual([portLinkKey(SECRET_KEY, a), portLinkKey(SECRET_KEY, b)]);
+    expect(keys[0]).not.toBe(keys[1]);
+    expect(keys).not.toContain(JOIN_TOKEN);
+  });
+
+  it('records the port gateway address, and clears it when a later hello has none', async () => {
+    const hostId = newId('host');
     const address = async () => (await sql<Array<{ ingress_address: string | null }>>`SELECT ingress_address FROM hosts WHERE id = ${hostId}`)[0]?.ingress_address;
-    await until(() => s.leadership.isLeader(), 5_000, 'leadership');
     for (const [sent, recorded] of [
       [{ host: '10.0.0.5', port: 7011 }, '10.0.0.5:7011'],
       [{ host: 'fd00::5', port: 7012 }, '[fd00::5]:7012'],
       [undefined, null],
     ] as const) {
-      const ws = new WebSocket(`${s.url.replace(/^http/, 'ws')}/internal/agents/ws`, { headers: { authorization: `Bearer ${JOIN_TOKEN}` } });
-      await new Promise((resolve, reject) => ws.once('open', resolve).once('error', reject));
-      const closed = new Promise((resolve) => ws.once('close', resolve));
-      await new RpcPeer(ws).request('hello', hello(sent), 5_000);
+      await hello(hostId, sent);
       expect(await address()).toBe(recorded);
-      ws.close();
-      await closed;
     }
   });
 });

@@ -30,6 +30,20 @@ async function* pieces(data: Buffer, size: number, failAt = -1): AsyncGenerator<
   }
 }
 
+/** Two peers over a real websocket on a new server; `raw` turns raw stream chunks on for both. */
+async function link(raw: boolean): Promise<{ server: WebSocketServer; scheduler: RpcPeer; agent: RpcPeer }> {
+  const server = new WebSocketServer({ port: 0, host: '127.0.0.1' });
+  await new Promise((r) => server.once('listening', r));
+  const accepted = new Promise<RpcPeer>((resolve) => server.once('connection', (ws) => resolve(new RpcPeer(ws))));
+  const ws = new WebSocket(`ws://127.0.0.1:${(server.address() as AddressInfo).port}`);
+  await new Promise((r) => ws.once('open', r));
+  const agent = new RpcPeer(ws);
+  const scheduler = await accepted;
+  agent.binaryStreams = raw;
+  scheduler.binaryStreams = raw;
+  return { server, scheduler, agent };
+}
+
 describe.each([
   ['msgpack chunks', false],
   ['raw chunks', true],
@@ -47,16 +61,11 @@ describe.each([
 
   /** `scheduler` sends requests; `agent` handles them. */
   async function pair(): Promise<{ scheduler: RpcPeer; agent: RpcPeer }> {
-    server = new WebSocketServer({ port: 0, host: '127.0.0.1' });
-    await new Promise((r) => server!.once('listening', r));
-    const accepted = new Promise<RpcPeer>((resolve) => server!.once('connection', (ws) => resolve(new RpcPeer(ws))));
-    const ws = new WebSocket(`ws://127.0.0.1:${(server.address() as AddressInfo).port}`);
-    await new Promise((r) => ws.once('open', r));
-    client = new RpcPeer(ws);
-    remote = await accepted;
-    client.binaryStreams = raw;
-    remote.binaryStreams = raw;
-    return { scheduler: remote, agent: client };
+    const linked = await link(raw);
+    server = linked.server;
+    client = linked.agent;
+    remote = linked.scheduler;
+    return linked;
   }
 
   it('delivers an upload whole and in order before the reply', async () => {
@@ -132,17 +141,10 @@ describe('flow control of raw streams', () => {
   });
 
   async function pair(): Promise<{ scheduler: RpcPeer; agent: RpcPeer }> {
-    server = new WebSocketServer({ port: 0, host: '127.0.0.1' });
-    await new Promise((r) => server!.once('listening', r));
-    const accepted = new Promise<RpcPeer>((resolve) => server!.once('connection', (ws) => resolve(new RpcPeer(ws))));
-    const ws = new WebSocket(`ws://127.0.0.1:${(server.address() as AddressInfo).port}`);
-    await new Promise((r) => ws.once('open', r));
-    const agent = new RpcPeer(ws);
-    const scheduler = await accepted;
-    agent.binaryStreams = true;
-    scheduler.binaryStreams = true;
-    peers.push(agent, scheduler);
-    return { scheduler, agent };
+    const linked = await link(true);
+    server = linked.server;
+    peers.push(linked.agent, linked.scheduler);
+    return linked;
   }
 
   /** A source of 64 KiB chunks that counts what was pulled and notes when it is returned. */
