@@ -13,8 +13,9 @@ import { buildApp, type App } from './http/app.js';
 import { DesktopService } from './services/desktops.js';
 import { LifecycleService } from './services/lifecycle.js';
 import { OperationWaiter } from './services/waiter.js';
+import { API_KEY_CHANGED_CHANNEL, DESKTOP_CHANGED_CHANNEL, NotifiedCache } from './store/notified-cache.js';
 import { UsageService } from './services/usage.js';
-import { GuestService } from './services/guest.js';
+import { GuestService, type DesktopRoute } from './services/guest.js';
 import { AgentGateway } from './agents/gateway.js';
 import { OperationEngine } from './engine/engine.js';
 import { Leadership } from './engine/leader.js';
@@ -26,6 +27,9 @@ import { deliveryQueue } from './store/webhook-deliveries.js';
 import { PortService } from './services/ports.js';
 import { PortIngress } from './ingress/ingress-server.js';
 import { formatHost } from '../../shared/src/host-port.js';
+
+/** API key and desktop route lookups: a missed change is served for at most this long. */
+const LOOKUP_CACHE = { ttlMs: 30_000, maxEntries: 10_000 };
 
 export interface RunningScheduler {
   readonly url: string;
@@ -51,6 +55,12 @@ export async function startScheduler(config: SchedulerConfig, logger?: Logger): 
   const lifecycle = new LifecycleService(sql, { isLeader }, Math.max(1, Math.ceil(config.leaseTtlMs / 1000)), config.hostSlots);
   const waiter = new OperationWaiter(sql, config.waitPollMs);
   await waiter.start();
+  const keyCache = new NotifiedCache<string>(LOOKUP_CACHE);
+  const routeCache = new NotifiedCache<DesktopRoute>(LOOKUP_CACHE);
+  const unlisten = [await keyCache.listen(sql, API_KEY_CHANGED_CHANNEL), await routeCache.listen(sql, DESKTOP_CHANGED_CHANNEL)];
+  const stopListening = async () => {
+    for (const stop of unlisten.splice(0)) await stop();
+  };
   const engine = new OperationEngine({
     sql,
     agents,
@@ -86,12 +96,12 @@ export async function startScheduler(config: SchedulerConfig, logger?: Logger): 
   const ports = new PortService({ sql, ingress: config.ingress });
   const app = await buildApp({
     logger: log,
-    authenticate: createAuthenticator(sql, config.jwt ? createJwtVerifier(config.jwt) : null),
+    authenticate: createAuthenticator(sql, config.jwt ? createJwtVerifier(config.jwt) : null, keyCache),
     desktops: new DesktopService({ sql, secrets, defaultImageVersion: config.defaultImageVersion }),
     lifecycle,
     waiter,
     usage: new UsageService(sql),
-    guest: new GuestService(sql, agents, log),
+    guest: new GuestService(sql, agents, log, routeCache),
     webhooks: new WebhookService({ sql, secrets, allowLoopback: config.webhooks.allowLoopback }),
     ports,
     waitCapMs: config.waitCapMs,
@@ -103,6 +113,7 @@ export async function startScheduler(config: SchedulerConfig, logger?: Logger): 
     ingress = config.ingress && (await PortIngress.start({ settings: config.ingress, ports, portLinkSecret: config.secretKey, logger: log }));
   } catch (err) {
     await app.close();
+    await stopListening();
     await waiter.stop();
     await sql.end({ timeout: 5 });
     throw err;
@@ -127,6 +138,7 @@ export async function startScheduler(config: SchedulerConfig, logger?: Logger): 
         agents.closeAll();
         await ingress?.close();
         await app.close();
+        await stopListening();
         await waiter.stop();
         await sql.end({ timeout: 5 });
       })();

@@ -8,18 +8,19 @@ import type { Sql } from '../store/db.js';
 import { ensureOrg } from '../store/orgs.js';
 import { orgForApiKey, API_KEY_PREFIX } from '../services/keys.js';
 import { errors } from '../errors.js';
+import type { NotifiedCache } from '../store/notified-cache.js';
 import { IdentityProviderUnavailable, looksLikeJwt, type createJwtVerifier } from '../auth/jwt-verifier.js';
 
 export type JwtVerifier = ReturnType<typeof createJwtVerifier>;
 
-export function createAuthenticator(sql: Sql, jwt: JwtVerifier | null) {
+export function createAuthenticator(sql: Sql, jwt: JwtVerifier | null, keyCache?: NotifiedCache<string>) {
   return async function authenticate(request: FastifyRequest): Promise<string> {
     const header = request.headers.authorization;
     const match = typeof header === 'string' ? /^Bearer ([\x21-\x7e]+)$/i.exec(header.trim()) : null;
     if (!match) throw errors.unauthorized();
     const credential = match[1]!;
     if (credential.startsWith(API_KEY_PREFIX)) {
-      const orgId = await orgForApiKey(sql, credential);
+      const orgId = await orgForApiKey(sql, credential, keyCache);
       if (!orgId) throw errors.unauthorized();
       return orgId;
     }

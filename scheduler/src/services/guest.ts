@@ -16,7 +16,8 @@ import type { Logger } from '../../../shared/src/log.js';
 import { ApiError, errors } from '../errors.js';
 import type { Sql } from '../store/db.js';
 import { getDesktop } from '../store/desktops.js';
-import type { DesktopRow } from '../store/rows.js';
+import type { DesktopState } from '../store/rows.js';
+import type { NotifiedCache } from '../store/notified-cache.js';
 import { formatHostPort } from '../../../shared/src/host-port.js';
 
 /** Synchronous exec: SPEC's default and ceiling for `timeout_secs`. */
@@ -82,6 +83,21 @@ interface Target {
   readonly ref: { desktop_id: string; generation: number };
 }
 
+/** What a guest operation needs of a desktop row, as cached. */
+export interface DesktopRoute {
+  readonly org_id: string;
+  readonly state: DesktopState;
+  readonly host_id: string | null;
+  readonly generation: number;
+}
+
+function isRoutable(route: DesktopRoute): route is DesktopRoute & { host_id: string } {
+  return route.state === 'awake' && route.host_id !== null;
+}
+
+/** Agent answers meaning the host no longer runs the generation the route named. */
+const NOT_RUNNING_THERE = new Set(['not_running', 'not_found', 'stale_generation']);
+
 export class GuestService {
   private readonly log: Logger;
 
@@ -89,6 +105,8 @@ export class GuestService {
     private readonly sql: Sql,
     private readonly link: GuestLink,
     logger: Logger,
+    /** Awake desktops' routes by desktop id; null reads the database every time. */
+    private readonly routes: NotifiedCache<DesktopRoute> | null = null,
   ) {
     this.log = logger.child({ component: 'guest' });
   }
@@ -136,13 +154,13 @@ export class GuestService {
   async readFile(orgId: string, desktopId: string, path: string, offset: number | null, length: number) {
     const target = await this.target(orgId, desktopId);
     const payload = { ...target.ref, path, offset, length, max_whole_bytes: FILE_CHUNK_MAX_BYTES };
-    return this.mapped('guest.file.read', () => this.link.callDownload(target.hostId, 'guest.file.read', payload, GUEST_OP_TIMEOUT_MS));
+    return this.mapped('guest.file.read', () => this.link.callDownload(target.hostId, 'guest.file.read', payload, GUEST_OP_TIMEOUT_MS), target);
   }
 
   async writeFile(orgId: string, desktopId: string, path: string, appendAt: number | null, body: AsyncIterable<Uint8Array>): Promise<void> {
     const target = await this.target(orgId, desktopId);
     const payload = { ...target.ref, path, append_at: appendAt };
-    await this.mapped('guest.file.write', () => this.link.call(target.hostId, 'guest.file.write', payload, GUEST_OP_TIMEOUT_MS, body));
+    await this.mapped('guest.file.write', () => this.link.call(target.hostId, 'guest.file.write', payload, GUEST_OP_TIMEOUT_MS, body), target);
   }
 
   async deletePath(orgId: string, desktopId: string, path: string, recursive: boolean): Promise<void> {
@@ -201,23 +219,33 @@ export class GuestService {
   }
 
   /** The desktop, awake, on a connected host; otherwise the 404, 409 or 503 the API gives. */
+  /**
+   * Where the desktop runs. Only an awake desktop's route is cached: a stale one reaches an agent
+   * that no longer runs that generation, which answers `not_running` and evicts it (`mapped`).
+   */
   private async target(orgId: string, desktopId: string): Promise<Target> {
-    const desktop: DesktopRow | null = await getDesktop(this.sql, orgId, desktopId);
-    if (!desktop) throw errors.desktopNotFound();
-    if (desktop.state !== 'awake' || desktop.host_id === null) throw errors.notAwake(desktop.state);
-    if (!this.link.isConnected(desktop.host_id)) throw errors.hostUnreachable();
-    return { hostId: desktop.host_id, ref: { desktop_id: desktop.id, generation: desktop.generation } };
+    const load = async (): Promise<DesktopRoute | null> => {
+      const row = await getDesktop(this.sql, orgId, desktopId);
+      return row && { org_id: row.org_id, state: row.state, host_id: row.host_id, generation: row.generation };
+    };
+    const route = this.routes ? await this.routes.get(desktopId, load, isRoutable) : await load();
+    // The cache is keyed by desktop alone: another org's entry answers exactly like a missing row.
+    if (!route || route.org_id !== orgId) throw errors.desktopNotFound();
+    if (!isRoutable(route)) throw errors.notAwake(route.state);
+    if (!this.link.isConnected(route.host_id)) throw errors.hostUnreachable();
+    return { hostId: route.host_id, ref: { desktop_id: desktopId, generation: route.generation } };
   }
 
   private run<C extends AgentCommand>(target: Target, command: C, payload: CommandPayload<C>, timeoutMs: number): Promise<CommandResult<C>> {
-    return this.mapped(command, () => this.link.call(target.hostId, command, payload, timeoutMs));
+    return this.mapped(command, () => this.link.call(target.hostId, command, payload, timeoutMs), target);
   }
 
   /** Runs one agent call, turning what the agent answered into the API's error. */
-  private async mapped<T>(command: AgentCommand, work: () => Promise<T>): Promise<T> {
+  private async mapped<T>(command: AgentCommand, work: () => Promise<T>, target: Target): Promise<T> {
     try {
       return await work();
     } catch (err) {
+      if (err instanceof AgentFailure && NOT_RUNNING_THERE.has(err.code)) this.routes?.evict(target.ref.desktop_id);
       throw this.toApiError(err, command);
     }
   }

@@ -1,11 +1,13 @@
 /**
  * API keys: `svc_sk_` followed by 256 random bits (base64url). Only the sha256 of a key is
- * stored; the key itself is shown once, when created.
+ * stored; the key itself is shown once, when created. Lookups are cached per replica and dropped
+ * when the key's row changes (store/notified-cache.ts), so revoking a key takes effect at once.
  */
 import { randomBytes } from 'node:crypto';
 import type { Sql } from '../store/db.js';
 import { ensureOrg, insertApiKey, orgForKeyHash } from '../store/orgs.js';
 import { hashToken } from '../crypto/secret-box.js';
+import type { NotifiedCache } from '../store/notified-cache.js';
 
 export const API_KEY_PREFIX = 'svc_sk_';
 
@@ -16,7 +18,10 @@ export async function createApiKey(sql: Sql, orgName: string): Promise<{ orgId: 
   return { orgId, key };
 }
 
-export async function orgForApiKey(sql: Sql, key: string): Promise<string | null> {
+/** The org of a live API key, through `cache` (keyed by the key's hash) when one is given. */
+export async function orgForApiKey(sql: Sql, key: string, cache?: NotifiedCache<string>): Promise<string | null> {
   if (!key.startsWith(API_KEY_PREFIX) || key.length > 200) return null;
-  return orgForKeyHash(sql, hashToken(key));
+  const hash = hashToken(key);
+  if (!cache) return orgForKeyHash(sql, hash);
+  return cache.get(hash, () => orgForKeyHash(sql, hash), () => true);
 }

@@ -201,6 +201,29 @@ CREATE TABLE port_exposures (
 ALTER TABLE hosts ADD COLUMN ingress_address text;
 `,
   },
+  {
+    id: 5,
+    name: 'caches',
+    sql: `
+-- Every replica caches API key and desktop lookups (store/notified-cache.ts) and drops an entry
+-- when its row changes. NOTIFY is delivered at commit, once per distinct payload.
+CREATE FUNCTION canto_api_key_changed() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+  PERFORM pg_notify('canto_api_key_changed', OLD.token_hash);
+  RETURN NULL;
+END $$;
+CREATE TRIGGER api_keys_changed AFTER UPDATE OR DELETE ON api_keys
+  FOR EACH ROW EXECUTE FUNCTION canto_api_key_changed();
+
+CREATE FUNCTION canto_desktop_changed() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+  PERFORM pg_notify('canto_desktop_changed', OLD.id);
+  RETURN NULL;
+END $$;
+CREATE TRIGGER desktops_changed AFTER UPDATE OR DELETE ON desktops
+  FOR EACH ROW EXECUTE FUNCTION canto_desktop_changed();
+`,
+  },
 ];
 
 // Ids are applied once each, in order: two entries with one id would skip the second for ever.

@@ -1,0 +1,92 @@
+/**
+ * Read-through caches that Postgres keeps honest, for the two lookups every guest operation makes
+ * before it reaches the agent: which org an API key belongs to, and where an awake desktop runs.
+ * On this hot path each database round trip costs two process wake-ups, which measured as much as
+ * the agent link itself.
+ *
+ * A trigger on the cached table sends `pg_notify(channel, key)` for every changed or deleted row
+ * (migration `caches`); each replica listens and drops that key. Notifications are lost while the
+ * listen connection reconnects, so the cache is emptied each time listening (re)starts, and caches
+ * nothing before the first start. A lookup that was in flight while any key was dropped is served
+ * but not kept, since it may have read the row before the change. A time limit bounds what a
+ * missed notification could cost.
+ *
+ * What a stale entry can do is bounded by who uses it: the agent fences every command by
+ * generation (a stale desktop route gets `not_running`, which evicts it), and an API key revoked
+ * by another replica's transaction is refused here once the notification arrives, within
+ * milliseconds (docs/decisions.md).
+ */
+import type { Sql } from './db.js';
+
+export const API_KEY_CHANGED_CHANNEL = 'canto_api_key_changed';
+export const DESKTOP_CHANGED_CHANNEL = 'canto_desktop_changed';
+
+export interface NotifiedCacheOptions {
+  /** The longest an entry is served without a fresh read. */
+  readonly ttlMs: number;
+  readonly maxEntries: number;
+  readonly now?: () => number;
+}
+
+export class NotifiedCache<V> {
+  private readonly entries = new Map<string, { value: V; expiresAt: number }>();
+  /** Bumped by every eviction: a lookup in flight across one is not kept. */
+  private epoch = 0;
+  /** False until listening starts: before that, a change could go unheard. */
+  private listening = false;
+  private readonly now: () => number;
+
+  constructor(private readonly options: NotifiedCacheOptions) {
+    this.now = options.now ?? Date.now;
+  }
+
+  /** Starts listening on `channel`; answers the function that stops it. */
+  async listen(sql: Sql, channel: string): Promise<() => Promise<void>> {
+    const sub = await sql.listen(
+      channel,
+      (key) => this.evict(key),
+      // Called again after each reconnect: what changed meanwhile was not heard.
+      () => {
+        this.clear();
+        this.listening = true;
+      },
+    );
+    return async () => {
+      this.listening = false;
+      this.clear();
+      await sub.unlisten();
+    };
+  }
+
+  /**
+   * The cached value of `key`, else `load()`'s answer, kept when `keep` says so (a cache of
+   * positive answers only never turns a new row into a stale "missing").
+   */
+  async get(key: string, load: () => Promise<V | null>, keep: (value: V) => boolean): Promise<V | null> {
+    const hit = this.entries.get(key);
+    if (hit !== undefined && hit.expiresAt > this.now()) return hit.value;
+    if (hit !== undefined) this.entries.delete(key);
+    const epoch = this.epoch;
+    const value = await load();
+    if (value !== null && this.listening && epoch === this.epoch && keep(value)) {
+      // Map order is insertion order: when full, the oldest entry goes.
+      if (this.entries.size >= this.options.maxEntries) this.entries.delete(this.entries.keys().next().value!);
+      this.entries.set(key, { value, expiresAt: this.now() + this.options.ttlMs });
+    }
+    return value;
+  }
+
+  evict(key: string): void {
+    this.epoch++;
+    this.entries.delete(key);
+  }
+
+  clear(): void {
+    this.epoch++;
+    this.entries.clear();
+  }
+
+  get size(): number {
+    return this.entries.size;
+  }
+}

@@ -1,0 +1,222 @@
+/**
+ * The per-replica caches of API key and desktop route lookups (store/notified-cache.ts), against a
+ * real Postgres: a kept value costs no query, a changed row is dropped through its trigger's
+ * notification, a lookup racing a change is not kept, a reconnected listener starts empty, and
+ * through the API a revoked key is refused at once while a stale desktop route corrects itself.
+ */
+import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
+import { connectDatabase, type Sql } from '../../scheduler/src/store/db.js';
+import { API_KEY_CHANGED_CHANNEL, DESKTOP_CHANGED_CHANNEL, NotifiedCache } from '../../scheduler/src/store/notified-cache.js';
+import { createApiKey } from '../../scheduler/src/services/keys.js';
+import { hashToken } from '../../scheduler/src/crypto/secret-box.js';
+import { orgForKeyHash } from '../../scheduler/src/store/orgs.js';
+import { freshDatabaseUrl } from '../helpers/db.js';
+import { api, mintKey, startTestScheduler, until, type TestScheduler } from '../helpers/scheduler.js';
+import { startFakeAgent, type TestAgent } from '../helpers/agent.js';
+import { expectProblem } from '../helpers/problem.js';
+
+let sql: Sql;
+const stops: Array<() => Promise<void>> = [];
+
+beforeAll(async () => {
+  sql = connectDatabase(await freshDatabaseUrl(), { max: 4 });
+});
+
+afterEach(async () => {
+  for (const stop of stops.splice(0)) await stop();
+});
+
+afterAll(async () => {
+  await sql?.end();
+});
+
+/** A cache on `channel` whose loads are counted. */
+async function listening(channel: string, options: { ttlMs?: number; now?: () => number } = {}) {
+  const cache = new NotifiedCache<string>({ ttlMs: options.ttlMs ?? 60_000, maxEntries: 100, now: options.now });
+  stops.push(await cache.listen(sql, channel));
+  return cache;
+}
+
+function countingLoader(load: () => Promise<string | null>) {
+  const counter = {
+    loads: 0,
+    load: async () => {
+      counter.loads++;
+      return load();
+    },
+  };
+  return counter;
+}
+
+describe('NotifiedCache', () => {
+  it('serves a kept value without a query and drops it when the row changes', async () => {
+    const { key } = await createApiKey(sql, 'cache-a');
+    const hash = hashToken(key);
+    const cache = await listening(API_KEY_CHANGED_CHANNEL);
+    const loader = countingLoader(() => orgForKeyHash(sql, hash));
+    const org = await cache.get(hash, loader.load, () => true);
+    expect(org).toMatch(/^org_/);
+    expect(await cache.get(hash, loader.load, () => true)).toBe(org);
+    expect(loader.loads).toBe(1);
+
+    await sql`UPDATE api_keys SET revoked_at = now() WHERE token_hash = ${hash}`;
+    await until(() => cache.size === 0, 5_000, 'the revocation notification');
+    expect(await cache.get(hash, loader.load, () => true)).toBeNull();
+    expect(loader.loads).toBe(2);
+  });
+
+  it('keeps only what `keep` accepts, and never a missing row', async () => {
+    const cache = await listening(API_KEY_CHANGED_CHANNEL);
+    const missing = countingLoader(async () => null);
+    await cache.get('nothing', missing.load, () => true);
+    await cache.get('nothing', missing.load, () => true);
+    expect(missing.loads).toBe(2);
+    const refused = countingLoader(async () => 'value');
+    await cache.get('refused', refused.load, () => false);
+    await cache.get('refused', refused.load, () => false);
+    expect(refused.loads).toBe(2);
+  });
+
+  it('does not keep a lookup that was in flight when a change arrived', async () => {
+    const cache = await listening(DESKTOP_CHANGED_CHANNEL);
+    let release!: () => void;
+    const gate = new Promise<void>((resolve) => (release = resolve));
+    const slow = countingLoader(async () => {
+      await gate;
+      return 'old';
+    });
+    const pending = cache.get('dsk_x', slow.load, () => true);
+    cache.evict('dsk_other');
+    release();
+    expect(await pending).toBe('old');
+    expect(cache.size).toBe(0);
+    const fresh = countingLoader(async () => 'new');
+    expect(await cache.get('dsk_x', fresh.load, () => true)).toBe('new');
+    expect(fresh.loads).toBe(1);
+  });
+
+  it('hears a desktop row change by its id', async () => {
+    const { orgId } = await createApiKey(sql, 'cache-d');
+    const [row] = await sql<{ id: string }[]>`
+      INSERT INTO desktops (id, org_id, tier, state, image_version, current_generation_id, idle_timeout_secs, billing_mode)
+      VALUES ('dsk_cachetest000000000000000', ${orgId}, 'small', 'awake', 'v1', 'gen_cachetest000000000000', 0, 'hourly') RETURNING id`;
+    const cache = await listening(DESKTOP_CHANGED_CHANNEL);
+    await cache.get(row!.id, async () => 'awake', () => true);
+    await cache.get('dsk_untouched', async () => 'awake', () => true);
+    expect(cache.size).toBe(2);
+    await sql`UPDATE desktops SET state = 'hibernating' WHERE id = ${row!.id}`;
+    await until(() => cache.size === 1, 5_000, 'the desktop notification');
+    const again = countingLoader(async () => 'hibernating');
+    expect(await cache.get(row!.id, again.load, () => true)).toBe('hibernating');
+    expect(again.loads).toBe(1);
+  });
+
+  it('serves an entry until its time limit, then reads again', async () => {
+    let now = 1_000;
+    const cache = await listening(API_KEY_CHANGED_CHANNEL, { ttlMs: 500, now: () => now });
+    const loader = countingLoader(async () => 'org_1');
+    await cache.get('k', loader.load, () => true);
+    now += 499;
+    await cache.get('k', loader.load, () => true);
+    expect(loader.loads).toBe(1);
+    now += 1;
+    await cache.get('k', loader.load, () => true);
+    expect(loader.loads).toBe(2);
+  });
+
+  it('keeps nothing before listening starts, and starts empty after the listener reconnects', async () => {
+    const idle = new NotifiedCache<string>({ ttlMs: 60_000, maxEntries: 10 });
+    const unheard = countingLoader(async () => 'v');
+    await idle.get('k', unheard.load, () => true);
+    await idle.get('k', unheard.load, () => true);
+    expect(unheard.loads).toBe(2);
+
+    const cache = await listening(DESKTOP_CHANGED_CHANNEL);
+    await cache.get('k', async () => 'v', () => true);
+    expect(cache.size).toBe(1);
+    // Changes made while the listen connection is down are never heard: the cache must forget.
+    const killed = await sql`
+      SELECT pg_terminate_backend(pid) FROM pg_stat_activity
+      WHERE datname = current_database() AND query ILIKE 'listen%' AND pid <> pg_backend_pid()`;
+    expect(killed.length).toBeGreaterThan(0);
+    await until(() => cache.size === 0, 10_000, 'the cache to be emptied on reconnect');
+    // And it is listening again.
+    const { key } = await createApiKey(sql, 'cache-r');
+    const keys = await listening(API_KEY_CHANGED_CHANNEL);
+    await keys.get(hashToken(key), async () => 'org', () => true);
+    await sql`DELETE FROM api_keys WHERE token_hash = ${hashToken(key)}`;
+    await until(() => keys.size === 0, 5_000, 'the delete notification');
+  });
+
+  it('drops the oldest entry when full', async () => {
+    const cache = new NotifiedCache<string>({ ttlMs: 60_000, maxEntries: 2 });
+    stops.push(await cache.listen(sql, DESKTOP_CHANGED_CHANNEL));
+    for (const k of ['a', 'b', 'c']) await cache.get(k, async () => k, () => true);
+    expect(cache.size).toBe(2);
+    const a = countingLoader(async () => 'a');
+    await cache.get('a', a.load, () => true);
+    expect(a.loads).toBe(1);
+  });
+});
+
+describe('lookup caches behind the API', () => {
+  let s: TestScheduler;
+  let agent: TestAgent;
+
+  beforeAll(async () => {
+    s = await startTestScheduler();
+    agent = await startFakeAgent(s.url);
+  });
+
+  afterAll(async () => {
+    await agent?.stop();
+    await s?.close();
+  });
+
+  it('refuses a revoked key on the next request', async () => {
+    const key = await mintKey(s.databaseUrl, 'revoked-org');
+    const call = api(s.url, key);
+    expect((await call('GET', '/v1/desktops')).status).toBe(200);
+    expect((await call('GET', '/v1/desktops')).status).toBe(200);
+    const db = connectDatabase(s.databaseUrl, { max: 1 });
+    try {
+      await db`UPDATE api_keys SET revoked_at = now() WHERE token_hash = ${hashToken(key)}`;
+    } finally {
+      await db.end();
+    }
+    // The cache keeps a key for 30 s; only the notification can make this prompt.
+    await until(async () => (await call('GET', '/v1/desktops')).status === 401, 2_000, 'the revoked key to be refused');
+  });
+
+  it('a stale desktop route reaches an agent that answers not running, and is dropped', async () => {
+    const call = api(s.url, await mintKey(s.databaseUrl, 'route-org'));
+    const id = (await call('POST', '/v1/desktops', { tier: 'small' })).json.id as string;
+    expect((await call('POST', `/v1/desktops/${id}/wake?wait=true`)).json.state).toBe('succeeded');
+    expect((await call('POST', `/v1/desktops/${id}/exec`, { command: 'echo one' })).json.stdout).toBe('one\n');
+    // Without its trigger the cache never hears of the hibernate: only the agent's answer can correct it.
+    const db = connectDatabase(s.databaseUrl, { max: 1 });
+    try {
+      await db`ALTER TABLE desktops DISABLE TRIGGER desktops_changed`;
+      expect((await call('POST', `/v1/desktops/${id}/hibernate?wait=true`)).json.state).toBe('succeeded');
+      expectProblem(await call('POST', `/v1/desktops/${id}/exec`, { command: 'true' }), 409, 'not running on its host');
+      expectProblem(await call('POST', `/v1/desktops/${id}/exec`, { command: 'true' }), 409, 'hibernated');
+      expect((await call('POST', `/v1/desktops/${id}/wake?wait=true`)).json.state).toBe('succeeded');
+      expect((await call('POST', `/v1/desktops/${id}/exec`, { command: 'echo two' })).json.stdout).toBe('two\n');
+    } finally {
+      await db`ALTER TABLE desktops ENABLE TRIGGER desktops_changed`;
+      await db.end();
+    }
+  });
+
+  it('answers another org exactly like a missing desktop, cached or not', async () => {
+    const owner = api(s.url, await mintKey(s.databaseUrl, 'owner-org'));
+    const other = api(s.url, await mintKey(s.databaseUrl, 'other-org'));
+    const id = (await owner('POST', '/v1/desktops', { tier: 'small' })).json.id as string;
+    expect((await owner('POST', `/v1/desktops/${id}/wake?wait=true`)).json.state).toBe('succeeded');
+    expect((await owner('POST', `/v1/desktops/${id}/exec`, { command: 'true' })).status).toBe(200);
+    const theirs = await other('POST', `/v1/desktops/${id}/exec`, { command: 'true' });
+    const missing = await other('POST', '/v1/desktops/dsk_000000000000000000000000/exec', { command: 'true' });
+    expect(theirs.status).toBe(404);
+    expect(theirs.json).toEqual(missing.json);
+  });
+});
