@@ -14,6 +14,7 @@ import { loadAgentConfig } from '../../agent/src/config.js';
 import { runAgent } from '../../agent/src/main.js';
 import { DEFAULT_DATA_DIR, openDataDirDatabase } from './data-dir.js';
 import { up } from './up.js';
+import { tuneHeapForStreaming } from './heap.js';
 import { bridgeOnce, parseStreamUrl } from './vnc-bridge.js';
 import { formatHostPort, parseHostPort } from '../../shared/src/host-port.js';
 
@@ -25,13 +26,17 @@ program
   .description('run PostgreSQL (embedded), the scheduler and a local agent with embedded defaults')
   .option('--data-dir <dir>', 'data directory', env.CANTO_DATA_DIR || DEFAULT_DATA_DIR)
   .option('--listen <host:port>', 'API listen address', env.CANTO_LISTEN || '127.0.0.1:8080')
-  .action(async (opts: { dataDir: string; listen: string }) => up(opts, env));
+  .action(async (opts: { dataDir: string; listen: string }) => {
+    tuneHeapForStreaming();
+    await up(opts, env);
+  });
 
 program
   .command('scheduler')
   .description('run the scheduler (needs DATABASE_URL and CANTO_SECRET_KEY)')
   .option('--listen <host:port>', 'API listen address (CANTO_LISTEN)')
   .action(async (opts: { listen?: string }) => {
+    tuneHeapForStreaming();
     const config = loadSchedulerConfig({ ...env, ...(opts.listen ? { CANTO_LISTEN: opts.listen } : {}) });
     const scheduler = await startScheduler(config);
     const stop = () => void scheduler.close().then(() => process.exit(0));
@@ -47,6 +52,7 @@ program
   .option('--state-dir <dir>', 'agent state directory (CANTO_AGENT_STATE_DIR)')
   .option('--runtime <name>', 'runtime driver: sandbox or fake (CANTO_AGENT_RUNTIME)')
   .action(async (opts: { scheduler?: string; token?: string; stateDir?: string; runtime?: string }) => {
+    tuneHeapForStreaming();
     await runAgent(loadAgentConfig(env, opts));
   });
 
