@@ -2,8 +2,9 @@
  * What the agent's two TCP gateways share (stream/gateway.ts for VNC clients, ports/gateway.ts
  * for the scheduler's ingress): a listener whose clients open with one line — a ticket, a signed
  * target — before anything else. It reads that line with a length limit and a deadline, caps the
- * connections still owing one (in all and per client address), and hands the line and whatever bytes followed it to the gateway;
- * the gateway decides what the line means and relays from there. A refusal is one `ERR` line.
+ * connections still owing one (in all, and per client address when slots run short), and hands
+ * the line and whatever bytes followed it to the gateway; the gateway decides what the line means
+ * and relays from there. A refusal is one `ERR` line.
  *
  * Every timer is unref'd and every socket error is swallowed here: a gateway never keeps the
  * agent alive, and a failing connection only ever closes itself.
@@ -29,12 +30,16 @@ export interface LineListenerOptions {
 }
 
 /** Connections that have not sent their line yet; more are dropped at once. */
-const MAX_HANDSHAKES = 64;
+export const MAX_HANDSHAKES = 64;
 /**
- * The same, per client address: one client holding silent connections open cannot take every
- * slot, and lock every other client out, for as long as it keeps opening them.
+ * The same, per client address, once half the slots are taken: one client holding silent
+ * connections open cannot take every slot and lock every other client out. Below that there is
+ * no per-address limit, because one address is often many honest clients at once: the
+ * scheduler's ingress opens a link per request, and a burst of more than eight requests to an
+ * exposed port must not be refused (it was, as 503s).
  */
 export const MAX_HANDSHAKES_PER_ADDRESS = 8;
+export const FAIR_SHARE_FROM = MAX_HANDSHAKES / 2;
 /** Dead peers are found by TCP keepalive, so that what they hold does not stay held. */
 const KEEPALIVE_MS = 30_000;
 /** How long a refused connection may stay half-open for its `ERR` line to reach the client. */
@@ -93,7 +98,8 @@ export class LineListener {
     socket.on('error', () => undefined);
     const address = socket.remoteAddress ?? '';
     const fromAddress = this.handshakesByAddress.get(address) ?? 0;
-    if (this.closingFlag || this.handshakes.size >= MAX_HANDSHAKES || fromAddress >= MAX_HANDSHAKES_PER_ADDRESS) {
+    const overFairShare = fromAddress >= MAX_HANDSHAKES_PER_ADDRESS && this.handshakes.size >= FAIR_SHARE_FROM;
+    if (this.closingFlag || this.handshakes.size >= MAX_HANDSHAKES || overFairShare) {
       socket.destroy();
       return;
     }

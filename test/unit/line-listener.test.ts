@@ -1,10 +1,11 @@
 /**
  * The gateways' line listener (agent/src/line-listener.ts): one client address cannot hold every
- * handshake slot, so silent connections from it do not lock other clients out.
+ * handshake slot, so silent connections from it do not lock other clients out, yet a burst of
+ * honest handshakes from one address (the scheduler's ingress) is not refused.
  */
 import { connect, type Socket } from 'node:net';
 import { afterEach, describe, expect, it } from 'vitest';
-import { LineListener, MAX_HANDSHAKES_PER_ADDRESS } from '../../agent/src/line-listener.js';
+import { FAIR_SHARE_FROM, LineListener, MAX_HANDSHAKES, MAX_HANDSHAKES_PER_ADDRESS } from '../../agent/src/line-listener.js';
 
 describe('line listener', () => {
   let listener: LineListener | null = null;
@@ -37,7 +38,7 @@ describe('line listener', () => {
     });
   }
 
-  it('caps silent connections per client address, not for everyone', async () => {
+  async function start(): Promise<void> {
     listener = await LineListener.start({
       listenHost: '127.0.0.1',
       port: 0,
@@ -48,16 +49,41 @@ describe('line listener', () => {
       onLine: (socket, line) => socket.end(`got ${line}\n`),
       onNoLine: (socket) => socket.destroy(),
     });
-    const held = [];
-    for (let i = 0; i < MAX_HANDSHAKES_PER_ADDRESS; i++) held.push(await dial('127.0.0.1'));
-    expect(held.map((h) => h.kept)).toEqual(held.map(() => true));
+  }
+
+  async function hold(from: string, count: number) {
+    const held = await Promise.all(Array.from({ length: count }, () => dial(from)));
+    expect(held.every((h) => h.kept)).toBe(true);
+    return held;
+  }
+
+  it('takes a burst of handshakes from one address while slots are plentiful', async () => {
+    await start();
+    // The ingress opens a link per request: twenty still owing their line at once from one
+    // address are all honest, and all served.
+    const burst = await hold('127.0.0.1', 20);
+    burst.forEach((b, i) => b.socket.write(`r${i}\n`));
+    expect(await Promise.all(burst.map((b) => b.said))).toEqual(burst.map((_, i) => `got r${i}\n`));
+  });
+
+  it('caps silent connections per client address once half the slots are taken', async () => {
+    await start();
+    const crowd = await hold('127.0.0.1', FAIR_SHARE_FROM - MAX_HANDSHAKES_PER_ADDRESS);
+    await hold('127.0.0.2', MAX_HANDSHAKES_PER_ADDRESS);
+    // Half the slots are taken: both addresses are at or over their share, a third is not.
     expect((await dial('127.0.0.1')).kept).toBe(false);
-    // Another address is still served.
-    const other = await dial('127.0.0.2', 'hello\n');
+    expect((await dial('127.0.0.2')).kept).toBe(false);
+    const other = await dial('127.0.0.3', 'hello\n');
     expect(await other.said).toBe('got hello\n');
-    // A slot of the first address frees up once one of its connections sends its line.
-    held[0]!.socket.write('first\n');
-    expect(await held[0]!.said).toBe('got first\n');
+    // Slots free up as connections send their lines: below half, the crowd is served again.
+    for (const c of crowd.slice(0, 2)) c.socket.write('line\n');
+    await Promise.all(crowd.slice(0, 2).map((c) => c.said));
     expect((await dial('127.0.0.1')).kept).toBe(true);
+  });
+
+  it('drops everything past the total cap', async () => {
+    await start();
+    for (let i = 0; i < MAX_HANDSHAKES / MAX_HANDSHAKES_PER_ADDRESS; i++) await hold(`127.0.0.${10 + i}`, MAX_HANDSHAKES_PER_ADDRESS);
+    expect((await dial('127.0.0.99')).kept).toBe(false);
   });
 });
