@@ -94,6 +94,7 @@ export async function startScheduler(config: SchedulerConfig, logger?: Logger): 
   }, log);
 
   const ports = new PortService({ sql, ingress: config.ingress });
+  unlisten.push(await ports.listen());
   const app = await buildApp({
     logger: log,
     authenticate: createAuthenticator(sql, config.jwt ? createJwtVerifier(config.jwt) : null, keyCache),

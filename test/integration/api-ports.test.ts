@@ -566,6 +566,20 @@ describe('the ingress, through a stand-in port gateway', () => {
     expectIngressProblem(await through(url, '/', { headers: { 'x-svc-token': token! } }), 401, 'the old token');
     expect((await through(url, '/', { headers: { 'x-svc-token': recreated.token! } })).status).toBe(200);
   });
+
+  it('closes what an exposure carried when another replica deletes it, and forgets its route', async () => {
+    const id = await standInDesktop();
+    const { url } = await expose(alice, id, app.port, true);
+    expect((await through(url, '/')).status).toBe(200);
+    const ws = await openWs(url, '/ws');
+    const wsClosed = new Promise((resolve) => ws.once('close', resolve));
+    // What another replica's delete (or a destroy) does: only the row's trigger can tell this one.
+    await sql`DELETE FROM port_exposures WHERE desktop_id = ${id} AND port = ${app.port}`;
+    const closedInTime = await Promise.race([wsClosed.then(() => true), new Promise((r) => setTimeout(() => r(false), 5_000))]);
+    expect(closedInTime, 'the WebSocket is closed').toBe(true);
+    // Well inside the route cache's lifetime: the notification dropped the cached route too.
+    expectIngressProblem(await through(url, '/'), 404);
+  });
 });
 
 /* ------------------------------------------------------------------ through a real agent */

@@ -3,7 +3,8 @@
  * database round trips. Only routes that could carry traffic (`bound`) are kept, for two seconds,
  * and an entry is dropped as soon as anything suggests it is stale: this replica deleted or
  * created the exposure, or a link opened with it failed (for example the desktop was hibernated
- * and woken since, so its generation moved). A delete made on another replica is seen here
+ * and woken since, so its generation moved). A delete made on another replica arrives as a
+ * notification (services/ports.ts); one lost while the listen connection reconnects is seen here
  * within the two seconds.
  */
 import { isBound, type PortRoute } from '../services/ports.js';

@@ -11,6 +11,10 @@
  * its host is up with a port gateway — and `unbound` otherwise (hibernated, waking, moving, or
  * its host is down). Wake needs no rebind step for the same reason: the next connection after
  * the wake reaches the desktop's new generation.
+ *
+ * Listeners (the ingress) hear of an exposure created or deleted by this replica at once, and of
+ * one deleted anywhere (another replica, a destroy) through a notification its row's trigger
+ * sends: an exposure deleted on one replica must not keep carrying traffic through another.
  */
 import { randomBytes } from 'node:crypto';
 import type { Sql } from '../store/db.js';
@@ -34,6 +38,8 @@ export interface PortServiceDeps {
 /** Called after an exposure is created or deleted, so the ingress forgets what it cached. */
 export type ExposureListener = (desktopId: string, port: number) => void;
 
+export const EXPOSURE_DELETED_CHANNEL = 'canto_port_exposure_deleted';
+
 export class PortService {
   private readonly listeners = new Set<ExposureListener>();
 
@@ -42,6 +48,16 @@ export class PortService {
   onChange(listener: ExposureListener): () => void {
     this.listeners.add(listener);
     return () => this.listeners.delete(listener);
+  }
+
+  /** Hears exposures deleted by any replica; answers the function that stops listening. */
+  async listen(): Promise<() => Promise<void>> {
+    const sub = await this.deps.sql.listen(EXPOSURE_DELETED_CHANNEL, (payload) => {
+      const at = payload.lastIndexOf(':');
+      const port = Number(payload.slice(at + 1));
+      if (at > 0 && Number.isInteger(port)) this.changed(payload.slice(0, at), port);
+    });
+    return () => sub.unlisten();
   }
 
   async list(orgId: string, desktopId: string): Promise<PortExposureJson[]> {

@@ -224,6 +224,21 @@ CREATE TRIGGER desktops_changed AFTER UPDATE OR DELETE ON desktops
   FOR EACH ROW EXECUTE FUNCTION canto_desktop_changed();
 `,
   },
+  {
+    id: 6,
+    name: 'exposure deletes',
+    sql: `
+-- Every replica's ingress closes what a deleted exposure carried, whichever replica deleted it
+-- (services/ports.ts). The payload is "<desktop id>:<port>".
+CREATE FUNCTION canto_port_exposure_deleted() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+  PERFORM pg_notify('canto_port_exposure_deleted', OLD.desktop_id || ':' || OLD.port);
+  RETURN NULL;
+END $$;
+CREATE TRIGGER port_exposures_deleted AFTER DELETE ON port_exposures
+  FOR EACH ROW EXECUTE FUNCTION canto_port_exposure_deleted();
+`,
+  },
 ];
 
 // Ids are applied once each, in order: two entries with one id would skip the second for ever.
