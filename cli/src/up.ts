@@ -28,6 +28,9 @@ export async function up(options: UpOptions, env: NodeJS.ProcessEnv): Promise<vo
   const stopAll = async () => {
     for (const stop of stops.splice(0).reverse()) await stop().catch((err: unknown) => logger.error({ err }, 'stop failed'));
   };
+  // One machine: exposed ports at http://{port}-{desktop_id}.localhost:8081, which browsers and
+  // curl resolve to loopback without any DNS setup.
+  const ingressBaseUrl = env.CANTO_INGRESS_BASE_URL || 'http://localhost:8081';
   try {
     const scheduler = await startScheduler(
       loadSchedulerConfig({
@@ -36,9 +39,7 @@ export async function up(options: UpOptions, env: NodeJS.ProcessEnv): Promise<vo
         CANTO_SECRET_KEY: env.CANTO_SECRET_KEY || secrets.secret_key,
         CANTO_JOIN_TOKEN: env.CANTO_JOIN_TOKEN || secrets.join_token,
         CANTO_LISTEN: options.listen,
-        // One machine: exposed ports at http://{port}-{desktop_id}.localhost:8081, which browsers
-        // and curl resolve to loopback without any DNS setup.
-        CANTO_INGRESS_BASE_URL: env.CANTO_INGRESS_BASE_URL || 'http://localhost:8081',
+        CANTO_INGRESS_BASE_URL: ingressBaseUrl,
         CANTO_INGRESS_LISTEN: env.CANTO_INGRESS_LISTEN || '127.0.0.1:8081',
       }),
       logger,
@@ -61,7 +62,7 @@ export async function up(options: UpOptions, env: NodeJS.ProcessEnv): Promise<vo
     stops.push(() => agent.stop());
     await agent.waitConnected(30_000);
     process.stdout.write(`Canto is up.\n  API:      ${scheduler.url}/v1\n  OpenAPI:  ${scheduler.url}/v1/openapi.json\n  Host:     ${agent.hostId}\n`);
-    if (scheduler.ingressUrl) process.stdout.write(`  Ingress:  ${scheduler.ingressUrl} (exposed ports: ${ingressPattern(env.CANTO_INGRESS_BASE_URL || 'http://localhost:8081')})\n`);
+    if (scheduler.ingressUrl) process.stdout.write(`  Ingress:  ${scheduler.ingressUrl} (exposed ports: ${ingressPattern(ingressBaseUrl)})\n`);
     if (bootstrapKey) process.stdout.write(`  API key:  ${bootstrapKey}   (org "default"; shown once, store it now)\n`);
     process.stdout.write('Press Ctrl-C to stop.\n');
   } catch (err) {
