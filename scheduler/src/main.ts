@@ -13,7 +13,7 @@ import { buildApp, type App } from './http/app.js';
 import { DesktopService } from './services/desktops.js';
 import { LifecycleService } from './services/lifecycle.js';
 import { OperationWaiter } from './services/waiter.js';
-import { API_KEY_CHANGED_CHANNEL, DESKTOP_CHANGED_CHANNEL, NotifiedCache } from './store/notified-cache.js';
+import { API_KEY_CHANGED_CHANNEL, DESKTOP_CHANGED_CHANNEL, NotifiedCache, ORG_CHANGED_CHANNEL } from './store/notified-cache.js';
 import { UsageService } from './services/usage.js';
 import { GuestService, type DesktopRoute } from './services/guest.js';
 import { AgentGateway } from './agents/gateway.js';
@@ -28,7 +28,7 @@ import { PortService } from './services/ports.js';
 import { PortIngress } from './ingress/ingress-server.js';
 import { formatHost } from '../../shared/src/host-port.js';
 
-/** API key and desktop route lookups: a missed change is served for at most this long. */
+/** API key, JWT org and desktop route lookups: a missed change is served for at most this long. */
 const LOOKUP_CACHE = { ttlMs: 30_000, maxEntries: 10_000 };
 
 export interface RunningScheduler {
@@ -55,9 +55,13 @@ export async function startScheduler(config: SchedulerConfig, logger?: Logger): 
   const lifecycle = new LifecycleService(sql, { isLeader }, Math.max(1, Math.ceil(config.leaseTtlMs / 1000)), config.hostSlots);
   const waiter = new OperationWaiter(sql, config.waitPollMs);
   await waiter.start();
-  const keyCache = new NotifiedCache<string>(LOOKUP_CACHE);
+  const authCaches = { keys: new NotifiedCache<string>(LOOKUP_CACHE), orgs: new NotifiedCache<string>(LOOKUP_CACHE) };
   const routeCache = new NotifiedCache<DesktopRoute>(LOOKUP_CACHE);
-  const unlisten = [await keyCache.listen(sql, API_KEY_CHANGED_CHANNEL), await routeCache.listen(sql, DESKTOP_CHANGED_CHANNEL)];
+  const unlisten = [
+    await authCaches.keys.listen(sql, API_KEY_CHANGED_CHANNEL),
+    await authCaches.orgs.listen(sql, ORG_CHANGED_CHANNEL),
+    await routeCache.listen(sql, DESKTOP_CHANGED_CHANNEL),
+  ];
   const stopListening = async () => {
     for (const stop of unlisten.splice(0)) await stop();
   };
@@ -97,7 +101,7 @@ export async function startScheduler(config: SchedulerConfig, logger?: Logger): 
   unlisten.push(await ports.listen());
   const app = await buildApp({
     logger: log,
-    authenticate: createAuthenticator(sql, config.jwt ? createJwtVerifier(config.jwt) : null, keyCache),
+    authenticate: createAuthenticator(sql, config.jwt ? createJwtVerifier(config.jwt) : null, authCaches),
     desktops: new DesktopService({ sql, secrets, defaultImageVersion: config.defaultImageVersion }),
     lifecycle,
     waiter,

@@ -8,7 +8,8 @@ import { createServer, type Server } from 'node:http';
 import type { AddressInfo } from 'node:net';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { exportJWK, generateKeyPair, SignJWT, type CryptoKey } from 'jose';
-import { api, mintKey, startTestScheduler, type TestScheduler } from '../helpers/scheduler.js';
+import { api, mintKey, startTestScheduler, until, type TestScheduler } from '../helpers/scheduler.js';
+import { connectDatabase } from '../../scheduler/src/store/db.js';
 import { expectProblem } from '../helpers/problem.js';
 
 const ISSUER = 'https://idp.test/';
@@ -113,6 +114,45 @@ describe('valid tokens', () => {
     const other = api(s.url, await token('jwt-other-org'));
     expectProblem(await other('GET', `/v1/desktops/${mine.json.id}`), 404);
     expect((await other('GET', '/v1/desktops')).json).toEqual({ desktops: [] });
+  });
+
+  it('resolves a known org without the database: it answers while the orgs table is locked', async () => {
+    const c = api(s.url, await token('jwt-cached-org'));
+    expect((await c('GET', '/v1/desktops')).status).toBe(200);
+    const db = connectDatabase(s.databaseUrl, { max: 1 });
+    let release!: () => void;
+    const held = new Promise<void>((resolve) => (release = resolve));
+    let locked!: () => void;
+    const isLocked = new Promise<void>((resolve) => (locked = resolve));
+    const tx = db.begin(async (t) => {
+      await t`LOCK TABLE orgs IN ACCESS EXCLUSIVE MODE`;
+      locked();
+      await held;
+    });
+    try {
+      await isLocked;
+      const answered = await Promise.race([c('GET', '/v1/desktops').then((r) => r.status), new Promise((r) => setTimeout(() => r('blocked'), 3_000))]);
+      expect(answered).toBe(200);
+    } finally {
+      release();
+      await tx;
+      await db.end();
+    }
+  });
+
+  it('drops a cached org when its row changes', async () => {
+    const c = api(s.url, await token('jwt-renamed-org'));
+    const created = await c('POST', '/v1/desktops', { tier: 'small' });
+    expect(created.status).toBe(201);
+    const db = connectDatabase(s.databaseUrl, { max: 1 });
+    try {
+      await db`UPDATE orgs SET name = 'jwt-renamed-org-old' WHERE name = 'jwt-renamed-org'`;
+    } finally {
+      await db.end();
+    }
+    // The name now belongs to nobody: the next request creates a fresh org, which owns nothing.
+    await until(async () => (await c('GET', '/v1/desktops')).json.desktops.length === 0, 2_000, 'the rename to be heard');
+    expectProblem(await c('GET', `/v1/desktops/${created.json.id}`), 404);
   });
 
   it('lifecycle routes accept it too', async () => {

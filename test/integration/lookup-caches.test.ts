@@ -3,13 +3,14 @@
  * real Postgres: a kept value costs no query, a changed row is dropped through its trigger's
  * notification, a lookup racing a change is not kept, a reconnected listener starts empty, and
  * through the API a revoked key is refused at once while a stale desktop route corrects itself.
+ * The org a JWT names is created once and afterwards only read.
  */
 import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
 import { connectDatabase, type Sql } from '../../scheduler/src/store/db.js';
 import { API_KEY_CHANGED_CHANNEL, DESKTOP_CHANGED_CHANNEL, NotifiedCache } from '../../scheduler/src/store/notified-cache.js';
 import { createApiKey } from '../../scheduler/src/services/keys.js';
 import { hashToken } from '../../scheduler/src/crypto/secret-box.js';
-import { orgForKeyHash } from '../../scheduler/src/store/orgs.js';
+import { ensureOrg, orgForKeyHash } from '../../scheduler/src/store/orgs.js';
 import { freshDatabaseUrl } from '../helpers/db.js';
 import { api, mintKey, startTestScheduler, until, type TestScheduler } from '../helpers/scheduler.js';
 import { startFakeAgent, type TestAgent } from '../helpers/agent.js';
@@ -156,6 +157,18 @@ describe('NotifiedCache', () => {
     const a = countingLoader(async () => 'a');
     await cache.get('a', a.load, () => true);
     expect(a.loads).toBe(1);
+  });
+});
+
+describe('ensureOrg', () => {
+  it('creates an org once when many requests see it first, and only reads it afterwards', async () => {
+    const ids = await Promise.all(Array.from({ length: 12 }, () => ensureOrg(sql, 'first-sight')));
+    expect(new Set(ids).size).toBe(1);
+    const version = async () => (await sql<{ v: string }[]>`SELECT xmin::text AS v FROM orgs WHERE name = 'first-sight'`)[0]!.v;
+    const before = await version();
+    expect(await ensureOrg(sql, 'first-sight')).toBe(ids[0]);
+    // No new row version: a known org is not written (an upsert would lock and rewrite it).
+    expect(await version()).toBe(before);
   });
 });
 

@@ -13,14 +13,21 @@ import { IdentityProviderUnavailable, looksLikeJwt, type createJwtVerifier } fro
 
 export type JwtVerifier = ReturnType<typeof createJwtVerifier>;
 
-export function createAuthenticator(sql: Sql, jwt: JwtVerifier | null, keyCache?: NotifiedCache<string>) {
+export interface AuthCaches {
+  /** Org ids by API key hash. */
+  readonly keys: NotifiedCache<string>;
+  /** Org ids by the org name a JWT carries. */
+  readonly orgs: NotifiedCache<string>;
+}
+
+export function createAuthenticator(sql: Sql, jwt: JwtVerifier | null, caches?: AuthCaches) {
   return async function authenticate(request: FastifyRequest): Promise<string> {
     const header = request.headers.authorization;
     const match = typeof header === 'string' ? /^Bearer ([\x21-\x7e]+)$/i.exec(header.trim()) : null;
     if (!match) throw errors.unauthorized();
     const credential = match[1]!;
     if (credential.startsWith(API_KEY_PREFIX)) {
-      const orgId = await orgForApiKey(sql, credential, keyCache);
+      const orgId = await orgForApiKey(sql, credential, caches?.keys);
       if (!orgId) throw errors.unauthorized();
       return orgId;
     }
@@ -33,7 +40,9 @@ export function createAuthenticator(sql: Sql, jwt: JwtVerifier | null, keyCache?
         throw err;
       }
       if (!verdict.ok) throw errors.unauthorized();
-      return ensureOrg(sql, verdict.org);
+      const org = verdict.org;
+      const orgId = caches ? await caches.orgs.get(org, () => ensureOrg(sql, org), () => true) : await ensureOrg(sql, org);
+      return orgId!;
     }
     throw errors.unauthorized();
   };

@@ -239,6 +239,20 @@ CREATE TRIGGER port_exposures_deleted AFTER DELETE ON port_exposures
   FOR EACH ROW EXECUTE FUNCTION canto_port_exposure_deleted();
 `,
   },
+  {
+    id: 7,
+    name: 'org cache',
+    sql: `
+-- JWT callers name their org; each replica caches name -> id and drops it when the row changes.
+CREATE FUNCTION canto_org_changed() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+  PERFORM pg_notify('canto_org_changed', OLD.name);
+  RETURN NULL;
+END $$;
+CREATE TRIGGER orgs_changed AFTER UPDATE OR DELETE ON orgs
+  FOR EACH ROW EXECUTE FUNCTION canto_org_changed();
+`,
+  },
 ];
 
 // Ids are applied once each, in order: two entries with one id would skip the second for ever.

@@ -2,7 +2,7 @@
  * Read-through caches that Postgres keeps honest, for the two lookups every guest operation makes
  * before it reaches the agent: which org an API key belongs to, and where an awake desktop runs.
  * On this hot path each database round trip costs two process wake-ups, which measured as much as
- * the agent link itself.
+ * the agent link itself. A third maps the org a JWT names to its id.
  *
  * A trigger on the cached table sends `pg_notify(channel, key)` for every changed or deleted row
  * (migration `caches`); each replica listens and drops that key. Notifications are lost while the
@@ -20,6 +20,7 @@ import type { Sql } from './db.js';
 
 export const API_KEY_CHANGED_CHANNEL = 'canto_api_key_changed';
 export const DESKTOP_CHANGED_CHANNEL = 'canto_desktop_changed';
+export const ORG_CHANGED_CHANNEL = 'canto_org_changed';
 
 export interface NotifiedCacheOptions {
   /** The longest an entry is served without a fresh read. */

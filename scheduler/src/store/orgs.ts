@@ -2,12 +2,19 @@
 import { newId } from '../../../shared/src/ids.js';
 import type { Sql } from './db.js';
 
+/**
+ * The id of the org named `name`, created on first sight. An existing org is only read: an upsert
+ * would write (and lock) the org's row on every request of a JWT caller.
+ */
 export async function ensureOrg(sql: Sql, name: string): Promise<string> {
-  const [row] = await sql<{ id: string }[]>`
-    INSERT INTO orgs (id, name) VALUES (${newId('org')}, ${name})
-    ON CONFLICT (name) DO UPDATE SET name = EXCLUDED.name
-    RETURNING id`;
-  return row!.id;
+  for (;;) {
+    const [found] = await sql<{ id: string }[]>`SELECT id FROM orgs WHERE name = ${name}`;
+    if (found) return found.id;
+    const [created] = await sql<{ id: string }[]>`
+      INSERT INTO orgs (id, name) VALUES (${newId('org')}, ${name}) ON CONFLICT (name) DO NOTHING RETURNING id`;
+    if (created) return created.id;
+    // Another request created it between the two statements: read it.
+  }
 }
 
 export async function insertApiKey(sql: Sql, orgId: string, tokenHash: string): Promise<string> {
