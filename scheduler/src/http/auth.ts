@@ -41,8 +41,8 @@ export function createAuthenticator(sql: Sql, jwt: JwtVerifier | null, caches?: 
       }
       if (!verdict.ok) throw errors.unauthorized();
       const org = verdict.org;
-      const orgId = caches ? await caches.orgs.get(org, () => ensureOrg(sql, org), () => true) : await ensureOrg(sql, org);
-      return orgId!;
+      const cached = caches ? await caches.orgs.get(org, () => ensureOrg(sql, org), () => true) : null;
+      return cached ?? ensureOrg(sql, org);
     }
     throw errors.unauthorized();
   };

@@ -218,10 +218,10 @@ export class GuestService {
     };
   }
 
-  /** The desktop, awake, on a connected host; otherwise the 404, 409 or 503 the API gives. */
   /**
-   * Where the desktop runs. Only an awake desktop's route is cached: a stale one reaches an agent
-   * that no longer runs that generation, which answers `not_running` and evicts it (`mapped`).
+   * The desktop, awake, on a connected host; otherwise the 404, 409 or 503 the API gives. Only an
+   * awake desktop's route is cached: a stale one reaches an agent that no longer runs that
+   * generation, which answers `not_running` and evicts it (`mapped`).
    */
   private async target(orgId: string, desktopId: string): Promise<Target> {
     const load = async (): Promise<DesktopRoute | null> => {
