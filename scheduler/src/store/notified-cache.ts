@@ -5,9 +5,9 @@
  * the agent link itself. A third maps the org a JWT names to its id.
  *
  * A trigger on the cached table sends `pg_notify(channel, key)` for every changed or deleted row
- * (migrations `caches`, `org cache`); each replica listens and drops that key. Notifications are lost while the
- * listen connection reconnects, so the cache is emptied each time listening (re)starts, and caches
- * nothing before the first start. A lookup that was in flight while any key was dropped is served
+ * (migrations `caches`, `org cache`); each replica listens and drops that key. Notifications are
+ * lost while the listen connection reconnects, so the cache is emptied each time listening
+ * (re)starts, and caches nothing before the first start. A lookup that was in flight while any key was dropped is served
  * but not kept, since it may have read the row before the change. A time limit bounds what a
  * missed notification could cost.
  *
