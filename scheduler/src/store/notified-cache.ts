@@ -5,11 +5,11 @@
  * the agent link itself. A third maps the org a JWT names to its id.
  *
  * A trigger on the cached table sends `pg_notify(channel, key)` for every changed or deleted row
- * (migrations `caches`, `org cache`); each replica listens and drops that key. Notifications are
+ * (migration `change notifications`); each replica listens and drops that key. Notifications are
  * lost while the listen connection reconnects, so the cache is emptied each time listening
- * (re)starts, and caches nothing before the first start. A lookup that was in flight while any key was dropped is served
- * but not kept, since it may have read the row before the change. A time limit bounds what a
- * missed notification could cost.
+ * (re)starts, and caches nothing before the first start. A lookup that was in flight while any
+ * key was dropped is served but not kept, since it may have read the row before the change. A
+ * time limit bounds what a missed notification could cost.
  *
  * What a stale entry can do is bounded by who uses it: the agent fences every command by
  * generation (a stale desktop route gets `not_running`, which evicts it), and an API key revoked
