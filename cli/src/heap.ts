@@ -12,7 +12,7 @@
  */
 import { setFlagsFromString } from 'node:v8';
 
-export const HEAP_GROWING_PERCENT = 300;
+const HEAP_GROWING_PERCENT = 300;
 
 export function tuneHeapForStreaming(): void {
   // Read at every limit computation, so setting it after start-up takes effect.

@@ -20,14 +20,14 @@ export interface AuthCaches {
   readonly orgs: NotifiedCache<string>;
 }
 
-export function createAuthenticator(sql: Sql, jwt: JwtVerifier | null, caches?: AuthCaches) {
+export function createAuthenticator(sql: Sql, jwt: JwtVerifier | null, caches: AuthCaches) {
   return async function authenticate(request: FastifyRequest): Promise<string> {
     const header = request.headers.authorization;
     const match = typeof header === 'string' ? /^Bearer ([\x21-\x7e]+)$/i.exec(header.trim()) : null;
     if (!match) throw errors.unauthorized();
     const credential = match[1]!;
     if (credential.startsWith(API_KEY_PREFIX)) {
-      const orgId = await orgForApiKey(sql, credential, caches?.keys);
+      const orgId = await orgForApiKey(sql, credential, caches.keys);
       if (!orgId) throw errors.unauthorized();
       return orgId;
     }
@@ -41,8 +41,8 @@ export function createAuthenticator(sql: Sql, jwt: JwtVerifier | null, caches?: 
       }
       if (!verdict.ok) throw errors.unauthorized();
       const org = verdict.org;
-      const cached = caches ? await caches.orgs.get(org, () => ensureOrg(sql, org), () => true) : null;
-      return cached ?? ensureOrg(sql, org);
+      // ensureOrg never answers null, so neither does the cache in front of it.
+      return (await caches.orgs.get(org, () => ensureOrg(sql, org), () => true))!;
     }
     throw errors.unauthorized();
   };

@@ -105,8 +105,8 @@ export class GuestService {
     private readonly sql: Sql,
     private readonly link: GuestLink,
     logger: Logger,
-    /** Awake desktops' routes by desktop id; null reads the database every time. */
-    private readonly routes: NotifiedCache<DesktopRoute> | null = null,
+    /** Awake desktops' routes by desktop id. */
+    private readonly routes: NotifiedCache<DesktopRoute>,
   ) {
     this.log = logger.child({ component: 'guest' });
   }
@@ -228,7 +228,7 @@ export class GuestService {
       const row = await getDesktop(this.sql, orgId, desktopId);
       return row && { org_id: row.org_id, state: row.state, host_id: row.host_id, generation: row.generation };
     };
-    const route = this.routes ? await this.routes.get(desktopId, load, isRoutable) : await load();
+    const route = await this.routes.get(desktopId, load, isRoutable);
     // The cache is keyed by desktop alone: another org's entry answers exactly like a missing row.
     if (!route || route.org_id !== orgId) throw errors.desktopNotFound();
     if (!isRoutable(route)) throw errors.notAwake(route.state);
@@ -245,7 +245,7 @@ export class GuestService {
     try {
       return await work();
     } catch (err) {
-      if (err instanceof AgentFailure && NOT_RUNNING_THERE.has(err.code)) this.routes?.evict(target.ref.desktop_id);
+      if (err instanceof AgentFailure && NOT_RUNNING_THERE.has(err.code)) this.routes.evict(target.ref.desktop_id);
       throw this.toApiError(err, command);
     }
   }

@@ -18,10 +18,9 @@ export async function createApiKey(sql: Sql, orgName: string): Promise<{ orgId: 
   return { orgId, key };
 }
 
-/** The org of a live API key, through `cache` (keyed by the key's hash) when one is given. */
-export async function orgForApiKey(sql: Sql, key: string, cache?: NotifiedCache<string>): Promise<string | null> {
+/** The org of a live API key, through `cache`, which is keyed by the key's hash. */
+export async function orgForApiKey(sql: Sql, key: string, cache: NotifiedCache<string>): Promise<string | null> {
   if (!key.startsWith(API_KEY_PREFIX) || key.length > 200) return null;
   const hash = hashToken(key);
-  if (!cache) return orgForKeyHash(sql, hash);
   return cache.get(hash, () => orgForKeyHash(sql, hash), () => true);
 }
