@@ -13,8 +13,9 @@
  * used for the keeper because it is always present on Debian and can call prctl directly.
  */
 import { spawn } from 'node:child_process';
-import { access, constants, mkdir, readFile, rm, writeFile } from 'node:fs/promises';
-import { delimiter, join } from 'node:path';
+import { access, constants, mkdir, mkdtemp, readFile, rm, stat, writeFile } from 'node:fs/promises';
+import { tmpdir } from 'node:os';
+import { delimiter, dirname, join } from 'node:path';
 import type { Readable } from 'node:stream';
 import { execa } from 'execa';
 import { joinArgv } from './cgroups.js';
@@ -42,8 +43,11 @@ export interface CriuInfo {
  */
 const COMMON_FLAGS = ['--network-lock', 'skip', '--manage-cgroups=ignore', '--file-locks', '--tcp-close'];
 
-/** Finds a CRIU 4.x that passes `criu check`; null means memory snapshots are unavailable. */
-export async function detectCriu(criuPath: string | undefined): Promise<CriuInfo | null> {
+/**
+ * Finds a CRIU 4.x that passes `criu check` and can really dump; null means memory snapshots are
+ * unavailable, and `log` is told why.
+ */
+export async function detectCriu(criuPath: string | undefined, log: (msg: string, fields?: object) => void = () => {}): Promise<CriuInfo | null> {
   const candidates = criuPath
     ? [criuPath]
     : [
@@ -62,9 +66,64 @@ export async function detectCriu(criuPath: string | undefined): Promise<CriuInfo
     if (!match || Number(match[1]) < 4) continue;
     const check = await execa(path, ['check'], { reject: false, timeout: 30_000, all: true });
     if (check.exitCode !== 0) continue;
+    const problem = await dumpProbe(path);
+    if (problem !== null) {
+      log('memory snapshots are off: CRIU cannot dump on this host', { criu: path, problem });
+      return null;
+    }
     return { path, version: `${match[1]}.${match[2]}` };
   }
   return null;
+}
+
+/** Where a host's dump probe result is kept until the next boot. */
+export const DUMP_PROBE_CACHE = '/run/canto/criu-probe.json';
+const DUMP_PROBE_TIMEOUT_MS = 5_000;
+
+/**
+ * `criu check` passing does not mean a dump finishes: on some hosts (seen on a virtual AMD Zen 5
+ * machine, kernel 6.18) the task never stops at the exit of the parasite's rt_sigreturn, and
+ * `criu dump` waits for it for ever, leaving the desktop's processes stopped under ptrace. So one
+ * throwaway process is dumped, with a deadline, before snapshots are offered. The answer holds
+ * until the next boot or another CRIU binary: it is kept in /run, keyed by both.
+ *
+ * Returns null when the dump worked, else what went wrong.
+ */
+async function dumpProbe(criuPath: string): Promise<string | null> {
+  const binary = await stat(criuPath);
+  const bootId = (await readFile('/proc/sys/kernel/random/boot_id', 'utf8').catch(() => '')).trim();
+  const key = `${bootId} ${criuPath} ${binary.size} ${binary.mtimeMs}`;
+  try {
+    const cached = JSON.parse(await readFile(DUMP_PROBE_CACHE, 'utf8')) as { key?: string; problem?: string | null };
+    if (cached.key === key && cached.problem !== undefined) return cached.problem;
+  } catch {
+    // No answer kept yet (or an unreadable one): probe.
+  }
+  const problem = await probeOnce(criuPath);
+  await mkdir(dirname(DUMP_PROBE_CACHE), { recursive: true })
+    .then(() => writeFile(DUMP_PROBE_CACHE, JSON.stringify({ key, problem })))
+    .catch(() => {});
+  return problem;
+}
+
+async function probeOnce(criuPath: string): Promise<string | null> {
+  const dir = await mkdtemp(join(tmpdir(), 'canto-criu-probe-'));
+  // A session leader with no open files: nothing about it needs options to dump.
+  const victim = spawn('setsid', ['perl', '-e', 'close STDIN; close STDOUT; close STDERR; sleep 60'], { stdio: 'ignore' });
+  try {
+    if (victim.pid === undefined) return 'could not start the probe process';
+    const result = await execa(criuPath, ['dump', '-t', String(victim.pid), '-D', dir, '-o', join(dir, 'dump.log'), '--leave-running'], {
+      reject: false,
+      timeout: DUMP_PROBE_TIMEOUT_MS,
+      killSignal: 'SIGKILL',
+    });
+    if (result.timedOut) return `a test dump did not finish within ${DUMP_PROBE_TIMEOUT_MS} ms`;
+    if (result.exitCode !== 0) return `a test dump failed (${result.exitCode}): ${await logTail(join(dir, 'dump.log'))}`;
+    return null;
+  } finally {
+    victim.kill('SIGKILL');
+    await rm(dir, { recursive: true, force: true });
+  }
 }
 
 interface External {

@@ -129,7 +129,7 @@ export class SandboxDriver implements RuntimeDriver {
       resolveTool('bwrap', '/usr/bin/bwrap'),
       resolveTool('nsenter', '/usr/bin/nsenter'),
     ]);
-    const criu = options.memorySnapshots === false ? null : await detectCriu(options.criuPath);
+    const criu = options.memorySnapshots === false ? null : await detectCriu(options.criuPath, options.log);
     const driver = new SandboxDriver(stateDir, criu, { bwrap, nsenter }, options.log);
     driver.log('sandbox driver ready', { stateDir, criu: criu?.path ?? null, criuVersion: criu?.version ?? null });
     return driver;
