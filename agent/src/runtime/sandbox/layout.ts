@@ -53,6 +53,8 @@ export interface DesktopPaths {
   readonly run: string;
   readonly initFile: string;
   readonly firstBootMarker: string;
+  /** The display size last set through the API, re-applied by a cold boot of an existing disk. */
+  readonly displayFile: string;
 }
 
 export function desktopsDir(stateDir: string): string {
@@ -72,6 +74,7 @@ export function desktopPaths(stateDir: string, desktopId: string): DesktopPaths 
     run: join(dir, 'run'),
     initFile: join(dir, 'run', 'init.json'),
     firstBootMarker: join(dir, 'first-boot-done'),
+    displayFile: join(dir, 'display.json'),
   };
 }
 

@@ -170,6 +170,7 @@ export class SandboxDriver implements RuntimeDriver {
           await applyTier(spec.desktopId, spec.tier); // again: a failed restore removed the groups
           init = await coldBoot(paths, spec.desktopId, this.tools.bwrap);
           await writeFileAtomic(paths.initFile, JSON.stringify(init));
+          await this.reapplyDisplay(paths, spec.desktopId, init);
         }
         // The images describe memory that no longer matches the disk once the guest has run.
         if (restored) await rm(paths.snapshot, { recursive: true, force: true });
@@ -274,7 +275,7 @@ export class SandboxDriver implements RuntimeDriver {
       const chain = await freeze(this.stateDir, source);
       for (const f of missing) {
         const id = f.dir.slice(f.dir.lastIndexOf('/') + 1);
-        await this.mutex.run(id, () => createFork(source, f, chain, ['first-boot-done', '.ready']));
+        await this.mutex.run(id, () => createFork(source, f, chain, ['first-boot-done', '.ready', 'display.json']));
       }
       this.log('desktop forked', { desktopId: sourceId, forks: missing.length, snapshot, ms: Math.round(performance.now() - t0) });
       return { snapshot };
@@ -285,8 +286,25 @@ export class SandboxDriver implements RuntimeDriver {
     return this.guest.screenSize(desktopId);
   }
 
-  setDisplay(desktopId: string, size: DisplaySize): Promise<DisplaySize> {
-    return resizeDisplay((spec) => this.guest.exec(desktopId, spec), size);
+  async setDisplay(desktopId: string, size: DisplaySize): Promise<DisplaySize> {
+    const applied = await resizeDisplay((spec) => this.guest.exec(desktopId, spec), size);
+    await writeFileAtomic(desktopPaths(this.stateDir, desktopId).displayFile, JSON.stringify(applied));
+    return applied;
+  }
+
+  /**
+   * SPEC 4.5: the geometry survives hibernate and wake. A memory snapshot keeps it by itself; a
+   * cold boot of a disk that already ran (no snapshot, or a restore that failed) sets it again
+   * from what the last resize recorded. A new desktop's first boot has no record: 1024x768.
+   */
+  private async reapplyDisplay(paths: DesktopPaths, desktopId: string, init: InitProcess): Promise<void> {
+    const size = await readJson<DisplaySize>(paths.displayFile);
+    if (size === null || !Number.isInteger(size.width) || !Number.isInteger(size.height)) return;
+    try {
+      await resizeDisplay((spec) => this.execIn(desktopId, init, spec.command, spec.timeoutMs), size);
+    } catch (err) {
+      this.log('could not restore the display size after a cold boot', { desktopId, error: String(err) });
+    }
   }
 
   screenshot(desktopId: string, spec: ScreenshotSpec): Promise<Screenshot> {
