@@ -477,7 +477,7 @@ describe.skipIf(!isRoot)('guest operations through the API, on a real sandbox de
       expect(woke.status, woke.text).toBe(200);
       const after = await call('GET', path);
       expect(after.json).toMatchObject({ status: 'lost', exit_code: -1 });
-      // The display geometry is part of the memory snapshot.
+      // The display geometry survives: a memory snapshot keeps it, a cold boot sets it again.
       expect((await call('GET', `/v1/desktops/${id}/display`)).json).toEqual({ width: 1600, height: 900 });
       // Files survive hibernation.
       expect((await raw('GET', `/v1/desktops/${id}/files/root/log.txt`)).text).toBe('one\ntwo\n');

@@ -6,8 +6,20 @@ import { createHash } from 'node:crypto';
 import { readdir, readFile } from 'node:fs/promises';
 import { expect } from 'vitest';
 import type { FileRead } from '../../agent/src/runtime/driver.js';
+import { detectCriu } from '../../agent/src/runtime/sandbox/criu.js';
 
 export const isRoot = process.getuid?.() === 0;
+
+/**
+ * Whether this host's CRIU makes memory snapshots, by the driver's own probe (kept per boot).
+ * Tests of what only a snapshot keeps (memory, processes, connections) check it and say so when
+ * they cannot run; everything else runs either way.
+ */
+export async function memorySnapshotsHere(): Promise<boolean> {
+  const criu = await detectCriu(undefined);
+  if (criu === null) console.warn('memory snapshots are not available on this host: tests of what only a snapshot keeps are skipped');
+  return criu !== null;
+}
 
 /**
  * Host processes whose command line (split at NULs) passes `match`, by pid. Processes come and go

@@ -255,7 +255,8 @@ describe.skipIf(!isRoot)('sandbox VNC stream', () => {
     }
   });
 
-  it('hibernates with a client connected and keeps the memory snapshot', async () => {
+  it('hibernates with a client connected and keeps the memory snapshot', async (ctx) => {
+    if (!driver.capabilities().memorySnapshots) ctx.skip();
     const size = await driver.getDisplay(id);
     const live = await session('control');
     await fullFrame(live);
@@ -281,7 +282,8 @@ describe.skipIf(!isRoot)('sandbox VNC stream', () => {
     }, 10_000, 'the pointer to move after the restore');
   });
 
-  it('kills a server that does not exit, and still keeps the memory snapshot', async () => {
+  it('kills a server that does not exit, and still keeps the memory snapshot', async (ctx) => {
+    if (!driver.capabilities().memorySnapshots) ctx.skip();
     const stuck = await session('view');
     await fullFrame(stuck);
     const [server] = await servers();
