@@ -7,7 +7,7 @@ import { existsSync, mkdirSync, readFileSync, writeFileSync, chmodSync } from 'n
 import { randomBytes } from 'node:crypto';
 import { join } from 'node:path';
 import { generateSecretKey } from '../../scheduler/src/crypto/secret-box.js';
-import { startEmbeddedPostgres, type EmbeddedPostgres } from '../../scheduler/src/pg/embedded.js';
+import { runningPostmaster, startEmbeddedPostgres, type EmbeddedPostgres } from '../../scheduler/src/pg/embedded.js';
 
 export const DEFAULT_DATA_DIR = '/var/lib/canto';
 
@@ -33,13 +33,13 @@ export function loadOrCreateSecrets(dataDir: string): DataDirSecrets {
 }
 
 /**
- * The data directory's database: a running `canto up` cluster is reused through its socket;
- * otherwise the cluster is started for as long as the caller needs it.
+ * The data directory's database: a running cluster (that of a running `canto up`) is reused
+ * through its socket; otherwise the cluster is started for as long as the caller needs it.
  */
 export async function openDataDirDatabase(dataDir: string): Promise<{ url: string; stop(): Promise<void> }> {
   const dir = join(dataDir, 'postgres');
   const socketDir = join(dir, 'run');
-  if (existsSync(join(socketDir, '.s.PGSQL.5432')) && existsSync(join(dir, 'data', 'postmaster.pid'))) {
+  if (existsSync(join(dir, 'data')) && runningPostmaster(join(dir, 'data')) !== null) {
     return { url: `postgres://canto@localhost/canto?host=${encodeURIComponent(socketDir)}`, stop: async () => {} };
   }
   ensureDataDir(dataDir);

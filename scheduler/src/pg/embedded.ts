@@ -5,9 +5,17 @@
  *
  * PostgreSQL refuses to run as root, so when we are root the cluster belongs to the `postgres`
  * system user (created by Debian's package) and is started under that uid.
+ *
+ * After a crash (`kill -9` of whoever started it) the cluster's postmaster may still run,
+ * orphaned, or be gone with its pid file left behind. A start looks at the pid file first: a live
+ * postmaster of this very data directory (its working directory says so) is shut down (fast
+ * shutdown, then harder), a stale file naming another process is removed, and only then is a new
+ * postmaster started. It counts as up only once the pid file names that new process as `ready`
+ * and a connection is accepted: never a silent reuse of someone else's server, never two. The
+ * caller (canto up) holds the data directory's lock, so the server it stops is no one's.
  */
 import { spawn, execFileSync } from 'node:child_process';
-import { existsSync, readdirSync, mkdirSync, chownSync, chmodSync, readFileSync, openSync, closeSync, statSync } from 'node:fs';
+import { existsSync, readdirSync, mkdirSync, chownSync, chmodSync, readFileSync, openSync, closeSync, statSync, readlinkSync, realpathSync, rmSync } from 'node:fs';
 import { dirname, join, resolve } from 'node:path';
 
 export interface EmbeddedPostgresOptions {
@@ -22,7 +30,81 @@ export interface EmbeddedPostgres {
   /** A `postgres://` URL with `?host=<socket dir>`, understood by `connectDatabase`. */
   readonly url: string;
   readonly socketDir: string;
+  /** The postmaster's pid. */
+  readonly pid: number;
   stop(): Promise<void>;
+}
+
+/** The pid file's fields: pid (line 1) and status (line 8: `starting`, `ready`, `stopping`). */
+function readPidFile(dataDir: string): { pid: number; status: string } | null {
+  let text: string;
+  try {
+    text = readFileSync(join(dataDir, 'postmaster.pid'), 'utf8');
+  } catch {
+    return null;
+  }
+  const lines = text.split('\n');
+  const pid = Number(lines[0]);
+  return Number.isInteger(pid) && pid > 0 ? { pid, status: lines[7]?.trim() ?? '' } : null;
+}
+
+/** True when `pid` is a PostgreSQL process working in `dataDir` (postgres chdirs into it). */
+function isClusterProcess(pid: number, dataDir: string): boolean {
+  try {
+    const comm = readFileSync(`/proc/${pid}/comm`, 'utf8').trim();
+    return comm === 'postgres' && readlinkSync(`/proc/${pid}/cwd`) === realpathSync(dataDir);
+  } catch {
+    return false;
+  }
+}
+
+/** The postmaster running this cluster now, or null (no pid file, or a stale one). */
+export function runningPostmaster(dataDir: string): number | null {
+  const file = readPidFile(dataDir);
+  return file !== null && isClusterProcess(file.pid, dataDir) ? file.pid : null;
+}
+
+/** Every process of this cluster: the postmaster and its backends, by their working directory. */
+function clusterProcesses(dataDir: string): number[] {
+  return readdirSync('/proc')
+    .filter((name) => /^\d+$/.test(name))
+    .map(Number)
+    .filter((pid) => isClusterProcess(pid, dataDir));
+}
+
+async function waitGone(pids: readonly number[], timeoutMs: number): Promise<boolean> {
+  const deadline = Date.now() + timeoutMs;
+  for (;;) {
+    if (pids.every((pid) => !existsSync(`/proc/${pid}`) || readFileSync(`/proc/${pid}/stat`, 'utf8').split(') ')[1]?.startsWith('Z'))) return true;
+    if (Date.now() > deadline) return false;
+    await new Promise((r) => setTimeout(r, 25));
+  }
+}
+
+/**
+ * Stops a leftover postmaster of this data directory: fast shutdown (SIGINT: sessions end,
+ * nothing committed is lost), then immediate shutdown (SIGQUIT), then SIGKILL of the postmaster
+ * and its backends. Returns when none of them runs.
+ */
+async function stopLeftover(pid: number, dataDir: string, log: (msg: string) => void): Promise<void> {
+  log(`stopping a PostgreSQL server left running on ${dataDir} (pid ${pid})`);
+  for (const [signal, waitMs] of [['SIGINT', 15_000], ['SIGQUIT', 5_000]] as const) {
+    try {
+      process.kill(pid, signal);
+    } catch {
+      break;
+    }
+    if (await waitGone([pid], waitMs)) break;
+  }
+  const rest = clusterProcesses(dataDir);
+  for (const p of rest) {
+    try {
+      process.kill(p, 'SIGKILL');
+    } catch {
+      // Gone meanwhile.
+    }
+  }
+  if (!(await waitGone(rest, 5_000))) throw new Error(`PostgreSQL processes of ${dataDir} do not exit (pids ${rest.join(', ')})`);
 }
 
 /** Finds the directory holding `initdb` and `postgres`: PATH first, then Debian's versioned dirs. */
@@ -63,7 +145,7 @@ function ownedDir(path: string, ids: { uid: number; gid: number } | null, mode: 
   chmodSync(path, mode);
 }
 
-export async function startEmbeddedPostgres(options: EmbeddedPostgresOptions): Promise<EmbeddedPostgres> {
+export async function startEmbeddedPostgres(options: EmbeddedPostgresOptions & { log?: (msg: string) => void }): Promise<EmbeddedPostgres> {
   const bin = findPostgresBinDir();
   const ids = runAsIds();
   const database = options.database ?? 'canto';
@@ -93,41 +175,51 @@ export async function startEmbeddedPostgres(options: EmbeddedPostgresOptions): P
     }
   }
 
+  const leftover = runningPostmaster(dataDir);
+  if (leftover !== null) {
+    await stopLeftover(leftover, dataDir, options.log ?? (() => {}));
+  } else if (readPidFile(dataDir) !== null) {
+    // Names a process that is not this cluster's postmaster (dead, or the pid reused since):
+    // PostgreSQL would refuse to start while that pid lives.
+    rmSync(join(dataDir, 'postmaster.pid'), { force: true });
+  }
+
   const logPath = join(options.dir, 'postgres.log');
   const logFd = openSync(logPath, 'a');
   if (ids) chownSync(logPath, ids.uid, ids.gid);
   const args = ['-D', dataDir, '-k', socketDir, '-c', 'listen_addresses=', '-c', 'max_connections=200'];
   if (options.fast) args.push('-c', 'fsync=off', '-c', 'synchronous_commit=off', '-c', 'full_page_writes=off');
-  const child = spawn(join(bin, 'postgres'), args, { stdio: ['ignore', logFd, logFd], ...spawnIds });
+  // Its own process group: a Ctrl-C at the terminal reaches the process that started it, which
+  // stops it last (canto up still needs it to hibernate the desktops), not the server directly.
+  const child = spawn(join(bin, 'postgres'), args, { stdio: ['ignore', logFd, logFd], detached: true, ...spawnIds });
   closeSync(logFd);
 
   const exited = new Promise<number | null>((resolve) => child.once('exit', (code) => resolve(code)));
-  const socket = join(socketDir, '.s.PGSQL.5432');
-  const deadline = Date.now() + 30_000;
-  for (;;) {
-    if (existsSync(socket) && existsSync(join(dataDir, 'postmaster.pid'))) {
-      const status = readFileSync(join(dataDir, 'postmaster.pid'), 'utf8').split('\n')[7]?.trim();
-      if (status === 'ready') break;
+  const stop = async () => {
+    if (child.exitCode !== null || child.signalCode !== null) return;
+    child.kill('SIGINT'); // fast shutdown
+    const timer = setTimeout(() => child.kill('SIGKILL'), 10_000);
+    await exited;
+    clearTimeout(timer);
+  };
+  const url = `postgres://canto@localhost/${database}?host=${encodeURIComponent(socketDir)}`;
+  try {
+    const deadline = Date.now() + 60_000;
+    // Ready means: the pid file names this child (not a leftover's), and says so.
+    for (;;) {
+      const file = readPidFile(dataDir);
+      if (file !== null && file.pid === child.pid && file.status === 'ready' && existsSync(join(socketDir, '.s.PGSQL.5432'))) break;
+      if (child.exitCode !== null || child.signalCode !== null) throw new Error(`postgres exited with ${child.exitCode ?? child.signalCode}; see ${logPath}`);
+      if (Date.now() > deadline) throw new Error(`postgres did not become ready; see ${logPath}`);
+      await new Promise((r) => setTimeout(r, 20));
     }
-    if (child.exitCode !== null) throw new Error(`postgres exited with ${child.exitCode}; see ${logPath}`);
-    if (Date.now() > deadline) throw new Error(`postgres did not become ready; see ${logPath}`);
-    await new Promise((r) => setTimeout(r, 20));
+    if (database !== 'postgres') await ensureDatabase(bin, socketDir, database, spawnIds);
+  } catch (err) {
+    await stop();
+    throw err;
   }
 
-  const url = `postgres://canto@localhost/${database}?host=${encodeURIComponent(socketDir)}`;
-  if (database !== 'postgres') await ensureDatabase(bin, socketDir, database, spawnIds);
-
-  return {
-    url,
-    socketDir,
-    async stop() {
-      if (child.exitCode !== null) return;
-      child.kill('SIGINT'); // fast shutdown
-      const timer = setTimeout(() => child.kill('SIGKILL'), 10_000);
-      await exited;
-      clearTimeout(timer);
-    },
-  };
+  return { url, socketDir, pid: child.pid!, stop };
 }
 
 async function ensureDatabase(bin: string, socketDir: string, database: string, ids: object): Promise<void> {
