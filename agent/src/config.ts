@@ -17,10 +17,15 @@ export type AgentRuntime = 'sandbox' | 'fake';
 export interface AgentConfig {
   /**
    * http(s) base URLs of the scheduler replicas, e.g. `https://canto.example.com`, given
-   * comma-separated. Required. Only the leader accepts agents; the agent tries them in turn.
+   * comma-separated: seeds the agent dials until it has a link, after which it links to every
+   * live replica the schedulers advertise (scheduler-links.ts). Required.
    */
   readonly schedulerUrls: readonly string[];
-  /** Join token presented as `Authorization: Bearer <token>`. Required; never logged. */
+  /**
+   * Join token presented as `Authorization: Bearer <token>`. Required; never logged. The CLI reads
+   * it from `--token-file` / `CANTO_AGENT_TOKEN_FILE` (never from its command line) or takes
+   * `CANTO_AGENT_TOKEN`.
+   */
   readonly token: string;
   /** Directory for the host id, the fencing store and the runtime's disks. Default `/var/lib/canto-agent`. */
   readonly stateDir: string;
@@ -28,11 +33,11 @@ export interface AgentConfig {
   readonly runtime: AgentRuntime;
   /** Keep memory on hibernate (CRIU). Default true; false forces a cold stop. */
   readonly memorySnapshots: boolean;
-  /** Heartbeat interval in ms when the scheduler does not set one. Default 2000. */
+  /** Heartbeat interval in ms when the scheduler does not set one. Default 1000. */
   readonly heartbeatMs: number;
   /** First reconnect delay in ms; doubles per failed attempt. Default 100. */
   readonly reconnectMinMs: number;
-  /** Cap on the reconnect delay in ms, also used after a refused token. Default 10000. */
+  /** Cap on the reconnect delay in ms, also used after a refused token. Default 2000. */
   readonly reconnectMaxMs: number;
   /** pino level: trace, debug, info, warn, error, fatal or silent. Default `info`. */
   readonly logLevel: string;
@@ -46,6 +51,11 @@ export interface AgentConfig {
    * Default `0.0.0.0:7011`; port 0 picks a free port; `off` turns port exposures off on this host.
    */
   readonly ingressListen: { readonly host: string; readonly port: number } | null;
+  /**
+   * `CANTO_AGENT_METRICS_LISTEN`: where `/healthz`, `/readyz` and `/metrics` are served,
+   * `host:port`, or `off`. Default `127.0.0.1:7012`.
+   */
+  readonly metricsListen: { readonly host: string; readonly port: number } | null;
   /**
    * The host name or address that stream clients and the scheduler's ingress dial to reach this
    * agent's gateways. Default: this machine's hostname.
@@ -75,7 +85,7 @@ export function loadAgentConfig(env: Env, flags: AgentFlags = {}): AgentConfig {
   const schedulerUrls = parseSchedulerUrls(pick(flags.scheduler, 'CANTO_SCHEDULER_URL'));
   const token = pick(flags.token, 'CANTO_AGENT_TOKEN');
   if (token === undefined) {
-    throw new Error('agent config: the join token is required (--token or CANTO_AGENT_TOKEN)');
+    throw new Error('agent config: the join token is required (--token-file FILE, CANTO_AGENT_TOKEN_FILE or CANTO_AGENT_TOKEN)');
   }
 
   const runtime = pick(flags.runtime, 'CANTO_AGENT_RUNTIME') ?? 'sandbox';
@@ -89,7 +99,7 @@ export function loadAgentConfig(env: Env, flags: AgentFlags = {}): AgentConfig {
   }
 
   const reconnectMinMs = parseMs(env, 'CANTO_AGENT_RECONNECT_MIN_MS', 100);
-  const reconnectMaxMs = parseMs(env, 'CANTO_AGENT_RECONNECT_MAX_MS', 10_000);
+  const reconnectMaxMs = parseMs(env, 'CANTO_AGENT_RECONNECT_MAX_MS', 2_000);
   if (reconnectMaxMs < reconnectMinMs) {
     throw new Error('agent config: CANTO_AGENT_RECONNECT_MAX_MS must not be below CANTO_AGENT_RECONNECT_MIN_MS');
   }
@@ -100,12 +110,13 @@ export function loadAgentConfig(env: Env, flags: AgentFlags = {}): AgentConfig {
     stateDir: pick(flags.stateDir, 'CANTO_AGENT_STATE_DIR') ?? '/var/lib/canto-agent',
     runtime,
     memorySnapshots: parseBoolean(env, 'CANTO_AGENT_MEMORY_SNAPSHOTS', true),
-    heartbeatMs: parseMs(env, 'CANTO_AGENT_HEARTBEAT_MS', 2000),
+    heartbeatMs: parseMs(env, 'CANTO_AGENT_HEARTBEAT_MS', 1000),
     reconnectMinMs,
     reconnectMaxMs,
     logLevel,
     streamListen: parseListen(env, 'CANTO_AGENT_STREAM_LISTEN', '0.0.0.0:7010'),
     ingressListen: parseListen(env, 'CANTO_AGENT_INGRESS_LISTEN', '0.0.0.0:7011'),
+    metricsListen: parseListen(env, 'CANTO_AGENT_METRICS_LISTEN', '127.0.0.1:7012'),
     address: env.CANTO_AGENT_ADDRESS?.trim() || hostname(),
   });
 }
@@ -138,7 +149,7 @@ function parseSchedulerUrl(value: string): string {
   }
   if (url.username || url.password) {
     // Credentials belong in the token, which is kept out of logs; a URL is logged freely.
-    throw new Error('agent config: the scheduler URL must not carry credentials; use --token');
+    throw new Error('agent config: the scheduler URL must not carry credentials; use --token-file');
   }
   // A trailing slash would double up when the websocket path is appended.
   return url.toString().replace(/\/+$/, '');

@@ -11,7 +11,9 @@
  *
  * Lifecycle commands (prepare, start, hibernate, destroy) for one desktop run one at a time, in
  * arrival order, through a promise chain per desktop: a hibernate must not snapshot a desktop that
- * a start is still restoring. Commands for different desktops run in parallel. `guest.exec` is
+ * a start is still restoring. They come from the leader only, with its lease epoch, and one from
+ * an older leader term is refused (leader-epochs.ts). A hello's fence (`fence`) and
+ * `desktop.inspect` take the same queue, so they see the desktop as the commands before them left it. Commands for different desktops run in parallel. `guest.exec` is
  * fenced but not queued: it may run for minutes, and holding a hibernate behind it would stall the
  * scheduler's operation for that long; the driver answers `not_running` if the desktop stops under
  * it. The other guest operations (detached processes, files) are fenced and unqueued the same way.
@@ -44,13 +46,16 @@ import {
   StartPayload,
   StreamGrantPayload,
   InputPayload,
+  InspectPayload,
   parseMessage,
+  type FenceEntry,
   type AgentCommand,
 } from '../../shared/src/protocol.js';
 import { WithDownload } from '../../shared/src/byte-stream.js';
 import type { RequestContext, RpcPeer } from '../../shared/src/rpc.js';
 import type { FenceKind, GenerationStore } from './generations.js';
 import type { RuntimeDriver } from './runtime/driver.js';
+import { LeaderEpochs } from './leader-epochs.js';
 
 /** What the handlers need from the stream gateway (agent/src/stream/gateway.ts). */
 export interface StreamAccess {
@@ -67,12 +72,17 @@ export interface HandlerDeps {
   readonly logger: Logger;
   /** The stream gateway; absent when streaming is turned off on this host. */
   readonly stream?: StreamAccess | null;
+  /** Leader terms seen by this agent; a fresh tracker when absent. */
+  readonly leaderEpochs?: LeaderEpochs;
+  /** Told of every command's outcome (observability.ts). */
+  readonly metrics?: { observeCommand(command: string, outcome: string, seconds: number): void; observeRefusal(code: string): void };
 }
 
 interface DesktopCommand {
   readonly desktop_id: string;
   readonly generation: number;
   readonly operation_id?: string;
+  readonly leader_epoch?: number;
 }
 
 const MAX_ERROR_MESSAGE = 200;
@@ -85,6 +95,8 @@ export class CommandHandlers {
   private readonly generations: GenerationStore;
   private readonly log: Logger;
   private readonly stream: StreamAccess | null;
+  private readonly epochs: LeaderEpochs;
+  private readonly metrics: HandlerDeps['metrics'] | null;
   /** Tail of the lifecycle queue per desktop; removed once it drains so the map stays small. */
   private readonly queues = new Map<string, Promise<void>>();
 
@@ -93,6 +105,37 @@ export class CommandHandlers {
     this.generations = deps.generations;
     this.log = deps.logger.child({ component: 'agent-handlers' });
     this.stream = deps.stream ?? null;
+    this.epochs = deps.leaderEpochs ?? new LeaderEpochs();
+    this.metrics = deps.metrics ?? null;
+  }
+
+  /**
+   * Stops the desktops a hello reply names (fleet/hello-fence.ts on the scheduler): each, queued
+   * behind earlier commands for it, takes the named generation and is hibernated, keeping its
+   * memory. A desktop a newer command has reached meanwhile is left alone. Returns how many were
+   * stopped.
+   */
+  async fence(entries: readonly FenceEntry[]): Promise<number> {
+    let stopped = 0;
+    await Promise.all(
+      entries.map((entry) =>
+        this.queued(entry.desktop_id, async () => {
+          try {
+            await this.generations.check(entry.desktop_id, entry.generation);
+          } catch (err) {
+            if (err instanceof AgentFailure && err.code === 'stale_generation') return;
+            throw err;
+          }
+          const held = (await this.driver.list()).find((d) => d.desktopId === entry.desktop_id);
+          if (!held?.running) return;
+          this.stream?.release(entry.desktop_id);
+          const { snapshot } = await this.driver.hibernate(entry.desktop_id);
+          stopped++;
+          this.log.warn({ desktop_id: entry.desktop_id, generation: entry.generation, snapshot }, 'stopped a desktop this host may no longer run');
+        }).catch((err: unknown) => this.log.error({ desktop_id: entry.desktop_id, err }, 'could not stop a fenced desktop')),
+      ),
+    );
+    return stopped;
   }
 
   /** Registers a handler on `peer` for every scheduler → agent command. */
@@ -159,6 +202,13 @@ export class CommandHandlers {
           // Only after the disk is gone: if destroy fails, the scheduler retries a live desktop.
           await this.generations.forget(p.desktop_id);
           return {};
+        });
+      }
+      case 'desktop.inspect': {
+        const p = parse(InspectPayload, raw, type);
+        return this.queued(p.desktop_id, async () => {
+          const held = (await this.driver.list()).find((d) => d.desktopId === p.desktop_id);
+          return { running: held?.running ?? false, has_snapshot: held?.hasSnapshot ?? false };
         });
       }
       case 'guest.exec': {
@@ -316,20 +366,26 @@ export class CommandHandlers {
     fence: FenceKind,
     work: () => Promise<unknown>,
   ): Promise<unknown> {
-    const previous = this.queues.get(cmd.desktop_id) ?? Promise.resolve();
-    const run = previous.then(() =>
+    return this.queued(cmd.desktop_id, () =>
       this.guarded(type, cmd, async () => {
+        this.epochs.admit(cmd.leader_epoch);
         await this.generations.check(cmd.desktop_id, cmd.generation, fence);
         return work();
       }),
     );
+  }
+
+  /** Runs `work` after everything queued before it for the desktop. */
+  private queued<T>(desktopId: string, work: () => Promise<T>): Promise<T> {
+    const previous = this.queues.get(desktopId) ?? Promise.resolve();
+    const run = previous.then(work);
     const tail = run.then(
       () => {},
       () => {},
     );
-    this.queues.set(cmd.desktop_id, tail);
+    this.queues.set(desktopId, tail);
     void tail.then(() => {
-      if (this.queues.get(cmd.desktop_id) === tail) this.queues.delete(cmd.desktop_id);
+      if (this.queues.get(desktopId) === tail) this.queues.delete(desktopId);
     });
     return run;
   }
@@ -344,18 +400,23 @@ export class CommandHandlers {
     // Only identifiers are logged: payloads can carry first-boot env values and exec commands.
     const fields = { type, desktop_id: cmd.desktop_id, generation: cmd.generation, operation_id: cmd.operation_id };
     const started = performance.now();
+    const seconds = () => (performance.now() - started) / 1000;
     try {
       const result = await work();
       this.log[level]({ ...fields, ms: Math.round(performance.now() - started) }, 'command done');
+      this.metrics?.observeCommand(type, 'ok', seconds());
       return result;
     } catch (err) {
       if (err instanceof AgentFailure) {
         // A missing file or a failed append guard is an answer, not an incident.
         const answer = err.code === 'path_missing' || err.code === 'path_conflict' || err.code === 'too_large';
         this.log[answer ? 'debug' : 'warn']({ ...fields, code: err.code, message: err.message }, 'command refused');
+        this.metrics?.observeCommand(type, answer ? 'ok' : 'refused', seconds());
+        if (!answer) this.metrics?.observeRefusal(err.code);
         throw err;
       }
       this.log.error({ ...fields, err }, 'command failed in the runtime driver');
+      this.metrics?.observeCommand(type, 'failed', seconds());
       throw new AgentFailure('runtime_error', shortMessage(type, err), false);
     }
   }

@@ -18,7 +18,7 @@ import type { RuntimeDriver } from './runtime/driver.js';
 import { FakeDriver } from './runtime/fake.js';
 
 /** How long a signal-triggered stop may take before the process exits anyway, in ms. */
-const STOP_GRACE_MS = 10_000;
+const STOP_GRACE_MS = 5_000;
 
 export interface RunAgentOptions {
   /** Defaults to a root logger at `config.logLevel`. */

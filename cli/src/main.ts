@@ -3,9 +3,10 @@
  * settings the environment can give, and calls one start-up function; configuration is parsed
  * once, here.
  */
-import { Command } from 'commander';
+import { readFileSync } from 'node:fs';
+import { Command, Option } from 'commander';
 import { loadSchedulerConfig } from '../../scheduler/src/config.js';
-import { startScheduler } from '../../scheduler/src/main.js';
+import { startScheduler, STOP_BUDGET_MS } from '../../scheduler/src/main.js';
 import { connectDatabase } from '../../scheduler/src/store/db.js';
 import { migrate } from '../../scheduler/src/store/migrations.js';
 import { createApiKey } from '../../scheduler/src/services/keys.js';
@@ -17,6 +18,7 @@ import { up } from './up.js';
 import { tuneHeapForStreaming } from './heap.js';
 import { bridgeOnce, parseStreamUrl } from './vnc-bridge.js';
 import { formatHostPort, parseHostPort } from '../../shared/src/host-port.js';
+import { formatFleetStatus, readFleetStatus, table } from './status.js';
 
 const env = process.env;
 const program = new Command('canto').description('Canto: persistent Linux cloud desktops').showHelpAfterError();
@@ -39,22 +41,52 @@ program
     tuneHeapForStreaming();
     const config = loadSchedulerConfig({ ...env, ...(opts.listen ? { CANTO_LISTEN: opts.listen } : {}) });
     const scheduler = await startScheduler(config);
-    const stop = () => void scheduler.close().then(() => process.exit(0));
-    process.once('SIGINT', stop);
-    process.once('SIGTERM', stop);
+    // The handler stays installed for the whole stop: removing it while a signal is delivered
+    // would leave another library's listener (execa's signal-exit) to re-raise it and kill us.
+    let stopping = false;
+    const onSignal = () => {
+      if (stopping) process.exit(1);
+      stopping = true;
+      setTimeout(() => process.exit(1), STOP_BUDGET_MS).unref();
+      void scheduler.close().then(
+        () => process.exit(0),
+        () => process.exit(1),
+      );
+    };
+    process.on('SIGINT', onSignal);
+    process.on('SIGTERM', onSignal);
   });
 
 program
   .command('agent')
   .description('run a host agent')
-  .option('--scheduler <url>', 'scheduler base URL (CANTO_SCHEDULER_URL)')
-  .option('--token <token>', 'join token (CANTO_AGENT_TOKEN)')
+  .option('--scheduler <url>', 'scheduler base URL(s), comma-separated (CANTO_SCHEDULER_URL)')
+  .option('--token-file <file>', 'file holding the join token (CANTO_AGENT_TOKEN_FILE; or the token itself in CANTO_AGENT_TOKEN)')
+  .addOption(new Option('--token <token>').hideHelp())
   .option('--state-dir <dir>', 'agent state directory (CANTO_AGENT_STATE_DIR)')
   .option('--runtime <name>', 'runtime driver: sandbox or fake (CANTO_AGENT_RUNTIME)')
-  .action(async (opts: { scheduler?: string; token?: string; stateDir?: string; runtime?: string }) => {
+  .action(async (opts: { scheduler?: string; token?: string; tokenFile?: string; stateDir?: string; runtime?: string }) => {
+    if (opts.token !== undefined) {
+      throw new Error('--token would show the join token to everyone on this host (ps); use --token-file FILE or CANTO_AGENT_TOKEN');
+    }
     tuneHeapForStreaming();
-    await runAgent(loadAgentConfig(env, opts));
+    const tokenFile = opts.tokenFile ?? env.CANTO_AGENT_TOKEN_FILE;
+    const token = tokenFile ? readTokenFile(tokenFile) : undefined;
+    await runAgent(loadAgentConfig(env, { scheduler: opts.scheduler, token, stateDir: opts.stateDir, runtime: opts.runtime }));
   });
+
+/** The join token from a file (its first line, trimmed); the error names the file, never its content. */
+function readTokenFile(path: string): string {
+  let text: string;
+  try {
+    text = readFileSync(path, 'utf8');
+  } catch (err) {
+    throw new Error(`cannot read the join token file ${path}: ${(err as NodeJS.ErrnoException).code ?? (err as Error).message}`);
+  }
+  const token = text.split('\n', 1)[0]!.trim();
+  if (token === '') throw new Error(`the join token file ${path} is empty`);
+  return token;
+}
 
 program
   .command('vnc')
@@ -127,18 +159,34 @@ hosts
         await sql.end();
       }
     });
-    const table = rows.map((h) => ({
-      id: h.id,
-      hostname: h.hostname,
-      status: h.cordoned ? `${h.status},cordoned` : h.status,
-      runtime: `${h.runtime}${h.memory_snapshots ? '+snapshots' : ''}`,
-      capacity: `${h.vcpus} vCPU / ${h.memory_mb} MiB`,
-      last_seen: h.last_seen_at.toISOString(),
+    const lines = rows.map((h) => ({
+      ID: h.id,
+      HOSTNAME: h.hostname,
+      STATUS: h.cordoned ? `${h.status},cordoned` : h.status,
+      RUNTIME: `${h.runtime}${h.memory_snapshots ? '+snapshots' : ''}`,
+      CAPACITY: `${h.vcpus} vCPU / ${h.memory_mb} MiB`,
+      LAST_SEEN: h.last_seen_at.toISOString(),
     }));
-    const cols = ['id', 'hostname', 'status', 'runtime', 'capacity', 'last_seen'] as const;
-    const width = (c: (typeof cols)[number]) => Math.max(c.length, ...table.map((r) => r[c].length));
-    const line = (r: Record<string, string>) => cols.map((c) => r[c]!.padEnd(width(c))).join('  ').trimEnd();
-    process.stdout.write([line(Object.fromEntries(cols.map((c) => [c, c.toUpperCase()]))), ...table.map(line)].join('\n') + '\n');
+    process.stdout.write(`${table(lines, ['ID', 'HOSTNAME', 'STATUS', 'RUNTIME', 'CAPACITY', 'LAST_SEEN'])}\n`);
+  });
+
+program
+  .command('status')
+  .description('scheduler replicas (leader, lease, version), hosts, and what needs a look')
+  .option('--data-dir <dir>', 'data directory of `canto up`')
+  .option('--database-url <url>', 'scheduler database (DATABASE_URL)')
+  .option('--json', 'print JSON for scripts')
+  .action(async (opts: DbOpts & { json?: boolean }) => {
+    const status = await withDatabase(opts, async (url) => {
+      const sql = connectDatabase(url, { max: 1 });
+      try {
+        await migrate(sql);
+        return await readFleetStatus(sql);
+      } finally {
+        await sql.end();
+      }
+    });
+    process.stdout.write(opts.json ? `${JSON.stringify(status, null, 2)}\n` : formatFleetStatus(status));
   });
 
 program.parseAsync(process.argv).catch((err: unknown) => {

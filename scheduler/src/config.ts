@@ -5,7 +5,8 @@
  */
 import { randomUUID } from 'node:crypto';
 import { isIP } from 'node:net';
-import { parseHostPort } from '../../shared/src/host-port.js';
+import { hostname } from 'node:os';
+import { formatHostPort, parseHostPort } from '../../shared/src/host-port.js';
 
 export interface JwtSettings {
   readonly jwksUrl: string;
@@ -73,11 +74,17 @@ export interface SchedulerConfig {
   readonly joinToken: string | null;
   /** `CANTO_JWT_JWKS_URL`, `CANTO_JWT_ISSUER`, `CANTO_JWT_AUDIENCE`, `CANTO_JWT_ORG_CLAIM` (default `org_id`). Unset URL: JWTs are refused. */
   readonly jwt: JwtSettings | null;
-  /** `CANTO_REPLICA_ID`: this replica's name in the leader lease. Default: random. */
+  /** `CANTO_REPLICA_ID`: this replica's name in the leader lease and the replica registry. Default: random. */
   readonly replicaId: string;
-  /** `CANTO_LEASE_TTL_MS`: leader lease lifetime. Default 10000. */
+  /**
+   * `CANTO_ADVERTISE_URL`: the base URL agents (and `canto status`) reach this replica at.
+   * Default: `http://<listen host>:<port>`, with the machine's host name for a wildcard address.
+   * Null until the listener's port is known (main.ts fills it in for port 0).
+   */
+  readonly advertiseUrl: string | null;
+  /** `CANTO_LEASE_TTL_MS`: leader lease lifetime. Default 2500. */
   readonly leaseTtlMs: number;
-  /** `CANTO_LEASE_RENEW_MS`: how often the leader renews (and followers try). Default 2000. */
+  /** `CANTO_LEASE_RENEW_MS`: how often the leader renews (and followers try). Default min(500, TTL/3). */
   readonly leaseRenewMs: number;
   /** `CANTO_WAIT_CAP_MS`: the `?wait=true` cap. Default 120000 (SPEC 4.1). */
   readonly waitCapMs: number;
@@ -89,8 +96,10 @@ export interface SchedulerConfig {
   readonly idleSweepMs: number;
   /** `CANTO_AGENT_TIMEOUT_MS`: per agent command. Default 60000. */
   readonly agentCommandTimeoutMs: number;
-  /** `CANTO_HEARTBEAT_MS`: heartbeat interval agents are told to use; 5 missed ones close the link. Default 2000. */
+  /** `CANTO_HEARTBEAT_MS`: heartbeat interval agents are told to use. Default 1000. */
   readonly heartbeatMs: number;
+  /** `CANTO_HOST_DOWN_MS`: a host silent this long reads `down` and its links are dropped. Default 2.5 heartbeats. */
+  readonly hostDownMs: number;
   /** `CANTO_HOST_FAILURE_GRACE_MS`: a host silent this long has its awake desktops force-hibernated. Default 60000. */
   readonly hostFailureGraceMs: number;
   /** `CANTO_HOST_WAIT_MS`: how long an operation waits for its host's agent to (re)connect. Default 30000. */
@@ -152,7 +161,10 @@ export function loadSchedulerConfig(env: Env): SchedulerConfig {
         orgClaim: env.CANTO_JWT_ORG_CLAIM || 'org_id',
       }
     : null;
-  const leaseTtlMs = int(env, 'CANTO_LEASE_TTL_MS', 10_000, 500);
+  const leaseTtlMs = int(env, 'CANTO_LEASE_TTL_MS', 2_500, 500);
+  const heartbeatMs = int(env, 'CANTO_HEARTBEAT_MS', 1_000, 20);
+  const hostDownMs = int(env, 'CANTO_HOST_DOWN_MS', Math.round(heartbeatMs * 2.5), 1);
+  if (hostDownMs <= heartbeatMs) throw new Error(`CANTO_HOST_DOWN_MS (${hostDownMs}) must be longer than CANTO_HEARTBEAT_MS (${heartbeatMs})`);
   return Object.freeze({
     databaseUrl,
     listenHost: listen.host,
@@ -161,14 +173,16 @@ export function loadSchedulerConfig(env: Env): SchedulerConfig {
     joinToken: env.CANTO_JOIN_TOKEN || null,
     jwt: jwt && Object.freeze(jwt),
     replicaId: env.CANTO_REPLICA_ID || `sched-${randomUUID().slice(0, 8)}`,
+    advertiseUrl: parseAdvertiseUrl(env.CANTO_ADVERTISE_URL, listen),
     leaseTtlMs,
-    leaseRenewMs: int(env, 'CANTO_LEASE_RENEW_MS', Math.min(2_000, Math.floor(leaseTtlMs / 3)), 100),
+    leaseRenewMs: int(env, 'CANTO_LEASE_RENEW_MS', Math.min(500, Math.floor(leaseTtlMs / 3)), 100),
     waitCapMs: int(env, 'CANTO_WAIT_CAP_MS', 120_000, 1),
     waitPollMs: int(env, 'CANTO_WAIT_POLL_MS', 2_000, 10),
     enginePollMs: int(env, 'CANTO_ENGINE_POLL_MS', 500, 10),
     idleSweepMs: int(env, 'CANTO_IDLE_SWEEP_MS', 1_000, 10),
     agentCommandTimeoutMs: int(env, 'CANTO_AGENT_TIMEOUT_MS', 60_000, 100),
-    heartbeatMs: int(env, 'CANTO_HEARTBEAT_MS', 2_000, 20),
+    heartbeatMs,
+    hostDownMs,
     hostWaitMs: int(env, 'CANTO_HOST_WAIT_MS', 30_000, 0),
     hostFailureGraceMs: int(env, 'CANTO_HOST_FAILURE_GRACE_MS', 60_000, 100),
     operationDeadlineMs: int(env, 'CANTO_OPERATION_DEADLINE_MS', 300_000, 1_000),
@@ -180,6 +194,33 @@ export function loadSchedulerConfig(env: Env): SchedulerConfig {
     ingress: loadIngressSettings(env),
     logLevel: env.CANTO_LOG_LEVEL || 'info',
   });
+}
+
+/**
+ * The URL agents dial this replica at: `CANTO_ADVERTISE_URL`, else built from the listen
+ * address (a wildcard address stands for the machine's host name); null while the port is 0.
+ */
+function parseAdvertiseUrl(raw: string | undefined, listen: { host: string; port: number }): string | null {
+  const value = raw?.trim();
+  if (value) {
+    let url: URL;
+    try {
+      url = new URL(value);
+    } catch {
+      throw new Error(`CANTO_ADVERTISE_URL must be an http(s) URL, got "${value}"`);
+    }
+    if ((url.protocol !== 'http:' && url.protocol !== 'https:') || url.username || url.password || url.search || url.hash) {
+      throw new Error(`CANTO_ADVERTISE_URL must be an http(s) URL without credentials, query or fragment, got "${value}"`);
+    }
+    return url.toString().replace(/\/+$/, '');
+  }
+  return listen.port === 0 ? null : advertisedUrlFor(listen.host, listen.port);
+}
+
+/** `http://host:port` for a listener; a wildcard address stands for the machine's host name. */
+export function advertisedUrlFor(host: string, port: number): string {
+  const name = host === '0.0.0.0' || host === '::' ? hostname() : host;
+  return `http://${formatHostPort(name, port)}`;
 }
 
 function required(env: Env, name: string): string {

@@ -43,8 +43,6 @@ export const errors = {
     new ApiError(409, 'expected_generation does not match the desktop generation', { operation_id: operationId }),
   operationFailed: (operationId: string, detail: string) =>
     new ApiError(409, `operation failed: ${detail}`, { operation_id: operationId }),
-  notLeader: (retryAfterSecs: number) =>
-    new ApiError(503, 'this replica is not the leader; retry', {}, { 'retry-after': String(retryAfterSecs) }),
   identityProviderUnavailable: () =>
     new ApiError(503, 'identity provider unreachable; retry', {}, { 'retry-after': '5' }),
   notImplemented: (detail: string) => new ApiError(501, detail),

@@ -1,11 +1,17 @@
 /**
  * Scheduler start-up wiring: the one place that builds the scheduler's objects and connects them.
  * Nothing listens, reads the environment or opens the database at import time.
+ *
+ * Every replica serves the whole API and links to every agent; leadership (engine/leader.ts)
+ * switches on the leader-only loops: the operation engine, the idle sweeper, host health and
+ * the webhook dispatcher. A stopping replica hands the lease over first, answers its waits,
+ * gives requests in flight a moment, and is gone within `STOP_BUDGET_MS`.
  */
 import { createRootLogger, type Logger } from '../../shared/src/log.js';
-import type { SchedulerConfig } from './config.js';
+import { CANTO_VERSION } from '../../shared/src/version.js';
+import { advertisedUrlFor, type SchedulerConfig } from './config.js';
 import { connectDatabase } from './store/db.js';
-import { migrate } from './store/migrations.js';
+import { migrate, schemaProblem } from './store/migrations.js';
 import { createSecretBox, parseSecretKey } from './crypto/secret-box.js';
 import { createJwtVerifier } from './auth/jwt-verifier.js';
 import { createAuthenticator } from './http/auth.js';
@@ -20,22 +26,32 @@ import { AgentGateway } from './agents/gateway.js';
 import { OperationEngine } from './engine/engine.js';
 import { Leadership } from './engine/leader.js';
 import { IdleSweeper } from './engine/idle-sweeper.js';
-import { HostRecovery } from './engine/host-recovery.js';
+import { HostHealth } from './engine/host-health.js';
 import { WebhookService } from './services/webhooks.js';
 import { WebhookDispatcher } from './webhooks/dispatcher.js';
 import { deliveryQueue } from './store/webhook-deliveries.js';
 import { PortService } from './services/ports.js';
 import { PortIngress } from './ingress/ingress-server.js';
-import { formatHost } from '../../shared/src/host-port.js';
+import { ReplicaRegistry, REPLICA_LIVE_MS, REPLICA_REFRESH_MS } from './fleet/registry.js';
+import { sharedSettings } from './fleet/settings.js';
+import { SchedulerMetrics } from './observability/metrics.js';
 
 /** API key, JWT org and desktop route lookups: a missed change is served for at most this long. */
 const LOOKUP_CACHE = { ttlMs: 30_000, maxEntries: 10_000 };
+/** A stopping replica is gone within this long, whatever it was doing. */
+export const STOP_BUDGET_MS = 5_000;
+/** Requests in flight at a stop get this long before their agent links close under them. */
+const DRAIN_MS = 1_500;
 
 export interface RunningScheduler {
   readonly url: string;
+  /** Where agents reach this replica (CANTO_ADVERTISE_URL, or the listener). */
+  readonly advertisedUrl: string;
   readonly app: App;
   readonly leadership: Leadership;
   readonly agents: AgentGateway;
+  readonly lifecycle: LifecycleService;
+  readonly metrics: SchedulerMetrics;
   /** Where the port ingress listens (`http://host:port`); null when it is not enabled. */
   readonly ingressUrl: string | null;
   close(): Promise<void>;
@@ -46,13 +62,21 @@ export async function startScheduler(config: SchedulerConfig, logger?: Logger): 
   const sql = connectDatabase(config.databaseUrl, { max: 20 });
   await migrate(sql);
   const secrets = createSecretBox(parseSecretKey(config.secretKey));
+  const metrics = new SchedulerMetrics();
 
+  let registry: ReplicaRegistry | null = null;
   let leadership: Leadership | null = null;
-  const isLeader = () => leadership?.isLeader() ?? false;
   const agents = new AgentGateway({
-    sql, logger: log, joinToken: config.joinToken, portLinkSecret: config.secretKey, heartbeatMs: config.heartbeatMs, isLeader,
+    sql,
+    logger: log,
+    joinToken: config.joinToken,
+    portLinkSecret: config.secretKey,
+    heartbeatMs: config.heartbeatMs,
+    hostDownMs: config.hostDownMs,
+    replicaId: config.replicaId,
+    replicas: () => registry?.addresses() ?? [],
   });
-  const lifecycle = new LifecycleService(sql, { isLeader }, Math.max(1, Math.ceil(config.leaseTtlMs / 1000)), config.hostSlots);
+  const lifecycle = new LifecycleService(sql, config.hostSlots);
   const waiter = new OperationWaiter(sql, config.waitPollMs);
   await waiter.start();
   const authCaches = { keys: new NotifiedCache<string>(LOOKUP_CACHE), orgs: new NotifiedCache<string>(LOOKUP_CACHE) };
@@ -63,37 +87,48 @@ export async function startScheduler(config: SchedulerConfig, logger?: Logger): 
     await routeCache.listen(sql, DESKTOP_CHANGED_CHANNEL),
   ];
   const stopListening = async () => {
-    for (const stop of unlisten.splice(0)) await stop();
+    for (const stop of unlisten.splice(0)) await stop().catch(() => {});
   };
   const engine = new OperationEngine({
     sql,
     agents,
     secrets,
     logger: log,
-    holder: config.replicaId,
     agentCommandTimeoutMs: config.agentCommandTimeoutMs,
     hostWaitMs: config.hostWaitMs,
     overcommit: { cpu: config.cpuOvercommit, memory: config.memoryOvercommit },
     hostSlots: config.hostSlots,
     pollMs: config.enginePollMs,
     operationDeadlineMs: config.operationDeadlineMs,
+    currentTerm: () => leadership?.term() ?? null,
+    onSettled: (op, outcome) => metrics.observeSettled(op.kind, outcome, op.created_at),
   });
   const sweeper = new IdleSweeper(sql, lifecycle, config.idleSweepMs, log);
-  const recovery = new HostRecovery(sql, () => agents.connectedHostIds(), config.hostFailureGraceMs, Math.min(5_000, config.hostFailureGraceMs), log);
+  const health = new HostHealth({
+    sql,
+    downMs: config.hostDownMs,
+    graceMs: config.hostFailureGraceMs,
+    intervalMs: Math.max(20, Math.min(500, Math.floor(config.hostDownMs / 4))),
+    recordingSince: () => registry?.recordingSince() ?? null,
+    logger: log,
+    onDown: () => metrics.hostsDown.inc(),
+  });
   const webhooks = new WebhookDispatcher({ queue: deliveryQueue(sql), secrets, settings: config.webhooks, logger: log });
+  let lastEpoch = 0;
   leadership = new Leadership(sql, config.replicaId, config.leaseTtlMs, config.leaseRenewMs, {
-    async establish() {
-      await engine.start();
+    async establish(term) {
+      lastEpoch = term.epoch;
+      // First, so agents refuse the previous leader's late commands before this one sends any.
+      agents.announceEpoch(term.epoch);
+      await engine.start(term);
       sweeper.start();
-      recovery.start();
+      health.start();
       await webhooks.start();
     },
     async revoke() {
       sweeper.stop();
-      recovery.stop();
-      await webhooks.stop();
-      agents.closeAll();
-      await engine.stop();
+      await health.stop();
+      await Promise.all([webhooks.stop(), engine.stop()]);
     },
   }, log);
 
@@ -110,42 +145,107 @@ export async function startScheduler(config: SchedulerConfig, logger?: Logger): 
     webhooks: new WebhookService({ sql, secrets, allowLoopback: config.webhooks.allowLoopback }),
     ports,
     waitCapMs: config.waitCapMs,
+    metrics,
+    notReady: async () => {
+      try {
+        return await schemaProblem(sql);
+      } catch {
+        return 'the database does not answer';
+      }
+    },
   });
   agents.attach(app.server);
-  await app.listen({ host: config.listenHost, port: config.listenPort });
-  let ingress: PortIngress | null = null;
-  try {
-    ingress = config.ingress && (await PortIngress.start({ settings: config.ingress, ports, portLinkSecret: config.secretKey, logger: log }));
-  } catch (err) {
+  // Requests in flight, so a stop closes the agent links (failing their guest calls) only once
+  // they are answered or out of time.
+  let inFlight = 0;
+  let drainedAll: (() => void) | null = null;
+  app.addHook('onRequest', async (_request, reply) => {
+    inFlight++;
+    reply.raw.once('close', () => {
+      if (--inFlight === 0) drainedAll?.();
+    });
+  });
+  const requestsDone = (maxMs: number) =>
+    inFlight === 0
+      ? Promise.resolve()
+      : new Promise<void>((resolve) => {
+          const timer = setTimeout(resolve, maxMs);
+          drainedAll = () => {
+            clearTimeout(timer);
+            resolve();
+          };
+        });
+  const abandon = async () => {
+    agents.stop();
     await app.close();
     await stopListening();
     await waiter.stop();
     await sql.end({ timeout: 5 });
+  };
+  let ingress: PortIngress | null = null;
+  try {
+    await app.listen({ host: config.listenHost, port: config.listenPort });
+    ingress = config.ingress && (await PortIngress.start({ settings: config.ingress, ports, portLinkSecret: config.secretKey, logger: log }));
+  } catch (err) {
+    await abandon();
     throw err;
   }
-  await leadership.start();
   const address = app.server.address();
   const port = typeof address === 'object' && address ? address.port : config.listenPort;
-  const host = formatHost(config.listenHost);
-  const url = `http://${host === '0.0.0.0' ? '127.0.0.1' : host}:${port}`;
-  log.info({ url, replica: config.replicaId }, 'scheduler listening');
+  const url = advertisedUrlFor(config.listenHost === '0.0.0.0' || config.listenHost === '::' ? '127.0.0.1' : config.listenHost, port);
+  const advertisedUrl = config.advertiseUrl ?? advertisedUrlFor(config.listenHost, port);
+  registry = new ReplicaRegistry({
+    sql,
+    self: { id: config.replicaId, url: advertisedUrl, version: CANTO_VERSION, settings: sharedSettings(config) },
+    refreshMs: REPLICA_REFRESH_MS,
+    liveMs: REPLICA_LIVE_MS,
+    logger: log,
+  });
+  registry.onChange((replicas) => agents.announceReplicas(replicas));
+  metrics.attach({
+    sql,
+    agentLinks: () => agents.connectedHostIds().length,
+    isLeader: () => leadership.isLeader(),
+    leaseEpoch: () => lastEpoch,
+  });
+  try {
+    await registry.start();
+    await leadership.start();
+  } catch (err) {
+    await ingress?.close();
+    await abandon();
+    throw err;
+  }
+  log.info({ url, advertised_url: advertisedUrl, replica: config.replicaId, version: CANTO_VERSION }, 'scheduler listening');
 
   let closing: Promise<void> | null = null;
   return {
     url,
+    advertisedUrl,
     app,
     leadership,
     agents,
+    lifecycle,
+    metrics,
     ingressUrl: ingress?.url ?? null,
     close() {
       closing ??= (async () => {
+        const started = Date.now();
+        // The lease first: a follower takes over at once (its notification), not after the TTL.
         await leadership.stop();
-        agents.closeAll();
+        waiter.release();
+        await registry.stop();
+        // New requests get 503 from here; those in flight get a moment before their links go.
+        const closed = app.close();
+        await requestsDone(DRAIN_MS);
+        agents.stop();
+        const force = setTimeout(() => app.server.closeAllConnections(), Math.max(0, STOP_BUDGET_MS - 1_000 - (Date.now() - started)));
+        await closed;
+        clearTimeout(force);
         await ingress?.close();
-        await app.close();
         await stopListening();
         await waiter.stop();
-        await sql.end({ timeout: 5 });
+        await sql.end({ timeout: 1 });
       })();
       return closing;
     },

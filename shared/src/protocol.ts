@@ -20,6 +20,12 @@
  *         hello; stream.up/stream.down notifications stay valid for older peers. Raw streams
  *         are flow-controlled with ack and cancel headers (rpc.ts). Hello reply
  *         `port_link_key`: the host's own key for port-link lines, instead of the join token.
+ *   1.7 — agents link to every scheduler replica. Hello reply `replica_id`, `replicas` (the live
+ *         replicas' advertised URLs), `leader_epoch` and `fence` (desktops the host runs that
+ *         must stop: the agent hibernates them, then sends `host.ready`). Notification
+ *         `cluster` (scheduler → agent): a new leader epoch or replica list. Lifecycle commands
+ *         carry `leader_epoch`; the agent refuses an older one with `stale_epoch`.
+ *         desktop.inspect: whether a desktop runs and has a memory snapshot.
  *
  * Every desktop command carries the desktop's `generation`. The agent remembers the highest
  * generation it has seen per desktop and refuses an older one with `stale_generation`: after a
@@ -30,7 +36,7 @@ import { Type, type Static, type TSchema } from '@sinclair/typebox';
 import { TypeCompiler } from '@sinclair/typebox/compiler';
 import { INPUT_LIMITS, InputAction, STREAM_CLAIMS } from './computer-use.js';
 
-export const PROTOCOL_VERSION = '1.6';
+export const PROTOCOL_VERSION = '1.7';
 export const WIRE_VERSION = 1;
 
 /** True when `version` is `major.minor` or later (a version that does not parse is not). */
@@ -62,6 +68,8 @@ export const AgentError = Type.Object({
     Type.Literal('too_large'),
     // 1.4: exec and file operations while a stream client holds the control claim.
     Type.Literal('control_claimed'),
+    // 1.7: a lifecycle command from a leader term older than one the agent has seen.
+    Type.Literal('stale_epoch'),
   ]),
   message: Type.String(),
   retryable: Type.Boolean(),
@@ -77,6 +85,9 @@ const DesktopRef = {
   desktop_id: Type.String(),
   generation: Type.Integer({ minimum: 0 }),
 };
+
+/** 1.7: the leader term a lifecycle command was sent in (store/leases.ts); absent from older schedulers. */
+const LeaderEpoch = { leader_epoch: Type.Optional(Type.Integer({ minimum: 0 })) };
 
 /* ------------------------------------------------------------------ agent → scheduler */
 
@@ -101,20 +112,52 @@ export const HelloPayload = Type.Object({
 });
 export type HelloPayload = Static<typeof HelloPayload>;
 
+/** 1.7: a scheduler replica, as agents dial it. */
+export const ReplicaAddress = Type.Object({ id: Type.String({ minLength: 1 }), url: Type.String({ minLength: 1 }) });
+export type ReplicaAddress = Static<typeof ReplicaAddress>;
+
+/** 1.7: a desktop the host must stop before it reports ready: its record says it may not run. */
+export const FenceEntry = Type.Object({ ...DesktopRef });
+export type FenceEntry = Static<typeof FenceEntry>;
+
 export const HelloResult = Type.Object({
   protocol: Type.String(),
   heartbeat_ms: Type.Integer(),
   /** 1.6: the key of this host's port-link lines (shared/src/port-link.ts), hex. */
   port_link_key: Type.Optional(Type.String({ pattern: '^[0-9a-f]{64}$' })),
+  /** 1.7: the replica that answered. */
+  replica_id: Type.Optional(Type.String({ minLength: 1 })),
+  /** 1.7: every live replica; the agent keeps a link to each. */
+  replicas: Type.Optional(Type.Array(ReplicaAddress)),
+  /** 1.7: the current leader term, 0 when none has begun. */
+  leader_epoch: Type.Optional(Type.Integer({ minimum: 0 })),
+  /** 1.7: desktops to stop (hibernate, memory kept) before `host.ready`. */
+  fence: Type.Optional(Type.Array(FenceEntry)),
 });
 export type HelloResult = Static<typeof HelloResult>;
 
 export const HeartbeatPayload = Type.Object({ running_desktops: Type.Integer({ minimum: 0 }) });
 export type HeartbeatPayload = Static<typeof HeartbeatPayload>;
 
+/** 1.7 (agent → scheduler): the hello's fence is done; the host may take work. */
+export const HostReadyPayload = Type.Object({ stopped: Type.Integer({ minimum: 0 }) });
+export type HostReadyPayload = Static<typeof HostReadyPayload>;
+
+/** 1.7 (scheduler → agent): what changed in the fleet; either member may be absent. */
+export const ClusterPayload = Type.Object({
+  leader_epoch: Type.Optional(Type.Integer({ minimum: 0 })),
+  replicas: Type.Optional(Type.Array(ReplicaAddress)),
+});
+export type ClusterPayload = Static<typeof ClusterPayload>;
+
+/** Upgrade response header naming the replica, so an agent drops a second link to it before hello. */
+export const REPLICA_HEADER = 'x-canto-replica';
+/** Upgrade response header saying why a scheduler refused an agent link. */
+export const REFUSAL_HEADER = 'x-canto-refusal';
+
 /* ------------------------------------------------------------------ scheduler → agent */
 
-export const PreparePayload = Type.Object({ ...DesktopRef, tier: TierName });
+export const PreparePayload = Type.Object({ ...DesktopRef, ...LeaderEpoch, tier: TierName });
 export const PrepareResult = Type.Object({});
 
 export const FirstBoot = Type.Object({
@@ -125,6 +168,7 @@ export type FirstBoot = Static<typeof FirstBoot>;
 
 export const StartPayload = Type.Object({
   ...DesktopRef,
+  ...LeaderEpoch,
   operation_id: Type.String(),
   tier: TierName,
   /** Present only until the desktop's first successful wake. */
@@ -132,7 +176,7 @@ export const StartPayload = Type.Object({
 });
 export const StartResult = Type.Object({ restored: Type.Boolean() });
 
-export const HibernatePayload = Type.Object({ ...DesktopRef, operation_id: Type.String() });
+export const HibernatePayload = Type.Object({ ...DesktopRef, ...LeaderEpoch, operation_id: Type.String() });
 export const HibernateResult = Type.Object({ snapshot: Type.Boolean() });
 
 /**
@@ -141,6 +185,7 @@ export const HibernateResult = Type.Object({ snapshot: Type.Boolean() });
  */
 export const ForkPayload = Type.Object({
   ...DesktopRef,
+  ...LeaderEpoch,
   operation_id: Type.String(),
   forks: Type.Array(Type.Object({ desktop_id: Type.String(), generation: Type.Integer({ minimum: 0 }) }), { minItems: 1, maxItems: 20 }),
 });
@@ -149,8 +194,12 @@ export const ForkResult = Type.Object({
   snapshot: Type.Boolean(),
 });
 
-export const DestroyPayload = Type.Object({ ...DesktopRef, operation_id: Type.String() });
+export const DestroyPayload = Type.Object({ ...DesktopRef, ...LeaderEpoch, operation_id: Type.String() });
 export const DestroyResult = Type.Object({});
+
+/** 1.7: what the host holds of a desktop right now (after its queued lifecycle commands). */
+export const InspectPayload = Type.Object({ desktop_id: Type.String() });
+export const InspectResult = Type.Object({ running: Type.Boolean(), has_snapshot: Type.Boolean() });
 
 export const ExecPayload = Type.Object({
   ...DesktopRef,
@@ -284,6 +333,7 @@ export const AGENT_COMMANDS = {
   'desktop.hibernate': { payload: HibernatePayload, result: HibernateResult },
   'desktop.destroy': { payload: DestroyPayload, result: DestroyResult },
   'desktop.fork': { payload: ForkPayload, result: ForkResult },
+  'desktop.inspect': { payload: InspectPayload, result: InspectResult },
   'guest.exec': { payload: ExecPayload, result: ExecResult },
   'guest.spawn': { payload: SpawnPayload, result: SpawnResult },
   'guest.process': { payload: ProcessPayload, result: ProcessResult },

@@ -242,6 +242,12 @@ export class RpcPeer {
     this.shutdown();
   }
 
+  /** Drops the link without a closing handshake: the other end has gone silent. */
+  terminate(): void {
+    this.socket.terminate();
+    this.shutdown();
+  }
+
   /**
    * An incoming stream that credits its sender as its consumer takes bytes. Only a raw sender
    * waits for credit, so only a stream that received raw chunks is acknowledged.

@@ -5,7 +5,7 @@
  */
 import { describe, expect, it, afterAll } from 'vitest';
 import { execFile } from 'node:child_process';
-import { mkdtempSync, readFileSync, rmSync, statSync } from 'node:fs';
+import { mkdtempSync, readFileSync, rmSync, statSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { promisify } from 'node:util';
@@ -20,7 +20,9 @@ describe('scripts/install-agent', () => {
 
   it('writes a private env file and a unit that keeps desktops running', async () => {
     const token = 'join-token-that-must-stay-secret';
-    const out = await run('bash', [script, '--scheduler', 'https://a.example,https://b.example', '--token', token, '--root', root]);
+    const tokenFile = join(root, 'join-token');
+    writeFileSync(tokenFile, `${token}\n`, { mode: 0o600 });
+    const out = await run('bash', [script, '--scheduler', 'https://a.example,https://b.example', '--token-file', tokenFile, '--root', root]);
     expect(out.stdout + out.stderr).not.toContain(token);
 
     const envPath = join(root, 'etc/canto/agent.env');
@@ -40,8 +42,14 @@ describe('scripts/install-agent', () => {
     expect(unit).not.toContain(token);
   });
 
-  it('refuses to run without a scheduler and a token', async () => {
-    await expect(run('bash', [script, '--token', 'x', '--root', root])).rejects.toMatchObject({ code: 2 });
-    await expect(run('bash', [script, '--scheduler', 'https://a', '--token', 'has space', '--root', root])).rejects.toMatchObject({ code: 2 });
+  it('refuses to run without a scheduler and a token, and refuses a token on its command line', async () => {
+    const tokenFile = join(root, 'other-token');
+    writeFileSync(tokenFile, 'x\n');
+    await expect(run('bash', [script, '--token-file', tokenFile, '--root', root])).rejects.toMatchObject({ code: 2 });
+    writeFileSync(tokenFile, 'has space\n');
+    await expect(run('bash', [script, '--scheduler', 'https://a', '--token-file', tokenFile, '--root', root])).rejects.toMatchObject({ code: 2 });
+    await expect(run('bash', [script, '--scheduler', 'https://a', '--token-file', join(root, 'missing'), '--root', root])).rejects.toMatchObject({ code: 2 });
+    const onCommandLine = run('bash', [script, '--scheduler', 'https://a', '--token', 'visible-in-ps', '--root', root]);
+    await expect(onCommandLine).rejects.toMatchObject({ code: 2, stderr: expect.stringContaining('--token-file') });
   });
 });

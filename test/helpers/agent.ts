@@ -40,6 +40,7 @@ export async function startFakeAgent(schedulerUrl: string, options: FakeAgentOpt
     CANTO_AGENT_RECONNECT_MAX_MS: '500',
     CANTO_AGENT_STREAM_LISTEN: '127.0.0.1:0',
     CANTO_AGENT_INGRESS_LISTEN: '127.0.0.1:0',
+    CANTO_AGENT_METRICS_LISTEN: '127.0.0.1:0',
     CANTO_AGENT_ADDRESS: '127.0.0.1',
     CANTO_LOG_LEVEL: 'silent',
   });
@@ -87,6 +88,7 @@ export async function startSandboxAgent(schedulerUrl: string, existingStateDir?:
     CANTO_AGENT_RECONNECT_MAX_MS: '500',
     CANTO_AGENT_STREAM_LISTEN: '127.0.0.1:0',
     CANTO_AGENT_INGRESS_LISTEN: '127.0.0.1:0',
+    CANTO_AGENT_METRICS_LISTEN: '127.0.0.1:0',
     CANTO_AGENT_ADDRESS: '127.0.0.1',
     CANTO_LOG_LEVEL: 'silent',
   });

@@ -78,11 +78,13 @@ export async function startSchedulerProcess(opts: SchedulerProcessEnv): Promise<
 }
 
 export function startAgentProcess(schedulerUrl: string, stateDir: string, extra: Record<string, string> = {}): Child {
-  return startChild(['agent', '--scheduler', schedulerUrl, '--token', JOIN_TOKEN, '--state-dir', stateDir], {
+  return startChild(['agent', '--scheduler', schedulerUrl, '--state-dir', stateDir], {
+    CANTO_AGENT_TOKEN: JOIN_TOKEN,
     CANTO_AGENT_RECONNECT_MAX_MS: '500',
     CANTO_LOG_LEVEL: 'info',
     CANTO_AGENT_STREAM_LISTEN: '127.0.0.1:0',
     CANTO_AGENT_INGRESS_LISTEN: '127.0.0.1:0',
+    CANTO_AGENT_METRICS_LISTEN: '127.0.0.1:0',
     CANTO_AGENT_ADDRESS: '127.0.0.1',
     ...extra,
   });

@@ -135,6 +135,7 @@ function config(overrides: Record<string, string> = {}): AgentConfig {
     CANTO_AGENT_RECONNECT_MAX_MS: '400',
     CANTO_AGENT_STREAM_LISTEN: '127.0.0.1:0',
     CANTO_AGENT_INGRESS_LISTEN: '127.0.0.1:0',
+    CANTO_AGENT_METRICS_LISTEN: '127.0.0.1:0',
     ...overrides,
   });
 }
@@ -280,6 +281,7 @@ describe('agent channel', () => {
         CANTO_AGENT_RUNTIME: 'fake',
         CANTO_AGENT_STREAM_LISTEN: '127.0.0.1:0',
     CANTO_AGENT_INGRESS_LISTEN: '127.0.0.1:0',
+    CANTO_AGENT_METRICS_LISTEN: '127.0.0.1:0',
       },
       stdio: ['ignore', 'pipe', 'pipe'],
     });

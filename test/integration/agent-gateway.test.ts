@@ -1,7 +1,8 @@
 /**
  * The scheduler's end of the agent link, driven by a hand-made agent speaking the protocol over
- * a real websocket: protocol-version refusal, silent links closed after missed heartbeats (the
- * host then reads `down`), and a newer link of the same host replacing an older one.
+ * a real websocket: protocol-version refusal, silent links dropped once the host is silent for
+ * CANTO_HOST_DOWN_MS (the host then reads `down`), a newer link of the same host replacing an older
+ * one, and the hello fence: a 1.7 agent's host reads ready only once it says `host.ready`.
  */
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import WebSocket from 'ws';
@@ -57,16 +58,17 @@ describe('agent gateway', () => {
     const { peer, closed } = await dial(s);
     const reply = (await peer.request('hello', hello(hostId), 2_000)) as { heartbeat_ms: number };
     expect(reply.heartbeat_ms).toBe(50);
-    await until(async () => (await sql`SELECT status FROM hosts WHERE id = ${hostId}`)[0]?.status === 'ready', 2_000, 'host ready');
+    const beat = setInterval(() => peer.notify('heartbeat', { running_desktops: 0 }), 40);
+    await until(async () => (await sql`SELECT status FROM hosts WHERE id = ${hostId}`)[0]?.status === 'ready', 2_000, 'host ready').finally(() => clearInterval(beat));
     expect(s.agents.isConnected(hostId)).toBe(true);
-    // Heartbeats for a while keep the link open well past 5 intervals…
+    // Heartbeats for a while keep the link open well past the silence limit (2.5 intervals)…
     for (let i = 0; i < 10; i++) {
       peer.notify('heartbeat', { running_desktops: 0 });
       await new Promise((r) => setTimeout(r, 40));
     }
     expect(s.agents.isConnected(hostId)).toBe(true);
-    // …and silence closes it.
-    expect(await closed).toBe(4000);
+    // …and silence drops it, without a closing handshake (the other end is not answering).
+    expect(await closed).toBe(1006);
     await until(async () => (await sql`SELECT status FROM hosts WHERE id = ${hostId}`)[0]?.status === 'down', 2_000, 'host down');
     expect(s.agents.isConnected(hostId)).toBe(false);
   });
@@ -85,5 +87,21 @@ describe('agent gateway', () => {
     expect(row!.status).toBe('ready');
     second.ws.close();
     await second.closed;
+  });
+
+  it('answers a 1.7 hello with the replicas, the epoch and the fence, and reads the host ready only after host.ready', async () => {
+    const hostId = newId('host');
+    const { peer, ws, closed } = await dial(s);
+    const reply = (await peer.request('hello', hello(hostId, '1.7'), 2_000)) as Record<string, unknown>;
+    expect(reply).toMatchObject({ protocol: '1.7', replica_id: expect.any(String), fence: [] });
+    expect(reply.replicas).toEqual([{ id: reply.replica_id, url: expect.stringMatching(/^http:\/\//) }]);
+    expect(reply.leader_epoch).toBe(s.leadership.term()!.epoch);
+    peer.notify('heartbeat', { running_desktops: 0 });
+    await new Promise((r) => setTimeout(r, 30));
+    expect((await sql`SELECT status FROM hosts WHERE id = ${hostId}`)[0]!.status).toBe('down');
+    peer.notify('host.ready', { stopped: 0 });
+    await until(async () => (await sql`SELECT status FROM hosts WHERE id = ${hostId}`)[0]?.status === 'ready', 2_000, 'host ready');
+    ws.close();
+    await closed;
   });
 });

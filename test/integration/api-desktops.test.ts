@@ -32,7 +32,7 @@ afterAll(async () => {
 
 function expectDesktopJson(d: Record<string, unknown>): void {
   expect(Object.keys(d).sort()).toEqual(
-    ['billing_mode', 'current_generation_id', 'generation', 'host_id', 'id', 'idle_timeout_secs', 'image_version', 'org_id', 'state', 'tier'],
+    ['billing_mode', 'current_generation_id', 'generation', 'host_id', 'host_status', 'id', 'idle_timeout_secs', 'image_version', 'org_id', 'state', 'tier'],
   );
   expect(d.id).toMatch(/^dsk_[0-9a-v]{24}$/);
   expect(typeof d.org_id).toBe('string');

@@ -42,7 +42,8 @@ const INGRESS_ENV = {
   CANTO_SECRET_KEY: SECRET_KEY,
   CANTO_INGRESS_BASE_URL: `http://APPS.test:${BASE.port}`,
   CANTO_INGRESS_LISTEN: '127.0.0.1:0',
-  // The stand-in host below never heartbeats; keep host recovery away from its desktops.
+  // The stand-in host below never heartbeats; keep host health away from it and its desktops.
+  CANTO_HOST_DOWN_MS: '3600000',
   CANTO_HOST_FAILURE_GRACE_MS: '3600000',
 };
 const sha = (b: Uint8Array) => createHash('sha256').update(b).digest('hex');

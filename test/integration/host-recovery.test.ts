@@ -1,11 +1,15 @@
 /**
- * Host failure recovery with a real scheduler and a real agent link (FakeDriver runtime): a host
- * that goes silent past the grace period has its awake desktops force-hibernated (event reason
- * `host_failure`, meter closed, generation bumped); when the host returns still running the
- * desktop, its hello is reconciled and the desktop is hibernated there with the new generation,
- * so the next wake restores its memory.
+ * Host failure recovery with a real scheduler and a real agent link (FakeDriver runtime):
+ *
+ * - a host that goes silent reads `down` within CANTO_HOST_DOWN_MS, and its desktops show it;
+ * - past the grace period its awake desktops are force-hibernated (reason `host_failure`, cause
+ *   `host_silent`, generation bumped) with the meter closed when the host was last heard from;
+ * - when the host returns still running one, its agent stops it (memory kept) before the host
+ *   reads ready, so nothing runs unbilled, and the next wake restores it;
+ * - a desktop recorded awake that its relinked host no longer runs is recorded hibernated
+ *   (cause `guest_gone`), its meter closed when the previous agent was last heard from.
  */
-import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
 import { mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
@@ -16,23 +20,30 @@ import { silentLogger } from '../../shared/src/log.js';
 import { connectDatabase, type Sql } from '../../scheduler/src/store/db.js';
 import { api, JOIN_TOKEN, mintKey, startTestScheduler, until, type TestScheduler } from '../helpers/scheduler.js';
 
-const GRACE_MS = 400;
+const GRACE_MS = 600;
+const HEARTBEAT_MS = 50;
 
 describe('host failure recovery', () => {
   let s: TestScheduler;
   let sql: Sql;
   let stateDir: string;
   let agent: AgentHandle | null = null;
+  let call: ReturnType<typeof api>;
   const driver = new FakeDriver();
 
   beforeAll(async () => {
-    s = await startTestScheduler({ CANTO_HOST_FAILURE_GRACE_MS: String(GRACE_MS), CANTO_HEARTBEAT_MS: '50' });
+    s = await startTestScheduler({ CANTO_HOST_FAILURE_GRACE_MS: String(GRACE_MS), CANTO_HEARTBEAT_MS: String(HEARTBEAT_MS) });
     sql = connectDatabase(s.databaseUrl, { max: 1 });
     stateDir = mkdtempSync(join(tmpdir(), 'canto-recovery-'));
+    call = api(s.url, await mintKey(s.databaseUrl, 'recovery'));
+  });
+
+  afterEach(async () => {
+    await agent?.stop();
+    agent = null;
   });
 
   afterAll(async () => {
-    await agent?.stop();
     await sql.end();
     await s.close();
     rmSync(stateDir, { recursive: true, force: true });
@@ -46,26 +57,40 @@ describe('host failure recovery', () => {
       CANTO_AGENT_RECONNECT_MAX_MS: '100',
       CANTO_AGENT_STREAM_LISTEN: '127.0.0.1:0',
       CANTO_AGENT_INGRESS_LISTEN: '127.0.0.1:0',
+      CANTO_AGENT_METRICS_LISTEN: '127.0.0.1:0',
     });
     const handle = await startAgent({ config, driver, logger: silentLogger() });
     await handle.waitConnected(5_000);
     return handle;
   }
 
-  it('force-hibernates the desktops of a silent host, then reconciles them when it returns', async () => {
-    agent = await connectAgent();
-    const call = api(s.url, await mintKey(s.databaseUrl, 'recovery'));
+  async function awakeDesktop(): Promise<{ id: string; generation: number }> {
     const id: string = (await call('POST', '/v1/desktops', { tier: 'small' })).json.id;
     expect((await call('POST', `/v1/desktops/${id}/wake?wait=true`)).status).toBe(200);
-    const awake = (await call('GET', `/v1/desktops/${id}`)).json;
+    return (await call('GET', `/v1/desktops/${id}`)).json;
+  }
+
+  const hostStatus = async (hostId: string) => (await sql`SELECT status, last_seen_at FROM hosts WHERE id = ${hostId}`)[0]!;
+
+  it('force-hibernates the desktops of a silent host, and the host stops them before it reads ready', async () => {
+    agent = await connectAgent();
+    const hostId = agent.hostId;
+    const awake = await awakeDesktop();
+    const id = awake.id;
+    expect((await call('GET', `/v1/desktops/${id}`)).json.host_status).toBe('ready');
 
     // A host that keeps heartbeating is never failed, however long it is up.
     await new Promise((r) => setTimeout(r, GRACE_MS * 2));
-    expect((await call('GET', `/v1/desktops/${id}`)).json.state).toBe('awake');
+    expect((await call('GET', `/v1/desktops/${id}`)).json).toMatchObject({ state: 'awake', host_status: 'ready' });
 
-    // The host goes silent; its desktop keeps running there.
+    // The host goes silent; its desktop keeps running there. It reads down within the limit.
     await agent.stop();
     agent = null;
+    const silentAt = Date.now();
+    await until(async () => (await call('GET', `/v1/desktops/${id}`)).json.host_status === 'down', 2_000, 'the host to read down');
+    expect(Date.now() - silentAt).toBeLessThan(2.5 * HEARTBEAT_MS + 1_000);
+    const lastHeard = (await hostStatus(hostId)).last_seen_at as Date;
+
     const recovered = await until(async () => {
       const d = (await call('GET', `/v1/desktops/${id}`)).json;
       return d.state === 'hibernated' ? d : null;
@@ -73,18 +98,45 @@ describe('host failure recovery', () => {
     expect(recovered.generation).toBeGreaterThan(awake.generation);
     const events = await sql`SELECT type, payload FROM outbox WHERE desktop_id = ${id} ORDER BY id`;
     expect(events.at(-1)!.type).toBe('desktop.hibernated');
-    expect(events.at(-1)!.payload.data.reason).toBe('host_failure');
-    const [meter] = await sql`SELECT count(*)::int AS open FROM meter_intervals WHERE desktop_id = ${id} AND ended_at IS NULL`;
-    expect(meter!.open).toBe(0);
+    expect(events.at(-1)!.payload.data).toMatchObject({ reason: 'host_failure', cause: 'host_silent', host_id: hostId });
+    // The meter closed when the host was last heard from, not when the sweep noticed.
+    const [meter] = await sql`SELECT ended_at FROM meter_intervals WHERE desktop_id = ${id}`;
+    expect((meter!.ended_at as Date).getTime()).toBe(lastHeard.getTime());
     expect(driver.desktops.get(id)!.running).toBe(true);
 
-    // The host returns: its hello reports the desktop running, and the scheduler hibernates it
-    // there with the current generation, keeping its memory.
+    // The host returns: it stops the desktop (keeping its memory) before it reads ready.
     agent = await connectAgent();
-    await until(() => driver.desktops.get(id)!.running === false, 5_000, 'reconciliation');
+    await until(async () => (await hostStatus(hostId)).status === 'ready', 5_000, 'the host to read ready');
+    expect(driver.desktops.get(id)!.running).toBe(false);
     expect(driver.desktops.get(id)!.hasSnapshot).toBe(true);
     const woke = await call('POST', `/v1/desktops/${id}/wake?wait=true`);
     expect(woke.status, woke.text).toBe(200);
     expect(woke.json.result.restored).toBe(true);
+  });
+
+  it('records hibernated a desktop its relinked host no longer runs, billed until the old agent was last heard', async () => {
+    agent = await connectAgent();
+    const { id, generation } = await awakeDesktop();
+    await agent.stop();
+    agent = null;
+    const stoppedAt = new Date();
+    // The host rebooted: the desktop's processes are gone (its disk is not).
+    driver.desktops.get(id)!.running = false;
+    await new Promise((r) => setTimeout(r, 200));
+
+    agent = await connectAgent();
+    const gone = await until(async () => {
+      const d = (await call('GET', `/v1/desktops/${id}`)).json;
+      return d.state === 'hibernated' ? d : null;
+    }, 5_000, 'the lost desktop to be recorded hibernated');
+    expect(gone.generation).toBeGreaterThan(generation);
+    const [event] = await sql`SELECT payload FROM outbox WHERE desktop_id = ${id} AND type = 'desktop.hibernated'`;
+    expect(event!.payload.data).toMatchObject({ reason: 'host_failure', cause: 'guest_gone', memory_snapshot: false });
+    const [meter] = await sql`SELECT ended_at FROM meter_intervals WHERE desktop_id = ${id}`;
+    expect((meter!.ended_at as Date).getTime()).toBeLessThanOrEqual(stoppedAt.getTime() + 50);
+    // Never "awake but not running": the next wake boots it.
+    const woke = await call('POST', `/v1/desktops/${id}/wake?wait=true`);
+    expect(woke.status, woke.text).toBe(200);
+    expect(driver.desktops.get(id)!.running).toBe(true);
   });
 });

@@ -14,12 +14,13 @@ describe('loadAgentConfig', () => {
       stateDir: '/var/lib/canto-agent',
       runtime: 'sandbox',
       memorySnapshots: true,
-      heartbeatMs: 2000,
+      heartbeatMs: 1000,
       reconnectMinMs: 100,
-      reconnectMaxMs: 10_000,
+      reconnectMaxMs: 2_000,
       logLevel: 'info',
       streamListen: { host: '0.0.0.0', port: 7010 },
       ingressListen: { host: '0.0.0.0', port: 7011 },
+      metricsListen: { host: '127.0.0.1', port: 7012 },
       address: hostname(),
     });
     expect(Object.isFrozen(config)).toBe(true);

@@ -97,6 +97,37 @@ describe('command handlers', () => {
     await handlers.handle('desktop.destroy', op(6));
   });
 
+  it("fences lifecycle commands by leader epoch: a deposed leader's late command does nothing", async () => {
+    await handlers.handle('desktop.prepare', { ...prepare(1), leader_epoch: 3 });
+    await handlers.handle('desktop.start', { ...start(2), leader_epoch: 4 });
+    // The old leader (epoch 3) still thinks it leads and sends a hibernate.
+    const err = await expectCode(handlers.handle('desktop.hibernate', { ...op(3), leader_epoch: 3 }), 'stale_epoch');
+    expect(err.retryable).toBe(false);
+    expect(driver.desktops.get(D)!.running).toBe(true);
+    // Guest operations are served by any replica and carry no epoch.
+    expect(await handlers.handle('guest.exec', exec('true', 2))).toMatchObject({ exit_code: 0 });
+    // The current leader's command, and a scheduler too old to send an epoch, still act.
+    expect(await handlers.handle('desktop.hibernate', { ...op(3), leader_epoch: 4 })).toEqual({ snapshot: true });
+    expect(await handlers.handle('desktop.start', start(4))).toEqual({ restored: true });
+  });
+
+  it('stops what a hello fence names, unless a newer command reached it first', async () => {
+    const OTHER = 'dsk_bbbbbbbbbbbbbbbbbbbbbbbb';
+    for (const id of [D, OTHER]) {
+      await handlers.handle('desktop.prepare', prepare(1, id));
+      await handlers.handle('desktop.start', start(2, null, id));
+    }
+    // OTHER was woken again meanwhile at generation 7: the fence's generation 5 is older.
+    await handlers.handle('desktop.start', start(7, null, OTHER));
+    expect(await handlers.fence([{ desktop_id: D, generation: 5 }, { desktop_id: OTHER, generation: 5 }])).toBe(1);
+    expect(driver.desktops.get(D)).toMatchObject({ running: false, hasSnapshot: true });
+    expect(driver.desktops.get(OTHER)!.running).toBe(true);
+    // The fenced generation holds: a command of the old one is refused.
+    await expectCode(handlers.handle('desktop.start', start(4)), 'stale_generation');
+    expect(await handlers.handle('desktop.inspect', { desktop_id: D })).toEqual({ running: false, has_snapshot: true });
+    expect(await handlers.handle('desktop.inspect', { desktop_id: OTHER })).toEqual({ running: true, has_snapshot: false });
+  });
+
   it('reports missing and stopped desktops instead of faking success', async () => {
     await expectCode(handlers.handle('desktop.start', start()), 'not_found');
     await expectCode(handlers.handle('guest.exec', exec('true')), 'not_found');

@@ -7,6 +7,7 @@ import { buildApp } from '../../scheduler/src/http/app.js';
 import { ApiError } from '../../scheduler/src/errors.js';
 import { silentLogger } from '../../shared/src/log.js';
 import type { AppDeps } from '../../scheduler/src/http/app.js';
+import { SchedulerMetrics } from '../../scheduler/src/observability/metrics.js';
 
 const SECRET = 'password=hunter2 at db.internal:5432';
 
@@ -25,6 +26,8 @@ function throwingDeps(error: Error): AppDeps {
     webhooks: { create: fail, list: fail, remove: fail, deliveries: fail } as unknown as AppDeps['webhooks'],
     ports: { list: fail, create: fail, remove: fail } as unknown as AppDeps['ports'],
     waitCapMs: 1000,
+    metrics: new SchedulerMetrics(),
+    notReady: async () => null,
   };
 }
 

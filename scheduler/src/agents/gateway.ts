@@ -2,12 +2,21 @@
  * The scheduler's end of the agent link. Agents dial `/internal/agents/ws` with their join token
  * as a bearer credential; the upgrade is refused (401) before any websocket exists when the token
  * is wrong, so an unauthenticated process can neither register a host nor receive commands.
- * After the `hello` the link is registered under the host id, replacing any older link of the
- * same host, and the engine can `call` the host.
  *
- * Only the leader accepts agents (followers answer the upgrade with 503): the leader's engine is
- * the only sender of commands, so agents must be connected to it. Losing leadership closes every
- * link, and agents reconnect to whichever replica leads now.
+ * Every replica accepts agents, and every agent keeps a link to every live replica (it learns
+ * them from the hello reply and from `cluster` notifications): whichever replica a client
+ * reaches serves guest operations, screens and streams over its own link, with no hop through the
+ * leader. Only the leader's engine sends lifecycle commands, each carrying its lease epoch; the
+ * agent refuses a command from an older term. The upgrade response names the replica, so an agent
+ * that reached it twice (a load balancer and its direct address) drops the second link at once.
+ *
+ * Liveness is application heartbeats, not TCP: a link not heard from for `hostDownMs` is dropped,
+ * which fails its calls in flight (503 to clients, never a hang) and answers new ones with 503 at
+ * once. Every replica records the heartbeats it hears in `hosts.last_seen_at`; the leader's host
+ * health loop marks silent hosts down from that record (engine/host-health.ts).
+ *
+ * A hello is answered with the desktops the host must stop before it takes work (see
+ * fleet/hello-fence.ts); the host reads `ready` once the agent says it has (`host.ready`).
  */
 import { portLinkKey } from '../../../shared/src/port-link.js';
 import type { IncomingMessage, Server } from 'node:http';
@@ -19,31 +28,42 @@ import {
   AgentFailure,
   HeartbeatPayload,
   HelloPayload,
+  HostReadyPayload,
   PROTOCOL_VERSION,
+  REFUSAL_HEADER,
+  REPLICA_HEADER,
   protocolAtLeast,
   parseMessage,
   protocolMajor,
   type AgentCommand,
+  type ClusterPayload,
   type CommandPayload,
   type CommandResult,
+  type HelloResult,
 } from '../../../shared/src/protocol.js';
 import { RpcPeer } from '../../../shared/src/rpc.js';
 import type { Sql } from '../store/db.js';
-import { markHostDown, touchHost, upsertHost } from '../store/hosts.js';
+import { markHostReady, touchHost, upsertHost } from '../store/hosts.js';
+import { readLease } from '../store/leases.js';
 import { hashToken, safeEqualHex } from '../crypto/secret-box.js';
 import { formatHostPort } from '../../../shared/src/host-port.js';
+import { helloFence } from '../fleet/hello-fence.js';
+import type { ReplicaAddress } from '../fleet/registry.js';
 
 export const AGENT_LINK_PATH = '/internal/agents/ws';
 const HELLO_TIMEOUT_MS = 10_000;
-/** A link silent for this many heartbeat intervals is presumed dead (a half-open TCP connection). */
-const MISSED_HEARTBEATS = 5;
+const LEADER_LEASE = 'leader';
 
 export type HelloDesktops = HelloPayload['desktops'];
 export type HelloListener = (hostId: string, desktops: HelloDesktops) => void;
 
 interface Link {
-  peer: RpcPeer;
-  instanceId: string;
+  readonly peer: RpcPeer;
+  readonly instanceId: string;
+  readonly protocol: string;
+  /** The agent has applied its hello fence (or predates it). */
+  ready: boolean;
+  lastHeard: number;
 }
 
 export interface AgentGatewayDeps {
@@ -53,37 +73,52 @@ export interface AgentGatewayDeps {
   /** The schedulers' secret key, from which each host's port-link key is derived. */
   portLinkSecret: string;
   heartbeatMs: number;
-  isLeader(): boolean;
+  /** A link not heard from for this long is dropped. */
+  hostDownMs: number;
+  replicaId: string;
+  /** The live replicas, as agents should dial them. */
+  replicas(): ReplicaAddress[];
 }
 
 export class AgentGateway {
   private readonly links = new Map<string, Link>();
   private readonly connectWaiters = new Map<string, Set<() => void>>();
   private readonly helloListeners = new Set<HelloListener>();
+  private readonly linkListeners = new Set<(hostId: string, linked: boolean) => void>();
   private readonly wss = new WebSocketServer({ noServer: true, maxPayload: 64 * 1024 * 1024 });
   private readonly joinTokenHash: string | null;
+  private readonly watchdog: NodeJS.Timeout;
+  private leaderEpoch = 0;
   private readonly log: Logger;
 
   constructor(private readonly deps: AgentGatewayDeps) {
     this.joinTokenHash = deps.joinToken ? hashToken(deps.joinToken) : null;
     this.log = deps.logger.child({ component: 'agent-gateway' });
+    if (this.joinTokenHash === null) {
+      this.log.error('CANTO_JOIN_TOKEN is not set: no agent can link to this replica until it is');
+    }
+    this.wss.on('headers', (headers) => headers.push(`${REPLICA_HEADER}: ${deps.replicaId}`));
+    this.watchdog = setInterval(() => this.dropSilentLinks(), Math.max(20, Math.min(250, Math.floor(deps.hostDownMs / 4))));
+    this.watchdog.unref();
   }
 
   attach(server: Server): void {
     server.on('upgrade', (req: IncomingMessage, socket: Duplex, head: Buffer) => this.upgrade(req, socket, head));
   }
 
+  /** True while the host's agent is linked to this replica and not silent. */
   isConnected(hostId: string): boolean {
-    return this.links.has(hostId);
+    const link = this.links.get(hostId);
+    return link !== undefined && Date.now() - link.lastHeard <= this.deps.hostDownMs;
   }
 
   connectedHostIds(): string[] {
-    return [...this.links.keys()];
+    return [...this.links.keys()].filter((id) => this.isConnected(id));
   }
 
   /** Resolves true once the host's agent is connected, false after `timeoutMs`. */
   async waitConnected(hostId: string, timeoutMs: number): Promise<boolean> {
-    if (this.links.has(hostId)) return true;
+    if (this.isConnected(hostId)) return true;
     if (timeoutMs <= 0) return false;
     return new Promise((resolve) => {
       const waiters = this.connectWaiters.get(hostId) ?? new Set();
@@ -122,10 +157,15 @@ export class AgentGateway {
     return { result: parseMessage(AGENT_COMMANDS[command].result, result, `${command} reply`) as CommandResult<C>, body };
   }
 
-  private link(hostId: string): RpcPeer {
+  /** The host's agent speaks at least `major.minor`. */
+  speaks(hostId: string, major: number, minor: number): boolean {
     const link = this.links.get(hostId);
-    if (!link) throw new AgentFailure('disconnected', `host ${hostId} is not connected`, true);
-    return link.peer;
+    return link !== undefined && protocolAtLeast(link.protocol, major, minor);
+  }
+
+  private link(hostId: string): RpcPeer {
+    if (!this.isConnected(hostId)) throw new AgentFailure('disconnected', `host ${hostId} is not connected`, true);
+    return this.links.get(hostId)!.peer;
   }
 
   /** Calls `listener` after each accepted hello with the desktops the host reports; returns an unsubscribe. */
@@ -134,36 +174,78 @@ export class AgentGateway {
     return () => this.helloListeners.delete(listener);
   }
 
-  /** Closes every agent link (leadership lost, or shutdown). */
+  /** Calls `listener` whenever a host's link to this replica comes or goes. */
+  onLink(listener: (hostId: string, linked: boolean) => void): () => void {
+    this.linkListeners.add(listener);
+    return () => this.linkListeners.delete(listener);
+  }
+
+  /** A new leader term: agents refuse lifecycle commands of older ones from now on. */
+  announceEpoch(epoch: number): void {
+    this.leaderEpoch = Math.max(this.leaderEpoch, epoch);
+    this.broadcast({ leader_epoch: epoch });
+  }
+
+  /** The live replicas changed: agents link to the new ones. */
+  announceReplicas(replicas: readonly ReplicaAddress[]): void {
+    this.broadcast({ replicas: [...replicas] });
+  }
+
+  /** Closes every agent link (shutdown): agents carry on with the other replicas. */
   closeAll(): void {
-    for (const link of this.links.values()) link.peer.close(1012, 'scheduler leadership changed');
+    for (const link of this.links.values()) link.peer.close(1001, 'scheduler replica stopping');
     this.links.clear();
+  }
+
+  stop(): void {
+    clearInterval(this.watchdog);
+    this.closeAll();
+  }
+
+  private broadcast(payload: ClusterPayload): void {
+    for (const link of this.links.values()) {
+      if (protocolAtLeast(link.protocol, 1, 7)) link.peer.notify('cluster', payload);
+    }
+  }
+
+  private dropSilentLinks(): void {
+    const now = Date.now();
+    for (const [hostId, link] of this.links) {
+      if (now - link.lastHeard <= this.deps.hostDownMs) continue;
+      this.log.warn({ hostId, silent_ms: now - link.lastHeard }, 'agent link silent; dropping it');
+      this.links.delete(hostId);
+      link.peer.terminate();
+      this.linkChanged(hostId, false);
+    }
+  }
+
+  private linkChanged(hostId: string, linked: boolean): void {
+    for (const listener of this.linkListeners) listener(hostId, linked);
   }
 
   private upgrade(req: IncomingMessage, socket: Duplex, head: Buffer): void {
     const path = (req.url ?? '').split('?')[0];
     if (path !== AGENT_LINK_PATH) return refuse(socket, 404, 'Not Found');
+    if (this.joinTokenHash === null) {
+      this.log.error({ remote: req.socket.remoteAddress }, 'agent refused: this replica has no join token (set CANTO_JOIN_TOKEN)');
+      return refuse(socket, 503, 'Service Unavailable', 'no-join-token');
+    }
     const header = req.headers.authorization ?? '';
     const token = /^Bearer (\S+)$/i.exec(header)?.[1];
-    if (!this.joinTokenHash || !token || !safeEqualHex(hashToken(token), this.joinTokenHash)) {
+    if (!token || !safeEqualHex(hashToken(token), this.joinTokenHash)) {
       this.log.warn({ remote: req.socket.remoteAddress }, 'agent refused: bad join token');
-      return refuse(socket, 401, 'Unauthorized');
+      return refuse(socket, 401, 'Unauthorized', 'bad-join-token');
     }
-    if (!this.deps.isLeader()) return refuse(socket, 503, 'Service Unavailable');
     this.wss.handleUpgrade(req, socket, head, (ws) => this.accept(new RpcPeer(ws, (m) => this.log.warn({ m }, 'agent protocol error'))));
   }
 
   private accept(peer: RpcPeer): void {
     let hostId: string | null = null;
-    let instanceId = '';
-    let lastHeard = Date.now();
+    let link: Link | null = null;
     const helloTimer = setTimeout(() => hostId || peer.close(1008, 'no hello'), HELLO_TIMEOUT_MS);
-    const silenceTimer = setInterval(() => {
-      if (Date.now() - lastHeard > this.deps.heartbeatMs * MISSED_HEARTBEATS) {
-        this.log.warn({ hostId }, 'agent link silent; closing it');
-        peer.close(4000, 'heartbeat timeout');
-      }
-    }, this.deps.heartbeatMs);
+    const heard = () => {
+      if (link) link.lastHeard = Date.now();
+    };
 
     peer.handle('hello', async (raw) => {
       const hello = parseMessage(HelloPayload, raw, 'hello');
@@ -171,6 +253,7 @@ export class AgentGateway {
         setImmediate(() => peer.close(1002, 'unsupported protocol'));
         throw new AgentFailure('unsupported', `protocol ${hello.protocol} is newer than ${PROTOCOL_VERSION}`, false);
       }
+      const fences = protocolAtLeast(hello.protocol, 1, 7);
       await upsertHost(this.deps.sql, {
         id: hello.host_id,
         hostname: hello.hostname,
@@ -182,46 +265,67 @@ export class AgentGateway {
         memoryMb: hello.capacity.memory_mb,
         // Recorded on every hello, so an agent that turned its port gateway off clears it.
         ingressAddress: hello.ingress ? formatHostPort(hello.ingress.host, hello.ingress.port) : null,
-      });
+      }, !fences);
+      const [fence, lease] = fences
+        ? await Promise.all([helloFence(this.deps.sql, hello.host_id, hello.desktops), readLease(this.deps.sql, LEADER_LEASE)])
+        : [[], null];
+      if (!peer.isOpen) throw new AgentFailure('disconnected', 'link closed during hello', true);
       clearTimeout(helloTimer);
       peer.binaryStreams = protocolAtLeast(hello.protocol, 1, 6);
       hostId = hello.host_id;
-      instanceId = hello.agent_instance_id;
+      link = { peer, instanceId: hello.agent_instance_id, protocol: hello.protocol, ready: !fences, lastHeard: Date.now() };
       const previous = this.links.get(hostId);
       if (previous && previous.peer !== peer) previous.peer.close(1000, 'replaced by a newer link');
-      this.links.set(hostId, { peer, instanceId });
-      this.log.info({ hostId, instanceId, runtime: hello.capabilities.runtime }, 'agent connected');
+      this.links.set(hostId, link);
+      this.log.info({ hostId, instanceId: link.instanceId, runtime: hello.capabilities.runtime, protocol: hello.protocol, fence: fence.length }, 'agent connected');
       for (const waiter of this.connectWaiters.get(hostId) ?? []) waiter();
+      this.linkChanged(hostId, true);
       const connectedHost = hostId;
       // After the reply is on its way: listeners may send the host commands.
       setImmediate(() => {
         for (const listener of this.helloListeners) listener(connectedHost, hello.desktops);
       });
-      return {
+      const reply: HelloResult = {
         protocol: PROTOCOL_VERSION,
         heartbeat_ms: this.deps.heartbeatMs,
         port_link_key: portLinkKey(this.deps.portLinkSecret, hello.host_id),
       };
+      if (fences) {
+        reply.replica_id = this.deps.replicaId;
+        reply.replicas = this.deps.replicas();
+        reply.leader_epoch = Math.max(this.leaderEpoch, lease?.epoch ?? 0);
+        reply.fence = fence;
+      }
+      return reply;
+    });
+
+    peer.handle('host.ready', async (raw) => {
+      const ready = parseMessage(HostReadyPayload, raw, 'host.ready');
+      heard();
+      if (!hostId || !link || this.links.get(hostId) !== link) return;
+      link.ready = true;
+      await markHostReady(this.deps.sql, hostId);
+      this.log.info({ hostId, stopped: ready.stopped }, 'agent ready');
     });
 
     peer.handle('heartbeat', async (raw) => {
       parseMessage(HeartbeatPayload, raw, 'heartbeat');
-      lastHeard = Date.now();
-      if (hostId) await touchHost(this.deps.sql, hostId);
+      heard();
+      // Half an interval: the replicas' heartbeats of one beat land together, and one write does.
+      if (hostId && link && this.links.get(hostId) === link) await touchHost(this.deps.sql, hostId, link.ready, this.deps.heartbeatMs / 2);
     });
 
     peer.onClose(() => {
       clearTimeout(helloTimer);
-      clearInterval(silenceTimer);
       if (!hostId || this.links.get(hostId)?.peer !== peer) return;
       this.links.delete(hostId);
       this.log.info({ hostId }, 'agent disconnected');
-      markHostDown(this.deps.sql, hostId, instanceId).catch((err: unknown) => this.log.error({ err }, 'marking host down failed'));
+      this.linkChanged(hostId, false);
     });
   }
 }
 
-/** `host:port`, with an IPv6 literal in brackets so the last colon always separates the port. */
-function refuse(socket: Duplex, status: number, reason: string): void {
-  socket.end(`HTTP/1.1 ${status} ${reason}\r\nConnection: close\r\nContent-Length: 0\r\n\r\n`);
+function refuse(socket: Duplex, status: number, reason: string, refusal?: string): void {
+  const extra = refusal ? `${REFUSAL_HEADER}: ${refusal}\r\n` : '';
+  socket.end(`HTTP/1.1 ${status} ${reason}\r\n${extra}Connection: close\r\nContent-Length: 0\r\n\r\n`);
 }

@@ -4,8 +4,11 @@
  * and drives each through its step. Work on one desktop is serialized in-process, so the
  * provisioner and an operation never place the same desktop twice.
  *
- * When an agent says hello, every desktop it still runs is reconciled with the database (a host
- * that was failed over must not keep running desktops the scheduler has moved on from).
+ * An engine runs in one leader term (engine/leader.ts): its settlements are fenced on that term
+ * and its commands carry the term's epoch, so a deposed leader's engine can neither settle nor
+ * make an agent act. When an agent says hello, every desktop recorded awake on its host is checked
+ * (steps.reconcileAwake): a host that lost it must not leave it "awake but not running". What a
+ * returning host must stop, it stops before it reports ready (fleet/hello-fence.ts).
  *
  * Retryable failures (the host is disconnected, a command timed out) are retried with capped
  * backoff until the operation is `operationDeadlineMs` old; anything else settles it `failed`.
@@ -13,14 +16,23 @@
 import type { Logger } from '../../../shared/src/log.js';
 import { AgentFailure } from '../../../shared/src/protocol.js';
 import { provisioningDesktops } from '../store/desktops.js';
+import { desktopsOfHost } from '../store/hosts.js';
 import { claimPending, OP_NEW_CHANNEL, runningOperations } from '../store/operations.js';
 import type { OperationRow } from '../store/rows.js';
 import * as steps from './steps.js';
+import type { LeaderTerm } from './leader.js';
 
-export interface EngineDeps extends steps.StepDeps {
+export interface EngineDeps extends Omit<steps.StepDeps, 'fence' | 'leading'> {
   pollMs: number;
   operationDeadlineMs: number;
+  /** The term this replica leads in now; null when it does not lead. */
+  currentTerm(): LeaderTerm | null;
+  /** Told of every operation this engine settles (metrics). */
+  onSettled?(op: OperationRow, outcome: 'succeeded' | 'failed'): void;
 }
+
+/** How long a stopping engine waits for its steps in flight. */
+const STOP_GRACE_MS = 2_000;
 
 export class OperationEngine {
   private running = false;
@@ -33,28 +45,36 @@ export class OperationEngine {
   private readonly inFlight = new Set<Promise<unknown>>();
   private ticking = false;
   private readonly log: Logger;
+  private deps: EngineDeps & steps.StepDeps;
 
-  constructor(private readonly deps: EngineDeps) {
-    this.log = deps.logger.child({ component: 'engine' });
+  constructor(private readonly base: EngineDeps) {
+    this.log = base.logger.child({ component: 'engine' });
+    this.deps = { ...base, fence: { holder: '', epoch: -1 }, leading: () => false };
   }
 
-  async start(): Promise<void> {
+  async start(term: LeaderTerm): Promise<void> {
     if (this.running) return;
     this.running = true;
+    this.deps = { ...this.base, fence: term, leading: () => this.running && this.base.currentTerm()?.epoch === term.epoch };
     const sub = await this.deps.sql.listen(OP_NEW_CHANNEL, () => this.kick());
     this.unlisten = () => sub.unlisten();
-    this.unsubscribeHello = this.deps.agents.onHello((hostId, desktops) => {
-      for (const reported of desktops) {
-        if (!reported.running) continue;
-        this.track(this.onDesktop(reported.desktop_id, () => steps.reconcile(this.deps, hostId, reported.desktop_id)));
-      }
-    });
+    this.unsubscribeHello = this.deps.agents.onHello((hostId) => this.track(this.reconcileHost(hostId)));
     for (const op of await runningOperations(this.deps.sql)) this.launch(op);
     this.kick();
   }
 
-  /** Stops claiming work. Steps in flight finish or fail their lease-fenced commit. */
-  async stop(): Promise<void> {
+  private async reconcileHost(hostId: string): Promise<void> {
+    for (const d of await desktopsOfHost(this.deps.sql, hostId)) {
+      if (d.state !== 'awake') continue;
+      this.track(this.onDesktop(d.id, () => steps.reconcileAwake(this.deps, hostId, d.id)));
+    }
+  }
+
+  /**
+   * Stops claiming work and sending commands. Steps in flight get `graceMs` to finish; after that
+   * they are left to fail their fenced commit, and the next leader re-drives their operations.
+   */
+  async stop(graceMs = STOP_GRACE_MS): Promise<void> {
     this.running = false;
     if (this.timer) clearTimeout(this.timer);
     this.timer = null;
@@ -62,7 +82,12 @@ export class OperationEngine {
     this.unsubscribeHello = null;
     await this.unlisten?.().catch(() => {});
     this.unlisten = null;
-    await Promise.allSettled([...this.inFlight]);
+    let timer: NodeJS.Timeout | undefined;
+    await Promise.race([
+      Promise.allSettled([...this.inFlight]),
+      new Promise<void>((resolve) => (timer = setTimeout(resolve, graceMs))),
+    ]);
+    clearTimeout(timer);
   }
 
   private kick(): void {
@@ -126,6 +151,7 @@ export class OperationEngine {
       try {
         await STEP[op.kind](this.deps, op);
         log.info('operation succeeded');
+        this.base.onSettled?.(op, 'succeeded');
         return;
       } catch (err) {
         if (err instanceof steps.LeaseLost) return log.warn('lease lost; the next leader re-drives');
@@ -141,6 +167,7 @@ export class OperationEngine {
         log.warn({ error, err }, 'operation failed');
         try {
           await steps.fail(this.deps, op, error);
+          this.base.onSettled?.(op, 'failed');
         } catch (settleErr) {
           log.error({ err: settleErr }, 'could not settle failed operation');
         }

@@ -5,14 +5,14 @@
  * lease), the next leader re-drives the step; agent commands are idempotent per desktop, so the
  * repeat finds the work done and nothing runs twice.
  */
-import { AgentFailure } from '../../../shared/src/protocol.js';
+import { AgentFailure, type AgentCommand, type CommandPayload, type CommandResult } from '../../../shared/src/protocol.js';
 import { TIER_SPECS, type Tier } from '../../../shared/src/tiers.js';
 import type { Logger } from '../../../shared/src/log.js';
 import { inTransaction, type Sql } from '../store/db.js';
 import { getDesktopById, insertForks, setPlacement, transition } from '../store/desktops.js';
 import { closeMeter, openMeter, recordEvent } from '../store/events.js';
 import { committedLoad, listHosts, slotsUsed } from '../store/hosts.js';
-import { hasOpenOperation, settleOperation } from '../store/operations.js';
+import { settleOperation, type SettleFence } from '../store/operations.js';
 import { deleteExposuresOf } from '../store/ports.js';
 import type { DesktopRow, OperationRow } from '../store/rows.js';
 import type { AgentGateway } from '../agents/gateway.js';
@@ -25,8 +25,10 @@ export interface StepDeps {
   agents: AgentGateway;
   secrets: SecretBox;
   logger: Logger;
-  /** This replica's lease holder name; settlement is fenced on it. */
-  holder: string;
+  /** The leader term this engine runs in: settlement is fenced on it, and commands carry its epoch. */
+  fence: SettleFence;
+  /** Still leading in that term: no command is sent once this turns false. */
+  leading(): boolean;
   agentCommandTimeoutMs: number;
   hostWaitMs: number;
   overcommit: { cpu: number; memory: number };
@@ -47,7 +49,32 @@ export class StepFailure extends Error {
 export class LeaseLost extends Error {}
 
 async function settle(tx: Sql, deps: StepDeps, op: OperationRow, result: Record<string, unknown>): Promise<void> {
-  if (!(await settleOperation(tx, op.id, { result }, deps.holder))) throw new LeaseLost('leader lease lost before settling');
+  if (!(await settleOperation(tx, op.id, { result }, deps.fence))) throw new LeaseLost('leader lease lost before settling');
+}
+
+/** Lifecycle commands that carry the leader's epoch (the agent refuses an older term's). */
+type FencedCommand = 'desktop.prepare' | 'desktop.start' | 'desktop.hibernate' | 'desktop.destroy' | 'desktop.fork';
+
+/**
+ * Sends a lifecycle command in this engine's term. A replica that no longer leads sends nothing:
+ * the next leader re-drives the operation.
+ */
+export async function command<C extends FencedCommand>(
+  deps: StepDeps,
+  hostId: string,
+  name: C,
+  payload: Omit<CommandPayload<C>, 'leader_epoch'>,
+  timeoutMs = deps.agentCommandTimeoutMs,
+): Promise<CommandResult<C>> {
+  if (!deps.leading()) throw new LeaseLost('no longer the leader');
+  return deps.agents.call(hostId, name, { ...payload, leader_epoch: deps.fence.epoch } as CommandPayload<C>, timeoutMs);
+}
+
+/** What the host holds of a desktop now; null from an agent too old to say. */
+async function inspect(deps: StepDeps, hostId: string, desktopId: string): Promise<CommandResult<'desktop.inspect'> | null> {
+  if (!deps.agents.speaks(hostId, 1, 7)) return null;
+  const name: AgentCommand = 'desktop.inspect';
+  return deps.agents.call(hostId, name, { desktop_id: desktopId }, deps.agentCommandTimeoutMs);
 }
 
 async function connectedHost(deps: StepDeps, hostId: string): Promise<string> {
@@ -72,7 +99,7 @@ export async function provision(deps: StepDeps, desktop: DesktopRow): Promise<st
   if (desktop.host_id) return desktop.host_id;
   const hostId = await pickHost(deps, desktop.tier);
   if (!hostId) throw new AgentFailure('disconnected', 'no connected host has capacity for this desktop', true);
-  await deps.agents.call(hostId, 'desktop.prepare', { desktop_id: desktop.id, generation: desktop.generation, tier: desktop.tier }, deps.agentCommandTimeoutMs);
+  await command(deps, hostId, 'desktop.prepare', { desktop_id: desktop.id, generation: desktop.generation, tier: desktop.tier });
   await inTransaction(deps.sql, async (tx) => {
     if (!(await setPlacement(tx, desktop.id, hostId))) return;
     const moved = await transition(tx, desktop.id, ['provisioning'], 'hibernated', { markCreatedEvent: true });
@@ -119,12 +146,9 @@ export async function wake(deps: StepDeps, op: OperationRow): Promise<void> {
         env: d.env_sealed ? (JSON.parse(deps.secrets.open(d.env_sealed)) as Record<string, string>) : {},
         setup_script: d.setup_script_sealed ? deps.secrets.open(d.setup_script_sealed) : null,
       };
-  const started = await deps.agents.call(
-    hostId,
-    'desktop.start',
-    { desktop_id: d.id, generation: d.generation, operation_id: op.id, tier: d.tier, first_boot: firstBoot },
-    deps.agentCommandTimeoutMs,
-  );
+  const started = await command(deps, hostId, 'desktop.start', {
+    desktop_id: d.id, generation: d.generation, operation_id: op.id, tier: d.tier, first_boot: firstBoot,
+  });
   await inTransaction(deps.sql, async (tx) => {
     const awake = await transition(tx, d.id, ['waking'], 'awake', { markWoken: true });
     if (!awake) throw new StepFailure('conflict', 'desktop left the waking state');
@@ -138,7 +162,7 @@ export async function hibernate(deps: StepDeps, op: OperationRow): Promise<void>
   const d = await loadDesktop(deps, op.desktop_id);
   if (d.state !== 'hibernating') throw new StepFailure('conflict', `desktop is ${d.state}, not hibernating`);
   const hostId = await connectedHost(deps, d.host_id!);
-  const stopped = await deps.agents.call(hostId, 'desktop.hibernate', { desktop_id: d.id, generation: d.generation, operation_id: op.id }, deps.agentCommandTimeoutMs);
+  const stopped = await command(deps, hostId, 'desktop.hibernate', { desktop_id: d.id, generation: d.generation, operation_id: op.id });
   await inTransaction(deps.sql, async (tx) => {
     const done = await transition(tx, d.id, ['hibernating'], 'hibernated');
     if (!done) throw new StepFailure('conflict', 'desktop left the hibernating state');
@@ -152,7 +176,7 @@ export async function destroy(deps: StepDeps, op: OperationRow): Promise<void> {
   const d = await loadDesktop(deps, op.desktop_id);
   if (d.host_id) {
     const hostId = await connectedHost(deps, d.host_id);
-    await deps.agents.call(hostId, 'desktop.destroy', { desktop_id: d.id, generation: d.generation, operation_id: op.id }, deps.agentCommandTimeoutMs);
+    await command(deps, hostId, 'desktop.destroy', { desktop_id: d.id, generation: d.generation, operation_id: op.id });
   }
   await inTransaction(deps.sql, async (tx) => {
     const gone = await transition(tx, d.id, ['provisioning', 'awake', 'hibernated'], 'destroyed', { markDestroyed: true });
@@ -185,7 +209,8 @@ export async function fork(deps: StepDeps, op: OperationRow): Promise<void> {
   const params = op.params as unknown as ForkParams;
   if (source.state !== 'hibernated' || !source.host_id) throw new StepFailure('conflict', `desktop is ${source.state}, not hibernated`);
   const hostId = await connectedHost(deps, source.host_id);
-  await deps.agents.call(
+  await command(
+    deps,
     hostId,
     'desktop.fork',
     {
@@ -217,7 +242,7 @@ export async function fail(deps: StepDeps, op: OperationRow, error: { code: stri
     const d = (await getDesktopById(tx, op.desktop_id))!;
     if (op.kind === 'wake' && d.state === 'waking') await transition(tx, d.id, ['waking'], d.host_id ? 'hibernated' : 'provisioning');
     if (op.kind === 'hibernate' && d.state === 'hibernating') await transition(tx, d.id, ['hibernating'], 'awake');
-    if (!(await settleOperation(tx, op.id, { error }, deps.holder))) throw new LeaseLost('leader lease lost before settling');
+    if (!(await settleOperation(tx, op.id, { error }, deps.fence))) throw new LeaseLost('leader lease lost before settling');
   });
   if (op.kind === 'fork') await removeForkLeftovers(deps, op);
 }
@@ -228,22 +253,39 @@ async function removeForkLeftovers(deps: StepDeps, op: OperationRow): Promise<vo
   if (!source?.host_id || !deps.agents.isConnected(source.host_id)) return;
   for (const id of ids) {
     const ref = { desktop_id: id, generation: FORK_GENERATION, operation_id: op.id };
-    await deps.agents.call(source.host_id, 'desktop.destroy', ref, deps.agentCommandTimeoutMs).catch((err: unknown) => {
+    await command(deps, source.host_id, 'desktop.destroy', ref).catch((err: unknown) => {
       deps.logger.warn({ desktopId: id, err }, 'could not remove the copy a failed fork left');
     });
   }
 }
 
 /**
- * A host's hello lists the desktops it still runs. One the scheduler force-hibernated while the
- * host was silent is hibernated there now, with the current generation: its memory becomes the
- * snapshot the next wake restores, so nothing is lost. Anything else the host runs is left alone
- * (an open operation owns the desktop; nothing is stopped on a guess).
+ * An agent relinked: a desktop recorded awake on its host, with no operation open, must still be
+ * running there. Asked afresh (queued behind any command the host is still running for it), a
+ * host that no longer runs it (rebooted, or its processes were killed with a crashed `canto up`)
+ * gets it recorded hibernated: generation bumped, meter closed when the previous agent was last
+ * heard from, `desktop.hibernated` with reason `host_failure` and `cause: guest_gone`. Its disk
+ * is there; a memory snapshot, if the host kept one, is what the next wake restores.
  */
-export async function reconcile(deps: StepDeps, hostId: string, desktopId: string): Promise<void> {
+export async function reconcileAwake(deps: StepDeps, hostId: string, desktopId: string): Promise<void> {
   const d = await getDesktopById(deps.sql, desktopId);
-  if (!d || d.host_id !== hostId || d.state !== 'hibernated' || (await hasOpenOperation(deps.sql, d.id))) return;
-  const ref = { desktop_id: d.id, generation: d.generation, operation_id: `reconcile-${d.current_generation_id}` };
-  await deps.agents.call(hostId, 'desktop.hibernate', ref, deps.agentCommandTimeoutMs);
-  deps.logger.info({ desktopId: d.id, hostId }, 'reconciled: hibernated a desktop its host still ran');
+  if (!d || d.host_id !== hostId || d.state !== 'awake' || !deps.leading()) return;
+  const held = await inspect(deps, hostId, desktopId);
+  if (held === null || held.running) return;
+  const moved = await inTransaction(deps.sql, async (tx) => {
+    const [open] = await tx`SELECT 1 FROM operations WHERE desktop_id = ${d.id} AND state IN ('pending', 'running') LIMIT 1`;
+    if (open) return null;
+    const done = await transition(tx, d.id, ['awake'], 'hibernated', { expectGeneration: d.generation });
+    if (!done) return null;
+    const [host] = await tx<Array<{ at: Date | null }>>`SELECT previous_seen_at AS at FROM hosts WHERE id = ${hostId}`;
+    await closeMeter(tx, d.id, host?.at ?? null);
+    await recordEvent(tx, {
+      orgId: d.org_id,
+      desktopId: d.id,
+      type: 'desktop.hibernated',
+      data: { reason: 'host_failure', cause: 'guest_gone', host_id: hostId, memory_snapshot: held.has_snapshot },
+    });
+    return done;
+  });
+  if (moved) deps.logger.warn({ desktopId, hostId, snapshot: held.has_snapshot }, 'desktop recorded awake was gone from its relinked host: recorded hibernated');
 }

@@ -36,6 +36,7 @@ import { registerDisplayRoutes } from './routes/display.js';
 import { registerComputerUseRoutes } from './routes/computer-use.js';
 import { registerWebhookRoutes } from './routes/webhooks.js';
 import { registerPortRoutes } from './routes/ports.js';
+import { registerHealthRoutes } from './routes/health.js';
 import type { DesktopService } from '../services/desktops.js';
 import type { LifecycleService } from '../services/lifecycle.js';
 import type { OperationWaiter } from '../services/waiter.js';
@@ -43,6 +44,7 @@ import type { UsageService } from '../services/usage.js';
 import type { GuestService } from '../services/guest.js';
 import type { WebhookService } from '../services/webhooks.js';
 import type { PortService } from '../services/ports.js';
+import type { SchedulerMetrics } from '../observability/metrics.js';
 
 export const BODY_LIMIT_BYTES = 2 * 1024 * 1024;
 
@@ -68,6 +70,9 @@ export interface AppDeps {
   webhooks: WebhookService;
   ports: PortService;
   waitCapMs: number;
+  metrics: SchedulerMetrics;
+  /** `/readyz`: null when the replica can serve, else why not. */
+  notReady(): Promise<string | null>;
 }
 
 export type App = FastifyInstance<
@@ -149,6 +154,14 @@ export async function buildApp(deps: AppDeps): Promise<App> {
     request.orgId = await deps.authenticate(request);
   });
 
+  // Labelled by route template, never by path: ids and guest paths would make every series unique.
+  app.addHook('onResponse', async (request, reply) => {
+    deps.metrics.httpDuration.observe(
+      { method: request.method, route: request.routeOptions.url ?? 'unmatched', status_code: String(reply.statusCode) },
+      reply.elapsedTime / 1000,
+    );
+  });
+
   app.setErrorHandler((error: FastifyError | ApiError, request, reply) => {
     if (error instanceof ApiError) {
       void reply.code(error.status).headers(error.headers).type('application/problem+json').send(problem(error.status, error.detail, error.extra));
@@ -186,6 +199,7 @@ export async function buildApp(deps: AppDeps): Promise<App> {
     async () => app.swagger(),
   );
 
+  registerHealthRoutes(app, deps);
   registerDesktopRoutes(app, deps);
   registerLifecycleRoutes(app, deps);
   registerOperationRoutes(app, deps);

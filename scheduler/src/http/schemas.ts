@@ -34,6 +34,11 @@ export const DesktopJson = Type.Object(
     idle_timeout_secs: Type.Integer(),
     billing_mode: Type.Union([Type.Literal('monthly'), Type.Literal('hourly')]),
     host_id: Type.String({ description: 'Empty until the desktop is placed on a host' }),
+    host_status: Type.Union([Type.Literal('ready'), Type.Literal('down'), Type.Null()], {
+      description:
+        "Whether the desktop's host is heard from: `down` once its agent has been silent for a few seconds (guest " +
+        'operations then answer 503 at once; an awake desktop is force-hibernated after the grace period). Null until placed.',
+    }),
   },
   { $id: 'DesktopJson' },
 );

@@ -9,6 +9,7 @@ import type { DesktopRow, DesktopState } from '../store/rows.js';
 import { errors } from '../errors.js';
 import type { CreateDesktopBody, DesktopJson } from '../http/schemas.js';
 import { toDesktopJson } from './json.js';
+import { notifyNewWork } from '../store/operations.js';
 import type { SecretBox } from '../crypto/secret-box.js';
 
 export const ENV_MAX_BYTES = 64 * 1024;
@@ -46,6 +47,8 @@ export class DesktopService {
         // A concurrent request with the same key won; roll this desktop back and return theirs.
         throw new KeyTaken();
       }
+      // Delivered at commit: the leader's engine places the desktop now, not at its next poll.
+      await notifyNewWork(tx, row.id);
       return row;
     }).catch((err: unknown) => {
       if (err instanceof KeyTaken) return null;

@@ -14,6 +14,7 @@ export function toDesktopJson(row: DesktopRow): DesktopJson {
     idle_timeout_secs: row.idle_timeout_secs,
     billing_mode: row.billing_mode,
     host_id: row.host_id ?? '',
+    host_status: row.host_id === null ? null : (row.host_status ?? null),
   };
 }
 

@@ -13,6 +13,10 @@
  * here and kept on the operation, so a re-driven fork creates the same desktops. A host without
  * free storage slots for the forks gets the operation recorded already failed (`no_capacity`),
  * which `?wait=true` answers with 413.
+ *
+ * Every replica records operations, leader or not: the row and its notification reach the
+ * leader's engine wherever it runs, so a follower never refuses a mutation while the database
+ * answers.
  */
 import { newId } from '../../../shared/src/ids.js';
 import { TIER_SPECS } from '../../../shared/src/tiers.js';
@@ -38,10 +42,6 @@ const IN_FLIGHT_STATE: Readonly<Record<LifecycleKind, DesktopState | null>> = {
   destroy: null,
 };
 
-export interface Leadership {
-  isLeader(): boolean;
-}
-
 export interface TransitionRequest {
   expectedGeneration: number | null;
   idempotencyKey: string | null;
@@ -57,13 +57,11 @@ export interface ForkRequest {
 export class LifecycleService {
   constructor(
     private readonly sql: Sql,
-    private readonly leadership: Leadership,
-    private readonly retryAfterSecs: number,
     /** Storage slots per host (CANTO_HOST_SLOTS); a fork needs its forks' slots free. */
     private readonly hostSlots = Number.POSITIVE_INFINITY,
   ) {}
 
-  /** Records a fork operation; throws 404/409/503 `ApiError`s. No capacity yields a failed op. */
+  /** Records a fork operation; throws 404/409 `ApiError`s. No capacity yields a failed op. */
   async requestFork(orgId: string, desktopId: string, req: ForkRequest): Promise<{ op: OperationRow; repeated: boolean }> {
     return this.locked(orgId, desktopId, req.idempotencyKey, async (tx, source) => {
       if (source.state !== 'hibernated' || source.host_id === null || (await hasOpenOperation(tx, source.id))) {
@@ -88,7 +86,7 @@ export class LifecycleService {
     });
   }
 
-  /** Records the operation; throws 404/409/503 `ApiError`s. A stale generation yields a failed op. */
+  /** Records the operation; throws 404/409 `ApiError`s. A stale generation yields a failed op. */
   async request(orgId: string, desktopId: string, kind: LifecycleKind, req: TransitionRequest): Promise<{ op: OperationRow; repeated: boolean }> {
     return this.locked(orgId, desktopId, req.idempotencyKey, async (tx, desktop) => {
       if (req.expectedGeneration !== null && req.expectedGeneration !== desktop.generation) {
@@ -124,8 +122,8 @@ export class LifecycleService {
   }
 
   /**
-   * What every mutation starts with: leader only, the desktop row locked (404 across orgs), and
-   * a repeated Idempotency-Key answered with the operation it created.
+   * What every mutation starts with: the desktop row locked (404 across orgs), and a repeated
+   * Idempotency-Key answered with the operation it created.
    */
   private locked(
     orgId: string,
@@ -133,7 +131,6 @@ export class LifecycleService {
     idempotencyKey: string | null,
     fn: (tx: Sql, desktop: DesktopRow) => Promise<{ op: OperationRow; repeated: boolean }>,
   ): Promise<{ op: OperationRow; repeated: boolean }> {
-    if (!this.leadership.isLeader()) throw errors.notLeader(this.retryAfterSecs);
     return inTransaction(this.sql, async (tx) => {
       const desktop = await lockDesktop(tx, orgId, desktopId);
       if (!desktop) throw errors.desktopNotFound();

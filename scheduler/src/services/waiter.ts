@@ -2,6 +2,10 @@
  * `?wait=true`: wait for an operation to settle, answering as soon as it does. Settling sends a
  * `canto_op_settled` notification that every replica hears; a poll at the SPEC's 2 s cadence
  * backs it up in case a notification is lost while the listen connection reconnects.
+ *
+ * A replica that stops answers every wait at once with the operation as it stands, as the SPEC's
+ * wait cap does: a wait never holds a shutdown (the client polls the operation, or waits again
+ * on another replica).
  */
 import { EventEmitter } from 'node:events';
 import type { Sql } from '../store/db.js';
@@ -11,6 +15,8 @@ import type { OperationRow } from '../store/rows.js';
 export class OperationWaiter {
   private readonly settled = new EventEmitter();
   private unlisten: (() => Promise<void>) | null = null;
+  private stopping = false;
+  private readonly released = new Set<() => void>();
 
   constructor(
     private readonly sql: Sql,
@@ -24,7 +30,14 @@ export class OperationWaiter {
     this.unlisten = () => sub.unlisten();
   }
 
+  /** Answers every wait in flight now; later waits answer at once. */
+  release(): void {
+    this.stopping = true;
+    for (const wake of [...this.released]) wake();
+  }
+
   async stop(): Promise<void> {
+    this.release();
     await this.unlisten?.();
     this.unlisten = null;
   }
@@ -35,15 +48,17 @@ export class OperationWaiter {
     for (;;) {
       const op = (await getOperation(this.sql, orgId, id))!;
       const remaining = deadline - Date.now();
-      if (op.state === 'succeeded' || op.state === 'failed' || remaining <= 0) return op;
+      if (op.state === 'succeeded' || op.state === 'failed' || remaining <= 0 || this.stopping) return op;
       await new Promise<void>((resolve) => {
         const done = () => {
           clearTimeout(timer);
           this.settled.off(id, done);
+          this.released.delete(done);
           resolve();
         };
         const timer = setTimeout(done, Math.min(this.pollMs, remaining));
         this.settled.on(id, done);
+        this.released.add(done);
       });
     }
   }

@@ -28,8 +28,11 @@ export async function insertDesktop(sql: Sql, d: NewDesktop): Promise<DesktopRow
   return row!;
 }
 
+/** The desktop with its host's status (`host_status`), as the API shows it. */
 export async function getDesktop(sql: Sql, orgId: string, id: string): Promise<DesktopRow | null> {
-  const [row] = await sql<DesktopRow[]>`SELECT * FROM desktops WHERE id = ${id} AND org_id = ${orgId}`;
+  const [row] = await sql<DesktopRow[]>`
+    SELECT d.*, h.status AS host_status FROM desktops d LEFT JOIN hosts h ON h.id = d.host_id
+    WHERE d.id = ${id} AND d.org_id = ${orgId}`;
   return row ?? null;
 }
 
@@ -44,14 +47,16 @@ export async function lockDesktop(sql: Sql, orgId: string, id: string): Promise<
 }
 
 export async function listDesktops(sql: Sql, orgId: string, state: DesktopState | null): Promise<DesktopRow[]> {
-  return state
-    ? sql<DesktopRow[]>`SELECT * FROM desktops WHERE org_id = ${orgId} AND state = ${state} ORDER BY created_at, id`
-    : sql<DesktopRow[]>`SELECT * FROM desktops WHERE org_id = ${orgId} ORDER BY created_at, id`;
+  return sql<DesktopRow[]>`
+    SELECT d.*, h.status AS host_status FROM desktops d LEFT JOIN hosts h ON h.id = d.host_id
+    WHERE d.org_id = ${orgId} ${state ? sql`AND d.state = ${state}` : sql``}
+    ORDER BY d.created_at, d.id`;
 }
 
 export async function setIdleTimeout(sql: Sql, orgId: string, id: string, secs: number): Promise<DesktopRow | null> {
   const [row] = await sql<DesktopRow[]>`
-    UPDATE desktops SET idle_timeout_secs = ${secs} WHERE id = ${id} AND org_id = ${orgId} RETURNING *`;
+    UPDATE desktops SET idle_timeout_secs = ${secs} WHERE id = ${id} AND org_id = ${orgId}
+    RETURNING *, (SELECT status FROM hosts WHERE hosts.id = desktops.host_id) AS host_status`;
   return row ?? null;
 }
 
@@ -60,6 +65,8 @@ export interface TransitionExtras {
   markWoken?: boolean;
   markCreatedEvent?: boolean;
   markDestroyed?: boolean;
+  /** Only if the desktop is still at this generation (nothing else moved it meanwhile). */
+  expectGeneration?: number;
 }
 
 /**
@@ -86,6 +93,7 @@ export async function transition(
       env_sealed = CASE WHEN ${extras.markDestroyed ?? false} THEN NULL ELSE env_sealed END,
       setup_script_sealed = CASE WHEN ${extras.markDestroyed ?? false} THEN NULL ELSE setup_script_sealed END
     WHERE id = ${id} AND state IN ${sql(from as DesktopState[])}
+      ${extras.expectGeneration === undefined ? sql`` : sql`AND generation = ${extras.expectGeneration}`}
     RETURNING *`;
   return row ?? null;
 }

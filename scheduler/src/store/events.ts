@@ -27,8 +27,14 @@ export async function openMeter(sql: Sql, orgId: string, desktopId: string): Pro
     ON CONFLICT (desktop_id) WHERE ended_at IS NULL DO NOTHING`;
 }
 
-export async function closeMeter(sql: Sql, desktopId: string): Promise<void> {
-  await sql`UPDATE meter_intervals SET ended_at = now() WHERE desktop_id = ${desktopId} AND ended_at IS NULL`;
+/**
+ * Closes the desktop's open interval, now or at `at` (when a silent host was last heard from):
+ * never before the interval began, never in the future.
+ */
+export async function closeMeter(sql: Sql, desktopId: string, at: Date | null = null): Promise<void> {
+  await sql`
+    UPDATE meter_intervals SET ended_at = GREATEST(started_at, LEAST(now(), COALESCE(${at}::timestamptz, now())))
+    WHERE desktop_id = ${desktopId} AND ended_at IS NULL`;
 }
 
 export interface UsageRows {

@@ -16,24 +16,47 @@ export interface HostHello {
   ingressAddress: string | null;
 }
 
-export async function upsertHost(sql: Sql, h: HostHello): Promise<void> {
+/**
+ * Records a hello. An agent that fences before taking work (protocol 1.7) leaves the status as
+ * it was until `markHostReady`; an older one is ready at once. A new agent instance (a restart)
+ * keeps when the previous one was last heard from, in `previous_seen_at`.
+ */
+export async function upsertHost(sql: Sql, h: HostHello, readyNow: boolean): Promise<void> {
   await sql`
     INSERT INTO hosts (id, hostname, agent_instance_id, protocol, runtime, memory_snapshots, vcpus, memory_mb, ingress_address, status, last_seen_at)
-    VALUES (${h.id}, ${h.hostname}, ${h.agentInstanceId}, ${h.protocol}, ${h.runtime}, ${h.memorySnapshots}, ${h.vcpus}, ${h.memoryMb}, ${h.ingressAddress}, 'ready', now())
+    VALUES (${h.id}, ${h.hostname}, ${h.agentInstanceId}, ${h.protocol}, ${h.runtime}, ${h.memorySnapshots}, ${h.vcpus}, ${h.memoryMb}, ${h.ingressAddress},
+            ${readyNow ? 'ready' : 'down'}, now())
     ON CONFLICT (id) DO UPDATE SET
       hostname = EXCLUDED.hostname, agent_instance_id = EXCLUDED.agent_instance_id,
       protocol = EXCLUDED.protocol, runtime = EXCLUDED.runtime,
       memory_snapshots = EXCLUDED.memory_snapshots, vcpus = EXCLUDED.vcpus,
-      memory_mb = EXCLUDED.memory_mb, ingress_address = EXCLUDED.ingress_address, status = 'ready', last_seen_at = now()`;
+      memory_mb = EXCLUDED.memory_mb, ingress_address = EXCLUDED.ingress_address,
+      previous_seen_at = CASE WHEN hosts.agent_instance_id <> EXCLUDED.agent_instance_id THEN hosts.last_seen_at ELSE hosts.previous_seen_at END,
+      status = CASE WHEN ${readyNow} THEN 'ready' ELSE hosts.status END,
+      last_seen_at = now()`;
 }
 
-export async function touchHost(sql: Sql, hostId: string): Promise<void> {
-  await sql`UPDATE hosts SET last_seen_at = now(), status = 'ready' WHERE id = ${hostId}`;
+/** The host's agent fenced what it had to and takes work. */
+export async function markHostReady(sql: Sql, hostId: string): Promise<void> {
+  await sql`UPDATE hosts SET status = 'ready', last_seen_at = now() WHERE id = ${hostId}`;
 }
 
-export async function markHostDown(sql: Sql, hostId: string, agentInstanceId: string): Promise<void> {
-  // Only the link that is going away marks the host down, not an older one closing late.
-  await sql`UPDATE hosts SET status = 'down' WHERE id = ${hostId} AND agent_instance_id = ${agentInstanceId}`;
+/**
+ * A heartbeat heard by this replica. Every replica records them, so one that takes over knows
+ * the fleet; a heartbeat another replica recorded within `skipMs` makes this one a read.
+ */
+export async function touchHost(sql: Sql, hostId: string, ready: boolean, skipMs: number): Promise<void> {
+  await sql`
+    UPDATE hosts SET last_seen_at = now(), status = CASE WHEN ${ready} THEN 'ready' ELSE status END
+    WHERE id = ${hostId} AND (last_seen_at < now() - make_interval(secs => ${skipMs / 1000}) OR (${ready} AND status <> 'ready'))`;
+}
+
+/** Hosts no replica has heard from for `silentMs`, now `down`. */
+export async function markSilentHostsDown(sql: Sql, silentMs: number): Promise<Array<{ id: string; last_seen_at: Date }>> {
+  return sql<Array<{ id: string; last_seen_at: Date }>>`
+    UPDATE hosts SET status = 'down'
+    WHERE status = 'ready' AND last_seen_at < now() - make_interval(secs => ${silentMs / 1000})
+    RETURNING id, last_seen_at`;
 }
 
 export async function listHosts(sql: Sql): Promise<HostRow[]> {
@@ -60,16 +83,20 @@ export async function slotsUsed(sql: Sql, hostId?: string): Promise<Map<string, 
 }
 
 /**
- * Awake desktops on hosts not heard from for `graceMs`, with no operation open. `connected`
- * lists hosts whose agent is linked to this replica right now: they are never failed, whatever
- * their last heartbeat write says.
+ * Awake desktops, with no operation open, on `down` hosts not heard from for `graceMs`, with
+ * the moment each host was last heard from (their meters close then).
  */
-export async function desktopsOnSilentHosts(sql: Sql, graceMs: number, connected: string[]): Promise<Array<{ id: string; host_id: string }>> {
-  return sql<Array<{ id: string; host_id: string }>>`
-    SELECT d.id, d.host_id FROM desktops d JOIN hosts h ON h.id = d.host_id
-    WHERE d.state = 'awake'
+export async function desktopsOnSilentHosts(sql: Sql, graceMs: number): Promise<Array<{ id: string; host_id: string; last_seen_at: Date }>> {
+  return sql<Array<{ id: string; host_id: string; last_seen_at: Date }>>`
+    SELECT d.id, d.host_id, h.last_seen_at FROM desktops d JOIN hosts h ON h.id = d.host_id
+    WHERE d.state = 'awake' AND h.status = 'down'
       AND h.last_seen_at < now() - make_interval(secs => ${graceMs / 1000})
-      AND NOT (h.id = ANY(${connected}::text[]))
       AND NOT EXISTS (SELECT 1 FROM operations o WHERE o.desktop_id = d.id AND o.state IN ('pending', 'running'))
     ORDER BY d.id LIMIT 100`;
+}
+
+/** Desktops placed on `hostId` that are not destroyed: what the host should hold. */
+export async function desktopsOfHost(sql: Sql, hostId: string): Promise<Array<{ id: string; state: string; generation: number }>> {
+  return sql<Array<{ id: string; state: string; generation: number }>>`
+    SELECT id, state, generation FROM desktops WHERE host_id = ${hostId} AND state <> 'destroyed' ORDER BY id`;
 }

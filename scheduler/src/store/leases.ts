@@ -2,19 +2,61 @@
  * Named leases in PostgreSQL: a row per lease, held by one replica until `expires_at`. A lease
  * row (rather than a session advisory lock) survives postgres.js reconnecting underneath us: a
  * silently re-established session would have lost an advisory lock without anyone noticing.
+ *
+ * Each term of a lease has an epoch, one more than the term before: a new holder starts a term,
+ * and so does a holder renewing a lease that had already lapsed (someone else could have held it
+ * in between, as far as anyone acting on the old term can tell). Releasing expires the row rather
+ * than deleting it, so epochs only ever grow.
  */
 import type { Sql } from './db.js';
 
-/** Takes or renews the lease; true when `holder` holds it afterwards. */
-export async function acquireLease(sql: Sql, name: string, holder: string, ttlMs: number): Promise<boolean> {
-  const rows = await sql<{ holder: string }[]>`
-    INSERT INTO leases (name, holder, expires_at) VALUES (${name}, ${holder}, now() + make_interval(secs => ${ttlMs / 1000}))
-    ON CONFLICT (name) DO UPDATE SET holder = EXCLUDED.holder, expires_at = EXCLUDED.expires_at
-      WHERE leases.holder = EXCLUDED.holder OR leases.expires_at < now()
-    RETURNING holder`;
-  return rows.length === 1 && rows[0]!.holder === holder;
+/** Notified (payload: the lease name) when a holder releases a lease, so others take it at once. */
+export const LEASE_RELEASED_CHANNEL = 'canto_lease_released';
+
+export interface LeaseTerm {
+  /** True when `holder` holds the lease after the attempt. */
+  readonly held: boolean;
+  /** The term's epoch when held; 0 otherwise. */
+  readonly epoch: number;
 }
 
+/** Takes or renews the lease. */
+export async function acquireLease(sql: Sql, name: string, holder: string, ttlMs: number): Promise<LeaseTerm> {
+  const rows = await sql<{ holder: string; epoch: string }[]>`
+    INSERT INTO leases (name, holder, expires_at, epoch, term_started_at)
+    VALUES (${name}, ${holder}, now() + make_interval(secs => ${ttlMs / 1000}), 1, now())
+    ON CONFLICT (name) DO UPDATE SET
+      holder = EXCLUDED.holder,
+      expires_at = EXCLUDED.expires_at,
+      epoch = CASE WHEN leases.holder = EXCLUDED.holder AND leases.expires_at >= now() THEN leases.epoch ELSE leases.epoch + 1 END,
+      term_started_at = CASE WHEN leases.holder = EXCLUDED.holder AND leases.expires_at >= now() THEN leases.term_started_at ELSE now() END
+    WHERE leases.holder = EXCLUDED.holder OR leases.expires_at < now()
+    RETURNING holder, epoch`;
+  const row = rows[0];
+  return row !== undefined && row.holder === holder ? { held: true, epoch: Number(row.epoch) } : { held: false, epoch: 0 };
+}
+
+/** Ends `holder`'s term now and tells the other replicas. */
 export async function releaseLease(sql: Sql, name: string, holder: string): Promise<void> {
-  await sql`DELETE FROM leases WHERE name = ${name} AND holder = ${holder}`;
+  const rows = await sql`
+    UPDATE leases SET expires_at = now() - interval '1 millisecond' WHERE name = ${name} AND holder = ${holder} RETURNING name`;
+  if (rows.length > 0) await sql`SELECT pg_notify(${LEASE_RELEASED_CHANNEL}, ${name})`;
+}
+
+export interface LeaseRow {
+  readonly holder: string;
+  readonly epoch: number;
+  readonly expiresAt: Date;
+  /** When the current term began. */
+  readonly termStartedAt: Date;
+  /** False once `expires_at` has passed, by the database's clock. */
+  readonly live: boolean;
+}
+
+export async function readLease(sql: Sql, name: string): Promise<LeaseRow | null> {
+  const [row] = await sql<{ holder: string; epoch: string; expires_at: Date; term_started_at: Date; live: boolean }[]>`
+    SELECT holder, epoch, expires_at, term_started_at, expires_at > now() AS live FROM leases WHERE name = ${name}`;
+  return row
+    ? { holder: row.holder, epoch: Number(row.epoch), expiresAt: row.expires_at, termStartedAt: row.term_started_at, live: row.live }
+    : null;
 }

@@ -231,6 +231,34 @@ CREATE TRIGGER port_exposures_deleted AFTER DELETE ON port_exposures
   FOR EACH ROW EXECUTE FUNCTION canto_notify_changed('canto_port_exposure_deleted', 'desktop_id', 'port');
 `,
   },
+  {
+    id: 6,
+    name: 'fleet',
+    sql: `
+-- Every term of a lease gets the next epoch: a new holder, or a holder taking it back after it
+-- lapsed. The leader's lifecycle commands carry it, and agents refuse a command of an older term
+-- (a deposed leader's late one). Releasing a lease expires it instead of deleting the row, so the
+-- count never starts again.
+ALTER TABLE leases ADD COLUMN epoch bigint NOT NULL DEFAULT 0;
+ALTER TABLE leases ADD COLUMN term_started_at timestamptz NOT NULL DEFAULT now();
+
+-- The scheduler replicas: each refreshes its row every second while it runs. Agents learn the
+-- advertised URLs from any replica and keep a link to each; \`canto status\` lists them and
+-- compares the settings that must match (fingerprints only, never the values of secrets).
+CREATE TABLE replicas (
+  id text PRIMARY KEY,
+  url text NOT NULL,
+  version text NOT NULL,
+  settings jsonb NOT NULL DEFAULT '{}',
+  started_at timestamptz NOT NULL DEFAULT now(),
+  last_seen_at timestamptz NOT NULL DEFAULT now()
+);
+
+-- When a host was last heard from before its agent restarted: a desktop found gone at the
+-- relink is billed until then, not until the relink.
+ALTER TABLE hosts ADD COLUMN previous_seen_at timestamptz;
+`,
+  },
 ];
 
 // Ids are applied once each, in order: two entries with one id would skip the second for ever.
@@ -254,4 +282,12 @@ export async function migrate(sql: Sql): Promise<number> {
     }
   });
   return applied;
+}
+
+/** Null when the database carries every migration this build knows; else what is missing. */
+export async function schemaProblem(sql: Sql): Promise<string | null> {
+  const latest = MIGRATIONS[MIGRATIONS.length - 1]!.id;
+  const [row] = await sql<{ id: number | null }[]>`SELECT max(id) AS id FROM schema_migrations`;
+  const applied = row?.id ?? 0;
+  return applied >= latest ? null : `database schema is at migration ${applied}, this build needs ${latest}`;
 }

@@ -31,8 +31,13 @@ export async function insertOperation(sql: Sql, op: NewOperation): Promise<Opera
             ${op.fromState}, ${op.reason ?? 'requested'}, ${op.failed ? sql.json(op.failed as never) : null},
             ${op.params ? sql.json(op.params as never) : null}, ${op.failed ? sql`now()` : null})
     RETURNING *`;
-  if (!op.failed) await sql`SELECT pg_notify(${OP_NEW_CHANNEL}, ${row!.id})`;
+  if (!op.failed) await notifyNewWork(sql, row!.id);
   return row!;
+}
+
+/** Wakes the leader's engine, on whichever replica it runs: an operation or a desktop awaits it. */
+export async function notifyNewWork(sql: Sql, id: string): Promise<void> {
+  await sql`SELECT pg_notify(${OP_NEW_CHANNEL}, ${id})`;
 }
 
 export async function getOperation(sql: Sql, orgId: string, id: string): Promise<OperationRow | null> {
@@ -66,15 +71,21 @@ export async function hasOpenOperation(sql: Sql, desktopId: string): Promise<boo
   return rows.length > 0;
 }
 
+/** The leader term an engine settles under (engine/leader.ts). */
+export interface SettleFence {
+  readonly holder: string;
+  readonly epoch: number;
+}
+
 /**
- * Settles a running operation. `leaseHolder` fences a deposed leader: the update happens only
- * while that replica still holds the leader lease.
+ * Settles a running operation. `fence` stops a deposed leader: the update happens only while
+ * that replica still holds the leader lease, in the same term.
  */
 export async function settleOperation(
   sql: Sql,
   id: string,
   outcome: { result: Record<string, unknown> } | { error: OperationError },
-  leaseHolder: string,
+  fence: SettleFence,
 ): Promise<boolean> {
   const rows = await sql`
     UPDATE operations SET
@@ -83,7 +94,7 @@ export async function settleOperation(
       error = ${'error' in outcome ? sql.json(outcome.error as never) : null},
       settled_at = now()
     WHERE id = ${id} AND state = 'running'
-      AND EXISTS (SELECT 1 FROM leases WHERE name = 'leader' AND holder = ${leaseHolder} AND expires_at > now())
+      AND EXISTS (SELECT 1 FROM leases WHERE name = 'leader' AND holder = ${fence.holder} AND epoch = ${fence.epoch} AND expires_at > now())
     RETURNING id`;
   if (rows.length === 1) await sql`SELECT pg_notify(${OP_SETTLED_CHANNEL}, ${id})`;
   return rows.length === 1;

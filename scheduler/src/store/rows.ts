@@ -27,6 +27,8 @@ export interface DesktopRow {
   last_woken_at: Date | null;
   created_at: Date;
   destroyed_at: Date | null;
+  /** The host's status, where the query joined it (store/desktops.ts `getDesktop`, `listDesktops`). */
+  host_status?: 'ready' | 'down' | null;
 }
 
 export interface OperationError {
@@ -66,5 +68,8 @@ export interface HostRow {
   status: 'ready' | 'down';
   cordoned: boolean;
   last_seen_at: Date;
+  /** When the previous agent instance was last heard from (set when a new instance says hello). */
+  previous_seen_at: Date | null;
+  ingress_address: string | null;
   created_at: Date;
 }

@@ -1,0 +1,126 @@
+/**
+ * The agent's probes and metrics, on a small HTTP listener of its own
+ * (`CANTO_AGENT_METRICS_LISTEN`, loopback by default): `/healthz` says the process runs,
+ * `/readyz` that it has a working link to at least one scheduler replica, `/metrics` is Prometheus
+ * text. Nothing here names a desktop's contents or a credential.
+ */
+import { createServer, type Server } from 'node:http';
+import type { AddressInfo } from 'node:net';
+import { collectDefaultMetrics, Counter, Gauge, Histogram, Registry } from 'prom-client';
+import type { RuntimeDriver } from './runtime/driver.js';
+
+export interface AgentProbeSources {
+  linkedReplicas(): string[];
+  leaderEpoch(): number;
+  readonly driver: RuntimeDriver;
+}
+
+export class AgentMetrics {
+  readonly registry = new Registry();
+  private readonly commands: Histogram<'command' | 'outcome'>;
+  private readonly refused: Counter<'code'>;
+  private sources: AgentProbeSources | null = null;
+
+  constructor() {
+    const registers = [this.registry];
+    collectDefaultMetrics({ register: this.registry });
+    this.commands = new Histogram({
+      name: 'canto_agent_command_duration_seconds',
+      help: 'Commands from the schedulers, by command and outcome',
+      labelNames: ['command', 'outcome'],
+      buckets: [0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300],
+      registers,
+    });
+    this.refused = new Counter({
+      name: 'canto_agent_commands_refused_total',
+      help: 'Commands refused by a fence, by code (stale_generation, stale_epoch, not_running, ...)',
+      labelNames: ['code'],
+      registers,
+    });
+    const links: Gauge = new Gauge({
+      name: 'canto_agent_scheduler_links',
+      help: 'Scheduler replicas this agent has a working link to',
+      registers,
+      collect: () => {
+        if (this.sources) links.set(this.sources.linkedReplicas().length);
+      },
+    });
+    const epoch: Gauge = new Gauge({
+      name: 'canto_agent_leader_epoch',
+      help: 'The newest leader lease epoch this agent has seen',
+      registers,
+      collect: () => {
+        if (this.sources) epoch.set(this.sources.leaderEpoch());
+      },
+    });
+    const desktops: Gauge<'running'> = new Gauge({
+      name: 'canto_agent_desktops',
+      help: 'Desktops this host holds, running or not',
+      labelNames: ['running'],
+      registers,
+      collect: async () => {
+        if (!this.sources) return;
+        const held = await this.sources.driver.list().catch(() => null);
+        if (held === null) return;
+        desktops.set({ running: 'true' }, held.filter((d) => d.running).length);
+        desktops.set({ running: 'false' }, held.filter((d) => !d.running).length);
+      },
+    });
+  }
+
+  attach(sources: AgentProbeSources): void {
+    this.sources = sources;
+  }
+
+  observeCommand(command: string, outcome: string, seconds: number): void {
+    this.commands.observe({ command, outcome }, seconds);
+  }
+
+  observeRefusal(code: string): void {
+    this.refused.inc({ code });
+  }
+}
+
+export interface ProbeServer {
+  readonly port: number;
+  close(): Promise<void>;
+}
+
+export async function startProbeServer(listen: { host: string; port: number }, metrics: AgentMetrics, sources: AgentProbeSources): Promise<ProbeServer> {
+  metrics.attach(sources);
+  const server: Server = createServer((req, res) => {
+    const path = (req.url ?? '').split('?')[0];
+    const send = (status: number, type: string, body: string) => {
+      res.writeHead(status, { 'content-type': type, 'cache-control': 'no-store' });
+      res.end(body);
+    };
+    if (req.method !== 'GET') return send(405, 'application/json', '{"status":"method not allowed"}');
+    if (path === '/healthz') return send(200, 'application/json', '{"status":"ok"}');
+    if (path === '/readyz') {
+      const linked = sources.linkedReplicas();
+      return linked.length > 0
+        ? send(200, 'application/json', JSON.stringify({ status: 'ready', linked }))
+        : send(503, 'application/json', '{"status":"no scheduler link"}');
+    }
+    if (path === '/metrics') {
+      metrics.registry.metrics().then(
+        (text) => send(200, metrics.registry.contentType, text),
+        () => send(500, 'text/plain', 'metrics failed\n'),
+      );
+      return;
+    }
+    send(404, 'application/json', '{"status":"not found"}');
+  });
+  await new Promise<void>((resolve, reject) => {
+    server.once('error', reject);
+    server.listen(listen.port, listen.host, () => resolve());
+  });
+  return {
+    port: (server.address() as AddressInfo).port,
+    close: () =>
+      new Promise<void>((resolve) => {
+        server.closeAllConnections();
+        server.close(() => resolve());
+      }),
+  };
+}

@@ -1,0 +1,149 @@
+/**
+ * `canto status`: the fleet as the database records it, for the person paged at 3 a.m. — the
+ * scheduler replicas (advertised URL, leader or not, how long the current leader has held the
+ * lease, version, when each was last seen), the hosts (status, when last heard from, desktops),
+ * and warnings: no leader, replicas that disagree on settings they must share (compared by
+ * fingerprint), versions that differ, hosts down with desktops on them.
+ */
+import type { Sql } from '../../scheduler/src/store/db.js';
+import { allReplicas, type ReplicaRow } from '../../scheduler/src/store/replicas.js';
+import { readLease } from '../../scheduler/src/store/leases.js';
+import { REPLICA_LIVE_MS } from '../../scheduler/src/fleet/registry.js';
+
+export interface FleetStatus {
+  now: string;
+  lease: { holder: string; epoch: number; held_for_ms: number; expires_in_ms: number; live: boolean } | null;
+  replicas: Array<{
+    id: string;
+    url: string;
+    role: 'leader' | 'follower' | 'gone';
+    version: string;
+    started_at: string;
+    last_seen_ms_ago: number;
+  }>;
+  hosts: Array<{
+    id: string;
+    hostname: string;
+    status: string;
+    cordoned: boolean;
+    last_heard_ms_ago: number;
+    runtime: string;
+    protocol: string;
+    desktops: Record<string, number>;
+  }>;
+  warnings: string[];
+}
+
+export async function readFleetStatus(sql: Sql): Promise<FleetStatus> {
+  const [clock] = await sql<Array<{ now: Date }>>`SELECT now() AS now`;
+  const now = clock!.now;
+  const since = (d: Date) => Math.max(0, now.getTime() - d.getTime());
+  const lease = await readLease(sql, 'leader');
+  const rows = await allReplicas(sql);
+  const hosts = await sql<Array<{
+    id: string; hostname: string; status: string; cordoned: boolean; last_seen_at: Date; runtime: string;
+    memory_snapshots: boolean; protocol: string; desktops: Record<string, number> | null;
+  }>>`
+    SELECT h.id, h.hostname, h.status, h.cordoned, h.last_seen_at, h.runtime, h.memory_snapshots, h.protocol,
+           (SELECT jsonb_object_agg(state, n) FROM (
+              SELECT state, count(*)::int AS n FROM desktops d WHERE d.host_id = h.id AND d.state <> 'destroyed' GROUP BY state) s) AS desktops
+    FROM hosts h ORDER BY h.created_at, h.id`;
+
+  const live = (r: ReplicaRow) => since(r.last_seen_at) <= REPLICA_LIVE_MS;
+  const leaderLive = lease !== null && lease.live;
+  const status: FleetStatus = {
+    now: now.toISOString(),
+    lease: lease && {
+      holder: lease.holder,
+      epoch: lease.epoch,
+      held_for_ms: since(lease.termStartedAt),
+      expires_in_ms: lease.expiresAt.getTime() - now.getTime(),
+      live: lease.live,
+    },
+    replicas: rows.map((r) => ({
+      id: r.id,
+      url: r.url,
+      role: !live(r) ? 'gone' : leaderLive && lease.holder === r.id ? 'leader' : 'follower',
+      version: r.version,
+      started_at: r.started_at.toISOString(),
+      last_seen_ms_ago: since(r.last_seen_at),
+    })),
+    hosts: hosts.map((h) => ({
+      id: h.id,
+      hostname: h.hostname,
+      status: h.status,
+      cordoned: h.cordoned,
+      last_heard_ms_ago: since(h.last_seen_at),
+      runtime: `${h.runtime}${h.memory_snapshots ? '+snapshots' : ''}`,
+      protocol: h.protocol,
+      desktops: h.desktops ?? {},
+    })),
+    warnings: [],
+  };
+  status.warnings = fleetWarnings(status, rows.filter(live));
+  return status;
+}
+
+/** What an operator should look at, in plain sentences. */
+export function fleetWarnings(status: FleetStatus, liveRows: readonly ReplicaRow[]): string[] {
+  const warnings: string[] = [];
+  if (liveRows.length === 0) warnings.push('no scheduler replica is running (none refreshed its registry row lately)');
+  else if (!status.lease?.live) warnings.push('no replica holds the leader lease: lifecycle operations wait until one does');
+  const versions = new Set(liveRows.map((r) => r.version));
+  if (versions.size > 1) warnings.push(`live replicas run different versions: ${[...versions].sort().join(', ')}`);
+  const names = new Set(liveRows.flatMap((r) => Object.keys(r.settings)));
+  for (const name of [...names].sort()) {
+    const values = new Map<string, string[]>();
+    for (const r of liveRows) {
+      const value = String(r.settings[name] ?? 'unset');
+      values.set(value, [...(values.get(value) ?? []), r.id]);
+    }
+    if (values.size > 1) {
+      const detail = [...values].map(([value, ids]) => `${ids.join(', ')}: ${value}`).join('; ');
+      warnings.push(`replicas disagree on ${name} (${detail})`);
+    }
+  }
+  for (const h of status.hosts) {
+    const placed = Object.entries(h.desktops).filter(([state]) => state !== 'hibernated' && state !== 'provisioning').reduce((n, [, c]) => n + c, 0);
+    if (h.status === 'down' && placed > 0) warnings.push(`host ${h.id} (${h.hostname}) is down with ${placed} desktop(s) awake or in flight on it`);
+  }
+  return warnings;
+}
+
+export function formatFleetStatus(status: FleetStatus): string {
+  const ago = (ms: number) => (ms < 10_000 ? `${(ms / 1000).toFixed(1)} s ago` : ms < 3_600_000 ? `${Math.round(ms / 1000)} s ago` : `${(ms / 3_600_000).toFixed(1)} h ago`);
+  const replicaRows = status.replicas.map((r) => ({
+    ID: r.id,
+    URL: r.url,
+    ROLE: r.role,
+    LEASE: r.role === 'leader' && status.lease ? `epoch ${status.lease.epoch}, held ${Math.round(status.lease.held_for_ms / 1000)} s` : '',
+    VERSION: r.version,
+    'LAST SEEN': ago(r.last_seen_ms_ago),
+  }));
+  const hostRows = status.hosts.map((h) => ({
+    ID: h.id,
+    HOSTNAME: h.hostname,
+    STATUS: h.cordoned ? `${h.status},cordoned` : h.status,
+    'LAST HEARD': ago(h.last_heard_ms_ago),
+    DESKTOPS: Object.entries(h.desktops).map(([state, n]) => `${n} ${state}`).join(', ') || 'none',
+    RUNTIME: h.runtime,
+    PROTOCOL: h.protocol,
+  }));
+  const parts = [
+    'Replicas',
+    table(replicaRows, ['ID', 'URL', 'ROLE', 'LEASE', 'VERSION', 'LAST SEEN'], '  '),
+    '',
+    'Hosts',
+    table(hostRows, ['ID', 'HOSTNAME', 'STATUS', 'LAST HEARD', 'DESKTOPS', 'RUNTIME', 'PROTOCOL'], '  '),
+  ];
+  if (status.warnings.length > 0) parts.push('', 'Warnings', ...status.warnings.map((w) => `  ! ${w}`));
+  return `${parts.join('\n')}\n`;
+}
+
+/** A plain-text table: a header line, then a line per row; `(none)` when there are none. */
+export function table(rows: ReadonlyArray<Record<string, string>>, columns: readonly string[], indent = ''): string {
+  if (rows.length === 0) return `${indent}(none)`;
+  const width = (c: string) => Math.max(c.length, ...rows.map((r) => (r[c] ?? '').length));
+  const line = (r: Record<string, string>) => `${indent}${columns.map((c) => (r[c] ?? '').padEnd(width(c))).join('  ').trimEnd()}`;
+  return [line(Object.fromEntries(columns.map((c) => [c, c]))), ...rows.map(line)].join('\n');
+}

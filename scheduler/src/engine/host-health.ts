@@ -1,0 +1,93 @@
+/**
+ * Host health, on the leader: application heartbeats, recorded by every replica in
+ * `hosts.last_seen_at`, decide. A host no replica has heard from for `downMs` reads `down` at
+ * once: nothing is placed there, its desktops show `host_status: "down"`, and guest operations on
+ * them already answer 503 on every replica (each drops its own silent link, agents/gateway.ts).
+ *
+ * After the grace period (SPEC 3.2) its awake desktops are force-hibernated: state `hibernated`,
+ * generation bumped, meter closed at the moment the host was last heard from (not at the sweep:
+ * nothing is billed for time nobody could see it run), `desktop.hibernated` with
+ * `data.reason: "host_failure"`. Their disks stay on the host. If it returns, its agent stops
+ * them before it reports ready (fleet/hello-fence.ts), keeping their memory for the next wake.
+ *
+ * Heartbeats are only recorded while some replica runs. After a gap with none (the whole
+ * deployment was down), a host is judged only once heartbeats have been recorded for a full
+ * grace period again: silence nobody could have heard is not a failure.
+ */
+import type { Logger } from '../../../shared/src/log.js';
+import { inTransaction, type Sql } from '../store/db.js';
+import { transition } from '../store/desktops.js';
+import { closeMeter, recordEvent } from '../store/events.js';
+import { desktopsOnSilentHosts, markSilentHostsDown } from '../store/hosts.js';
+
+export interface HostHealthOptions {
+  readonly sql: Sql;
+  /** Silence after which a host is `down`. */
+  readonly downMs: number;
+  /** Silence after which its awake desktops are force-hibernated. */
+  readonly graceMs: number;
+  readonly intervalMs: number;
+  /** Since when heartbeats have been recorded without a gap (fleet/registry.ts). */
+  recordingSince(): Date | null;
+  readonly logger: Logger;
+  /** Told of each host found silent, for metrics. */
+  onDown?(hostId: string, silentMs: number): void;
+}
+
+export class HostHealth {
+  private timer: NodeJS.Timeout | null = null;
+  private sweeping: Promise<void> | null = null;
+  private leadingSince = 0;
+  private readonly log: Logger;
+
+  constructor(private readonly options: HostHealthOptions) {
+    this.log = options.logger.child({ component: 'host-health' });
+  }
+
+  start(): void {
+    this.leadingSince = Date.now();
+    if (!this.timer) this.timer = setInterval(() => void this.sweep(), this.options.intervalMs);
+  }
+
+  async stop(): Promise<void> {
+    if (this.timer) clearInterval(this.timer);
+    this.timer = null;
+    await this.sweeping;
+  }
+
+  sweep(): Promise<void> {
+    this.sweeping ??= this.doSweep().finally(() => (this.sweeping = null));
+    return this.sweeping;
+  }
+
+  private async doSweep(): Promise<void> {
+    const { sql, downMs, graceMs } = this.options;
+    try {
+      for (const h of await markSilentHostsDown(sql, downMs)) {
+        const silentMs = Date.now() - h.last_seen_at.getTime();
+        this.log.warn({ hostId: h.id, last_heard: h.last_seen_at.toISOString(), silent_ms: silentMs }, 'host down: no heartbeat');
+        this.options.onDown?.(h.id, silentMs);
+      }
+      // Silence counts from when heartbeats were being recorded at all (see the module comment).
+      const since = Math.max(this.options.recordingSince()?.getTime() ?? this.leadingSince, 0);
+      if (Date.now() - since < graceMs) return;
+      for (const d of await desktopsOnSilentHosts(sql, graceMs)) {
+        const done = await inTransaction(sql, async (tx) => {
+          const moved = await transition(tx, d.id, ['awake'], 'hibernated');
+          if (!moved) return false;
+          await closeMeter(tx, d.id, d.last_seen_at);
+          await recordEvent(tx, {
+            orgId: moved.org_id,
+            desktopId: d.id,
+            type: 'desktop.hibernated',
+            data: { reason: 'host_failure', cause: 'host_silent', host_id: d.host_id, memory_snapshot: false },
+          });
+          return true;
+        });
+        if (done) this.log.warn({ desktopId: d.id, hostId: d.host_id, last_heard: d.last_seen_at.toISOString() }, 'host silent past the grace period: desktop force-hibernated');
+      }
+    } catch (err) {
+      this.log.error({ err }, 'host health sweep failed');
+    }
+  }
+}

@@ -1,0 +1,46 @@
+/** Scheduler replicas: one row each, refreshed while the replica runs (fleet/registry.ts). */
+import type { Sql } from './db.js';
+
+export interface ReplicaRow {
+  id: string;
+  url: string;
+  version: string;
+  settings: Record<string, string | number | null>;
+  started_at: Date;
+  last_seen_at: Date;
+}
+
+export interface ReplicaRecord {
+  readonly id: string;
+  readonly url: string;
+  readonly version: string;
+  readonly settings: Readonly<Record<string, string | number | null>>;
+}
+
+/** Registers a replica, or refreshes it; a restarted replica of the same id starts again. */
+export async function upsertReplica(sql: Sql, r: ReplicaRecord, starting: boolean): Promise<void> {
+  await sql`
+    INSERT INTO replicas (id, url, version, settings) VALUES (${r.id}, ${r.url}, ${r.version}, ${sql.json(r.settings as never)})
+    ON CONFLICT (id) DO UPDATE SET url = EXCLUDED.url, version = EXCLUDED.version, settings = EXCLUDED.settings,
+      last_seen_at = now(), started_at = CASE WHEN ${starting} THEN now() ELSE replicas.started_at END`;
+}
+
+/** Replicas refreshed within `liveMs`, oldest first. */
+export async function liveReplicas(sql: Sql, liveMs: number): Promise<ReplicaRow[]> {
+  return sql<ReplicaRow[]>`
+    SELECT * FROM replicas WHERE last_seen_at > now() - make_interval(secs => ${liveMs / 1000}) ORDER BY started_at, id`;
+}
+
+export async function allReplicas(sql: Sql): Promise<ReplicaRow[]> {
+  return sql<ReplicaRow[]>`SELECT * FROM replicas ORDER BY started_at, id`;
+}
+
+export async function removeReplica(sql: Sql, id: string): Promise<void> {
+  await sql`DELETE FROM replicas WHERE id = ${id}`;
+}
+
+/** Rows of replicas not seen for `staleMs`: gone without saying goodbye (a crash). */
+export async function pruneReplicas(sql: Sql, staleMs: number): Promise<number> {
+  const rows = await sql`DELETE FROM replicas WHERE last_seen_at < now() - make_interval(secs => ${staleMs / 1000}) RETURNING id`;
+  return rows.length;
+}

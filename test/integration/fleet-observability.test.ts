@@ -1,0 +1,167 @@
+/**
+ * Seeing the fleet, and stopping without hanging: `/healthz`, `/readyz` and `/metrics` on a real
+ * scheduler and a real agent; lease epochs that only grow and fence settlements; a scheduler that
+ * stops with a `?wait=true` in flight answers it at once and is gone well within five seconds.
+ */
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { connectDatabase, type Sql } from '../../scheduler/src/store/db.js';
+import { acquireLease, releaseLease } from '../../scheduler/src/store/leases.js';
+import { insertOperation, settleOperation } from '../../scheduler/src/store/operations.js';
+import { api, mintKey, startTestScheduler, until, type TestScheduler } from '../helpers/scheduler.js';
+import { startFakeAgent, type TestAgent } from '../helpers/agent.js';
+import { freshDatabaseUrl } from '../helpers/db.js';
+
+/** One sample's value from Prometheus text, by metric name and a label subset. */
+function sample(text: string, name: string, labels: Record<string, string> = {}): number | null {
+  for (const line of text.split('\n')) {
+    if (!line.startsWith(`${name}{`) && !line.startsWith(`${name} `)) continue;
+    if (!Object.entries(labels).every(([k, v]) => line.includes(`${k}="${v}"`))) continue;
+    return Number(line.slice(line.lastIndexOf(' ') + 1));
+  }
+  return null;
+}
+
+describe('probes and metrics', () => {
+  let s: TestScheduler;
+  let agent: TestAgent;
+  let call: ReturnType<typeof api>;
+
+  beforeAll(async () => {
+    s = await startTestScheduler();
+    agent = await startFakeAgent(s.url);
+    call = api(s.url, await mintKey(s.databaseUrl, 'probes'));
+  });
+
+  afterAll(async () => {
+    await agent?.stop();
+    await s?.close();
+  });
+
+  it('answers /healthz and /readyz without a credential, outside the OpenAPI document', async () => {
+    const health = await fetch(`${s.url}/healthz`);
+    expect(health.status).toBe(200);
+    expect(await health.json()).toEqual({ status: 'ok' });
+    expect((await fetch(`${s.url}/readyz`)).status).toBe(200);
+    const doc = (await call('GET', '/v1/openapi.json')).json;
+    expect(Object.keys(doc.paths).filter((p: string) => !p.startsWith('/v1/'))).toEqual([]);
+  });
+
+  it('exports HTTP latency by route template, operations, links, leadership and database gauges', async () => {
+    const id: string = (await call('POST', '/v1/desktops', { tier: 'small' })).json.id;
+    expect((await call('POST', `/v1/desktops/${id}/wake?wait=true`)).status).toBe(200);
+    await call('GET', `/v1/desktops/${id}`);
+    const res = await fetch(`${s.url}/metrics`);
+    expect(res.headers.get('content-type')).toMatch(/^text\/plain/);
+    const text = await res.text();
+    expect(sample(text, 'canto_http_request_duration_seconds_count', { route: '/v1/desktops/:id', method: 'GET', status_code: '200' })).toBeGreaterThanOrEqual(1);
+    expect(text).not.toContain(id);
+    expect(sample(text, 'canto_operations_settled_total', { kind: 'wake', outcome: 'succeeded' })).toBe(1);
+    expect(sample(text, 'canto_operation_duration_seconds_count', { kind: 'wake' })).toBe(1);
+    expect(sample(text, 'canto_agent_links')).toBe(1);
+    expect(sample(text, 'canto_leader')).toBe(1);
+    expect(sample(text, 'canto_lease_epoch')).toBe(s.leadership.term()!.epoch);
+    expect(sample(text, 'canto_desktops', { state: 'awake' })).toBe(1);
+    expect(sample(text, 'canto_hosts', { status: 'ready' })).toBe(1);
+    expect(sample(text, 'canto_operations_open')).toBeNull();
+    expect(sample(text, 'canto_webhook_deliveries_pending')).toBe(0);
+    expect(sample(text, 'canto_replicas_live')).toBe(1);
+    expect(sample(text, 'process_cpu_seconds_total')).toBeGreaterThan(0);
+  });
+
+  it("serves the agent's probes and metrics on its own listener", async () => {
+    const base = `http://127.0.0.1:${agent.probePort}`;
+    expect((await fetch(`${base}/healthz`)).status).toBe(200);
+    const ready = await fetch(`${base}/readyz`);
+    expect(ready.status).toBe(200);
+    expect((await ready.json()).linked).toHaveLength(1);
+    const text = await (await fetch(`${base}/metrics`)).text();
+    expect(sample(text, 'canto_agent_scheduler_links')).toBe(1);
+    expect(sample(text, 'canto_agent_leader_epoch')).toBe(s.leadership.term()!.epoch);
+    expect(sample(text, 'canto_agent_desktops', { running: 'true' })).toBe(1);
+    expect(sample(text, 'canto_agent_command_duration_seconds_count', { command: 'desktop.start', outcome: 'ok' })).toBe(1);
+  });
+
+  it('an agent with no scheduler link is not ready', async () => {
+    const lonely = await startFakeAgent('http://127.0.0.1:9', { waitConnected: false });
+    try {
+      const res = await fetch(`http://127.0.0.1:${lonely.probePort}/readyz`);
+      expect(res.status).toBe(503);
+    } finally {
+      await lonely.stop();
+    }
+  });
+
+  it('/readyz answers 503 when the database lacks a migration this build needs', async () => {
+    const sql = connectDatabase(s.databaseUrl, { max: 1 });
+    try {
+      const [last] = await sql<Array<{ id: number; name: string }>>`SELECT id, name FROM schema_migrations ORDER BY id DESC LIMIT 1`;
+      await sql`DELETE FROM schema_migrations WHERE id = ${last!.id}`;
+      const res = await fetch(`${s.url}/readyz`);
+      expect(res.status).toBe(503);
+      expect(res.headers.get('content-type')).toBe('application/problem+json; charset=utf-8');
+      expect((await res.json()).detail).toContain(`needs ${last!.id}`);
+      await sql`INSERT INTO schema_migrations (id, name) VALUES (${last!.id}, ${last!.name})`;
+      expect((await fetch(`${s.url}/readyz`)).status).toBe(200);
+    } finally {
+      await sql.end();
+    }
+  });
+});
+
+describe('lease epochs', () => {
+  let sql: Sql;
+
+  beforeAll(async () => {
+    sql = connectDatabase(await freshDatabaseUrl(), { max: 2 });
+  });
+
+  afterAll(async () => {
+    await sql.end();
+  });
+
+  it('grow with every term, and fence the settlements of an older one', async () => {
+    const a = await acquireLease(sql, 'leader', 'a', 10_000);
+    expect(a).toEqual({ held: true, epoch: 1 });
+    expect(await acquireLease(sql, 'leader', 'a', 10_000)).toEqual({ held: true, epoch: 1 });
+    expect((await acquireLease(sql, 'leader', 'b', 10_000)).held).toBe(false);
+    await releaseLease(sql, 'leader', 'a');
+    const b = await acquireLease(sql, 'leader', 'b', 10_000);
+    expect(b).toEqual({ held: true, epoch: 2 });
+    // A lapsed lease taken back by its old holder is a new term too.
+    await sql`UPDATE leases SET expires_at = now() - interval '1 second'`;
+    expect(await acquireLease(sql, 'leader', 'b', 10_000)).toEqual({ held: true, epoch: 3 });
+
+    const [org] = await sql<Array<{ id: string }>>`INSERT INTO orgs (id, name) VALUES ('org_epochs', 'epochs') RETURNING id`;
+    await sql`INSERT INTO desktops (id, org_id, tier, state, image_version, current_generation_id, idle_timeout_secs, billing_mode)
+              VALUES ('dsk_epochsepochsepochsepoch', ${org!.id}, 'small', 'hibernated', 'debian-12', 'gen_x', 0, 'hourly')`;
+    const op = await insertOperation(sql, { orgId: org!.id, desktopId: 'dsk_epochsepochsepochsepoch', kind: 'wake', idempotencyKey: null, fromState: 'hibernated' });
+    await sql`UPDATE operations SET state = 'running' WHERE id = ${op.id}`;
+    expect(await settleOperation(sql, op.id, { result: {} }, { holder: 'b', epoch: 2 })).toBe(false);
+    expect(await settleOperation(sql, op.id, { result: {} }, { holder: 'a', epoch: 3 })).toBe(false);
+    expect(await settleOperation(sql, op.id, { result: {} }, { holder: 'b', epoch: 3 })).toBe(true);
+  });
+});
+
+describe('stopping', () => {
+  it('answers a wait in flight at once and is gone well within five seconds', async () => {
+    const s = await startTestScheduler();
+    let closed = false;
+    try {
+      const call = api(s.url, await mintKey(s.databaseUrl, 'stopping'));
+      const id: string = (await call('POST', '/v1/desktops', { tier: 'small' })).json.id;
+      // No agent: the wake stays pending, and the wait would last the whole cap.
+      const waiting = call('POST', `/v1/desktops/${id}/wake?wait=true`);
+      await until(async () => (await call('GET', `/v1/desktops/${id}`)).json.state === 'waking', 5_000, 'the wake to be recorded');
+      const t0 = Date.now();
+      const closing = s.close().then(() => (closed = true));
+      const answer = await waiting;
+      expect(answer.status, answer.text).toBe(200);
+      expect(answer.json).toMatchObject({ kind: 'wake' });
+      expect(['pending', 'running']).toContain(answer.json.state);
+      await closing;
+      expect(Date.now() - t0).toBeLessThan(3_000);
+    } finally {
+      if (!closed) await s.close();
+    }
+  });
+});
