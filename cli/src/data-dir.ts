@@ -3,7 +3,7 @@
  * deployment's generated secrets (`secrets.json`, mode 0600: the key sealing desktop env and
  * setup scripts, and the local agent's join token).
  */
-import { existsSync, mkdirSync, readFileSync, writeFileSync, chmodSync } from 'node:fs';
+import { existsSync, mkdirSync, readFileSync, writeFileSync, chmodSync, unlinkSync } from 'node:fs';
 import { randomBytes } from 'node:crypto';
 import { join } from 'node:path';
 import { generateSecretKey } from '../../scheduler/src/crypto/secret-box.js';
@@ -45,4 +45,49 @@ export async function openDataDirDatabase(dataDir: string): Promise<{ url: strin
   ensureDataDir(dataDir);
   const pg: EmbeddedPostgres = await startEmbeddedPostgres({ dir });
   return { url: pg.url, stop: () => pg.stop() };
+}
+
+export const LOCK_FILE = 'canto-up.pid';
+
+/** `pid starttime` of a live process, or null: the start time tells a reused pid apart. */
+function processStart(pid: number): string | null {
+  try {
+    const stat = readFileSync(`/proc/${pid}/stat`, 'utf8');
+    return stat.slice(stat.lastIndexOf(')') + 2).split(' ')[19] ?? null;
+  } catch {
+    return null;
+  }
+}
+
+/**
+ * Takes the data directory for this process: one `canto up` per directory. The lock file names
+ * the holder by pid and start time; a holder that no longer runs (killed, crashed) left a stale
+ * lock, which is taken over.
+ */
+export function lockDataDir(dataDir: string): { release(): void } {
+  ensureDataDir(dataDir);
+  const path = join(dataDir, LOCK_FILE);
+  const mine = `${process.pid} ${processStart(process.pid)}\n`;
+  for (let attempt = 0; attempt < 2; attempt++) {
+    try {
+      writeFileSync(path, mine, { flag: 'wx', mode: 0o644 });
+      return {
+        release() {
+          try {
+            if (readFileSync(path, 'utf8') === mine) unlinkSync(path);
+          } catch {
+            // Already gone.
+          }
+        },
+      };
+    } catch (err) {
+      if ((err as NodeJS.ErrnoException).code !== 'EEXIST') throw err;
+    }
+    const [pid, start] = readFileSync(path, 'utf8').trim().split(' ');
+    if (pid && Number(pid) !== process.pid && start && processStart(Number(pid)) === start) {
+      throw new Error(`canto up is already running on ${dataDir} (pid ${pid}); stop it first`);
+    }
+    unlinkSync(path); // stale: its process is gone
+  }
+  throw new Error(`could not take ${path}; another canto up is starting on ${dataDir}`);
 }

@@ -2,37 +2,70 @@
  * `canto up`: everything on one machine with embedded defaults — a private PostgreSQL cluster in
  * the data directory, the scheduler, and a local agent joined with a generated token. Prints the
  * API base URL and, on the first start, a bootstrap API key for the org `default`.
+ *
+ * One `canto up` per data directory: a lock file (`canto-up.pid`) names the running one; a lock
+ * left by a process that is gone (kill -9, a crash) is taken over, along with any PostgreSQL
+ * server it left running (scheduler/src/pg/embedded.ts).
+ *
+ * Stopping (Ctrl-C or SIGTERM) hibernates every awake desktop first, memory kept, so the next
+ * start finds them as their users left them and nothing is billed meanwhile; then the agent, the
+ * scheduler and PostgreSQL stop, in that order. A second signal skips the hibernation (desktops
+ * keep running and the next start adopts them); a third exits at once. The handler stays
+ * installed throughout: removing it while a signal is delivered let another library's listener
+ * (execa's signal-exit) re-raise the signal and kill the process before PostgreSQL stopped.
  */
 import { join } from 'node:path';
-import { createRootLogger } from '../../shared/src/log.js';
+import { createRootLogger, type Logger } from '../../shared/src/log.js';
 import { loadSchedulerConfig } from '../../scheduler/src/config.js';
-import { startScheduler } from '../../scheduler/src/main.js';
+import { startScheduler, type RunningScheduler } from '../../scheduler/src/main.js';
 import { startEmbeddedPostgres } from '../../scheduler/src/pg/embedded.js';
 import { connectDatabase } from '../../scheduler/src/store/db.js';
 import { createApiKey } from '../../scheduler/src/services/keys.js';
+import { ApiError } from '../../scheduler/src/errors.js';
 import { loadAgentConfig } from '../../agent/src/config.js';
 import { runAgent } from '../../agent/src/main.js';
-import { loadOrCreateSecrets } from './data-dir.js';
+import { loadOrCreateSecrets, lockDataDir } from './data-dir.js';
 
 export interface UpOptions {
   dataDir: string;
   listen: string;
 }
 
+/** How long a stop waits for desktops to hibernate before it stops everything anyway. */
+const HIBERNATE_ON_STOP_MS = 60_000;
+/** One machine: exposed ports at http://{port}-{desktop_id}.localhost:8081, which browsers and curl resolve to loopback. */
+const LOCAL_INGRESS_BASE_URL = 'http://localhost:8081';
+
 export async function up(options: UpOptions, env: NodeJS.ProcessEnv): Promise<void> {
-  // stdout carries the banner (URL, bootstrap key); logs go to stderr.
+  // stdout carries the banner (URL, bootstrap key) and the stop's progress; logs go to stderr.
   const logger = createRootLogger({ level: env.CANTO_LOG_LEVEL || 'info', name: 'canto', toStderr: true });
-  const secrets = loadOrCreateSecrets(options.dataDir);
-  const pg = await startEmbeddedPostgres({ dir: join(options.dataDir, 'postgres') });
-  const stops: Array<() => Promise<void>> = [() => pg.stop()];
+  const say = (line: string) => process.stdout.write(`${line}\n`);
+  const lock = lockDataDir(options.dataDir);
+  const stops: Array<() => Promise<void>> = [async () => lock.release()];
   const stopAll = async () => {
     for (const stop of stops.splice(0).reverse()) await stop().catch((err: unknown) => logger.error({ err }, 'stop failed'));
   };
-  // One machine: exposed ports at http://{port}-{desktop_id}.localhost:8081, which browsers and
-  // curl resolve to loopback without any DNS setup.
-  const ingressBaseUrl = env.CANTO_INGRESS_BASE_URL || 'http://localhost:8081';
+
+  // Signals that arrive while starting are kept for when it is done.
+  let signals = 0;
+  let onSignalWhileRunning: (() => void) | null = null;
+  const onSignal = () => {
+    signals++;
+    if (signals >= 3) process.exit(130);
+    onSignalWhileRunning?.();
+  };
+  process.on('SIGINT', onSignal);
+  process.on('SIGTERM', onSignal);
+
+  let scheduler: RunningScheduler;
+  let databaseUrl: string;
   try {
-    const scheduler = await startScheduler(
+    const secrets = loadOrCreateSecrets(options.dataDir);
+    const pg = await startEmbeddedPostgres({ dir: join(options.dataDir, 'postgres'), log: (msg) => logger.warn(msg) });
+    stops.push(() => pg.stop());
+    databaseUrl = pg.url;
+    const ingressBaseUrl = env.CANTO_INGRESS_BASE_URL || LOCAL_INGRESS_BASE_URL;
+    scheduler = await startScheduler(
       loadSchedulerConfig({
         ...env,
         DATABASE_URL: pg.url,
@@ -61,24 +94,80 @@ export async function up(options: UpOptions, env: NodeJS.ProcessEnv): Promise<vo
     );
     stops.push(() => agent.stop());
     await agent.waitConnected(30_000);
-    process.stdout.write(`Canto is up.\n  API:      ${scheduler.url}/v1\n  OpenAPI:  ${scheduler.url}/v1/openapi.json\n  Host:     ${agent.hostId}\n`);
-    if (scheduler.ingressUrl) process.stdout.write(`  Ingress:  ${scheduler.ingressUrl} (exposed ports: ${ingressPattern(ingressBaseUrl)})\n`);
-    if (bootstrapKey) process.stdout.write(`  API key:  ${bootstrapKey}   (org "default"; shown once, store it now)\n`);
-    process.stdout.write('Press Ctrl-C to stop.\n');
+    say(`Canto is up.\n  API:      ${scheduler.url}/v1\n  OpenAPI:  ${scheduler.url}/v1/openapi.json\n  Host:     ${agent.hostId}`);
+    if (scheduler.ingressUrl) say(`  Ingress:  ${scheduler.ingressUrl} (exposed ports: ${ingressPattern(ingressBaseUrl)})`);
+    if (bootstrapKey) say(`  API key:  ${bootstrapKey}   (org "default"; shown once, store it now)`);
+    say('Press Ctrl-C to stop (awake desktops are hibernated first; press it again to skip that).');
   } catch (err) {
     await stopAll();
+    process.off('SIGINT', onSignal);
+    process.off('SIGTERM', onSignal);
     throw err;
   }
+
   await new Promise<void>((resolve) => {
-    const onSignal = () => {
-      process.off('SIGINT', onSignal);
-      process.off('SIGTERM', onSignal);
-      process.stdout.write('\nStopping Canto…\n');
-      void stopAll().then(resolve);
+    const begin = () => {
+      onSignalWhileRunning = null;
+      say('\nStopping Canto…');
+      void hibernateAll(scheduler, databaseUrl, () => signals > 1, say, logger)
+        .then(stopAll)
+        .then(resolve);
     };
-    process.on('SIGINT', onSignal);
-    process.on('SIGTERM', onSignal);
+    if (signals > 0) begin();
+    else onSignalWhileRunning = begin;
   });
+  say('Canto stopped.');
+  process.off('SIGINT', onSignal);
+  process.off('SIGTERM', onSignal);
+}
+
+/**
+ * Hibernates every awake desktop (memory kept where the host can), reason `shutdown`, and waits
+ * for their operations and any others in flight; stops waiting at `skip()` or after
+ * HIBERNATE_ON_STOP_MS.
+ */
+async function hibernateAll(
+  scheduler: RunningScheduler,
+  databaseUrl: string,
+  skip: () => boolean,
+  say: (line: string) => void,
+  logger: Logger,
+): Promise<void> {
+  const sql = connectDatabase(databaseUrl, { max: 1 });
+  const deadline = Date.now() + HIBERNATE_ON_STOP_MS;
+  const requested = new Set<string>();
+  let reported = '';
+  try {
+    for (;;) {
+      const awake = await sql<Array<{ id: string; org_id: string; open: boolean }>>`
+        SELECT d.id, d.org_id, EXISTS (SELECT 1 FROM operations o WHERE o.desktop_id = d.id AND o.state IN ('pending', 'running')) AS open
+        FROM desktops d WHERE d.state = 'awake'`;
+      const [ops] = await sql<Array<{ open: number }>>`SELECT count(*)::int AS open FROM operations WHERE state IN ('pending', 'running')`;
+      const open = ops!.open;
+      const fresh = awake.filter((x) => !x.open && !requested.has(x.id));
+      for (const d of fresh) {
+        requested.add(d.id);
+        await scheduler.lifecycle.request(d.org_id, d.id, 'hibernate', { expectedGeneration: null, idempotencyKey: null, reason: 'shutdown' }).catch((err: unknown) => {
+          // 409: it changed state meanwhile; the next round sees it as it is.
+          if (!(err instanceof ApiError)) throw err;
+        });
+      }
+      if (fresh.length === 0 && open === 0) {
+        // Still awake now means its hibernate failed (the log says why): it keeps running.
+        if (requested.size > 0) say(`  hibernated ${requested.size - awake.length} of ${requested.size} desktop(s)`);
+        return;
+      }
+      const line = `  hibernating: ${requested.size} requested, ${awake.length} still awake, ${open} operation(s) in flight`;
+      if (line !== reported) say((reported = line));
+      if (skip()) return say('  skipped: desktops keep running; the next start adopts them');
+      if (Date.now() > deadline) return say('  gave up waiting: the rest keep running; the next start adopts them');
+      await new Promise((r) => setTimeout(r, 100));
+    }
+  } catch (err) {
+    logger.error({ err }, 'hibernating desktops before the stop failed; they keep running');
+  } finally {
+    await sql.end({ timeout: 1 });
+  }
 }
 
 /** `http://{port}-{desktop_id}.localhost:8081` for base `http://localhost:8081`. */

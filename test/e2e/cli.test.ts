@@ -1,7 +1,9 @@
 /**
  * The `canto` CLI as users run it (the built bundle): `canto up` with its embedded PostgreSQL
- * prints the API URL and a bootstrap key on the first start only, serves the API, and stops
- * cleanly on Ctrl-C; `canto keys create` prints only a key; `canto hosts list` shows the host.
+ * prints the API URL and a bootstrap key on the first start only, serves the API, refuses a second
+ * `canto up` on its data directory, and on Ctrl-C hibernates awake desktops before it stops;
+ * `canto keys create` prints only a key; `canto hosts list` shows the host; `canto status` the
+ * replica leading and the host; `canto agent` refuses a join token on its command line.
  * The agent here uses the fake runtime so this test stays fast; the real runtime is covered by
  * the lifecycle e2e test.
  */
@@ -18,9 +20,17 @@ const CLI = join(import.meta.dirname, '..', '..', 'dist', 'cli.js');
 const run = promisify(execFile);
 const isRoot = process.getuid?.() === 0;
 
+/** Every listener on a port of its own, so `canto up`s of other test files never collide. */
+const LOCAL_PORTS = {
+  CANTO_INGRESS_LISTEN: '127.0.0.1:0',
+  CANTO_AGENT_STREAM_LISTEN: '127.0.0.1:0',
+  CANTO_AGENT_INGRESS_LISTEN: '127.0.0.1:0',
+  CANTO_AGENT_METRICS_LISTEN: '127.0.0.1:0',
+};
+
 async function startUp(dataDir: string, port: number) {
   const proc = spawn(process.execPath, [CLI, 'up', '--data-dir', dataDir, '--listen', `127.0.0.1:${port}`], {
-    env: { PATH: process.env.PATH, HOME: '/root', CANTO_AGENT_RUNTIME: 'fake', CANTO_LOG_LEVEL: 'warn' },
+    env: { PATH: process.env.PATH, HOME: '/root', CANTO_AGENT_RUNTIME: 'fake', CANTO_LOG_LEVEL: 'warn', ...LOCAL_PORTS },
     stdio: ['ignore', 'pipe', 'pipe'],
   });
   let out = '';
@@ -70,13 +80,37 @@ describe.skipIf(!isRoot)('canto CLI', () => {
     expect(hosts.stdout).toMatch(/^ID\s+HOSTNAME\s+STATUS/);
     expect(hosts.stdout).toMatch(/host_[0-9a-v]{24}\s+\S+\s+ready\s+fake/);
 
+    const status = JSON.parse((await run(process.execPath, [CLI, 'status', '--json', '--data-dir', dataDir])).stdout);
+    expect(status.replicas).toEqual([expect.objectContaining({ role: 'leader', url: `http://127.0.0.1:${port}` })]);
+    expect(status.lease).toMatchObject({ live: true, epoch: expect.any(Number) });
+    expect(status.hosts).toEqual([expect.objectContaining({ status: 'ready', desktops: { awake: 1 } })]);
+    expect(status.warnings).toEqual([]);
+    const table = (await run(process.execPath, [CLI, 'status', '--data-dir', dataDir])).stdout;
+    expect(table).toMatch(/^Replicas\n\s+ID\s+URL\s+ROLE/);
+    expect(table).toContain('leader');
+
+    // One `canto up` per data directory.
+    const twice = await run(process.execPath, [CLI, 'up', '--data-dir', dataDir, '--listen', '127.0.0.1:0'], { env: { ...process.env, ...LOCAL_PORTS } }).catch((err: { code: number; stderr: string }) => err);
+    expect(twice).toMatchObject({ code: 1, stderr: expect.stringContaining('canto up is already running') });
+
+    // Ctrl-C hibernates the awake desktop first, then stops everything.
     expect(await first.stop()).toBe(0);
+    expect(first.out()).toMatch(/hibernated 1 of 1 desktop/);
+    expect(first.out()).toContain('Canto stopped.');
 
     // Second start on the same data dir: same data, no new bootstrap key.
     const second = await startUp(dataDir, port);
     expect(second.out()).not.toContain('API key:');
     const again = await fetch(`${url}/v1/desktops/${id}`, { headers: auth });
-    expect(((await again.json()) as { state: string }).state).toBe('awake');
+    expect(((await again.json()) as { state: string }).state).toBe('hibernated');
     expect(await second.stop()).toBe(0);
+    expect(second.out()).not.toMatch(/hibernated \d+ of/);
+  });
+
+  it('refuses a join token on the command line, and names a token file it cannot read', async () => {
+    const onCommandLine = await run(process.execPath, [CLI, 'agent', '--scheduler', 'http://127.0.0.1:9', '--token', 'visible-in-ps']).catch((err: { code: number; stderr: string }) => err);
+    expect(onCommandLine).toMatchObject({ code: 1, stderr: expect.stringContaining('--token-file') });
+    const missing = await run(process.execPath, [CLI, 'agent', '--scheduler', 'http://127.0.0.1:9', '--token-file', join(dataDir, 'nope')]).catch((err: { code: number; stderr: string }) => err);
+    expect(missing).toMatchObject({ code: 1, stderr: expect.stringContaining(`cannot read the join token file ${join(dataDir, 'nope')}`) });
   });
 });

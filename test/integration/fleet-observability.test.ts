@@ -73,7 +73,7 @@ describe('probes and metrics', () => {
     expect((await fetch(`${base}/healthz`)).status).toBe(200);
     const ready = await fetch(`${base}/readyz`);
     expect(ready.status).toBe(200);
-    expect((await ready.json()).linked).toHaveLength(1);
+    expect(((await ready.json()) as { linked: string[] }).linked).toHaveLength(1);
     const text = await (await fetch(`${base}/metrics`)).text();
     expect(sample(text, 'canto_agent_scheduler_links')).toBe(1);
     expect(sample(text, 'canto_agent_leader_epoch')).toBe(s.leadership.term()!.epoch);
@@ -99,7 +99,7 @@ describe('probes and metrics', () => {
       const res = await fetch(`${s.url}/readyz`);
       expect(res.status).toBe(503);
       expect(res.headers.get('content-type')).toBe('application/problem+json; charset=utf-8');
-      expect((await res.json()).detail).toContain(`needs ${last!.id}`);
+      expect(((await res.json()) as { detail: string }).detail).toContain(`needs ${last!.id}`);
       await sql`INSERT INTO schema_migrations (id, name) VALUES (${last!.id}, ${last!.name})`;
       expect((await fetch(`${s.url}/readyz`)).status).toBe(200);
     } finally {

@@ -170,7 +170,9 @@ export async function dump(criu: CriuInfo, paths: DesktopPaths, init: InitProces
   const logPath = join(paths.run, 'criu-dump.log');
   const args = ['dump', '-t', String(init.pid), '-D', paths.snapshotTmp, '-o', logPath, ...COMMON_FLAGS];
   for (const e of externals) args.push('--external', `mnt[${e.guestPath}]:${e.key}`);
-  const result = await execa(criu.path, args, { reject: false, timeout: 60_000 });
+  // Its own process group: a Ctrl-C at the terminal of `canto up` (which hibernates desktops as
+  // it stops) must not abort the dump it is waiting for.
+  const result = await execa(criu.path, args, { reject: false, timeout: 60_000, detached: true });
   if (result.exitCode !== 0) {
     throw new Error(`criu dump failed (${result.exitCode}): ${await logTail(logPath)}`);
   }
