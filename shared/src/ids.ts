@@ -17,6 +17,7 @@ export const ID_PREFIXES = {
   webhook: 'whk',
   delivery: 'dlv',
   port: 'prt',
+  event: 'evt',
 } as const;
 
 export type IdKind = keyof typeof ID_PREFIXES;

@@ -5,7 +5,7 @@
  */
 import { spawn, type ChildProcess } from 'node:child_process';
 import { createServer } from 'node:net';
-import { existsSync } from 'node:fs';
+import { existsSync, readdirSync, readFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { generateSecretKey } from '../../scheduler/src/crypto/secret-box.js';
 import { JOIN_TOKEN, until } from './scheduler.js';
@@ -88,4 +88,47 @@ export function startAgentProcess(schedulerUrl: string, stateDir: string, extra:
     CANTO_AGENT_ADDRESS: '127.0.0.1',
     ...extra,
   });
+}
+
+/** `pid` and every process below it, parents before children, read from /proc. */
+export function processTree(pid: number): number[] {
+  const children = new Map<number, number[]>();
+  for (const name of readdirSync('/proc')) {
+    if (!/^\d+$/.test(name)) continue;
+    let stat: string;
+    try {
+      stat = readFileSync(`/proc/${name}/stat`, 'utf8');
+    } catch {
+      continue;
+    }
+    const ppid = Number(stat.slice(stat.lastIndexOf(')') + 2).split(' ')[1]);
+    children.set(ppid, [...(children.get(ppid) ?? []), Number(name)]);
+  }
+  const out: number[] = [];
+  const walk = (p: number) => {
+    out.push(p);
+    for (const c of children.get(p) ?? []) walk(c);
+  };
+  walk(pid);
+  return out;
+}
+
+/**
+ * A crash, as a power cut or the OOM killer would deliver it: the whole tree is stopped first
+ * (SIGSTOP, so no process sees another die and reacts), then killed with SIGKILL.
+ */
+export function crashTree(pid: number): number[] {
+  const tree = processTree(pid);
+  for (const p of tree) signalQuietly(p, 'SIGSTOP');
+  for (const p of processTree(pid)) if (!tree.includes(p)) tree.push(p);
+  for (const p of tree) signalQuietly(p, 'SIGKILL');
+  return tree;
+}
+
+function signalQuietly(pid: number, signal: NodeJS.Signals): void {
+  try {
+    process.kill(pid, signal);
+  } catch {
+    // Gone already.
+  }
 }

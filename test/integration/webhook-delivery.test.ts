@@ -95,6 +95,9 @@ describe('one desktop through its life', () => {
     for (const e of events) expect(e).toMatchObject({ desktopId: id, orgId: expect.stringMatching(/^org_/), occurredAt: expect.any(String), data: expect.any(Object) });
     expect(events[2].data.reason).toBe('requested');
     expect(Object.keys(events[0]).slice(0, 2)).toEqual(['type', 'desktopId']);
+    // Each event has an id of its own, the same in every delivery of it.
+    expect(new Set(events.map((e) => e.eventId)).size).toBe(events.length);
+    for (const e of events) expect(e.eventId).toMatch(/^evt_[0-9a-v]{24}$/);
 
     for (const r of got) {
       expect(r.method).toBe('POST');

@@ -4,6 +4,7 @@
  * change committed.
  */
 import type { Sql } from './db.js';
+import { newId } from '../../../shared/src/ids.js';
 
 export type EventType = 'desktop.created' | 'desktop.woken' | 'desktop.hibernated' | 'desktop.destroyed';
 
@@ -11,7 +12,9 @@ export async function recordEvent(
   sql: Sql,
   e: { orgId: string; desktopId: string; type: EventType; data?: Record<string, unknown> },
 ): Promise<void> {
+  // `eventId` names the event itself, the same in every endpoint's delivery and in every retry.
   const payload = {
+    eventId: newId('event'),
     type: e.type,
     desktopId: e.desktopId,
     orgId: e.orgId,

@@ -43,8 +43,8 @@ const FAN_OUT_BATCH = 100;
  * every attempt and the delivery log carry the same bytes.
  */
 export function renderEventBody(event: OutboxEvent): string {
-  const { type, desktopId, orgId, occurredAt, data, ...rest } = event.payload;
-  return JSON.stringify({ type: type ?? event.type, desktopId, orgId: orgId ?? event.orgId, occurredAt, data: data ?? {}, ...rest });
+  const { type, desktopId, orgId, occurredAt, data, eventId, ...rest } = event.payload;
+  return JSON.stringify({ type: type ?? event.type, desktopId, eventId, orgId: orgId ?? event.orgId, occurredAt, data: data ?? {}, ...rest });
 }
 
 export class WebhookDispatcher {
