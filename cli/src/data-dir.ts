@@ -49,11 +49,12 @@ export async function openDataDirDatabase(dataDir: string): Promise<{ url: strin
 
 export const LOCK_FILE = 'canto-up.pid';
 
-/** `pid starttime` of a live process, or null: the start time tells a reused pid apart. */
+/** The start time of a live process (a zombie is not), or null: it tells a reused pid apart. */
 function processStart(pid: number): string | null {
   try {
-    const stat = readFileSync(`/proc/${pid}/stat`, 'utf8');
-    return stat.slice(stat.lastIndexOf(')') + 2).split(' ')[19] ?? null;
+    const fields = readFileSync(`/proc/${pid}/stat`, 'utf8');
+    const rest = fields.slice(fields.lastIndexOf(')') + 2).split(' ');
+    return rest[0] === 'Z' || rest[0] === 'X' ? null : (rest[19] ?? null);
   } catch {
     return null;
   }

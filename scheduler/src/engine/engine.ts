@@ -59,6 +59,8 @@ export class OperationEngine {
     const sub = await this.deps.sql.listen(OP_NEW_CHANNEL, () => this.kick());
     this.unlisten = () => sub.unlisten();
     this.unsubscribeHello = this.deps.agents.onHello((hostId) => this.track(this.reconcileHost(hostId)));
+    // Hosts that linked before this term began (a restart, a failover) said hello to nobody leading.
+    for (const hostId of this.deps.agents.connectedHostIds()) this.track(this.reconcileHost(hostId));
     for (const op of await runningOperations(this.deps.sql)) this.launch(op);
     this.kick();
   }

@@ -48,6 +48,15 @@ function readPidFile(dataDir: string): { pid: number; status: string } | null {
   return Number.isInteger(pid) && pid > 0 ? { pid, status: lines[7]?.trim() ?? '' } : null;
 }
 
+function lockPid(path: string): number | null {
+  try {
+    const pid = Number(readFileSync(path, 'utf8').split('\n')[0]);
+    return Number.isInteger(pid) && pid > 0 ? pid : null;
+  } catch {
+    return null;
+  }
+}
+
 /** True when `pid` is a PostgreSQL process working in `dataDir` (postgres chdirs into it). */
 function isClusterProcess(pid: number, dataDir: string): boolean {
   try {
@@ -178,10 +187,16 @@ export async function startEmbeddedPostgres(options: EmbeddedPostgresOptions & {
   const leftover = runningPostmaster(dataDir);
   if (leftover !== null) {
     await stopLeftover(leftover, dataDir, options.log ?? (() => {}));
-  } else if (readPidFile(dataDir) !== null) {
-    // Names a process that is not this cluster's postmaster (dead, or the pid reused since):
-    // PostgreSQL would refuse to start while that pid lives.
-    rmSync(join(dataDir, 'postmaster.pid'), { force: true });
+  } else {
+    // Backends whose postmaster was killed would keep the shared memory PostgreSQL refuses to reuse.
+    const strays = clusterProcesses(dataDir);
+    if (strays.length > 0) await stopLeftover(strays[0]!, dataDir, options.log ?? (() => {}));
+  }
+  // Lock files naming a process that is not this cluster's (dead, a zombie not yet reaped, or the
+  // pid reused since): PostgreSQL refuses to start while that pid exists at all.
+  for (const lock of [join(dataDir, 'postmaster.pid'), join(socketDir, '.s.PGSQL.5432.lock')]) {
+    const pid = lockPid(lock);
+    if (pid !== null && !isClusterProcess(pid, dataDir)) rmSync(lock, { force: true });
   }
 
   const logPath = join(options.dir, 'postgres.log');
