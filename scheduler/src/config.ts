@@ -98,7 +98,7 @@ export interface SchedulerConfig {
   readonly agentCommandTimeoutMs: number;
   /** `CANTO_HEARTBEAT_MS`: heartbeat interval agents are told to use. Default 1000. */
   readonly heartbeatMs: number;
-  /** `CANTO_HOST_DOWN_MS`: a host silent this long reads `down` and its links are dropped. Default 2.5 heartbeats. */
+  /** `CANTO_HOST_DOWN_MS`: a host silent this long reads `down` and its links are dropped. Default 2.25 heartbeats (2250). */
   readonly hostDownMs: number;
   /** `CANTO_HOST_FAILURE_GRACE_MS`: a host silent this long has its awake desktops force-hibernated. Default 60000. */
   readonly hostFailureGraceMs: number;
@@ -163,7 +163,8 @@ export function loadSchedulerConfig(env: Env): SchedulerConfig {
     : null;
   const leaseTtlMs = int(env, 'CANTO_LEASE_TTL_MS', 2_500, 500);
   const heartbeatMs = int(env, 'CANTO_HEARTBEAT_MS', 1_000, 20);
-  const hostDownMs = int(env, 'CANTO_HOST_DOWN_MS', Math.round(heartbeatMs * 2.5), 1);
+  // Two heartbeats missed and a quarter of one more: 2.25 s by default.
+  const hostDownMs = int(env, 'CANTO_HOST_DOWN_MS', heartbeatMs * 2 + Math.round(heartbeatMs / 4), 1);
   if (hostDownMs <= heartbeatMs) throw new Error(`CANTO_HOST_DOWN_MS (${hostDownMs}) must be longer than CANTO_HEARTBEAT_MS (${heartbeatMs})`);
   return Object.freeze({
     databaseUrl,

@@ -108,7 +108,7 @@ export async function startScheduler(config: SchedulerConfig, logger?: Logger): 
     sql,
     downMs: config.hostDownMs,
     graceMs: config.hostFailureGraceMs,
-    intervalMs: Math.max(20, Math.min(500, Math.floor(config.hostDownMs / 4))),
+    intervalMs: Math.max(20, Math.min(250, Math.floor(config.hostDownMs / 4))),
     recordingSince: () => registry?.recordingSince() ?? null,
     logger: log,
     onDown: () => metrics.hostsDown.inc(),

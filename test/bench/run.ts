@@ -20,6 +20,7 @@ import { benchFork } from './fork.js';
 import { benchWebhooks } from './webhooks.js';
 import { benchComputerUse } from './computer-use.js';
 import { benchIngress } from './ingress.js';
+import { benchFailover } from './failover.js';
 import { median, table, timed } from './stats.js';
 import { freePort, startAgentProcess, startSchedulerProcess } from '../helpers/processes.js';
 
@@ -154,11 +155,14 @@ async function main(): Promise<void> {
       });
     }
     if (want('webhooks')) await benchWebhooks({ databaseUrl: pg.url, runs: RUNS });
+    if (want('failover')) await benchFailover({ databaseUrl: pg.url, stateDir: join(dir, 'failover-agent'), runs: RUNS });
   } finally {
     await agent.kill('SIGTERM');
-    const cleaner = await createSandboxDriver({ stateDir: join(dir, 'agent', 'runtime') });
-    for (const d of await cleaner.list()) await cleaner.destroy(d.desktopId);
-    await cleaner.close();
+    for (const state of [join(dir, 'agent', 'runtime'), join(dir, 'failover-agent', 'runtime')]) {
+      const cleaner = await createSandboxDriver({ stateDir: state });
+      for (const d of await cleaner.list()) await cleaner.destroy(d.desktopId);
+      await cleaner.close();
+    }
     await scheduler.kill('SIGTERM');
     await pg.stop();
     rmSync(dir, { recursive: true, force: true });

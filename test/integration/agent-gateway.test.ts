@@ -61,7 +61,7 @@ describe('agent gateway', () => {
     const beat = setInterval(() => peer.notify('heartbeat', { running_desktops: 0 }), 40);
     await until(async () => (await sql`SELECT status FROM hosts WHERE id = ${hostId}`)[0]?.status === 'ready', 2_000, 'host ready').finally(() => clearInterval(beat));
     expect(s.agents.isConnected(hostId)).toBe(true);
-    // Heartbeats for a while keep the link open well past the silence limit (2.5 intervals)…
+    // Heartbeats for a while keep the link open well past the silence limit (2.25 intervals)…
     for (let i = 0; i < 10; i++) {
       peer.notify('heartbeat', { running_desktops: 0 });
       await new Promise((r) => setTimeout(r, 40));

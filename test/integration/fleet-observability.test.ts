@@ -143,7 +143,7 @@ describe('lease epochs', () => {
 });
 
 describe('stopping', () => {
-  it('answers a wait in flight at once and is gone well within five seconds', async () => {
+  it('answers a wait in flight at once and is gone within five seconds', async () => {
     const s = await startTestScheduler();
     let closed = false;
     try {
@@ -158,8 +158,9 @@ describe('stopping', () => {
       expect(answer.status, answer.text).toBe(200);
       expect(answer.json).toMatchObject({ kind: 'wake' });
       expect(['pending', 'running']).toContain(answer.json.state);
+      expect(Date.now() - t0, 'the wait answered at once').toBeLessThan(1_500);
       await closing;
-      expect(Date.now() - t0).toBeLessThan(3_000);
+      expect(Date.now() - t0).toBeLessThan(5_000);
     } finally {
       if (!closed) await s.close();
     }

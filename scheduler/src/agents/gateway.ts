@@ -311,8 +311,9 @@ export class AgentGateway {
     peer.handle('heartbeat', async (raw) => {
       parseMessage(HeartbeatPayload, raw, 'heartbeat');
       heard();
-      // Half an interval: the replicas' heartbeats of one beat land together, and one write does.
-      if (hostId && link && this.links.get(hostId) === link) await touchHost(this.deps.sql, hostId, link.ready, this.deps.heartbeatMs / 2);
+      // A quarter interval: the replicas' heartbeats of one beat land together, and one write does,
+      // while the record stays within a quarter interval of the last heartbeat for host health.
+      if (hostId && link && this.links.get(hostId) === link) await touchHost(this.deps.sql, hostId, link.ready, this.deps.heartbeatMs / 4);
     });
 
     peer.onClose(() => {

@@ -44,6 +44,7 @@ export class OperationEngine {
   private readonly desktopChains = new Map<string, Promise<unknown>>();
   private readonly inFlight = new Set<Promise<unknown>>();
   private ticking = false;
+  private readonly stopWaiters = new Set<() => void>();
   private readonly log: Logger;
   private deps: EngineDeps & steps.StepDeps;
 
@@ -65,6 +66,19 @@ export class OperationEngine {
     this.kick();
   }
 
+  /** Waits `ms`, or less if the engine stops meanwhile (a stop does not wait out a backoff). */
+  private pause(ms: number): Promise<void> {
+    return new Promise((resolve) => {
+      const done = () => {
+        clearTimeout(timer);
+        this.stopWaiters.delete(done);
+        resolve();
+      };
+      const timer = setTimeout(done, ms);
+      this.stopWaiters.add(done);
+    });
+  }
+
   private async reconcileHost(hostId: string): Promise<void> {
     for (const d of await desktopsOfHost(this.deps.sql, hostId)) {
       if (d.state !== 'awake') continue;
@@ -78,6 +92,7 @@ export class OperationEngine {
    */
   async stop(graceMs = STOP_GRACE_MS): Promise<void> {
     this.running = false;
+    for (const wake of [...this.stopWaiters]) wake();
     if (this.timer) clearTimeout(this.timer);
     this.timer = null;
     this.unsubscribeHello?.();
@@ -161,7 +176,7 @@ export class OperationEngine {
         const retryable = err instanceof AgentFailure && err.retryable;
         if (retryable && age < this.deps.operationDeadlineMs) {
           log.warn({ err: (err as Error).message, backoffMs }, 'retryable failure; retrying');
-          await new Promise((r) => setTimeout(r, backoffMs));
+          await this.pause(backoffMs);
           backoffMs = Math.min(backoffMs * 2, 5_000);
           continue;
         }
