@@ -11,6 +11,13 @@ import { api, JOIN_TOKEN, mintKey, startTestScheduler, until, type TestScheduler
 import { startFakeAgent, type TestAgent } from '../helpers/agent.js';
 import { expectProblem } from '../helpers/problem.js';
 import { REFUSAL_HEADER, REPLICA_HEADER } from '../../shared/src/protocol.js';
+import { mkdtempSync, rmSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { pino } from 'pino';
+import { startAgent, type AgentHandle } from '../../agent/src/channel.js';
+import { loadAgentConfig } from '../../agent/src/config.js';
+import { FakeDriver } from '../../agent/src/runtime/fake.js';
 
 let first: TestScheduler;
 let second: TestScheduler;
@@ -118,14 +125,32 @@ describe('every replica serves every call', () => {
 });
 
 describe('a replica without a join token', () => {
-  it('refuses agent links with 503 and says why', async () => {
+  it("refuses agent links with 503 and says why, and the agent's log names that cause", async () => {
     const lonely = await startTestScheduler({ CANTO_JOIN_TOKEN: '' });
+    const stateDir = mkdtempSync(join(tmpdir(), 'canto-no-token-'));
+    const lines: string[] = [];
+    const logger = pino({ level: 'info' }, { write: (line: string) => void lines.push(line) });
+    let handle: AgentHandle | null = null;
     try {
       const refused = await agentUpgrade(lonely.url, JOIN_TOKEN);
       expect(refused.status).toBe(503);
       expect(refused.headers[REFUSAL_HEADER]).toBe('no-join-token');
+      const config = loadAgentConfig({
+        CANTO_SCHEDULER_URL: lonely.url,
+        CANTO_AGENT_TOKEN: JOIN_TOKEN,
+        CANTO_AGENT_STATE_DIR: stateDir,
+        CANTO_AGENT_STREAM_LISTEN: 'off',
+        CANTO_AGENT_INGRESS_LISTEN: 'off',
+        CANTO_AGENT_METRICS_LISTEN: 'off',
+      });
+      handle = await startAgent({ config, driver: new FakeDriver(), logger });
+      await until(() => lines.some((l) => l.includes('CANTO_JOIN_TOKEN is unset there')), 5_000, 'the cause in the log');
+      expect(lines.join('')).not.toContain('refused the join token');
+      expect(lines.join('')).not.toContain(JOIN_TOKEN);
     } finally {
+      await handle?.stop();
       await lonely.close();
+      rmSync(stateDir, { recursive: true, force: true });
     }
   });
 });

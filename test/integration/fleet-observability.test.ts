@@ -10,6 +10,7 @@ import { insertOperation, settleOperation } from '../../scheduler/src/store/oper
 import { api, mintKey, startTestScheduler, until, type TestScheduler } from '../helpers/scheduler.js';
 import { startFakeAgent, type TestAgent } from '../helpers/agent.js';
 import { freshDatabaseUrl } from '../helpers/db.js';
+import { formatFleetStatus, readFleetStatus } from '../../cli/src/status.js';
 
 /** One sample's value from Prometheus text, by metric name and a label subset. */
 function sample(text: string, name: string, labels: Record<string, string> = {}): number | null {
@@ -104,6 +105,39 @@ describe('probes and metrics', () => {
       expect((await fetch(`${s.url}/readyz`)).status).toBe(200);
     } finally {
       await sql.end();
+    }
+  });
+});
+
+describe('canto status', () => {
+  it('lists both replicas, the leader and the host, and warns when replicas disagree on a shared setting', async () => {
+    const a = await startTestScheduler({ CANTO_REPLICA_ID: 'status-a', CANTO_INGRESS_BASE_URL: 'https://apps-a.example', CANTO_INGRESS_LISTEN: '127.0.0.1:0' });
+    const b = await startTestScheduler(
+      { CANTO_REPLICA_ID: 'status-b', CANTO_SECRET_KEY: a.env.CANTO_SECRET_KEY!, CANTO_INGRESS_BASE_URL: 'https://apps-b.example', CANTO_INGRESS_LISTEN: '127.0.0.1:0' },
+      a.databaseUrl,
+    );
+    const agent = await startFakeAgent(a.url);
+    const sql = connectDatabase(a.databaseUrl, { max: 1 });
+    try {
+      const leader = await until(() => (a.leadership.isLeader() ? 'status-a' : b.leadership.isLeader() ? 'status-b' : null), 5_000, 'a leader');
+      const status = await until(async () => {
+        const st = await readFleetStatus(sql);
+        return st.replicas.filter((r) => r.role !== 'gone').length === 2 ? st : null;
+      }, 5_000, 'both replicas registered');
+      expect(status.replicas.map((r) => [r.id, r.role]).sort()).toEqual([['status-a', leader === 'status-a' ? 'leader' : 'follower'], ['status-b', leader === 'status-b' ? 'leader' : 'follower']]);
+      expect(status.replicas.find((r) => r.id === 'status-a')!.url).toBe(a.advertisedUrl);
+      expect(status.lease).toMatchObject({ holder: leader, live: true });
+      expect(status.hosts).toEqual([expect.objectContaining({ id: agent.hostId, status: 'ready' })]);
+      expect(status.warnings).toEqual([expect.stringMatching(/^replicas disagree on ingress_base_url \(.*https:\/\/apps-a\.example.*https:\/\/apps-b\.example/)]);
+      // A secret differs only as fingerprints: the values never appear.
+      await sql`UPDATE replicas SET settings = jsonb_set(settings, '{join_token}', '"sha256:000000000000"') WHERE id = 'status-b'`;
+      const text = formatFleetStatus(await readFleetStatus(sql));
+      expect(text).toMatch(/replicas disagree on join_token \(status-a: sha256:[0-9a-f]{12}; status-b: sha256:000000000000\)/);
+      expect(text).not.toContain(a.env.CANTO_JOIN_TOKEN!);
+    } finally {
+      await sql.end();
+      await agent.stop();
+      await Promise.all([a.close(), b.close()]);
     }
   });
 });
