@@ -56,6 +56,8 @@ import type { RequestContext, RpcPeer } from '../../shared/src/rpc.js';
 import type { FenceKind, GenerationStore } from './generations.js';
 import type { RuntimeDriver } from './runtime/driver.js';
 import { LeaderEpochs } from './leader-epochs.js';
+import { DesktopQueue } from './desktop-queue.js';
+import { applyFence } from './hello-fence.js';
 
 /** What the handlers need from the stream gateway (agent/src/stream/gateway.ts). */
 export interface StreamAccess {
@@ -97,8 +99,7 @@ export class CommandHandlers {
   private readonly stream: StreamAccess | null;
   private readonly epochs: LeaderEpochs;
   private readonly metrics: HandlerDeps['metrics'] | null;
-  /** Tail of the lifecycle queue per desktop; removed once it drains so the map stays small. */
-  private readonly queues = new Map<string, Promise<void>>();
+  private readonly queue = new DesktopQueue();
 
   constructor(deps: HandlerDeps) {
     this.driver = deps.driver;
@@ -109,33 +110,12 @@ export class CommandHandlers {
     this.metrics = deps.metrics ?? null;
   }
 
-  /**
-   * Stops the desktops a hello reply names (fleet/hello-fence.ts on the scheduler): each, queued
-   * behind earlier commands for it, takes the named generation and is hibernated, keeping its
-   * memory. A desktop a newer command has reached meanwhile is left alone. Returns how many were
-   * stopped.
-   */
-  async fence(entries: readonly FenceEntry[]): Promise<number> {
-    let stopped = 0;
-    await Promise.all(
-      entries.map((entry) =>
-        this.queued(entry.desktop_id, async () => {
-          try {
-            await this.generations.check(entry.desktop_id, entry.generation);
-          } catch (err) {
-            if (err instanceof AgentFailure && err.code === 'stale_generation') return;
-            throw err;
-          }
-          const held = (await this.driver.list()).find((d) => d.desktopId === entry.desktop_id);
-          if (!held?.running) return;
-          this.stream?.release(entry.desktop_id);
-          const { snapshot } = await this.driver.hibernate(entry.desktop_id);
-          stopped++;
-          this.log.warn({ desktop_id: entry.desktop_id, generation: entry.generation, snapshot }, 'stopped a desktop this host may no longer run');
-        }).catch((err: unknown) => this.log.error({ desktop_id: entry.desktop_id, err }, 'could not stop a fenced desktop')),
-      ),
+  /** Stops the desktops a hello reply names, before the host reports ready (hello-fence.ts). */
+  fence(entries: readonly FenceEntry[]): Promise<number> {
+    return applyFence(
+      { queue: this.queue, generations: this.generations, driver: this.driver, releaseStreams: (id) => this.stream?.release(id), log: this.log },
+      entries,
     );
-    return stopped;
   }
 
   /** Registers a handler on `peer` for every scheduler → agent command. */
@@ -206,7 +186,7 @@ export class CommandHandlers {
       }
       case 'desktop.inspect': {
         const p = parse(InspectPayload, raw, type);
-        return this.queued(p.desktop_id, async () => {
+        return this.queue.run(p.desktop_id, async () => {
           const held = (await this.driver.list()).find((d) => d.desktopId === p.desktop_id);
           return { running: held?.running ?? false, has_snapshot: held?.hasSnapshot ?? false };
         });
@@ -366,28 +346,13 @@ export class CommandHandlers {
     fence: FenceKind,
     work: () => Promise<unknown>,
   ): Promise<unknown> {
-    return this.queued(cmd.desktop_id, () =>
+    return this.queue.run(cmd.desktop_id, () =>
       this.guarded(type, cmd, async () => {
         this.epochs.admit(cmd.leader_epoch);
         await this.generations.check(cmd.desktop_id, cmd.generation, fence);
         return work();
       }),
     );
-  }
-
-  /** Runs `work` after everything queued before it for the desktop. */
-  private queued<T>(desktopId: string, work: () => Promise<T>): Promise<T> {
-    const previous = this.queues.get(desktopId) ?? Promise.resolve();
-    const run = previous.then(work);
-    const tail = run.then(
-      () => {},
-      () => {},
-    );
-    this.queues.set(desktopId, tail);
-    void tail.then(() => {
-      if (this.queues.get(desktopId) === tail) this.queues.delete(desktopId);
-    });
-    return run;
   }
 
   /** Logs the outcome and turns unexpected errors into short, non-retryable `runtime_error`s. */

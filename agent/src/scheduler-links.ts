@@ -17,22 +17,19 @@
  * desktop this host runs that its record says may not run; those are stopped, keeping their
  * memory, before the link reports `host.ready` (fleet/hello-fence.ts on the scheduler).
  *
- * Liveness both ways: a heartbeat notification and a websocket ping go out on every link each
- * interval (the scheduler chooses it); a replica that stops answering pings is dropped, because a
- * half-open TCP connection would otherwise look linked for ever.
+ * Liveness both ways: heartbeats.ts sends a heartbeat and a ping on every link each interval (the
+ * scheduler chooses it) and drops a replica that stops answering.
  *
  * Refusals an operator has to fix (a bad join token, a scheduler without one, a protocol the
  * scheduler does not speak) are logged as errors naming the cause and retried at the maximum
  * delay; the fix is usually made on the scheduler while the agent keeps waiting.
  */
-import { availableParallelism, hostname, totalmem } from 'node:os';
 import type { IncomingMessage } from 'node:http';
 import WebSocket from 'ws';
 import type { Logger } from '../../shared/src/log.js';
 import {
   AgentFailure,
   ClusterPayload,
-  HeartbeatPayload,
   HelloPayload,
   HelloResult,
   PROTOCOL_VERSION,
@@ -51,6 +48,8 @@ import type { HostIdentity } from './host-identity.js';
 import type { LeaderEpochs } from './leader-epochs.js';
 import type { PortGateway } from './ports/gateway.js';
 import type { RuntimeDriver } from './runtime/driver.js';
+import { buildHello } from './hello.js';
+import { Heartbeats, type BeatingLink } from './heartbeats.js';
 
 export const AGENT_SOCKET_PATH = '/internal/agents/ws';
 const HANDSHAKE_TIMEOUT_MS = 10_000;
@@ -58,8 +57,6 @@ const HELLO_TIMEOUT_MS = 15_000;
 const CLOSE_TIMEOUT_MS = 2_000;
 /** Floor on the scheduler-chosen heartbeat interval, so a bad reply cannot make us spin. */
 const MIN_HEARTBEAT_MS = 20;
-/** A replica silent (no pong, no message) this long, and at least five intervals, is dropped. */
-const SILENT_REPLICA_MS = 5_000;
 
 /** `http://host:8080/base` → `ws://host:8080/base/internal/agents/ws` (https → wss). */
 export function agentSocketUrl(schedulerUrl: string): string {
@@ -119,14 +116,14 @@ export class SchedulerLinks {
   private readonly claims = new Map<string, Connection>();
   private readonly waiters = new Set<Waiter>();
   private heartbeatMs: number;
-  private heartbeatTimer: NodeJS.Timeout | null = null;
-  private beating = false;
+  private readonly heartbeats: Heartbeats;
   private stopping = false;
   private readonly log: Logger;
 
   constructor(private readonly options: SchedulerLinksOptions) {
     this.log = options.logger.child({ component: 'agent-channel', host_id: options.identity.hostId });
     this.heartbeatMs = options.config.heartbeatMs;
+    this.heartbeats = new Heartbeats(options.driver, () => this.readyConnections().map((c) => this.beating(c)), this.log);
     for (const url of options.config.schedulerUrls) this.target(agentSocketUrl(url)).seed = true;
   }
 
@@ -161,7 +158,7 @@ export class SchedulerLinks {
 
   async stop(): Promise<void> {
     this.stopping = true;
-    if (this.heartbeatTimer) clearInterval(this.heartbeatTimer);
+    this.heartbeats.stop();
     this.settleWaiters(new Error('agent is stopped'));
     const closing: Array<Promise<void>> = [];
     for (const target of this.targets.values()) {
@@ -169,6 +166,10 @@ export class SchedulerLinks {
       if (target.conn) closing.push(closeSocket(target.conn.ws));
     }
     await Promise.all(closing);
+  }
+
+  private beating(conn: Connection): BeatingLink {
+    return { ws: conn.ws, peer: conn.peer, lastSeenAt: conn.lastSeenAt, label: { url: conn.target.url, replica: conn.replicaId } };
   }
 
   private readyConnections(): Connection[] {
@@ -266,7 +267,12 @@ export class SchedulerLinks {
       if (news.replicas !== undefined) this.updateReplicas(news.replicas);
     });
     try {
-      const hello = parseMessage(HelloPayload, await this.helloPayload(), 'hello payload');
+      const { driver, identity, generations, ports, config } = this.options;
+      const hello = parseMessage(
+        HelloPayload,
+        await buildHello({ driver, identity, generations, ingress: ports === null ? null : { host: config.address, port: ports.port } }),
+        'hello payload',
+      );
       const reply = parseMessage(HelloResult, await peer.request('hello', hello, HELLO_TIMEOUT_MS), 'hello reply');
       if (protocolMajor(reply.protocol) < protocolMajor(PROTOCOL_VERSION)) {
         // An older scheduler cannot understand a newer major, even if it failed to say so.
@@ -289,8 +295,7 @@ export class SchedulerLinks {
       conn.target.attempt = 0;
       this.settleWaiters();
       this.log.info({ url: conn.target.url, replica: conn.replicaId, protocol: reply.protocol, heartbeat_ms: this.heartbeatMs }, 'connected to the scheduler');
-      this.startHeartbeats();
-      void this.beatOne(conn, await this.runningCount());
+      await this.heartbeats.start(this.heartbeatMs, this.beating(conn));
     } catch (err) {
       if (err instanceof AgentFailure && !err.retryable) {
         conn.refused = true;
@@ -353,68 +358,6 @@ export class SchedulerLinks {
       : Math.min(reconnectMaxMs, reconnectMinMs * 2 ** Math.min(target.attempt, 30)) * (0.5 + 0.5 * Math.random());
     if (!wasReady) target.attempt++;
     target.timer = setTimeout(() => this.dial(target), delay);
-  }
-
-  private async helloPayload(): Promise<HelloPayload> {
-    const { driver, identity, generations, ports, config } = this.options;
-    const capabilities = driver.capabilities();
-    const desktops = await driver.list();
-    return {
-      protocol: PROTOCOL_VERSION,
-      host_id: identity.hostId,
-      agent_instance_id: identity.agentInstanceId,
-      hostname: hostname(),
-      capabilities: { runtime: capabilities.runtime, memory_snapshots: capabilities.memorySnapshots },
-      capacity: { vcpus: availableParallelism(), memory_mb: Math.floor(totalmem() / (1024 * 1024)) },
-      desktops: desktops.map((d) => ({
-        desktop_id: d.desktopId,
-        generation: generations.get(d.desktopId) ?? 0,
-        running: d.running,
-        has_snapshot: d.hasSnapshot,
-      })),
-      ...(ports === null ? {} : { ingress: { host: config.address, port: ports.port } }),
-    };
-  }
-
-  /** One timer for every link: the running count is read once per interval, whatever the fleet size. */
-  private startHeartbeats(): void {
-    if (this.heartbeatTimer) return;
-    const tick = async () => {
-      if (this.beating || this.stopping) return;
-      this.beating = true;
-      try {
-        const running = await this.runningCount();
-        for (const conn of this.readyConnections()) void this.beatOne(conn, running);
-      } finally {
-        this.beating = false;
-      }
-    };
-    this.heartbeatTimer = setInterval(() => void tick(), this.heartbeatMs);
-  }
-
-  private async runningCount(): Promise<number> {
-    try {
-      return (await this.options.driver.list()).filter((d) => d.running).length;
-    } catch (err) {
-      this.log.warn({ message: err instanceof Error ? err.message : String(err) }, 'could not list desktops for the heartbeat');
-      return 0;
-    }
-  }
-
-  private async beatOne(conn: Connection, running: number): Promise<void> {
-    const peer = conn.peer;
-    if (peer === null || !peer.isOpen) return;
-    if (Date.now() - conn.lastSeenAt > Math.max(5 * this.heartbeatMs, SILENT_REPLICA_MS)) {
-      this.log.warn({ url: conn.target.url, replica: conn.replicaId }, 'a scheduler replica stopped answering pings; dropping its link');
-      conn.ws.terminate();
-      return;
-    }
-    try {
-      conn.ws.ping();
-      peer.notify('heartbeat', parseMessage(HeartbeatPayload, { running_desktops: running }, 'heartbeat'));
-    } catch (err) {
-      this.log.warn({ message: err instanceof Error ? err.message : String(err) }, 'heartbeat failed');
-    }
   }
 
   private settleWaiters(error?: Error): void {
