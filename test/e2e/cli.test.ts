@@ -8,12 +8,12 @@
  * the lifecycle e2e test.
  */
 import { afterAll, describe, expect, it } from 'vitest';
-import { spawn, execFile } from 'node:child_process';
+import { spawn, execFile, type ChildProcess } from 'node:child_process';
 import { mkdtempSync, rmSync, statSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { promisify } from 'node:util';
-import { freePort } from '../helpers/processes.js';
+import { crashTree, freePort } from '../helpers/processes.js';
 import { until } from '../helpers/scheduler.js';
 
 const CLI = join(import.meta.dirname, '..', '..', 'dist', 'cli.js');
@@ -28,11 +28,15 @@ const LOCAL_PORTS = {
   CANTO_AGENT_METRICS_LISTEN: '127.0.0.1:0',
 };
 
+/** Every `canto up` started here, so a failed test leaves none running. */
+const started: ChildProcess[] = [];
+
 async function startUp(dataDir: string, port: number) {
   const proc = spawn(process.execPath, [CLI, 'up', '--data-dir', dataDir, '--listen', `127.0.0.1:${port}`], {
     env: { PATH: process.env.PATH, HOME: '/root', CANTO_AGENT_RUNTIME: 'fake', CANTO_LOG_LEVEL: 'warn', ...LOCAL_PORTS },
     stdio: ['ignore', 'pipe', 'pipe'],
   });
+  started.push(proc);
   let out = '';
   proc.stdout.on('data', (d: Buffer) => (out += d.toString()));
   proc.stderr.on('data', () => {});
@@ -52,7 +56,10 @@ async function startUp(dataDir: string, port: number) {
 
 describe.skipIf(!isRoot)('canto CLI', () => {
   const dataDir = mkdtempSync(join(tmpdir(), 'canto-up-'));
-  afterAll(() => rmSync(dataDir, { recursive: true, force: true }));
+  afterAll(() => {
+    for (const proc of started) if (proc.exitCode === null && proc.signalCode === null) crashTree(proc.pid!);
+    rmSync(dataDir, { recursive: true, force: true });
+  });
 
   it('runs everything with `canto up`, prints a key once, and stops cleanly', async () => {
     const port = await freePort();
