@@ -139,9 +139,14 @@ function coldRun(opts: GuestExecOptions, limit: number): Run {
   const done = new Promise<Outcome>((resolve, reject) => {
     child.on('error', reject);
     child.on('exit', (exitCode, sig) => {
+      // Destroyed in the check phase after the timer, not in the timer itself: on a loop that was
+      // busy for longer than the grace, the timer runs before the poll phase, and output already
+      // in the pipes (the `echo` a command ended with) would be dropped unread.
       const drain = setTimeout(() => {
-        child.stdout?.destroy();
-        child.stderr?.destroy();
+        setImmediate(() => {
+          child.stdout?.destroy();
+          child.stderr?.destroy();
+        });
       }, DRAIN_GRACE_MS);
       child.on('close', () => {
         clearTimeout(drain);
