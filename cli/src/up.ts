@@ -72,6 +72,9 @@ export async function up(options: UpOptions, env: NodeJS.ProcessEnv): Promise<vo
         CANTO_SECRET_KEY: env.CANTO_SECRET_KEY || secrets.secret_key,
         CANTO_JOIN_TOKEN: env.CANTO_JOIN_TOKEN || secrets.join_token,
         CANTO_LISTEN: options.listen,
+        // One replica per data directory (the lock sees to it): a stable name lets a restart after
+        // a crash take the lease back at once instead of waiting out the dead one's TTL.
+        CANTO_REPLICA_ID: env.CANTO_REPLICA_ID || 'up',
         CANTO_INGRESS_BASE_URL: ingressBaseUrl,
         CANTO_INGRESS_LISTEN: env.CANTO_INGRESS_LISTEN || '127.0.0.1:8081',
       }),
