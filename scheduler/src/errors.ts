@@ -37,6 +37,7 @@ export const errors = {
   desktopNotFound: () => new ApiError(404, 'desktop not found'),
   operationNotFound: () => new ApiError(404, 'operation not found'),
   webhookNotFound: () => new ApiError(404, 'webhook endpoint not found'),
+  keyNotFound: () => new ApiError(404, 'API key not found'),
   wrongState: (action: string, state: string) =>
     new ApiError(409, `cannot ${action} a desktop in state ${state}`),
   staleGeneration: (operationId: string) =>

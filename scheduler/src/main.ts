@@ -31,6 +31,7 @@ import { WebhookService } from './services/webhooks.js';
 import { WebhookDispatcher } from './webhooks/dispatcher.js';
 import { deliveryQueue } from './store/webhook-deliveries.js';
 import { PortService } from './services/ports.js';
+import { KeyService } from './services/keys.js';
 import { PortIngress } from './ingress/ingress-server.js';
 import { ReplicaRegistry, REPLICA_LIVE_MS, REPLICA_REFRESH_MS } from './fleet/registry.js';
 import { sharedSettings } from './fleet/settings.js';
@@ -133,10 +134,11 @@ export async function startScheduler(config: SchedulerConfig, logger?: Logger): 
   }, log);
 
   const ports = new PortService({ sql, ingress: config.ingress });
+  const keys = new KeyService(sql);
   unlisten.push(await ports.listen());
   const app = await buildApp({
     logger: log,
-    authenticate: createAuthenticator(sql, config.jwt ? createJwtVerifier(config.jwt) : null, authCaches),
+    authenticate: createAuthenticator(sql, config.jwt ? createJwtVerifier(config.jwt) : null, authCaches, (key) => keys.used(key)),
     desktops: new DesktopService({ sql, secrets, defaultImageVersion: config.defaultImageVersion }),
     lifecycle,
     waiter,
@@ -144,6 +146,7 @@ export async function startScheduler(config: SchedulerConfig, logger?: Logger): 
     guest: new GuestService(sql, agents, log, routeCache),
     webhooks: new WebhookService({ sql, secrets, allowLoopback: config.webhooks.allowLoopback }),
     ports,
+    keys,
     waitCapMs: config.waitCapMs,
     metrics,
     notReady: async () => {

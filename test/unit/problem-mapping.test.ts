@@ -25,6 +25,7 @@ function throwingDeps(error: Error): AppDeps {
     guest: { exec: fail, spawn: fail, processStatus: fail, readFile: fail, writeFile: fail, deletePath: fail, stat: fail, listDir: fail } as unknown as AppDeps['guest'],
     webhooks: { create: fail, list: fail, remove: fail, deliveries: fail } as unknown as AppDeps['webhooks'],
     ports: { list: fail, create: fail, remove: fail } as unknown as AppDeps['ports'],
+    keys: { create: fail, list: fail, revoke: fail } as unknown as AppDeps['keys'],
     waitCapMs: 1000,
     metrics: new SchedulerMetrics(),
     notReady: async () => null,

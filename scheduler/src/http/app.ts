@@ -25,6 +25,8 @@ import {
   UsageResponse,
   WebhookDeliveryJson,
   WebhookEndpointJson,
+  ApiKeyJson,
+  CreatedApiKeyJson,
 } from './schemas.js';
 import { registerDesktopRoutes } from './routes/desktops.js';
 import { registerLifecycleRoutes } from './routes/lifecycle.js';
@@ -37,6 +39,7 @@ import { registerComputerUseRoutes } from './routes/computer-use.js';
 import { registerWebhookRoutes } from './routes/webhooks.js';
 import { registerPortRoutes } from './routes/ports.js';
 import { registerHealthRoutes } from './routes/health.js';
+import { registerKeyRoutes } from './routes/keys.js';
 import type { DesktopService } from '../services/desktops.js';
 import type { LifecycleService } from '../services/lifecycle.js';
 import type { OperationWaiter } from '../services/waiter.js';
@@ -45,6 +48,7 @@ import type { GuestService } from '../services/guest.js';
 import type { WebhookService } from '../services/webhooks.js';
 import type { PortService } from '../services/ports.js';
 import type { SchedulerMetrics } from '../observability/metrics.js';
+import type { KeyService } from '../services/keys.js';
 
 export const BODY_LIMIT_BYTES = 2 * 1024 * 1024;
 
@@ -69,6 +73,7 @@ export interface AppDeps {
   guest: GuestService;
   webhooks: WebhookService;
   ports: PortService;
+  keys: KeyService;
   waitCapMs: number;
   metrics: SchedulerMetrics;
   /** `/readyz`: null when the replica can serve, else why not. */
@@ -103,7 +108,7 @@ export async function buildApp(deps: AppDeps): Promise<App> {
     Problem, DesktopJson, OperationJson, UsageResponse,
     ExecResponse, ExecDetachedResponse, ProcessStatusResponse, FileStatJson, ListDirResponse, DisplayResponse,
     ScreenshotBase64Response, InputResponse, StreamTicketResponse,
-    WebhookEndpointJson, WebhookDeliveryJson, PortExposureJson,
+    WebhookEndpointJson, WebhookDeliveryJson, PortExposureJson, ApiKeyJson, CreatedApiKeyJson,
   ]) app.addSchema(schema);
 
   // An empty body on a route whose body is optional means `{}` (SPEC 2.4); anything else goes
@@ -210,6 +215,7 @@ export async function buildApp(deps: AppDeps): Promise<App> {
   registerComputerUseRoutes(app, deps);
   registerWebhookRoutes(app, deps);
   registerPortRoutes(app, deps);
+  registerKeyRoutes(app, deps);
   return app;
 }
 

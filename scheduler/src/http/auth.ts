@@ -20,7 +20,8 @@ export interface AuthCaches {
   readonly orgs: NotifiedCache<string>;
 }
 
-export function createAuthenticator(sql: Sql, jwt: JwtVerifier | null, caches: AuthCaches) {
+/** `keyUsed` hears every request an API key authenticated (it records when keys were last used). */
+export function createAuthenticator(sql: Sql, jwt: JwtVerifier | null, caches: AuthCaches, keyUsed: (key: string) => void = () => {}) {
   return async function authenticate(request: FastifyRequest): Promise<string> {
     const header = request.headers.authorization;
     const match = typeof header === 'string' ? /^Bearer ([\x21-\x7e]+)$/i.exec(header.trim()) : null;
@@ -29,6 +30,7 @@ export function createAuthenticator(sql: Sql, jwt: JwtVerifier | null, caches: A
     if (credential.startsWith(API_KEY_PREFIX)) {
       const orgId = await orgForApiKey(sql, credential, caches.keys);
       if (!orgId) throw errors.unauthorized();
+      keyUsed(credential);
       return orgId;
     }
     if (jwt && looksLikeJwt(credential)) {

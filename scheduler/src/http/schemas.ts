@@ -277,6 +277,41 @@ export const DeliveriesQuery = Type.Object({
   limit: Type.Optional(Type.String({ pattern: DIGITS, description: 'Integer 1..200; default 50' })),
 });
 
+/* ------------------------------------------------------------------ API keys */
+
+export const ApiKeyJson = Type.Object(
+  {
+    id: Type.String({ description: '`key_…`' }),
+    name: Type.Union([Type.String(), Type.Null()]),
+    prefix: Type.Union([Type.String(), Type.Null()], {
+      description: "The key's first characters (`svc_sk_` and five more), to tell keys apart; null for keys made before they were kept",
+    }),
+    created_at: Type.String({ format: 'date-time' }),
+    last_used_at: Type.Union([Type.String({ format: 'date-time' }), Type.Null()], { description: 'To the minute; null until first used' }),
+  },
+  { $id: 'ApiKeyJson' },
+);
+
+export const CreatedApiKeyJson = Type.Object(
+  {
+    id: Type.String(),
+    name: Type.Union([Type.String(), Type.Null()]),
+    prefix: Type.Union([Type.String(), Type.Null()]),
+    created_at: Type.String({ format: 'date-time' }),
+    last_used_at: Type.Union([Type.String({ format: 'date-time' }), Type.Null()]),
+    key: Type.String({ description: 'The key itself, `svc_sk_…`: shown only in this response, stored hashed' }),
+  },
+  { $id: 'CreatedApiKeyJson' },
+);
+
+export const CreateApiKeyBody = Type.Object(
+  { name: Type.Optional(Type.Union([Type.String({ minLength: 1, maxLength: 100 }), Type.Null()], { description: 'A label for people, 1-100 characters' })) },
+  { additionalProperties: true },
+);
+export type CreateApiKeyBody = Static<typeof CreateApiKeyBody>;
+
+export const KeyIdParams = Type.Object({ id: Type.String({ pattern: idPattern('apiKey') }) });
+
 /* ------------------------------------------------------------------ ports */
 
 export const PortExposureJson = Type.Object(

@@ -17,10 +17,38 @@ export async function ensureOrg(sql: Sql, name: string): Promise<string> {
   }
 }
 
-export async function insertApiKey(sql: Sql, orgId: string, tokenHash: string): Promise<string> {
-  const id = newId('apiKey');
-  await sql`INSERT INTO api_keys (id, org_id, token_hash) VALUES (${id}, ${orgId}, ${tokenHash})`;
-  return id;
+export interface ApiKeyRow {
+  id: string;
+  org_id: string;
+  name: string | null;
+  prefix: string | null;
+  created_at: Date;
+  last_used_at: Date | null;
+}
+
+export async function insertApiKey(sql: Sql, orgId: string, tokenHash: string, shown: { name: string | null; prefix: string }): Promise<ApiKeyRow> {
+  const [row] = await sql<ApiKeyRow[]>`
+    INSERT INTO api_keys (id, org_id, token_hash, name, prefix) VALUES (${newId('apiKey')}, ${orgId}, ${tokenHash}, ${shown.name}, ${shown.prefix})
+    RETURNING id, org_id, name, prefix, created_at, last_used_at`;
+  return row!;
+}
+
+/** The org's live keys, oldest first. */
+export async function listApiKeys(sql: Sql, orgId: string): Promise<ApiKeyRow[]> {
+  return sql<ApiKeyRow[]>`
+    SELECT id, org_id, name, prefix, created_at, last_used_at FROM api_keys
+    WHERE org_id = ${orgId} AND revoked_at IS NULL ORDER BY created_at, id`;
+}
+
+/** Revokes a live key of the org; false when there is none with that id. */
+export async function revokeApiKey(sql: Sql, orgId: string, id: string): Promise<boolean> {
+  const rows = await sql`UPDATE api_keys SET revoked_at = now() WHERE id = ${id} AND org_id = ${orgId} AND revoked_at IS NULL RETURNING id`;
+  return rows.length === 1;
+}
+
+/** Records that the key was used (callers limit how often). */
+export async function touchApiKey(sql: Sql, tokenHash: string): Promise<void> {
+  await sql`UPDATE api_keys SET last_used_at = now() WHERE token_hash = ${tokenHash}`;
 }
 
 export async function orgForKeyHash(sql: Sql, tokenHash: string): Promise<string | null> {
