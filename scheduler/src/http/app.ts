@@ -3,11 +3,12 @@
  * from those schemas, bearer authentication on every `/v1` route but the document itself, and
  * problem+json for every non-2xx answer.
  */
-import Fastify, { type FastifyInstance, type FastifyError } from 'fastify';
+import Fastify, { type FastifyInstance, type FastifyError, type FastifyReply } from 'fastify';
 import swagger from '@fastify/swagger';
 import type { TypeBoxTypeProvider } from '@fastify/type-provider-typebox';
 import type { Logger } from '../../../shared/src/log.js';
 import { ApiError, problem } from '../errors.js';
+import { answerClientError, refuseConnect } from './client-errors.js';
 import {
   DesktopJson,
   DisplayResponse,
@@ -101,7 +102,15 @@ export async function buildApp(deps: AppDeps): Promise<App> {
     routerOptions: { maxParamLength: 8192 },
     ajv: { customOptions: { coerceTypes: false, removeAdditional: false, allErrors: false } },
     return503OnClosing: true,
+    clientErrorHandler: answerClientError,
+    // A path whose percent-encoding decodes to nothing (`%ff`, a lone `%`) never reaches routing.
+    frameworkErrors: (error, _request, reply) => {
+      const status = (error as FastifyError).statusCode ?? 400;
+      const detail = (error as FastifyError).code === 'FST_ERR_BAD_URL' ? 'the URL is not validly percent-encoded' : 'bad request';
+      void (reply as unknown as FastifyReply).code(status).type('application/problem+json').send(problem(status, detail));
+    },
   }).withTypeProvider<TypeBoxTypeProvider>();
+  refuseConnect(app.server);
 
   app.decorateRequest('orgId', '');
   for (const schema of [

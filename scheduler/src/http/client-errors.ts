@@ -1,0 +1,49 @@
+/**
+ * Answers for requests that never become requests: malformed framing or headers that Node's HTTP
+ * parser refuses, and methods no route can take. Node (and Fastify's default handler) answer these
+ * with a bare status or a JSON body of their own, or close the socket; every listener of ours
+ * answers with problem+json instead, so a client always reads why, and nothing of the request is
+ * echoed back.
+ */
+import { STATUS_CODES, type Server } from 'node:http';
+import type { Duplex } from 'node:stream';
+import { problem } from '../errors.js';
+
+/** The status for a parser error: oversized headers are 431, a timeout 408, the rest 400. */
+function statusOf(err: { code?: string }): number {
+  if (err.code === 'HPE_HEADER_OVERFLOW') return 431;
+  if (err.code === 'ERR_HTTP_REQUEST_TIMEOUT' || err.code === 'ERR_HTTP_HEADERS_TIMEOUT') return 408;
+  return 400;
+}
+
+const DETAIL: Readonly<Record<number, string>> = {
+  400: 'malformed HTTP request',
+  405: 'method not allowed',
+  408: 'the request was not received in time',
+  431: 'request headers are too large',
+};
+
+/** Writes a problem+json answer on a raw socket and closes it. */
+export function answerRaw(socket: Duplex, status: number, detail = DETAIL[status] ?? 'bad request'): void {
+  if (socket.destroyed || !socket.writable) return;
+  const body = JSON.stringify(problem(status, detail));
+  socket.end(
+    `HTTP/1.1 ${status} ${STATUS_CODES[status] ?? 'Error'}\r\ncontent-type: application/problem+json\r\n` +
+      `content-length: ${Buffer.byteLength(body)}\r\nconnection: close\r\n\r\n${body}`,
+  );
+}
+
+/** For Fastify's `clientErrorHandler` and a server's `clientError` event. */
+export function answerClientError(err: Error & { code?: string }, socket: Duplex): void {
+  // A reset or a socket already closed has no one left to answer.
+  if (err.code === 'ECONNRESET' || err.code === 'EPIPE') {
+    socket.destroy();
+    return;
+  }
+  answerRaw(socket, statusOf(err));
+}
+
+/** CONNECT reaches no route: 405, rather than Node's silent close. */
+export function refuseConnect(server: Server): void {
+  server.on('connect', (_req, socket: Duplex) => answerRaw(socket, 405));
+}
