@@ -113,6 +113,22 @@ describe('framing and headers', () => {
   });
 });
 
+describe('validation answers', () => {
+  it('name the field and the allowed values, in detail and in errors', async () => {
+    const tier = await call('POST', '/v1/desktops', { tier: 'huge' });
+    expectProblem(tier, 400);
+    expect(tier.json.detail).toBe('body/tier must be one of "small", "default", "large"');
+    expect(tier.json.errors).toEqual([{ field: 'body/tier', message: 'must be one of "small", "default", "large"' }]);
+    const missing = await call('POST', '/v1/desktops', {});
+    expect(missing.json.errors).toEqual([{ field: 'body/tier', message: 'is required' }]);
+    const claim = await call('POST', `/v1/desktops/${desktopId}/stream`, { claim: 'own' });
+    expect(claim.json.detail).toMatch(/^body\/claim must be one of "view", "control"/);
+    const wait = await call('POST', `/v1/desktops/${desktopId}/hibernate?wait=maybe`);
+    expectProblem(wait, 400);
+    expect(wait.json.errors[0].field).toBe('querystring/wait');
+  });
+});
+
 describe('guest-bound input refused before the guest', () => {
   it('answers 400 naming the command when it carries a NUL byte', async () => {
     const res = await call('POST', `/v1/desktops/${desktopId}/exec`, { command: 'echo a\u0000b' });

@@ -65,6 +65,8 @@ describe('every replica serves every call', () => {
 
   it('the agent links to both replicas, given only one', async () => {
     await until(() => leader.agents.isConnected(agent.hostId) && follower.agents.isConnected(agent.hostId), 5_000, 'links to both');
+    // The agent counts a link once its hello reply is in and its fence applied, a moment later.
+    await until(() => agent.linkedReplicas().length === 2, 5_000, 'the agent to count both');
     expect(agent.linkedReplicas().sort()).toEqual(['replica-a', 'replica-b']);
   });
 

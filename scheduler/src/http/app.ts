@@ -9,6 +9,7 @@ import type { TypeBoxTypeProvider } from '@fastify/type-provider-typebox';
 import type { Logger } from '../../../shared/src/log.js';
 import { ApiError, problem } from '../errors.js';
 import { answerClientError, refuseConnect } from './client-errors.js';
+import { describeValidation } from './validation-problem.js';
 import {
   DesktopJson,
   DisplayResponse,
@@ -183,9 +184,8 @@ export async function buildApp(deps: AppDeps): Promise<App> {
     }
     const status = error.statusCode ?? 500;
     if (error.validation) {
-      const first = error.validation[0];
-      const where = first?.instancePath ? `${error.validationContext ?? 'request'}${first.instancePath}` : (error.validationContext ?? 'request');
-      void reply.code(400).type('application/problem+json').send(problem(400, `${where} ${first?.message ?? 'is invalid'}`));
+      const found = describeValidation(error.validation, error.validationContext);
+      void reply.code(400).type('application/problem+json').send({ ...problem(400, `${found.field} ${found.message}`), errors: [found] });
       return;
     }
     if (status >= 400 && status < 500) {

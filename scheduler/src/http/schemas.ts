@@ -15,6 +15,11 @@ export const Problem = Type.Object(
     detail: Type.String(),
     operation_id: Type.Optional(Type.String()),
     currentSize: Type.Optional(Type.Integer()),
+    errors: Type.Optional(
+      Type.Array(Type.Object({ field: Type.String(), message: Type.String() }), {
+        description: 'On a 400 for a request that fails its schema: the field (`body/tier`) and what is wrong with it',
+      }),
+    ),
   },
   { $id: 'Problem', description: 'RFC 9457 problem details' },
 );
