@@ -111,7 +111,7 @@ describe('GET /v1/openapi.json', () => {
     const files = doc.paths['/v1/desktops/{id}/files/{path}'];
     expect(files.put.requestBody.content['application/octet-stream'].schema).toMatchObject({ type: 'string', format: 'binary' });
     expect(files.get.responses['200'].content['application/octet-stream']).toBeDefined();
-    expect(files.get.responses['200'].headers['x-svc-eof']).toBeDefined();
+    expect(files.get.responses['200'].headers['X-Svc-Eof']).toBeDefined();
     expect(files.get.parameters.map((p: { name: string }) => p.name)).toEqual(expect.arrayContaining(['path', 'offset', 'length']));
     expect(ref(doc.paths['/v1/desktops/{id}/exec'].post, 200)).toContain('ExecResponse');
     expect(ref(doc.paths['/v1/desktops/{id}/exec'].post, 202)).toContain('ExecDetachedResponse');
@@ -183,5 +183,33 @@ describe('GET /v1/openapi.json', () => {
   it('lists the document itself as needing no credential, and no internal routes', () => {
     expect(doc.paths['/v1/openapi.json'].get.security).toEqual([]);
     expect(Object.keys(doc.paths).every((p) => p.startsWith('/v1/'))).toBe(true);
+  });
+
+  it('names every operation once, tags it with a declared tag, and says where the server is', () => {
+    const declared = new Set(doc.tags.map((t: { name: string }) => t.name));
+    const ids: string[] = [];
+    for (const [path, item] of Object.entries<Record<string, { operationId?: string; tags?: string[] }>>(doc.paths)) {
+      for (const [method, op] of Object.entries(item)) {
+        expect(op.operationId, `${method} ${path}`).toMatch(/^[a-z][A-Za-z]+$/);
+        expect(op.tags, `${method} ${path}`).toHaveLength(1);
+        expect(declared.has(op.tags![0]), `${method} ${path}: ${op.tags![0]}`).toBe(true);
+        ids.push(op.operationId!);
+      }
+    }
+    expect(new Set(ids).size).toBe(ids.length);
+    expect(doc.servers).toEqual([expect.objectContaining({ url: '/' })]);
+  });
+
+  it('documents Retry-After on every 503, and response headers with their schema once', () => {
+    for (const [path, item] of Object.entries<Record<string, { responses: Record<string, { headers?: Record<string, { schema: Record<string, unknown> }> }> }>>(doc.paths)) {
+      for (const [method, op] of Object.entries(item)) {
+        const unavailable = op.responses['503'];
+        if (!unavailable) continue;
+        expect(unavailable.headers?.['Retry-After']?.schema, `${method} ${path}`).toEqual({ type: 'integer', minimum: 0 });
+      }
+    }
+    const read = doc.paths['/v1/desktops/{id}/files/{path}'].get.responses['200'].headers;
+    expect(read['X-Svc-File-Size'].schema).toEqual({ type: 'integer', minimum: 0 });
+    expect(read['X-Svc-Eof'].schema).toEqual({ type: 'string', enum: ['true', 'false'] });
   });
 });

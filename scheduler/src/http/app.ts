@@ -10,6 +10,7 @@ import type { Logger } from '../../../shared/src/log.js';
 import { ApiError, problem } from '../errors.js';
 import { answerClientError, refuseConnect } from './client-errors.js';
 import { describeValidation } from './validation-problem.js';
+import { OPERATIONS, RETRY_AFTER_HEADER } from './operations-doc.js';
 import {
   DesktopJson,
   DisplayResponse,
@@ -148,6 +149,9 @@ export async function buildApp(deps: AppDeps): Promise<App> {
     openapi: {
       openapi: '3.1.0',
       info: { title: 'Canto cloud desktop API', version: '1.0.0' },
+      // Relative: the document describes the server that serves it.
+      servers: [{ url: '/', description: 'this deployment' }],
+      tags: [...new Set(Object.values(OPERATIONS).map((o) => o.tag))].map((name) => ({ name })),
       components: { securitySchemes: { bearer_auth: { type: 'http', scheme: 'bearer' } } },
       security: [{ bearer_auth: [] }],
     },
@@ -233,8 +237,14 @@ export async function buildApp(deps: AppDeps): Promise<App> {
  * which SPEC names `{path}`; a raw-body route has no body schema (its body is a stream), so its
  * binary body is described here.
  */
-function documentRoute({ schema, url, route }: { schema: unknown; url: string; route: { config?: unknown } }) {
+function documentRoute({ schema, url, route }: { schema: unknown; url: string; route: { config?: unknown; method?: unknown } }) {
   const doc = { ...(schema as Record<string, unknown>) };
+  const methods = Array.isArray(route.method) ? route.method : [route.method];
+  const named = OPERATIONS[`${String(methods.find((m) => m !== 'HEAD'))} ${url}`];
+  if (named) {
+    doc.operationId = named.operationId;
+    doc.tags = [named.tag];
+  }
   let documentedUrl = url;
   if (url.endsWith('/*')) {
     documentedUrl = `${url.slice(0, -1)}:path`;
@@ -271,5 +281,6 @@ export function errorResponses(...statuses: number[]): Record<number, unknown> {
     description: 'RFC 9457 problem details',
     content: { 'application/problem+json': { schema: { $ref: 'Problem#' } } },
   };
-  return Object.fromEntries([401, 500, 503, ...statuses].map((s) => [s, response]));
+  const unavailable = { ...response, description: 'RFC 9457 problem details; retryable, after Retry-After seconds when given', headers: RETRY_AFTER_HEADER };
+  return Object.fromEntries([401, 500, 503, ...statuses].map((s) => [s, s === 503 ? unavailable : response]));
 }

@@ -26,9 +26,10 @@ import {
 
 const octetStream = {
   description: 'The file, or the requested window of it',
+  // @fastify/swagger wraps each header's JSON schema in `{schema, description}` itself.
   headers: {
-    'x-svc-file-size': { schema: { type: 'integer' }, description: 'Total size of the file' },
-    'x-svc-eof': { schema: { type: 'string', enum: ['true', 'false'] }, description: 'The window reaches the end of the file' },
+    'X-Svc-File-Size': { type: 'integer', minimum: 0, description: 'Total size of the file' },
+    'X-Svc-Eof': { type: 'string', enum: ['true', 'false'], description: 'The window reaches the end of the file' },
   },
   content: { 'application/octet-stream': { schema: { type: 'string', format: 'binary' } } },
 };
