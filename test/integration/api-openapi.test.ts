@@ -212,4 +212,10 @@ describe('GET /v1/openapi.json', () => {
     expect(read['X-Svc-File-Size'].schema).toEqual({ type: 'integer', minimum: 0 });
     expect(read['X-Svc-Eof'].schema).toEqual({ type: 'string', enum: ['true', 'false'] });
   });
+
+  it('says what the server enforces of env keys', () => {
+    const env = doc.paths['/v1/desktops'].post.requestBody.content['application/json'].schema.properties.env;
+    expect(env.propertyNames).toEqual({ pattern: '^[A-Za-z_][A-Za-z0-9_]*$' });
+    expect(env.maxProperties).toBe(100);
+  });
 });

@@ -63,7 +63,13 @@ export const CreateDesktopBody = Type.Object(
     env: Type.Optional(
       // TypeBox renders a patterned key as `patternProperties` only; without
       // `additionalProperties: false` a key that fails the pattern would be accepted unchecked.
-      Type.Record(Type.String({ pattern: ENV_KEY_PATTERN }), Type.String(), { maxProperties: 100, additionalProperties: false }),
+      // `propertyNames` says in the document what the server enforces of every key (a client
+      // generator reads it; patternProperties alone reads as "keys like this are typed so").
+      Type.Record(Type.String({ pattern: ENV_KEY_PATTERN }), Type.String(), {
+        maxProperties: 100,
+        additionalProperties: false,
+        propertyNames: { pattern: ENV_KEY_PATTERN },
+      }),
     ),
     setup_script: Type.Optional(Type.String()),
   },
