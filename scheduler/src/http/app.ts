@@ -11,26 +11,8 @@ import { ApiError, problem } from '../errors.js';
 import { answerClientError, refuseConnect } from './client-errors.js';
 import { describeValidation } from './validation-problem.js';
 import { OPERATIONS, RETRY_AFTER_HEADER } from './operations-doc.js';
-import {
-  DesktopJson,
-  DisplayResponse,
-  ExecDetachedResponse,
-  ExecResponse,
-  FileStatJson,
-  InputResponse,
-  ListDirResponse,
-  OperationJson,
-  PortExposureJson,
-  Problem,
-  ProcessStatusResponse,
-  ScreenshotBase64Response,
-  StreamTicketResponse,
-  UsageResponse,
-  WebhookDeliveryJson,
-  WebhookEndpointJson,
-  ApiKeyJson,
-  CreatedApiKeyJson,
-} from './schemas.js';
+import { DesktopJson, OperationJson, PortExposureJson, Problem, UsageResponse, WebhookDeliveryJson, WebhookEndpointJson, ApiKeyJson, CreatedApiKeyJson } from './schemas.js';
+import { DisplayResponse, ExecDetachedResponse, ExecResponse, FileStatJson, InputResponse, ListDirResponse, ProcessStatusResponse, ScreenshotBase64Response, StreamTicketResponse } from './guest-schemas.js';
 import { registerDesktopRoutes } from './routes/desktops.js';
 import { registerLifecycleRoutes } from './routes/lifecycle.js';
 import { registerOperationRoutes } from './routes/operations.js';

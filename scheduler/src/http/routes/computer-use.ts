@@ -7,14 +7,8 @@
 import { Type } from '@sinclair/typebox';
 import type { App, AppDeps } from '../app.js';
 import { errorResponses } from '../app.js';
-import {
-  DesktopIdParams,
-  InputBody,
-  InputResponse,
-  ScreenshotBody,
-  StreamBody,
-  StreamTicketResponse,
-} from '../schemas.js';
+import { DesktopIdParams } from '../schemas.js';
+import { InputBody, InputResponse, ScreenshotBody, StreamBody, StreamTicketResponse } from '../guest-schemas.js';
 
 const screenshotResponse = {
   description: 'The PNG (`encoding: binary`, the default), or JSON with the PNG in base64 (`encoding: base64`)',

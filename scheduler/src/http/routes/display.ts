@@ -2,7 +2,8 @@
 import { Type } from '@sinclair/typebox';
 import type { App, AppDeps } from '../app.js';
 import { errorResponses } from '../app.js';
-import { DesktopIdParams, DisplayBody, DisplayResponse } from '../schemas.js';
+import { DesktopIdParams } from '../schemas.js';
+import { DisplayBody, DisplayResponse } from '../guest-schemas.js';
 
 export function registerDisplayRoutes(app: App, deps: AppDeps): void {
   app.get(

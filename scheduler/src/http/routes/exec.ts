@@ -4,15 +4,8 @@ import type { App, AppDeps } from '../app.js';
 import { errorResponses } from '../app.js';
 import { errors } from '../../errors.js';
 import { clampTailBytes } from '../../services/guest.js';
-import {
-  DesktopIdParams,
-  ExecBody,
-  ExecDetachedResponse,
-  ExecResponse,
-  ProcessParams,
-  ProcessQuery,
-  ProcessStatusResponse,
-} from '../schemas.js';
+import { DesktopIdParams } from '../schemas.js';
+import { ExecBody, ExecDetachedResponse, ExecResponse, ProcessParams, ProcessQuery, ProcessStatusResponse } from '../guest-schemas.js';
 
 export function registerExecRoutes(app: App, deps: AppDeps): void {
   app.post(

@@ -1,0 +1,178 @@
+/**
+ * The guest-facing routes' TypeBox schemas (SPEC 4.3-4.6): exec and processes, files, and computer
+ * use (display, screenshots, input, streams). Like schemas.ts, they are the single source of
+ * request validation, response serialization and the OpenAPI document.
+ */
+import { Type, type Static } from '@sinclair/typebox';
+import { idPattern } from '../../../shared/src/ids.js';
+import { INPUT_LIMITS, InputAction, STREAM_CLAIMS } from '../../../shared/src/computer-use.js';
+import { DIGITS } from './schemas.js';
+
+/* ------------------------------------------------------------------ guest operations */
+
+export const ExecBody = Type.Object(
+  {
+    command: Type.String({ minLength: 1 }),
+    timeout_secs: Type.Optional(
+      Type.Union([Type.Number(), Type.Null()], { description: 'Default 60, clamped to 1..300, never rejected; ignored when detached' }),
+    ),
+    detached: Type.Optional(Type.Boolean({ default: false })),
+  },
+  { additionalProperties: true },
+);
+export type ExecBody = Static<typeof ExecBody>;
+
+export const ExecResponse = Type.Object(
+  {
+    exit_code: Type.Integer(),
+    stdout: Type.String(),
+    stderr: Type.String(),
+    stdout_truncated: Type.Boolean({ description: 'stdout was longer than 1 MiB; its first 1 MiB is returned' }),
+    stderr_truncated: Type.Boolean({ description: 'stderr was longer than 1 MiB; its first 1 MiB is returned' }),
+  },
+  { $id: 'ExecResponse' },
+);
+
+export const ExecDetachedResponse = Type.Object({ process_id: Type.String() }, { $id: 'ExecDetachedResponse' });
+
+export const ProcessParams = Type.Object({
+  id: Type.String({ pattern: idPattern('desktop') }),
+  process_id: Type.String({ pattern: '^(setup|prc_[0-9a-v]{24})$' }),
+});
+
+
+export const ProcessQuery = Type.Object({
+  tail_bytes: Type.Optional(Type.String({ pattern: DIGITS, description: 'Integer; omitted or 0 gives 64 KiB; capped at 512 KiB' })),
+});
+
+export const ProcessStatusResponse = Type.Object(
+  {
+    process_id: Type.String(),
+    status: Type.Union([Type.Literal('running'), Type.Literal('exited'), Type.Literal('lost')]),
+    exit_code: Type.Integer({ description: 'The exit code when status is exited; -1 otherwise' }),
+    stdout_tail: Type.String(),
+    stderr_tail: Type.String(),
+  },
+  { $id: 'ProcessStatusResponse' },
+);
+
+export const FileType = Type.Union([Type.Literal('file'), Type.Literal('directory'), Type.Literal('symlink'), Type.Literal('other')]);
+
+export const FileStatJson = Type.Object(
+  {
+    path: Type.String({ description: 'Guest path without the leading /' }),
+    fileType: FileType,
+    sizeBytes: Type.Integer(),
+    modifiedAt: Type.String({ format: 'date-time' }),
+    mode: Type.String({ description: 'Permission bits as octal text' }),
+  },
+  { $id: 'FileStatJson' },
+);
+
+export const ListDirResponse = Type.Object(
+  {
+    path: Type.String(),
+    entries: Type.Array(
+      Type.Object({ name: Type.String(), fileType: FileType, sizeBytes: Type.Integer(), modifiedAt: Type.String({ format: 'date-time' }) }),
+    ),
+    truncated: Type.Boolean(),
+  },
+  { $id: 'ListDirResponse' },
+);
+
+export const GuestPathParams = Type.Object({
+  id: Type.String({ pattern: idPattern('desktop') }),
+  '*': Type.String({ description: 'Absolute guest path without the leading /' }),
+});
+
+export const BooleanText = Type.Union([Type.Literal('true'), Type.Literal('false')]);
+
+export const FileReadQuery = Type.Object({
+  offset: Type.Optional(Type.String({ pattern: DIGITS, description: 'int64 >= 0; a windowed read' })),
+  length: Type.Optional(Type.String({ pattern: DIGITS, description: 'int64 >= 0, needs offset; default and max 8 MiB' })),
+});
+
+export const FileWriteQuery = Type.Object({
+  append: Type.Optional(BooleanText),
+  offset: Type.Optional(Type.String({ pattern: DIGITS, description: 'Required with append=true: the size the file must have' })),
+});
+
+export const FileDeleteQuery = Type.Object({ recursive: Type.Optional(BooleanText) });
+
+/* ------------------------------------------------------------------ computer use */
+
+export const DisplayResponse = Type.Object(
+  { width: Type.Integer({ description: 'Pixels' }), height: Type.Integer({ description: 'Pixels' }) },
+  { $id: 'DisplayResponse' },
+);
+
+export const ScreenshotBody = Type.Object(
+  {
+    encoding: Type.Optional(Type.Union([Type.Literal('binary'), Type.Literal('base64'), Type.Null()], {
+      description: '`binary` (default): the PNG itself. `base64`: JSON {data_base64, width, height}',
+    })),
+    region: Type.Optional(Type.Union([
+      Type.Object(
+        {
+          x: Type.Integer({ minimum: 0, maximum: 32767 }),
+          y: Type.Integer({ minimum: 0, maximum: 32767 }),
+          width: Type.Integer({ minimum: 1, maximum: 32767 }),
+          height: Type.Integer({ minimum: 1, maximum: 32767 }),
+        },
+        { description: 'Screen pixels, all four together; clamped to the screen' },
+      ),
+      Type.Null(),
+    ])),
+    scale_percent: Type.Optional(Type.Union([Type.Integer({ minimum: 1, maximum: 100 }), Type.Null()], {
+      description: 'Downscale percent of the (cropped) size; omitted means full size',
+    })),
+  },
+  { additionalProperties: true },
+);
+export type ScreenshotBody = Static<typeof ScreenshotBody>;
+
+export const ScreenshotBase64Response = Type.Object(
+  {
+    data_base64: Type.String({ description: 'The PNG, base64' }),
+    width: Type.Integer({ description: 'Pixels, after the crop and the scale' }),
+    height: Type.Integer({ description: 'Pixels, after the crop and the scale' }),
+  },
+  { $id: 'ScreenshotBase64Response' },
+);
+
+export const InputBody = Type.Object(
+  { actions: Type.Array(InputAction, { maxItems: INPUT_LIMITS.maxActions }) },
+  { additionalProperties: true },
+);
+export type InputBody = Static<typeof InputBody>;
+
+export const InputResponse = Type.Object(
+  { cursor: Type.Object({ x: Type.Integer(), y: Type.Integer() }) },
+  { $id: 'InputResponse' },
+);
+
+export const StreamBody = Type.Object(
+  {
+    claim: Type.Union(STREAM_CLAIMS.map((c) => Type.Literal(c)), {
+      description: '`view` watches; `control` also sends input, and makes exec and file routes answer 409 while held',
+    }),
+  },
+  { additionalProperties: true },
+);
+
+export const StreamTicketResponse = Type.Object(
+  {
+    url: Type.String({ description: '`tcp://host:port/?ticket=…`: dial it, send the ticket and a newline, then speak RFB' }),
+    claim: Type.Union(STREAM_CLAIMS.map((c) => Type.Literal(c))),
+    expires_at: Type.String({ format: 'date-time', description: 'The ticket must be presented before this; it is single use' }),
+  },
+  { $id: 'StreamTicketResponse' },
+);
+
+export const DisplayBody = Type.Object(
+  {
+    width: Type.Integer({ minimum: 640, maximum: 2560 }),
+    height: Type.Integer({ minimum: 480, maximum: 1600 }),
+  },
+  { additionalProperties: true },
+);
