@@ -25,32 +25,8 @@
 import type { Static, TSchema } from '@sinclair/typebox';
 import { inputBatchProblem, type StreamClaim } from '../../shared/src/computer-use.js';
 import type { Logger } from '../../shared/src/log.js';
-import {
-  AGENT_COMMANDS,
-  AgentFailure,
-  DestroyPayload,
-  DirListPayload,
-  DisplayGetPayload,
-  DisplaySetPayload,
-  ExecPayload,
-  FileDeletePayload,
-  FileReadPayload,
-  FileStatPayload,
-  FileWritePayload,
-  ForkPayload,
-  HibernatePayload,
-  PreparePayload,
-  ProcessPayload,
-  SpawnPayload,
-  ScreenshotPayload,
-  StartPayload,
-  StreamGrantPayload,
-  InputPayload,
-  InspectPayload,
-  parseMessage,
-  type FenceEntry,
-  type AgentCommand,
-} from '../../shared/src/protocol.js';
+import { AGENT_COMMANDS, AgentFailure, DestroyPayload, ForkPayload, HibernatePayload, PreparePayload, StartPayload, InspectPayload, parseMessage, type FenceEntry, type AgentCommand } from '../../shared/src/protocol.js';
+import { DirListPayload, DisplayGetPayload, DisplaySetPayload, ExecPayload, FileDeletePayload, FileReadPayload, FileStatPayload, FileWritePayload, ProcessPayload, SpawnPayload, ScreenshotPayload, StreamGrantPayload, InputPayload } from '../../shared/src/guest-commands.js';
 import { WithDownload } from '../../shared/src/byte-stream.js';
 import type { RequestContext, RpcPeer } from '../../shared/src/rpc.js';
 import type { FenceKind, GenerationStore } from './generations.js';

@@ -9,7 +9,7 @@
 import type { Duplex } from 'node:stream';
 import type { Tier } from '../../../shared/src/tiers.js';
 import type { InputAction } from '../../../shared/src/computer-use.js';
-import type { ScreenRegion } from '../../../shared/src/protocol.js';
+import type { ScreenRegion } from '../../../shared/src/guest-commands.js';
 
 export type { ScreenRegion };
 

@@ -8,7 +8,8 @@
  * Guest operations are not durable operations: they run while the caller waits, and a lost link
  * fails the call (503) rather than being retried here, because an exec is not idempotent.
  */
-import type { AgentCommand, CommandPayload, CommandResult, ScreenRegion } from '../../../shared/src/protocol.js';
+import type { AgentCommand, CommandPayload, CommandResult } from '../../../shared/src/protocol.js';
+import type { ScreenRegion } from '../../../shared/src/guest-commands.js';
 import { INPUT_LIMITS, inputBatchProblem, SCREENSHOT_MAX_BYTES, type InputAction, type StreamClaim } from '../../../shared/src/computer-use.js';
 import { AgentFailure } from '../../../shared/src/protocol.js';
 import { newId } from '../../../shared/src/ids.js';

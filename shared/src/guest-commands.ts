@@ -1,0 +1,134 @@
+/**
+ * The guest operations on the agent link (protocol.ts has the envelope, the lifecycle commands
+ * and the command table): exec and detached processes, files, display, screenshots, input and
+ * stream grants. Each is fenced by the desktop's generation but not queued behind lifecycle
+ * commands, and any scheduler replica may send it.
+ */
+import { Type, type Static } from '@sinclair/typebox';
+import { INPUT_LIMITS, InputAction, STREAM_CLAIMS } from './computer-use.js';
+import { DesktopRef } from './desktop-ref.js';
+
+export const ExecPayload = Type.Object({
+  ...DesktopRef,
+  command: Type.String({ minLength: 1 }),
+  timeout_ms: Type.Integer({ minimum: 1 }),
+  /** 1.1: bytes kept of each output stream (default 1 MiB). */
+  max_output_bytes: Type.Optional(Type.Integer({ minimum: 0 })),
+});
+export const ExecResult = Type.Object({
+  exit_code: Type.Integer(),
+  stdout: Type.String(),
+  stderr: Type.String(),
+  stdout_truncated: Type.Optional(Type.Boolean()),
+  stderr_truncated: Type.Optional(Type.Boolean()),
+});
+
+/** Process ids: `setup` (the first-boot script) or `prc_` plus 24 base-32 characters. */
+export const PROCESS_ID_PATTERN = '^(setup|prc_[0-9a-v]{24})$';
+const ProcessId = Type.String({ pattern: PROCESS_ID_PATTERN });
+/** Guest paths on the link: absolute and normalized by the scheduler; the agent re-checks. */
+const GuestPath = Type.String({ minLength: 1, maxLength: 4096, pattern: '^/' });
+
+export const SpawnPayload = Type.Object({ ...DesktopRef, process_id: ProcessId, command: Type.String({ minLength: 1 }) });
+export const SpawnResult = Type.Object({});
+
+export const ProcessPayload = Type.Object({ ...DesktopRef, process_id: ProcessId, tail_bytes: Type.Integer({ minimum: 0 }) });
+export const ProcessResult = Type.Object({
+  /** False when the desktop never had a process of this id. */
+  found: Type.Boolean(),
+  status: Type.Union([Type.Literal('running'), Type.Literal('exited'), Type.Literal('lost')]),
+  exit_code: Type.Union([Type.Integer(), Type.Null()]),
+  stdout_tail: Type.String(),
+  stderr_tail: Type.String(),
+});
+
+const FileType = Type.Union([Type.Literal('file'), Type.Literal('directory'), Type.Literal('symlink'), Type.Literal('other')]);
+
+/** Answered with a download of `length` bytes after the reply. */
+export const FileReadPayload = Type.Object({
+  ...DesktopRef,
+  path: GuestPath,
+  offset: Type.Union([Type.Integer({ minimum: 0 }), Type.Null()]),
+  length: Type.Integer({ minimum: 0 }),
+  max_whole_bytes: Type.Integer({ minimum: 0 }),
+});
+export const FileReadResult = Type.Object({
+  size: Type.Integer({ minimum: 0 }),
+  length: Type.Integer({ minimum: 0 }),
+  eof: Type.Boolean(),
+});
+
+/** Carries the file's bytes as an upload; replied to once they are in place. */
+export const FileWritePayload = Type.Object({
+  ...DesktopRef,
+  path: GuestPath,
+  append_at: Type.Union([Type.Integer({ minimum: 0 }), Type.Null()]),
+});
+export const FileWriteResult = Type.Object({});
+
+export const FileDeletePayload = Type.Object({ ...DesktopRef, path: GuestPath, recursive: Type.Boolean() });
+export const FileDeleteResult = Type.Object({});
+
+export const FileStatPayload = Type.Object({ ...DesktopRef, path: GuestPath });
+export const FileStatResult = Type.Object({
+  file_type: FileType,
+  size_bytes: Type.Integer({ minimum: 0 }),
+  modified_at: Type.String(),
+  mode: Type.String(),
+});
+
+export const DirListPayload = Type.Object({ ...DesktopRef, path: GuestPath, limit: Type.Integer({ minimum: 1 }) });
+export const DirListResult = Type.Object({
+  entries: Type.Array(
+    Type.Object({ name: Type.String(), file_type: FileType, size_bytes: Type.Integer({ minimum: 0 }), modified_at: Type.String() }),
+  ),
+  truncated: Type.Boolean(),
+});
+
+export const DisplayGetPayload = Type.Object({ ...DesktopRef });
+export const DisplaySetPayload = Type.Object({
+  ...DesktopRef,
+  width: Type.Integer({ minimum: 1, maximum: 16384 }),
+  height: Type.Integer({ minimum: 1, maximum: 16384 }),
+});
+/** The geometry read from the guest's X server (after a resize: read again). */
+export const DisplayResult = Type.Object({ width: Type.Integer({ minimum: 1 }), height: Type.Integer({ minimum: 1 }) });
+
+/** A rectangle of screen pixels. */
+export const ScreenRegion = Type.Object({
+  x: Type.Integer({ minimum: 0 }),
+  y: Type.Integer({ minimum: 0 }),
+  width: Type.Integer({ minimum: 1 }),
+  height: Type.Integer({ minimum: 1 }),
+});
+export type ScreenRegion = Readonly<Static<typeof ScreenRegion>>;
+
+export const ScreenshotPayload = Type.Object({
+  ...DesktopRef,
+  /** Screen pixels, clamped to the screen by the agent; null captures it all. */
+  region: Type.Union([ScreenRegion, Type.Null()]),
+  scale_percent: Type.Union([Type.Integer({ minimum: 1, maximum: 100 }), Type.Null()]),
+  /** A PNG over this size fails with `too_large`. */
+  max_bytes: Type.Integer({ minimum: 1 }),
+});
+export const ScreenshotResult = Type.Object({
+  png: Type.Uint8Array(),
+  width: Type.Integer({ minimum: 1 }),
+  height: Type.Integer({ minimum: 1 }),
+});
+
+/** A batch the scheduler has validated (shared/src/computer-use.ts); the agent checks it again. */
+export const InputPayload = Type.Object({ ...DesktopRef, actions: Type.Array(InputAction, { maxItems: INPUT_LIMITS.maxActions }) });
+export const InputResult = Type.Object({ x: Type.Integer(), y: Type.Integer() });
+
+/**
+ * A single-use ticket for the agent's stream gateway: the client dials `host:port`, sends the
+ * ticket and a newline, then speaks RFB. `control_claimed` when another client holds control.
+ */
+export const StreamGrantPayload = Type.Object({ ...DesktopRef, claim: Type.Union(STREAM_CLAIMS.map((c) => Type.Literal(c))) });
+export const StreamGrantResult = Type.Object({
+  ticket: Type.String(),
+  expires_at: Type.String(),
+  host: Type.String(),
+  port: Type.Integer({ minimum: 1, maximum: 65535 }),
+});
