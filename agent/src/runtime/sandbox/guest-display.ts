@@ -7,6 +7,7 @@
  */
 import { AgentFailure } from '../../../../shared/src/protocol.js';
 import type { DisplaySize, ExecOutcome, ExecSpec } from '../driver.js';
+import { readJson, writeFileAtomic } from './layout.js';
 
 type Exec = (spec: ExecSpec) => Promise<ExecOutcome>;
 
@@ -37,4 +38,28 @@ export async function resizeDisplay(exec: Exec, size: DisplaySize): Promise<Disp
     throw new AgentFailure('runtime_error', `resize failed: ${out.stderr.trim().slice(0, 200)}`, false);
   }
   return applied;
+}
+
+/**
+ * SPEC 4.5: the geometry survives hibernate and wake. A memory snapshot keeps it by itself; for a
+ * cold boot of a disk that already ran (no snapshot, or a restore that failed), every resize is
+ * recorded in `file` beside the disk and set again by `reapplyRecordedDisplay`. A new desktop's
+ * first boot has no record: 1024x768.
+ */
+export async function resizeAndRecord(exec: Exec, size: DisplaySize, file: string): Promise<DisplaySize> {
+  const applied = await resizeDisplay(exec, size);
+  await writeFileAtomic(file, JSON.stringify(applied));
+  return applied;
+}
+
+/** Sets the recorded size again after a cold boot; answers why not, or null when it did (or had none). */
+export async function reapplyRecordedDisplay(exec: Exec, file: string): Promise<string | null> {
+  const size = await readJson<DisplaySize>(file);
+  if (size === null || !Number.isInteger(size.width) || !Number.isInteger(size.height)) return null;
+  try {
+    await resizeDisplay(exec, size);
+    return null;
+  } catch (err) {
+    return String(err);
+  }
 }

@@ -49,7 +49,7 @@ import { coldBoot, type InitProcess } from './cold-boot.js';
 import { detectCriu, dump, restore, type CriuInfo } from './criu.js';
 import { applyFirstBoot, WRITE_ENV_COMMAND } from './first-boot.js';
 import { resolveTool } from './tools.js';
-import { resizeDisplay } from './guest-display.js';
+import { reapplyRecordedDisplay, resizeAndRecord } from './guest-display.js';
 import { runInput } from './guest-input.js';
 import { VncSessions } from './guest-vnc.js';
 import { GuestPorts } from './guest-ports.js';
@@ -170,7 +170,9 @@ export class SandboxDriver implements RuntimeDriver {
           await applyTier(spec.desktopId, spec.tier); // again: a failed restore removed the groups
           init = await coldBoot(paths, spec.desktopId, this.tools.bwrap);
           await writeFileAtomic(paths.initFile, JSON.stringify(init));
-          await this.reapplyDisplay(paths, spec.desktopId, init);
+          const booted = init;
+          const unset = await reapplyRecordedDisplay((e) => this.execIn(spec.desktopId, booted, e.command, e.timeoutMs), paths.displayFile);
+          if (unset !== null) this.log('could not set the display size again after a cold boot', { desktopId: spec.desktopId, error: unset });
         }
         // The images describe memory that no longer matches the disk once the guest has run.
         if (restored) await rm(paths.snapshot, { recursive: true, force: true });
@@ -286,25 +288,8 @@ export class SandboxDriver implements RuntimeDriver {
     return this.guest.screenSize(desktopId);
   }
 
-  async setDisplay(desktopId: string, size: DisplaySize): Promise<DisplaySize> {
-    const applied = await resizeDisplay((spec) => this.guest.exec(desktopId, spec), size);
-    await writeFileAtomic(desktopPaths(this.stateDir, desktopId).displayFile, JSON.stringify(applied));
-    return applied;
-  }
-
-  /**
-   * SPEC 4.5: the geometry survives hibernate and wake. A memory snapshot keeps it by itself; a
-   * cold boot of a disk that already ran (no snapshot, or a restore that failed) sets it again
-   * from what the last resize recorded. A new desktop's first boot has no record: 1024x768.
-   */
-  private async reapplyDisplay(paths: DesktopPaths, desktopId: string, init: InitProcess): Promise<void> {
-    const size = await readJson<DisplaySize>(paths.displayFile);
-    if (size === null || !Number.isInteger(size.width) || !Number.isInteger(size.height)) return;
-    try {
-      await resizeDisplay((spec) => this.execIn(desktopId, init, spec.command, spec.timeoutMs), size);
-    } catch (err) {
-      this.log('could not restore the display size after a cold boot', { desktopId, error: String(err) });
-    }
+  setDisplay(desktopId: string, size: DisplaySize): Promise<DisplaySize> {
+    return resizeAndRecord((spec) => this.guest.exec(desktopId, spec), size, desktopPaths(this.stateDir, desktopId).displayFile);
   }
 
   screenshot(desktopId: string, spec: ScreenshotSpec): Promise<Screenshot> {
