@@ -7,7 +7,7 @@ import { readFileSync } from 'node:fs';
 import { Command, Option } from 'commander';
 import { loadSchedulerConfig } from '../../scheduler/src/config.js';
 import { startScheduler, STOP_BUDGET_MS } from '../../scheduler/src/main.js';
-import { connectDatabase } from '../../scheduler/src/store/db.js';
+import { connectDatabase, type Sql } from '../../scheduler/src/store/db.js';
 import { migrate } from '../../scheduler/src/store/migrations.js';
 import { createApiKey } from '../../scheduler/src/services/keys.js';
 import { listHosts } from '../../scheduler/src/store/hosts.js';
@@ -111,13 +111,25 @@ interface DbOpts {
   databaseUrl?: string;
 }
 
-/** Opens the database named by --database-url / DATABASE_URL, else the data directory's. */
-async function withDatabase<T>(opts: DbOpts, fn: (url: string) => Promise<T>): Promise<T> {
+/**
+ * Runs `fn` on the database named by --database-url / DATABASE_URL, else the data directory's,
+ * migrated, with one connection that is closed afterwards.
+ */
+async function withDatabase<T>(opts: DbOpts, fn: (sql: Sql) => Promise<T>): Promise<T> {
+  const run = async (url: string) => {
+    const sql = connectDatabase(url, { max: 1 });
+    try {
+      await migrate(sql);
+      return await fn(sql);
+    } finally {
+      await sql.end();
+    }
+  };
   const explicit = opts.databaseUrl ?? (opts.dataDir ? undefined : env.DATABASE_URL);
-  if (explicit) return fn(explicit);
+  if (explicit) return run(explicit);
   const db = await openDataDirDatabase(opts.dataDir ?? env.CANTO_DATA_DIR ?? DEFAULT_DATA_DIR);
   try {
-    return await fn(db.url);
+    return await run(db.url);
   } finally {
     await db.stop();
   }
@@ -131,15 +143,7 @@ keys
   .option('--data-dir <dir>', 'data directory of `canto up`')
   .option('--database-url <url>', 'scheduler database (DATABASE_URL)')
   .action(async (opts: DbOpts & { org: string }) => {
-    const key = await withDatabase(opts, async (url) => {
-      const sql = connectDatabase(url, { max: 1 });
-      try {
-        await migrate(sql);
-        return (await createApiKey(sql, opts.org)).key;
-      } finally {
-        await sql.end();
-      }
-    });
+    const key = await withDatabase(opts, async (sql) => (await createApiKey(sql, opts.org)).key);
     process.stdout.write(`${key}\n`);
   });
 
@@ -150,15 +154,7 @@ hosts
   .option('--data-dir <dir>', 'data directory of `canto up`')
   .option('--database-url <url>', 'scheduler database (DATABASE_URL)')
   .action(async (opts: DbOpts) => {
-    const rows = await withDatabase(opts, async (url) => {
-      const sql = connectDatabase(url, { max: 1 });
-      try {
-        await migrate(sql);
-        return await listHosts(sql);
-      } finally {
-        await sql.end();
-      }
-    });
+    const rows = await withDatabase(opts, listHosts);
     const lines = rows.map((h) => ({
       ID: h.id,
       HOSTNAME: h.hostname,
@@ -177,15 +173,7 @@ program
   .option('--database-url <url>', 'scheduler database (DATABASE_URL)')
   .option('--json', 'print JSON for scripts')
   .action(async (opts: DbOpts & { json?: boolean }) => {
-    const status = await withDatabase(opts, async (url) => {
-      const sql = connectDatabase(url, { max: 1 });
-      try {
-        await migrate(sql);
-        return await readFleetStatus(sql);
-      } finally {
-        await sql.end();
-      }
-    });
+    const status = await withDatabase(opts, readFleetStatus);
     process.stdout.write(opts.json ? `${JSON.stringify(status, null, 2)}\n` : formatFleetStatus(status));
   });
 
