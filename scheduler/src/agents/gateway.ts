@@ -84,7 +84,6 @@ export class AgentGateway {
   private readonly links = new Map<string, Link>();
   private readonly connectWaiters = new Map<string, Set<() => void>>();
   private readonly helloListeners = new Set<HelloListener>();
-  private readonly linkListeners = new Set<(hostId: string, linked: boolean) => void>();
   private readonly wss = new WebSocketServer({ noServer: true, maxPayload: 64 * 1024 * 1024 });
   private readonly joinTokenHash: string | null;
   private readonly watchdog: NodeJS.Timeout;
@@ -174,12 +173,6 @@ export class AgentGateway {
     return () => this.helloListeners.delete(listener);
   }
 
-  /** Calls `listener` whenever a host's link to this replica comes or goes. */
-  onLink(listener: (hostId: string, linked: boolean) => void): () => void {
-    this.linkListeners.add(listener);
-    return () => this.linkListeners.delete(listener);
-  }
-
   /** A new leader term: agents refuse lifecycle commands of older ones from now on. */
   announceEpoch(epoch: number): void {
     this.leaderEpoch = Math.max(this.leaderEpoch, epoch);
@@ -192,14 +185,10 @@ export class AgentGateway {
   }
 
   /** Closes every agent link (shutdown): agents carry on with the other replicas. */
-  closeAll(): void {
-    for (const link of this.links.values()) link.peer.close(1001, 'scheduler replica stopping');
-    this.links.clear();
-  }
-
   stop(): void {
     clearInterval(this.watchdog);
-    this.closeAll();
+    for (const link of this.links.values()) link.peer.close(1001, 'scheduler replica stopping');
+    this.links.clear();
   }
 
   private broadcast(payload: ClusterPayload): void {
@@ -215,12 +204,7 @@ export class AgentGateway {
       this.log.warn({ hostId, silent_ms: now - link.lastHeard }, 'agent link silent; dropping it');
       this.links.delete(hostId);
       link.peer.terminate();
-      this.linkChanged(hostId, false);
     }
-  }
-
-  private linkChanged(hostId: string, linked: boolean): void {
-    for (const listener of this.linkListeners) listener(hostId, linked);
   }
 
   private upgrade(req: IncomingMessage, socket: Duplex, head: Buffer): void {
@@ -279,7 +263,6 @@ export class AgentGateway {
       this.links.set(hostId, link);
       this.log.info({ hostId, instanceId: link.instanceId, runtime: hello.capabilities.runtime, protocol: hello.protocol, fence: fence.length }, 'agent connected');
       for (const waiter of this.connectWaiters.get(hostId) ?? []) waiter();
-      this.linkChanged(hostId, true);
       const connectedHost = hostId;
       // After the reply is on its way: listeners may send the host commands.
       setImmediate(() => {
@@ -321,7 +304,6 @@ export class AgentGateway {
       if (!hostId || this.links.get(hostId)?.peer !== peer) return;
       this.links.delete(hostId);
       this.log.info({ hostId }, 'agent disconnected');
-      this.linkChanged(hostId, false);
     });
   }
 }

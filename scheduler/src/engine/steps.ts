@@ -5,7 +5,7 @@
  * lease), the next leader re-drives the step; agent commands are idempotent per desktop, so the
  * repeat finds the work done and nothing runs twice.
  */
-import { AgentFailure, type AgentCommand, type CommandPayload, type CommandResult } from '../../../shared/src/protocol.js';
+import { AgentFailure, type CommandPayload, type CommandResult } from '../../../shared/src/protocol.js';
 import { TIER_SPECS, type Tier } from '../../../shared/src/tiers.js';
 import type { Logger } from '../../../shared/src/log.js';
 import { inTransaction, type Sql } from '../store/db.js';
@@ -73,8 +73,7 @@ export async function command<C extends FencedCommand>(
 /** What the host holds of a desktop now; null from an agent too old to say. */
 async function inspect(deps: StepDeps, hostId: string, desktopId: string): Promise<CommandResult<'desktop.inspect'> | null> {
   if (!deps.agents.speaks(hostId, 1, 7)) return null;
-  const name: AgentCommand = 'desktop.inspect';
-  return deps.agents.call(hostId, name, { desktop_id: desktopId }, deps.agentCommandTimeoutMs);
+  return deps.agents.call(hostId, 'desktop.inspect', { desktop_id: desktopId }, deps.agentCommandTimeoutMs);
 }
 
 async function connectedHost(deps: StepDeps, hostId: string): Promise<string> {

@@ -111,6 +111,7 @@ export class ReplicaRegistry {
         for (const listener of this.listeners) listener(addresses);
       }
       this.compareSettings(rows);
+      // About once a minute per replica, with no timer of its own: rows of crashed replicas go.
       if (Math.random() < this.options.refreshMs / 60_000) await pruneReplicas(sql, PRUNE_AFTER_MS);
     } catch (err) {
       this.log.warn({ err: (err as Error).message }, 'replica registry refresh failed');
