@@ -126,8 +126,8 @@ export async function up(options: UpOptions, env: NodeJS.ProcessEnv): Promise<vo
 
 /**
  * Hibernates every awake desktop (memory kept where the host can), reason `shutdown`, and waits
- * for their operations and any others in flight; stops waiting at `skip()` or after
- * HIBERNATE_ON_STOP_MS.
+ * for their operations and any others at work on the host; stops waiting at `skip()` or after
+ * HIBERNATE_ON_STOP_MS. `?wait=true` requests still open are answered when the scheduler stops.
  */
 async function hibernateAll(
   scheduler: RunningScheduler,
@@ -145,7 +145,11 @@ async function hibernateAll(
       const awake = await sql<Array<{ id: string; org_id: string; open: boolean }>>`
         SELECT d.id, d.org_id, EXISTS (SELECT 1 FROM operations o WHERE o.desktop_id = d.id AND o.state IN ('pending', 'running')) AS open
         FROM desktops d WHERE d.state = 'awake'`;
-      const [ops] = await sql<Array<{ open: number }>>`SELECT count(*)::int AS open FROM operations WHERE state IN ('pending', 'running')`;
+      // Operations on placed desktops are at work on the host (a wake would leave one awake);
+      // one still waiting for a host with room would wait for ever, and keeps for the next start.
+      const [ops] = await sql<Array<{ open: number }>>`
+        SELECT count(*)::int AS open FROM operations o JOIN desktops d ON d.id = o.desktop_id
+        WHERE o.state IN ('pending', 'running') AND d.host_id IS NOT NULL`;
       const open = ops!.open;
       const fresh = awake.filter((x) => !x.open && !requested.has(x.id));
       for (const d of fresh) {

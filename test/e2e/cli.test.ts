@@ -33,7 +33,8 @@ const started: ChildProcess[] = [];
 
 async function startUp(dataDir: string, port: number) {
   const proc = spawn(process.execPath, [CLI, 'up', '--data-dir', dataDir, '--listen', `127.0.0.1:${port}`], {
-    env: { PATH: process.env.PATH, HOME: '/root', CANTO_AGENT_RUNTIME: 'fake', CANTO_LOG_LEVEL: 'warn', ...LOCAL_PORTS },
+    // One storage slot: the awake desktop takes it, and any later one waits for a host for ever.
+    env: { PATH: process.env.PATH, HOME: '/root', CANTO_AGENT_RUNTIME: 'fake', CANTO_LOG_LEVEL: 'warn', CANTO_HOST_SLOTS: '1', ...LOCAL_PORTS },
     stdio: ['ignore', 'pipe', 'pipe'],
   });
   started.push(proc);
@@ -100,8 +101,17 @@ describe.skipIf(!isRoot)('canto CLI', () => {
     const twice = await run(process.execPath, [CLI, 'up', '--data-dir', dataDir, '--listen', '127.0.0.1:0'], { env: { ...process.env, ...LOCAL_PORTS } }).catch((err: { code: number; stderr: string }) => err);
     expect(twice).toMatchObject({ code: 1, stderr: expect.stringContaining('canto up is already running') });
 
-    // Ctrl-C hibernates the awake desktop first, then stops everything.
+    // Ctrl-C with a ?wait=true open on an operation that cannot proceed (no host has room):
+    // the awake desktop is hibernated first, the wait is answered, and canto up is gone promptly.
+    const stuck = ((await (await fetch(`${url}/v1/desktops`, { method: 'POST', headers: auth, body: '{"tier":"small"}' })).json()) as { id: string }).id;
+    const waiting = fetch(`${url}/v1/desktops/${stuck}/wake?wait=true`, { method: 'POST', headers: auth });
+    await until(async () => ((await (await fetch(`${url}/v1/desktops/${stuck}`, { headers: auth })).json()) as { state: string }).state === 'waking', 5_000, 'the wake to be recorded');
+    const stopAt = Date.now();
     expect(await first.stop()).toBe(0);
+    expect(Date.now() - stopAt).toBeLessThan(10_000);
+    const answered = await waiting;
+    expect(answered.status).toBe(200);
+    expect(['pending', 'running']).toContain(((await answered.json()) as { state: string }).state);
     expect(first.out()).toMatch(/hibernated 1 of 1 desktop/);
     expect(first.out()).toContain('Canto stopped.');
 
