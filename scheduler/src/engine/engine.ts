@@ -21,8 +21,9 @@ import { claimPending, OP_NEW_CHANNEL, runningOperations } from '../store/operat
 import type { OperationRow } from '../store/rows.js';
 import * as steps from './steps.js';
 import type { LeaderTerm } from './leader.js';
+import { PlacementReservations } from '../placement/reservations.js';
 
-export interface EngineDeps extends Omit<steps.StepDeps, 'fence' | 'leading'> {
+export interface EngineDeps extends Omit<steps.StepDeps, 'fence' | 'leading' | 'placements'> {
   pollMs: number;
   operationDeadlineMs: number;
   /** The term this replica leads in now; null when it does not lead. */
@@ -46,17 +47,18 @@ export class OperationEngine {
   private ticking = false;
   private readonly stopWaiters = new Set<() => void>();
   private readonly log: Logger;
+  private readonly placements = new PlacementReservations();
   private deps: EngineDeps & steps.StepDeps;
 
   constructor(private readonly base: EngineDeps) {
     this.log = base.logger.child({ component: 'engine' });
-    this.deps = { ...base, fence: { holder: '', epoch: -1 }, leading: () => false };
+    this.deps = { ...base, placements: this.placements, fence: { holder: '', epoch: -1 }, leading: () => false };
   }
 
   async start(term: LeaderTerm): Promise<void> {
     if (this.running) return;
     this.running = true;
-    this.deps = { ...this.base, fence: term, leading: () => this.running && this.base.currentTerm()?.epoch === term.epoch };
+    this.deps = { ...this.base, placements: this.placements, fence: term, leading: () => this.running && this.base.currentTerm()?.epoch === term.epoch };
     const sub = await this.deps.sql.listen(OP_NEW_CHANNEL, () => this.kick());
     this.unlisten = () => sub.unlisten();
     this.unsubscribeHello = this.deps.agents.onHello((hostId) => this.track(this.reconcileHost(hostId)));

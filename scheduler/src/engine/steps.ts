@@ -6,10 +6,9 @@
  * repeat finds the work done and nothing runs twice.
  */
 import { AgentFailure, type CommandPayload, type CommandResult } from '../../../shared/src/protocol.js';
-import { TIER_SPECS, type Tier } from '../../../shared/src/tiers.js';
 import type { Logger } from '../../../shared/src/log.js';
 import { inTransaction, type Sql } from '../store/db.js';
-import { getDesktopById, insertForks, setPlacement, transition } from '../store/desktops.js';
+import { getDesktopById, insertForks, placedDesktops, setPlacement, transition } from '../store/desktops.js';
 import { closeMeter, openMeter, recordEvent } from '../store/events.js';
 import { committedLoad, listHosts, slotsUsed } from '../store/hosts.js';
 import { settleOperation, type SettleFence } from '../store/operations.js';
@@ -18,7 +17,8 @@ import type { DesktopRow, OperationRow } from '../store/rows.js';
 import type { AgentGateway } from '../agents/gateway.js';
 import type { SecretBox } from '../crypto/secret-box.js';
 import { selectHost } from '../placement/select.js';
-import type { HostCandidate } from '../placement/feasible.js';
+import { hostCandidates } from '../placement/candidates.js';
+import type { PlacementReservations } from '../placement/reservations.js';
 
 export interface StepDeps {
   sql: Sql;
@@ -33,6 +33,8 @@ export interface StepDeps {
   hostWaitMs: number;
   overcommit: { cpu: number; memory: number };
   hostSlots: number;
+  /** Placements chosen but not yet committed, which count against their hosts meanwhile. */
+  placements: PlacementReservations;
 }
 
 /** A failure that settles the operation at once, without retrying. */
@@ -96,42 +98,37 @@ async function loadDesktop(deps: StepDeps, id: string): Promise<DesktopRow> {
  */
 export async function provision(deps: StepDeps, desktop: DesktopRow): Promise<string> {
   if (desktop.host_id) return desktop.host_id;
-  const hostId = await pickHost(deps, desktop.tier);
+  const hostId = await pickHost(deps, desktop);
   if (!hostId) throw new AgentFailure('disconnected', 'no connected host has capacity for this desktop', true);
-  await command(deps, hostId, 'desktop.prepare', { desktop_id: desktop.id, generation: desktop.generation, tier: desktop.tier });
-  await inTransaction(deps.sql, async (tx) => {
-    if (!(await setPlacement(tx, desktop.id, hostId))) return;
-    const moved = await transition(tx, desktop.id, ['provisioning'], 'hibernated', { markCreatedEvent: true });
-    if (!moved) await tx`UPDATE desktops SET created_event_at = now() WHERE id = ${desktop.id} AND created_event_at IS NULL`;
-    await recordEvent(tx, { orgId: desktop.org_id, desktopId: desktop.id, type: 'desktop.created', data: { tier: desktop.tier, host_id: hostId } });
-  });
+  try {
+    await command(deps, hostId, 'desktop.prepare', { desktop_id: desktop.id, generation: desktop.generation, tier: desktop.tier });
+    await inTransaction(deps.sql, async (tx) => {
+      if (!(await setPlacement(tx, desktop.id, hostId))) return;
+      const moved = await transition(tx, desktop.id, ['provisioning'], 'hibernated', { markCreatedEvent: true });
+      if (!moved) await tx`UPDATE desktops SET created_event_at = now() WHERE id = ${desktop.id} AND created_event_at IS NULL`;
+      await recordEvent(tx, { orgId: desktop.org_id, desktopId: desktop.id, type: 'desktop.created', data: { tier: desktop.tier, host_id: hostId } });
+    });
+  } finally {
+    deps.placements.release(desktop.id);
+  }
   return (await loadDesktop(deps, desktop.id)).host_id!;
 }
 
-async function pickHost(deps: StepDeps, tier: Tier): Promise<string | null> {
-  const [hosts, load, slots] = await Promise.all([listHosts(deps.sql), committedLoad(deps.sql), slotsUsed(deps.sql)]);
-  const candidates: HostCandidate[] = hosts.map((h) => {
-    let vcpus = 0;
-    let memoryMb = 0;
-    for (const l of load.filter((x) => x.host_id === h.id)) {
-      const spec = TIER_SPECS[l.tier as Tier];
-      vcpus += spec.vcpus * l.count;
-      memoryMb += spec.memoryMb * l.count;
-    }
-    return {
-      id: h.id,
-      connected: deps.agents.isConnected(h.id),
-      ready: h.status === 'ready',
-      cordoned: h.cordoned,
-      vcpus: h.vcpus,
-      memoryMb: h.memory_mb,
-      committedVcpus: vcpus,
-      committedMemoryMb: memoryMb,
-      slots: deps.hostSlots,
-      slotsUsed: slots.get(h.id) ?? 0,
-    };
-  });
-  return selectHost(candidates, tier, deps.overcommit);
+/**
+ * Chooses the desktop's host from the fleet as the database has it plus the placements still in
+ * flight (placement/reservations.ts), so concurrent provisions spread instead of piling up.
+ */
+async function pickHost(deps: StepDeps, desktop: DesktopRow): Promise<string | null> {
+  const request = { desktopId: desktop.id, tier: desktop.tier, running: desktop.state === 'waking' };
+  return deps.placements.choose(
+    request,
+    async (inFlight) => {
+      const placed = await placedDesktops(deps.sql, inFlight);
+      const [hosts, load, slots] = await Promise.all([listHosts(deps.sql), committedLoad(deps.sql), slotsUsed(deps.sql)]);
+      return { placed, hosts: hostCandidates(hosts, load, slots, { isConnected: (id) => deps.agents.isConnected(id), hostSlots: deps.hostSlots }) };
+    },
+    (candidates) => selectHost(candidates, desktop.tier, deps.overcommit),
+  );
 }
 
 export async function wake(deps: StepDeps, op: OperationRow): Promise<void> {

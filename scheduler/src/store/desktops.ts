@@ -104,6 +104,13 @@ export async function setPlacement(sql: Sql, id: string, hostId: string): Promis
   return rows.length === 1;
 }
 
+/** Of `ids`, the desktops that have a host. */
+export async function placedDesktops(sql: Sql, ids: readonly string[]): Promise<Set<string>> {
+  if (ids.length === 0) return new Set();
+  const rows = await sql<{ id: string }[]>`SELECT id FROM desktops WHERE id = ANY(${ids as string[]}::text[]) AND host_id IS NOT NULL`;
+  return new Set(rows.map((r) => r.id));
+}
+
 export async function idempotentDesktop(sql: Sql, orgId: string, key: string): Promise<string | null> {
   const [row] = await sql<{ desktop_id: string }[]>`
     SELECT desktop_id FROM desktop_idempotency WHERE org_id = ${orgId} AND key = ${key}`;

@@ -1,0 +1,74 @@
+/**
+ * Placement in flight. The leader provisions several desktops at once, and each choice reads the
+ * hosts' load from the database, where a desktop counts against its host only once its placement
+ * commits: after its disk was created on the host, an agent round trip later. Left at that, a
+ * burst of creates would all read the same fleet and land on the same host. So choices are made
+ * one at a time, and a chosen desktop counts against its host from the moment it is chosen until
+ * its placement is in the database or abandoned (`release`).
+ *
+ * Only the leader places, so what is in flight lives in its memory; a new leader starts with none
+ * in flight, because the old one's unfinished placements are in no database row and are redone.
+ */
+import { TIER_SPECS, type Tier } from '../../../shared/src/tiers.js';
+import type { HostCandidate } from './feasible.js';
+
+export interface PlacementRequest {
+  readonly desktopId: string;
+  readonly tier: Tier;
+  /** The desktop will run once placed (a wake), so it commits CPU and memory as well as slots. */
+  readonly running: boolean;
+}
+
+export interface FleetView {
+  readonly hosts: readonly HostCandidate[];
+  /** Of the desktops asked about, those the database already shows placed. */
+  readonly placed: ReadonlySet<string>;
+}
+
+export class PlacementReservations {
+  private readonly held = new Map<string, PlacementRequest & { hostId: string }>();
+  private turn: Promise<unknown> = Promise.resolve();
+
+  /**
+   * Chooses a host for the request with `pick`, one choice at a time. `read` is given the
+   * desktops in flight and returns the fleet as the database has it, and which of those desktops
+   * it already shows placed: those count once, from the database. `read` must look for them
+   * before it reads the load, so that a placement committing in between is counted twice for a
+   * moment rather than missed.
+   */
+  choose(request: PlacementRequest, read: (inFlight: string[]) => Promise<FleetView>, pick: (hosts: HostCandidate[]) => string | null): Promise<string | null> {
+    const run = this.turn.then(async () => {
+      const view = await read([...this.held.keys()]);
+      const hosts = view.hosts.map((h) => this.withHeld(h, view.placed));
+      const hostId = pick(hosts);
+      if (hostId !== null) this.held.set(request.desktopId, { ...request, hostId });
+      return hostId;
+    });
+    this.turn = run.catch(() => {});
+    return run;
+  }
+
+  /** The desktop's placement committed (or was given up): the database counts it from now on. */
+  release(desktopId: string): void {
+    this.held.delete(desktopId);
+  }
+
+  /** How many placements are in flight (for tests and logs). */
+  get size(): number {
+    return this.held.size;
+  }
+
+  private withHeld(h: HostCandidate, placed: ReadonlySet<string>): HostCandidate {
+    let { committedVcpus, committedMemoryMb, slotsUsed } = h;
+    for (const [desktopId, r] of this.held) {
+      if (r.hostId !== h.id || placed.has(desktopId)) continue;
+      const spec = TIER_SPECS[r.tier];
+      slotsUsed += spec.slots;
+      if (r.running) {
+        committedVcpus += spec.vcpus;
+        committedMemoryMb += spec.memoryMb;
+      }
+    }
+    return { ...h, committedVcpus, committedMemoryMb, slotsUsed };
+  }
+}

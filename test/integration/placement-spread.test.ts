@@ -1,0 +1,39 @@
+/**
+ * Placement spreads a burst of creates: 12 desktops created at once over 3 equal hosts (fake
+ * agents over real websockets) land 4/4/4, though none of them is awake and all are placed while
+ * the others are still in flight.
+ */
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { api, mintKey, startTestScheduler, until, type TestScheduler } from '../helpers/scheduler.js';
+import { startFakeAgent, type TestAgent } from '../helpers/agent.js';
+
+let s: TestScheduler;
+let acme: ReturnType<typeof api>;
+const agents: TestAgent[] = [];
+
+beforeAll(async () => {
+  s = await startTestScheduler();
+  acme = api(s.url, await mintKey(s.databaseUrl, 'acme'));
+  // A delay on every lifecycle call keeps each placement in flight while the others are chosen.
+  for (let i = 0; i < 3; i++) agents.push(await startFakeAgent(s.url, { delayMs: 50 }));
+});
+
+afterAll(async () => {
+  for (const a of agents) await a.stop();
+  await s?.close();
+});
+
+describe('placement', () => {
+  it('spreads 12 desktops created at once over 3 equal hosts 4/4/4', async () => {
+    const created = await Promise.all(Array.from({ length: 12 }, () => acme('POST', '/v1/desktops', { tier: 'small' })));
+    for (const res of created) expect(res.status).toBe(201);
+    const ids = created.map((r) => r.json.id as string);
+    const placed: any[] = await until(async () => {
+      const desktops = await Promise.all(ids.map(async (id) => (await acme('GET', `/v1/desktops/${id}`)).json));
+      return desktops.every((d) => d.state === 'hibernated') ? desktops : null;
+    }, 20_000, 'every desktop placed');
+    const perHost: Record<string, number> = Object.fromEntries(agents.map((a) => [a.hostId, 0]));
+    for (const d of placed) perHost[d.host_id]!++;
+    expect(Object.values(perHost)).toEqual([4, 4, 4]);
+  });
+});
