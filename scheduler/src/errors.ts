@@ -12,13 +12,14 @@ export interface Problem {
   detail: string;
   operation_id?: string;
   currentSize?: number;
+  request_id?: string;
 }
 
 export class ApiError extends Error {
   constructor(
     readonly status: number,
     readonly detail: string,
-    readonly extra: { operation_id?: string; currentSize?: number } = {},
+    readonly extra: { operation_id?: string; currentSize?: number; request_id?: string } = {},
     readonly headers: Record<string, string> = {},
   ) {
     super(detail);

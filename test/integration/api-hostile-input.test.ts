@@ -107,6 +107,11 @@ describe('framing and headers', () => {
     expectProblemBody(await rawExchange('CONNECT example.com:443 HTTP/1.1\r\nHost: example.com:443\r\n\r\n', s.ingressUrl!), 405, 'ingress: CONNECT');
   });
 
+  it("answers an Expect it cannot meet with 417 problem+json, on the API and on the ingress", async () => {
+    expectProblemBody(await rawExchange(`GET /v1/desktops HTTP/1.1\r\nHost: x\r\n${auth}Expect: junk\r\n\r\n`), 417, 'Expect: junk');
+    expectProblemBody(await rawExchange('GET / HTTP/1.1\r\nHost: x\r\nExpect: junk\r\n\r\n', s.ingressUrl!), 417, 'ingress: Expect: junk');
+  });
+
   it('answers an unknown method and CONNECT with problem+json', async () => {
     expectProblemBody(await rawExchange(`BREW /v1/desktops HTTP/1.1\r\nHost: x\r\n${auth}\r\n`), 400, 'BREW');
     expectProblemBody(await rawExchange(`CONNECT example.com:443 HTTP/1.1\r\nHost: example.com:443\r\n\r\n`), 405, 'CONNECT');
@@ -129,7 +134,51 @@ describe('validation answers', () => {
   });
 });
 
+describe('unknown body members', () => {
+  it('are refused with 400 naming the member and the known ones, on every body', async () => {
+    const typo = await call('POST', '/v1/desktops', { tier: 'small', idle_timout_secs: 60 });
+    expectProblem(typo, 400);
+    expect(typo.json.errors).toEqual([{ field: 'body/idle_timout_secs', message: expect.stringMatching(/^is not a known member; known: tier, .*idle_timeout_secs/) }]);
+    const bodies: Array<[string, string, unknown]> = [
+      ['PATCH', `/v1/desktops/${desktopId}`, { idle_timeout_secs: 5, idle: 1 }],
+      ['POST', `/v1/desktops/${desktopId}/wake`, { expected_gen: 1 }],
+      ['POST', `/v1/desktops/${desktopId}/fork`, { count: 1, acknowledge_shared_state: true, ephemeral: false, name: 'x' }],
+      ['POST', '/v1/webhooks', { url: 'https://example.com/h', events: ['desktop.awake'], secret: 'x' }],
+      ['POST', '/v1/keys', { name: 'k', org: 'other' }],
+      ['POST', `/v1/desktops/${desktopId}/ports`, { port: 8080, publik: true }],
+      ['POST', `/v1/desktops/${desktopId}/exec`, { command: 'true', cwd: '/tmp' }],
+      ['POST', `/v1/desktops/${desktopId}/screenshot`, { region: { x: 0, y: 0, width: 1, height: 1, w: 1 } }],
+      ['POST', `/v1/desktops/${desktopId}/input`, { actions: [], mode: 'fast' }],
+      ['POST', `/v1/desktops/${desktopId}/input`, { actions: [{ type: 'key', combo: 'a', repeat: 2 }] }],
+      ['POST', `/v1/desktops/${desktopId}/stream`, { claim: 'view', ttl: 5 }],
+      ['PUT', `/v1/desktops/${desktopId}/display`, { width: 800, height: 600, dpi: 96 }],
+    ];
+    for (const [method, path, body] of bodies) {
+      const res = await call(method, path, body);
+      expectProblem(res, 400, `${method} ${path} ${JSON.stringify(body)}`);
+      expect(res.json.detail, `${method} ${path}`).toMatch(/is not a known member/);
+    }
+    // Nothing was changed by the refused PATCH.
+    expect((await call('GET', `/v1/desktops/${desktopId}`)).json.idle_timeout_secs).toBe(0);
+  });
+});
+
 describe('guest-bound input refused before the guest', () => {
+  it('answers 400 naming the key when a combo holds no X key name', async () => {
+    for (const combo of ['true', 'ctrl+return', 'XF86Bogus']) {
+      const res = await call('POST', `/v1/desktops/${desktopId}/input`, { actions: [{ type: 'key', combo }] });
+      expectProblem(res, 400, combo);
+      expect(res.json.detail).toMatch(/^actions\[0\]\.combo: ".+" is not a key name/);
+    }
+  });
+
+  it('answers 400 to env values and setup scripts that carry a NUL byte', async () => {
+    const env = await call('POST', '/v1/desktops', { tier: 'small', env: { GOOD: 'a', BAD: 'a\u0000b' } });
+    expectProblem(env, 400);
+    expect(env.json.detail).toBe('env/BAD contains a NUL byte');
+    expectProblem(await call('POST', '/v1/desktops', { tier: 'small', setup_script: 'echo\u0000' }), 400);
+  });
+
   it('answers 400 naming the command when it carries a NUL byte', async () => {
     const res = await call('POST', `/v1/desktops/${desktopId}/exec`, { command: 'echo a\u0000b' });
     expectProblem(res, 400);

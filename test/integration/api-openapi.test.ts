@@ -5,6 +5,11 @@
  */
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { Validator } from '@seriousme/openapi-schema-validator';
+import { execFile } from 'node:child_process';
+import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { promisify } from 'node:util';
 import { startTestScheduler, type TestScheduler } from '../helpers/scheduler.js';
 
 let s: TestScheduler;
@@ -65,6 +70,49 @@ describe('GET /v1/openapi.json', () => {
     const result = await new Validator().validate(doc);
     if (!result.valid) console.error(JSON.stringify(result.errors, null, 2));
     expect(result.valid).toBe(true);
+  });
+
+  it('passes `redocly lint` with its recommended rules: no error and no warning', async () => {
+    const dir = mkdtempSync(join(tmpdir(), 'canto-openapi-'));
+    try {
+      writeFileSync(join(dir, 'openapi.json'), JSON.stringify(doc));
+      // Exits non-zero on errors only; warnings are read from the JSON report.
+      const run = await promisify(execFile)('node_modules/.bin/redocly', ['lint', join(dir, 'openapi.json'), '--format=json'], {
+        maxBuffer: 16 * 1024 * 1024,
+        env: { ...process.env, REDOCLY_TELEMETRY: 'off', REDOCLY_SUPPRESS_UPDATE_NOTICE: 'true' },
+      }).catch((err: { stdout?: string }) => ({ stdout: err.stdout ?? '' }));
+      const report = JSON.parse(run.stdout) as { totals: object; problems: Array<{ ruleId: string; message: string; location: Array<{ pointer: string }> }> };
+      const problems = report.problems.map((p) => `${p.ruleId}: ${p.message} at ${p.location[0]?.pointer}`);
+      expect(problems).toEqual([]);
+      expect(report.totals).toMatchObject({ errors: 0, warnings: 0 });
+    } finally {
+      rmSync(dir, { recursive: true, force: true });
+    }
+  });
+
+  it('explains errors, retries and pagination, describes every tag, and shows an example of every JSON body', () => {
+    expect(doc.info.description).toMatch(/problem\+json/);
+    expect(doc.info.description).toMatch(/Retry-After/);
+    expect(doc.info.description).toMatch(/not paginated/);
+    for (const tag of doc.tags) expect(tag.description, tag.name).toBeTypeOf('string');
+    for (const [path, item] of Object.entries<Record<string, any>>(doc.paths)) {
+      for (const [method, op] of Object.entries<any>(item)) {
+        const json = op.requestBody?.content?.['application/json'];
+        if (json) expect(json.example, `${method} ${path}`).toBeDefined();
+      }
+    }
+  });
+
+  it('says request bodies are closed: unknown members are refused', () => {
+    for (const [path, item] of Object.entries<Record<string, any>>(doc.paths)) {
+      for (const [method, op] of Object.entries<any>(item)) {
+        const schema = op.requestBody?.content?.['application/json']?.schema;
+        if (schema) expect(schema.additionalProperties, `${method} ${path}`).toBe(false);
+      }
+    }
+    for (const name of Object.keys(doc.components.schemas).filter((n) => n.startsWith('InputAction_'))) {
+      expect(doc.components.schemas[name].additionalProperties, name).toBe(false);
+    }
   });
 
   it('declares the bearer_auth scheme and requires it by default', () => {

@@ -3,16 +3,17 @@
  * from those schemas, bearer authentication on every `/v1` route but the document itself, and
  * problem+json for every non-2xx answer.
  */
+import { randomBytes } from 'node:crypto';
 import Fastify, { type FastifyInstance, type FastifyError, type FastifyReply } from 'fastify';
 import swagger from '@fastify/swagger';
 import type { TypeBoxTypeProvider } from '@fastify/type-provider-typebox';
 import type { Logger } from '../../../shared/src/log.js';
 import { ApiError, problem } from '../errors.js';
-import { answerClientError, refuseConnect } from './client-errors.js';
+import { answerClientError, answerUnroutable } from './client-errors.js';
 import { describeValidation } from './validation-problem.js';
-import { OPERATIONS, RETRY_AFTER_HEADER } from './operations-doc.js';
+import { API_DESCRIPTION, OPERATIONS, REQUEST_EXAMPLES, RETRY_AFTER_HEADER, TAG_DESCRIPTIONS } from './operations-doc.js';
 import { DesktopJson, OperationJson, PortExposureJson, Problem, UsageResponse, WebhookDeliveryJson, WebhookEndpointJson, ApiKeyJson, CreatedApiKeyJson } from './schemas.js';
-import { DisplayResponse, ExecDetachedResponse, ExecResponse, FileStatJson, InputResponse, ListDirResponse, ProcessStatusResponse, ScreenshotBase64Response, StreamTicketResponse } from './guest-schemas.js';
+import { INPUT_ACTION_SCHEMAS, DisplayResponse, ExecDetachedResponse, ExecResponse, FileStatJson, InputResponse, ListDirResponse, ProcessStatusResponse, ScreenshotBase64Response, StreamTicketResponse } from './guest-schemas.js';
 import { registerDesktopRoutes } from './routes/desktops.js';
 import { registerLifecycleRoutes } from './routes/lifecycle.js';
 import { registerOperationRoutes } from './routes/operations.js';
@@ -84,8 +85,12 @@ export async function buildApp(deps: AppDeps): Promise<App> {
     bodyLimit: BODY_LIMIT_BYTES,
     // Guest paths travel in the URL (SPEC 4.4), up to PATH_MAX.
     routerOptions: { maxParamLength: 8192 },
-    ajv: { customOptions: { coerceTypes: false, removeAdditional: false, allErrors: false } },
+    ajv: { customOptions: { coerceTypes: false, removeAdditional: false, allErrors: false, discriminator: true } },
     return503OnClosing: true,
+    // A request id is ours to give, never the client's: it is what a 500's answer and its log
+    // line share, so it must not be guessable or collide across replicas.
+    genReqId: () => `req_${randomBytes(9).toString('base64url')}`,
+    requestIdHeader: false,
     clientErrorHandler: answerClientError,
     // A path whose percent-encoding decodes to nothing (`%ff`, a lone `%`) never reaches routing.
     frameworkErrors: (error, _request, reply) => {
@@ -94,7 +99,7 @@ export async function buildApp(deps: AppDeps): Promise<App> {
       void (reply as unknown as FastifyReply).code(status).type('application/problem+json').send(problem(status, detail));
     },
   }).withTypeProvider<TypeBoxTypeProvider>();
-  refuseConnect(app.server);
+  answerUnroutable(app.server);
 
   app.decorateRequest('orgId', '');
   for (const schema of [
@@ -102,6 +107,7 @@ export async function buildApp(deps: AppDeps): Promise<App> {
     ExecResponse, ExecDetachedResponse, ProcessStatusResponse, FileStatJson, ListDirResponse, DisplayResponse,
     ScreenshotBase64Response, InputResponse, StreamTicketResponse,
     WebhookEndpointJson, WebhookDeliveryJson, PortExposureJson, ApiKeyJson, CreatedApiKeyJson,
+    ...INPUT_ACTION_SCHEMAS,
   ]) app.addSchema(schema);
 
   // An empty body on a route whose body is optional means `{}` (SPEC 2.4); anything else goes
@@ -130,10 +136,15 @@ export async function buildApp(deps: AppDeps): Promise<App> {
   await app.register(swagger, {
     openapi: {
       openapi: '3.1.0',
-      info: { title: 'Canto cloud desktop API', version: '1.0.0' },
+      info: {
+        title: 'Canto cloud desktop API',
+        version: '1.0.0',
+        description: API_DESCRIPTION,
+        license: { name: 'Apache-2.0', identifier: 'Apache-2.0' },
+      },
       // Relative: the document describes the server that serves it.
       servers: [{ url: '/', description: 'this deployment' }],
-      tags: [...new Set(Object.values(OPERATIONS).map((o) => o.tag))].map((name) => ({ name })),
+      tags: [...new Set(Object.values(OPERATIONS).map((o) => o.tag))].map((name) => ({ name, description: TAG_DESCRIPTIONS[name] })),
       components: { securitySchemes: { bearer_auth: { type: 'http', scheme: 'bearer' } } },
       security: [{ bearer_auth: [] }],
     },
@@ -142,7 +153,7 @@ export async function buildApp(deps: AppDeps): Promise<App> {
     // @fastify/swagger marks every request body required, but the preValidation hook below
     // turns a missing body into `{}`: a body whose schema requires no member is optional
     // (SPEC 2.3, 2.4), and the document has to say so or generated clients always send one.
-    transformObject: (document) => ('openapiObject' in document ? markOptionalBodies(document.openapiObject) : document.swaggerObject),
+    transformObject: (document) => ('openapiObject' in document ? addRequestExamples(markOptionalBodies(document.openapiObject)) : document.swaggerObject),
   });
 
   // Bodies are optional on mutation routes (SPEC 2.3, 2.4): a missing body validates as `{}`.
@@ -165,12 +176,19 @@ export async function buildApp(deps: AppDeps): Promise<App> {
 
   app.setErrorHandler((error: FastifyError | ApiError, request, reply) => {
     if (error instanceof ApiError) {
-      void reply.code(error.status).headers(error.headers).type('application/problem+json').send(problem(error.status, error.detail, error.extra));
+      // A 500 of ours is a guest's own failure (SPEC 4.5, 4.6): logged, and its answer names the
+      // request so the two can be found together.
+      const extra = error.status === 500 ? { ...error.extra, request_id: request.id } : error.extra;
+      if (error.status === 500) request.log.warn({ detail: error.detail, url: request.routeOptions.url }, 'guest failure answered 500');
+      void reply.code(error.status).headers(error.headers).type('application/problem+json').send(problem(error.status, error.detail, extra));
       return;
     }
     const status = error.statusCode ?? 500;
     if (error.validation) {
-      const found = describeValidation(error.validation, error.validationContext);
+      const schemas = request.routeOptions.schema as Record<string, unknown> | undefined;
+      const part = error.validationContext ?? '';
+      const data = (request as unknown as Record<string, unknown>)[part];
+      const found = describeValidation(error.validation, error.validationContext, schemas?.[part], data, (id) => app.getSchema(id));
       void reply.code(400).type('application/problem+json').send({ ...problem(400, `${found.field} ${found.message}`), errors: [found] });
       return;
     }
@@ -178,8 +196,13 @@ export async function buildApp(deps: AppDeps): Promise<App> {
       void reply.code(status).type('application/problem+json').send(problem(status, error.message));
       return;
     }
-    request.log.error({ err: error, url: request.url, method: request.method }, 'request failed');
-    void reply.code(500).type('application/problem+json').send(problem(500, 'internal error'));
+    // Never the request's URL: guest paths and ids in it are the client's data. The route
+    // template and the request id (in every line of request.log) are enough to find it.
+    request.log.error({ err: error, route: request.routeOptions.url, method: request.method }, 'request failed');
+    void reply
+      .code(500)
+      .type('application/problem+json')
+      .send(problem(500, `internal error; quote request ${request.id} when reporting it`, { request_id: request.id }));
   });
 
   app.setNotFoundHandler((request, reply) => {
@@ -193,7 +216,11 @@ export async function buildApp(deps: AppDeps): Promise<App> {
       schema: {
         summary: 'This OpenAPI 3.1 document (no credential needed)',
         security: [],
-        response: { 200: { type: 'object', additionalProperties: true } },
+        response: {
+          200: { type: 'object', additionalProperties: true },
+          // Answered before routing, as on every route; the only failure a public GET can meet.
+          431: { ...errorResponses(431)[431]!, description: 'Request headers too large (RFC 9457 problem details)' },
+        },
       },
     },
     async () => app.swagger(),
@@ -246,12 +273,24 @@ interface BodyDoc {
   requestBody?: { required?: boolean; content?: Record<string, { schema?: { required?: unknown[] } }> };
 }
 
-function markOptionalBodies<T extends { paths?: object }>(document: T): T {
+export function markOptionalBodies<T extends { paths?: object }>(document: T): T {
   for (const item of Object.values(document.paths ?? {}) as Array<Record<string, BodyDoc>>) {
     for (const operation of Object.values(item)) {
       const body = operation.requestBody;
       if (!body?.content) continue;
       if (Object.values(body.content).every((media) => !media.schema?.required?.length)) body.required = false;
+    }
+  }
+  return document;
+}
+
+/** Puts each operation's example on its JSON request body, where generated docs show it. */
+function addRequestExamples<T extends { paths?: object }>(document: T): T {
+  for (const item of Object.values(document.paths ?? {}) as Array<Record<string, BodyDoc & { operationId?: string }>>) {
+    for (const operation of Object.values(item)) {
+      const media = operation.requestBody?.content?.['application/json'] as { example?: unknown } | undefined;
+      const example = operation.operationId ? REQUEST_EXAMPLES[operation.operationId] : undefined;
+      if (media && example !== undefined) media.example = example;
     }
   }
   return document;

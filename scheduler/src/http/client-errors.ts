@@ -5,7 +5,7 @@
  * answers with problem+json instead, so a client always reads why, and nothing of the request is
  * echoed back.
  */
-import { STATUS_CODES, type Server } from 'node:http';
+import { STATUS_CODES, type Server, type ServerResponse } from 'node:http';
 import type { Duplex } from 'node:stream';
 import { problem } from '../errors.js';
 
@@ -43,7 +43,15 @@ export function answerClientError(err: Error & { code?: string }, socket: Duplex
   answerRaw(socket, statusOf(err));
 }
 
-/** CONNECT reaches no route: 405, rather than Node's silent close. */
-export function refuseConnect(server: Server): void {
+/**
+ * Requests Node answers itself before any route sees them: CONNECT (405, rather than Node's
+ * silent close) and an `Expect` other than `100-continue` (417, rather than Node's empty body).
+ */
+export function answerUnroutable(server: Server): void {
   server.on('connect', (_req, socket: Duplex) => answerRaw(socket, 405));
+  server.on('checkExpectation', (_req, res: ServerResponse) => {
+    const body = JSON.stringify(problem(417, 'the only expectation this server meets is 100-continue'));
+    res.writeHead(417, { 'content-type': 'application/problem+json', 'content-length': Buffer.byteLength(body), connection: 'close' });
+    res.end(body);
+  });
 }

@@ -6,7 +6,7 @@
 import { Type, type Static } from '@sinclair/typebox';
 import { idPattern } from '../../../shared/src/ids.js';
 import { INPUT_LIMITS, InputAction, STREAM_CLAIMS } from '../../../shared/src/computer-use.js';
-import { DIGITS } from './schemas.js';
+import { CLOSED, DIGITS } from './schemas.js';
 
 /* ------------------------------------------------------------------ guest operations */
 
@@ -18,7 +18,7 @@ export const ExecBody = Type.Object(
     ),
     detached: Type.Optional(Type.Boolean({ default: false })),
   },
-  { additionalProperties: true },
+  CLOSED,
 );
 export type ExecBody = Static<typeof ExecBody>;
 
@@ -119,7 +119,7 @@ export const ScreenshotBody = Type.Object(
           width: Type.Integer({ minimum: 1, maximum: 32767 }),
           height: Type.Integer({ minimum: 1, maximum: 32767 }),
         },
-        { description: 'Screen pixels, all four together; clamped to the screen' },
+        { ...CLOSED, description: 'Screen pixels, all four together; clamped to the screen' },
       ),
       Type.Null(),
     ])),
@@ -127,7 +127,7 @@ export const ScreenshotBody = Type.Object(
       description: 'Downscale percent of the (cropped) size; omitted means full size',
     })),
   },
-  { additionalProperties: true },
+  CLOSED,
 );
 export type ScreenshotBody = Static<typeof ScreenshotBody>;
 
@@ -140,9 +140,26 @@ export const ScreenshotBase64Response = Type.Object(
   { $id: 'ScreenshotBase64Response' },
 );
 
+/**
+ * The same actions as the agent protocol's union, each a named schema (`InputAction_key`), told
+ * apart by `type` (`oneOf` with a discriminator): a bad action is then judged against the branch
+ * its `type` names only, so the answer says `actions/0/repeat is not a known member` rather than
+ * what a mouse move would need, and generated clients get one type per action.
+ */
+export const INPUT_ACTION_SCHEMAS = InputAction.anyOf.map((branch) => ({
+  ...branch,
+  $id: `InputAction_${String((branch.properties.type as { const: string }).const)}`,
+}));
+
+const DiscriminatedAction = Type.Unsafe<InputAction>({
+  type: 'object',
+  oneOf: INPUT_ACTION_SCHEMAS.map((branch) => ({ $ref: `${branch.$id}#` })),
+  discriminator: { propertyName: 'type' },
+});
+
 export const InputBody = Type.Object(
-  { actions: Type.Array(InputAction, { maxItems: INPUT_LIMITS.maxActions }) },
-  { additionalProperties: true },
+  { actions: Type.Array(DiscriminatedAction, { maxItems: INPUT_LIMITS.maxActions }) },
+  CLOSED,
 );
 export type InputBody = Static<typeof InputBody>;
 
@@ -157,7 +174,7 @@ export const StreamBody = Type.Object(
       description: '`view` watches; `control` also sends input, and makes exec and file routes answer 409 while held',
     }),
   },
-  { additionalProperties: true },
+  CLOSED,
 );
 
 export const StreamTicketResponse = Type.Object(
@@ -174,5 +191,5 @@ export const DisplayBody = Type.Object(
     width: Type.Integer({ minimum: 640, maximum: 2560 }),
     height: Type.Integer({ minimum: 480, maximum: 1600 }),
   },
-  { additionalProperties: true },
+  CLOSED,
 );

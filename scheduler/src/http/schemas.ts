@@ -6,6 +6,13 @@ import { Type, type Static } from '@sinclair/typebox';
 import { idPattern } from '../../../shared/src/ids.js';
 import { DESKTOP_STATES } from '../store/rows.js';
 
+/**
+ * Request bodies are closed: an unknown member is answered 400 naming it, as a typo
+ * (`idle_timout_secs`) must not pass for a default. Response objects stay open (SPEC: clients
+ * ignore response fields they do not know).
+ */
+export const CLOSED = { additionalProperties: false } as const;
+
 export const Problem = Type.Object(
   {
     type: Type.String(),
@@ -18,6 +25,9 @@ export const Problem = Type.Object(
       Type.Array(Type.Object({ field: Type.String(), message: Type.String() }), {
         description: 'On a 400 for a request that fails its schema: the field (`body/tier`) and what is wrong with it',
       }),
+    ),
+    request_id: Type.Optional(
+      Type.String({ description: "On a 500: this request's id, also in the server's log line about it; quote it when reporting the error" }),
     ),
   },
   { $id: 'Problem', description: 'RFC 9457 problem details' },
@@ -72,19 +82,19 @@ export const CreateDesktopBody = Type.Object(
     ),
     setup_script: Type.Optional(Type.String()),
   },
-  { additionalProperties: true },
+  CLOSED,
 );
 export type CreateDesktopBody = Static<typeof CreateDesktopBody>;
 
 export const UpdateDesktopBody = Type.Object(
   { idle_timeout_secs: Type.Optional(Type.Integer({ minimum: 0, maximum: 2_147_483_647 })) },
-  { additionalProperties: true },
+  CLOSED,
 );
 export type UpdateDesktopBody = Static<typeof UpdateDesktopBody>;
 
 export const MutationBody = Type.Object(
   { expected_generation: Type.Optional(Type.Union([Type.Integer({ minimum: 0 }), Type.Null()])) },
-  { additionalProperties: true },
+  CLOSED,
 );
 export type MutationBody = Static<typeof MutationBody>;
 
@@ -94,7 +104,7 @@ export const ForkBody = Type.Object(
     acknowledge_shared_state: Type.Literal(true),
     ephemeral: Type.Optional(Type.Boolean()),
   },
-  { additionalProperties: true },
+  CLOSED,
 );
 
 export const OperationJson = Type.Object(
@@ -171,7 +181,7 @@ export const CreateWebhookBody = Type.Object(
     url: Type.String({ maxLength: 2000, description: 'Absolute https:// URL; no userinfo; not a loopback or link-local host' }),
     events: Type.Array(WebhookEventTypeSchema, { minItems: 1, description: 'Non-empty; duplicates are removed' }),
   },
-  { additionalProperties: true },
+  CLOSED,
 );
 export type CreateWebhookBody = Static<typeof CreateWebhookBody>;
 
@@ -223,7 +233,7 @@ export const CreatedApiKeyJson = Type.Object(
 
 export const CreateApiKeyBody = Type.Object(
   { name: Type.Optional(Type.Union([Type.String({ minLength: 1, maxLength: 100 }), Type.Null()], { description: 'A label for people, 1-100 characters' })) },
-  { additionalProperties: true },
+  CLOSED,
 );
 export type CreateApiKeyBody = Static<typeof CreateApiKeyBody>;
 
@@ -254,7 +264,7 @@ export const CreatePortBody = Type.Object(
     port: Type.Integer({ minimum: 1, maximum: 65535, description: 'Guest TCP port' }),
     public: Type.Optional(Type.Boolean({ default: false, description: 'A public exposure needs no token at the ingress' })),
   },
-  { additionalProperties: true },
+  CLOSED,
 );
 export type CreatePortBody = Static<typeof CreatePortBody>;
 

@@ -14,7 +14,63 @@ export interface FieldError {
   message: string;
 }
 
-export function describeValidation(validation: readonly FastifySchemaValidationError[], context: string | undefined): FieldError {
+interface SchemaNode {
+  properties?: Record<string, SchemaNode>;
+  items?: SchemaNode;
+  oneOf?: SchemaNode[];
+  anyOf?: SchemaNode[];
+  discriminator?: { propertyName: string };
+  const?: unknown;
+  $ref?: string;
+}
+
+/** Named schemas by `$id`, for the `$ref`s a route's schema holds (`InputAction_key#`). */
+export type SchemaResolver = (id: string) => unknown;
+
+/** The branches' values of a discriminated union's tag (`"mouse_move", "click", …`). */
+function tagValues(node: SchemaNode, resolve: SchemaResolver): unknown[] {
+  const tag = node.discriminator!.propertyName;
+  return (node.oneOf ?? []).map((branch) => deref(branch, resolve)?.properties?.[tag]?.const);
+}
+
+function deref(node: SchemaNode | undefined, resolve: SchemaResolver): SchemaNode | undefined {
+  return node?.$ref ? (resolve(node.$ref.replace(/#$/, '')) as SchemaNode | undefined) : node;
+}
+
+/**
+ * The schema at a JSON pointer (`/actions/0`) of the request part, following a discriminated
+ * union into the branch the data's tag names and a nullable object into the object; undefined
+ * where it cannot be followed.
+ */
+function schemaAt(schema: unknown, pointer: string, data: unknown, resolve: SchemaResolver): SchemaNode | undefined {
+  let node = schema as SchemaNode | undefined;
+  let value = data;
+  for (const segment of ['', ...pointer.split('/').slice(1)]) {
+    if (segment !== '') {
+      node = deref(node?.properties?.[segment] ?? (/^\d+$/.test(segment) ? node?.items : undefined), resolve);
+      value = (value as Record<string, unknown> | undefined)?.[segment];
+    }
+    // A nullable object (`{…} | null`) is the object.
+    const objects = node?.anyOf?.filter((branch) => branch.properties);
+    if (objects?.length === 1) node = objects[0];
+    if (node?.oneOf && node.discriminator) {
+      const tagValue = (value as Record<string, unknown> | undefined)?.[node.discriminator.propertyName];
+      const tag = node.discriminator.propertyName;
+      node = node.oneOf.map((branch) => deref(branch, resolve)).find((branch) => branch?.properties?.[tag]?.const === tagValue) ?? node;
+    }
+  }
+  return node;
+}
+
+const quoted = (values: readonly unknown[]) => values.map((v) => JSON.stringify(v)).join(', ');
+
+export function describeValidation(
+  validation: readonly FastifySchemaValidationError[],
+  context: string | undefined,
+  schema?: unknown,
+  data?: unknown,
+  resolve: SchemaResolver = () => undefined,
+): FieldError {
   const first = validation[0];
   const where = context ?? 'request';
   if (!first) return { field: where, message: 'is invalid' };
@@ -23,10 +79,15 @@ export function describeValidation(validation: readonly FastifySchemaValidationE
   const allowed = validation
     .filter((e) => e.instancePath === path && e.keyword === 'const')
     .map((e) => (e.params as { allowedValue?: unknown }).allowedValue);
-  if (allowed.length > 0) return { field, message: `must be one of ${allowed.map((v) => JSON.stringify(v)).join(', ')}` };
+  if (allowed.length > 0) return { field, message: `must be one of ${quoted(allowed)}` };
   if (first.keyword === 'enum') {
     const values = (first.params as { allowedValues?: unknown[] }).allowedValues ?? [];
-    return { field, message: `must be one of ${values.map((v) => JSON.stringify(v)).join(', ')}` };
+    return { field, message: `must be one of ${quoted(values)}` };
+  }
+  if (first.keyword === 'discriminator') {
+    const node = schema === undefined ? undefined : schemaAt(schema, path, undefined, resolve);
+    const tag = (first.params as { tag?: string }).tag ?? 'type';
+    return { field: `${field}/${tag}`, message: node?.discriminator ? `must be one of ${quoted(tagValues(node, resolve))}` : 'is missing or unknown' };
   }
   if (first.keyword === 'required') {
     const missing = (first.params as { missingProperty?: string }).missingProperty;
@@ -34,7 +95,9 @@ export function describeValidation(validation: readonly FastifySchemaValidationE
   }
   if (first.keyword === 'additionalProperties') {
     const extra = (first.params as { additionalProperty?: string }).additionalProperty;
-    return { field: extra ? `${field}/${extra}` : field, message: 'is not a known member' };
+    const known = Object.keys(schemaAt(schema, path, data, resolve)?.properties ?? {});
+    const message = known.length > 0 ? `is not a known member; known: ${known.join(', ')}` : 'is not a known member';
+    return { field: extra ? `${field}/${extra}` : field, message };
   }
   return { field, message: first.message ?? 'is invalid' };
 }

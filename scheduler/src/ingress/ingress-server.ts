@@ -24,7 +24,7 @@ import { parseExposureHost } from './exposure-host.js';
 import { dialPortLink, PortLinkAgent, PortLinkError } from './port-link-client.js';
 import { presentedToken, stripToken, tokenMatches } from './port-token.js';
 import { keyOf, RouteCache } from './route-cache.js';
-import { answerClientError, refuseConnect } from '../http/client-errors.js';
+import { answerClientError, answerUnroutable } from '../http/client-errors.js';
 import { formatHost } from '../../../shared/src/host-port.js';
 
 /** What the ingress needs from the port service. */
@@ -72,7 +72,7 @@ export class PortIngress {
     const ingress = new PortIngress(deps, server);
     server.on('connection', (socket: Socket) => ingress.track(socket));
     server.on('clientError', answerClientError);
-    refuseConnect(server);
+    answerUnroutable(server);
     server.on('request', (req: IncomingMessage, res: ServerResponse) => {
       ingress.web(req, res).catch((err: unknown) => ingress.answer(res, ingress.asApiError(err)));
     });
