@@ -9,6 +9,7 @@
  * to its edge by the X server.
  */
 import { Type, type Static } from '@sinclair/typebox';
+import { KEYSYM_NAMES } from './keysym-names.js';
 
 export const INPUT_LIMITS = {
   maxActions: 50,
@@ -73,8 +74,20 @@ export const InputAction = Type.Union([
 ]);
 export type InputAction = Static<typeof InputAction>;
 
-/** An X keysym name as xdotool accepts it: letters, digits and underscores (`ctrl`, `Return`, `F5`, `a`, `plus`). */
-const KEYSYM_TOKEN = /^[A-Za-z0-9_]{1,64}$/;
+/** xdotool's own modifier names, which it matches ignoring case (`ctrl`, `Ctrl`, `CTRL`). */
+const MODIFIER_ALIASES = new Set(['alt', 'ctrl', 'control', 'meta', 'super', 'shift']);
+/** Keysyms by code: a Unicode code point (`U20AC`) or a raw keysym value (`0xff0d`). */
+const KEYSYM_BY_CODE = /^(U(?:[0-9A-Fa-f]{4,5}|10[0-9A-Fa-f]{4})|0x[0-9A-Fa-f]{1,8})$/;
+
+/**
+ * Whether xdotool in the guest will find this key: a keysym name as libX11 spells it
+ * (case-sensitive: `Return`, not `return`), one of xdotool's modifier aliases, or a keysym by code.
+ * Checked here because xdotool only warns about an unknown name and goes on, so the guest could
+ * answer nothing better than a failed action.
+ */
+export function isKeyName(token: string): boolean {
+  return KEYSYM_NAMES.has(token) || MODIFIER_ALIASES.has(token.toLowerCase()) || KEYSYM_BY_CODE.test(token);
+}
 
 /**
  * The batch rules a schema cannot express, or null when the batch is valid: text byte lengths
@@ -95,7 +108,10 @@ export function inputBatchProblem(actions: readonly InputAction[]): string | nul
     } else if (action.type === 'key') {
       const tokens = action.combo.split('+');
       if (tokens.length > INPUT_LIMITS.maxComboTokens) return `actions[${i}].combo has more than ${INPUT_LIMITS.maxComboTokens} keys`;
-      if (!tokens.every((t) => KEYSYM_TOKEN.test(t))) return `actions[${i}].combo must be X keysym names joined by "+"`;
+      const unknown = tokens.find((t) => !isKeyName(t));
+      if (unknown !== undefined) {
+        return `actions[${i}].combo: ${JSON.stringify(unknown)} is not a key name; use X keysym names joined by "+" (names are case-sensitive: ctrl+shift+t, Return, Escape, F5, a, plus, XF86AudioPlay)`;
+      }
     } else if (action.type === 'click' && (action.x === undefined) !== (action.y === undefined)) {
       return `actions[${i}] needs both x and y, or neither`;
     }
