@@ -72,6 +72,11 @@ export interface SchedulerConfig {
   readonly secretKey: string;
   /** `CANTO_JOIN_TOKEN`: the token agents present to join. Unset: no agent can join. */
   readonly joinToken: string | null;
+  /**
+   * `CANTO_ADMIN_TOKEN`: the bearer token of the admin API (`/admin/v1`), at least
+   * `ADMIN_TOKEN_MIN_LENGTH` printable characters. Unset: every admin route answers 503.
+   */
+  readonly adminToken: string | null;
   /** `CANTO_JWT_JWKS_URL`, `CANTO_JWT_ISSUER`, `CANTO_JWT_AUDIENCE`, `CANTO_JWT_ORG_CLAIM` (default `org_id`). Unset URL: JWTs are refused. */
   readonly jwt: JwtSettings | null;
   /** `CANTO_REPLICA_ID`: this replica's name in the leader lease and the replica registry. Default: random. */
@@ -172,6 +177,7 @@ export function loadSchedulerConfig(env: Env): SchedulerConfig {
     listenPort: listen.port,
     secretKey,
     joinToken: env.CANTO_JOIN_TOKEN || null,
+    adminToken: loadAdminToken(env),
     jwt: jwt && Object.freeze(jwt),
     replicaId: env.CANTO_REPLICA_ID || `sched-${randomUUID().slice(0, 8)}`,
     advertiseUrl: parseAdvertiseUrl(env.CANTO_ADVERTISE_URL, listen),
@@ -222,6 +228,22 @@ function parseAdvertiseUrl(raw: string | undefined, listen: { host: string; port
 export function advertisedUrlFor(host: string, port: number): string {
   const name = host === '0.0.0.0' || host === '::' ? hostname() : host;
   return `http://${formatHostPort(name, port)}`;
+}
+
+/** The admin token's shortest length: a short one could be guessed, and it opens the whole fleet. */
+export const ADMIN_TOKEN_MIN_LENGTH = 32;
+
+function loadAdminToken(env: Env): string | null {
+  const raw = env.CANTO_ADMIN_TOKEN;
+  if (raw === undefined || raw === '') return null;
+  // Printable ASCII without spaces: what a bearer credential can carry in a header.
+  if (raw.length < ADMIN_TOKEN_MIN_LENGTH || !/^[\x21-\x7e]+$/.test(raw)) {
+    throw new Error(
+      `CANTO_ADMIN_TOKEN must be at least ${ADMIN_TOKEN_MIN_LENGTH} printable characters without spaces ` +
+        `(for example the output of \`openssl rand -base64 32\`); the one given has ${raw.length} characters`,
+    );
+  }
+  return raw;
 }
 
 function required(env: Env, name: string): string {

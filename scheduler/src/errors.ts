@@ -73,4 +73,14 @@ export const errors = {
     new ApiError(503, 'the port is unbound: its desktop is not awake or its host is unreachable; retry', {}, { 'retry-after': '5' }),
   portRefused: () => new ApiError(502, 'nothing accepts connections on this port inside the desktop'),
   portLinkFailed: () => new ApiError(502, "the desktop's host did not answer the port link as expected"),
+  /* The admin API's answers (scheduler/src/admin/). */
+  adminApiOff: () =>
+    new ApiError(503, 'the admin API is off on this replica: start it with CANTO_ADMIN_TOKEN set (at least 32 characters; `canto up` generates one into secrets.json)'),
+  hostNotFound: () => new ApiError(404, 'host not found'),
+  orgNotFound: () => new ApiError(404, 'org not found'),
+  orgExists: () => new ApiError(409, 'an org with this name exists'),
+  hostHoldsDesktops: (count: number) =>
+    new ApiError(409, `the host holds ${count} desktop(s); move them off (drain the host) before removing it`),
+  hostStillLinked: () =>
+    new ApiError(409, "the host's agent is still connected; stop the agent (after draining the host), wait until the host reads down, then remove it"),
 } as const;

@@ -36,6 +36,8 @@ import { PortIngress } from './ingress/ingress-server.js';
 import { ReplicaRegistry, REPLICA_LIVE_MS, REPLICA_REFRESH_MS } from './fleet/registry.js';
 import { sharedSettings } from './fleet/settings.js';
 import { SchedulerMetrics } from './observability/metrics.js';
+import { AdminService } from './admin/service.js';
+import { registerAdminApi } from './admin/routes.js';
 
 /** API key, JWT org and desktop route lookups: a missed change is served for at most this long. */
 const LOOKUP_CACHE = { ttlMs: 30_000, maxEntries: 10_000 };
@@ -156,6 +158,11 @@ export async function startScheduler(config: SchedulerConfig, logger?: Logger): 
         return 'the database does not answer';
       }
     },
+  });
+  await registerAdminApi(app, {
+    service: new AdminService({ sql, keys, linked: (id) => agents.isConnected(id), overcommit: { cpu: config.cpuOvercommit, memory: config.memoryOvercommit }, hostSlots: config.hostSlots }),
+    token: config.adminToken,
+    logger: log,
   });
   agents.attach(app.server);
   // Requests in flight, so a stop closes the agent links (failing their guest calls) only once

@@ -21,6 +21,7 @@ export function sharedSettings(config: SchedulerConfig): Record<string, string |
     ingress_base_url: ingress ? `${ingress.scheme}://${ingress.urlPort === null ? ingress.domain : formatHostPort(ingress.domain, ingress.urlPort)}` : null,
     secret_key: fingerprint(parseSecretKey(config.secretKey)),
     join_token: config.joinToken ? fingerprint(config.joinToken) : null,
+    admin_token: config.adminToken ? fingerprint(config.adminToken) : null,
     jwt: config.jwt ? `${config.jwt.jwksUrl} iss=${config.jwt.issuer} aud=${config.jwt.audience} claim=${config.jwt.orgClaim}` : null,
     protocol: PROTOCOL_VERSION,
     lease_ttl_ms: config.leaseTtlMs,

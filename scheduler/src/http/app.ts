@@ -46,6 +46,8 @@ declare module 'fastify' {
     public?: boolean;
     /** The route reads its body as a raw byte stream (file writes); documented as binary. */
     rawBody?: boolean;
+    /** An admin API route (admin/routes.ts): the admin token, not an org credential; its own document. */
+    admin?: boolean;
   }
 }
 
@@ -162,7 +164,7 @@ export async function buildApp(deps: AppDeps): Promise<App> {
   });
 
   app.addHook('onRequest', async (request) => {
-    if (request.routeOptions.config.public || !request.routeOptions.url) return;
+    if (request.routeOptions.config.public || request.routeOptions.config.admin || !request.routeOptions.url) return;
     request.orgId = await deps.authenticate(request);
   });
 
@@ -247,6 +249,7 @@ export async function buildApp(deps: AppDeps): Promise<App> {
  * binary body is described here.
  */
 function documentRoute({ schema, url, route }: { schema: unknown; url: string; route: { config?: unknown; method?: unknown } }) {
+  if ((route.config as { admin?: boolean } | undefined)?.admin) return { schema: { hide: true }, url };
   const doc = { ...(schema as Record<string, unknown>) };
   const methods = Array.isArray(route.method) ? route.method : [route.method];
   const named = OPERATIONS[`${String(methods.find((m) => m !== 'HEAD'))} ${url}`];

@@ -1,0 +1,87 @@
+/**
+ * The admin API's shapes (TypeBox): what its routes validate and answer, and what its own OpenAPI
+ * document is generated from. They carry no `$id`, so they stay out of the `/v1` document's
+ * components; a key's shape is the one `/v1/keys` answers, spread rather than referenced.
+ */
+import { Type, type Static } from '@sinclair/typebox';
+import { idPattern } from '../../../shared/src/ids.js';
+import { ApiKeyJson, CreatedApiKeyJson } from '../http/schemas.js';
+
+const Resources = (description: string) =>
+  Type.Object(
+    {
+      vcpus: Type.Number({ minimum: 0 }),
+      memory_mb: Type.Number({ minimum: 0 }),
+      slots: Type.Integer({ minimum: 0 }),
+    },
+    { description },
+  );
+
+const count = Type.Integer({ minimum: 0 });
+export const HostDesktopCounts = Type.Object(
+  { provisioning: count, waking: count, awake: count, hibernating: count, hibernated: count, total: count },
+  { description: 'Desktops placed on the host, by state (destroyed ones are no longer on it)' },
+);
+export type HostDesktopCounts = Static<typeof HostDesktopCounts>;
+
+export const AdminHostJson = Type.Object({
+  id: Type.String({ description: '`host_…`' }),
+  hostname: Type.String({ description: 'The host name its agent reported' }),
+  address: Type.Union([Type.String(), Type.Null()], { description: "`host:port` of the agent's port gateway; null when it has none" }),
+  state: Type.Union([Type.Literal('ready'), Type.Literal('down')], {
+    description: '`ready`: its agent is heard from and takes work; `down`: silent for longer than CANTO_HOST_DOWN_MS (or fencing after a restart)',
+  }),
+  linked: Type.Boolean({ description: "Whether the agent's link to the replica that answered is up" }),
+  cordoned: Type.Boolean({ description: 'A cordoned host gets no new desktops; those on it stay' }),
+  schedulable: Type.Boolean({ description: 'Whether placement may put new desktops here: ready and not cordoned' }),
+  agent: Type.Object({
+    protocol: Type.String({ description: 'The agent link protocol version the agent speaks (`major.minor`)' }),
+    runtime: Type.String({ description: 'Its runtime driver (`sandbox`, `fake`, …)' }),
+    memory_snapshots: Type.Boolean({ description: 'Whether hibernation keeps memory (wake resumes running programs)' }),
+    instance_id: Type.String({ description: 'Changes whenever the agent restarts' }),
+  }),
+  last_heartbeat_at: Type.String({ format: 'date-time', description: 'When a replica last heard from the agent' }),
+  registered_at: Type.String({ format: 'date-time' }),
+  reported: Type.Object(
+    { vcpus: Type.Integer({ minimum: 0 }), memory_mb: Type.Integer({ minimum: 0 }) },
+    { description: 'The capacity the agent reported' },
+  ),
+  capacity: Resources('What placement may commit: reported CPU and memory times their overcommit, and CANTO_HOST_SLOTS'),
+  used: Resources('What is committed: CPU and memory of desktops running or about to, slots of every desktop placed here'),
+  desktops: HostDesktopCounts,
+});
+export type AdminHostJson = Static<typeof AdminHostJson>;
+
+export const AdminOrgJson = Type.Object({
+  id: Type.String({ description: '`org_…`' }),
+  name: Type.String(),
+  created_at: Type.String({ format: 'date-time' }),
+  key_count: Type.Integer({ minimum: 0, description: 'Live API keys' }),
+  desktop_count: Type.Integer({ minimum: 0, description: 'Desktops not destroyed' }),
+});
+export type AdminOrgJson = Static<typeof AdminOrgJson>;
+
+export const AdminKeyJson = Type.Object({ ...ApiKeyJson.properties });
+export const AdminCreatedKeyJson = Type.Object({ ...CreatedApiKeyJson.properties });
+
+export const HostIdParams = Type.Object({ host_id: Type.String({ pattern: idPattern('host'), description: '`host_…`' }) });
+export const OrgIdParams = Type.Object({ org_id: Type.String({ pattern: idPattern('org'), description: '`org_…`' }) });
+export const OrgKeyParams = Type.Object({
+  ...OrgIdParams.properties,
+  key_id: Type.String({ pattern: idPattern('apiKey'), description: '`key_…`' }),
+});
+
+/** Printable, no control characters, no space at either end. */
+const ORG_NAME_PATTERN = '^[^\\p{Cc}\\s](?:[^\\p{Cc}]*[^\\p{Cc}\\s])?$';
+
+export const CreateOrgBody = Type.Object(
+  { name: Type.String({ minLength: 1, maxLength: 200, pattern: ORG_NAME_PATTERN, description: "The org's name, unique; what a JWT's org claim names" }) },
+  { additionalProperties: false },
+);
+export type CreateOrgBody = Static<typeof CreateOrgBody>;
+
+export const CreateOrgKeyBody = Type.Object(
+  { name: Type.Optional(Type.Union([Type.String({ minLength: 1, maxLength: 100 }), Type.Null()], { description: 'A label for people, 1-100 characters' })) },
+  { additionalProperties: false },
+);
+export type CreateOrgKeyBody = Static<typeof CreateOrgKeyBody>;

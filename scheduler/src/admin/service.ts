@@ -1,0 +1,132 @@
+/**
+ * Fleet and tenant administration for operators: hosts as placement sees them, cordoning, removing
+ * a host that is empty and whose agent is gone, and orgs with their API keys.
+ *
+ * A host's capacity and use are computed by placement's own code (placement/candidates.ts), so
+ * the numbers an operator reads are the ones placement decides by. Keys are created and revoked
+ * through the same KeyService as `/v1/keys`: a revoked key is refused by every replica from its
+ * next request, whichever API revoked it.
+ */
+import type { Sql } from '../store/db.js';
+import { committedLoad, listHosts, slotsUsed } from '../store/hosts.js';
+import type { HostRow } from '../store/rows.js';
+import type { KeyService, ApiKeyJson } from '../services/keys.js';
+import { hostCandidates } from '../placement/candidates.js';
+import type { Overcommit } from '../placement/feasible.js';
+import { errors } from '../errors.js';
+import { desktopStatesByHost, hostById, insertOrg, listOrgSummaries, orgExists, removeHost, setHostCordoned, type OrgSummaryRow } from './store.js';
+import type { AdminHostJson, AdminOrgJson, HostDesktopCounts } from './schemas.js';
+
+export interface AdminServiceDeps {
+  sql: Sql;
+  keys: KeyService;
+  /** Whether this replica's link to the host's agent is up. */
+  linked(hostId: string): boolean;
+  overcommit: Overcommit;
+  /** Storage slots every host offers (CANTO_HOST_SLOTS). */
+  hostSlots: number;
+}
+
+/**
+ * Whether placement may put new desktops on the host. Placement also needs the leader's link to
+ * the agent, which only the leader knows; a ready host has one on every replica within a heartbeat.
+ */
+function schedulable(h: HostRow): boolean {
+  return h.status === 'ready' && !h.cordoned;
+}
+
+function orgJson(row: OrgSummaryRow): AdminOrgJson {
+  return { id: row.id, name: row.name, created_at: row.created_at.toISOString(), key_count: row.key_count, desktop_count: row.desktop_count };
+}
+
+export class AdminService {
+  constructor(private readonly deps: AdminServiceDeps) {}
+
+  async listHosts(): Promise<AdminHostJson[]> {
+    return this.hostsJson(await listHosts(this.deps.sql));
+  }
+
+  async getHost(id: string): Promise<AdminHostJson> {
+    const row = await hostById(this.deps.sql, id);
+    if (!row) throw errors.hostNotFound();
+    return (await this.hostsJson([row], id))[0]!;
+  }
+
+  /** Cordons or uncordons the host; doing it twice is the same as once. */
+  async setCordoned(id: string, cordoned: boolean): Promise<AdminHostJson> {
+    if (!(await setHostCordoned(this.deps.sql, id, cordoned))) throw errors.hostNotFound();
+    return this.getHost(id);
+  }
+
+  /** Removes the host's record: only an empty host whose agent is gone (the runbook: drain, stop the agent, remove). */
+  async removeHost(id: string): Promise<void> {
+    const outcome = await removeHost(this.deps.sql, id, () => this.deps.linked(id));
+    if (outcome.removed) return;
+    if (outcome.why === 'not_found') throw errors.hostNotFound();
+    if (outcome.why === 'holds_desktops') throw errors.hostHoldsDesktops(outcome.desktops);
+    throw errors.hostStillLinked();
+  }
+
+  async listOrgs(): Promise<AdminOrgJson[]> {
+    return (await listOrgSummaries(this.deps.sql)).map(orgJson);
+  }
+
+  async createOrg(name: string): Promise<AdminOrgJson> {
+    const id = await insertOrg(this.deps.sql, name);
+    if (id === null) throw errors.orgExists();
+    return orgJson((await listOrgSummaries(this.deps.sql, id))[0]!);
+  }
+
+  async listKeys(orgId: string): Promise<ApiKeyJson[]> {
+    await this.requireOrg(orgId);
+    return this.deps.keys.list(orgId);
+  }
+
+  async createKey(orgId: string, name: string | null): Promise<ApiKeyJson & { key: string }> {
+    await this.requireOrg(orgId);
+    return this.deps.keys.create(orgId, name);
+  }
+
+  async revokeKey(orgId: string, keyId: string): Promise<void> {
+    await this.requireOrg(orgId);
+    await this.deps.keys.revoke(orgId, keyId);
+  }
+
+  private async requireOrg(orgId: string): Promise<void> {
+    if (!(await orgExists(this.deps.sql, orgId))) throw errors.orgNotFound();
+  }
+
+  private async hostsJson(rows: readonly HostRow[], hostId?: string): Promise<AdminHostJson[]> {
+    const { sql, overcommit, hostSlots } = this.deps;
+    const [load, slots, states] = await Promise.all([committedLoad(sql), slotsUsed(sql, hostId), desktopStatesByHost(sql, hostId)]);
+    const candidates = hostCandidates(rows, load, slots, { isConnected: (id) => this.deps.linked(id), hostSlots });
+    return rows.map((h, i) => {
+      const c = candidates[i]!;
+      const held = states.get(h.id) ?? new Map<string, number>();
+      const desktops: HostDesktopCounts = {
+        provisioning: held.get('provisioning') ?? 0,
+        waking: held.get('waking') ?? 0,
+        awake: held.get('awake') ?? 0,
+        hibernating: held.get('hibernating') ?? 0,
+        hibernated: held.get('hibernated') ?? 0,
+        total: [...held.values()].reduce((a, b) => a + b, 0),
+      };
+      return {
+        id: h.id,
+        hostname: h.hostname,
+        address: h.ingress_address,
+        state: h.status,
+        linked: c.connected,
+        cordoned: h.cordoned,
+        schedulable: schedulable(h),
+        agent: { protocol: h.protocol, runtime: h.runtime, memory_snapshots: h.memory_snapshots, instance_id: h.agent_instance_id },
+        last_heartbeat_at: h.last_seen_at.toISOString(),
+        registered_at: h.created_at.toISOString(),
+        reported: { vcpus: h.vcpus, memory_mb: h.memory_mb },
+        capacity: { vcpus: c.vcpus * overcommit.cpu, memory_mb: c.memoryMb * overcommit.memory, slots: c.slots },
+        used: { vcpus: c.committedVcpus, memory_mb: c.committedMemoryMb, slots: c.slotsUsed },
+        desktops,
+      };
+    });
+  }
+}
