@@ -1,9 +1,10 @@
 /**
- * The data directory of `canto up`: the embedded PostgreSQL cluster, the agent's state and the
+ * The data directory of `canto up`: the embedded PostgreSQL cluster, the agent's state, the
  * deployment's generated secrets (`secrets.json`, mode 0600: the key sealing desktop env and
- * setup scripts, and the local agent's join token).
+ * setup scripts, the local agent's join token and the admin API token) and where the running
+ * `canto up` serves its API (`up.json`, for the admin commands of the CLI).
  */
-import { existsSync, mkdirSync, readFileSync, writeFileSync, chmodSync, unlinkSync } from 'node:fs';
+import { existsSync, mkdirSync, readFileSync, renameSync, writeFileSync, chmodSync, unlinkSync } from 'node:fs';
 import { randomBytes } from 'node:crypto';
 import { join } from 'node:path';
 import { generateSecretKey } from '../../scheduler/src/crypto/secret-box.js';
@@ -14,7 +15,12 @@ export const DEFAULT_DATA_DIR = '/var/lib/canto';
 export interface DataDirSecrets {
   secret_key: string;
   join_token: string;
+  /** The admin API's token (CANTO_ADMIN_TOKEN); added to a data directory made before it existed. */
+  admin_token: string;
 }
+
+const SECRETS_FILE = 'secrets.json';
+const UP_FILE = 'up.json';
 
 /** Creates the data directory; the embedded cluster's `postgres` user must be able to traverse it. */
 export function ensureDataDir(dataDir: string): void {
@@ -24,12 +30,51 @@ export function ensureDataDir(dataDir: string): void {
 
 export function loadOrCreateSecrets(dataDir: string): DataDirSecrets {
   ensureDataDir(dataDir);
-  const path = join(dataDir, 'secrets.json');
-  if (existsSync(path)) return JSON.parse(readFileSync(path, 'utf8')) as DataDirSecrets;
-  const secrets: DataDirSecrets = { secret_key: generateSecretKey(), join_token: randomBytes(32).toString('base64url') };
+  const path = join(dataDir, SECRETS_FILE);
+  const token = () => randomBytes(32).toString('base64url');
+  if (existsSync(path)) {
+    const found = JSON.parse(readFileSync(path, 'utf8')) as Partial<DataDirSecrets> & Pick<DataDirSecrets, 'secret_key' | 'join_token'>;
+    if (found.admin_token) return found as DataDirSecrets;
+    // Written whole and renamed into place: a crash leaves the old file or the new one, never half.
+    const upgraded: DataDirSecrets = { ...found, admin_token: token() };
+    writeFileSync(`${path}.tmp`, JSON.stringify(upgraded, null, 2) + '\n', { mode: 0o600 });
+    chmodSync(`${path}.tmp`, 0o600);
+    renameSync(`${path}.tmp`, path);
+    return upgraded;
+  }
+  const secrets: DataDirSecrets = { secret_key: generateSecretKey(), join_token: token(), admin_token: token() };
   writeFileSync(path, JSON.stringify(secrets, null, 2) + '\n', { mode: 0o600, flag: 'wx' });
   chmodSync(path, 0o600);
   return secrets;
+}
+
+/** The admin token of a data directory, for the CLI's admin commands; the error names the file, never its content. */
+export function readAdminToken(dataDir: string): string {
+  const path = join(dataDir, SECRETS_FILE);
+  let secrets: Partial<DataDirSecrets>;
+  try {
+    secrets = JSON.parse(readFileSync(path, 'utf8')) as Partial<DataDirSecrets>;
+  } catch (err) {
+    const code = (err as NodeJS.ErrnoException).code;
+    throw new Error(`cannot read the admin token from ${path}: ${code ?? 'not JSON'}${code === 'EACCES' ? ' (run as the user that runs canto up, or set CANTO_ADMIN_TOKEN)' : ''}`);
+  }
+  if (!secrets.admin_token) throw new Error(`${path} has no admin token yet: start canto up once with this version, or set CANTO_ADMIN_TOKEN`);
+  return secrets.admin_token;
+}
+
+/** Records where the running `canto up` serves its API. */
+export function recordApiUrl(dataDir: string, url: string): void {
+  writeFileSync(join(dataDir, UP_FILE), JSON.stringify({ api_url: url }) + '\n', { mode: 0o644 });
+}
+
+/** Where the last `canto up` of the data directory served its API; null when none recorded it. */
+export function recordedApiUrl(dataDir: string): string | null {
+  try {
+    const recorded = JSON.parse(readFileSync(join(dataDir, UP_FILE), 'utf8')) as { api_url?: unknown };
+    return typeof recorded.api_url === 'string' ? recorded.api_url : null;
+  } catch {
+    return null;
+  }
 }
 
 /**

@@ -9,8 +9,6 @@ import { loadSchedulerConfig } from '../../scheduler/src/config.js';
 import { startScheduler, STOP_BUDGET_MS } from '../../scheduler/src/main.js';
 import { connectDatabase, type Sql } from '../../scheduler/src/store/db.js';
 import { migrate } from '../../scheduler/src/store/migrations.js';
-import { createApiKey } from '../../scheduler/src/services/keys.js';
-import { listHosts } from '../../scheduler/src/store/hosts.js';
 import { loadAgentConfig } from '../../agent/src/config.js';
 import { runAgent } from '../../agent/src/main.js';
 import { DEFAULT_DATA_DIR, openDataDirDatabase } from './data-dir.js';
@@ -18,7 +16,8 @@ import { up } from './up.js';
 import { tuneHeapForStreaming } from './heap.js';
 import { bridgeOnce, parseStreamUrl } from './vnc-bridge.js';
 import { formatHostPort, parseHostPort } from '../../shared/src/host-port.js';
-import { formatFleetStatus, readFleetStatus, table } from './status.js';
+import { formatFleetStatus, readFleetStatus } from './status.js';
+import { registerAdminCommands } from './admin-commands.js';
 
 const env = process.env;
 const program = new Command('canto').description('Canto: persistent Linux cloud desktops').showHelpAfterError();
@@ -135,36 +134,7 @@ async function withDatabase<T>(opts: DbOpts, fn: (sql: Sql) => Promise<T>): Prom
   }
 }
 
-const keys = program.command('keys').description('API keys');
-keys
-  .command('create')
-  .description('create an API key (and the org, if new); prints only the key')
-  .requiredOption('--org <name>', 'org name')
-  .option('--data-dir <dir>', 'data directory of `canto up`')
-  .option('--database-url <url>', 'scheduler database (DATABASE_URL)')
-  .action(async (opts: DbOpts & { org: string }) => {
-    const key = await withDatabase(opts, async (sql) => (await createApiKey(sql, opts.org)).key);
-    process.stdout.write(`${key}\n`);
-  });
-
-const hosts = program.command('hosts').description('agent hosts');
-hosts
-  .command('list')
-  .description('list hosts with their status and capacity')
-  .option('--data-dir <dir>', 'data directory of `canto up`')
-  .option('--database-url <url>', 'scheduler database (DATABASE_URL)')
-  .action(async (opts: DbOpts) => {
-    const rows = await withDatabase(opts, listHosts);
-    const lines = rows.map((h) => ({
-      ID: h.id,
-      HOSTNAME: h.hostname,
-      STATUS: h.cordoned ? `${h.status},cordoned` : h.status,
-      RUNTIME: `${h.runtime}${h.memory_snapshots ? '+snapshots' : ''}`,
-      CAPACITY: `${h.vcpus} vCPU / ${h.memory_mb} MiB`,
-      LAST_SEEN: h.last_seen_at.toISOString(),
-    }));
-    process.stdout.write(`${table(lines, ['ID', 'HOSTNAME', 'STATUS', 'RUNTIME', 'CAPACITY', 'LAST_SEEN'])}\n`);
-  });
+registerAdminCommands(program, env);
 
 program
   .command('status')

@@ -24,7 +24,7 @@ import { createApiKey } from '../../scheduler/src/services/keys.js';
 import { ApiError } from '../../scheduler/src/errors.js';
 import { loadAgentConfig } from '../../agent/src/config.js';
 import { runAgent } from '../../agent/src/main.js';
-import { loadOrCreateSecrets, lockDataDir } from './data-dir.js';
+import { loadOrCreateSecrets, lockDataDir, recordApiUrl } from './data-dir.js';
 
 export interface UpOptions {
   dataDir: string;
@@ -71,6 +71,7 @@ export async function up(options: UpOptions, env: NodeJS.ProcessEnv): Promise<vo
         DATABASE_URL: pg.url,
         CANTO_SECRET_KEY: env.CANTO_SECRET_KEY || secrets.secret_key,
         CANTO_JOIN_TOKEN: env.CANTO_JOIN_TOKEN || secrets.join_token,
+        CANTO_ADMIN_TOKEN: env.CANTO_ADMIN_TOKEN || secrets.admin_token,
         CANTO_LISTEN: options.listen,
         // One replica per data directory (the lock sees to it): a stable name lets a restart after
         // a crash take the lease back at once instead of waiting out the dead one's TTL.
@@ -81,6 +82,7 @@ export async function up(options: UpOptions, env: NodeJS.ProcessEnv): Promise<vo
       logger,
     );
     stops.push(() => scheduler.close());
+    recordApiUrl(options.dataDir, scheduler.url);
     const bootstrapKey = await firstStartKey(pg.url);
     const agent = await runAgent(
       loadAgentConfig({
@@ -98,6 +100,8 @@ export async function up(options: UpOptions, env: NodeJS.ProcessEnv): Promise<vo
     stops.push(() => agent.stop());
     await agent.waitConnected(30_000);
     say(`Canto is up.\n  API:      ${scheduler.url}/v1\n  OpenAPI:  ${scheduler.url}/v1/openapi.json\n  Host:     ${agent.hostId}`);
+    const adminToken = env.CANTO_ADMIN_TOKEN ? 'CANTO_ADMIN_TOKEN' : join(options.dataDir, 'secrets.json');
+    say(`  Admin:    ${scheduler.url}/admin/v1 (token: ${adminToken}; try canto hosts list --data-dir ${options.dataDir})`);
     if (scheduler.ingressUrl) say(`  Ingress:  ${scheduler.ingressUrl} (exposed ports: ${ingressPattern(ingressBaseUrl)})`);
     if (bootstrapKey) say(`  API key:  ${bootstrapKey}   (org "default"; shown once, store it now)`);
     say('Press Ctrl-C to stop (awake desktops are hibernated first; press it again to skip that).');

@@ -1,0 +1,156 @@
+/**
+ * The CLI's admin commands — `canto hosts …`, `canto orgs …`, `canto keys …` — over the admin API
+ * of a running scheduler (cli/src/admin-client.ts), so they work from any machine that can reach
+ * it and see what the scheduler sees. Tables for people; `--json` prints the API's answer for
+ * scripts. Every failure is one line on stderr and a non-zero exit (cli/src/main.ts).
+ */
+import { Command, Option } from 'commander';
+import { isId } from '../../shared/src/ids.js';
+import type { AdminHostJson, AdminOrgJson } from '../../scheduler/src/admin/schemas.js';
+import type { ApiKeyJson } from '../../scheduler/src/services/keys.js';
+import { adminCall, adminTarget, type AdminOptions, type AdminTarget } from './admin-client.js';
+import { table } from './status.js';
+
+interface CommonOptions extends AdminOptions {
+  json?: boolean;
+  /** `canto keys …`: the org, by id or name, and a new key's label. */
+  org?: string;
+  name?: string;
+}
+
+type Action<A extends unknown[]> = (target: AdminTarget, opts: CommonOptions, ...args: A) => Promise<void>;
+
+export function registerAdminCommands(program: Command, env: NodeJS.ProcessEnv): void {
+  /** A subcommand with the options every admin command takes. */
+  function adminCommand<A extends unknown[]>(parent: Command, name: string, description: string, action: Action<A>): Command {
+    return parent
+      .command(name)
+      .description(description)
+      .option('--api <url>', 'the scheduler (CANTO_API_URL; default: where canto up of the data directory serves)')
+      .option('--data-dir <dir>', 'data directory of canto up; its secrets.json holds the admin token (else CANTO_ADMIN_TOKEN)')
+      .option('--json', 'print JSON for scripts')
+      .addOption(new Option('--token <token>').hideHelp())
+      .action(async (...raw: unknown[]) => {
+        // commander passes the arguments, then the options, then the command.
+        const args = raw.slice(0, -2) as A;
+        const opts = raw[raw.length - 2] as CommonOptions;
+        await action(adminTarget(opts, env), opts, ...args);
+      });
+  }
+  const out = (line: string): void => {
+    process.stdout.write(`${line}\n`);
+  };
+  const json = (value: unknown): void => out(JSON.stringify(value, null, 2));
+
+  const hosts = program.command('hosts').description('agent hosts, over the admin API');
+  adminCommand(hosts, 'list', 'list hosts: state, schedulable, capacity and use, desktops', async (target, opts) => {
+    const answer = await adminCall<{ hosts: AdminHostJson[] }>(target, 'GET', '/admin/v1/hosts');
+    if (opts.json) return json(answer);
+    out(table(answer.hosts.map(hostRow), ['ID', 'HOSTNAME', 'STATUS', 'RUNTIME', 'SCHEDULABLE', 'DESKTOPS', 'VCPU', 'MEMORY', 'SLOTS', 'LAST HEARD']));
+  });
+  adminCommand<[string]>(hosts, 'show', 'one host in detail', async (target, opts, id) => {
+    const host = await adminCall<AdminHostJson>(target, 'GET', `/admin/v1/hosts/${encodeURIComponent(id)}`);
+    if (opts.json) return json(host);
+    out(describeHost(host));
+  }).argument('<host-id>');
+  for (const [action, words] of [['cordon', 'cordoned: no new desktop is placed on it'], ['uncordon', 'uncordoned: placement may use it again']] as const) {
+    adminCommand<[string]>(hosts, action, action === 'cordon' ? 'place no new desktop on the host (those on it stay)' : 'let placement use the host again', async (target, opts, id) => {
+      const host = await adminCall<AdminHostJson>(target, 'POST', `/admin/v1/hosts/${encodeURIComponent(id)}/${action}`);
+      if (opts.json) return json(host);
+      out(`host ${host.id} ${words}`);
+    }).argument('<host-id>');
+  }
+  adminCommand<[string]>(hosts, 'remove', "remove a host's record: it must hold no desktop and its agent must be stopped", async (target, opts, id) => {
+    await adminCall(target, 'DELETE', `/admin/v1/hosts/${encodeURIComponent(id)}`);
+    if (opts.json) return json({ removed: id });
+    out(`host ${id} removed`);
+  }).argument('<host-id>');
+
+  const orgs = program.command('orgs').description('orgs, over the admin API');
+  adminCommand(orgs, 'list', 'list orgs with their key and desktop counts', async (target, opts) => {
+    const answer = await adminCall<{ orgs: AdminOrgJson[] }>(target, 'GET', '/admin/v1/orgs');
+    if (opts.json) return json(answer);
+    out(table(answer.orgs.map((o) => ({ ID: o.id, NAME: o.name, KEYS: String(o.key_count), DESKTOPS: String(o.desktop_count), CREATED: o.created_at })), ['ID', 'NAME', 'KEYS', 'DESKTOPS', 'CREATED']));
+  });
+  adminCommand<[string]>(orgs, 'create', 'create an org', async (target, opts, name) => {
+    const org = await adminCall<AdminOrgJson>(target, 'POST', '/admin/v1/orgs', { name });
+    if (opts.json) return json(org);
+    out(`org ${org.name} created: ${org.id}`);
+  }).argument('<name>');
+
+  const keys = program.command('keys').description("an org's API keys, over the admin API");
+  adminCommand(keys, 'list', "list an org's live keys (never their secrets)", async (target, opts) => {
+    const org = await orgId(target, opts.org!, false);
+    const answer = await adminCall<{ keys: ApiKeyJson[] }>(target, 'GET', `/admin/v1/orgs/${org}/keys`);
+    if (opts.json) return json(answer);
+    out(table(answer.keys.map((k) => ({ ID: k.id, NAME: k.name ?? '', PREFIX: k.prefix ?? '', CREATED: k.created_at, 'LAST USED': k.last_used_at ?? 'never' })), ['ID', 'NAME', 'PREFIX', 'CREATED', 'LAST USED']));
+  }).requiredOption('--org <org>', 'org id or name');
+  adminCommand(keys, 'create', 'create an API key (and the org, if no org has this name); prints only the key', async (target, opts) => {
+    const org = await orgId(target, opts.org!, true);
+    const created = await adminCall<ApiKeyJson & { key: string }>(target, 'POST', `/admin/v1/orgs/${org}/keys`, { name: opts.name ?? null });
+    if (opts.json) return json(created);
+    out(created.key);
+  })
+    .requiredOption('--org <org>', 'org id or name')
+    .option('--name <name>', 'a label for people');
+  adminCommand<[string]>(keys, 'revoke', 'revoke an API key: every replica refuses it from its next request', async (target, opts, keyId) => {
+    const org = await orgId(target, opts.org!, false);
+    await adminCall(target, 'DELETE', `/admin/v1/orgs/${org}/keys/${encodeURIComponent(keyId)}`);
+    if (opts.json) return json({ revoked: keyId });
+    out(`key ${keyId} revoked`);
+  })
+    .requiredOption('--org <org>', 'org id or name')
+    .argument('<key-id>');
+}
+
+/** The id of the org `value` names (an `org_…` id, or a name); created when asked and missing. */
+async function orgId(target: AdminTarget, value: string, create: boolean): Promise<string> {
+  if (isId('org', value)) return value;
+  const { orgs } = await adminCall<{ orgs: AdminOrgJson[] }>(target, 'GET', '/admin/v1/orgs');
+  const found = orgs.find((o) => o.name === value);
+  if (found) return found.id;
+  if (!create) throw new Error(`no org is named "${value}" (canto orgs list shows them)`);
+  return (await adminCall<AdminOrgJson>(target, 'POST', '/admin/v1/orgs', { name: value })).id;
+}
+
+function ago(iso: string): string {
+  const ms = Math.max(0, Date.now() - Date.parse(iso));
+  return ms < 10_000 ? `${(ms / 1000).toFixed(1)} s ago` : ms < 3_600_000 ? `${Math.round(ms / 1000)} s ago` : `${(ms / 3_600_000).toFixed(1)} h ago`;
+}
+
+const gib = (mb: number) => (mb / 1024).toFixed(1);
+
+function hostRow(h: AdminHostJson): Record<string, string> {
+  return {
+    ID: h.id,
+    HOSTNAME: h.hostname,
+    STATUS: h.cordoned ? `${h.state},cordoned` : h.state,
+    RUNTIME: `${h.agent.runtime}${h.agent.memory_snapshots ? '+snapshots' : ''}`,
+    SCHEDULABLE: h.schedulable ? 'yes' : 'no',
+    DESKTOPS: `${h.desktops.total} (${h.desktops.awake} awake)`,
+    VCPU: `${h.used.vcpus}/${h.capacity.vcpus}`,
+    MEMORY: `${gib(h.used.memory_mb)}/${gib(h.capacity.memory_mb)} GiB`,
+    SLOTS: `${h.used.slots}/${h.capacity.slots}`,
+    'LAST HEARD': ago(h.last_heartbeat_at),
+  };
+}
+
+function describeHost(h: AdminHostJson): string {
+  const states = (['provisioning', 'waking', 'awake', 'hibernating', 'hibernated'] as const).filter((s) => h.desktops[s] > 0);
+  const lines: Array<[string, string]> = [
+    ['ID', h.id],
+    ['Hostname', h.hostname],
+    ['Address', h.address ?? '(no port gateway)'],
+    ['State', `${h.state}${h.linked ? '' : ' (not linked to the replica that answered)'}`],
+    ['Cordoned', h.cordoned ? 'yes' : 'no'],
+    ['Schedulable', h.schedulable ? 'yes' : 'no'],
+    ['Agent', `protocol ${h.agent.protocol}, runtime ${h.agent.runtime}, memory snapshots ${h.agent.memory_snapshots ? 'yes' : 'no'}`],
+    ['Last heard', `${h.last_heartbeat_at} (${ago(h.last_heartbeat_at)})`],
+    ['vCPU', `${h.used.vcpus} of ${h.capacity.vcpus} committed (${h.reported.vcpus} reported)`],
+    ['Memory', `${h.used.memory_mb} of ${h.capacity.memory_mb} MiB committed (${h.reported.memory_mb} reported)`],
+    ['Slots', `${h.used.slots} of ${h.capacity.slots} held`],
+    ['Desktops', h.desktops.total === 0 ? 'none' : `${states.map((s) => `${h.desktops[s]} ${s}`).join(', ')} (${h.desktops.total} in all)`],
+  ];
+  const width = Math.max(...lines.map(([k]) => k.length));
+  return lines.map(([k, v]) => `${k.padEnd(width)}  ${v}`).join('\n');
+}
