@@ -275,6 +275,11 @@ export class CommandHandlers {
           return { ticket: grant.ticket, expires_at: grant.expiresAt.toISOString(), host: grant.host, port: grant.port };
         });
       }
+      case 'desktop.export':
+      case 'desktop.import':
+      case 'desktop.import.abort':
+        // Moving desktops between hosts is not built into this agent yet.
+        return Promise.reject(new AgentFailure('unsupported', `${type} is not supported by this agent`, false));
       default: {
         const unknown: never = type;
         return Promise.reject(new AgentFailure('unsupported', `unknown command ${String(unknown)}`, false));

@@ -26,6 +26,9 @@
  *         `cluster` (scheduler → agent): a new leader epoch or replica list. Lifecycle commands
  *         carry `leader_epoch`; the agent refuses an older one with `stale_epoch`.
  *         desktop.inspect: whether a desktop runs and has a memory snapshot.
+ *   1.8 — moving desktops between hosts (shared/src/transfer.ts): hello `transfer` (where the
+ *         agent's transfer server listens), desktop.export, desktop.import, desktop.import.abort,
+ *         notification desktop.import.progress; error code `conflict` (the desktop is running).
  *
  * Every desktop command carries the desktop's `generation`. The agent remembers the highest
  * generation it has seen per desktop and refuses an older one with `stale_generation`: after a
@@ -35,6 +38,7 @@
 import { Type, type Static, type TSchema } from '@sinclair/typebox';
 import { TypeCompiler } from '@sinclair/typebox/compiler';
 import { DesktopRef } from './desktop-ref.js';
+import { ExportPayload, ExportResult, ImportAbortPayload, ImportAbortResult, ImportPayload, ImportResult } from './transfer.js';
 import {
   DirListPayload, DirListResult, DisplayGetPayload, DisplayResult, DisplaySetPayload, ExecPayload, ExecResult,
   FileDeletePayload, FileDeleteResult, FileReadPayload, FileReadResult, FileStatPayload, FileStatResult,
@@ -42,7 +46,7 @@ import {
   ScreenshotResult, SpawnPayload, SpawnResult, StreamGrantPayload, StreamGrantResult,
 } from './guest-commands.js';
 
-export const PROTOCOL_VERSION = '1.7';
+export const PROTOCOL_VERSION = '1.8';
 export const WIRE_VERSION = 1;
 
 /** True when `version` is `major.minor` or later (a version that does not parse is not). */
@@ -76,6 +80,8 @@ export const AgentError = Type.Object({
     Type.Literal('control_claimed'),
     // 1.7: a lifecycle command from a leader term older than one the agent has seen.
     Type.Literal('stale_epoch'),
+    // 1.8: an export or import of a desktop that runs on that host.
+    Type.Literal('conflict'),
   ]),
   message: Type.String(),
   retryable: Type.Boolean(),
@@ -111,6 +117,8 @@ export const HelloPayload = Type.Object({
   ),
   /** 1.5: the port gateway the scheduler's ingress dials; absent when it is turned off. */
   ingress: Type.Optional(Type.Object({ host: Type.String({ minLength: 1 }), port: Type.Integer({ minimum: 1, maximum: 65535 }) })),
+  /** 1.8: the transfer server other agents fetch moved desktops from; absent when it is off. */
+  transfer: Type.Optional(Type.Object({ host: Type.String({ minLength: 1 }), port: Type.Integer({ minimum: 1, maximum: 65535 }) })),
 });
 export type HelloPayload = Static<typeof HelloPayload>;
 
@@ -224,6 +232,9 @@ export const AGENT_COMMANDS = {
   'guest.screenshot': { payload: ScreenshotPayload, result: ScreenshotResult },
   'guest.input': { payload: InputPayload, result: InputResult },
   'stream.grant': { payload: StreamGrantPayload, result: StreamGrantResult },
+  'desktop.export': { payload: ExportPayload, result: ExportResult },
+  'desktop.import': { payload: ImportPayload, result: ImportResult },
+  'desktop.import.abort': { payload: ImportAbortPayload, result: ImportAbortResult },
 } as const;
 
 export type AgentCommand = keyof typeof AGENT_COMMANDS;

@@ -1,0 +1,78 @@
+/**
+ * Moving a desktop between hosts (protocol 1.8): what the scheduler asks of the two agents, and
+ * the HTTP surface one agent serves the other. Bulk bytes never pass through the scheduler.
+ *
+ * A stopped desktop is a set of *units*: its own directory (writable layer, memory snapshot,
+ * display record, markers) and each frozen disk layer its chain stands on. Each unit travels as
+ * one deterministic tar stream, so the same bytes come out every time the source is asked while
+ * the desktop stays stopped; that is what makes a broken copy resumable at a byte offset.
+ *
+ *   1. `desktop.export` to the source: it checks the desktop is stopped there and grants a ticket
+ *      (a bearer secret, bound to the desktop and its generation, valid `ttl_ms`, usable for every
+ *      request of this copy) and answers where its transfer server listens and the units.
+ *   2. `desktop.import` to the target: it fetches `GET {url}/v1/transfer/{desktop_id}/units`
+ *      and then each unit it does not already hold (`GET …/units/{unit}?offset=N` resumes a
+ *      partial one; the answer's `x-canto-sha256` trailer is the whole unit's hash), verifies
+ *      every unit's sha256, and installs the desktop and any layer it lacks atomically. A repeated
+ *      import finds the work done. Layers it already holds (a fork moved earlier) are not fetched.
+ *   3. The scheduler commits the new host in its database; only then does it send
+ *      `desktop.destroy` to the source, which drops the source copy (shared layers stay while
+ *      another desktop there stands on them).
+ *   Rollback before the commit: `desktop.import.abort` to the target removes what it staged or
+ *   installed of a desktop that never started there; the source copy was never touched.
+ */
+import { Type, type Static } from '@sinclair/typebox';
+import { DesktopRef } from './desktop-ref.js';
+
+const LeaderEpoch = { leader_epoch: Type.Optional(Type.Integer({ minimum: 0 })) };
+
+/** A unit id: `desktop`, or `layer-<layer id>`. Safe as a path component and a URL segment. */
+export const UNIT_ID_PATTERN = '^(desktop|layer-[A-Za-z0-9_-]{1,64})$';
+
+export const TransferUnit = Type.Object({
+  id: Type.String({ pattern: UNIT_ID_PATTERN }),
+  /** Size of the unit's tar stream in bytes. */
+  bytes: Type.Integer({ minimum: 0 }),
+  /** sha256 of the unit's tar stream, hex. */
+  sha256: Type.String({ pattern: '^[0-9a-f]{64}$' }),
+});
+export type TransferUnit = Static<typeof TransferUnit>;
+
+export const ExportPayload = Type.Object({ ...DesktopRef, ...LeaderEpoch, ttl_ms: Type.Integer({ minimum: 1000, maximum: 86_400_000 }) });
+export const ExportResult = Type.Object({
+  /** `http://host:port` of the source's transfer server. */
+  url: Type.String({ minLength: 1 }),
+  ticket: Type.String({ minLength: 32 }),
+  units: Type.Array(TransferUnit),
+  total_bytes: Type.Integer({ minimum: 0 }),
+});
+export type ExportResult = Static<typeof ExportResult>;
+
+export const ImportPayload = Type.Object({
+  ...DesktopRef,
+  ...LeaderEpoch,
+  tier: Type.Union([Type.Literal('small'), Type.Literal('default'), Type.Literal('large')]),
+  source: Type.Object({ url: Type.String({ minLength: 1 }), ticket: Type.String({ minLength: 32 }) }),
+});
+export const ImportResult = Type.Object({
+  /** Bytes fetched by this command (0 when everything was already there). */
+  fetched_bytes: Type.Integer({ minimum: 0 }),
+  /** Bytes of the units that were already verified or partly fetched before this command. */
+  resumed_bytes: Type.Integer({ minimum: 0 }),
+  units: Type.Integer({ minimum: 0 }),
+});
+export type ImportResult = Static<typeof ImportResult>;
+
+export const ImportAbortPayload = Type.Object({ ...DesktopRef, ...LeaderEpoch });
+export const ImportAbortResult = Type.Object({});
+
+/** Notification (agent → scheduler) while an import runs, at most a few times a second. */
+export const ImportProgressPayload = Type.Object({
+  desktop_id: Type.String(),
+  done_bytes: Type.Integer({ minimum: 0 }),
+  total_bytes: Type.Integer({ minimum: 0 }),
+});
+export type ImportProgressPayload = Static<typeof ImportProgressPayload>;
+
+/** The HTTP header carrying a unit's sha256 as a trailer of its stream. */
+export const SHA256_TRAILER = 'x-canto-sha256';
