@@ -51,7 +51,8 @@ export const InputAction = Type.Union([
       button: Type.Optional(Button),
       double: Type.Optional(Type.Boolean()),
     },
-    strict,
+    // Both coordinates or neither (inputBatchProblem): where to click, or where the pointer is.
+    { ...strict, description: 'Give x and y together, or neither to click where the pointer is' },
   ),
   Type.Object({ type: Type.Literal('button_press'), button: Button }, strict),
   Type.Object({ type: Type.Literal('button_release'), button: Button }, strict),
@@ -63,8 +64,8 @@ export const InputAction = Type.Union([
   Type.Object(
     {
       type: Type.Literal('type'),
-      // Byte length and NUL are checked by inputBatchProblem: JSON Schema counts characters.
-      text: Type.String({ minLength: 1 }),
+      // Byte length is checked by inputBatchProblem: JSON Schema counts characters.
+      text: Type.String({ minLength: 1, pattern: '^[^\\u0000]*$' }),
       delay_ms: Type.Optional(Type.Integer({ minimum: 0, maximum: INPUT_LIMITS.maxDelayMs })),
     },
     strict,

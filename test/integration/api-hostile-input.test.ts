@@ -112,6 +112,20 @@ describe('framing and headers', () => {
     expectProblemBody(await rawExchange('GET / HTTP/1.1\r\nHost: x\r\nExpect: junk\r\n\r\n', s.ingressUrl!), 417, 'ingress: Expect: junk');
   });
 
+  it('answers a request without a Host header with problem+json, on the API and on the ingress', async () => {
+    const api = await rawExchange(`GET /v1/desktops HTTP/1.1\r\nAuthorization: Bearer ${key}\r\n\r\n`);
+    expectProblemBody(api, 400, 'no Host');
+    expect(JSON.parse(api.body).detail).toBe('the request has no Host header');
+    expectProblemBody(await rawExchange('GET / HTTP/1.1\r\n\r\n', s.ingressUrl!), 400, 'ingress: no Host');
+  });
+
+  it('answers a client that half-closes its side after sending, even when the answer takes a database read', async () => {
+    const res = await rawExchange(`GET /v1/desktops HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer ${key}\r\n\r\n`);
+    expect(res.status, res.headers).toBe(200);
+    const absolute = await rawExchange(`GET http://elsewhere.example/v1/desktops/${desktopId} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer ${key}\r\n\r\n`);
+    expect(absolute.status, absolute.headers).toBe(200);
+  });
+
   it('answers an unknown method and CONNECT with problem+json', async () => {
     expectProblemBody(await rawExchange(`BREW /v1/desktops HTTP/1.1\r\nHost: x\r\n${auth}\r\n`), 400, 'BREW');
     expectProblemBody(await rawExchange(`CONNECT example.com:443 HTTP/1.1\r\nHost: example.com:443\r\n\r\n`), 405, 'CONNECT');
@@ -175,7 +189,7 @@ describe('guest-bound input refused before the guest', () => {
   it('answers 400 to env values and setup scripts that carry a NUL byte', async () => {
     const env = await call('POST', '/v1/desktops', { tier: 'small', env: { GOOD: 'a', BAD: 'a\u0000b' } });
     expectProblem(env, 400);
-    expect(env.json.detail).toBe('env/BAD contains a NUL byte');
+    expect(env.json.detail).toBe('body/env/BAD must not contain a NUL byte');
     expectProblem(await call('POST', '/v1/desktops', { tier: 'small', setup_script: 'echo\u0000' }), 400);
   });
 

@@ -5,7 +5,7 @@
  */
 import { Type, type Static } from '@sinclair/typebox';
 import { idPattern } from '../../../shared/src/ids.js';
-import { ApiKeyJson, CreatedApiKeyJson } from '../http/schemas.js';
+import { ApiKeyJson, CreatedApiKeyJson, NO_CONTROL } from '../http/schemas.js';
 
 const Resources = (description: string) =>
   Type.Object(
@@ -81,7 +81,7 @@ export const CreateOrgBody = Type.Object(
 export type CreateOrgBody = Static<typeof CreateOrgBody>;
 
 export const CreateOrgKeyBody = Type.Object(
-  { name: Type.Optional(Type.Union([Type.String({ minLength: 1, maxLength: 100 }), Type.Null()], { description: 'A label for people, 1-100 characters' })) },
+  { name: Type.Optional(Type.Union([Type.String({ minLength: 1, maxLength: 100, pattern: NO_CONTROL }), Type.Null()], { description: 'A label for people, 1-100 characters, no control characters' })) },
   { additionalProperties: false },
 );
 export type CreateOrgKeyBody = Static<typeof CreateOrgKeyBody>;

@@ -8,8 +8,8 @@ import Fastify, { type FastifyInstance, type FastifyError, type FastifyReply } f
 import swagger from '@fastify/swagger';
 import type { TypeBoxTypeProvider } from '@fastify/type-provider-typebox';
 import type { Logger } from '../../../shared/src/log.js';
-import { ApiError, problem } from '../errors.js';
-import { answerClientError, answerUnroutable } from './client-errors.js';
+import { ApiError, errors, problem } from '../errors.js';
+import { answerClientError, answerUnroutable, MISSING_HOST } from './client-errors.js';
 import { describeValidation } from './validation-problem.js';
 import { API_DESCRIPTION, OPERATIONS, REQUEST_EXAMPLES, RETRY_AFTER_HEADER, TAG_DESCRIPTIONS } from './operations-doc.js';
 import { DesktopJson, OperationJson, PortExposureJson, Problem, UsageResponse, WebhookDeliveryJson, WebhookEndpointJson, ApiKeyJson, CreatedApiKeyJson } from './schemas.js';
@@ -89,6 +89,8 @@ export async function buildApp(deps: AppDeps): Promise<App> {
     routerOptions: { maxParamLength: 8192 },
     ajv: { customOptions: { coerceTypes: false, removeAdditional: false, allErrors: false, discriminator: true } },
     return503OnClosing: true,
+    // Refused below with problem+json rather than by Node with a bare 400 (client-errors.ts).
+    http: { requireHostHeader: false },
     // A request id is ours to give, never the client's: it is what a 500's answer and its log
     // line share, so it must not be guessable or collide across replicas.
     genReqId: () => `req_${randomBytes(9).toString('base64url')}`,
@@ -164,6 +166,7 @@ export async function buildApp(deps: AppDeps): Promise<App> {
   });
 
   app.addHook('onRequest', async (request) => {
+    if (request.headers.host === undefined && request.raw.httpVersion === '1.1') throw errors.badRequest(MISSING_HOST);
     if (request.routeOptions.config.public || request.routeOptions.config.admin || !request.routeOptions.url) return;
     request.orgId = await deps.authenticate(request);
   });
@@ -268,6 +271,10 @@ function documentRoute({ schema, url, route }: { schema: unknown; url: string; r
   }
   if ((route.config as { rawBody?: boolean } | undefined)?.rawBody) {
     doc.body = { content: { 'application/octet-stream': { schema: { type: 'string', format: 'binary' } } } };
+  } else if (doc.body && doc.response) {
+    // Every JSON body is held to the body limit and the media type, whatever the route says.
+    const limits = errorResponses(413, 415);
+    doc.response = { [413]: limits[413], [415]: limits[415], ...(doc.response as object) };
   }
   return { schema: doc, url: documentedUrl };
 }
@@ -306,5 +313,6 @@ export function errorResponses(...statuses: number[]): Record<number, unknown> {
     content: { 'application/problem+json': { schema: { $ref: 'Problem#' } } },
   };
   const unavailable = { ...response, description: 'RFC 9457 problem details; retryable, after Retry-After seconds when given', headers: RETRY_AFTER_HEADER };
-  return Object.fromEntries([401, 500, 503, ...statuses].map((s) => [s, s === 503 ? unavailable : response]));
+  // 400: any request can be malformed (a bad percent-encoding in its path or query, say).
+  return Object.fromEntries([400, 401, 500, 503, ...statuses].map((s) => [s, s === 503 ? unavailable : response]));
 }

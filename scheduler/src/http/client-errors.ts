@@ -46,8 +46,14 @@ export function answerClientError(err: Error & { code?: string }, socket: Duplex
 /**
  * Requests Node answers itself before any route sees them: CONNECT (405, rather than Node's
  * silent close) and an `Expect` other than `100-continue` (417, rather than Node's empty body).
+ * Node's server also ends a connection the moment its client half-closes it (sends its request,
+ * then shuts down its side), dropping any answer still being made; with `httpAllowHalfOpen` the
+ * answer goes out and then the connection ends. A request without a Host header must reach the
+ * application (the server is created with `requireHostHeader: false`), which refuses it with
+ * problem+json instead of Node's bare 400.
  */
 export function answerUnroutable(server: Server): void {
+  (server as Server & { httpAllowHalfOpen: boolean }).httpAllowHalfOpen = true;
   server.on('connect', (_req, socket: Duplex) => answerRaw(socket, 405));
   server.on('checkExpectation', (_req, res: ServerResponse) => {
     const body = JSON.stringify(problem(417, 'the only expectation this server meets is 100-continue'));
@@ -55,3 +61,6 @@ export function answerUnroutable(server: Server): void {
     res.end(body);
   });
 }
+
+/** HTTP/1.1 requires a Host header (RFC 9112 3.2); the detail for a request without one. */
+export const MISSING_HOST = 'the request has no Host header';

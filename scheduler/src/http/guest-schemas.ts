@@ -6,13 +6,13 @@
 import { Type, type Static } from '@sinclair/typebox';
 import { idPattern } from '../../../shared/src/ids.js';
 import { INPUT_LIMITS, InputAction, STREAM_CLAIMS } from '../../../shared/src/computer-use.js';
-import { CLOSED, DIGITS } from './schemas.js';
+import { CLOSED, DIGITS, NO_NUL } from './schemas.js';
 
 /* ------------------------------------------------------------------ guest operations */
 
 export const ExecBody = Type.Object(
   {
-    command: Type.String({ minLength: 1 }),
+    command: Type.String({ minLength: 1, pattern: NO_NUL }),
     timeout_secs: Type.Optional(
       Type.Union([Type.Number(), Type.Null()], { description: 'Default 60, clamped to 1..300, never rejected; ignored when detached' }),
     ),

@@ -13,6 +13,14 @@ import { DESKTOP_STATES } from '../store/rows.js';
  */
 export const CLOSED = { additionalProperties: false } as const;
 
+/**
+ * Strings that reach a shell, execve or PostgreSQL cannot hold a NUL byte: refused by the schema,
+ * so the document says so too.
+ */
+export const NO_NUL = '^[^\\u0000]*$';
+/** Labels for people: no control characters. */
+export const NO_CONTROL = '^[^\\p{Cc}]*$';
+
 export const Problem = Type.Object(
   {
     type: Type.String(),
@@ -74,13 +82,13 @@ export const CreateDesktopBody = Type.Object(
       // `additionalProperties: false` a key that fails the pattern would be accepted unchecked.
       // `propertyNames` says in the document what the server enforces of every key (a client
       // generator reads it; patternProperties alone reads as "keys like this are typed so").
-      Type.Record(Type.String({ pattern: ENV_KEY_PATTERN }), Type.String(), {
+      Type.Record(Type.String({ pattern: ENV_KEY_PATTERN }), Type.String({ pattern: NO_NUL }), {
         maxProperties: 100,
         additionalProperties: false,
         propertyNames: { pattern: ENV_KEY_PATTERN },
       }),
     ),
-    setup_script: Type.Optional(Type.String()),
+    setup_script: Type.Optional(Type.String({ pattern: NO_NUL, description: 'Run once as root at the first wake; no NUL byte' })),
   },
   CLOSED,
 );
@@ -111,7 +119,9 @@ export const OperationJson = Type.Object(
   {
     id: Type.String(),
     desktop_id: Type.String(),
-    kind: Type.Union([Type.Literal('wake'), Type.Literal('hibernate'), Type.Literal('destroy'), Type.Literal('fork')]),
+    kind: Type.Union([Type.Literal('wake'), Type.Literal('hibernate'), Type.Literal('destroy'), Type.Literal('fork'), Type.Literal('move')], {
+      description: '`move`: an operator moved the desktop to another host (its files, memory and running programs go with it)',
+    }),
     state: Type.Union([Type.Literal('pending'), Type.Literal('running'), Type.Literal('succeeded'), Type.Literal('failed')]),
     result: Type.Union([Type.Record(Type.String(), Type.Unknown()), Type.Null()]),
     error: Type.Union([
@@ -176,9 +186,16 @@ export const WebhookEndpointJson = Type.Object(
 );
 export type WebhookEndpointJson = Static<typeof WebhookEndpointJson>;
 
+/** The shape of an absolute http(s) URL without userinfo; the rest is checked on registration. */
+const WEBHOOK_URL_PATTERN = '^[Hh][Tt][Tt][Pp][Ss]?://[^/?#@\\s\\\\]+([/?#]\\S*)?$';
+
 export const CreateWebhookBody = Type.Object(
   {
-    url: Type.String({ maxLength: 2000, description: 'Absolute https:// URL; no userinfo; not a loopback or link-local host' }),
+    url: Type.String({
+      maxLength: 2000,
+      pattern: WEBHOOK_URL_PATTERN,
+      description: 'Absolute https:// URL (http:// only where the deployment allows loopback); no userinfo; not a loopback or link-local host',
+    }),
     events: Type.Array(WebhookEventTypeSchema, { minItems: 1, description: 'Non-empty; duplicates are removed' }),
   },
   CLOSED,
@@ -232,7 +249,11 @@ export const CreatedApiKeyJson = Type.Object(
 );
 
 export const CreateApiKeyBody = Type.Object(
-  { name: Type.Optional(Type.Union([Type.String({ minLength: 1, maxLength: 100 }), Type.Null()], { description: 'A label for people, 1-100 characters' })) },
+  {
+    name: Type.Optional(
+      Type.Union([Type.String({ minLength: 1, maxLength: 100, pattern: NO_CONTROL }), Type.Null()], { description: 'A label for people, 1-100 characters, no control characters' }),
+    ),
+  },
   CLOSED,
 );
 export type CreateApiKeyBody = Static<typeof CreateApiKeyBody>;

@@ -64,6 +64,12 @@ function schemaAt(schema: unknown, pointer: string, data: unknown, resolve: Sche
 
 const quoted = (values: readonly unknown[]) => values.map((v) => JSON.stringify(v)).join(', ');
 
+/** Patterns whose meaning a person should read rather than decode (http/schemas.ts NO_NUL, NO_CONTROL). */
+const PATTERN_WORDS: Readonly<Record<string, string>> = {
+  '^[^\\u0000]*$': 'must not contain a NUL byte',
+  '^[^\\p{Cc}]*$': 'must not contain control characters',
+};
+
 export function describeValidation(
   validation: readonly FastifySchemaValidationError[],
   context: string | undefined,
@@ -98,6 +104,10 @@ export function describeValidation(
     const known = Object.keys(schemaAt(schema, path, data, resolve)?.properties ?? {});
     const message = known.length > 0 ? `is not a known member; known: ${known.join(', ')}` : 'is not a known member';
     return { field: extra ? `${field}/${extra}` : field, message };
+  }
+  if (first.keyword === 'pattern') {
+    const words = PATTERN_WORDS[(first.params as { pattern?: string }).pattern ?? ''];
+    if (words) return { field, message: words };
   }
   return { field, message: first.message ?? 'is invalid' };
 }

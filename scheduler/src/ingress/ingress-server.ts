@@ -24,7 +24,7 @@ import { parseExposureHost } from './exposure-host.js';
 import { dialPortLink, PortLinkAgent, PortLinkError } from './port-link-client.js';
 import { presentedToken, stripToken, tokenMatches } from './port-token.js';
 import { keyOf, RouteCache } from './route-cache.js';
-import { answerClientError, answerUnroutable } from '../http/client-errors.js';
+import { answerClientError, answerUnroutable, MISSING_HOST } from '../http/client-errors.js';
 import { formatHost } from '../../../shared/src/host-port.js';
 
 /** What the ingress needs from the port service. */
@@ -68,7 +68,7 @@ export class PortIngress {
   }
 
   static async start(deps: IngressDeps): Promise<PortIngress> {
-    const server = createServer({ requestTimeout: 0, headersTimeout: HEADERS_TIMEOUT_MS });
+    const server = createServer({ requestTimeout: 0, headersTimeout: HEADERS_TIMEOUT_MS, requireHostHeader: false });
     const ingress = new PortIngress(deps, server);
     server.on('connection', (socket: Socket) => ingress.track(socket));
     server.on('clientError', answerClientError);
@@ -143,6 +143,7 @@ export class PortIngress {
 
   /** The exposure the request may reach, or the ApiError that answers it. */
   private async admit(req: IncomingMessage): Promise<PortRoute> {
+    if (req.headers.host === undefined && req.httpVersion === '1.1') throw errors.badRequest(MISSING_HOST);
     const target = parseExposureHost(this.deps.settings, req.headers.host);
     if (!target) throw errors.ingressNotFound();
     const route = await this.routes.get(target.desktopId, target.port);

@@ -8,6 +8,7 @@
 import { AgentFailure } from '../../../../shared/src/protocol.js';
 import type { DisplaySize, ExecOutcome, ExecSpec } from '../driver.js';
 import { readJson, writeFileAtomic } from './layout.js';
+import { KeyedMutex } from './keyed-mutex.js';
 
 type Exec = (spec: ExecSpec) => Promise<ExecOutcome>;
 
@@ -46,11 +47,17 @@ export async function resizeDisplay(exec: Exec, size: DisplaySize): Promise<Disp
  * recorded in `file` beside the disk and set again by `reapplyRecordedDisplay`. A new desktop's
  * first boot has no record: 1024x768.
  */
-export async function resizeAndRecord(exec: Exec, size: DisplaySize, file: string): Promise<DisplaySize> {
-  const applied = await resizeDisplay(exec, size);
-  await writeFileAtomic(file, JSON.stringify(applied));
-  return applied;
+export function resizeAndRecord(exec: Exec, size: DisplaySize, file: string): Promise<DisplaySize> {
+  // One resize of a display at a time: two interleaved would each answer the other's size, and
+  // the record could end up naming the one that did not win.
+  return resizes.run(file, async () => {
+    const applied = await resizeDisplay(exec, size);
+    await writeFileAtomic(file, JSON.stringify(applied));
+    return applied;
+  });
 }
+
+const resizes = new KeyedMutex();
 
 /** Sets the recorded size again after a cold boot; answers why not, or null when it did (or had none). */
 export async function reapplyRecordedDisplay(exec: Exec, file: string): Promise<string | null> {

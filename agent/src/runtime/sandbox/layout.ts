@@ -13,6 +13,7 @@
  * Only `disk/` and `fb/` are visible to the guest. Files the driver trusts (the marker, init.json,
  * snapshots) sit beside them where the guest cannot write.
  */
+import { randomBytes } from 'node:crypto';
 import { chmod, cp, mkdir, readFile, rename, rm, stat, symlink, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { AgentFailure } from '../../../../shared/src/protocol.js';
@@ -151,7 +152,8 @@ export async function ensureSkeleton(root: string, extraMountpoints: readonly st
 
 /** Writes a file atomically (temp file + rename) so a crash never leaves half a record. */
 export async function writeFileAtomic(path: string, content: string): Promise<void> {
-  const tmp = `${path}.${process.pid}.tmp`;
+  // Unique per write, not per process: two writers of one file in one agent must not share it.
+  const tmp = `${path}.${process.pid}.${randomBytes(6).toString('hex')}.tmp`;
   await writeFile(tmp, content, { mode: 0o600 });
   await rename(tmp, path);
 }
