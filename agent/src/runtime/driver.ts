@@ -10,6 +10,7 @@ import type { Duplex } from 'node:stream';
 import type { Tier } from '../../../shared/src/tiers.js';
 import type { InputAction } from '../../../shared/src/computer-use.js';
 import type { ScreenRegion } from '../../../shared/src/guest-commands.js';
+import type { DesktopTransfer } from './transfer.js';
 
 export type { ScreenRegion };
 
@@ -178,6 +179,8 @@ export interface DesktopStatus {
 
 export interface RuntimeDriver {
   capabilities(): RuntimeCapabilities;
+  /** Moving stopped desktops to and from other hosts (transfer.ts); absent when the driver cannot. */
+  readonly transfer?: DesktopTransfer;
   /** Creates the desktop's disk (its writable layer) if it does not exist yet. */
   prepare(desktopId: string, tier: Tier): Promise<void>;
   /** Restores from the memory snapshot when there is one, else boots cold. */

@@ -42,6 +42,7 @@ import type {
   StartSpec,
   VncSession,
 } from './driver.js';
+import { FakeTransfer } from './fake-transfer.js';
 import { clampRegion, scaledSize } from './screen-geometry.js';
 
 export interface FakeDesktop {
@@ -67,10 +68,13 @@ export interface FakeDriverOptions {
   readonly memorySnapshots?: boolean;
   /** Whether the computer-use commands work (501 through the API otherwise). Default true. */
   readonly computerUse?: boolean;
+  /** Where imports of moved desktops stage (fake-transfer.ts). Default: a temporary directory. */
+  readonly stagingDir?: string;
 }
 
 export class FakeDriver implements RuntimeDriver {
   readonly desktops = new Map<string, FakeDesktop>();
+  readonly transfer: FakeTransfer;
   /** `"<method>:begin <id>"` and `"<method>:end <id>"`, in order. */
   readonly events: string[] = [];
   closed = false;
@@ -84,6 +88,7 @@ export class FakeDriver implements RuntimeDriver {
     this.delayMs = options.delayMs ?? 0;
     this.memorySnapshots = options.memorySnapshots ?? true;
     this.computerUse = options.computerUse ?? true;
+    this.transfer = new FakeTransfer(this.desktops, options.stagingDir ?? null);
   }
 
   capabilities(): RuntimeCapabilities {
@@ -277,6 +282,7 @@ export class FakeDriver implements RuntimeDriver {
   async close(): Promise<void> {
     this.closed = true;
     this.closing.abort();
+    await this.transfer.close();
   }
 
   async getDisplay(desktopId: string): Promise<DisplaySize> {

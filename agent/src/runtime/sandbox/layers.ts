@@ -26,6 +26,7 @@ import { copyFile, link, mkdir, readdir, readFile, rename, rm, writeFile } from 
 import { join } from 'node:path';
 import { promisify } from 'node:util';
 import { newId } from '../../../../shared/src/ids.js';
+import { KeyedMutex } from './keyed-mutex.js';
 import { exists, readJson, type DesktopPaths } from './layout.js';
 
 const run = promisify(execFile);
@@ -110,7 +111,7 @@ export async function freeze(stateDir: string, paths: DesktopPaths): Promise<Cha
 }
 
 /** Completes a freeze an agent crash interrupted (see the module comment). */
-async function recoverFreeze(stateDir: string, paths: DesktopPaths): Promise<void> {
+export async function recoverFreeze(stateDir: string, paths: DesktopPaths): Promise<void> {
   const next = await readJson<Chain>(nextChainFile(paths));
   if (next === null) return;
   const layer = join(layersDir(stateDir), next.lower[0] ?? '');
@@ -152,20 +153,48 @@ export async function releaseDisk(paths: DesktopPaths): Promise<void> {
   await unmount(paths.disk);
 }
 
-/** Removes layers no remaining desktop stands on. */
-export async function collectLayers(stateDir: string, desktopsDir: string): Promise<number> {
-  const inUse = new Set<string>();
-  for (const name of await readdir(desktopsDir).catch(() => [] as string[])) {
-    for (const file of ['layers.json', 'layers.next.json']) {
-      const chain = await readJson<Chain>(join(desktopsDir, name, file));
+/**
+ * Where a desktop being moved here is unpacked before it is installed (sandbox-transfer.ts): its
+ * chain there already counts, so a layer an import found held and did not fetch is not collected
+ * from under it.
+ */
+export function stagedChainFile(stateDir: string, desktopId: string): string {
+  return join(stateDir, 'incoming', desktopId, 'x', 'desktop', 'layers.json');
+}
+
+const storeLocks = new Map<string, KeyedMutex>();
+
+/**
+ * Runs `fn` while no other collection or import installs into the state dir's layer store: an
+ * import checks that the layers it counted on are still there and renames its own in, and a
+ * collection must not decide from a listing taken in between.
+ */
+export function withLayerStore<T>(stateDir: string, fn: () => Promise<T>): Promise<T> {
+  let lock = storeLocks.get(stateDir);
+  if (lock === undefined) storeLocks.set(stateDir, (lock = new KeyedMutex()));
+  return lock.run('layers', fn);
+}
+
+/** Removes layers no remaining desktop (nor a desktop being imported) stands on. */
+export function collectLayers(stateDir: string, desktopsDir: string): Promise<number> {
+  return withLayerStore(stateDir, async () => {
+    const inUse = new Set<string>();
+    for (const name of await readdir(desktopsDir).catch(() => [] as string[])) {
+      for (const file of ['layers.json', 'layers.next.json']) {
+        const chain = await readJson<Chain>(join(desktopsDir, name, file));
+        for (const id of chain?.lower ?? []) inUse.add(id);
+      }
+    }
+    for (const name of await readdir(join(stateDir, 'incoming')).catch(() => [] as string[])) {
+      const chain = await readJson<Chain>(stagedChainFile(stateDir, name));
       for (const id of chain?.lower ?? []) inUse.add(id);
     }
-  }
-  let removed = 0;
-  for (const id of await readdir(layersDir(stateDir)).catch(() => [] as string[])) {
-    if (inUse.has(id)) continue;
-    await rm(join(layersDir(stateDir), id), { recursive: true, force: true, maxRetries: 3 });
-    removed++;
-  }
-  return removed;
+    let removed = 0;
+    for (const id of await readdir(layersDir(stateDir)).catch(() => [] as string[])) {
+      if (inUse.has(id)) continue;
+      await rm(join(layersDir(stateDir), id), { recursive: true, force: true, maxRetries: 3 });
+      removed++;
+    }
+    return removed;
+  });
 }

@@ -59,6 +59,7 @@ import { GuestOperations } from './guest-ops.js';
 import { killGuestDetached, spawnGuestProcess } from './guest-processes.js';
 import { isSameProcess, signal, waitFor } from './host-procs.js';
 import { KeyedMutex } from './keyed-mutex.js';
+import { SandboxTransfer } from './sandbox-transfer.js';
 import { collectLayers, createFork, freeze, mountDisk, releaseDisk } from './layers.js';
 import {
   assertDesktopId,
@@ -93,6 +94,8 @@ const FILE_OP_GRACE_MS = 5_000;
 
 export class SandboxDriver implements RuntimeDriver {
   private readonly mutex = new KeyedMutex();
+  /** Moving stopped desktops to other hosts (sandbox-transfer.ts). */
+  readonly transfer: SandboxTransfer;
   private readonly guest: GuestOperations;
   private readonly vnc: VncSessions;
   private readonly ports: GuestPorts;
@@ -105,6 +108,7 @@ export class SandboxDriver implements RuntimeDriver {
     log: ((msg: string, fields?: object) => void) | undefined,
   ) {
     this.log = log ?? (() => undefined);
+    this.transfer = new SandboxTransfer(stateDir, this.mutex);
     this.guest = new GuestOperations(stateDir, tools.nsenter, (paths) => this.runningInit(paths), this.log);
     const fenced = (desktopId: string) => this.guest.inFlight.fenced(desktopId);
     this.vnc = new VncSessions({

@@ -1,0 +1,146 @@
+/**
+ * Moving desktops of the in-memory fake driver (fake.ts) between hosts, so that tests of the
+ * scheduler's moves and drains run against fake agents through the real transfer server and
+ * importer. A fake desktop is one unit, `desktop`: its state (tier aside) as canonical JSON, keys
+ * in a fixed order and files sorted by path, so the bytes are the same on every read while the
+ * desktop stays stopped, as the real units' are. The fake has no disk layers: its forks copy.
+ *
+ * Staged units are files under a staging directory on disk (the importer spools there); an
+ * installed copy's import record is kept in memory until it starts, as the sandbox keeps it on disk.
+ */
+import { createWriteStream, mkdtempSync } from 'node:fs';
+import { mkdir, readFile, rm } from 'node:fs/promises';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { Readable } from 'node:stream';
+import { pipeline } from 'node:stream/promises';
+import { AgentFailure } from '../../../shared/src/protocol.js';
+import type { ProcessStatus } from './driver.js';
+import type { FakeDesktop } from './fake.js';
+import { DESKTOP_UNIT, type DesktopTransfer, type HeldDesktop, type ImportRecord, type InstallSpec } from './transfer.js';
+
+/** The moved part of a fake desktop; counters of boots and restores start again on each host. */
+interface Image {
+  readonly v: 1;
+  readonly hasSnapshot: boolean;
+  readonly firstBoot: FakeDesktop['firstBoot'];
+  readonly firstBootRuns: number;
+  readonly display: FakeDesktop['display'];
+  readonly files: Array<[path: string, base64: string]>;
+  readonly processes: Array<[id: string, status: ProcessStatus]>;
+}
+
+const DESKTOP_ID = /^[A-Za-z0-9_-]{1,64}$/;
+
+export class FakeTransfer implements DesktopTransfer {
+  private readonly imported = new Map<string, ImportRecord>();
+  private root: string | null;
+  private ownRoot = false;
+
+  constructor(
+    private readonly desktops: Map<string, FakeDesktop>,
+    /** Where imports stage; a temporary directory, made on first use, when null. */
+    stagingRoot: string | null,
+  ) {
+    this.root = stagingRoot;
+  }
+
+  async inspect(desktopId: string): Promise<HeldDesktop> {
+    const desktop = this.desktops.get(desktopId);
+    return { held: desktop !== undefined, running: desktop?.running ?? false, imported: desktop ? (this.imported.get(desktopId) ?? null) : null };
+  }
+
+  async units(desktopId: string): Promise<string[]> {
+    const desktop = this.desktops.get(desktopId);
+    if (desktop === undefined) throw new AgentFailure('not_found', `no disk for ${desktopId} on this host`, false);
+    if (desktop.running) throw new AgentFailure('conflict', `${desktopId} is running on this host`, false);
+    return [DESKTOP_UNIT];
+  }
+
+  async read(desktopId: string, unitId: string): Promise<Readable> {
+    const desktop = this.desktops.get(desktopId);
+    if (desktop === undefined || unitId !== DESKTOP_UNIT) throw new AgentFailure('not_found', `no ${unitId} of ${desktopId} on this host`, false);
+    const image: Image = {
+      v: 1,
+      hasSnapshot: desktop.hasSnapshot,
+      firstBoot: desktop.firstBoot,
+      firstBootRuns: desktop.firstBootRuns,
+      display: { width: desktop.display.width, height: desktop.display.height },
+      files: [...desktop.files].sort(([a], [b]) => (a < b ? -1 : a > b ? 1 : 0)).map(([path, bytes]) => [path, bytes.toString('base64')]),
+      processes: [...desktop.processes].sort(([a], [b]) => (a < b ? -1 : a > b ? 1 : 0)),
+    };
+    return Readable.from([Buffer.from(JSON.stringify(image))]);
+  }
+
+  async holds(): Promise<boolean> {
+    return false;
+  }
+
+  stagingDir(desktopId: string): string {
+    if (!DESKTOP_ID.test(desktopId)) throw new AgentFailure('bad_request', `invalid desktop id ${JSON.stringify(desktopId)}`, false);
+    if (this.root === null) {
+      this.root = mkdtempSync(join(tmpdir(), 'canto-fake-incoming-'));
+      this.ownRoot = true;
+    }
+    return join(this.root, desktopId);
+  }
+
+  async stagedChain(): Promise<string[]> {
+    return [];
+  }
+
+  async unpack(desktopId: string, unitId: string, body: Readable): Promise<void> {
+    if (unitId !== DESKTOP_UNIT) throw new AgentFailure('bad_request', `the fake runtime has no unit ${unitId}`, false);
+    const dir = join(this.stagingDir(desktopId), 'x');
+    await mkdir(dir, { recursive: true });
+    await pipeline(body, createWriteStream(join(dir, unitId)));
+  }
+
+  async install(desktopId: string, spec: InstallSpec): Promise<void> {
+    if (this.desktops.has(desktopId)) throw new AgentFailure('conflict', `${desktopId} is already on this host`, false);
+    const staging = this.stagingDir(desktopId);
+    let image: Image;
+    try {
+      image = JSON.parse(await readFile(join(staging, 'x', DESKTOP_UNIT), 'utf8')) as Image;
+    } catch {
+      throw new AgentFailure('runtime_error', `the desktop unit of ${desktopId} is not unpacked`, true);
+    }
+    this.desktops.set(desktopId, {
+      tier: spec.tier,
+      running: false,
+      hasSnapshot: image.hasSnapshot,
+      firstBoot: image.firstBoot,
+      firstBootRuns: image.firstBootRuns,
+      coldBoots: 0,
+      restores: 0,
+      files: new Map(image.files.map(([path, data]) => [path, Buffer.from(data, 'base64')])),
+      processes: new Map(image.processes),
+      display: image.display,
+      cursor: { x: 0, y: 0 },
+    });
+    this.imported.set(desktopId, spec.record);
+    await rm(staging, { recursive: true, force: true });
+  }
+
+  async started(desktopId: string): Promise<void> {
+    this.imported.delete(desktopId);
+  }
+
+  async discard(desktopId: string): Promise<void> {
+    const desktop = this.desktops.get(desktopId);
+    if (desktop !== undefined) {
+      if (desktop.running) throw new AgentFailure('conflict', `${desktopId} is running on this host`, false);
+      if (!this.imported.has(desktopId)) {
+        throw new AgentFailure('conflict', `${desktopId} has run on this host since it was imported (or was never imported); it is kept`, false);
+      }
+      this.desktops.delete(desktopId);
+    }
+    this.imported.delete(desktopId);
+    await rm(this.stagingDir(desktopId), { recursive: true, force: true });
+  }
+
+  /** Removes the temporary staging root, if this object made one. */
+  async close(): Promise<void> {
+    if (this.ownRoot && this.root !== null) await rm(this.root, { recursive: true, force: true });
+  }
+}

@@ -1,0 +1,83 @@
+/**
+ * The driver side of moving a stopped desktop between hosts (shared/src/transfer.ts): an optional
+ * capability a runtime driver offers as `driver.transfer`, kept apart from `RuntimeDriver` so a
+ * driver that cannot move desktops simply has none (the agent then answers `unsupported`).
+ *
+ * A desktop travels as *units*: `desktop` (its own files) and `layer-<id>` for each frozen layer
+ * its disk stands on. The driver only knows how to turn a unit into bytes and bytes back into a
+ * unit; tickets, hashing, HTTP, resume and staging files belong to agent/src/transfer/.
+ *
+ * Source: `units` then `read`, whose bytes must be the same on every call while the desktop stays
+ * stopped (the importer resumes a broken copy at a byte offset of a new read).
+ * Target: `unpack` each fetched unit into the staging directory, then `install` them all at once.
+ * An installed copy carries an import record until it first starts (`started`); only such a copy
+ * is removed by `discard`, so a rollback can never delete a desktop that ran here.
+ */
+import type { Readable } from 'node:stream';
+import type { Tier } from '../../../shared/src/tiers.js';
+
+/** The unit holding a desktop's own files. */
+export const DESKTOP_UNIT = 'desktop';
+
+/** The unit id of a frozen layer. */
+export function layerUnit(layerId: string): string {
+  return `layer-${layerId}`;
+}
+
+/** What an installed copy remembers of the import that brought it, until it first starts here. */
+export interface ImportRecord {
+  /** The generation the import command carried: a repeat of it finds the work done. */
+  readonly generation: number;
+  readonly units: number;
+  readonly totalBytes: number;
+}
+
+export interface HeldDesktop {
+  /** This host holds the desktop's files (installed, not merely staged). */
+  readonly held: boolean;
+  readonly running: boolean;
+  /** Present while the copy came by import and has not started here since. */
+  readonly imported: ImportRecord | null;
+}
+
+export interface InstallSpec {
+  readonly tier: Tier;
+  /** Units fetched into staging and unpacked; the others are layers this host already holds. */
+  readonly unpacked: readonly string[];
+  readonly record: ImportRecord;
+}
+
+export interface DesktopTransfer {
+  /** What this host holds of the desktop. */
+  inspect(desktopId: string): Promise<HeldDesktop>;
+  /**
+   * The units of a stopped desktop, `desktop` first, then its layers topmost first. `not_found`
+   * when it is not here, `conflict` when it runs.
+   */
+  units(desktopId: string): Promise<string[]>;
+  /**
+   * A fresh stream of the unit from its first byte. It errors (rather than ending early) when the
+   * producer fails, and destroying it stops the producer.
+   */
+  read(desktopId: string, unitId: string): Promise<Readable>;
+  /** True when this host already holds the unit (a layer; never `desktop`). */
+  holds(unitId: string): Promise<boolean>;
+  /** Where an import of the desktop keeps its files, on the same filesystem as the installed ones. */
+  stagingDir(desktopId: string): string;
+  /** Layers a unpacked `desktop` unit in staging stands on, topmost first (none for a plain disk). */
+  stagedChain(desktopId: string): Promise<string[]>;
+  /** Unpacks a unit's bytes into staging, replacing an earlier unpack of it; resolves once done. */
+  unpack(desktopId: string, unitId: string, body: Readable): Promise<void>;
+  /**
+   * Moves the unpacked units into place, layers before the desktop, each with one rename, and
+   * removes staging. Fails (retryable) when a layer it counted on is gone meanwhile.
+   */
+  install(desktopId: string, spec: InstallSpec): Promise<void>;
+  /** The desktop is about to start here: it is no longer a copy an abort may remove. */
+  started(desktopId: string): Promise<void>;
+  /**
+   * Removes the desktop's staging and, when its copy came by import and never started here, the
+   * copy (layers nothing else stands on go with it). `conflict` when it runs.
+   */
+  discard(desktopId: string): Promise<void>;
+}

@@ -1,0 +1,124 @@
+/**
+ * What a sandbox desktop's `desktop` unit holds (sandbox-transfer.ts) and the tar streams units
+ * travel as (unit-tar.ts): the same tree gives the same bytes every time, and the tree unpacked
+ * on the other side gives those bytes again, with links, holes, symlinks, whiteouts and
+ * `trusted.*` xattrs intact. The parts that make device nodes and trusted xattrs need root.
+ */
+import { execFileSync } from 'node:child_process';
+import { createHash } from 'node:crypto';
+import { link, lstat, mkdir, mkdtemp, open, readlink, rm, stat, symlink, truncate, writeFile } from 'node:fs/promises';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { Readable } from 'node:stream';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { desktopUnitMembers } from '../../agent/src/runtime/sandbox/sandbox-transfer.js';
+import { tarStream, untar } from '../../agent/src/runtime/sandbox/unit-tar.js';
+import { digestOf } from '../../agent/src/transfer/digests.js';
+
+const isRoot = process.getuid?.() === 0;
+let dir: string;
+
+beforeAll(async () => {
+  dir = await mkdtemp(join(tmpdir(), 'canto-units-'));
+});
+
+afterAll(async () => {
+  await rm(dir, { recursive: true, force: true });
+});
+
+/** Node has no xattr calls; python3 (always on the hosts) does. */
+function setXattr(path: string, name: string, value: string): void {
+  execFileSync('python3', ['-c', 'import os,sys; os.setxattr(sys.argv[1], sys.argv[2], sys.argv[3].encode())', path, name, value]);
+}
+
+function getXattr(path: string, name: string): string {
+  return execFileSync('python3', ['-c', 'import os,sys; print(os.getxattr(sys.argv[1], sys.argv[2]).decode(), end="")', path, name]).toString();
+}
+
+async function tree(root: string, names: string[]): Promise<void> {
+  await mkdir(root, { recursive: true });
+  for (const name of names) {
+    if (name.endsWith('/')) await mkdir(join(root, name), { recursive: true });
+    else await writeFile(join(root, name), name);
+  }
+}
+
+describe('the desktop unit of a sandbox desktop', () => {
+  it('moves the writable layer, the snapshot, the display record and the markers, and nothing of this host', async () => {
+    const plain = join(dir, 'plain');
+    await tree(plain, [
+      '.ready', 'disk/', 'display.json', 'display.json.123.ab12.tmp', 'fb/', 'first-boot-done', 'rootfs/', 'run/', 'snapshot/',
+      'snapshot.tmp/', 'snapshot.failed-1700000000000/', 'imported.json',
+    ]);
+    expect(await desktopUnitMembers(plain)).toEqual(['.ready', 'disk', 'display.json', 'fb', 'first-boot-done', 'snapshot']);
+
+    // An overlay: the writable layer is upper/ and the chain; the mounted disk/ and work/ stay.
+    const overlay = join(dir, 'overlay');
+    await tree(overlay, ['.ready', 'disk/', 'fb/', 'layers.json', 'layers.next.json.tmp', 'run/', 'rootfs/', 'snapshot/', 'upper/', 'work/']);
+    expect(await desktopUnitMembers(overlay)).toEqual(['.ready', 'fb', 'layers.json', 'snapshot', 'upper']);
+
+    // A cold-stopped desktop has no snapshot, and nothing says it must.
+    const cold = join(dir, 'cold');
+    await tree(cold, ['.ready', 'disk/', 'run/']);
+    expect(await desktopUnitMembers(cold)).toEqual(['.ready', 'disk']);
+  });
+});
+
+describe('unit tar streams', () => {
+  it('are the same bytes every time, and unpack into a tree that gives them again', async () => {
+    const src = join(dir, 'src');
+    await mkdir(join(src, 'd', 'sub'), { recursive: true });
+    await writeFile(join(src, 'd', 'a'), 'a file');
+    await link(join(src, 'd', 'a'), join(src, 'd', 'hard'));
+    await symlink('a', join(src, 'd', 'sym'));
+    // Sparse: 64 MiB long, one block written in the middle.
+    await writeFile(join(src, 'd', 'sparse'), '');
+    await truncate(join(src, 'd', 'sparse'), 64 << 20);
+    const fh = await open(join(src, 'd', 'sparse'), 'r+');
+    await fh.write(Buffer.from('middle'), 0, 6, 32 << 20);
+    await fh.close();
+    setXattr(join(src, 'd', 'a'), 'user.note', 'kept');
+    if (isRoot) {
+      // What overlayfs leaves in a writable layer: a whiteout and an opaque directory.
+      execFileSync('mknod', [join(src, 'd', 'deleted'), 'c', '0', '0']);
+      setXattr(join(src, 'd', 'sub'), 'trusted.overlay.opaque', 'y');
+    }
+
+    const first = await digestOf(tarStream(src, ['.']));
+    await new Promise((r) => setTimeout(r, 20)); // a later moment changes nothing
+    const second = await digestOf(tarStream(src, ['.']));
+    expect(second).toEqual(first);
+    expect(first.bytes).toBeLessThan(1 << 20); // the hole did not travel
+
+    const dst = join(dir, 'dst');
+    await mkdir(dst);
+    await untar(dst, tarStream(src, ['.']));
+    expect(await digestOf(tarStream(dst, ['.']))).toEqual(first);
+    expect((await stat(join(dst, 'd', 'hard'))).ino).toBe((await stat(join(dst, 'd', 'a'))).ino);
+    expect(await readlink(join(dst, 'd', 'sym'))).toBe('a');
+    const sparse = await stat(join(dst, 'd', 'sparse'));
+    expect(sparse.size).toBe(64 << 20);
+    expect(sparse.blocks * 512).toBeLessThan(1 << 20);
+    expect(getXattr(join(dst, 'd', 'a'), 'user.note')).toBe('kept');
+    if (isRoot) {
+      const wh = await lstat(join(dst, 'd', 'deleted'));
+      expect(wh.isCharacterDevice() && wh.rdev === 0).toBe(true);
+      expect(getXattr(join(dst, 'd', 'sub'), 'trusted.overlay.opaque')).toBe('y');
+    }
+  });
+
+  it('fail loudly rather than end early when tar fails, and reject a corrupt stream', async () => {
+    await expect(digestOf(tarStream(join(dir, 'missing'), ['.']))).rejects.toThrow(/tar --create failed/);
+    const dst = join(dir, 'corrupt');
+    await mkdir(dst);
+    const bytes = Buffer.concat([Buffer.alloc(512, 7), Buffer.alloc(1024)]);
+    await expect(untar(dst, Readable.from([bytes]))).rejects.toThrow(/tar --extract failed/);
+  });
+
+  it('sha256 of the stream is what a plain hash of its bytes gives', async () => {
+    const chunks: Buffer[] = [];
+    for await (const chunk of tarStream(join(dir, 'src'), ['.'])) chunks.push(chunk as Buffer);
+    const whole = Buffer.concat(chunks);
+    expect((await digestOf(Readable.from([whole]))).sha256).toBe(createHash('sha256').update(whole).digest('hex'));
+  });
+});
