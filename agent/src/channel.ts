@@ -1,7 +1,8 @@
 /**
- * The agent's start-up: its identity and fencing store, the stream and port gateways, the command
- * handlers, and the links to the scheduler replicas (scheduler-links.ts), which the agent always
- * dials (hosts sit behind NAT and firewalls; the schedulers never need to reach them).
+ * The agent's start-up: its identity and fencing store, the stream and port gateways, the transfer
+ * server other agents fetch moved desktops from, the command handlers, and the links to the
+ * scheduler replicas (scheduler-links.ts), which the agent always dials (hosts sit behind NAT and
+ * firewalls; the schedulers never need to reach them).
  */
 import type { Logger } from '../../shared/src/log.js';
 import type { AgentConfig } from './config.js';
@@ -15,6 +16,10 @@ import type { RuntimeDriver } from './runtime/driver.js';
 import { LeaderEpochs } from './leader-epochs.js';
 import { SchedulerLinks } from './scheduler-links.js';
 import { AgentMetrics, startProbeServer, type ProbeServer } from './observability.js';
+import { DesktopMoves } from './transfer/moves.js';
+import { TransferServer } from './transfer/server.js';
+import { TransferSource } from './transfer/source.js';
+import { TransferTickets } from './transfer/tickets.js';
 
 export { agentSocketUrl, AGENT_SOCKET_PATH } from './scheduler-links.js';
 
@@ -46,16 +51,29 @@ export async function startAgent(options: StartAgentOptions): Promise<AgentHandl
   const generations = await GenerationStore.open(options.config.stateDir);
   const stream = await startStreamGateway(options);
   let ports: PortGateway | null;
+  let transfer: TransferServer | null;
   try {
     ports = await startPortGateway(options, generations);
   } catch (err) {
     await stream?.close();
     throw err;
   }
+  const movesLog = options.logger.child({ component: 'transfer' });
+  const log = (msg: string, fields?: object) => movesLog.info(fields ?? {}, msg);
+  try {
+    transfer = await startTransferServer(options, generations, log);
+  } catch (err) {
+    await stream?.close();
+    await ports?.close();
+    throw err;
+  }
   const epochs = new LeaderEpochs();
   const metrics = new AgentMetrics();
-  const handlers = new CommandHandlers({ driver: options.driver, generations, logger: options.logger, stream, leaderEpochs: epochs, metrics });
-  const links = new SchedulerLinks({ config: options.config, driver: options.driver, identity, generations, handlers, epochs, ports, logger: options.logger });
+  const moves = new DesktopMoves({ driver: options.driver, source: transfer?.source ?? null, url: transfer?.url ?? null, log });
+  const handlers = new CommandHandlers({ driver: options.driver, generations, logger: options.logger, stream, leaderEpochs: epochs, metrics, moves });
+  const links = new SchedulerLinks({
+    config: options.config, driver: options.driver, identity, generations, handlers, epochs, ports, transfer, logger: options.logger,
+  });
   let probes: ProbeServer | null = null;
   if (options.config.metricsListen !== null) {
     try {
@@ -67,6 +85,7 @@ export async function startAgent(options: StartAgentOptions): Promise<AgentHandl
     } catch (err) {
       await stream?.close();
       await ports?.close();
+      await transfer?.close();
       throw err;
     }
   }
@@ -85,6 +104,7 @@ export async function startAgent(options: StartAgentOptions): Promise<AgentHandl
         await probes?.close();
         await stream?.close();
         await ports?.close();
+        await transfer?.close();
         await options.driver.close();
         options.logger.child({ component: 'agent-channel', host_id: identity.hostId }).info('agent stopped');
       })();
@@ -128,5 +148,29 @@ async function startPortGateway(options: StartAgentOptions, generations: Generat
       return options.driver.openGuestPort(target.desktopId, target.port);
     },
     log: (msg, fields) => log.info(fields ?? {}, msg),
+  });
+}
+
+/**
+ * The transfer server, where other agents fetch desktops being moved off this host with tickets
+ * `desktop.export` grants; none when turned off or when the runtime cannot move desktops.
+ */
+async function startTransferServer(
+  options: StartAgentOptions,
+  generations: GenerationStore,
+  log: (msg: string, fields?: object) => void,
+): Promise<TransferServer | null> {
+  const listen = options.config.transferListen;
+  const driverTransfer = options.driver.transfer;
+  if (listen === null || driverTransfer === undefined) return null;
+  const tickets = new TransferTickets();
+  return TransferServer.start({
+    listenHost: listen.host,
+    port: listen.port,
+    advertiseHost: options.config.address,
+    source: new TransferSource({ transfer: driverTransfer, tickets, log }),
+    tickets,
+    generations,
+    log,
   });
 }

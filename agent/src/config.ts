@@ -57,8 +57,14 @@ export interface AgentConfig {
    */
   readonly metricsListen: { readonly host: string; readonly port: number } | null;
   /**
-   * The host name or address that stream clients and the scheduler's ingress dial to reach this
-   * agent's gateways. Default: this machine's hostname.
+   * `CANTO_AGENT_TRANSFER_LISTEN`: where other agents fetch desktops being moved off this host,
+   * `host:port` (agent/src/transfer/server.ts). Default `0.0.0.0:7013`; port 0 picks a free port;
+   * `off` means desktops cannot be moved off this host (moves onto it still work).
+   */
+  readonly transferListen: { readonly host: string; readonly port: number } | null;
+  /**
+   * The host name or address that stream clients, the scheduler's ingress and other agents
+   * fetching moved desktops dial to reach this agent's listeners. Default: this machine's hostname.
    */
   readonly address: string;
 }
@@ -117,6 +123,7 @@ export function loadAgentConfig(env: Env, flags: AgentFlags = {}): AgentConfig {
     streamListen: parseListen(env, 'CANTO_AGENT_STREAM_LISTEN', '0.0.0.0:7010'),
     ingressListen: parseListen(env, 'CANTO_AGENT_INGRESS_LISTEN', '0.0.0.0:7011'),
     metricsListen: parseListen(env, 'CANTO_AGENT_METRICS_LISTEN', '127.0.0.1:7012'),
+    transferListen: parseListen(env, 'CANTO_AGENT_TRANSFER_LISTEN', '0.0.0.0:7013'),
     address: env.CANTO_AGENT_ADDRESS?.trim() || hostname(),
   });
 }

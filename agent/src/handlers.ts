@@ -19,6 +19,8 @@
  * it. The other guest operations (detached processes, files) are fenced and unqueued the same way.
  * A file write reads its bytes from the request's upload; a file read answers with a download.
  *
+ * Moving a desktop (export, import, abort) is lifecycle work too, done by transfer/moves.ts.
+ *
  * Driver errors that are not already an `AgentFailure` become a non-retryable `runtime_error`
  * with a short message; the full error goes to the log only.
  */
@@ -34,6 +36,7 @@ import type { RuntimeDriver } from './runtime/driver.js';
 import { LeaderEpochs } from './leader-epochs.js';
 import { DesktopQueue } from './desktop-queue.js';
 import { applyFence } from './hello-fence.js';
+import { DesktopMoves } from './transfer/moves.js';
 
 /** What the handlers need from the stream gateway (agent/src/stream/gateway.ts). */
 export interface StreamAccess {
@@ -54,7 +57,12 @@ export interface HandlerDeps {
   readonly leaderEpochs?: LeaderEpochs;
   /** Told of every command's outcome (observability.ts). */
   readonly metrics?: { observeCommand(command: string, outcome: string, seconds: number): void; observeRefusal(code: string): void };
+  /** Moves between hosts (transfer/moves.ts); without one, imports work and exports are `unsupported`. */
+  readonly moves?: DesktopMoves;
 }
+
+/** A request's context, with a way to notify the scheduler link it came on. */
+export type CommandContext = RequestContext & { readonly notify?: (type: string, payload: unknown) => void };
 
 interface DesktopCommand {
   readonly desktop_id: string;
@@ -76,6 +84,7 @@ export class CommandHandlers {
   private readonly epochs: LeaderEpochs;
   private readonly metrics: HandlerDeps['metrics'] | null;
   private readonly queue = new DesktopQueue();
+  private readonly moves: DesktopMoves;
 
   constructor(deps: HandlerDeps) {
     this.driver = deps.driver;
@@ -84,6 +93,7 @@ export class CommandHandlers {
     this.stream = deps.stream ?? null;
     this.epochs = deps.leaderEpochs ?? new LeaderEpochs();
     this.metrics = deps.metrics ?? null;
+    this.moves = deps.moves ?? new DesktopMoves({ driver: deps.driver, source: null, url: null, log: () => undefined });
   }
 
   /** Stops the desktops a hello reply names, before the host reports ready (hello-fence.ts). */
@@ -95,14 +105,15 @@ export class CommandHandlers {
   }
 
   /** Registers a handler on `peer` for every scheduler → agent command. */
-  register(peer: Pick<RpcPeer, 'handle'>): void {
+  register(peer: Pick<RpcPeer, 'handle'> & Partial<Pick<RpcPeer, 'notify'>>): void {
+    const notify = peer.notify && ((type: string, payload: unknown) => peer.notify!(type, payload));
     for (const type of Object.keys(AGENT_COMMANDS) as AgentCommand[]) {
-      peer.handle(type, (payload, context) => this.handle(type, payload, context));
+      peer.handle(type, (payload, context) => this.handle(type, payload, notify ? { ...context, notify } : context));
     }
   }
 
   /** Runs one command and returns its validated, wire-shaped result. */
-  async handle(type: AgentCommand, payload: unknown, context: RequestContext = NO_CONTEXT): Promise<unknown> {
+  async handle(type: AgentCommand, payload: unknown, context: CommandContext = NO_CONTEXT): Promise<unknown> {
     const result = await this.dispatch(type, payload, context);
     try {
       if (result instanceof WithDownload) {
@@ -116,7 +127,7 @@ export class CommandHandlers {
     }
   }
 
-  private dispatch(type: AgentCommand, raw: unknown, context: RequestContext): Promise<unknown> {
+  private dispatch(type: AgentCommand, raw: unknown, context: CommandContext): Promise<unknown> {
     switch (type) {
       case 'desktop.prepare': {
         const p = parse(PreparePayload, raw, type);
@@ -129,6 +140,7 @@ export class CommandHandlers {
         const p = parse(StartPayload, raw, type);
         const firstBoot = p.first_boot && { env: p.first_boot.env, setupScript: p.first_boot.setup_script };
         return this.lifecycle(type, p, 'command', async () => {
+          await this.moves.starting(p.desktop_id);
           const { restored } = await this.driver.start({ desktopId: p.desktop_id, tier: p.tier, firstBoot });
           return { restored };
         });
@@ -147,14 +159,17 @@ export class CommandHandlers {
         // Queued on the source, so no wake can restore (and delete) the snapshot being copied.
         return this.lifecycle(type, p, 'command', async () => {
           for (const f of p.forks) await this.generations.check(f.desktop_id, f.generation);
+          this.moves.forking(p.desktop_id);
           return this.driver.fork(p.desktop_id, p.forks.map((f) => f.desktop_id));
         });
       }
       case 'desktop.destroy': {
         const p = parse(DestroyPayload, raw, type);
+        if (this.current(p)) this.moves.cancelImport(p.desktop_id);
         return this.lifecycle(type, p, 'destroy', async () => {
           this.stream?.release(p.desktop_id);
           await this.driver.destroy(p.desktop_id);
+          await this.moves.destroyed(p.desktop_id);
           // Only after the disk is gone: if destroy fails, the scheduler retries a live desktop.
           await this.generations.forget(p.desktop_id);
           return {};
@@ -278,8 +293,7 @@ export class CommandHandlers {
       case 'desktop.export':
       case 'desktop.import':
       case 'desktop.import.abort':
-        // Moving desktops between hosts is not built into this agent yet.
-        return Promise.reject(new AgentFailure('unsupported', `${type} is not supported by this agent`, false));
+        return this.moves.command(type, raw, { lifecycle: (p, work) => this.lifecycle(type, p, 'command', work), current: (p) => this.current(p), notify: context.notify });
       default: {
         const unknown: never = type;
         return Promise.reject(new AgentFailure('unsupported', `unknown command ${String(unknown)}`, false));
@@ -318,6 +332,11 @@ export class CommandHandlers {
       },
       'debug',
     );
+  }
+
+  /** Whether a command would pass the fences now (checked again, for real, in its turn). */
+  private current(cmd: DesktopCommand): boolean {
+    return (cmd.leader_epoch ?? Infinity) >= this.epochs.current && (this.generations.get(cmd.desktop_id) ?? 0) <= cmd.generation;
   }
 
   /** Queues a fenced lifecycle command behind earlier ones for the same desktop. */

@@ -1,7 +1,8 @@
 /**
  * What the agent says in every hello: protocol, host id and agent instance id, capabilities,
  * capacity, the desktops it holds with the generations fenced here, and where its port gateway
- * listens. Built afresh for each link, so a replica learns the host as it is now.
+ * and its transfer server listen. Built afresh for each link, so a replica learns the host as it
+ * is now.
  */
 import { availableParallelism, hostname, totalmem } from 'node:os';
 import { PROTOCOL_VERSION, type HelloPayload } from '../../shared/src/protocol.js';
@@ -15,10 +16,12 @@ export interface HelloSources {
   readonly generations: GenerationStore;
   /** The port gateway's address; null when it is turned off. */
   readonly ingress: { readonly host: string; readonly port: number } | null;
+  /** The transfer server's address (1.8); null when it is turned off. */
+  readonly transfer?: { readonly host: string; readonly port: number } | null;
 }
 
 export async function buildHello(sources: HelloSources): Promise<HelloPayload> {
-  const { driver, identity, generations, ingress } = sources;
+  const { driver, identity, generations, ingress, transfer = null } = sources;
   const capabilities = driver.capabilities();
   const desktops = await driver.list();
   return {
@@ -35,5 +38,6 @@ export async function buildHello(sources: HelloSources): Promise<HelloPayload> {
       has_snapshot: d.hasSnapshot,
     })),
     ...(ingress === null ? {} : { ingress: { host: ingress.host, port: ingress.port } }),
+    ...(transfer === null ? {} : { transfer: { host: transfer.host, port: transfer.port } }),
   };
 }

@@ -83,7 +83,7 @@ export async function runAgent(config: AgentConfig, options: RunAgentOptions = {
 }
 
 async function createDriver(config: AgentConfig, logger: Logger): Promise<RuntimeDriver> {
-  if (config.runtime === 'fake') return new FakeDriver({ memorySnapshots: config.memorySnapshots });
+  if (config.runtime === 'fake') return new FakeDriver({ memorySnapshots: config.memorySnapshots, stagingDir: join(config.stateDir, 'incoming') });
   const runtimeLog = logger.child({ component: 'agent-runtime' });
   const { createSandboxDriver } = await import('./runtime/sandbox/index.js');
   return await createSandboxDriver({

@@ -74,6 +74,8 @@ export interface SchedulerLinksOptions {
   readonly handlers: CommandHandlers;
   readonly epochs: LeaderEpochs;
   readonly ports: PortGateway | null;
+  /** The transfer server (transfer/server.ts); null when it is turned off. */
+  readonly transfer?: { readonly port: number } | null;
   readonly logger: Logger;
 }
 
@@ -267,10 +269,11 @@ export class SchedulerLinks {
       if (news.replicas !== undefined) this.updateReplicas(news.replicas);
     });
     try {
-      const { driver, identity, generations, ports, config } = this.options;
+      const { driver, identity, generations, ports, config, transfer = null } = this.options;
+      const at = (listener: { port: number } | null) => (listener === null ? null : { host: config.address, port: listener.port });
       const hello = parseMessage(
         HelloPayload,
-        await buildHello({ driver, identity, generations, ingress: ports === null ? null : { host: config.address, port: ports.port } }),
+        await buildHello({ driver, identity, generations, ingress: at(ports), transfer: at(transfer) }),
         'hello payload',
       );
       const reply = parseMessage(HelloResult, await peer.request('hello', hello, HELLO_TIMEOUT_MS), 'hello reply');

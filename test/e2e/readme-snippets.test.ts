@@ -210,6 +210,7 @@ describe.skipIf(!isRoot)('the README, pasted in order', () => {
         CANTO_INGRESS_BASE_URL: `http://localhost:${ingressPort}`,
         CANTO_AGENT_STREAM_LISTEN: '127.0.0.1:0',
         CANTO_AGENT_INGRESS_LISTEN: '127.0.0.1:0',
+        CANTO_AGENT_TRANSFER_LISTEN: '127.0.0.1:0',
         CANTO_AGENT_METRICS_LISTEN: '127.0.0.1:0',
       },
       stdio: ['ignore', 'pipe', 'pipe'],

@@ -40,6 +40,7 @@ describe.skipIf(!isRoot)('canto up after kill -9', () => {
         CANTO_INGRESS_LISTEN: '127.0.0.1:0',
         CANTO_AGENT_STREAM_LISTEN: '127.0.0.1:0',
         CANTO_AGENT_INGRESS_LISTEN: '127.0.0.1:0',
+        CANTO_AGENT_TRANSFER_LISTEN: '127.0.0.1:0',
         CANTO_AGENT_METRICS_LISTEN: '127.0.0.1:0',
       },
       stdio: ['ignore', 'pipe', 'pipe'],

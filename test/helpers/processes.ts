@@ -84,6 +84,7 @@ export function startAgentProcess(schedulerUrl: string, stateDir: string, extra:
     CANTO_LOG_LEVEL: 'info',
     CANTO_AGENT_STREAM_LISTEN: '127.0.0.1:0',
     CANTO_AGENT_INGRESS_LISTEN: '127.0.0.1:0',
+    CANTO_AGENT_TRANSFER_LISTEN: '127.0.0.1:0',
     CANTO_AGENT_METRICS_LISTEN: '127.0.0.1:0',
     CANTO_AGENT_ADDRESS: '127.0.0.1',
     ...extra,

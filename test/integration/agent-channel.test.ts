@@ -135,6 +135,7 @@ function config(overrides: Record<string, string> = {}): AgentConfig {
     CANTO_AGENT_RECONNECT_MAX_MS: '400',
     CANTO_AGENT_STREAM_LISTEN: '127.0.0.1:0',
     CANTO_AGENT_INGRESS_LISTEN: '127.0.0.1:0',
+    CANTO_AGENT_TRANSFER_LISTEN: '127.0.0.1:0',
     CANTO_AGENT_METRICS_LISTEN: '127.0.0.1:0',
     ...overrides,
   });
@@ -178,6 +179,9 @@ describe('agent channel', () => {
     expect(hello.agent_instance_id).not.toBe('');
     expect(hello.capacity.vcpus).toBeGreaterThan(0);
     expect(hello.capacity.memory_mb).toBeGreaterThan(0);
+    // 1.8: where other agents fetch desktops moved off this host.
+    expect(hello.transfer).toEqual({ host: hostname(), port: expect.any(Number) });
+    expect(hello.transfer?.port).toBeGreaterThan(0);
   });
 
   it('with a bad token never gets a hello through and keeps retrying at the maximum delay', async () => {
@@ -281,6 +285,7 @@ describe('agent channel', () => {
         CANTO_AGENT_RUNTIME: 'fake',
         CANTO_AGENT_STREAM_LISTEN: '127.0.0.1:0',
     CANTO_AGENT_INGRESS_LISTEN: '127.0.0.1:0',
+    CANTO_AGENT_TRANSFER_LISTEN: '127.0.0.1:0',
     CANTO_AGENT_METRICS_LISTEN: '127.0.0.1:0',
       },
       stdio: ['ignore', 'pipe', 'pipe'],

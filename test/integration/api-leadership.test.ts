@@ -143,6 +143,7 @@ describe('a replica without a join token', () => {
         CANTO_AGENT_STATE_DIR: stateDir,
         CANTO_AGENT_STREAM_LISTEN: 'off',
         CANTO_AGENT_INGRESS_LISTEN: 'off',
+        CANTO_AGENT_TRANSFER_LISTEN: 'off',
         CANTO_AGENT_METRICS_LISTEN: 'off',
       });
       handle = await startAgent({ config, driver: new FakeDriver(), logger });

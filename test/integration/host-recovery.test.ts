@@ -58,6 +58,7 @@ describe('host failure recovery', () => {
       CANTO_AGENT_RECONNECT_MAX_MS: '100',
       CANTO_AGENT_STREAM_LISTEN: '127.0.0.1:0',
       CANTO_AGENT_INGRESS_LISTEN: '127.0.0.1:0',
+      CANTO_AGENT_TRANSFER_LISTEN: '127.0.0.1:0',
       CANTO_AGENT_METRICS_LISTEN: '127.0.0.1:0',
     });
     const handle = await startAgent({ config, driver, logger: silentLogger() });

@@ -21,6 +21,7 @@ describe('loadAgentConfig', () => {
       streamListen: { host: '0.0.0.0', port: 7010 },
       ingressListen: { host: '0.0.0.0', port: 7011 },
       metricsListen: { host: '127.0.0.1', port: 7012 },
+      transferListen: { host: '0.0.0.0', port: 7013 },
       address: hostname(),
     });
     expect(Object.isFrozen(config)).toBe(true);
@@ -35,6 +36,9 @@ describe('loadAgentConfig', () => {
       expect(() => at(bad), bad).toThrow(/CANTO_AGENT_STREAM_LISTEN/);
     }
     expect(loadAgentConfig({ ...base, CANTO_AGENT_ADDRESS: 'desk-7.example' }).address).toBe('desk-7.example');
+    expect(loadAgentConfig({ ...base, CANTO_AGENT_TRANSFER_LISTEN: 'off' }).transferListen).toBeNull();
+    expect(loadAgentConfig({ ...base, CANTO_AGENT_TRANSFER_LISTEN: '10.0.0.5:0' }).transferListen).toEqual({ host: '10.0.0.5', port: 0 });
+    expect(() => loadAgentConfig({ ...base, CANTO_AGENT_TRANSFER_LISTEN: '7013' })).toThrow(/CANTO_AGENT_TRANSFER_LISTEN/);
   });
 
   it('prefers flags over the environment', () => {

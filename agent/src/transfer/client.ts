@@ -1,0 +1,106 @@
+/**
+ * The importer's HTTP client for another agent's transfer server (server.ts). It sorts what can
+ * go wrong into what a retry may cure (the connection broke or stalled, the source answered 5xx)
+ * and what it cannot (the ticket is refused, the desktop is not there or has changed), which
+ * become the import's AgentFailure at once. Nothing here logs the ticket.
+ */
+import { request, type IncomingMessage } from 'node:http';
+import { AgentFailure } from '../../../shared/src/protocol.js';
+
+/** A failure a new request may get past: the importer retries it, resuming where it was. */
+export class TransientFetchError extends Error {
+  override readonly name = 'TransientFetchError';
+}
+
+export interface GetOptions {
+  readonly ticket: string;
+  /** A response that sends nothing for this long is given up (and retried). */
+  readonly idleTimeoutMs: number;
+  readonly signal?: AbortSignal;
+}
+
+/** GETs `url`; resolves with a 200 response, whose body the caller reads. */
+export function get(url: string, options: GetOptions): Promise<IncomingMessage> {
+  return new Promise((resolve, reject) => {
+    let parsed: URL;
+    try {
+      parsed = new URL(url);
+    } catch {
+      reject(new AgentFailure('bad_request', 'the source URL is not a URL', false));
+      return;
+    }
+    if (parsed.protocol !== 'http:') {
+      reject(new AgentFailure('bad_request', 'the source URL must be http', false));
+      return;
+    }
+    const req = request(parsed, {
+      method: 'GET',
+      // A connection per request: a unit's stream is long, and a broken one must not be reused.
+      agent: false,
+      headers: { authorization: `Bearer ${options.ticket}` },
+      signal: options.signal,
+    });
+    req.setTimeout(options.idleTimeoutMs, () => req.destroy(new TransientFetchError(`no bytes from the source for ${options.idleTimeoutMs} ms`)));
+    req.once('error', (err) => reject(classify(err, options.signal)));
+    req.once('response', (res) => {
+      if (res.statusCode === 200) {
+        resolve(res);
+        return;
+      }
+      void refusal(res).then(reject);
+    });
+    req.end();
+  });
+}
+
+/** GETs a JSON answer. */
+export async function getJson(url: string, options: GetOptions): Promise<unknown> {
+  const res = await get(url, options);
+  const parts: Buffer[] = [];
+  try {
+    for await (const chunk of res as AsyncIterable<Buffer>) parts.push(chunk);
+  } catch (err) {
+    throw classify(err, options.signal);
+  }
+  try {
+    return JSON.parse(Buffer.concat(parts).toString('utf8'));
+  } catch {
+    throw new TransientFetchError('the source answered something that is not JSON');
+  }
+}
+
+/** What a body-read error or request error is, for the importer. */
+export function classify(err: unknown, signal?: AbortSignal): Error {
+  if (signal?.aborted) return new AgentFailure('runtime_error', 'the import was cancelled', false);
+  if (err instanceof AgentFailure || err instanceof TransientFetchError) return err;
+  return new TransientFetchError(err instanceof Error ? err.message : String(err));
+}
+
+/** Reads a refusal's problem body (small) and turns its status into the import's failure. */
+async function refusal(res: IncomingMessage): Promise<Error> {
+  let text = '';
+  try {
+    for await (const chunk of res as AsyncIterable<Buffer>) {
+      if (text.length < 2000) text += chunk.toString('utf8');
+    }
+  } catch {
+    // The detail is a nicety; the status says enough.
+  }
+  let detail = `HTTP ${res.statusCode}`;
+  try {
+    const problem = JSON.parse(text) as { detail?: unknown };
+    if (typeof problem.detail === 'string') detail = `${detail}: ${problem.detail.slice(0, 200)}`;
+  } catch {
+    // not a problem body
+  }
+  const status = res.statusCode ?? 0;
+  if (status === 401) return new AgentFailure('unauthorized', `the source refused the transfer ticket (${detail})`, false);
+  if (status === 404) return new AgentFailure('not_found', `the source does not have it (${detail})`, false);
+  if (status === 409) return new AgentFailure('conflict', `the source cannot send the desktop now (${detail})`, false);
+  if (status === 416) return new RangeRefused(detail);
+  if (status >= 500 || status === 429) return new TransientFetchError(`the source failed (${detail})`);
+  return new AgentFailure('runtime_error', `the source refused the request (${detail})`, false);
+}
+
+/** 416: the partial file is longer than the unit the source has now; it must start over. */
+export class RangeRefused extends TransientFetchError {}

@@ -1,0 +1,60 @@
+/**
+ * Sizes and SHA-256 of unit streams, kept so that an export and the fetches after it do not each
+ * produce the stream again only to count it. Knowing them takes one full pass over the unit.
+ *
+ * A desktop's own unit is keyed by desktop and generation, and forgotten whenever the desktop may
+ * change (it starts, forks or is destroyed): its bytes are only stable while it stays stopped. A
+ * layer's unit is keyed by the layer alone: layers never change, and forks exported one after
+ * another share them. Concurrent requests for the same digest share one pass.
+ */
+import { createHash } from 'node:crypto';
+import type { Readable } from 'node:stream';
+import { DESKTOP_UNIT } from '../runtime/transfer.js';
+
+export interface UnitDigest {
+  readonly bytes: number;
+  readonly sha256: string;
+}
+
+/** Reads a stream to its end and returns its size and hash. */
+export async function digestOf(stream: Readable): Promise<UnitDigest> {
+  const hash = createHash('sha256');
+  let bytes = 0;
+  for await (const chunk of stream as AsyncIterable<Buffer>) {
+    hash.update(chunk);
+    bytes += chunk.length;
+  }
+  return { bytes, sha256: hash.digest('hex') };
+}
+
+export class UnitDigests {
+  private readonly pending = new Map<string, Promise<UnitDigest>>();
+
+  static key(desktopId: string, generation: number, unitId: string): string {
+    return unitId === DESKTOP_UNIT ? `${desktopId}@${generation}` : unitId;
+  }
+
+  /** The unit's digest, from memory or by reading `open()` once. */
+  get(key: string, open: () => Promise<Readable>): Promise<UnitDigest> {
+    let entry = this.pending.get(key);
+    if (entry === undefined) {
+      entry = open().then(digestOf);
+      this.pending.set(key, entry);
+      // A failed pass is not remembered: the next request tries again.
+      entry.catch(() => {
+        if (this.pending.get(key) === entry) this.pending.delete(key);
+      });
+    }
+    return entry;
+  }
+
+  /** Forgets one digest (the stream turned out different from it). */
+  drop(key: string): void {
+    this.pending.delete(key);
+  }
+
+  /** Forgets the desktop's own unit at every generation. */
+  forget(desktopId: string): void {
+    for (const key of this.pending.keys()) if (key.startsWith(`${desktopId}@`)) this.pending.delete(key);
+  }
+}

@@ -1,0 +1,168 @@
+/**
+ * `desktop.import` on the target host: fetch a stopped desktop's units from the source's transfer
+ * server into staging, verify them, and install them (shared/src/transfer.ts).
+ *
+ * The desktop's own unit comes first: once unpacked, its layer chain is known, and from then on
+ * the layers it names count as in use here (layers.ts does not collect them), so a layer this host
+ * already holds (a fork moved before) can be skipped safely. Each unit resumes where an earlier
+ * command left it (unit-fetch.ts). The listing of the previous attempt is kept in staging; a unit
+ * whose hash changed since (the desktop was exported again after it ran) starts over.
+ *
+ * Idempotent: a desktop installed by an import of the same generation answers at once. A copy
+ * installed by an earlier import that never started here is replaced; any other copy (one that
+ * ran here) is a `conflict`, as is a desktop running here.
+ */
+import { mkdir, readFile, rm, writeFile } from 'node:fs/promises';
+import { join } from 'node:path';
+import { Type, type Static } from '@sinclair/typebox';
+import { AgentFailure, parseMessage } from '../../../shared/src/protocol.js';
+import type { Tier } from '../../../shared/src/tiers.js';
+import { TransferUnit, type ImportProgressPayload, type ImportResult } from '../../../shared/src/transfer.js';
+import { DESKTOP_UNIT, layerUnit, type DesktopTransfer } from '../runtime/transfer.js';
+import { classify, getJson, TransientFetchError } from './client.js';
+import { fetchUnit, unitFiles } from './unit-fetch.js';
+
+const Listing = Type.Object({ units: Type.Array(TransferUnit, { minItems: 1 }), total_bytes: Type.Integer({ minimum: 0 }) });
+type Listing = Static<typeof Listing>;
+
+/** At most this often a progress notification, in ms. */
+const PROGRESS_MS = 250;
+
+export interface ImportSpec {
+  readonly desktopId: string;
+  readonly generation: number;
+  readonly tier: Tier;
+  readonly source: { readonly url: string; readonly ticket: string };
+}
+
+export interface ImportOptions {
+  readonly transfer: DesktopTransfer;
+  readonly signal: AbortSignal;
+  /** Sends `desktop.import.progress`; absent when nobody listens. */
+  readonly progress?: (payload: ImportProgressPayload) => void;
+  readonly log: (msg: string, fields?: object) => void;
+  /** Passed to fetchUnit (tests shorten them). */
+  readonly retries?: number;
+  readonly backoffMs?: number;
+}
+
+export async function importDesktop(options: ImportOptions, spec: ImportSpec): Promise<ImportResult> {
+  const { transfer } = options;
+  const here = await transfer.inspect(spec.desktopId);
+  if (here.running) throw new AgentFailure('conflict', `${spec.desktopId} is running on this host`, false);
+  if (here.held) {
+    if (here.imported?.generation === spec.generation) {
+      return { fetched_bytes: 0, resumed_bytes: here.imported.totalBytes, units: here.imported.units };
+    }
+    // An earlier import's copy that never ran here is an outdated copy of the same desktop.
+    if (here.imported === null) throw new AgentFailure('conflict', `another copy of ${spec.desktopId} is on this host`, false);
+    await transfer.discard(spec.desktopId);
+  }
+
+  const base = spec.source.url.replace(/\/+$/, '');
+  const listing = await fetchListing(options, `${base}/v1/transfer/${encodeURIComponent(spec.desktopId)}/units`, spec.source.ticket);
+  const staging = transfer.stagingDir(spec.desktopId);
+  await mkdir(staging, { recursive: true });
+  await forgetChangedUnits(staging, listing);
+
+  const progress = throttle(options.progress, spec.desktopId, listing.total_bytes);
+  const units = new Map(listing.units.map((u) => [u.id, u]));
+  const desktop = units.get(DESKTOP_UNIT);
+  if (desktop === undefined) throw new AgentFailure('runtime_error', 'the source listed no desktop unit', false);
+  const fetchOptions = {
+    transfer,
+    desktopId: spec.desktopId,
+    url: base,
+    ticket: spec.source.ticket,
+    signal: options.signal,
+    onBytes: (n: number) => progress.add(n),
+    ...(options.retries === undefined ? {} : { retries: options.retries }),
+    ...(options.backoffMs === undefined ? {} : { backoffMs: options.backoffMs }),
+  };
+  let fetched = 0;
+  let resumed = 0;
+  const unpacked: string[] = [];
+  const take = async (unit: TransferUnit) => {
+    const got = await fetchUnit(fetchOptions, unit);
+    fetched += got.fetched;
+    resumed += got.resumed;
+    progress.add(got.resumed);
+    unpacked.push(unit.id);
+  };
+
+  await take(desktop);
+  const chain = (await transfer.stagedChain(spec.desktopId)).map(layerUnit);
+  if (chain.length !== units.size - 1 || chain.some((id) => !units.has(id))) {
+    throw new AgentFailure('runtime_error', `the source's listing does not match the layers ${spec.desktopId} stands on`, false);
+  }
+  for (const id of chain) {
+    const unit = units.get(id)!;
+    if (await transfer.holds(id)) {
+      // Already here (layers never change): counted as held, not fetched.
+      resumed += unit.bytes;
+      progress.add(unit.bytes);
+      continue;
+    }
+    await take(unit);
+  }
+
+  const record = { generation: spec.generation, units: listing.units.length, totalBytes: listing.total_bytes };
+  await transfer.install(spec.desktopId, { tier: spec.tier, unpacked, record });
+  progress.flush();
+  options.log('desktop imported', { desktopId: spec.desktopId, units: listing.units.length, fetched, resumed });
+  return { fetched_bytes: fetched, resumed_bytes: resumed, units: listing.units.length };
+}
+
+async function fetchListing(options: ImportOptions, url: string, ticket: string): Promise<Listing> {
+  const retries = options.retries ?? 5;
+  for (let attempt = 0; ; attempt++) {
+    try {
+      const listing = parseMessage(Listing, await getJson(url, { ticket, idleTimeoutMs: 120_000, signal: options.signal }), 'unit listing');
+      if (new Set(listing.units.map((u) => u.id)).size !== listing.units.length) {
+        throw new AgentFailure('runtime_error', 'the source listed a unit twice', false);
+      }
+      return listing;
+    } catch (err) {
+      const error = classify(err, options.signal);
+      if (!(error instanceof TransientFetchError)) throw error;
+      if (attempt >= retries) throw new AgentFailure('runtime_error', `listing the units failed after retries: ${error.message}`, true);
+      await new Promise((resolve) => setTimeout(resolve, (options.backoffMs ?? 200) * 2 ** attempt));
+    }
+  }
+}
+
+/** Drops what staging holds of units whose hash is not the one listed now. */
+async function forgetChangedUnits(staging: string, listing: Listing): Promise<void> {
+  const file = join(staging, 'listing.json');
+  let previous: Listing | null = null;
+  try {
+    previous = JSON.parse(await readFile(file, 'utf8')) as Listing;
+  } catch {
+    // no earlier attempt
+  }
+  const now = new Map(listing.units.map((u) => [u.id, u.sha256]));
+  for (const unit of previous?.units ?? []) {
+    if (now.get(unit.id) === unit.sha256) continue;
+    const { part, done } = unitFiles(staging, unit.id);
+    await rm(part, { force: true });
+    await rm(done, { force: true });
+  }
+  await writeFile(file, JSON.stringify(listing));
+}
+
+/** Progress notifications, at most one per PROGRESS_MS, and a last one when asked. */
+function throttle(send: ImportOptions['progress'], desktopId: string, total: number): { add(n: number): void; flush(): void } {
+  let done = 0;
+  let last = 0;
+  const emit = () => {
+    last = performance.now();
+    send?.({ desktop_id: desktopId, done_bytes: Math.min(done, total), total_bytes: total });
+  };
+  return {
+    add(n) {
+      done += n;
+      if (performance.now() - last >= PROGRESS_MS) emit();
+    },
+    flush: emit,
+  };
+}

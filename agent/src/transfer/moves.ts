@@ -1,0 +1,153 @@
+/**
+ * The agent's three move commands (`desktop.export`, `desktop.import`, `desktop.import.abort`)
+ * and what the other lifecycle commands must tell the move machinery. The handlers (handlers.ts)
+ * validate, queue and fence each command as any lifecycle command; this file does the work.
+ *
+ * - A desktop that starts, forks or is destroyed here may change: its kept digests are dropped
+ *   and the streams being sent of it are cut (source.ts). A start also ends its life as an
+ *   imported copy: from then on an abort keeps it.
+ * - An import runs inside its desktop's queue; an abort or a destroy of that desktop cancels it
+ *   first (they would otherwise wait behind a copy nobody wants any more).
+ */
+import { AgentFailure, parseMessage } from '../../../shared/src/protocol.js';
+import type { Tier } from '../../../shared/src/tiers.js';
+import {
+  ExportPayload, ImportAbortPayload, ImportPayload, type ExportResult, type ImportProgressPayload, type ImportResult,
+} from '../../../shared/src/transfer.js';
+import type { RuntimeDriver } from '../runtime/driver.js';
+import type { DesktopTransfer } from '../runtime/transfer.js';
+import { importDesktop } from './importer.js';
+import type { TransferSource } from './source.js';
+
+export interface MovesDeps {
+  readonly driver: RuntimeDriver;
+  /** The sending side; null when the transfer server is turned off here. */
+  readonly source: TransferSource | null;
+  /** Where the transfer server is reached, `http://host:port`. */
+  readonly url: string | null;
+  readonly log: (msg: string, fields?: object) => void;
+  /** Passed to the importer (tests shorten them). */
+  readonly retries?: number;
+  readonly backoffMs?: number;
+}
+
+/** A lifecycle command's desktop, generation and leader term, as the handlers fence them. */
+interface Fenced {
+  readonly desktop_id: string;
+  readonly generation: number;
+  readonly leader_epoch?: number;
+}
+
+/** What the handlers lend a move command: their queue and fences, and the link it came on. */
+export interface CommandRunner {
+  /** Runs `work` in the desktop's queue, behind the epoch and generation fences. */
+  lifecycle(cmd: Fenced, work: () => Promise<unknown>): Promise<unknown>;
+  /** Whether the command would pass the fences now. */
+  current(cmd: Fenced): boolean;
+  notify: ((type: string, payload: unknown) => void) | undefined;
+}
+
+export class DesktopMoves {
+  private readonly imports = new Map<string, AbortController>();
+
+  constructor(private readonly deps: MovesDeps) {}
+
+  /** Validates and runs one of the three move commands. */
+  command(type: 'desktop.export' | 'desktop.import' | 'desktop.import.abort', raw: unknown, run: CommandRunner): Promise<unknown> {
+    try {
+      switch (type) {
+        case 'desktop.export': {
+          const p = parseMessage(ExportPayload, raw, `${type} payload`);
+          return run.lifecycle(p, () => this.exportDesktop(p.desktop_id, p.generation, p.ttl_ms));
+        }
+        case 'desktop.import': {
+          const p = parseMessage(ImportPayload, raw, `${type} payload`);
+          const { notify } = run;
+          const progress = notify && ((payload: ImportProgressPayload) => notify('desktop.import.progress', payload));
+          const spec = { desktopId: p.desktop_id, generation: p.generation, tier: p.tier, source: p.source };
+          return run.lifecycle(p, () => this.importDesktop(spec, progress));
+        }
+        case 'desktop.import.abort': {
+          const p = parseMessage(ImportAbortPayload, raw, `${type} payload`);
+          // At once: the import it stops holds the desktop's queue, in which the abort waits.
+          if (run.current(p)) this.cancelImport(p.desktop_id);
+          return run.lifecycle(p, async () => {
+            await this.abortImport(p.desktop_id);
+            return {};
+          });
+        }
+      }
+    } catch (err) {
+      return Promise.reject(err);
+    }
+  }
+
+  async exportDesktop(desktopId: string, generation: number, ttlMs: number): Promise<ExportResult> {
+    const transfer = this.transfer();
+    if (this.deps.source === null || this.deps.url === null) {
+      throw new AgentFailure('unsupported', 'the transfer server is turned off on this host', false);
+    }
+    const here = await transfer.inspect(desktopId);
+    if (!here.held) throw new AgentFailure('not_found', `no disk for ${desktopId} on this host`, false);
+    if (here.running) throw new AgentFailure('conflict', `${desktopId} is running on this host; hibernate it first`, false);
+    const { ticket, units, total_bytes } = await this.deps.source.exportDesktop(desktopId, generation, ttlMs);
+    return { url: this.deps.url, ticket, units, total_bytes };
+  }
+
+  async importDesktop(
+    spec: { desktopId: string; generation: number; tier: Tier; source: { url: string; ticket: string } },
+    progress?: (payload: ImportProgressPayload) => void,
+  ): Promise<ImportResult> {
+    const transfer = this.transfer();
+    const cancel = new AbortController();
+    this.imports.set(spec.desktopId, cancel);
+    try {
+      return await importDesktop(
+        {
+          transfer,
+          signal: cancel.signal,
+          log: this.deps.log,
+          ...(progress === undefined ? {} : { progress }),
+          ...(this.deps.retries === undefined ? {} : { retries: this.deps.retries }),
+          ...(this.deps.backoffMs === undefined ? {} : { backoffMs: this.deps.backoffMs }),
+        },
+        spec,
+      );
+    } finally {
+      if (this.imports.get(spec.desktopId) === cancel) this.imports.delete(spec.desktopId);
+    }
+  }
+
+  /** Removes what an import staged or installed of a desktop that never started here. */
+  async abortImport(desktopId: string): Promise<void> {
+    await this.transfer().discard(desktopId);
+  }
+
+  /** Cancels an import of the desktop in progress, at once (outside the desktop's queue). */
+  cancelImport(desktopId: string): void {
+    this.imports.get(desktopId)?.abort();
+  }
+
+  /** The desktop starts here: see the module comment. */
+  async starting(desktopId: string): Promise<void> {
+    this.deps.source?.invalidate(desktopId);
+    await this.deps.driver.transfer?.started(desktopId);
+  }
+
+  /** The desktop forks here: its own unit changes (its writable layer is frozen). */
+  forking(desktopId: string): void {
+    this.deps.source?.invalidate(desktopId);
+  }
+
+  /** The desktop was destroyed here: nothing of it may be sent, and its staging goes. */
+  async destroyed(desktopId: string): Promise<void> {
+    this.deps.source?.invalidate(desktopId);
+    await this.deps.driver.transfer?.discard(desktopId);
+  }
+
+  private transfer(): DesktopTransfer {
+    const transfer = this.deps.driver.transfer;
+    if (transfer === undefined) throw new AgentFailure('unsupported', 'this runtime cannot move desktops', false);
+    return transfer;
+  }
+}

@@ -1,0 +1,182 @@
+/**
+ * The transfer server: the HTTP listener (`CANTO_AGENT_TRANSFER_LISTEN`, default port 7013)
+ * another agent fetches a desktop being moved from (shared/src/transfer.ts). Two routes, both
+ * needing `Authorization: Bearer <ticket>` for the desktop in the path (tickets.ts):
+ *
+ *   GET /v1/transfer/{desktop_id}/units              → {units, total_bytes}
+ *   GET /v1/transfer/{desktop_id}/units/{unit}?offset=N
+ *       → the unit's stream from byte N, chunked, with trailer `x-canto-sha256`: the sha256 of
+ *         the whole stream from byte 0 (source.ts)
+ *
+ * Refusals are small `application/problem+json` bodies: 401 without a good ticket, 404 for a
+ * ticket of another desktop or a unit it lacks, 409 while the desktop runs or once it has moved
+ * past the ticket's generation (woken, destroyed), 416 for an offset past the end. Nothing here
+ * logs a ticket or the Authorization header.
+ */
+import { createServer, type IncomingMessage, type Server, type ServerResponse } from 'node:http';
+import type { AddressInfo } from 'node:net';
+import { pipeline } from 'node:stream/promises';
+import { formatHost } from '../../../shared/src/host-port.js';
+import { AgentFailure } from '../../../shared/src/protocol.js';
+import { SHA256_TRAILER } from '../../../shared/src/transfer.js';
+import type { TransferSource } from './source.js';
+import type { TransferTickets } from './tickets.js';
+
+export interface TransferServerOptions {
+  readonly listenHost: string;
+  /** 0 picks a free port (see `port`). */
+  readonly port: number;
+  /** The host name other agents are told to dial. */
+  readonly advertiseHost: string;
+  readonly source: TransferSource;
+  readonly tickets: TransferTickets;
+  /** The generation this host holds for a desktop, and whether it was destroyed here. */
+  readonly generations: { get(desktopId: string): number | undefined; isDestroyed(desktopId: string): boolean };
+  readonly log: (msg: string, fields?: object) => void;
+}
+
+const ROUTE = /^\/v1\/transfer\/([A-Za-z0-9_-]{1,64})\/units(?:\/([A-Za-z0-9_-]{1,80}))?$/;
+const OFFSET = /^\d{1,15}$/;
+
+/** What an AgentFailure from the source is answered with. */
+const STATUS: Partial<Record<AgentFailure['code'], number>> = { not_found: 404, bad_request: 404, conflict: 409, too_large: 416 };
+
+class Refusal extends Error {
+  constructor(
+    readonly status: number,
+    readonly detail: string,
+  ) {
+    super(detail);
+  }
+}
+
+export class TransferServer {
+  private server!: Server;
+
+  private constructor(private readonly options: TransferServerOptions) {}
+
+  static async start(options: TransferServerOptions): Promise<TransferServer> {
+    const ts = new TransferServer(options);
+    ts.server = createServer((req, res) => void ts.serve(req, res));
+    // A unit may take minutes; the request itself is only a few header lines.
+    ts.server.requestTimeout = 30_000;
+    await new Promise<void>((resolve, reject) => {
+      ts.server.once('error', reject);
+      ts.server.listen(options.port, options.listenHost, () => resolve());
+    });
+    return ts;
+  }
+
+  get port(): number {
+    return (this.server.address() as AddressInfo).port;
+  }
+
+  /** What the server sends (the export side of `desktop.export` uses it too). */
+  get source(): TransferSource {
+    return this.options.source;
+  }
+
+  /** The base URL other agents fetch from, as `desktop.export` answers it. */
+  get url(): string {
+    return `http://${formatHost(this.options.advertiseHost)}:${this.port}`;
+  }
+
+  async close(): Promise<void> {
+    this.options.source.close();
+    this.options.tickets.clear();
+    await new Promise<void>((resolve) => {
+      this.server.closeAllConnections();
+      this.server.close(() => resolve());
+    });
+  }
+
+  private async serve(req: IncomingMessage, res: ServerResponse): Promise<void> {
+    try {
+      if (req.method !== 'GET') throw new Refusal(405, 'only GET is served here');
+      const url = new URL(req.url ?? '/', 'http://transfer');
+      const route = ROUTE.exec(url.pathname);
+      if (route === null) throw new Refusal(404, 'no such route');
+      const desktopId = route[1]!;
+      const generation = this.admit(req, desktopId);
+      if (route[2] === undefined) {
+        const listing = await this.options.source.listing(desktopId, generation);
+        const body = JSON.stringify(listing);
+        res.writeHead(200, { 'content-type': 'application/json', 'cache-control': 'no-store', 'content-length': Buffer.byteLength(body) });
+        res.end(body);
+        return;
+      }
+      const raw = url.searchParams.get('offset') ?? '0';
+      if (!OFFSET.test(raw)) throw new Refusal(400, 'offset must be a whole number of bytes');
+      await this.sendUnit(res, desktopId, generation, route[2], Number(raw));
+    } catch (err) {
+      this.refuse(req, res, err);
+    }
+  }
+
+  /** Checks the ticket and the desktop's generation here; answers the ticket's generation. */
+  private admit(req: IncomingMessage, desktopId: string): number {
+    const header = req.headers.authorization;
+    const presented = header === undefined ? null : (/^Bearer (\S+)$/.exec(header)?.[1] ?? '');
+    const check = this.options.tickets.check(presented, desktopId);
+    if (!check.ok) throw new Refusal(check.status, check.detail);
+    const { generations } = this.options;
+    if (generations.isDestroyed(desktopId)) throw new Refusal(404, 'the desktop is no longer on this host');
+    const held = generations.get(desktopId);
+    if (held !== undefined && held > check.generation) {
+      throw new Refusal(409, `the desktop has changed since it was exported (generation ${held} > ${check.generation}); export it again`);
+    }
+    return check.generation;
+  }
+
+  private async sendUnit(res: ServerResponse, desktopId: string, generation: number, unitId: string, offset: number): Promise<void> {
+    const started = performance.now();
+    const unit = await this.options.source.openUnit(desktopId, generation, unitId, offset);
+    res.writeHead(200, {
+      'content-type': 'application/octet-stream',
+      'cache-control': 'no-store',
+      trailer: SHA256_TRAILER,
+      'x-canto-offset': String(offset),
+      'x-canto-unit-bytes': String(unit.bytes),
+    });
+    const fields = { desktopId, unit: unitId, offset };
+    try {
+      await pipeline(unit.body, res, { end: false });
+      res.addTrailers({ [SHA256_TRAILER]: await unit.sha256 });
+      res.end();
+      this.options.log('unit sent', { ...fields, bytes: unit.bytes - offset, ms: Math.round(performance.now() - started) });
+    } catch (err) {
+      // Headers are out: the only way to say so is to cut the stream, which the receiver resumes.
+      res.destroy();
+      this.options.log('unit stream cut', { ...fields, sent: res.socket?.bytesWritten, error: err instanceof Error ? err.message : String(err) });
+    }
+  }
+
+  private refuse(req: IncomingMessage, res: ServerResponse, err: unknown): void {
+    let status = 500;
+    let detail = 'the transfer server failed';
+    if (err instanceof Refusal) ({ status, detail } = err);
+    else if (err instanceof AgentFailure && STATUS[err.code] !== undefined) {
+      status = STATUS[err.code]!;
+      detail = err.message;
+    }
+    const path = (req.url ?? '').split('?')[0];
+    this.options.log('transfer request refused', { method: req.method, path, status, detail, ...(status === 500 ? { error: String(err) } : {}) });
+    if (res.headersSent) {
+      res.destroy();
+      return;
+    }
+    const body = JSON.stringify({ type: 'about:blank', title: TITLES[status] ?? 'Error', status, detail });
+    res.writeHead(status, { 'content-type': 'application/problem+json', 'cache-control': 'no-store', 'content-length': Buffer.byteLength(body) });
+    res.end(body);
+  }
+}
+
+const TITLES: Record<number, string> = {
+  400: 'Bad Request',
+  401: 'Unauthorized',
+  404: 'Not Found',
+  405: 'Method Not Allowed',
+  409: 'Conflict',
+  416: 'Range Not Satisfiable',
+  500: 'Internal Server Error',
+};

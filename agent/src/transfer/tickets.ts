@@ -1,0 +1,75 @@
+/**
+ * Tickets of the transfer server: the bearer secrets another agent presents to fetch a desktop
+ * being moved (shared/src/transfer.ts).
+ *
+ * A ticket is `ttk_` and 32 random bytes in base64url, bound to one desktop and the generation
+ * the export saw, and valid until its expiry for any number of requests: a copy broken halfway
+ * resumes with the same ticket. Only its SHA-256 is kept, so nothing in memory lets anyone fetch;
+ * a ticket is found by its hash, then compared in constant time, so timing says nothing about the
+ * secret. A ticket for another desktop is answered like a missing desktop (404): it proves its
+ * holder was sent by the scheduler, but not for this one.
+ */
+import { createHash, randomBytes, timingSafeEqual } from 'node:crypto';
+
+const TICKET_FORMAT = /^ttk_[A-Za-z0-9_-]{43}$/;
+
+interface Ticket {
+  readonly hash: Buffer;
+  readonly desktopId: string;
+  readonly generation: number;
+  readonly expiresAt: number;
+}
+
+export type TicketCheck =
+  | { readonly ok: true; readonly generation: number }
+  | { readonly ok: false; readonly status: 401 | 404; readonly detail: string };
+
+function hashOf(ticket: string): Buffer {
+  return createHash('sha256').update(ticket, 'latin1').digest();
+}
+
+export class TransferTickets {
+  private readonly tickets = new Map<string, Ticket>();
+
+  constructor(private readonly now: () => number = Date.now) {}
+
+  issue(desktopId: string, generation: number, ttlMs: number): { ticket: string; expiresAt: number } {
+    this.prune();
+    const ticket = `ttk_${randomBytes(32).toString('base64url')}`;
+    const hash = hashOf(ticket);
+    const expiresAt = this.now() + ttlMs;
+    this.tickets.set(hash.toString('hex'), { hash, desktopId, generation, expiresAt });
+    return { ticket, expiresAt };
+  }
+
+  /** Whether `presented` (null: none) lets its holder fetch `desktopId`, and at which generation. */
+  check(presented: string | null, desktopId: string): TicketCheck {
+    if (presented === null) return { ok: false, status: 401, detail: 'a transfer ticket is required (Authorization: Bearer …)' };
+    if (!TICKET_FORMAT.test(presented)) return { ok: false, status: 401, detail: 'the transfer ticket is malformed' };
+    const hash = hashOf(presented);
+    const found = this.tickets.get(hash.toString('hex'));
+    if (found === undefined || !timingSafeEqual(found.hash, hash)) {
+      return { ok: false, status: 401, detail: 'the transfer ticket is unknown or expired' };
+    }
+    if (this.now() >= found.expiresAt) {
+      this.tickets.delete(hash.toString('hex'));
+      return { ok: false, status: 401, detail: 'the transfer ticket is unknown or expired' };
+    }
+    if (found.desktopId !== desktopId) return { ok: false, status: 404, detail: 'no such desktop for this ticket' };
+    return { ok: true, generation: found.generation };
+  }
+
+  /** Drops every ticket of the desktop (it is destroyed here). */
+  revoke(desktopId: string): void {
+    for (const [key, ticket] of this.tickets) if (ticket.desktopId === desktopId) this.tickets.delete(key);
+  }
+
+  clear(): void {
+    this.tickets.clear();
+  }
+
+  private prune(): void {
+    const now = this.now();
+    for (const [key, ticket] of this.tickets) if (now >= ticket.expiresAt) this.tickets.delete(key);
+  }
+}

@@ -1,0 +1,221 @@
+/**
+ * Moving a desktop between two agents on the fake runtime (agent/src/transfer/, fake-transfer.ts):
+ * the commands through the real handlers, the bytes through a real transfer server and socket.
+ * Covers the protocol around the bytes: tickets, refusals, progress, resume after a broken
+ * connection, a corrupted byte, idempotent import and abort.
+ */
+import { mkdtemp, readdir, rm, stat } from 'node:fs/promises';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { randomBytes } from 'node:crypto';
+import { afterEach, describe, expect, it } from 'vitest';
+import { GenerationStore } from '../../agent/src/generations.js';
+import { CommandHandlers } from '../../agent/src/handlers.js';
+import { FakeDriver } from '../../agent/src/runtime/fake.js';
+import { DesktopMoves } from '../../agent/src/transfer/moves.js';
+import { TransferServer } from '../../agent/src/transfer/server.js';
+import { TransferSource } from '../../agent/src/transfer/source.js';
+import { TransferTickets } from '../../agent/src/transfer/tickets.js';
+import { silentLogger } from '../../shared/src/log.js';
+import type { ExportResult, ImportProgressPayload, ImportResult } from '../../shared/src/transfer.js';
+import { failure } from '../helpers/agent-failure.js';
+import { startTransferProxy, type TransferProxy } from '../helpers/transfer-proxy.js';
+
+interface Host {
+  dir: string;
+  driver: FakeDriver;
+  handlers: CommandHandlers;
+  server: TransferServer;
+  clock: { now: number };
+}
+
+const hosts: Host[] = [];
+const proxies: TransferProxy[] = [];
+
+async function host(): Promise<Host> {
+  const dir = await mkdtemp(join(tmpdir(), 'canto-move-fake-'));
+  const driver = new FakeDriver({ stagingDir: join(dir, 'incoming') });
+  const generations = await GenerationStore.open(dir);
+  const clock = { now: Date.now() };
+  const tickets = new TransferTickets(() => clock.now);
+  const log = () => undefined;
+  const source = new TransferSource({ transfer: driver.transfer, tickets, log });
+  const server = await TransferServer.start({ listenHost: '127.0.0.1', port: 0, advertiseHost: '127.0.0.1', source, tickets, generations, log });
+  const moves = new DesktopMoves({ driver, source, url: server.url, log, retries: 2, backoffMs: 5 });
+  const handlers = new CommandHandlers({ driver, generations, logger: silentLogger(), moves });
+  const h = { dir, driver, handlers, server, clock };
+  hosts.push(h);
+  return h;
+}
+
+afterEach(async () => {
+  for (const p of proxies.splice(0)) await p.close();
+  for (const h of hosts.splice(0)) {
+    await h.server.close();
+    await h.driver.close();
+    await rm(h.dir, { recursive: true, force: true });
+  }
+});
+
+const D = 'dsk_aaaaaaaaaaaaaaaaaaaaaaaa';
+const BIG = randomBytes(3 << 20);
+
+/** A desktop on `h` with files written, hibernated at generation 3. */
+async function stoppedDesktop(h: Host, id = D): Promise<void> {
+  await h.handlers.handle('desktop.prepare', { desktop_id: id, generation: 1, tier: 'small' });
+  await h.handlers.handle('desktop.start', { desktop_id: id, generation: 2, operation_id: 'op_1', tier: 'small', first_boot: { env: { A: '1' }, setup_script: null } });
+  const write = async (path: string, data: Buffer) => h.driver.writeFile(id, { path, appendAt: null }, (async function* () { yield data; })());
+  await write('/root/big', BIG);
+  await write('/root/note', Buffer.from('hello'));
+  await h.handlers.handle('desktop.hibernate', { desktop_id: id, generation: 3, operation_id: 'op_2' });
+}
+
+const exportFrom = (h: Host, generation = 4, id = D) =>
+  h.handlers.handle('desktop.export', { desktop_id: id, generation, ttl_ms: 60_000 }) as Promise<ExportResult>;
+
+function importInto(h: Host, exp: { url: string; ticket: string }, notify?: (type: string, payload: unknown) => void, generation = 4) {
+  const payload = { desktop_id: D, generation, tier: 'default', source: { url: exp.url, ticket: exp.ticket } };
+  return h.handlers.handle('desktop.import', payload, { upload: null, ...(notify ? { notify } : {}) }) as Promise<ImportResult>;
+}
+
+async function fetchUnits(url: string, ticket: string | null, id = D): Promise<Response> {
+  return fetch(`${url}/v1/transfer/${id}/units`, { headers: ticket === null ? {} : { authorization: `Bearer ${ticket}` } });
+}
+
+describe('moving a fake desktop between two agents', () => {
+  it('exports, imports with progress, starts on the target with the same files and its memory', async () => {
+    const [a, b] = [await host(), await host()];
+    await stoppedDesktop(a);
+    const exp = await exportFrom(a);
+    expect(exp.url).toBe(a.server.url);
+    expect(exp.units).toHaveLength(1);
+    expect(exp.units[0]).toMatchObject({ id: 'desktop', bytes: exp.total_bytes });
+    const progress: ImportProgressPayload[] = [];
+    const result = await importInto(b, exp, (type, payload) => {
+      expect(type).toBe('desktop.import.progress');
+      progress.push(payload as ImportProgressPayload);
+    });
+    expect(result).toEqual({ fetched_bytes: exp.total_bytes, resumed_bytes: 0, units: 1 });
+    expect(progress.at(-1)).toEqual({ desktop_id: D, done_bytes: exp.total_bytes, total_bytes: exp.total_bytes });
+    expect(b.driver.desktops.get(D)).toMatchObject({ tier: 'default', running: false, hasSnapshot: true, firstBootRuns: 1 });
+    // Nothing is left in staging.
+    expect(await readdir(join(b.dir, 'incoming'))).toEqual([]);
+
+    // Repeating the import finds the work done.
+    expect(await importInto(b, exp)).toEqual({ fetched_bytes: 0, resumed_bytes: exp.total_bytes, units: 1 });
+
+    expect(await b.handlers.handle('desktop.start', { desktop_id: D, generation: 5, operation_id: 'op_3', tier: 'default', first_boot: null })).toEqual({ restored: true });
+    expect(b.driver.desktops.get(D)?.files.get('/root/big')?.equals(BIG)).toBe(true);
+    expect(b.driver.desktops.get(D)?.files.get('/root/note')?.toString()).toBe('hello');
+    // Started: an abort keeps it now, and a new import conflicts.
+    expect((await failure(b.handlers.handle('desktop.import.abort', { desktop_id: D, generation: 5 }))).code).toBe('conflict');
+    expect((await failure(importInto(b, exp, undefined, 5))).code).toBe('conflict');
+
+    // The source copy goes with destroy.
+    await a.handlers.handle('desktop.destroy', { desktop_id: D, generation: 6, operation_id: 'op_4' });
+    expect(a.driver.desktops.has(D)).toBe(false);
+    expect((await fetchUnits(a.server.url, exp.ticket)).status).toBe(404);
+  });
+
+  it('refuses to export a running or absent desktop, and serves nothing while it runs', async () => {
+    const a = await host();
+    expect((await failure(exportFrom(a, 4, 'dsk_cccccccccccccccccccccccc'))).code).toBe('not_found');
+    await stoppedDesktop(a);
+    const exp = await exportFrom(a);
+    await a.handlers.handle('desktop.start', { desktop_id: D, generation: 4, operation_id: 'op_5', tier: 'small', first_boot: null });
+    expect((await failure(exportFrom(a, 4))).code).toBe('conflict');
+    const res = await fetchUnits(a.server.url, exp.ticket);
+    expect(res.status).toBe(409);
+    expect(res.headers.get('content-type')).toBe('application/problem+json');
+    expect(await res.json()).toMatchObject({ status: 409 });
+  });
+
+  it('checks tickets: none, malformed, unknown, another desktop, expired, an older generation', async () => {
+    const a = await host();
+    await stoppedDesktop(a);
+    const other = 'dsk_bbbbbbbbbbbbbbbbbbbbbbbb';
+    await stoppedDesktop(a, other);
+    const exp = await exportFrom(a);
+    expect((await fetchUnits(a.server.url, exp.ticket)).status).toBe(200);
+    expect((await fetchUnits(a.server.url, null)).status).toBe(401);
+    expect((await fetchUnits(a.server.url, 'nope')).status).toBe(401);
+    expect((await fetchUnits(a.server.url, `ttk_${'A'.repeat(43)}`)).status).toBe(401);
+    expect((await fetchUnits(a.server.url, exp.ticket, other)).status).toBe(404);
+    const unit = await fetch(`${a.server.url}/v1/transfer/${D}/units/desktop?offset=${exp.total_bytes + 1}`, { headers: { authorization: `Bearer ${exp.ticket}` } });
+    expect(unit.status).toBe(416);
+    // A command of a newer generation reached the source: the export is void.
+    await a.handlers.handle('desktop.hibernate', { desktop_id: D, generation: 9, operation_id: 'op_6' });
+    expect((await fetchUnits(a.server.url, exp.ticket)).status).toBe(409);
+    const again = await exportFrom(a, 9);
+    a.clock.now += 61_000;
+    const expired = await fetchUnits(a.server.url, again.ticket);
+    expect(expired.status).toBe(401);
+    expect(await expired.json()).toMatchObject({ detail: expect.stringMatching(/expired/) });
+
+    // The importer turns those refusals into its own failures.
+    const b = await host();
+    expect((await failure(importInto(b, { url: a.server.url, ticket: again.ticket }, undefined, 9))).code).toBe('unauthorized');
+  });
+
+  it('resumes a unit after the connection breaks mid-stream, within the command and across commands', async () => {
+    const [a, b] = [await host(), await host()];
+    await stoppedDesktop(a);
+    const exp = await exportFrom(a);
+    // Cut twice in one command: the importer retries and resumes at the bytes it holds.
+    const cut = await startTransferProxy(a.server.url, { cutAfter: 700_000, times: 2, match: '/units/desktop' });
+    proxies.push(cut);
+    const result = await importInto(b, { url: cut.url, ticket: exp.ticket });
+    expect(cut.spoiled()).toBe(2);
+    expect(result.fetched_bytes).toBe(exp.total_bytes);
+    expect(b.driver.desktops.get(D)?.files.get('/root/big')?.equals(BIG)).toBe(true);
+
+    // Cut more often than the importer retries: the command fails retryable, keeping what it got.
+    const c = await host();
+    const often = await startTransferProxy(a.server.url, { cutAfter: 1_000_000, times: 3, match: '/units/desktop' });
+    proxies.push(often);
+    const err = await failure(importInto(c, { url: often.url, ticket: exp.ticket }));
+    expect(err).toMatchObject({ code: 'runtime_error', retryable: true });
+    const part = join(c.dir, 'incoming', D, 'desktop.part');
+    const held = (await stat(part)).size;
+    expect(held).toBeGreaterThan(0);
+    const resumed = await importInto(c, { url: often.url, ticket: exp.ticket });
+    expect(resumed).toEqual({ fetched_bytes: exp.total_bytes - held, resumed_bytes: held, units: 1 });
+    expect(c.driver.desktops.get(D)?.files.get('/root/big')?.equals(BIG)).toBe(true);
+  });
+
+  it('drops a unit whose sha256 does not match and fails retryable; the next import fetches it again', async () => {
+    const [a, b] = [await host(), await host()];
+    await stoppedDesktop(a);
+    const exp = await exportFrom(a);
+    const flip = await startTransferProxy(a.server.url, { flipBodyByte: 200_000, match: '/units/desktop' });
+    proxies.push(flip);
+    const err = await failure(importInto(b, { url: flip.url, ticket: exp.ticket }));
+    expect(err).toMatchObject({ code: 'runtime_error', retryable: true });
+    expect(err.message).toMatch(/sha256/);
+    expect(await readdir(join(b.dir, 'incoming', D))).not.toContain('desktop.part');
+    expect(b.driver.desktops.has(D)).toBe(false);
+    expect(await importInto(b, { url: flip.url, ticket: exp.ticket })).toMatchObject({ fetched_bytes: exp.total_bytes, resumed_bytes: 0 });
+    expect(b.driver.desktops.get(D)?.files.get('/root/big')?.equals(BIG)).toBe(true);
+  });
+
+  it('aborts: removes an imported copy that never started, and cancels an import in progress', async () => {
+    const [a, b] = [await host(), await host()];
+    await stoppedDesktop(a);
+    const exp = await exportFrom(a);
+    await importInto(b, exp);
+    expect(await b.handlers.handle('desktop.import.abort', { desktop_id: D, generation: 4 })).toEqual({});
+    expect(b.driver.desktops.has(D)).toBe(false);
+    // Nothing there: still fine.
+    expect(await b.handlers.handle('desktop.import.abort', { desktop_id: D, generation: 4 })).toEqual({});
+    // An import that cannot get through is cancelled by the abort rather than waited for.
+    const stall = await startTransferProxy(a.server.url, { cutAfter: 1_000_000, times: 100, match: '/units/desktop' });
+    proxies.push(stall);
+    const slow = new DesktopMoves({ driver: b.driver, source: null, url: null, log: () => undefined, retries: 100, backoffMs: 50 });
+    const pending = failure(slow.importDesktop({ desktopId: D, generation: 4, tier: 'small', source: { url: stall.url, ticket: exp.ticket } }));
+    await new Promise((r) => setTimeout(r, 100));
+    slow.cancelImport(D);
+    expect((await pending).message).toMatch(/cancelled/);
+    await slow.abortImport(D);
+    expect(await readdir(join(b.dir, 'incoming'))).toEqual([]);
+  });
+});
