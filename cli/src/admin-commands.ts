@@ -1,5 +1,5 @@
 /**
- * The CLI's admin commands — `canto hosts …`, `canto orgs …`, `canto keys …` — over the admin API
+ * The CLI's admin commands — `canto hosts …`, `canto desktops move`, `canto orgs …`, `canto keys …` — over the admin API
  * of a running scheduler (cli/src/admin-client.ts), so they work from any machine that can reach
  * it and see what the scheduler sees. Tables for people; `--json` prints the API's answer for
  * scripts. Every failure is one line on stderr and a non-zero exit (cli/src/main.ts).
@@ -7,6 +7,8 @@
 import { Command, Option } from 'commander';
 import { isId } from '../../shared/src/ids.js';
 import type { AdminHostJson, AdminOrgJson } from '../../scheduler/src/admin/schemas.js';
+import type { AdminOperationJson } from '../../scheduler/src/admin/moves.js';
+import { describeDrain, watchDrain } from './drain-progress.js';
 import type { ApiKeyJson } from '../../scheduler/src/services/keys.js';
 import { adminCall, adminTarget, type AdminOptions, type AdminTarget } from './admin-client.js';
 import { table } from './status.js';
@@ -16,6 +18,10 @@ interface CommonOptions extends AdminOptions {
   /** `canto keys …`: the org, by id or name, and a new key's label. */
   org?: string;
   name?: string;
+  /** Drains and moves. */
+  parallel?: string;
+  wait?: boolean;
+  to?: string;
 }
 
 type Action<A extends unknown[]> = (target: AdminTarget, opts: CommonOptions, ...args: A) => Promise<void>;
@@ -66,6 +72,37 @@ export function registerAdminCommands(program: Command, env: NodeJS.ProcessEnv):
     out(`host ${id} removed`);
   }).argument('<host-id>');
 
+  adminCommand<[string]>(hosts, 'drain', 'cordon the host and move every desktop off it (awake ones come back awake)', async (target, opts, id) => {
+    const body = opts.parallel === undefined ? {} : { parallel: Number(opts.parallel) };
+    const host = await adminCall<AdminHostJson>(target, 'POST', `/admin/v1/hosts/${encodeURIComponent(id)}/drain`, body);
+    if (!opts.wait) return opts.json ? json(host) : out(`host ${host.id} draining: ${host.drain?.remaining ?? 0} desktops to move (canto hosts show ${host.id})`);
+    const done = await watchDrain(target, host.id, opts.json ? null : process.stderr);
+    if (opts.json) json(done);
+    else out(describeDrain(done));
+    if (done.drain?.state !== 'drained') process.exitCode = 1;
+  })
+    .argument('<host-id>')
+    .option('--parallel <n>', 'moves at a time (default 2)')
+    .option('--wait', 'show progress until the host is empty; exit non-zero if a desktop could not be moved');
+
+  const desktops = program.command('desktops').description('desktops of any org, over the admin API');
+  adminCommand<[string]>(desktops, 'move', 'move a desktop to another host (placement picks one unless --to names it)', async (target, opts, id) => {
+    let op = await adminCall<AdminOperationJson>(target, 'POST', `/admin/v1/desktops/${encodeURIComponent(id)}/move`, { host_id: opts.to ?? null });
+    if (opts.wait) {
+      while (op.state === 'pending' || op.state === 'running') {
+        await sleep(250);
+        op = await adminCall<AdminOperationJson>(target, 'GET', `/admin/v1/operations/${op.id}`);
+      }
+      if (op.state === 'failed') process.exitCode = 1;
+    }
+    if (opts.json) return json(op);
+    if (!opts.wait) return out(`moving ${op.desktop_id}: operation ${op.id}`);
+    out(op.state === 'succeeded' ? `moved ${op.desktop_id} from ${op.source_host_id} to ${op.target_host_id}` : `move of ${op.desktop_id} failed: ${op.error?.message ?? 'unknown'}`);
+  })
+    .argument('<desktop-id>')
+    .option('--to <host-id>', 'the target host')
+    .option('--wait', 'wait until the move settles; exit non-zero if it failed');
+
   const orgs = program.command('orgs').description('orgs, over the admin API');
   adminCommand(orgs, 'list', 'list orgs with their key and desktop counts', async (target, opts) => {
     const answer = await adminCall<{ orgs: AdminOrgJson[] }>(target, 'GET', '/admin/v1/orgs');
@@ -113,6 +150,8 @@ async function orgId(target: AdminTarget, value: string, create: boolean): Promi
   return (await adminCall<AdminOrgJson>(target, 'POST', '/admin/v1/orgs', { name: value })).id;
 }
 
+const sleep = (ms: number) => new Promise((resolve) => setTimeout(resolve, ms));
+
 function ago(iso: string): string {
   const ms = Math.max(0, Date.now() - Date.parse(iso));
   return ms < 10_000 ? `${(ms / 1000).toFixed(1)} s ago` : ms < 3_600_000 ? `${Math.round(ms / 1000)} s ago` : `${(ms / 3_600_000).toFixed(1)} h ago`;
@@ -150,6 +189,7 @@ function describeHost(h: AdminHostJson): string {
     ['Memory', `${h.used.memory_mb} of ${h.capacity.memory_mb} MiB committed (${h.reported.memory_mb} reported)`],
     ['Slots', `${h.used.slots} of ${h.capacity.slots} held`],
     ['Desktops', h.desktops.total === 0 ? 'none' : `${states.map((s) => `${h.desktops[s]} ${s}`).join(', ')} (${h.desktops.total} in all)`],
+    ['Drain', h.drain ? describeDrain(h) : 'none'],
   ];
   const width = Math.max(...lines.map(([k]) => k.length));
   return lines.map(([k, v]) => `${k.padEnd(width)}  ${v}`).join('\n');

@@ -27,9 +27,12 @@ program
   .description('run PostgreSQL (embedded), the scheduler and a local agent with embedded defaults')
   .option('--data-dir <dir>', 'data directory', env.CANTO_DATA_DIR || DEFAULT_DATA_DIR)
   .option('--listen <host:port>', 'API listen address', env.CANTO_LISTEN || '127.0.0.1:8080')
-  .action(async (opts: { dataDir: string; listen: string }) => {
+  .option('--hosts <n>', 'local agents to run, each its own host (1-8; for trying cordon, drain and moves)', '1')
+  .action(async (opts: { dataDir: string; listen: string; hosts: string }) => {
+    const hosts = Number(opts.hosts);
+    if (!Number.isInteger(hosts) || hosts < 1 || hosts > 8) throw new Error('--hosts must be a whole number from 1 to 8');
     tuneHeapForStreaming();
-    await up(opts, env);
+    await up({ ...opts, hosts }, env);
   });
 
 program

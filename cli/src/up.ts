@@ -1,6 +1,7 @@
 /**
  * `canto up`: everything on one machine with embedded defaults — a private PostgreSQL cluster in
- * the data directory, the scheduler, and a local agent joined with a generated token. Prints the
+ * the data directory, the scheduler, and a local agent joined with a generated token (or several,
+ * `--hosts N`, each a host of its own, to try cordon, drain and moves on one machine). Prints the
  * API base URL and, on the first start, a bootstrap API key for the org `default`.
  *
  * One `canto up` per data directory: a lock file (`canto-up.pid`) names the running one; a lock
@@ -29,6 +30,30 @@ import { loadOrCreateSecrets, lockDataDir, recordApiUrl } from './data-dir.js';
 export interface UpOptions {
   dataDir: string;
   listen: string;
+  /** Agents to run, each a host of its own (for trying cordon, drain and moves on one machine). */
+  hosts: number;
+}
+
+/**
+ * The settings of local agent `index`: the first keeps the historical state directory (`agent`)
+ * and ports 7010-7013; each further one has `agent-<index>` and the next ten ports, so no two share
+ * a listener, a host identity or a desktop directory.
+ */
+function localAgentEnv(env: NodeJS.ProcessEnv, dataDir: string, schedulerUrl: string, token: string, index: number): NodeJS.ProcessEnv {
+  const port = (base: number) => `127.0.0.1:${base + 10 * index}`;
+  const first = index === 0;
+  return {
+    ...env,
+    CANTO_SCHEDULER_URL: schedulerUrl,
+    CANTO_AGENT_TOKEN: token,
+    CANTO_AGENT_STATE_DIR: (first && env.CANTO_AGENT_STATE_DIR) || join(dataDir, first ? 'agent' : `agent-${index}`),
+    // One machine: stream clients dial this one, on loopback unless told otherwise.
+    CANTO_AGENT_STREAM_LISTEN: (first && env.CANTO_AGENT_STREAM_LISTEN) || port(7010),
+    CANTO_AGENT_INGRESS_LISTEN: (first && env.CANTO_AGENT_INGRESS_LISTEN) || port(7011),
+    CANTO_AGENT_METRICS_LISTEN: (first && env.CANTO_AGENT_METRICS_LISTEN) || port(7012),
+    CANTO_AGENT_TRANSFER_LISTEN: (first && env.CANTO_AGENT_TRANSFER_LISTEN) || port(7013),
+    CANTO_AGENT_ADDRESS: env.CANTO_AGENT_ADDRESS || '127.0.0.1',
+  };
 }
 
 /** How long a stop waits for desktops to hibernate before it stops everything anyway. */
@@ -84,22 +109,14 @@ export async function up(options: UpOptions, env: NodeJS.ProcessEnv): Promise<vo
     stops.push(() => scheduler.close());
     recordApiUrl(options.dataDir, scheduler.url);
     const bootstrapKey = await firstStartKey(pg.url);
-    const agent = await runAgent(
-      loadAgentConfig({
-        ...env,
-        CANTO_SCHEDULER_URL: scheduler.url,
-        CANTO_AGENT_TOKEN: env.CANTO_JOIN_TOKEN || secrets.join_token,
-        CANTO_AGENT_STATE_DIR: env.CANTO_AGENT_STATE_DIR || join(options.dataDir, 'agent'),
-        // One machine: stream clients dial this one, on loopback unless told otherwise.
-        CANTO_AGENT_STREAM_LISTEN: env.CANTO_AGENT_STREAM_LISTEN || '127.0.0.1:7010',
-        CANTO_AGENT_INGRESS_LISTEN: env.CANTO_AGENT_INGRESS_LISTEN || '127.0.0.1:7011',
-        CANTO_AGENT_ADDRESS: env.CANTO_AGENT_ADDRESS || '127.0.0.1',
-      }),
-      { logger, handleSignals: false },
-    );
-    stops.push(() => agent.stop());
-    await agent.waitConnected(30_000);
-    say(`Canto is up.\n  API:      ${scheduler.url}/v1\n  OpenAPI:  ${scheduler.url}/v1/openapi.json\n  Host:     ${agent.hostId}`);
+    const agents = [];
+    for (let i = 0; i < options.hosts; i++) {
+      const agent = await runAgent(loadAgentConfig(localAgentEnv(env, options.dataDir, scheduler.url, env.CANTO_JOIN_TOKEN || secrets.join_token, i)), { logger, handleSignals: false });
+      stops.push(() => agent.stop());
+      agents.push(agent);
+    }
+    for (const agent of agents) await agent.waitConnected(30_000);
+    say(`Canto is up.\n  API:      ${scheduler.url}/v1\n  OpenAPI:  ${scheduler.url}/v1/openapi.json\n  ${agents.length === 1 ? 'Host: ' : 'Hosts:'}    ${agents.map((a) => a.hostId).join(', ')}`);
     const adminToken = env.CANTO_ADMIN_TOKEN ? 'CANTO_ADMIN_TOKEN' : join(options.dataDir, 'secrets.json');
     say(`  Admin:    ${scheduler.url}/admin/v1 (token: ${adminToken}; try canto hosts list --data-dir ${options.dataDir})`);
     if (scheduler.ingressUrl) say(`  Ingress:  ${scheduler.ingressUrl} (exposed ports: ${ingressPattern(ingressBaseUrl)})`);

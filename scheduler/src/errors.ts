@@ -49,6 +49,8 @@ export const errors = {
     new ApiError(503, 'identity provider unreachable; retry', {}, { 'retry-after': '5' }),
   notImplemented: (detail: string) => new ApiError(501, detail),
   notAwake: (state: string) => new ApiError(409, `desktop is ${state}, not awake`),
+  desktopMoving: () =>
+    new ApiError(503, 'the desktop is moving to another host; retry in a moment', {}, { 'retry-after': '1' }),
   hostUnreachable: () =>
     new ApiError(503, "the desktop's host is unreachable; retry", {}, { 'retry-after': '5' }),
   guestTimeout: () => new ApiError(504, 'the operation did not finish in the guest before its deadline; retry'),

@@ -38,6 +38,8 @@ import { sharedSettings } from './fleet/settings.js';
 import { SchedulerMetrics } from './observability/metrics.js';
 import { AdminService } from './admin/service.js';
 import { registerAdminApi } from './admin/routes.js';
+import { MoveService } from './admin/moves.js';
+import { Drainer } from './engine/drainer.js';
 
 /** API key, JWT org and desktop route lookups: a missed change is served for at most this long. */
 const LOOKUP_CACHE = { ttlMs: 30_000, maxEntries: 10_000 };
@@ -116,6 +118,7 @@ export async function startScheduler(config: SchedulerConfig, logger?: Logger): 
     logger: log,
     onDown: () => metrics.hostsDown.inc(),
   });
+  const drainer = new Drainer({ sql, logger: log, intervalMs: Math.max(50, Math.min(500, config.enginePollMs)), isConnected: (id) => agents.isConnected(id) });
   const webhooks = new WebhookDispatcher({ queue: deliveryQueue(sql), secrets, settings: config.webhooks, logger: log });
   let lastEpoch = 0;
   leadership = new Leadership(sql, config.replicaId, config.leaseTtlMs, config.leaseRenewMs, {
@@ -126,10 +129,12 @@ export async function startScheduler(config: SchedulerConfig, logger?: Logger): 
       await engine.start(term);
       sweeper.start();
       health.start();
+      drainer.start();
       await webhooks.start();
     },
     async revoke() {
       sweeper.stop();
+      drainer.stop();
       await health.stop();
       await Promise.all([webhooks.stop(), engine.stop()]);
     },
@@ -159,8 +164,10 @@ export async function startScheduler(config: SchedulerConfig, logger?: Logger): 
       }
     },
   });
+  const fleetNumbers = { linked: (id: string) => agents.isConnected(id), overcommit: { cpu: config.cpuOvercommit, memory: config.memoryOvercommit }, hostSlots: config.hostSlots };
   await registerAdminApi(app, {
-    service: new AdminService({ sql, keys, linked: (id) => agents.isConnected(id), overcommit: { cpu: config.cpuOvercommit, memory: config.memoryOvercommit }, hostSlots: config.hostSlots }),
+    service: new AdminService({ sql, keys, ...fleetNumbers }),
+    moves: new MoveService({ sql, ...fleetNumbers }),
     token: config.adminToken,
     logger: log,
   });

@@ -62,6 +62,9 @@ describe('admin authentication', () => {
     ['GET', `/admin/v1/orgs/${MISSING_ORG}/keys`],
     ['POST', `/admin/v1/orgs/${MISSING_ORG}/keys`],
     ['DELETE', `/admin/v1/orgs/${MISSING_ORG}/keys/${MISSING_KEY}`],
+    ['POST', `/admin/v1/hosts/${MISSING_HOST}/drain`],
+    ['POST', '/admin/v1/desktops/dsk_000000000000000000000000/move'],
+    ['GET', '/admin/v1/operations/op_000000000000000000000000'],
   ];
   const jwtShaped = 'eyJhbGciOiJSUzI1NiJ9.eyJvcmdfaWQiOiJhY21lIn0.c2lnbmF0dXJl';
 
@@ -278,6 +281,9 @@ describe('OpenAPI documents', () => {
     '/admin/v1/orgs': { get: [401], post: [400, 401, 409] },
     '/admin/v1/orgs/{org_id}/keys': { get: [400, 401, 404], post: [400, 401, 404] },
     '/admin/v1/orgs/{org_id}/keys/{key_id}': { delete: [400, 401, 404] },
+    '/admin/v1/hosts/{host_id}/drain': { post: [400, 401, 404, 409] },
+    '/admin/v1/desktops/{desktop_id}/move': { post: [400, 401, 404, 409] },
+    '/admin/v1/operations/{operation_id}': { get: [400, 401, 404] },
   };
 
   it('serves the admin API its own valid OpenAPI 3.1 document, without credentials', async () => {
@@ -307,7 +313,7 @@ describe('OpenAPI documents', () => {
         }
       }
     }
-    expect(ids.size).toBe(10);
+    expect(ids.size).toBe(13);
     expect(doc.paths['/admin/v1/orgs'].post.requestBody.required).toBe(true);
     expect(doc.paths['/admin/v1/orgs/{org_id}/keys'].post.requestBody.required).toBe(false);
     expect(doc.paths['/admin/v1/openapi.json'].get.security).toEqual([]);

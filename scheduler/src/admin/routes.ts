@@ -1,6 +1,6 @@
 /**
  * The admin API, `/admin/v1`, served by every replica on the `/v1` listener: hosts (list, show,
- * cordon, uncordon, remove) and orgs with their API keys. It lives in a Fastify context of its
+ * cordon, uncordon, drain, remove), desktop moves (admin/move-routes.ts) and orgs with their API keys. It lives in a Fastify context of its
  * own, which authenticates with the admin token (admin/auth.ts) instead of an org credential and
  * has its own OpenAPI document (admin/document.ts). Answers of 400 and up are problem+json from
  * the application's one error handler; request bodies admit no member they do not name.
@@ -15,12 +15,15 @@ import { errorResponses } from '../http/app.js';
 import type { AdminService } from './service.js';
 import { createAdminTokenCheck } from './auth.js';
 import { registerAdminDocument } from './document.js';
+import { registerMoveRoutes } from './move-routes.js';
+import type { MoveService } from './moves.js';
 import {
   AdminCreatedKeyJson, AdminHostJson, AdminKeyJson, AdminOrgJson, CreateOrgBody, CreateOrgKeyBody, HostIdParams, OrgIdParams, OrgKeyParams,
 } from './schemas.js';
 
 export interface AdminApiDeps {
   service: AdminService;
+  moves: MoveService;
   /** CANTO_ADMIN_TOKEN; null: the admin API answers 503. */
   token: string | null;
   logger: Logger;
@@ -49,6 +52,7 @@ export async function registerAdminApi(app: App, deps: AdminApiDeps): Promise<vo
     await registerAdminDocument(admin);
     registerHostRoutes(admin, deps.service, log);
     registerOrgRoutes(admin, deps.service, log);
+    registerMoveRoutes(admin, deps.moves, deps.service, log);
   });
 }
 

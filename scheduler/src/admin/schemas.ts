@@ -6,6 +6,7 @@
 import { Type, type Static } from '@sinclair/typebox';
 import { idPattern } from '../../../shared/src/ids.js';
 import { ApiKeyJson, CreatedApiKeyJson, NO_CONTROL } from '../http/schemas.js';
+import { DrainJson } from './moves.js';
 
 const Resources = (description: string) =>
   Type.Object(
@@ -33,7 +34,7 @@ export const AdminHostJson = Type.Object({
   }),
   linked: Type.Boolean({ description: "Whether the agent's link to the replica that answered is up" }),
   cordoned: Type.Boolean({ description: 'A cordoned host gets no new desktops; those on it stay' }),
-  schedulable: Type.Boolean({ description: 'Whether placement may put new desktops here: ready and not cordoned' }),
+  schedulable: Type.Boolean({ description: 'Whether placement may put new desktops here: ready and not cordoned (a drain cordons)' }),
   agent: Type.Object({
     protocol: Type.String({ description: 'The agent link protocol version the agent speaks (`major.minor`)' }),
     runtime: Type.String({ description: 'Its runtime driver (`sandbox`, `fake`, …)' }),
@@ -49,6 +50,7 @@ export const AdminHostJson = Type.Object({
   capacity: Resources('What placement may commit: reported CPU and memory times their overcommit, and CANTO_HOST_SLOTS'),
   used: Resources('What is committed: CPU and memory of desktops running or about to, slots of every desktop placed here'),
   desktops: HostDesktopCounts,
+  drain: DrainJson,
 });
 export type AdminHostJson = Static<typeof AdminHostJson>;
 

@@ -12,6 +12,8 @@ import { committedLoad, listHosts, slotsUsed } from '../store/hosts.js';
 import type { HostRow } from '../store/rows.js';
 import type { KeyService, ApiKeyJson } from '../services/keys.js';
 import { hostCandidates } from '../placement/candidates.js';
+import { cancelDrain } from '../store/moves.js';
+import { drainJson } from './moves.js';
 import type { Overcommit } from '../placement/feasible.js';
 import { errors } from '../errors.js';
 import { desktopStatesByHost, hostById, insertOrg, listOrgSummaries, orgExists, removeHost, setHostCordoned, type OrgSummaryRow } from './store.js';
@@ -52,9 +54,10 @@ export class AdminService {
     return (await this.hostsJson([row], id))[0]!;
   }
 
-  /** Cordons or uncordons the host; doing it twice is the same as once. */
+  /** Cordons or uncordons the host; doing it twice is the same as once. Uncordoning ends a drain. */
   async setCordoned(id: string, cordoned: boolean): Promise<AdminHostJson> {
     if (!(await setHostCordoned(this.deps.sql, id, cordoned))) throw errors.hostNotFound();
+    if (!cordoned) await cancelDrain(this.deps.sql, id);
     return this.getHost(id);
   }
 
@@ -100,6 +103,7 @@ export class AdminService {
     const { sql, overcommit, hostSlots } = this.deps;
     const [load, slots, states] = await Promise.all([committedLoad(sql), slotsUsed(sql, hostId), desktopStatesByHost(sql, hostId)]);
     const candidates = hostCandidates(rows, load, slots, { isConnected: (id) => this.deps.linked(id), hostSlots });
+    const drains = await Promise.all(rows.map((h) => drainJson(sql, h)));
     return rows.map((h, i) => {
       const c = candidates[i]!;
       const held = states.get(h.id) ?? new Map<string, number>();
@@ -126,6 +130,7 @@ export class AdminService {
         capacity: { vcpus: c.vcpus * overcommit.cpu, memory_mb: c.memoryMb * overcommit.memory, slots: c.slots },
         used: { vcpus: c.committedVcpus, memory_mb: c.committedMemoryMb, slots: c.slotsUsed },
         desktops,
+        drain: drains[i]!,
       };
     });
   }

@@ -249,6 +249,7 @@ export class AgentGateway {
         memoryMb: hello.capacity.memory_mb,
         // Recorded on every hello, so an agent that turned its port gateway off clears it.
         ingressAddress: hello.ingress ? formatHostPort(hello.ingress.host, hello.ingress.port) : null,
+        transferAddress: hello.transfer ? formatHostPort(hello.transfer.host, hello.transfer.port) : null,
       }, !fences);
       const [fence, lease] = fences
         ? await Promise.all([helloFence(this.deps.sql, hello.host_id, hello.desktops), readLease(this.deps.sql, LEADER_LEASE)])

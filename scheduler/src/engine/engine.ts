@@ -20,6 +20,7 @@ import { desktopsOfHost } from '../store/hosts.js';
 import { claimPending, OP_NEW_CHANNEL, runningOperations } from '../store/operations.js';
 import type { OperationRow } from '../store/rows.js';
 import * as steps from './steps.js';
+import { move, rollBackMove } from './move.js';
 import type { LeaderTerm } from './leader.js';
 import { PlacementReservations } from '../placement/reservations.js';
 
@@ -185,6 +186,7 @@ export class OperationEngine {
         const error = describe(err);
         log.warn({ error, err }, 'operation failed');
         try {
+          if (op.kind === 'move') await rollBackMove(this.deps, op);
           await steps.fail(this.deps, op, error);
           this.base.onSettled?.(op, 'failed');
         } catch (settleErr) {
@@ -201,6 +203,7 @@ const STEP: Record<OperationRow['kind'], (deps: steps.StepDeps, op: OperationRow
   hibernate: steps.hibernate,
   destroy: steps.destroy,
   fork: steps.fork,
+  move,
 };
 
 /**
@@ -211,6 +214,8 @@ const AGENT_ERRORS: Partial<Record<AgentFailure['code'], { code: string; message
   disconnected: { code: 'host_unavailable', message: 'the desktop host is unreachable' },
   timeout: { code: 'timeout', message: 'the desktop host did not answer in time' },
   stale_generation: { code: 'stale_generation', message: 'the host refused a command from an older generation' },
+  conflict: { code: 'conflict', message: 'the desktop was running on a host where the move needed it stopped' },
+  unsupported: { code: 'unsupported', message: "the host's agent cannot do this; upgrade it" },
 };
 
 function describe(err: unknown): { code: string; message: string } {

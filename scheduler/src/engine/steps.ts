@@ -55,7 +55,9 @@ async function settle(tx: Sql, deps: StepDeps, op: OperationRow, result: Record<
 }
 
 /** Lifecycle commands that carry the leader's epoch (the agent refuses an older term's). */
-type FencedCommand = 'desktop.prepare' | 'desktop.start' | 'desktop.hibernate' | 'desktop.destroy' | 'desktop.fork';
+type FencedCommand =
+  | 'desktop.prepare' | 'desktop.start' | 'desktop.hibernate' | 'desktop.destroy' | 'desktop.fork'
+  | 'desktop.export' | 'desktop.import' | 'desktop.import.abort';
 
 /**
  * Sends a lifecycle command in this engine's term. A replica that no longer leads sends nothing:
@@ -231,7 +233,7 @@ export async function fork(deps: StepDeps, op: OperationRow): Promise<void> {
  * Settles a failed operation and returns the desktop to where it was: a failed wake goes back
  * to `hibernated` (or `provisioning` if it was never placed), a failed hibernate back to `awake`
  * (CRIU leaves the tree running when a dump fails); a failed destroy or fork changes nothing in
- * the database. The copies a failed fork may have left on its host are removed best-effort.
+ * the database (a failed move was rolled back before: engine/move.ts). The copies a failed fork may have left on its host are removed best-effort.
  */
 export async function fail(deps: StepDeps, op: OperationRow, error: { code: string; message: string }): Promise<void> {
   await inTransaction(deps.sql, async (tx) => {

@@ -90,10 +90,12 @@ export interface DesktopRoute {
   readonly state: DesktopState;
   readonly host_id: string | null;
   readonly generation: number;
+  /** Between hosts (engine/move.ts): not reachable until the move commits or rolls back. */
+  readonly moving: boolean;
 }
 
 function isRoutable(route: DesktopRoute): route is DesktopRoute & { host_id: string } {
-  return route.state === 'awake' && route.host_id !== null;
+  return route.state === 'awake' && route.host_id !== null && !route.moving;
 }
 
 /** Agent answers meaning the host no longer runs the generation the route named. */
@@ -227,11 +229,12 @@ export class GuestService {
   private async target(orgId: string, desktopId: string): Promise<Target> {
     const load = async (): Promise<DesktopRoute | null> => {
       const row = await getDesktop(this.sql, orgId, desktopId);
-      return row && { org_id: row.org_id, state: row.state, host_id: row.host_id, generation: row.generation };
+      return row && { org_id: row.org_id, state: row.state, host_id: row.host_id, generation: row.generation, moving: row.moving_operation_id !== null };
     };
     const route = await this.routes.get(desktopId, load, isRoutable);
     // The cache is keyed by desktop alone: another org's entry answers exactly like a missing row.
     if (!route || route.org_id !== orgId) throw errors.desktopNotFound();
+    if (route.moving && route.state === 'awake') throw errors.desktopMoving();
     if (!isRoutable(route)) throw errors.notAwake(route.state);
     if (!this.link.isConnected(route.host_id)) throw errors.hostUnreachable();
     return { hostId: route.host_id, ref: { desktop_id: desktopId, generation: route.generation } };

@@ -107,7 +107,9 @@ export async function setPlacement(sql: Sql, id: string, hostId: string): Promis
 /** Of `ids`, the desktops that have a host. */
 export async function placedDesktops(sql: Sql, ids: readonly string[]): Promise<Set<string>> {
   if (ids.length === 0) return new Set();
-  const rows = await sql<{ id: string }[]>`SELECT id FROM desktops WHERE id = ANY(${ids as string[]}::text[]) AND host_id IS NOT NULL`;
+  // A desktop being moved counts on its source in the database and on its target as a reservation.
+  const rows = await sql<{ id: string }[]>`
+    SELECT id FROM desktops WHERE id = ANY(${ids as string[]}::text[]) AND host_id IS NOT NULL AND moving_operation_id IS NULL`;
   return new Set(rows.map((r) => r.id));
 }
 

@@ -14,6 +14,8 @@ export interface HostHello {
   memoryMb: number;
   /** `host:port` of the agent's port gateway (IPv6 in brackets); null when the hello has none. */
   ingressAddress: string | null;
+  /** `host:port` of the agent's transfer server (protocol 1.8); null when the hello has none. */
+  transferAddress: string | null;
 }
 
 /**
@@ -23,14 +25,14 @@ export interface HostHello {
  */
 export async function upsertHost(sql: Sql, h: HostHello, readyNow: boolean): Promise<void> {
   await sql`
-    INSERT INTO hosts (id, hostname, agent_instance_id, protocol, runtime, memory_snapshots, vcpus, memory_mb, ingress_address, status, last_seen_at)
+    INSERT INTO hosts (id, hostname, agent_instance_id, protocol, runtime, memory_snapshots, vcpus, memory_mb, ingress_address, transfer_address, status, last_seen_at)
     VALUES (${h.id}, ${h.hostname}, ${h.agentInstanceId}, ${h.protocol}, ${h.runtime}, ${h.memorySnapshots}, ${h.vcpus}, ${h.memoryMb}, ${h.ingressAddress},
-            ${readyNow ? 'ready' : 'down'}, now())
+            ${h.transferAddress}, ${readyNow ? 'ready' : 'down'}, now())
     ON CONFLICT (id) DO UPDATE SET
       hostname = EXCLUDED.hostname, agent_instance_id = EXCLUDED.agent_instance_id,
       protocol = EXCLUDED.protocol, runtime = EXCLUDED.runtime,
       memory_snapshots = EXCLUDED.memory_snapshots, vcpus = EXCLUDED.vcpus,
-      memory_mb = EXCLUDED.memory_mb, ingress_address = EXCLUDED.ingress_address,
+      memory_mb = EXCLUDED.memory_mb, ingress_address = EXCLUDED.ingress_address, transfer_address = EXCLUDED.transfer_address,
       previous_seen_at = CASE WHEN hosts.agent_instance_id <> EXCLUDED.agent_instance_id THEN hosts.last_seen_at ELSE hosts.previous_seen_at END,
       status = CASE WHEN ${readyNow} THEN 'ready' ELSE hosts.status END,
       last_seen_at = now()`;

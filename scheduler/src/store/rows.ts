@@ -4,7 +4,7 @@ import type { Tier } from '../../../shared/src/tiers.js';
 export const DESKTOP_STATES = ['provisioning', 'waking', 'awake', 'hibernating', 'hibernated', 'destroyed'] as const;
 export type DesktopState = (typeof DESKTOP_STATES)[number];
 export type BillingMode = 'monthly' | 'hourly';
-export type OperationKind = 'wake' | 'hibernate' | 'destroy' | 'fork';
+export type OperationKind = 'wake' | 'hibernate' | 'destroy' | 'fork' | 'move';
 export type OperationState = 'pending' | 'running' | 'succeeded' | 'failed';
 
 export interface DesktopRow {
@@ -27,6 +27,8 @@ export interface DesktopRow {
   last_woken_at: Date | null;
   created_at: Date;
   destroyed_at: Date | null;
+  /** The move operation carrying the desktop between hosts, while it does (engine/move.ts). */
+  moving_operation_id: string | null;
   /** The host's status, where the query joined it (store/desktops.ts `getDesktop`, `listDesktops`). */
   host_status?: 'ready' | 'down' | null;
 }
@@ -71,5 +73,12 @@ export interface HostRow {
   /** When the previous agent instance was last heard from (set when a new instance says hello). */
   previous_seen_at: Date | null;
   ingress_address: string | null;
+  /** `host:port` of the agent's transfer server (protocol 1.8); null when it has none. */
+  transfer_address: string | null;
+  /** Set when a drain was asked for; the drain runs until the host holds no desktop. */
+  drain_requested_at: Date | null;
+  drain_parallel: number | null;
+  drain_finished_at: Date | null;
+  drain_error: string | null;
   created_at: Date;
 }

@@ -1,0 +1,54 @@
+/**
+ * `canto hosts drain --wait`: polls the host until its drain ends and draws one progress line on
+ * a terminal (desktops moved of all, bytes, rate, time left), or plain lines when stderr is not a
+ * terminal, so a log of a scripted drain still shows how it went.
+ */
+import type { AdminHostJson } from '../../scheduler/src/admin/schemas.js';
+import { adminCall, type AdminTarget } from './admin-client.js';
+
+const POLL_MS = 250;
+
+const mib = (bytes: number) => `${(bytes / 1024 / 1024).toFixed(1)} MiB`;
+
+function bar(fraction: number, width = 24): string {
+  const full = Math.round(Math.max(0, Math.min(1, fraction)) * width);
+  return `[${'#'.repeat(full)}${'.'.repeat(width - full)}]`;
+}
+
+/** One line: what moved, of how much, how fast, and what is left. */
+export function progressLine(host: AdminHostJson, elapsedMs: number): string {
+  const d = host.drain;
+  if (!d) return `${host.id}: no drain`;
+  const total = d.moved + d.remaining;
+  const rate = elapsedMs > 0 ? d.moved_bytes / (elapsedMs / 1000) : 0;
+  const left = total - d.moved;
+  const perDesktopMs = d.moved > 0 ? elapsedMs / d.moved : null;
+  const eta = perDesktopMs === null || left === 0 ? '' : ` ETA ${Math.ceil((perDesktopMs * left) / 1000)} s`;
+  return `${bar(total === 0 ? 1 : d.moved / total)} ${d.moved}/${total} desktops, ${mib(d.moved_bytes)} at ${mib(rate)}/s, ${d.running} moving${eta}`;
+}
+
+export function describeDrain(host: AdminHostJson): string {
+  const d = host.drain;
+  if (!d) return `${host.id}: no drain`;
+  if (d.state === 'drained') return `${host.id} drained: ${d.moved} desktops moved (${mib(d.moved_bytes)}); it holds none. Stop its agent, then: canto hosts remove ${host.id}`;
+  if (d.state === 'stopped') return `${host.id} drain stopped: ${d.error ?? 'a move failed'} (${d.moved} moved, ${d.remaining} left; drain again to resume)`;
+  return `${host.id} draining: ${d.moved} moved, ${d.running} moving, ${d.remaining} left`;
+}
+
+/** Polls until the drain is drained or stopped; answers the host as last read. */
+export async function watchDrain(target: AdminTarget, hostId: string, progress: NodeJS.WriteStream | null): Promise<AdminHostJson> {
+  const started = Date.now();
+  let lastPlain = '';
+  for (;;) {
+    const host = await adminCall<AdminHostJson>(target, 'GET', `/admin/v1/hosts/${encodeURIComponent(hostId)}`);
+    const line = progressLine(host, Date.now() - started);
+    if (progress?.isTTY) progress.write(`\r${line}\x1b[K`);
+    else if (progress && line !== lastPlain) progress.write(`${line}\n`);
+    lastPlain = line;
+    if (!host.drain || host.drain.state !== 'draining') {
+      if (progress?.isTTY) progress.write('\n');
+      return host;
+    }
+    await new Promise((resolve) => setTimeout(resolve, POLL_MS));
+  }
+}

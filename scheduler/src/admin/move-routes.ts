@@ -1,0 +1,77 @@
+/**
+ * The admin API's routes for moving desktops and draining hosts (admin/moves.ts), and for reading
+ * any operation with a move's progress. Registered in the admin context (admin/routes.ts), so the
+ * admin token guards them and they appear in the admin document only.
+ */
+import { Type } from '@sinclair/typebox';
+import type { Logger } from '../../../shared/src/log.js';
+import { idPattern } from '../../../shared/src/ids.js';
+import type { App } from '../http/app.js';
+import { errorResponses } from '../http/app.js';
+import { AdminOperationJson, type MoveService } from './moves.js';
+import { AdminHostJson, HostIdParams } from './schemas.js';
+import type { AdminService } from './service.js';
+
+const MOVES = ['Moves and drains'];
+
+export const DEFAULT_DRAIN_PARALLEL = 2;
+
+export function registerMoveRoutes(admin: App, moves: MoveService, hosts: AdminService, log: Logger): void {
+  admin.post(
+    '/admin/v1/desktops/:desktop_id/move',
+    {
+      schema: {
+        summary: 'Move a desktop to another host: files, memory snapshot and (for an awake one) its running programs go with it',
+        operationId: 'moveDesktop',
+        tags: MOVES,
+        params: Type.Object({ desktop_id: Type.String({ pattern: idPattern('desktop'), description: '`dsk_…`, of any org' }) }),
+        body: Type.Object(
+          { host_id: Type.Optional(Type.Union([Type.String({ pattern: idPattern('host') }), Type.Null()], { description: 'The target; omitted or null: placement chooses' })) },
+          { additionalProperties: false },
+        ),
+        response: { 202: AdminOperationJson, ...errorResponses(400, 404, 409) },
+      },
+    },
+    async (request, reply) => {
+      const op = await moves.move(request.params.desktop_id, request.body.host_id ?? null);
+      log.info({ desktopId: op.desktop_id, operationId: op.id, hostId: request.body.host_id ?? null }, 'desktop move requested');
+      return reply.code(202).send(op);
+    },
+  );
+
+  admin.post(
+    '/admin/v1/hosts/:host_id/drain',
+    {
+      schema: {
+        summary: 'Drain a host: cordon it and move every desktop off, `parallel` at a time; refused (409, nothing changed) when the other hosts lack room or the host is down. Asking again resumes a stopped drain',
+        operationId: 'drainHost',
+        tags: MOVES,
+        params: HostIdParams,
+        body: Type.Object(
+          { parallel: Type.Optional(Type.Integer({ minimum: 1, maximum: 32, description: `Moves at a time; default ${DEFAULT_DRAIN_PARALLEL}` })) },
+          { additionalProperties: false },
+        ),
+        response: { 202: AdminHostJson, ...errorResponses(400, 404, 409) },
+      },
+    },
+    async (request, reply) => {
+      const host = await moves.drain(request.params.host_id, request.body.parallel ?? DEFAULT_DRAIN_PARALLEL);
+      log.info({ hostId: host.id, parallel: host.drain_parallel }, 'host drain requested');
+      return reply.code(202).send(await hosts.getHost(host.id));
+    },
+  );
+
+  admin.get(
+    '/admin/v1/operations/:operation_id',
+    {
+      schema: {
+        summary: 'Read an operation of any org; a move shows its phase, hosts and bytes',
+        operationId: 'getAdminOperation',
+        tags: MOVES,
+        params: Type.Object({ operation_id: Type.String({ pattern: idPattern('operation') }) }),
+        response: { 200: AdminOperationJson, ...errorResponses(400, 404) },
+      },
+    },
+    async (request) => moves.operation(request.params.operation_id),
+  );
+}

@@ -1,0 +1,170 @@
+/**
+ * The admin API's moves and drains: move one desktop (to a host named or one placement picks),
+ * drain a host (cordon + move everything off), and read an admin operation with its progress.
+ *
+ * A drain is refused up front, touching nothing, when the other hosts could not take what the
+ * host holds: every desktop is placed in turn on a copy of the fleet's numbers with the same
+ * feasibility and ranking placement uses, awake ones (which need CPU and memory too) first. A
+ * down host is refused too: its desktops' disks are only there, and nothing can be copied off a
+ * host nobody can reach.
+ */
+import { Type, type Static } from '@sinclair/typebox';
+import { TIER_SPECS, type Tier } from '../../../shared/src/tiers.js';
+import type { Sql } from '../store/db.js';
+import { committedLoad, listHosts, slotsUsed } from '../store/hosts.js';
+import { drainCounts, insertMove, operationById, startDrain } from '../store/moves.js';
+import type { HostRow, OperationRow } from '../store/rows.js';
+import { hostCandidates } from '../placement/candidates.js';
+import { selectHost } from '../placement/select.js';
+import type { HostCandidate, Overcommit } from '../placement/feasible.js';
+import { ApiError, errors } from '../errors.js';
+import { hostById } from './store.js';
+
+export const AdminOperationJson = Type.Object({
+  id: Type.String({ description: '`op_…`' }),
+  kind: Type.String({ description: '`move` for what this API starts; any operation can be read' }),
+  state: Type.Union([Type.Literal('pending'), Type.Literal('running'), Type.Literal('succeeded'), Type.Literal('failed')]),
+  desktop_id: Type.String(),
+  org_id: Type.String(),
+  reason: Type.String({ description: '`admin` (asked for by an operator) or `drain`' }),
+  phase: Type.Union([Type.String(), Type.Null()], {
+    description: 'Of a move: accepted, planned (target chosen), stopped, copied, committed (the desktop is on the target), started',
+  }),
+  source_host_id: Type.Union([Type.String(), Type.Null()]),
+  target_host_id: Type.Union([Type.String(), Type.Null()]),
+  total_bytes: Type.Union([Type.Integer(), Type.Null()], { description: 'What the copy carries, once known' }),
+  result: Type.Union([Type.Record(Type.String(), Type.Unknown()), Type.Null()]),
+  error: Type.Union([Type.Object({ code: Type.String(), message: Type.String() }), Type.Null()]),
+  created_at: Type.String({ format: 'date-time' }),
+  settled_at: Type.Union([Type.String({ format: 'date-time' }), Type.Null()]),
+});
+export type AdminOperationJson = Static<typeof AdminOperationJson>;
+
+export const DrainJson = Type.Union(
+  [
+    Type.Object({
+      state: Type.Union([Type.Literal('draining'), Type.Literal('drained'), Type.Literal('stopped')], {
+        description: '`draining`: moves run; `drained`: the host holds no desktop; `stopped`: a move failed (see error)',
+      }),
+      requested_at: Type.String({ format: 'date-time' }),
+      parallel: Type.Integer({ minimum: 1 }),
+      remaining: Type.Integer({ minimum: 0, description: 'Desktops still on the host' }),
+      moved: Type.Integer({ minimum: 0 }),
+      running: Type.Integer({ minimum: 0, description: 'Moves in progress' }),
+      failed: Type.Integer({ minimum: 0 }),
+      moved_bytes: Type.Integer({ minimum: 0 }),
+      total_bytes: Type.Integer({ minimum: 0, description: 'Bytes of the moves settled and running, as far as known' }),
+      error: Type.Union([Type.String(), Type.Null()]),
+    }),
+    Type.Null(),
+  ],
+  { description: 'The host\'s drain, or null when none was asked for since it was last uncordoned' },
+);
+export type DrainJson = Static<typeof DrainJson>;
+
+export interface MoveServiceDeps {
+  sql: Sql;
+  linked(hostId: string): boolean;
+  overcommit: Overcommit;
+  hostSlots: number;
+}
+
+export function operationJson(row: OperationRow): AdminOperationJson {
+  const p = (row.params ?? {}) as Record<string, unknown>;
+  const str = (v: unknown) => (typeof v === 'string' ? v : null);
+  return {
+    id: row.id,
+    kind: row.kind,
+    state: row.state,
+    desktop_id: row.desktop_id,
+    org_id: row.org_id,
+    reason: row.reason,
+    phase: row.kind === 'move' ? (str(p.phase) ?? 'accepted') : null,
+    source_host_id: str(p.source_host_id),
+    target_host_id: str(p.target_host_id) ?? str(p.requested_host_id),
+    total_bytes: typeof p.total_bytes === 'number' ? p.total_bytes : null,
+    result: row.result,
+    error: row.error ? { code: row.error.code, message: row.error.message } : null,
+    created_at: row.created_at.toISOString(),
+    settled_at: row.settled_at?.toISOString() ?? null,
+  };
+}
+
+export async function drainJson(sql: Sql, host: HostRow): Promise<DrainJson> {
+  if (!host.drain_requested_at) return null;
+  const counts = await drainCounts(sql, host);
+  return {
+    state: host.drain_finished_at ? 'drained' : host.drain_error ? 'stopped' : 'draining',
+    requested_at: host.drain_requested_at.toISOString(),
+    parallel: host.drain_parallel ?? 1,
+    ...counts,
+    error: host.drain_error,
+  };
+}
+
+export class MoveService {
+  constructor(private readonly deps: MoveServiceDeps) {}
+
+  async move(desktopId: string, hostId: string | null): Promise<AdminOperationJson> {
+    if (hostId !== null) {
+      const target = await hostById(this.deps.sql, hostId);
+      if (!target) throw errors.hostNotFound();
+      if (target.status !== 'ready' || !this.deps.linked(hostId)) throw new ApiError(409, 'the target host is down or not linked to this replica');
+    }
+    const moved = await insertMove(this.deps.sql, desktopId, { requestedHostId: hostId, reason: 'admin', drain: null });
+    if ('refused' in moved) throw moved.refused === 'not_found' ? errors.desktopNotFound() : new ApiError(409, moved.refused);
+    return operationJson(moved.op);
+  }
+
+  async operation(id: string): Promise<AdminOperationJson> {
+    const row = await operationById(this.deps.sql, id);
+    if (!row) throw errors.operationNotFound();
+    return operationJson(row);
+  }
+
+  /** Cordons the host and starts (or resumes) its drain; refused, changing nothing, when it cannot finish. */
+  async drain(hostId: string, parallel: number): Promise<HostRow> {
+    const host = await hostById(this.deps.sql, hostId);
+    if (!host) throw errors.hostNotFound();
+    if (host.status !== 'ready') {
+      throw new ApiError(409, "the host is down: its desktops' disks are only on it, so nothing can be moved off until its agent is back");
+    }
+    const shortfall = await this.capacityShortfall(host);
+    if (shortfall) throw new ApiError(409, shortfall);
+    return (await startDrain(this.deps.sql, hostId, parallel))!;
+  }
+
+  /** Why the other hosts cannot take everything the host holds, or null when they can. */
+  private async capacityShortfall(host: HostRow): Promise<string | null> {
+    const { sql } = this.deps;
+    const held = await sql<Array<{ tier: Tier; state: string }>>`
+      SELECT tier, state FROM desktops WHERE host_id = ${host.id} AND state <> 'destroyed'
+      ORDER BY (state IN ('awake', 'waking')) DESC, tier DESC`;
+    if (held.length === 0) return null;
+    const [hosts, load, slots] = await Promise.all([listHosts(sql), committedLoad(sql), slotsUsed(sql)]);
+    let fleet: HostCandidate[] = hostCandidates(hosts, load, slots, { isConnected: (id) => this.deps.linked(id), hostSlots: this.deps.hostSlots })
+      .filter((h) => h.id !== host.id);
+    let placed = 0;
+    for (const d of held) {
+      const running = d.state === 'awake' || d.state === 'waking';
+      // An awake desktop needs CPU and memory on its target; a hibernated one only a slot.
+      const chosen = selectHost(
+        fleet.map((h) => (running ? h : { ...h, committedVcpus: 0, committedMemoryMb: 0 })),
+        d.tier,
+        this.deps.overcommit,
+      );
+      if (chosen === null) break;
+      const spec = TIER_SPECS[d.tier];
+      fleet = fleet.map((h) =>
+        h.id !== chosen ? h : {
+          ...h,
+          slotsUsed: h.slotsUsed + spec.slots,
+          committedVcpus: h.committedVcpus + (running ? spec.vcpus : 0),
+          committedMemoryMb: h.committedMemoryMb + (running ? spec.memoryMb : 0),
+        });
+      placed++;
+    }
+    if (placed === held.length) return null;
+    return `the other hosts lack capacity: ${held.length - placed} of the ${held.length} desktops on this host would not fit elsewhere (schedulable hosts: ${fleet.filter((h) => h.connected && h.ready && !h.cordoned).length}); nothing was changed`;
+  }
+}

@@ -1,0 +1,79 @@
+/**
+ * Drains, on the leader: a draining host is cordoned, and its desktops are moved off
+ * `drain_parallel` at a time, awake ones first, each an ordinary move operation the engine drives
+ * (engine/move.ts). The drainer keeps no state of its own: every pass reads the drains, their open
+ * moves and the desktops left from the database, so a new leader simply carries on.
+ *
+ * A drain ends `finished` when the host holds no desktop. It stops short, with `drain_error`, when
+ * one of its moves fails (the desktop stays where it was, whole): the operator reads why, fixes it
+ * and asks for the drain again, which resumes with the desktops still there. A host that goes
+ * down mid-drain pauses it: its desktops' disks are only there.
+ */
+import type { Logger } from '../../../shared/src/log.js';
+import type { Sql } from '../store/db.js';
+import { activeDrains, drainCandidates, drainCounts, endDrain, insertMove, lastFailedMove } from '../store/moves.js';
+import type { HostRow } from '../store/rows.js';
+
+export interface DrainerDeps {
+  sql: Sql;
+  logger: Logger;
+  intervalMs: number;
+  /** Whether the leader's link to the host is up: moves off a host out of reach wait. */
+  isConnected(hostId: string): boolean;
+}
+
+export class Drainer {
+  private timer: NodeJS.Timeout | null = null;
+  private passing = false;
+  private readonly log: Logger;
+
+  constructor(private readonly deps: DrainerDeps) {
+    this.log = deps.logger.child({ component: 'drainer' });
+  }
+
+  start(): void {
+    if (!this.timer) this.timer = setInterval(() => void this.pass(), this.deps.intervalMs);
+  }
+
+  stop(): void {
+    if (this.timer) clearInterval(this.timer);
+    this.timer = null;
+  }
+
+  /** One look at every drain; exported for tests that step it by hand. */
+  async pass(): Promise<void> {
+    if (this.passing) return;
+    this.passing = true;
+    try {
+      for (const host of await activeDrains(this.deps.sql)) await this.advance(host);
+    } catch (err) {
+      this.log.error({ err }, 'drain pass failed');
+    } finally {
+      this.passing = false;
+    }
+  }
+
+  private async advance(host: HostRow): Promise<void> {
+    const counts = await drainCounts(this.deps.sql, host);
+    if (counts.failed > 0) {
+      const failed = await lastFailedMove(this.deps.sql, host);
+      const why = `desktop ${failed?.desktop_id ?? '?'} could not be moved: ${failed?.error?.message ?? 'the move failed'}`;
+      await endDrain(this.deps.sql, host.id, why);
+      this.log.warn({ hostId: host.id, error: why }, 'drain stopped');
+      return;
+    }
+    if (counts.remaining === 0 && counts.running === 0) {
+      await endDrain(this.deps.sql, host.id, null);
+      this.log.info({ hostId: host.id, moved: counts.moved }, 'drain finished: the host holds no desktop');
+      return;
+    }
+    if (host.status !== 'ready' || !this.deps.isConnected(host.id)) return;
+    const room = (host.drain_parallel ?? 1) - counts.running;
+    if (room <= 0) return;
+    for (const d of await drainCandidates(this.deps.sql, host.id, room)) {
+      const moved = await insertMove(this.deps.sql, d.id, { requestedHostId: null, reason: 'drain', drain: host.drain_requested_at!.toISOString() });
+      // Refused: a user's operation got there first; the next pass looks again.
+      if ('op' in moved) this.log.info({ hostId: host.id, desktopId: d.id, operationId: moved.op.id }, 'drain: moving a desktop');
+    }
+  }
+}

@@ -1,0 +1,240 @@
+/**
+ * Moving a desktop to another host: a durable operation in phases, each recorded in the
+ * operation's params before the next begins, so a leader that takes over resumes where the last
+ * one stopped and every agent command it repeats is idempotent (shared/src/transfer.ts).
+ *
+ *   accepted → planned    the target is chosen (or the one asked for is checked) and the desktop
+ *                         marked moving: guest calls answer 503 with Retry-After from here on
+ *   planned  → stopped    an awake desktop is hibernated on the source, memory kept where the
+ *                         host can; its database state stays `awake` and its meter open, so the
+ *                         move is billed and timed as if nothing happened
+ *   stopped  → copied     the source exports (a ticket), the target imports agent to agent,
+ *                         sha256-verified and resumable
+ *   copied   → committed  one transaction: the desktop's host is the target, its generation
+ *                         bumped, the moving mark cleared; the source copy still exists
+ *   committed → started   an awake desktop is started on the target (restored from memory)
+ *   started  → done       the source copy is destroyed; settled with bytes and downtime
+ *
+ * Before the commit a failure rolls back: the target drops what it imported, an awake desktop is
+ * started again on the source, the mark is cleared. After it, the desktop lives on the target;
+ * a start that fails there leaves it recorded hibernated (its disk intact) rather than lost.
+ */
+import { AgentFailure } from '../../../shared/src/protocol.js';
+import { inTransaction, type Sql } from '../store/db.js';
+import { getDesktopById, placedDesktops, transition } from '../store/desktops.js';
+import { closeMeter, recordEvent } from '../store/events.js';
+import { committedLoad, listHosts, slotsUsed } from '../store/hosts.js';
+import { settleOperation, type SettleFence } from '../store/operations.js';
+import type { DesktopRow, OperationRow } from '../store/rows.js';
+import { hostCandidates } from '../placement/candidates.js';
+import { selectHost } from '../placement/select.js';
+import { command, LeaseLost, StepFailure, type StepDeps } from './steps.js';
+
+export type MovePhase = 'accepted' | 'planned' | 'stopped' | 'copied' | 'committed' | 'started';
+
+/** What a move operation keeps in `params`, growing as its phases pass. */
+export interface MoveParams {
+  phase: MovePhase;
+  source_host_id: string;
+  /** The host asked for; null lets placement choose. */
+  requested_host_id: string | null;
+  target_host_id?: string;
+  was_awake?: boolean;
+  /** Set by a drain: the drain it belongs to (the source host's drain start, ISO). */
+  drain?: string | null;
+  stopped_at?: string;
+  memory_snapshot?: boolean;
+  total_bytes?: number;
+  fetched_bytes?: number;
+  resumed_bytes?: number;
+}
+
+/** How long an export ticket lives: a copy interrupted for longer starts with a new one. */
+const TICKET_TTL_MS = 3_600_000;
+/** The slowest copy rate an import is given time for, on top of the usual command timeout. */
+const MIN_COPY_BYTES_PER_SEC = 20 * 1024 * 1024;
+
+export async function move(deps: StepDeps, op: OperationRow): Promise<void> {
+  let p = op.params as unknown as MoveParams;
+  const d = await loadDesktop(deps.sql, op.desktop_id);
+  if (p.phase === 'accepted') p = await plan(deps, op, d, p);
+  if (p.phase === 'planned') p = await stop(deps, op, d, p);
+  if (p.phase === 'stopped') p = await copy(deps, op, d, p);
+  if (p.phase === 'copied') p = await commit(deps, op, d, p);
+  if (p.phase === 'committed') p = await startOnTarget(deps, op, p);
+  await finish(deps, op, p);
+}
+
+async function loadDesktop(sql: Sql, id: string): Promise<DesktopRow> {
+  const d = await getDesktopById(sql, id);
+  if (!d) throw new StepFailure('not_found', 'desktop vanished');
+  return d;
+}
+
+/** Writes the next phase into the operation, fenced on the leader term like a settlement. */
+async function advance(sql: Sql, op: OperationRow, p: MoveParams, fence: SettleFence): Promise<MoveParams> {
+  const rows = await sql`
+    UPDATE operations SET params = ${sql.json(p as never)}
+    WHERE id = ${op.id} AND state = 'running'
+      AND EXISTS (SELECT 1 FROM leases WHERE name = 'leader' AND holder = ${fence.holder} AND epoch = ${fence.epoch} AND expires_at > now())
+    RETURNING id`;
+  if (rows.length !== 1) throw new LeaseLost('leader lease lost during a move');
+  op.params = p as unknown as Record<string, unknown>;
+  return p;
+}
+
+async function plan(deps: StepDeps, op: OperationRow, d: DesktopRow, p: MoveParams): Promise<MoveParams> {
+  if (d.state !== 'awake' && d.state !== 'hibernated') throw new StepFailure('conflict', `desktop is ${d.state}; only awake and hibernated desktops move`);
+  if (d.host_id !== p.source_host_id) throw new StepFailure('conflict', 'the desktop is no longer on the host it was to move from');
+  const target = p.requested_host_id ?? (await chooseTarget(deps, d));
+  if (!target) throw new AgentFailure('disconnected', 'no other connected host has room for this desktop', true);
+  if (target === p.source_host_id) throw new StepFailure('bad_target', 'the desktop is already on that host');
+  if (!deps.agents.speaks(target, 1, 8) || !deps.agents.speaks(p.source_host_id, 1, 8)) {
+    deps.placements.release(d.id);
+    throw new StepFailure('unsupported', 'both hosts need an agent that speaks protocol 1.8 to move desktops');
+  }
+  return inTransaction(deps.sql, async (tx) => {
+    await tx`UPDATE desktops SET moving_operation_id = ${op.id} WHERE id = ${d.id}`;
+    return advance(tx, op, { ...p, phase: 'planned', target_host_id: target, was_awake: d.state === 'awake' }, deps.fence);
+  });
+}
+
+/** Placement for a move: the usual pipeline, the source left out, in-flight moves counted. */
+async function chooseTarget(deps: StepDeps, d: DesktopRow): Promise<string | null> {
+  return deps.placements.choose(
+    { desktopId: d.id, tier: d.tier, running: d.state === 'awake' },
+    async (inFlight) => {
+      const placed = await placedDesktops(deps.sql, inFlight);
+      const [hosts, load, slots] = await Promise.all([listHosts(deps.sql), committedLoad(deps.sql), slotsUsed(deps.sql)]);
+      const candidates = hostCandidates(hosts, load, slots, { isConnected: (id) => deps.agents.isConnected(id), hostSlots: deps.hostSlots });
+      return { placed, hosts: candidates.filter((h) => h.id !== d.host_id) };
+    },
+    (candidates) => selectHost(candidates, d.tier, deps.overcommit),
+  );
+}
+
+async function stop(deps: StepDeps, op: OperationRow, d: DesktopRow, p: MoveParams): Promise<MoveParams> {
+  let snapshot = false;
+  if (p.was_awake) {
+    const stopped = await command(deps, p.source_host_id, 'desktop.hibernate', { desktop_id: d.id, generation: d.generation, operation_id: op.id });
+    snapshot = stopped.snapshot;
+  }
+  return advance(deps.sql, op, { ...p, phase: 'stopped', stopped_at: new Date().toISOString(), memory_snapshot: snapshot }, deps.fence);
+}
+
+async function copy(deps: StepDeps, op: OperationRow, d: DesktopRow, p: MoveParams): Promise<MoveParams> {
+  const ref = { desktop_id: d.id, generation: d.generation };
+  const exported = await command(deps, p.source_host_id, 'desktop.export', { ...ref, ttl_ms: TICKET_TTL_MS });
+  const timeoutMs = deps.agentCommandTimeoutMs + Math.ceil((exported.total_bytes / MIN_COPY_BYTES_PER_SEC) * 1000);
+  const imported = await command(
+    deps,
+    p.target_host_id!,
+    'desktop.import',
+    { ...ref, tier: d.tier, source: { url: exported.url, ticket: exported.ticket } },
+    timeoutMs,
+  );
+  return advance(
+    deps.sql,
+    op,
+    { ...p, phase: 'copied', total_bytes: exported.total_bytes, fetched_bytes: (p.fetched_bytes ?? 0) + imported.fetched_bytes, resumed_bytes: imported.resumed_bytes },
+    deps.fence,
+  );
+}
+
+async function commit(deps: StepDeps, op: OperationRow, d: DesktopRow, p: MoveParams): Promise<MoveParams> {
+  const next = await inTransaction(deps.sql, async (tx) => {
+    const moved = await transition(tx, d.id, [d.state], d.state, { hostId: p.target_host_id!, expectGeneration: d.generation });
+    if (!moved) throw new StepFailure('conflict', 'the desktop changed while it was being copied');
+    await tx`UPDATE desktops SET moving_operation_id = NULL WHERE id = ${d.id}`;
+    return advance(tx, op, { ...p, phase: 'committed' }, deps.fence);
+  });
+  deps.placements.release(d.id);
+  return next;
+}
+
+async function startOnTarget(deps: StepDeps, op: OperationRow, p: MoveParams): Promise<MoveParams> {
+  if (p.was_awake) {
+    const d = await loadDesktop(deps.sql, op.desktop_id);
+    try {
+      await command(deps, p.target_host_id!, 'desktop.start', {
+        desktop_id: d.id, generation: d.generation, operation_id: op.id, tier: d.tier, first_boot: null,
+      });
+    } catch (err) {
+      if (err instanceof AgentFailure && err.retryable) throw err;
+      // The disk is on the target and committed there: record it hibernated rather than lose it.
+      await recordStoppedAfterMove(deps, d, p);
+      throw err;
+    }
+  }
+  return advance(deps.sql, op, { ...p, phase: 'started' }, deps.fence);
+}
+
+async function recordStoppedAfterMove(deps: StepDeps, d: DesktopRow, p: MoveParams): Promise<void> {
+  await inTransaction(deps.sql, async (tx) => {
+    const done = await transition(tx, d.id, ['awake'], 'hibernated', { expectGeneration: d.generation });
+    if (!done) return;
+    await closeMeter(tx, d.id);
+    await recordEvent(tx, {
+      orgId: d.org_id, desktopId: d.id, type: 'desktop.hibernated',
+      data: { reason: 'move', cause: 'start_failed', host_id: p.target_host_id, memory_snapshot: p.memory_snapshot ?? false },
+    });
+  });
+}
+
+/** Destroys the source copy (best effort: a source that is down keeps a stale copy) and settles. */
+async function finish(deps: StepDeps, op: OperationRow, p: MoveParams): Promise<void> {
+  const d = await loadDesktop(deps.sql, op.desktop_id);
+  let sourceCleaned = true;
+  try {
+    await command(deps, p.source_host_id, 'desktop.destroy', { desktop_id: d.id, generation: d.generation, operation_id: op.id });
+  } catch (err) {
+    if (err instanceof LeaseLost) throw err;
+    sourceCleaned = false;
+    deps.logger.warn({ err, desktopId: d.id, hostId: p.source_host_id }, 'moved desktop: the source copy could not be removed now');
+  }
+  const downtimeMs = p.was_awake && p.stopped_at ? Date.now() - Date.parse(p.stopped_at) : null;
+  await inTransaction(deps.sql, async (tx) => {
+    const ok = await settleOperation(
+      tx,
+      op.id,
+      {
+        result: {
+          generation: d.generation, source_host_id: p.source_host_id, target_host_id: p.target_host_id, was_awake: p.was_awake ?? false,
+          memory_snapshot: p.memory_snapshot ?? false, total_bytes: p.total_bytes ?? 0, fetched_bytes: p.fetched_bytes ?? 0,
+          downtime_ms: downtimeMs, source_cleaned: sourceCleaned,
+        },
+      },
+      deps.fence,
+    );
+    if (!ok) throw new LeaseLost('leader lease lost before settling');
+  });
+}
+
+/**
+ * A move that failed before its commit: the target forgets what it imported, an awake desktop
+ * runs again on the source, the moving mark goes. After the commit there is nothing to undo.
+ */
+export async function rollBackMove(deps: StepDeps, op: OperationRow): Promise<void> {
+  const p = op.params as unknown as MoveParams;
+  deps.placements.release(op.desktop_id);
+  if (p.phase === 'committed' || p.phase === 'started') return;
+  const d = await getDesktopById(deps.sql, op.desktop_id);
+  if (!d) return;
+  const ref = { desktop_id: d.id, generation: d.generation };
+  if (p.target_host_id && deps.agents.isConnected(p.target_host_id)) {
+    await command(deps, p.target_host_id, 'desktop.import.abort', ref).catch((err: unknown) => {
+      if (err instanceof LeaseLost) throw err;
+      deps.logger.warn({ err, desktopId: d.id, hostId: p.target_host_id }, 'failed move: the target could not drop its copy');
+    });
+  }
+  // A hibernate may have been sent without its phase recorded: start is idempotent either way.
+  if (p.was_awake && d.state === 'awake') {
+    try {
+      await command(deps, p.source_host_id, 'desktop.start', { ...ref, operation_id: op.id, tier: d.tier, first_boot: null });
+    } catch (err) {
+      if (err instanceof LeaseLost) throw err;
+      await recordStoppedAfterMove(deps, d, { ...p, target_host_id: p.source_host_id });
+    }
+  }
+  await deps.sql`UPDATE desktops SET moving_operation_id = NULL WHERE id = ${d.id} AND moving_operation_id = ${op.id}`;
+}

@@ -1,0 +1,127 @@
+/**
+ * Moves and drains as the database holds them: a move is an operation of kind `move` (its
+ * phases in params, engine/move.ts); a drain is four columns of its host (migration 8) plus the
+ * moves that carry its name. Nothing about a drain lives only in a replica's memory, so a new
+ * leader carries on with it.
+ */
+import { inTransaction, type Sql } from './db.js';
+import { hasOpenOperation, insertOperation } from './operations.js';
+import type { DesktopRow, HostRow, OperationRow } from './rows.js';
+import type { MoveParams } from '../engine/move.js';
+
+export interface MoveRequest {
+  requestedHostId: string | null;
+  reason: 'admin' | 'drain';
+  /** The drain this move belongs to: its host's `drain_requested_at`, ISO. */
+  drain: string | null;
+}
+
+/**
+ * Records a move of the desktop, under its row lock like every lifecycle request, so a move and
+ * a user's wake or hibernate can never both be open. Null when the desktop cannot move now: not
+ * on a host, not awake or hibernated, or another operation on it is open.
+ */
+export async function insertMove(sql: Sql, desktopId: string, req: MoveRequest): Promise<{ op: OperationRow } | { refused: string }> {
+  return inTransaction(sql, async (tx) => {
+    const [d] = await tx<DesktopRow[]>`SELECT * FROM desktops WHERE id = ${desktopId} FOR UPDATE`;
+    if (!d) return { refused: 'not_found' };
+    if (!d.host_id || (d.state !== 'awake' && d.state !== 'hibernated')) return { refused: `the desktop is ${d.state}; only awake and hibernated desktops on a host move` };
+    if (await hasOpenOperation(tx, d.id)) return { refused: 'another operation on the desktop is open; retry once it settles' };
+    const params: MoveParams = { phase: 'accepted', source_host_id: d.host_id, requested_host_id: req.requestedHostId, drain: req.drain };
+    const op = await insertOperation(tx, {
+      orgId: d.org_id,
+      desktopId: d.id,
+      kind: 'move',
+      idempotencyKey: null,
+      fromState: d.state,
+      reason: req.reason,
+      params: params as unknown as Record<string, unknown>,
+    });
+    return { op };
+  });
+}
+
+/** Any operation, of any org: the admin API's view. */
+export async function operationById(sql: Sql, id: string): Promise<OperationRow | null> {
+  const [row] = await sql<OperationRow[]>`SELECT * FROM operations WHERE id = ${id}`;
+  return row ?? null;
+}
+
+/** Starts (or restarts, clearing a stopped drain's error) the host's drain and cordons it. */
+export async function startDrain(sql: Sql, hostId: string, parallel: number): Promise<HostRow | null> {
+  const [row] = await sql<HostRow[]>`
+    UPDATE hosts SET cordoned = true, drain_parallel = ${parallel}, drain_error = NULL, drain_finished_at = NULL,
+      drain_requested_at = CASE WHEN drain_requested_at IS NULL OR drain_finished_at IS NOT NULL THEN now() ELSE drain_requested_at END
+    WHERE id = ${hostId} RETURNING *`;
+  return row ?? null;
+}
+
+/** Ends a drain, done or stopped short with `error`. */
+export async function endDrain(sql: Sql, hostId: string, error: string | null): Promise<void> {
+  if (error === null) await sql`UPDATE hosts SET drain_finished_at = now(), drain_error = NULL WHERE id = ${hostId} AND drain_finished_at IS NULL`;
+  else await sql`UPDATE hosts SET drain_error = ${error} WHERE id = ${hostId} AND drain_finished_at IS NULL`;
+}
+
+/** Uncordoning a host stops its drain: the operator wants it in service. */
+export async function cancelDrain(sql: Sql, hostId: string): Promise<void> {
+  await sql`UPDATE hosts SET drain_requested_at = NULL, drain_parallel = NULL, drain_finished_at = NULL, drain_error = NULL WHERE id = ${hostId}`;
+}
+
+/** Hosts whose drain runs: asked for, not finished, not stopped by an error. */
+export async function activeDrains(sql: Sql): Promise<HostRow[]> {
+  return sql<HostRow[]>`SELECT * FROM hosts WHERE drain_requested_at IS NOT NULL AND drain_finished_at IS NULL AND drain_error IS NULL`;
+}
+
+export interface DrainCounts {
+  /** Desktops still on the host (not destroyed). */
+  remaining: number;
+  /** Moves of this drain by state. */
+  moved: number;
+  failed: number;
+  running: number;
+  /** Bytes the drain's settled moves copied, and what its running ones will copy. */
+  moved_bytes: number;
+  total_bytes: number;
+}
+
+export async function drainCounts(sql: Sql, host: HostRow): Promise<DrainCounts> {
+  const drain = host.drain_requested_at?.toISOString() ?? '';
+  const [held] = await sql<Array<{ n: number }>>`SELECT count(*)::int AS n FROM desktops WHERE host_id = ${host.id} AND state <> 'destroyed'`;
+  const [ops] = await sql<Array<{ moved: number; failed: number; running: number; moved_bytes: string; total_bytes: string }>>`
+    SELECT count(*) FILTER (WHERE state = 'succeeded')::int AS moved,
+           count(*) FILTER (WHERE state = 'failed')::int AS failed,
+           count(*) FILTER (WHERE state IN ('pending', 'running'))::int AS running,
+           COALESCE(sum((result->>'total_bytes')::bigint) FILTER (WHERE state = 'succeeded'), 0) AS moved_bytes,
+           COALESCE(sum(COALESCE((result->>'total_bytes')::bigint, (params->>'total_bytes')::bigint, 0)), 0) AS total_bytes
+    FROM operations WHERE kind = 'move' AND params->>'source_host_id' = ${host.id} AND params->>'drain' = ${drain}`;
+  return {
+    remaining: held!.n,
+    moved: ops!.moved,
+    failed: ops!.failed,
+    running: ops!.running,
+    moved_bytes: Number(ops!.moved_bytes),
+    total_bytes: Number(ops!.total_bytes),
+  };
+}
+
+/**
+ * The next desktops a drain may move: on the host, awake or hibernated, with no operation open
+ * (one waking or hibernating is left until it settles). Awake ones first: their users notice.
+ */
+export async function drainCandidates(sql: Sql, hostId: string, limit: number): Promise<DesktopRow[]> {
+  return sql<DesktopRow[]>`
+    SELECT d.* FROM desktops d
+    WHERE d.host_id = ${hostId} AND d.state IN ('awake', 'hibernated')
+      AND NOT EXISTS (SELECT 1 FROM operations o WHERE o.desktop_id = d.id AND o.state IN ('pending', 'running'))
+    ORDER BY (d.state = 'awake') DESC, d.created_at
+    LIMIT ${limit}`;
+}
+
+/** The latest failed move of the drain, for the reason it stopped. */
+export async function lastFailedMove(sql: Sql, host: HostRow): Promise<OperationRow | null> {
+  const drain = host.drain_requested_at?.toISOString() ?? '';
+  const [row] = await sql<OperationRow[]>`
+    SELECT * FROM operations WHERE kind = 'move' AND state = 'failed' AND params->>'source_host_id' = ${host.id} AND params->>'drain' = ${drain}
+    ORDER BY settled_at DESC LIMIT 1`;
+  return row ?? null;
+}
