@@ -8,30 +8,17 @@
  * Both hosts are one machine, whose desktops' cgroups are named by desktop id alone: a source
  * copy is destroyed before its moved copy starts, or the destroy would stop the moved one.
  */
-import { mkdtemp, lstat, readdir, rm } from 'node:fs/promises';
+import { lstat, mkdtemp, readdir, rm, stat } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { GenerationStore } from '../../agent/src/generations.js';
-import { CommandHandlers } from '../../agent/src/handlers.js';
-import { createSandboxDriver, type SandboxDriver } from '../../agent/src/runtime/sandbox/index.js';
-import { DesktopMoves } from '../../agent/src/transfer/moves.js';
-import { TransferServer } from '../../agent/src/transfer/server.js';
-import { TransferSource } from '../../agent/src/transfer/source.js';
-import { TransferTickets } from '../../agent/src/transfer/tickets.js';
+import type { CommandHandlers } from '../../agent/src/handlers.js';
 import { newId } from '../../shared/src/ids.js';
-import { silentLogger } from '../../shared/src/log.js';
 import type { ExportResult, ImportResult } from '../../shared/src/transfer.js';
 import { failure } from '../helpers/agent-failure.js';
+import { startMoveHost, type MoveHost as Host } from '../helpers/move-hosts.js';
 import { isRoot } from '../helpers/sandbox.js';
 import { startTransferProxy, type TransferProxy } from '../helpers/transfer-proxy.js';
-
-interface Host {
-  readonly state: string;
-  readonly driver: SandboxDriver;
-  readonly handlers: CommandHandlers;
-  readonly server: TransferServer;
-}
 
 /** What a guest's /root holds: every entry with its type, link target, link count and hash. */
 const MANIFEST = `cd /root && find . -printf '%y %p %l %n\\n' | sort && find . -type f -exec sha256sum {} + | sort -k2`;
@@ -49,17 +36,7 @@ describe.skipIf(!isRoot)('moving sandbox desktops between two agents', () => {
     return g;
   };
 
-  async function host(name: string): Promise<Host> {
-    const state = join(base, name);
-    const driver = await createSandboxDriver({ stateDir: join(state, 'runtime') });
-    const generations = await GenerationStore.open(state);
-    const tickets = new TransferTickets();
-    const log = () => undefined;
-    const source = new TransferSource({ transfer: driver.transfer, tickets, log });
-    const server = await TransferServer.start({ listenHost: '127.0.0.1', port: 0, advertiseHost: '127.0.0.1', source, tickets, generations, log });
-    const moves = new DesktopMoves({ driver, source, url: server.url, log, retries: 3, backoffMs: 20 });
-    return { state, driver, server, handlers: new CommandHandlers({ driver, generations, logger: silentLogger(), moves }) };
-  }
+  const host = (name: string) => startMoveHost(join(base, name), { retries: 3, backoffMs: 20 });
 
   const cmd = (h: Host, type: Parameters<CommandHandlers['handle']>[0], id: string, extra: object = {}) =>
     h.handlers.handle(type, { desktop_id: id, generation: next(id), operation_id: `op_${++op}`, ...extra });
@@ -87,8 +64,7 @@ describe.skipIf(!isRoot)('moving sandbox desktops between two agents', () => {
     for (const h of [b, a]) {
       if (h === undefined) continue;
       for (const d of await h.driver.list()) await h.driver.destroy(d.desktopId);
-      await h.server.close();
-      await h.driver.close();
+      await h.close();
     }
     if (base) await rm(base, { recursive: true, force: true });
   });
@@ -146,11 +122,23 @@ describe.skipIf(!isRoot)('moving sandbox desktops between two agents', () => {
     expect(Number(await sh(b, f1, 'stat -c %b /root/sparse'))).toBeLessThan(1000); // still sparse
   }, 240_000);
 
-  it('moves a second fork without fetching the shared layer again, and catches a corrupted byte', async () => {
+  it('moves a second fork without fetching the shared layer again, resumes a later command, and catches a corrupted byte', async () => {
     const exp = await exportFrom(a, f2);
     const desktopUnit = exp.units.find((u) => u.id === 'desktop')!;
     const layerUnit = exp.units.find((u) => u.id !== 'desktop')!;
     expect(layerUnit).toEqual(f1Export.units[1]); // the same layer, the same stream
+
+    // Cut more often than the importer retries: the command fails, keeping the bytes it got,
+    // and the next command replays them into a new unpacking and fetches only the rest.
+    const cuts = await startTransferProxy(exp.url, { cutAfter: 1_000_000, times: 4, match: '/units/desktop' });
+    proxies.push(cuts);
+    expect(await failure(importInto(b, f2, { url: cuts.url, ticket: exp.ticket }))).toMatchObject({ retryable: true });
+    const partial = (await stat(join(b.state, 'runtime', 'incoming', f2, 'desktop.part'))).size;
+    expect(partial).toBeGreaterThan(0);
+    const resumed = await importInto(b, f2, exp);
+    expect(resumed).toEqual({ fetched_bytes: desktopUnit.bytes - partial, resumed_bytes: partial + layerUnit.bytes, units: 2 });
+    expect(await b.handlers.handle('desktop.import.abort', { desktop_id: f2, generation: generation.get(f2) })).toEqual({});
+
     const flip = await startTransferProxy(exp.url, { flipBodyByte: 5_000, match: '/units/desktop' });
     proxies.push(flip);
     const bad = await failure(importInto(b, f2, { url: flip.url, ticket: exp.ticket }));

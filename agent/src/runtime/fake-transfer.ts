@@ -9,15 +9,15 @@
  * installed copy's import record is kept in memory until it starts, as the sandbox keeps it on disk.
  */
 import { createWriteStream, mkdtempSync } from 'node:fs';
+import { finished } from 'node:stream/promises';
 import { mkdir, readFile, rm } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { Readable } from 'node:stream';
-import { pipeline } from 'node:stream/promises';
 import { AgentFailure } from '../../../shared/src/protocol.js';
 import type { ProcessStatus } from './driver.js';
 import type { FakeDesktop } from './fake.js';
-import { DESKTOP_UNIT, type DesktopTransfer, type HeldDesktop, type ImportRecord, type InstallSpec } from './transfer.js';
+import { DESKTOP_UNIT, type DesktopTransfer, type HeldDesktop, type ImportRecord, type InstallSpec, type UnitSink, type UnitStream } from './transfer.js';
 
 /** The moved part of a fake desktop; counters of boots and restores start again on each host. */
 interface Image {
@@ -57,7 +57,7 @@ export class FakeTransfer implements DesktopTransfer {
     return [DESKTOP_UNIT];
   }
 
-  async read(desktopId: string, unitId: string): Promise<Readable> {
+  async read(desktopId: string, unitId: string): Promise<UnitStream> {
     const desktop = this.desktops.get(desktopId);
     if (desktop === undefined || unitId !== DESKTOP_UNIT) throw new AgentFailure('not_found', `no ${unitId} of ${desktopId} on this host`, false);
     const image: Image = {
@@ -69,7 +69,7 @@ export class FakeTransfer implements DesktopTransfer {
       files: [...desktop.files].sort(([a], [b]) => (a < b ? -1 : a > b ? 1 : 0)).map(([path, bytes]) => [path, bytes.toString('base64')]),
       processes: [...desktop.processes].sort(([a], [b]) => (a < b ? -1 : a > b ? 1 : 0)),
     };
-    return Readable.from([Buffer.from(JSON.stringify(image))]);
+    return { body: Readable.from([Buffer.from(JSON.stringify(image))]), done: Promise.resolve() };
   }
 
   async holds(): Promise<boolean> {
@@ -89,11 +89,14 @@ export class FakeTransfer implements DesktopTransfer {
     return [];
   }
 
-  async unpack(desktopId: string, unitId: string, body: Readable): Promise<void> {
+  async unpack(desktopId: string, unitId: string): Promise<UnitSink> {
     if (unitId !== DESKTOP_UNIT) throw new AgentFailure('bad_request', `the fake runtime has no unit ${unitId}`, false);
     const dir = join(this.stagingDir(desktopId), 'x');
     await mkdir(dir, { recursive: true });
-    await pipeline(body, createWriteStream(join(dir, unitId)));
+    const input = createWriteStream(join(dir, unitId));
+    const done = finished(input);
+    done.catch(() => undefined);
+    return { input, done, abort: () => input.destroy(new Error('the unpacking was abandoned')) };
   }
 
   async install(desktopId: string, spec: InstallSpec): Promise<void> {

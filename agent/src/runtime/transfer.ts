@@ -13,7 +13,7 @@
  * An installed copy carries an import record until it first starts (`started`); only such a copy
  * is removed by `discard`, so a rollback can never delete a desktop that ran here.
  */
-import type { Readable } from 'node:stream';
+import type { Readable, Writable } from 'node:stream';
 import type { Tier } from '../../../shared/src/tiers.js';
 
 /** The unit holding a desktop's own files. */
@@ -40,6 +40,26 @@ export interface HeldDesktop {
   readonly imported: ImportRecord | null;
 }
 
+/** A unit's bytes being produced. */
+export interface UnitStream {
+  readonly body: Readable;
+  /**
+   * Settles once the producer is done: rejects when it failed, even if `body` ended normally (a
+   * cut-off stream must not pass for a whole one). Destroying `body` stops the producer.
+   */
+  readonly done: Promise<void>;
+}
+
+/** An unpacking of one unit under way: its input, and how it ends. */
+export interface UnitSink {
+  /** Takes the unit's bytes in order; ending it says they are all there. Errors on it are `done`'s. */
+  readonly input: Writable;
+  /** Settles once the unit is unpacked (after `input` ended); rejects when unpacking failed. */
+  readonly done: Promise<void>;
+  /** Gives up: the unpacking stops and `done` rejects. */
+  abort(): void;
+}
+
 export interface InstallSpec {
   readonly tier: Tier;
   /** Units fetched into staging and unpacked; the others are layers this host already holds. */
@@ -55,19 +75,16 @@ export interface DesktopTransfer {
    * when it is not here, `conflict` when it runs.
    */
   units(desktopId: string): Promise<string[]>;
-  /**
-   * A fresh stream of the unit from its first byte. It errors (rather than ending early) when the
-   * producer fails, and destroying it stops the producer.
-   */
-  read(desktopId: string, unitId: string): Promise<Readable>;
+  /** A fresh stream of the unit from its first byte. */
+  read(desktopId: string, unitId: string): Promise<UnitStream>;
   /** True when this host already holds the unit (a layer; never `desktop`). */
   holds(unitId: string): Promise<boolean>;
   /** Where an import of the desktop keeps its files, on the same filesystem as the installed ones. */
   stagingDir(desktopId: string): string;
   /** Layers a unpacked `desktop` unit in staging stands on, topmost first (none for a plain disk). */
   stagedChain(desktopId: string): Promise<string[]>;
-  /** Unpacks a unit's bytes into staging, replacing an earlier unpack of it; resolves once done. */
-  unpack(desktopId: string, unitId: string, body: Readable): Promise<void>;
+  /** Starts unpacking a unit into staging, replacing an earlier unpack of it. */
+  unpack(desktopId: string, unitId: string): Promise<UnitSink>;
   /**
    * Moves the unpacked units into place, layers before the desktop, each with one rename, and
    * removes staging. Fails (retryable) when a layer it counted on is gone meanwhile.

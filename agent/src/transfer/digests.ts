@@ -9,21 +9,28 @@
  */
 import { createHash } from 'node:crypto';
 import type { Readable } from 'node:stream';
-import { DESKTOP_UNIT } from '../runtime/transfer.js';
+import { DESKTOP_UNIT, type UnitStream } from '../runtime/transfer.js';
 
 export interface UnitDigest {
   readonly bytes: number;
   readonly sha256: string;
 }
 
-/** Reads a stream to its end and returns its size and hash. */
-export async function digestOf(stream: Readable): Promise<UnitDigest> {
+/** Reads a unit stream to its end and returns its size and hash; fails if its producer did. */
+export async function digestOf(stream: UnitStream): Promise<UnitDigest> {
   const hash = createHash('sha256');
   let bytes = 0;
-  for await (const chunk of stream as AsyncIterable<Buffer>) {
-    hash.update(chunk);
-    bytes += chunk.length;
-  }
+  await new Promise<void>((resolve, reject) => {
+    const body: Readable = stream.body;
+    // 'data' events, not an async iterator: the iterator joins what is buffered, copying it.
+    body.on('data', (chunk: Buffer) => {
+      hash.update(chunk);
+      bytes += chunk.length;
+    });
+    body.once('end', resolve);
+    body.once('error', reject);
+  });
+  await stream.done;
   return { bytes, sha256: hash.digest('hex') };
 }
 
@@ -35,7 +42,7 @@ export class UnitDigests {
   }
 
   /** The unit's digest, from memory or by reading `open()` once. */
-  get(key: string, open: () => Promise<Readable>): Promise<UnitDigest> {
+  get(key: string, open: () => Promise<UnitStream>): Promise<UnitDigest> {
     let entry = this.pending.get(key);
     if (entry === undefined) {
       entry = open().then(digestOf);

@@ -15,7 +15,6 @@
  */
 import { createServer, type IncomingMessage, type Server, type ServerResponse } from 'node:http';
 import type { AddressInfo } from 'node:net';
-import { pipeline } from 'node:stream/promises';
 import { formatHost } from '../../../shared/src/host-port.js';
 import { AgentFailure } from '../../../shared/src/protocol.js';
 import { SHA256_TRAILER } from '../../../shared/src/transfer.js';
@@ -140,8 +139,7 @@ export class TransferServer {
     });
     const fields = { desktopId, unit: unitId, offset };
     try {
-      await pipeline(unit.body, res, { end: false });
-      res.addTrailers({ [SHA256_TRAILER]: await unit.sha256 });
+      res.addTrailers({ [SHA256_TRAILER]: await unit.send(res) });
       res.end();
       this.options.log('unit sent', { ...fields, bytes: unit.bytes - offset, ms: Math.round(performance.now() - started) });
     } catch (err) {

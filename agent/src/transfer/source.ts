@@ -14,10 +14,10 @@
  * the streams being sent of it are cut. Requests made after that see it running and are refused.
  */
 import { createHash } from 'node:crypto';
-import { Transform, type Readable, type TransformCallback } from 'node:stream';
+import type { Readable, Writable } from 'node:stream';
 import { AgentFailure } from '../../../shared/src/protocol.js';
 import type { TransferUnit } from '../../../shared/src/transfer.js';
-import type { DesktopTransfer } from '../runtime/transfer.js';
+import type { DesktopTransfer, UnitStream } from '../runtime/transfer.js';
 import { UnitDigests } from './digests.js';
 import type { TransferTickets } from './tickets.js';
 
@@ -33,13 +33,16 @@ export interface Listing {
   readonly total_bytes: number;
 }
 
-/** A unit being sent: its bytes from the offset asked for, and the hash of the whole stream. */
+/** A unit about to be sent. */
 export interface OutgoingUnit {
-  readonly body: Readable;
   /** Size of the whole unit stream. */
   readonly bytes: number;
-  /** Settles with the whole stream's sha256 (hex) once `body` has ended. */
-  readonly sha256: Promise<string>;
+  /**
+   * Writes the unit from the offset asked for into `out` (which it does not end), with
+   * backpressure, and resolves with the whole stream's sha256 (hex) once the producer is done.
+   * Rejects, and stops the producer, when either side fails or `out` closes first.
+   */
+  send(out: Writable): Promise<string>;
 }
 
 export class TransferSource {
@@ -78,49 +81,24 @@ export class TransferSource {
     const key = UnitDigests.key(desktopId, generation, unitId);
     const expected = await this.digests.get(key, () => this.deps.transfer.read(desktopId, unitId));
     if (offset > expected.bytes) throw new AgentFailure('too_large', `offset ${offset} is past the unit's ${expected.bytes} bytes`, false);
-    const source = await this.deps.transfer.read(desktopId, unitId);
-    let resolve!: (hex: string) => void;
-    let reject!: (err: Error) => void;
-    const sha256 = new Promise<string>((res, rej) => {
-      resolve = res;
-      reject = rej;
-    });
-    sha256.catch(() => undefined);
-    const hash = createHash('sha256');
-    let skip = offset;
-    const body = new Transform({
-      highWaterMark: 1 << 20,
-      transform(chunk: Buffer, _encoding, callback: TransformCallback) {
-        hash.update(chunk);
-        if (skip >= chunk.length) {
-          skip -= chunk.length;
-          callback();
-        } else {
-          const out = skip > 0 ? chunk.subarray(skip) : chunk;
-          skip = 0;
-          callback(null, out);
+    const stream = await this.deps.transfer.read(desktopId, unitId);
+    this.track(desktopId, stream.body);
+    return {
+      bytes: expected.bytes,
+      send: async (out) => {
+        try {
+          const sha256 = await pump(stream, out, offset);
+          if (sha256 !== expected.sha256) {
+            // Not what the listing promised: the next export must look again.
+            this.digests.drop(key);
+            this.deps.log('a unit stream differs from its listed hash', { desktopId, unit: unitId });
+          }
+          return sha256;
+        } finally {
+          this.untrack(desktopId, stream.body);
         }
       },
-      flush: (callback: TransformCallback) => {
-        const hex = hash.digest('hex');
-        if (hex !== expected.sha256) {
-          // Not what the listing promised: the next export must look again.
-          this.digests.drop(key);
-          this.deps.log('a unit stream differs from its listed hash', { desktopId, unit: unitId });
-        }
-        resolve(hex);
-        callback();
-      },
-    });
-    source.once('error', (err) => body.destroy(err));
-    body.once('close', () => {
-      source.destroy();
-      reject(new Error('the unit stream ended early'));
-      this.untrack(desktopId, body);
-    });
-    source.pipe(body);
-    this.track(desktopId, body);
-    return { body, bytes: expected.bytes, sha256 };
+    };
   }
 
   /** The desktop may change: forget its digests and cut the streams being sent of it. */
@@ -144,4 +122,51 @@ export class TransferSource {
     const set = this.active.get(desktopId);
     if (set?.delete(body) && set.size === 0) this.active.delete(desktopId);
   }
+}
+
+/**
+ * Hashes every byte of the stream and writes those from `offset` on into `out`. 'data' events
+ * and a pause on a full `out`, rather than a chain of streams: this is the hot path of a move.
+ */
+function pump(stream: UnitStream, out: Writable, offset: number): Promise<string> {
+  const { body } = stream;
+  const hash = createHash('sha256');
+  let skip = offset;
+  return new Promise<string>((resolve, reject) => {
+    let settled = false;
+    const fail = (err: Error) => {
+      if (settled) return;
+      settled = true;
+      body.destroy();
+      reject(err);
+    };
+    body.on('data', (chunk: Buffer) => {
+      hash.update(chunk);
+      let piece = chunk;
+      if (skip > 0) {
+        if (skip >= chunk.length) {
+          skip -= chunk.length;
+          return;
+        }
+        piece = chunk.subarray(skip);
+        skip = 0;
+      }
+      if (!out.write(piece)) {
+        body.pause();
+        out.once('drain', () => body.resume());
+      }
+    });
+    body.once('end', () => {
+      stream.done.then(() => {
+        if (settled) return;
+        settled = true;
+        resolve(hash.digest('hex'));
+      }, fail);
+    });
+    body.once('error', fail);
+    body.once('close', () => {
+      if (!body.readableEnded) fail(new Error('the unit stream was cut'));
+    });
+    out.once('close', () => fail(new Error('the receiver went away')));
+  });
 }

@@ -18,11 +18,10 @@ import { createReadStream } from 'node:fs';
 import { open, rm, stat, writeFile, type FileHandle } from 'node:fs/promises';
 import { once } from 'node:events';
 import { join } from 'node:path';
-import { PassThrough } from 'node:stream';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { AgentFailure } from '../../../shared/src/protocol.js';
 import { SHA256_TRAILER, type TransferUnit } from '../../../shared/src/transfer.js';
-import type { DesktopTransfer } from '../runtime/transfer.js';
+import type { DesktopTransfer, UnitSink } from '../runtime/transfer.js';
 import { classify, get, RangeRefused, TransientFetchError } from './client.js';
 
 export interface UnitFetchOptions {
@@ -58,40 +57,29 @@ export async function fetchUnit(options: UnitFetchOptions, unit: TransferUnit): 
   const staging = options.transfer.stagingDir(options.desktopId);
   const { part, done } = unitFiles(staging, unit.id);
   if (await exists(done)) return { fetched: 0, resumed: unit.bytes };
-  let held = (await stat(part).catch(() => null))?.size ?? 0;
-  if (held > unit.bytes) {
+  let resumed = (await stat(part).catch(() => null))?.size ?? 0;
+  if (resumed > unit.bytes) {
     await rm(part, { force: true });
-    held = 0;
+    resumed = 0;
   }
-  const resumed = held;
-  const feed = new PassThrough({ highWaterMark: 1 << 20 });
-  const unpacking = options.transfer.unpack(options.desktopId, unit.id, feed);
-  // Settles (with the reason) if the unpacking stops before its input does.
-  const unpackStopped = unpacking.then(
-    () => new Error('the unpacking ended before its input'),
-    (err: unknown) => (err instanceof Error ? err : new Error(String(err))),
-  );
-  const hash = createHash('sha256');
-  const file = await open(part, 'a');
+  const sink = await options.transfer.unpack(options.desktopId, unit.id);
+  const spool = new Spool(await open(part, 'a'), sink);
   let trailer: string | null = null;
-  let fetched = 0;
   try {
-    for await (const chunk of createReadStream(part) as AsyncIterable<Buffer>) {
-      hash.update(chunk);
-      await feedWrite(feed, chunk, unpackStopped);
+    if (resumed > 0) {
+      for await (const chunk of createReadStream(part, { end: resumed - 1, highWaterMark: BATCH_BYTES }) as AsyncIterable<Buffer>) {
+        await spool.replay(chunk);
+      }
     }
     let failures = 0;
-    while (held < unit.bytes) {
+    while (spool.held < unit.bytes) {
       try {
-        trailer = await fetchRest(options, unit, held, async (chunk) => {
-          hash.update(chunk);
-          await Promise.all([writeHere(file, chunk), feedWrite(feed, chunk, unpackStopped)]);
-          held += chunk.length;
-          fetched += chunk.length;
-          options.onBytes(chunk.length);
-        });
-        if (held < unit.bytes) throw new TransientFetchError(`the source ended ${unit.id} at ${held} of ${unit.bytes} bytes`);
+        trailer = await fetchRest(options, unit, spool.held, (chunk) => spool.take(chunk, options.onBytes));
+        await spool.flush();
+        if (spool.held < unit.bytes) throw new TransientFetchError(`the source ended ${unit.id} at ${spool.held} of ${unit.bytes} bytes`);
       } catch (err) {
+        // What did arrive is good: the next request asks for what follows it.
+        await spool.flush();
         if (err instanceof BadUnit) throw err;
         const error = classify(err, options.signal);
         if (error instanceof RangeRefused) throw new BadUnit(`the source's ${unit.id} is shorter than listed`);
@@ -102,20 +90,20 @@ export async function fetchUnit(options: UnitFetchOptions, unit: TransferUnit): 
         });
       }
     }
-    const digest = hash.digest('hex');
+    const digest = spool.digest();
     if (digest !== unit.sha256 || (trailer !== null && trailer !== unit.sha256)) {
       throw new BadUnit(`sha256 of ${unit.id} does not match (got ${digest.slice(0, 12)}…, listed ${unit.sha256.slice(0, 12)}…)`);
     }
-    feed.end();
+    sink.input.end();
     try {
-      await unpacking;
+      await sink.done;
     } catch (err) {
       throw new BadUnit(`unpacking ${unit.id} failed: ${err instanceof Error ? err.message : String(err)}`);
     }
   } catch (err) {
-    feed.destroy();
-    await unpacking.catch(() => undefined);
-    await file.close();
+    sink.abort();
+    await sink.done.catch(() => undefined);
+    await spool.close();
     if (err instanceof BadUnit) {
       await rm(part, { force: true });
       throw new AgentFailure('runtime_error', `${err.message}; it is fetched again on the next try`, true);
@@ -125,24 +113,105 @@ export async function fetchUnit(options: UnitFetchOptions, unit: TransferUnit): 
     }
     throw err;
   }
-  await file.close();
+  await spool.close();
   await writeFile(done, '');
   await rm(part, { force: true });
-  return { fetched, resumed };
+  return { fetched: spool.held - resumed, resumed };
+}
+
+/** Bytes gathered before they are written on: a few large writes cost far less than many small ones. */
+const BATCH_BYTES = 1 << 20;
+
+/**
+ * Where a unit's bytes go: the hash, the spool file and the unpacking. Network chunks (a few KiB
+ * to 64 KiB) are gathered into batches of about 1 MiB first.
+ */
+class Spool {
+  private readonly hash = createHash('sha256');
+  private batch: Buffer[] = [];
+  private batchBytes = 0;
+  /** Bytes in the spool file, plus the batch being gathered. */
+  held = 0;
+
+  constructor(
+    private readonly file: FileHandle,
+    private readonly sink: UnitSink,
+  ) {}
+
+  /** A chunk already in the spool file (a partial unit from before): hashed and unpacked only. */
+  async replay(chunk: Buffer): Promise<void> {
+    this.hash.update(chunk);
+    this.held += chunk.length;
+    await this.unpack([chunk]);
+  }
+
+  /** Takes a network chunk; answers a promise only when a batch is being written. */
+  take(chunk: Buffer, onBytes: (n: number) => void): Promise<void> | null {
+    this.hash.update(chunk);
+    this.batch.push(chunk);
+    this.batchBytes += chunk.length;
+    this.held += chunk.length;
+    onBytes(chunk.length);
+    return this.batchBytes >= BATCH_BYTES ? this.flush() : null;
+  }
+
+  async flush(): Promise<void> {
+    if (this.batchBytes === 0) return;
+    // Written as they came, with one writev each: joining them first would copy every byte.
+    const chunks = this.batch;
+    this.batch = [];
+    this.batchBytes = 0;
+    await Promise.all([this.append(chunks), this.unpack(chunks)]);
+  }
+
+  digest(): string {
+    return this.hash.digest('hex');
+  }
+
+  async close(): Promise<void> {
+    await this.file.close();
+  }
+
+  /** Appends to the spool; a local failure (a full disk) is no reason to fetch again at once. */
+  private async append(chunks: Buffer[]): Promise<void> {
+    try {
+      await this.file.writev(chunks);
+    } catch (err) {
+      throw new AgentFailure('runtime_error', `cannot write the unit on this host: ${err instanceof Error ? err.message : String(err)}`, true);
+    }
+  }
+
+  /** Writes to the unpacking's input, waiting while it is full; fails if the unpacking stopped. */
+  private async unpack(chunks: Buffer[]): Promise<void> {
+    const { input, done } = this.sink;
+    input.cork();
+    let room = true;
+    for (const chunk of chunks) room = input.write(chunk);
+    input.uncork();
+    if (room) return;
+    const stopped = done.then(
+      () => new Error('the unpacking ended before its input'),
+      (err: unknown) => (err instanceof Error ? err : new Error(String(err))),
+    );
+    const error = await Promise.race([once(input, 'drain').then(() => null), stopped]);
+    if (error !== null) throw new BadUnit(`unpacking failed: ${error.message}`);
+  }
 }
 
 /** A unit whose bytes are wrong: its spool must go. */
 class BadUnit extends Error {}
 
 /**
- * One request for the unit from `offset`; `onChunk` takes each chunk in order. Resolves with the
- * trailer once the response is complete; rejects when the connection breaks.
+ * One request for the unit from `offset`; `onChunk` takes each chunk in order and answers a
+ * promise only when the next chunk must wait for it. Resolves with the trailer once the response
+ * is complete; rejects when the connection breaks. Reads with 'data' events, not an async
+ * iterator: the iterator concatenates what is buffered, a copy of every byte.
  */
 async function fetchRest(
   options: UnitFetchOptions,
   unit: TransferUnit,
   offset: number,
-  onChunk: (chunk: Buffer) => Promise<void>,
+  onChunk: (chunk: Buffer) => Promise<void> | null,
 ): Promise<string | null> {
   const path = `/v1/transfer/${encodeURIComponent(options.desktopId)}/units/${encodeURIComponent(unit.id)}?offset=${offset}`;
   const res = await get(`${options.url.replace(/\/+$/, '')}${path}`, {
@@ -151,35 +220,34 @@ async function fetchRest(
     signal: options.signal,
   });
   let received = offset;
-  try {
-    for await (const chunk of res as AsyncIterable<Buffer>) {
+  let waiting: Promise<void> = Promise.resolve();
+  await new Promise<void>((resolve, reject) => {
+    let failed = false;
+    const fail = (err: unknown) => {
+      if (failed) return;
+      failed = true;
+      res.destroy();
+      reject(err);
+    };
+    res.on('data', (chunk: Buffer) => {
+      if (failed) return;
       received += chunk.length;
-      if (received > unit.bytes) throw new BadUnit(`the source sent more of ${unit.id} than listed`);
-      await onChunk(chunk);
-    }
-  } finally {
-    res.destroy();
-  }
-  if (!res.complete) throw new TransientFetchError('the connection closed before the unit ended');
+      if (received > unit.bytes) return fail(new BadUnit(`the source sent more of ${unit.id} than listed`));
+      const pending = onChunk(chunk);
+      if (pending === null) return;
+      res.pause();
+      waiting = pending.then(() => {
+        if (!failed) res.resume();
+      }, fail);
+    });
+    res.once('end', () => void waiting.then(() => (failed ? undefined : resolve())));
+    res.once('error', fail);
+    res.once('close', () => {
+      if (!res.complete) fail(new TransientFetchError('the connection closed before the unit ended'));
+    });
+  });
   const trailer = res.trailers[SHA256_TRAILER];
   return typeof trailer === 'string' ? trailer : null;
-}
-
-/** Appends to the spool; a local failure (a full disk) is no reason to fetch again at once. */
-async function writeHere(file: FileHandle, chunk: Buffer): Promise<void> {
-  try {
-    await file.write(chunk);
-  } catch (err) {
-    throw new AgentFailure('runtime_error', `cannot write the unit on this host: ${err instanceof Error ? err.message : String(err)}`, true);
-  }
-}
-
-/** Writes to the unpacking's input, waiting while it is full; fails if the unpacking stopped. */
-async function feedWrite(feed: PassThrough, chunk: Buffer, stopped: Promise<Error>): Promise<void> {
-  if (feed.write(chunk)) return;
-  const drained = once(feed, 'drain').then(() => null);
-  const error = await Promise.race([drained, stopped]);
-  if (error !== null) throw new BadUnit(`unpacking failed: ${error.message}`);
 }
 
 async function exists(path: string): Promise<boolean> {

@@ -20,9 +20,8 @@
  */
 import { mkdir, readdir, rename, rm, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
-import type { Readable } from 'node:stream';
 import { AgentFailure } from '../../../../shared/src/protocol.js';
-import { DESKTOP_UNIT, layerUnit, type DesktopTransfer, type HeldDesktop, type ImportRecord, type InstallSpec } from '../transfer.js';
+import { DESKTOP_UNIT, layerUnit, type DesktopTransfer, type HeldDesktop, type ImportRecord, type InstallSpec, type UnitSink, type UnitStream } from '../transfer.js';
 import type { InitProcess } from './cold-boot.js';
 import { isSameProcess } from './host-procs.js';
 import type { KeyedMutex } from './keyed-mutex.js';
@@ -76,7 +75,7 @@ export class SandboxTransfer implements DesktopTransfer {
     });
   }
 
-  async read(desktopId: string, unitId: string): Promise<Readable> {
+  async read(desktopId: string, unitId: string): Promise<UnitStream> {
     const paths = desktopPaths(this.stateDir, desktopId);
     if (unitId === DESKTOP_UNIT) return tarStream(paths.dir, await desktopUnitMembers(paths.dir));
     const layer = this.layerDir(unitId);
@@ -98,12 +97,12 @@ export class SandboxTransfer implements DesktopTransfer {
     return (await readJson<{ lower?: string[] }>(stagedChainFile(this.stateDir, desktopId)))?.lower ?? [];
   }
 
-  async unpack(desktopId: string, unitId: string, body: Readable): Promise<void> {
+  async unpack(desktopId: string, unitId: string): Promise<UnitSink> {
     if (unitId !== DESKTOP_UNIT) this.layerDir(unitId); // checks the id
     const dest = join(this.stagingDir(desktopId), 'x', unitId);
     await rm(dest, { recursive: true, force: true });
     await mkdir(dest, { recursive: true });
-    await untar(dest, body);
+    return untar(dest);
   }
 
   install(desktopId: string, spec: InstallSpec): Promise<void> {

@@ -19,8 +19,7 @@
  * writes a pipe-full at a time, which more than doubles the throughput of a stream here.
  */
 import { spawn } from 'node:child_process';
-import { PassThrough, type Readable } from 'node:stream';
-import { pipeline } from 'node:stream/promises';
+import type { UnitSink, UnitStream } from '../transfer.js';
 
 const RECORD_BLOCKS = '128';
 
@@ -44,34 +43,39 @@ const TAR_ENV = { LC_ALL: 'C', PATH: '/usr/sbin:/usr/bin:/sbin:/bin' };
 const STDERR_KEEP = 2000;
 
 /**
- * The tar stream of `members` (paths relative to `dir`, given in byte order). It ends only once
- * tar has exited 0, and errors otherwise, so a reader never takes a cut-off stream for a whole
- * one; destroying it kills tar.
+ * The tar stream of `members` (paths relative to `dir`, given in byte order): tar's own stdout,
+ * with no stream in between (this is the hot path of a move), and `done`, which says whether tar
+ * exited 0. Destroying the body kills tar.
  */
-export function tarStream(dir: string, members: readonly string[]): Readable {
+export function tarStream(dir: string, members: readonly string[]): UnitStream {
   const child = spawn('tar', ['--create', '--file=-', ...CREATE_FLAGS, '-C', dir, '--', ...members], {
     env: TAR_ENV,
     stdio: ['ignore', 'pipe', 'pipe'],
   });
-  const out = new PassThrough({ highWaterMark: 1 << 20 });
   let stderr = '';
   child.stderr.on('data', (chunk: Buffer) => {
     stderr = (stderr + chunk.toString('utf8')).slice(-STDERR_KEEP);
   });
-  child.stdout.pipe(out, { end: false });
-  child.once('error', (err) => out.destroy(err));
-  child.once('close', (code, signal) => {
-    if (code === 0) out.end();
-    else out.destroy(new Error(`tar --create failed (${code ?? signal}): ${lastLine(stderr)}`));
+  const done = new Promise<void>((resolve, reject) => {
+    child.once('error', reject);
+    child.once('close', (code, signal) => {
+      if (code === 0) resolve();
+      else reject(new Error(`tar --create failed (${code ?? signal}): ${lastLine(stderr)}`));
+    });
   });
-  out.once('close', () => {
-    if (child.exitCode === null && child.signalCode === null) child.kill('SIGKILL');
+  done.catch(() => undefined);
+  // Destroyed by its reader before the end: nobody wants the rest.
+  child.stdout.once('close', () => {
+    if (!child.stdout.readableEnded && child.exitCode === null && child.signalCode === null) child.kill('SIGKILL');
   });
-  return out;
+  return { body: child.stdout, done };
 }
 
-/** Extracts a tar stream into `dir` (which must exist); resolves once tar has exited 0. */
-export async function untar(dir: string, body: Readable): Promise<void> {
+/**
+ * Extracts a tar stream written to the sink's input into `dir` (which must exist). Writes go
+ * straight into tar's stdin, with no stream in between: this is the hot path of an import.
+ */
+export function untar(dir: string): UnitSink {
   const child = spawn('tar', ['--extract', '--file=-', ...EXTRACT_FLAGS, '-C', dir], {
     env: TAR_ENV,
     stdio: ['pipe', 'ignore', 'pipe'],
@@ -80,26 +84,25 @@ export async function untar(dir: string, body: Readable): Promise<void> {
   child.stderr.on('data', (chunk: Buffer) => {
     stderr = (stderr + chunk.toString('utf8')).slice(-STDERR_KEEP);
   });
-  const exited = new Promise<void>((resolve, reject) => {
+  let aborted = false;
+  // A write after tar stopped reading fails with EPIPE; what matters is why tar stopped, below.
+  child.stdin.on('error', () => undefined);
+  const done = new Promise<void>((resolve, reject) => {
     child.once('error', reject);
     child.once('close', (code, signal) => {
-      if (code === 0) resolve();
-      else reject(new Error(`tar --extract failed (${code ?? signal}): ${lastLine(stderr)}`));
+      if (code === 0 && !aborted) resolve();
+      else reject(new Error(aborted ? 'the unpacking was abandoned' : `tar --extract failed (${code ?? signal}): ${lastLine(stderr)}`));
     });
   });
-  let bodyError: unknown = null;
-  body.once('error', (err) => (bodyError ??= err));
-  try {
-    await pipeline(body, child.stdin);
-  } catch (err) {
-    // The body failed, or tar stopped reading (it says why): either way this extraction is over.
-    child.kill('SIGKILL');
-    await exited.catch((tarError: unknown) => {
-      if (bodyError === null) throw tarError;
-    });
-    throw bodyError ?? err;
-  }
-  await exited;
+  done.catch(() => undefined);
+  return {
+    input: child.stdin,
+    done,
+    abort() {
+      aborted = true;
+      child.kill('SIGKILL');
+    },
+  };
 }
 
 function lastLine(text: string): string {
