@@ -130,7 +130,7 @@ describe.skipIf(!isRoot)('moving sandbox desktops between two agents', () => {
 
     // Cut more often than the importer retries: the command fails, keeping the bytes it got,
     // and the next command replays them into a new unpacking and fetches only the rest.
-    const cuts = await startTransferProxy(exp.url, { cutAfter: 1_000_000, times: 4, match: '/units/desktop' });
+    const cuts = await startTransferProxy(exp.url, { cutAfter: 5_000, times: 4, match: '/units/desktop' });
     proxies.push(cuts);
     expect(await failure(importInto(b, f2, { url: cuts.url, ticket: exp.ticket }))).toMatchObject({ retryable: true });
     const partial = (await stat(join(b.state, 'runtime', 'incoming', f2, 'desktop.part'))).size;

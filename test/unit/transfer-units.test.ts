@@ -66,10 +66,10 @@ describe('the desktop unit of a sandbox desktop', () => {
     await tree(overlay, ['.ready', 'disk/', 'fb/', 'layers.json', 'layers.next.json.tmp', 'run/', 'rootfs/', 'snapshot/', 'upper/', 'work/']);
     expect(await desktopUnitMembers(overlay)).toEqual(['.ready', 'fb', 'layers.json', 'snapshot', 'upper']);
 
-    // A cold-stopped desktop has no snapshot, and nothing says it must.
+    // A cold-stopped desktop has no snapshot, and its framebuffer file is of no use to a cold boot.
     const cold = join(dir, 'cold');
-    await tree(cold, ['.ready', 'disk/', 'run/']);
-    expect(await desktopUnitMembers(cold)).toEqual(['.ready', 'disk']);
+    await tree(cold, ['.ready', 'disk/', 'fb/', 'first-boot-done', 'run/']);
+    expect(await desktopUnitMembers(cold)).toEqual(['.ready', 'disk', 'first-boot-done']);
   });
 });
 

@@ -4,7 +4,7 @@
  *
  * The `desktop` unit is the desktop directory minus what belongs to this host only: its writable
  * layer (`disk/` when plain; `upper/` and `layers.json` when it is an overlay, never the mounted
- * `disk/` nor the overlay's `work/`), the memory snapshot, the framebuffer file CRIU's images
+ * `disk/` nor the overlay's `work/`), the memory snapshot with the framebuffer file its images
  * map, the display record and the markers. Left out: `run/` (pids, logs, sockets of this host),
  * `rootfs/` (an empty skeleton every start rebuilds), an unfinished `snapshot.tmp/`, images set
  * aside after a failed restore, and temporary files. A list of what goes, not of what stays, so
@@ -38,12 +38,13 @@ const LAYER_UNIT = /^layer-(lyr_[0-9a-v]{24})$/;
 
 /**
  * What of a stopped desktop's directory goes into its `desktop` unit: the members above that
- * exist, for a plain disk or an overlay according to `layers.json`.
+ * exist, for a plain disk or an overlay according to `layers.json`. The framebuffer file (16 MiB)
+ * goes only with a memory snapshot, whose Xvfb maps it; a cold boot makes a new one.
  */
 export async function desktopUnitMembers(dir: string): Promise<string[]> {
   const present = new Set(await readdir(dir));
   const members = present.has('layers.json') ? OVERLAY_MEMBERS : PLAIN_MEMBERS;
-  return members.filter((name) => present.has(name));
+  return members.filter((name) => present.has(name) && (name !== 'fb' || present.has('snapshot')));
 }
 
 export class SandboxTransfer implements DesktopTransfer {
