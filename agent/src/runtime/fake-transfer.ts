@@ -139,7 +139,8 @@ export class FakeTransfer implements DesktopTransfer {
       this.desktops.delete(desktopId);
     }
     this.imported.delete(desktopId);
-    await rm(this.stagingDir(desktopId), { recursive: true, force: true });
+    // No staging root yet: nothing was ever staged (and none is made just to be emptied).
+    if (this.root !== null) await rm(this.stagingDir(desktopId), { recursive: true, force: true });
   }
 
   /** Removes the temporary staging root, if this object made one. */
