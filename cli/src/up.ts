@@ -36,22 +36,27 @@ export interface UpOptions {
 
 /**
  * The settings of local agent `index`: the first keeps the historical state directory (`agent`)
- * and ports 7010-7013; each further one has `agent-<index>` and the next ten ports, so no two share
- * a listener, a host identity or a desktop directory.
+ * and its listeners (7010-7013 unless set); each further one has `agent-<index>` and listeners ten
+ * ports up per index (or ports of their own, where a listener is set to port 0), so no two share a
+ * listener, a host identity or a desktop directory.
  */
 function localAgentEnv(env: NodeJS.ProcessEnv, dataDir: string, schedulerUrl: string, token: string, index: number): NodeJS.ProcessEnv {
-  const port = (base: number) => `127.0.0.1:${base + 10 * index}`;
-  const first = index === 0;
+  const listen = (name: string, defaultPort: number) => {
+    const given = env[name] || `127.0.0.1:${defaultPort}`;
+    const colon = given.lastIndexOf(':');
+    const port = Number(given.slice(colon + 1));
+    return port === 0 || index === 0 ? given : `${given.slice(0, colon)}:${port + 10 * index}`;
+  };
   return {
     ...env,
     CANTO_SCHEDULER_URL: schedulerUrl,
     CANTO_AGENT_TOKEN: token,
-    CANTO_AGENT_STATE_DIR: (first && env.CANTO_AGENT_STATE_DIR) || join(dataDir, first ? 'agent' : `agent-${index}`),
+    CANTO_AGENT_STATE_DIR: index === 0 ? env.CANTO_AGENT_STATE_DIR || join(dataDir, 'agent') : join(dataDir, `agent-${index}`),
     // One machine: stream clients dial this one, on loopback unless told otherwise.
-    CANTO_AGENT_STREAM_LISTEN: (first && env.CANTO_AGENT_STREAM_LISTEN) || port(7010),
-    CANTO_AGENT_INGRESS_LISTEN: (first && env.CANTO_AGENT_INGRESS_LISTEN) || port(7011),
-    CANTO_AGENT_METRICS_LISTEN: (first && env.CANTO_AGENT_METRICS_LISTEN) || port(7012),
-    CANTO_AGENT_TRANSFER_LISTEN: (first && env.CANTO_AGENT_TRANSFER_LISTEN) || port(7013),
+    CANTO_AGENT_STREAM_LISTEN: listen('CANTO_AGENT_STREAM_LISTEN', 7010),
+    CANTO_AGENT_INGRESS_LISTEN: listen('CANTO_AGENT_INGRESS_LISTEN', 7011),
+    CANTO_AGENT_METRICS_LISTEN: listen('CANTO_AGENT_METRICS_LISTEN', 7012),
+    CANTO_AGENT_TRANSFER_LISTEN: listen('CANTO_AGENT_TRANSFER_LISTEN', 7013),
     CANTO_AGENT_ADDRESS: env.CANTO_AGENT_ADDRESS || '127.0.0.1',
   };
 }

@@ -76,3 +76,15 @@ export async function drainAndRemove(desktopId: string, graceMs: number): Promis
   }
   return ok;
 }
+
+/**
+ * Removes the groups if nothing runs in them, and leaves them otherwise. For a desktop that is not
+ * running here: its groups are named by desktop id alone, machine-wide, so when a second agent on
+ * the same machine runs that desktop now (it was moved there), they hold its processes, which are
+ * not this agent's to kill.
+ */
+export async function removeIfEmpty(desktopId: string): Promise<void> {
+  for (const dir of cgroupDirs(desktopId)) {
+    await rmdir(dir).catch(() => undefined);
+  }
+}

@@ -44,7 +44,7 @@ import type {
   StartSpec,
   VncSession,
 } from '../driver.js';
-import { applyTier, drainAndRemove } from './cgroups.js';
+import { applyTier, drainAndRemove, removeIfEmpty } from './cgroups.js';
 import { coldBoot, type InitProcess } from './cold-boot.js';
 import { detectCriu, dump, restore, type CriuInfo } from './criu.js';
 import { applyFirstBoot, WRITE_ENV_COMMAND } from './first-boot.js';
@@ -251,7 +251,7 @@ export class SandboxDriver implements RuntimeDriver {
       await this.guest.reset(desktopId);
       const init = await this.runningInit(paths);
       if (init !== null) await this.stopProcesses(paths, desktopId, init);
-      else await drainAndRemove(desktopId, 0);
+      else await removeIfEmpty(desktopId);
       await releaseDisk(paths);
       await removeTree(paths.dir);
       const freed = await collectLayers(this.stateDir, desktopsDir(this.stateDir));
