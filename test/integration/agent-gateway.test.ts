@@ -4,6 +4,7 @@
  * CANTO_HOST_DOWN_MS (the host then reads `down`), a newer link of the same host replacing an older
  * one, and the hello fence: a 1.7 agent's host reads ready only once it says `host.ready`.
  */
+import { PROTOCOL_VERSION } from '../../shared/src/protocol.js';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import WebSocket from 'ws';
 import { RpcPeer } from '../../shared/src/rpc.js';
@@ -93,7 +94,8 @@ describe('agent gateway', () => {
     const hostId = newId('host');
     const { peer, ws, closed } = await dial(s);
     const reply = (await peer.request('hello', hello(hostId, '1.7'), 2_000)) as Record<string, unknown>;
-    expect(reply).toMatchObject({ protocol: '1.7', replica_id: expect.any(String), fence: [] });
+    // The scheduler answers with its own version, whatever older minor the agent speaks.
+    expect(reply).toMatchObject({ protocol: PROTOCOL_VERSION, replica_id: expect.any(String), fence: [] });
     expect(reply.replicas).toEqual([{ id: reply.replica_id, url: expect.stringMatching(/^http:\/\//) }]);
     expect(reply.leader_epoch).toBe(s.leadership.term()!.epoch);
     peer.notify('heartbeat', { running_desktops: 0 });
