@@ -118,7 +118,9 @@ export async function startScheduler(config: SchedulerConfig, logger?: Logger): 
     logger: log,
     onDown: () => metrics.hostsDown.inc(),
   });
-  const drainer = new Drainer({ sql, logger: log, intervalMs: Math.max(50, Math.min(500, config.enginePollMs)), isConnected: (id) => agents.isConnected(id) });
+  // A pass is two small queries on the leader; often enough that a drain starts its next move
+  // soon after one settles.
+  const drainer = new Drainer({ sql, logger: log, intervalMs: Math.max(50, Math.min(100, config.enginePollMs)), isConnected: (id) => agents.isConnected(id) });
   const webhooks = new WebhookDispatcher({ queue: deliveryQueue(sql), secrets, settings: config.webhooks, logger: log });
   let lastEpoch = 0;
   leadership = new Leadership(sql, config.replicaId, config.leaseTtlMs, config.leaseRenewMs, {

@@ -4,7 +4,8 @@
  * process. The scheduler and the agent run as processes of their own, as in production. The lifecycle baselines are the sandbox driver's own calls (what the runtime costs
  * without the API, database and agent link); the read baseline is a bare Node HTTP server
  * answering a fixed JSON body (what one HTTP round trip costs here). Guest operations are in
- * guest-ops.ts; moving a desktop between two agents in move.ts.
+ * guest-ops.ts; moving a desktop between two agents in move.ts; moves and drains through the
+ * whole service in drain.ts.
  */
 import { chmodSync, mkdtempSync, rmSync } from 'node:fs';
 import { createServer } from 'node:http';
@@ -22,6 +23,7 @@ import { benchComputerUse } from './computer-use.js';
 import { benchIngress } from './ingress.js';
 import { benchFailover } from './failover.js';
 import { benchMove } from './move.js';
+import { benchDrain } from './drain.js';
 import { median, table, timed } from './stats.js';
 import { freePort, startAgentProcess, startSchedulerProcess } from '../helpers/processes.js';
 
@@ -158,6 +160,7 @@ async function main(): Promise<void> {
     if (want('webhooks')) await benchWebhooks({ databaseUrl: pg.url, runs: RUNS });
     if (want('failover')) await benchFailover({ databaseUrl: pg.url, stateDir: join(dir, 'failover-agent'), runs: RUNS });
     if (want('move')) await benchMove({ runs: RUNS });
+    if (want('drain')) await benchDrain({ databaseUrl: pg.url, stateDir: join(dir, 'drain-agents'), runs: RUNS });
   } finally {
     await agent.kill('SIGTERM');
     for (const state of [join(dir, 'agent', 'runtime'), join(dir, 'failover-agent', 'runtime')]) {

@@ -1,0 +1,210 @@
+/**
+ * Moves and drains through the whole service: a `canto scheduler` process and two `canto agent`
+ * processes on the sandbox runtime, each with a state directory of its own.
+ *
+ * - move downtime: an awake desktop holding 100 MiB of written files is moved while a client
+ *   reads a small file from it as fast as it can; downtime is from the last read answered before
+ *   the move to the first answered after it. Baseline: the same measure across a hibernate and a
+ *   wake on one host (what a user sees of a restart there).
+ * - drain rate: four hibernated desktops of 24 MiB each are drained off their host; bytes moved
+ *   over the drain's wall time. Baseline: `cp -a` of the same desktop directories on this disk.
+ *
+ * On a host without memory snapshots both moves and the baseline are cold (disk kept, programs
+ * restarted); where CRIU works, both keep memory.
+ */
+import { execFileSync } from 'node:child_process';
+import { randomBytes } from 'node:crypto';
+import { mkdtempSync, rmSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { connectDatabase } from '../../scheduler/src/store/db.js';
+import { createApiKey } from '../../scheduler/src/services/keys.js';
+import { generateSecretKey } from '../../scheduler/src/crypto/secret-box.js';
+import { freePort, startAgentProcess, startSchedulerProcess, type Child } from '../helpers/processes.js';
+import { median, table } from './stats.js';
+
+export interface DrainBenchOptions {
+  /** A PostgreSQL server URL; the bench makes a database of its own on it. */
+  databaseUrl: string;
+  stateDir: string;
+  runs: number;
+}
+
+const ADMIN_TOKEN = `bench-admin-${randomBytes(16).toString('hex')}`;
+const MIB = 1024 * 1024;
+
+async function until<T>(check: () => Promise<T | null | false>, timeoutMs: number, what: string): Promise<T> {
+  const deadline = Date.now() + timeoutMs;
+  for (;;) {
+    const value = await check();
+    if (value) return value;
+    if (Date.now() > deadline) throw new Error(`timed out waiting for ${what}`);
+    await new Promise((r) => setTimeout(r, 10));
+  }
+}
+
+export async function benchDrain(options: DrainBenchOptions): Promise<void> {
+  const runs = Math.max(3, Math.min(options.runs, 5));
+  const admin = connectDatabase(options.databaseUrl, { max: 1 });
+  const name = `drain_${Date.now()}`;
+  await admin.unsafe(`CREATE DATABASE ${name}`);
+  await admin.end();
+  const databaseUrl = options.databaseUrl.replace(/\/[^/?]+\?/, `/${name}?`);
+  const children: Child[] = [];
+  try {
+    const scheduler = await startSchedulerProcess({
+      databaseUrl, port: await freePort(), secretKey: generateSecretKey(), extra: { CANTO_LOG_LEVEL: 'warn', CANTO_ADMIN_TOKEN: ADMIN_TOKEN },
+    });
+    children.push(scheduler);
+    for (const host of ['a', 'b']) children.push(startAgentProcess(scheduler.url, join(options.stateDir, host), { CANTO_LOG_LEVEL: 'warn' }));
+    const sql = connectDatabase(databaseUrl, { max: 1 });
+    const key = (await createApiKey(sql, 'bench')).key;
+    await sql.end();
+    const client = new Client(scheduler.url, key);
+    const hosts = await until(async () => {
+      const listed = (await client.admin('GET', '/admin/v1/hosts')) as { hosts: Array<{ id: string; state: string }> };
+      return listed.hosts.length === 2 && listed.hosts.every((h) => h.state === 'ready') ? listed.hosts.map((h) => h.id) : null;
+    }, 30_000, 'two ready hosts');
+
+    const moveDowntime: number[] = [];
+    const restartDowntime: number[] = [];
+    for (let i = 0; i < runs; i++) {
+      const id = await client.awakeDesktop();
+      // 100 MiB in files of 8 MiB, the API's largest single write.
+      for (let f = 0; f < 12; f++) await client.put(id, `root/data-${f}.bin`, randomBytes(f === 11 ? 12 * MIB - 8 * MIB : 8 * MIB));
+      await client.put(id, 'root/probe', Buffer.from('probe'));
+      restartDowntime.push(await readGap(client, id, async () => {
+        await client.api('POST', `/v1/desktops/${id}/hibernate?wait=true`);
+        await client.api('POST', `/v1/desktops/${id}/wake?wait=true`);
+      }));
+      moveDowntime.push(await readGap(client, id, async () => {
+        const op = (await client.admin('POST', `/admin/v1/desktops/${id}/move`, {})) as { id: string };
+        await client.settled(op.id);
+      }));
+      await client.api('POST', `/v1/desktops/${id}/destroy?wait=true`);
+    }
+
+    // Drain: four hibernated desktops on one host, 24 MiB each.
+    const drained = hosts[0]!;
+    await client.admin('POST', `/admin/v1/hosts/${hosts[1]}/cordon`);
+    const ids: string[] = [];
+    for (let i = 0; i < 4; i++) {
+      const id = await client.awakeDesktop();
+      for (let f = 0; f < 3; f++) await client.put(id, `root/data-${f}.bin`, randomBytes(8 * MIB));
+      await client.api('POST', `/v1/desktops/${id}/hibernate?wait=true`);
+      ids.push(id);
+    }
+    await client.admin('POST', `/admin/v1/hosts/${hosts[1]}/uncordon`);
+    const copyMs = localCopyMs(join(options.stateDir, hosts[0] === drained ? 'a' : 'b'));
+    const started = performance.now();
+    await client.admin('POST', `/admin/v1/hosts/${drained}/drain`, { parallel: 2 });
+    const host = await until(async () => {
+      const h = (await client.admin('GET', `/admin/v1/hosts/${drained}`)) as { drain: { state: string; moved_bytes: number; error: string | null } };
+      if (h.drain.state === 'stopped') throw new Error(`drain stopped: ${h.drain.error}`);
+      return h.drain.state === 'drained' ? h : null;
+    }, 120_000, 'the drain');
+    const drainMs = performance.now() - started;
+    const mb = host.drain.moved_bytes / 1e6;
+
+    table(`Moves and drains (median of ${runs}; move downtime with 100 MiB written; ${mb.toFixed(0)} MB drained)`, [
+      ['move downtime, awake desktop (baseline: hibernate + wake on one host)', median(moveDowntime), median(restartDowntime), 'ms', '< 500 ms'],
+      ['drain rate, 4 desktops, 2 at a time (baseline: cp -a on this disk)', mb / (drainMs / 1000), mb / (copyMs / 1000), 'MB/s', '≥ 500 MB/s'],
+    ]);
+  } finally {
+    for (const child of children.reverse()) await child.kill('SIGTERM').catch(() => undefined);
+  }
+}
+
+/**
+ * Reads a small file of the desktop in a loop while `disrupt` runs; answers the longest time
+ * between two answered reads, which spans the disruption.
+ */
+async function readGap(client: Client, id: string, disrupt: () => Promise<void>): Promise<number> {
+  let running = true;
+  let last = performance.now();
+  let longest = 0;
+  const reader = (async () => {
+    while (running) {
+      if (await client.probe(id)) {
+        const now = performance.now();
+        longest = Math.max(longest, now - last);
+        last = now;
+      } else {
+        await new Promise((r) => setTimeout(r, 2));
+      }
+    }
+  })();
+  await disrupt();
+  await until(() => client.probe(id), 60_000, 'the desktop to answer again');
+  running = false;
+  await reader;
+  longest = Math.max(longest, performance.now() - last);
+  return longest;
+}
+
+/** `cp -a` of an agent's desktop directories, in ms. */
+function localCopyMs(stateDir: string): number {
+  const target = mkdtempSync(join(tmpdir(), 'canto-bench-copy-'));
+  try {
+    const started = performance.now();
+    execFileSync('cp', ['-a', join(stateDir, 'runtime', 'desktops'), target]);
+    execFileSync('sync');
+    return performance.now() - started;
+  } finally {
+    rmSync(target, { recursive: true, force: true });
+  }
+}
+
+class Client {
+  constructor(
+    private readonly base: string,
+    private readonly key: string,
+  ) {}
+
+  async api(method: string, path: string, body?: unknown): Promise<unknown> {
+    const res = await fetch(this.base + path, {
+      method,
+      headers: { authorization: `Bearer ${this.key}`, ...(body === undefined ? {} : { 'content-type': 'application/json' }) },
+      body: body === undefined ? undefined : JSON.stringify(body),
+    });
+    if (!res.ok) throw new Error(`${method} ${path}: ${res.status} ${await res.text()}`);
+    return res.status === 204 ? null : res.json();
+  }
+
+  async admin(method: string, path: string, body?: unknown): Promise<unknown> {
+    const res = await fetch(this.base + path, {
+      method,
+      headers: { authorization: `Bearer ${ADMIN_TOKEN}`, ...(body === undefined ? {} : { 'content-type': 'application/json' }) },
+      body: body === undefined ? undefined : JSON.stringify(body),
+    });
+    if (!res.ok) throw new Error(`${method} ${path}: ${res.status} ${await res.text()}`);
+    return res.json();
+  }
+
+  async awakeDesktop(): Promise<string> {
+    const { id } = (await this.api('POST', '/v1/desktops', { tier: 'small' })) as { id: string };
+    await this.api('POST', `/v1/desktops/${id}/wake?wait=true`);
+    return id;
+  }
+
+  async put(id: string, path: string, body: Buffer): Promise<void> {
+    const res = await fetch(`${this.base}/v1/desktops/${id}/files/${path}`, { method: 'PUT', headers: { authorization: `Bearer ${this.key}` }, body });
+    if (!res.ok) throw new Error(`PUT ${path}: ${res.status}`);
+  }
+
+  /** Whether the desktop answered a read of its probe file. */
+  async probe(id: string): Promise<boolean> {
+    const res = await fetch(`${this.base}/v1/desktops/${id}/files/root/probe`, { headers: { authorization: `Bearer ${this.key}` } }).catch(() => null);
+    if (!res) return false;
+    await res.arrayBuffer();
+    return res.status === 200;
+  }
+
+  async settled(operationId: string): Promise<void> {
+    const op = await until(async () => {
+      const o = (await this.admin('GET', `/admin/v1/operations/${operationId}`)) as { state: string; error: { message: string } | null };
+      return o.state === 'succeeded' || o.state === 'failed' ? o : null;
+    }, 120_000, 'the move');
+    if (op.state === 'failed') throw new Error(`move failed: ${op.error?.message}`);
+  }
+}
