@@ -150,7 +150,7 @@ export class CommandHandlers {
         return this.lifecycle(type, p, 'command', async () => {
           // Stream clients are disconnected (their VNC servers cannot be snapshotted) and lose their claims.
           this.stream?.release(p.desktop_id);
-          const { snapshot } = await this.driver.hibernate(p.desktop_id);
+          const { snapshot } = await this.driver.hibernate(p.desktop_id, { keepDetached: p.keep_detached === true });
           return { snapshot };
         });
       }

@@ -28,7 +28,8 @@
  *         desktop.inspect: whether a desktop runs and has a memory snapshot.
  *   1.8 — moving desktops between hosts (shared/src/transfer.ts): hello `transfer` (where the
  *         agent's transfer server listens), desktop.export, desktop.import, desktop.import.abort,
- *         notification desktop.import.progress; error code `conflict` (the desktop is running).
+ *         notification desktop.import.progress; error code `conflict` (the desktop is running);
+ *         desktop.hibernate `keep_detached`.
  *
  * Every desktop command carries the desktop's `generation`. The agent remembers the highest
  * generation it has seen per desktop and refuses an older one with `stale_generation`: after a
@@ -186,7 +187,16 @@ export const StartPayload = Type.Object({
 });
 export const StartResult = Type.Object({ restored: Type.Boolean() });
 
-export const HibernatePayload = Type.Object({ ...DesktopRef, ...LeaderEpoch, operation_id: Type.String() });
+export const HibernatePayload = Type.Object({
+  ...DesktopRef,
+  ...LeaderEpoch,
+  operation_id: Type.String(),
+  /**
+   * 1.8: a move's stop. Detached processes are part of the memory and go on after the restore,
+   * where a user's hibernate kills them (SPEC 3.1); without a memory snapshot they end either way.
+   */
+  keep_detached: Type.Optional(Type.Boolean()),
+});
 export const HibernateResult = Type.Object({ snapshot: Type.Boolean() });
 
 /**

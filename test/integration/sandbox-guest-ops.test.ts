@@ -410,6 +410,18 @@ describe.skipIf(!isRoot)('sandbox driver guest operations', () => {
     await sh(`echo "1 42" > /root/.canto/processes/${c}/pid`);
     expect((await driver.processStatus(id, c, 10))?.status).toBe('lost');
 
+    // A restored memory snapshot gives every process a new start time: the runner of the
+    // process's own directory is still it; another process at the recorded pid is not.
+    const d = newId('process');
+    await driver.spawnDetached(id, { processId: d, command: 'sleep 1000' });
+    const [runner] = (await sh(`cat /root/.canto/processes/${d}/pid`)).split(' ');
+    await sh(`echo "${runner} 42" > /root/.canto/processes/${d}/pid`);
+    expect((await driver.processStatus(id, d, 10))?.status).toBe('running');
+    const sleeper = await sh('sleep 1000 >/dev/null 2>&1 & echo $!');
+    await sh(`echo "${sleeper} 42" > /root/.canto/processes/${d}/pid`);
+    expect((await driver.processStatus(id, d, 10))?.status, `pid ${sleeper} is a sleep, not the runner`).toBe('lost');
+    await sh(`kill ${sleeper}; kill -9 -${runner}`);
+
     expect(await driver.processStatus(id, newId('process'), 10)).toBeNull();
     for (const bad of ['prc_x', '../setup', `prc_${'A'.repeat(24)}`, 'setup2', '']) {
       expect((await failure(driver.processStatus(id, bad, 10))).code, bad).toBe('bad_request');
@@ -473,5 +485,17 @@ describe.skipIf(!isRoot)('sandbox driver guest operations', () => {
     expect(await sh('ps -eo args= | grep -c "^sleep 1003$" || true')).toBe('0');
     if (snapshots) expect(await sh('ps -eo args= | grep -c "^sleep 1001$" || true')).toBe('1');
     expect((await driver.processStatus(id, 'setup', 100))?.status).toBe('exited');
+  });
+
+  it("a move's stop keeps detached processes in the memory snapshot: running after the restore", async (ctx) => {
+    if (!driver.capabilities().memorySnapshots) ctx.skip(); // A cold stop ends them either way.
+    const kept = newId('process');
+    await driver.spawnDetached(id, { processId: kept, command: 'while :; do date +%s%N >> /root/kept.log; sleep 0.05; done' });
+    await until(async () => (await sh('wc -l < /root/kept.log')) !== '0');
+    expect(await driver.hibernate(id, { keepDetached: true })).toEqual({ snapshot: true });
+    expect(await driver.start({ desktopId: id, tier: 'small', firstBoot: null })).toEqual({ restored: true });
+    expect((await driver.processStatus(id, kept, 10))?.status).toBe('running');
+    const lines = Number(await sh('wc -l < /root/kept.log'));
+    await until(async () => Number(await sh('wc -l < /root/kept.log')) > lines);
   });
 });

@@ -185,8 +185,11 @@ export interface RuntimeDriver {
   prepare(desktopId: string, tier: Tier): Promise<void>;
   /** Restores from the memory snapshot when there is one, else boots cold. */
   start(spec: StartSpec): Promise<{ restored: boolean }>;
-  /** Snapshots memory (when supported) and stops every process; the disk stays. */
-  hibernate(desktopId: string): Promise<{ snapshot: boolean }>;
+  /**
+   * Snapshots memory (when supported) and stops every process; the disk stays. Detached
+   * processes are killed first (SPEC 3.1), unless `keepDetached` (a move) and the snapshot keeps them.
+   */
+  hibernate(desktopId: string, options?: { readonly keepDetached?: boolean }): Promise<{ snapshot: boolean }>;
   /** Stops the desktop and removes its disk and snapshot. */
   destroy(desktopId: string): Promise<void>;
   /**

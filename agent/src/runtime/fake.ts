@@ -125,7 +125,7 @@ export class FakeDriver implements RuntimeDriver {
     });
   }
 
-  hibernate(desktopId: string): Promise<{ snapshot: boolean }> {
+  hibernate(desktopId: string, _options?: { readonly keepDetached?: boolean }): Promise<{ snapshot: boolean }> {
     return this.step('hibernate', desktopId, () => {
       const desktop = this.require(desktopId);
       if (desktop.running) {

@@ -116,7 +116,10 @@ async function chooseTarget(deps: StepDeps, d: DesktopRow): Promise<string | nul
 async function stop(deps: StepDeps, op: OperationRow, d: DesktopRow, p: MoveParams): Promise<MoveParams> {
   let snapshot = false;
   if (p.was_awake) {
-    const stopped = await command(deps, p.source_host_id, 'desktop.hibernate', { desktop_id: d.id, generation: d.generation, operation_id: op.id });
+    // Its detached processes are part of its memory: they go on after the restore on the target.
+    const stopped = await command(deps, p.source_host_id, 'desktop.hibernate', {
+      desktop_id: d.id, generation: d.generation, operation_id: op.id, keep_detached: true,
+    });
     snapshot = stopped.snapshot;
   }
   return advance(deps.sql, op, { ...p, phase: 'stopped', stopped_at: new Date().toISOString(), memory_snapshot: snapshot }, deps.fence);

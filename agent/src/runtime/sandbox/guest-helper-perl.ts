@@ -139,13 +139,19 @@ sub small {
   my $s = ''; 1 while length($s) < $max && sysread($fh, $s, $max - length($s), length $s);
   return $s;
 }
-# A guest process, by pid and start time (field 22 of /proc/PID/stat): alive and not a zombie.
+# A detached process's runner, alive and not a zombie: the recorded pid with the recorded start
+# time (field 22 of /proc/PID/stat), or, after a memory snapshot was restored (which gives every
+# process a new start time), the recorded pid still running the runner of this very directory,
+# whose path is the last word of its command line.
 sub alive {
-  my ($pid, $start) = @_;
+  my ($pid, $start, $dir) = @_;
   my $s = small("/proc/$pid/stat", 4096);
   return 0 unless defined $s && $s =~ /\) (.*)$/s;
   my @f = split / /, $1;
-  return $f[0] ne 'Z' && $f[0] ne 'X' && defined $f[19] && $f[19] eq $start;
+  return 0 if $f[0] eq 'Z' || $f[0] eq 'X' || !defined $f[19];
+  return 1 if $f[19] eq $start;
+  my $cmd = small("/proc/$pid/cmdline", 65536);
+  return defined $cmd && substr($cmd, 0, 8) eq "/bin/sh\0" && substr($cmd, -length($dir) - 2) eq "\0$dir\0";
 }
 sub recorded { my $s = small("$procs/$_[0]/pid", 256); return defined $s && $s =~ /^([0-9]+) ([0-9]+)\n?$/ ? ($1, $2) : (); }
 `;
@@ -201,7 +207,7 @@ my $dir = "$procs/$id";
 if (!-d $dir) { out("OK none\n"); exit 0; }
 my ($status, $code) = ('lost', '-');
 my ($pid, $start) = recorded($id);
-if (defined $pid && alive($pid, $start)) {
+if (defined $pid && alive($pid, $start, $dir)) {
   $status = 'running';
 } else {
   # Read after the liveness check: the runner renames exit_code into place before it exits.
@@ -226,7 +232,7 @@ my @leaders;
 if (opendir(my $dh, $procs)) {
   for my $id (grep { $_ =~ $id_re } readdir($dh)) {
     my ($pid, $start) = recorded($id);
-    push @leaders, $pid if defined $pid && $pid > 1 && alive($pid, $start);
+    push @leaders, $pid if defined $pid && $pid > 1 && alive($pid, $start, "$procs/$id");
   }
 }
 if (@leaders) {

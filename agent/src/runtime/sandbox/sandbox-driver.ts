@@ -197,7 +197,7 @@ export class SandboxDriver implements RuntimeDriver {
     });
   }
 
-  async hibernate(desktopId: string): Promise<{ snapshot: boolean }> {
+  async hibernate(desktopId: string, options: { readonly keepDetached?: boolean } = {}): Promise<{ snapshot: boolean }> {
     const paths = desktopPaths(this.stateDir, desktopId);
     return this.fenced(desktopId, async () => {
       if (!(await hasDisk(paths))) {
@@ -219,7 +219,8 @@ export class SandboxDriver implements RuntimeDriver {
       await this.ports.closeAll(desktopId);
       // A warm server inside the guest would break the dump (its children serve no operation now).
       await this.guest.reset(desktopId);
-      await this.killDetached(desktopId, init);
+      // A move keeps them in the snapshot; if the dump fails, the cold stop below ends them anyway.
+      if (!(options.keepDetached === true && this.criu !== null)) await this.killDetached(desktopId, init);
       if (this.criu !== null) {
         try {
           await dump(this.criu, paths, init);
