@@ -160,11 +160,19 @@ prefork('canto-exec', ${idle}, ${eintr});
 my $head = take_from(\*STDIN, 9) // exit 0;
 exit 0 unless $head =~ /^([0-9a-f]{8})\n$/;
 my $command = take_from(\*STDIN, hex $1) // exit 0;
+# A write blocked on a full socket is interrupted by SIGCHLD (the handler above) when the command
+# exits, which it often does right after its last output: that is retried, or the frame (often
+# the command's last words on stderr) would be lost.
 sub frame {
   my ($tag, $data) = @_;
   my $s = $tag . sprintf('%08x', length $data) . $data;
   my $o = 0;
-  while ($o < length $s) { my $w = syswrite(STDOUT, $s, length($s) - $o, $o); return unless $w; $o += $w; }
+  while ($o < length $s) {
+    my $w = syswrite(STDOUT, $s, length($s) - $o, $o);
+    if (!defined $w) { next if $! == ${eintr}; return; }
+    return unless $w;
+    $o += $w;
+  }
 }
 # Kills the command as a cold exec's kill does: its shell, every descendant, and every session one
 # of them leads (background jobs reparented to the guest init included). Several passes: a process
@@ -230,6 +238,7 @@ for (;;) {
     for my $fd (keys %open) {
       next unless vec($rout, $fd, 1);
       my $got = sysread($open{$fd}[0], my $buf, 65536);
+      next if !defined $got && $! == ${eintr};
       if (!$got) { delete $open{$fd}; next; }
       frame($open{$fd}[1], $buf);
     }
