@@ -144,12 +144,17 @@ describe.skipIf(!isRoot)('draining a host of three on one machine', () => {
         const woke = await call('POST', `/v1/desktops/${id}/wake?wait=true`);
         expect(woke.json.state, `${id}: ${woke.text}`).toBe('succeeded');
       }
-      const read = await fetch(`${base}/v1/desktops/${id}/files/root/data.bin`, { headers: { authorization: `Bearer ${key}` } });
+      // As a client should, a 503 (a host link dropped for a moment under this machine's load) is retried.
+      const read = await retry503(() => fetch(`${base}/v1/desktops/${id}/files/root/data.bin`, { headers: { authorization: `Bearer ${key}` } }));
       expect(read.status, `${id}: ${await read.clone().text()}`).toBe(200);
       expect(sha(new Uint8Array(await read.arrayBuffer())), id).toBe(files.get(id));
       if (onB.includes(id) && !(await memorySnapshotsHere())) continue; // Moved cold: its programs restarted.
       if (id === onB[0]) continue; // Hibernated before the drain: a cold stop here.
-      const status = await call('GET', `/v1/desktops/${id}/processes/${processes.get(id)}`);
+      let status = await call('GET', `/v1/desktops/${id}/processes/${processes.get(id)}`);
+      for (let i = 0; i < 30 && status.status === 503; i++) {
+        await new Promise((r) => setTimeout(r, 1000));
+        status = await call('GET', `/v1/desktops/${id}/processes/${processes.get(id)}`);
+      }
       expect(status.json.status, `${id}: ${status.text}`).toBe('running');
     }
 
@@ -161,6 +166,16 @@ describe.skipIf(!isRoot)('draining a host of three on one machine', () => {
     expect(removed.code, removed.out).toBe(0);
   }, 600_000);
 });
+
+/** `request` again while it answers 503, after its Retry-After, for up to 30 s. */
+async function retry503(request: () => Promise<Response>): Promise<Response> {
+  for (let i = 0; ; i++) {
+    const res = await request();
+    if (res.status !== 503 || i >= 30) return res;
+    await res.arrayBuffer();
+    await new Promise((r) => setTimeout(r, Number(res.headers.get('retry-after') ?? 1) * 1000));
+  }
+}
 
 /** The host id an agent state directory holds once its agent has started (agent/src/host-identity.ts). */
 async function hostIdOf(stateDir: string): Promise<string> {
