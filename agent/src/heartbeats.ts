@@ -4,6 +4,11 @@
  * notification and a websocket ping. A replica that has stopped answering pings (nothing heard for
  * five intervals, and at least five seconds) is dropped: a half-open TCP connection would
  * otherwise look linked for ever. The schedulers judge the host by these heartbeats.
+ *
+ * A beat never waits for the count: listing desktops is a round of file-system calls, which queue
+ * behind every other file operation of the agent (a move's copy, an upload) in libuv's small
+ * thread pool and took seconds under load, long enough for the schedulers to read a healthy host
+ * as silent. Each beat carries the last count; a new one is read in the background.
  */
 import type WebSocket from 'ws';
 import type { Logger } from '../../shared/src/log.js';
@@ -24,7 +29,8 @@ export interface BeatingLink {
 
 export class Heartbeats {
   private timer: NodeJS.Timeout | null = null;
-  private beating = false;
+  private counting = false;
+  private running = 0;
   private intervalMs = 1_000;
 
   constructor(
@@ -37,9 +43,10 @@ export class Heartbeats {
   async start(intervalMs: number, first: BeatingLink): Promise<void> {
     if (this.timer === null) {
       this.intervalMs = intervalMs;
-      this.timer = setInterval(() => void this.tick(), intervalMs);
+      this.timer = setInterval(() => this.tick(), intervalMs);
     }
-    this.beat(first, await this.runningCount());
+    this.beat(first, this.running);
+    await this.recount();
   }
 
   stop(): void {
@@ -47,23 +54,21 @@ export class Heartbeats {
     this.timer = null;
   }
 
-  private async tick(): Promise<void> {
-    if (this.beating) return;
-    this.beating = true;
-    try {
-      const running = await this.runningCount();
-      for (const link of this.links()) this.beat(link, running);
-    } finally {
-      this.beating = false;
-    }
+  private tick(): void {
+    for (const link of this.links()) this.beat(link, this.running);
+    void this.recount();
   }
 
-  private async runningCount(): Promise<number> {
+  /** Reads the running count for the next beats; one read at a time. */
+  private async recount(): Promise<void> {
+    if (this.counting) return;
+    this.counting = true;
     try {
-      return (await this.driver.list()).filter((d) => d.running).length;
+      this.running = (await this.driver.list()).filter((d) => d.running).length;
     } catch (err) {
       this.log.warn({ message: err instanceof Error ? err.message : String(err) }, 'could not list desktops for the heartbeat');
-      return 0;
+    } finally {
+      this.counting = false;
     }
   }
 
