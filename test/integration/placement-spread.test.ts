@@ -6,6 +6,7 @@
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { api, mintKey, startTestScheduler, until, type TestScheduler } from '../helpers/scheduler.js';
 import { startFakeAgent, type TestAgent } from '../helpers/agent.js';
+import { connectDatabase } from '../../scheduler/src/store/db.js';
 
 let s: TestScheduler;
 let acme: ReturnType<typeof api>;
@@ -16,6 +17,13 @@ beforeAll(async () => {
   acme = api(s.url, await mintKey(s.databaseUrl, 'acme'));
   // A delay on every lifecycle call keeps each placement in flight while the others are chosen.
   for (let i = 0; i < 3; i++) agents.push(await startFakeAgent(s.url, { delayMs: 50 }));
+  // An agent is linked once it said hello; the scheduler reads its host ready a message later.
+  const sql = connectDatabase(s.databaseUrl, { max: 1 });
+  try {
+    await until(async () => (await sql<Array<{ n: number }>>`SELECT count(*)::int AS n FROM hosts WHERE status = 'ready'`)[0]!.n === 3, 10_000, 'three ready hosts');
+  } finally {
+    await sql.end();
+  }
 });
 
 afterAll(async () => {
