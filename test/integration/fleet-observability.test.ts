@@ -122,8 +122,9 @@ describe('canto status', () => {
       const leader = await until(() => (a.leadership.isLeader() ? 'status-a' : b.leadership.isLeader() ? 'status-b' : null), 5_000, 'a leader');
       const status = await until(async () => {
         const st = await readFleetStatus(sql);
-        return st.replicas.filter((r) => r.role !== 'gone').length === 2 ? st : null;
-      }, 5_000, 'both replicas registered');
+        // The host reads ready once its host.ready arrives, a message after the agent linked.
+        return st.replicas.filter((r) => r.role !== 'gone').length === 2 && st.hosts.every((h) => h.status === 'ready') ? st : null;
+      }, 5_000, 'both replicas registered and the host ready');
       expect(status.replicas.map((r) => [r.id, r.role]).sort()).toEqual([['status-a', leader === 'status-a' ? 'leader' : 'follower'], ['status-b', leader === 'status-b' ? 'leader' : 'follower']]);
       expect(status.replicas.find((r) => r.id === 'status-a')!.url).toBe(a.advertisedUrl);
       expect(status.lease).toMatchObject({ holder: leader, live: true });
