@@ -13,7 +13,8 @@ let acme: ReturnType<typeof api>;
 const agents: TestAgent[] = [];
 
 beforeAll(async () => {
-  s = await startTestScheduler();
+  // Placement is what is measured, not host health: a loaded machine must not read a host down.
+  s = await startTestScheduler({ CANTO_HOST_DOWN_MS: '15000' });
   acme = api(s.url, await mintKey(s.databaseUrl, 'acme'));
   // A delay on every lifecycle call keeps each placement in flight while the others are chosen.
   for (let i = 0; i < 3; i++) agents.push(await startFakeAgent(s.url, { delayMs: 50 }));

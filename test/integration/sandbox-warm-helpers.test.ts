@@ -142,6 +142,8 @@ describe.skipIf(!isRoot)('sandbox driver warm guest servers', () => {
     // Exec: a session of its own inside the guest, the env file, the guest's capabilities.
     expect(await execRanWarm()).toBe(true);
     expect(await sh('printf %s "$GREETING"')).toBe('warm hello');
+    // The same working directory as a cold exec.
+    expect(await sh('pwd')).toBe('/root');
     expect(await sh('[ "$(cut -d" " -f6 /proc/$$/stat)" = "$$" ] && echo leader')).toBe('leader');
     const fresh = await createSandboxDriver({ stateDir });
     try {

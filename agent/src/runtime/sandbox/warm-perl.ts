@@ -217,6 +217,8 @@ if ($pid == 0) {
   syscall(${syscalls().setsid});
   open(STDIN, '<&', $in_r); open(STDOUT, '>&', $out_w); open(STDERR, '>&', $err_w);
   close($_) for ($in_r, $in_w, $out_r, $out_w, $err_r, $err_w, $sig_r, $sig_w);
+  # Where a cold exec starts (nsenter --wdns): a command sees the same directory either way.
+  chdir('/root') or chdir('/');
   exec { '/bin/sh' } '/bin/sh', '-c', '${withEnv}', $command;
   exit 127;
 }
