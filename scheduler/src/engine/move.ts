@@ -20,7 +20,7 @@
  * a start that fails there leaves it recorded hibernated (its disk intact) rather than lost.
  */
 import { AgentFailure } from '../../../shared/src/protocol.js';
-import { inTransaction, type Sql } from '../store/db.js';
+import { inSnapshot, inTransaction, type Sql } from '../store/db.js';
 import { getDesktopById, placedDesktops, transition } from '../store/desktops.js';
 import { closeMeter, recordEvent } from '../store/events.js';
 import { committedLoad, listHosts, slotsUsed } from '../store/hosts.js';
@@ -103,12 +103,15 @@ async function plan(deps: StepDeps, op: OperationRow, d: DesktopRow, p: MovePara
 async function chooseTarget(deps: StepDeps, d: DesktopRow): Promise<string | null> {
   return deps.placements.choose(
     { desktopId: d.id, tier: d.tier, running: d.state === 'awake' },
-    async (inFlight) => {
-      const placed = await placedDesktops(deps.sql, inFlight);
-      const [hosts, load, slots] = await Promise.all([listHosts(deps.sql), committedLoad(deps.sql), slotsUsed(deps.sql)]);
-      const candidates = hostCandidates(hosts, load, slots, { isConnected: (id) => deps.agents.isConnected(id), hostSlots: deps.hostSlots });
-      return { placed, hosts: candidates.filter((h) => h.id !== d.host_id) };
-    },
+    (inFlight) =>
+      inSnapshot(deps.sql, async (tx) => {
+        const placed = await placedDesktops(tx, inFlight);
+        const hosts = await listHosts(tx);
+        const load = await committedLoad(tx);
+        const slots = await slotsUsed(tx);
+        const candidates = hostCandidates(hosts, load, slots, { isConnected: (id) => deps.agents.isConnected(id), hostSlots: deps.hostSlots });
+        return { placed, hosts: candidates.filter((h) => h.id !== d.host_id) };
+      }),
     (candidates) => selectHost(candidates, d.tier, deps.overcommit),
   );
 }

@@ -7,7 +7,7 @@
  */
 import { AgentFailure, type CommandPayload, type CommandResult } from '../../../shared/src/protocol.js';
 import type { Logger } from '../../../shared/src/log.js';
-import { inTransaction, type Sql } from '../store/db.js';
+import { inSnapshot, inTransaction, type Sql } from '../store/db.js';
 import { getDesktopById, insertForks, placedDesktops, setPlacement, transition } from '../store/desktops.js';
 import { closeMeter, openMeter, recordEvent } from '../store/events.js';
 import { committedLoad, listHosts, slotsUsed } from '../store/hosts.js';
@@ -124,11 +124,16 @@ async function pickHost(deps: StepDeps, desktop: DesktopRow): Promise<string | n
   const request = { desktopId: desktop.id, tier: desktop.tier, running: desktop.state === 'waking' };
   return deps.placements.choose(
     request,
-    async (inFlight) => {
-      const placed = await placedDesktops(deps.sql, inFlight);
-      const [hosts, load, slots] = await Promise.all([listHosts(deps.sql), committedLoad(deps.sql), slotsUsed(deps.sql)]);
-      return { placed, hosts: hostCandidates(hosts, load, slots, { isConnected: (id) => deps.agents.isConnected(id), hostSlots: deps.hostSlots }) };
-    },
+    // One snapshot: a placement committing between the reads would otherwise count twice (in the
+    // load and as a reservation), and a slow database made bursts land unevenly.
+    (inFlight) =>
+      inSnapshot(deps.sql, async (tx) => {
+        const placed = await placedDesktops(tx, inFlight);
+        const hosts = await listHosts(tx);
+        const load = await committedLoad(tx);
+        const slots = await slotsUsed(tx);
+        return { placed, hosts: hostCandidates(hosts, load, slots, { isConnected: (id) => deps.agents.isConnected(id), hostSlots: deps.hostSlots }) };
+      }),
     (candidates) => selectHost(candidates, desktop.tier, deps.overcommit),
   );
 }

@@ -32,9 +32,9 @@ export class PlacementReservations {
   /**
    * Chooses a host for the request with `pick`, one choice at a time. `read` is given the
    * desktops in flight and returns the fleet as the database has it, and which of those desktops
-   * it already shows placed: those count once, from the database. `read` must look for them
-   * before it reads the load, so that a placement committing in between is counted twice for a
-   * moment rather than missed.
+   * it already shows placed: those count once, from the database. `read` must take both from one
+   * snapshot: a placement committing between two separate reads is counted twice (in the load and
+   * as a reservation), which on a slow database skewed bursts (4/5/3 instead of 4/4/4).
    */
   choose(request: PlacementRequest, read: (inFlight: string[]) => Promise<FleetView>, pick: (hosts: HostCandidate[]) => string | null): Promise<string | null> {
     const run = this.turn.then(async () => {

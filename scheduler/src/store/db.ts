@@ -29,3 +29,8 @@ export function connectDatabase(url: string, options: { max?: number } = {}): Sq
 export async function inTransaction<T>(sql: Sql, fn: (tx: Sql) => Promise<T>): Promise<T> {
   return (await sql.begin((tx) => fn(tx as unknown as Sql))) as T;
 }
+
+/** Several reads that must see one snapshot of the database (a read-only repeatable-read transaction). */
+export async function inSnapshot<T>(sql: Sql, fn: (tx: Sql) => Promise<T>): Promise<T> {
+  return (await sql.begin('isolation level repeatable read read only', (tx) => fn(tx as unknown as Sql))) as T;
+}
