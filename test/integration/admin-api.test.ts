@@ -90,14 +90,17 @@ describe('admin authentication', () => {
   });
 
   it('answers 503 with how to turn it on, on a replica without a token; /v1 still works there', async () => {
-    const off = await startTestScheduler({}, a.databaseUrl);
+    // A database of its own: the fake agents of this file do not link to it (their links to a
+    // replica that starts and stops here only added timing to what is tested).
+    const off = await startTestScheduler({});
+    const offKey = await mintKey(off.databaseUrl, 'acme');
     try {
       for (const [method, path] of ROUTES) {
         const res = await call(off.url, `Bearer ${ADMIN_TOKEN}`)(method, path, method === 'POST' ? {} : undefined);
         expectProblem(res, 503, `${method} ${path}`);
         expect(res.json.detail).toContain('CANTO_ADMIN_TOKEN');
       }
-      expect((await api(off.url, acmeKey)('GET', '/v1/desktops')).status).toBe(200);
+      expect((await api(off.url, offKey)('GET', '/v1/desktops')).status).toBe(200);
       expect((await fetch(`${off.url}/admin/v1/openapi.json`)).status).toBe(200);
     } finally {
       await off.close();
