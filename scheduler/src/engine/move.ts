@@ -20,15 +20,13 @@
  * a start that fails there leaves it recorded hibernated (its disk intact) rather than lost.
  */
 import { AgentFailure } from '../../../shared/src/protocol.js';
-import { inSnapshot, inTransaction, type Sql } from '../store/db.js';
-import { getDesktopById, placedDesktops, transition } from '../store/desktops.js';
+import { inTransaction, type Sql } from '../store/db.js';
+import { getDesktopById, transition } from '../store/desktops.js';
 import { closeMeter, recordEvent } from '../store/events.js';
-import { committedLoad, listHosts, slotsUsed } from '../store/hosts.js';
 import { settleOperation, type SettleFence } from '../store/operations.js';
 import type { DesktopRow, OperationRow } from '../store/rows.js';
-import { hostCandidates } from '../placement/candidates.js';
 import { selectHost } from '../placement/select.js';
-import { command, LeaseLost, StepFailure, type StepDeps } from './steps.js';
+import { command, LeaseLost, readFleet, StepFailure, type StepDeps } from './steps.js';
 
 export type MovePhase = 'accepted' | 'planned' | 'stopped' | 'copied' | 'committed' | 'started';
 
@@ -103,15 +101,10 @@ async function plan(deps: StepDeps, op: OperationRow, d: DesktopRow, p: MovePara
 async function chooseTarget(deps: StepDeps, d: DesktopRow): Promise<string | null> {
   return deps.placements.choose(
     { desktopId: d.id, tier: d.tier, running: d.state === 'awake' },
-    (inFlight) =>
-      inSnapshot(deps.sql, async (tx) => {
-        const placed = await placedDesktops(tx, inFlight);
-        const hosts = await listHosts(tx);
-        const load = await committedLoad(tx);
-        const slots = await slotsUsed(tx);
-        const candidates = hostCandidates(hosts, load, slots, { isConnected: (id) => deps.agents.isConnected(id), hostSlots: deps.hostSlots });
-        return { placed, hosts: candidates.filter((h) => h.id !== d.host_id) };
-      }),
+    async (inFlight) => {
+      const fleet = await readFleet(deps, inFlight);
+      return { placed: fleet.placed, hosts: fleet.hosts.filter((h) => h.id !== d.host_id) };
+    },
     (candidates) => selectHost(candidates, d.tier, deps.overcommit),
   );
 }

@@ -18,7 +18,7 @@ import type { AgentGateway } from '../agents/gateway.js';
 import type { SecretBox } from '../crypto/secret-box.js';
 import { selectHost } from '../placement/select.js';
 import { hostCandidates } from '../placement/candidates.js';
-import type { PlacementReservations } from '../placement/reservations.js';
+import type { FleetView, PlacementReservations } from '../placement/reservations.js';
 
 export interface StepDeps {
   sql: Sql;
@@ -124,18 +124,24 @@ async function pickHost(deps: StepDeps, desktop: DesktopRow): Promise<string | n
   const request = { desktopId: desktop.id, tier: desktop.tier, running: desktop.state === 'waking' };
   return deps.placements.choose(
     request,
-    // One snapshot: a placement committing between the reads would otherwise count twice (in the
-    // load and as a reservation), and a slow database made bursts land unevenly.
-    (inFlight) =>
-      inSnapshot(deps.sql, async (tx) => {
-        const placed = await placedDesktops(tx, inFlight);
-        const hosts = await listHosts(tx);
-        const load = await committedLoad(tx);
-        const slots = await slotsUsed(tx);
-        return { placed, hosts: hostCandidates(hosts, load, slots, { isConnected: (id) => deps.agents.isConnected(id), hostSlots: deps.hostSlots }) };
-      }),
+    (inFlight) => readFleet(deps, inFlight),
     (candidates) => selectHost(candidates, desktop.tier, deps.overcommit),
   );
+}
+
+/**
+ * The fleet as placement sees it, and which of the desktops in flight the database shows placed.
+ * One snapshot: a placement committing between separate reads would count twice (in the load and
+ * as a reservation), and a slow database made bursts land unevenly.
+ */
+export function readFleet(deps: StepDeps, inFlight: string[]): Promise<FleetView> {
+  return inSnapshot(deps.sql, async (tx) => {
+    const placed = await placedDesktops(tx, inFlight);
+    const hosts = await listHosts(tx);
+    const load = await committedLoad(tx);
+    const slots = await slotsUsed(tx);
+    return { placed, hosts: hostCandidates(hosts, load, slots, { isConnected: (id) => deps.agents.isConnected(id), hostSlots: deps.hostSlots }) };
+  });
 }
 
 export async function wake(deps: StepDeps, op: OperationRow): Promise<void> {
