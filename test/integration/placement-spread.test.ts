@@ -43,12 +43,6 @@ describe('placement', () => {
     }, 20_000, 'every desktop placed');
     const perHost: Record<string, number> = Object.fromEntries(agents.map((a) => [a.hostId, 0]));
     for (const d of placed) perHost[d.host_id]!++;
-    // 4/4/4 when the machine is quiet (alone, and under CPU load, in every run here); in a full
-    // suite run one desktop in twelve sometimes lands a host over: a known gap, written up on the
-    // fleet-operations issue. Never more than one over.
-    const counts = Object.values(perHost);
-    expect(counts.reduce((a, b) => a + b, 0)).toBe(12);
-    expect(Math.max(...counts) - Math.min(...counts), JSON.stringify(counts)).toBeLessThanOrEqual(2);
-    expect(Math.max(...counts), JSON.stringify(counts)).toBeLessThanOrEqual(5);
+    expect(Object.values(perHost).sort(), JSON.stringify(perHost)).toEqual([4, 4, 4]);
   });
 });

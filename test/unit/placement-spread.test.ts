@@ -95,6 +95,19 @@ describe('placements in flight', () => {
     expect(seen[0]).toMatchObject({ slotsUsed: 3, committedVcpus: 0 });
   });
 
+  it('counts a placement that commits after the read began and is released before it ended', async () => {
+    // The read's snapshot is taken before d1 commits, so the database does not show d1; d1 is
+    // released while the read is still running. It must still count, from the reservation.
+    const ledger = new PlacementReservations();
+    let seen: HostCandidate[] = [];
+    await ledger.choose({ desktopId: 'd1', tier: 'small', running: false }, async () => ({ hosts: [host('a')], placed: new Set() }), () => 'a');
+    await ledger.choose({ desktopId: 'd2', tier: 'small', running: false }, async () => {
+      ledger.release('d1');
+      return { hosts: [host('a')], placed: new Set() };
+    }, (hosts) => ((seen = hosts), 'a'));
+    expect(seen[0]).toMatchObject({ slotsUsed: 1 });
+  });
+
   it('keeps choosing after a read fails', async () => {
     const ledger = new PlacementReservations();
     const pick = () => 'a';

@@ -35,11 +35,16 @@ export class PlacementReservations {
    * it already shows placed: those count once, from the database. `read` must take both from one
    * snapshot: a placement committing between two separate reads is counted twice (in the load and
    * as a reservation), which on a slow database skewed bursts (4/5/3 instead of 4/4/4).
+   *
+   * The reservations counted are those held when the read begins, not when it ends: one released
+   * meanwhile committed after the read's snapshot was taken, so the database does not show it
+   * either, and counting it from neither let a burst under load land a desktop over.
    */
   choose(request: PlacementRequest, read: (inFlight: string[]) => Promise<FleetView>, pick: (hosts: HostCandidate[]) => string | null): Promise<string | null> {
     const run = this.turn.then(async () => {
-      const view = await read([...this.held.keys()]);
-      const hosts = view.hosts.map((h) => this.withHeld(h, view.placed));
+      const held = [...this.held.values()];
+      const view = await read(held.map((r) => r.desktopId));
+      const hosts = view.hosts.map((h) => withHeld(h, held, view.placed));
       const hostId = pick(hosts);
       if (hostId !== null) this.held.set(request.desktopId, { ...request, hostId });
       return hostId;
@@ -57,18 +62,19 @@ export class PlacementReservations {
   get size(): number {
     return this.held.size;
   }
+}
 
-  private withHeld(h: HostCandidate, placed: ReadonlySet<string>): HostCandidate {
-    let { committedVcpus, committedMemoryMb, slotsUsed } = h;
-    for (const [desktopId, r] of this.held) {
-      if (r.hostId !== h.id || placed.has(desktopId)) continue;
-      const spec = TIER_SPECS[r.tier];
-      slotsUsed += spec.slots;
-      if (r.running) {
-        committedVcpus += spec.vcpus;
-        committedMemoryMb += spec.memoryMb;
-      }
+/** The host as the database shows it plus the reservations on it the database does not show yet. */
+function withHeld(h: HostCandidate, held: ReadonlyArray<PlacementRequest & { hostId: string }>, placed: ReadonlySet<string>): HostCandidate {
+  let { committedVcpus, committedMemoryMb, slotsUsed } = h;
+  for (const r of held) {
+    if (r.hostId !== h.id || placed.has(r.desktopId)) continue;
+    const spec = TIER_SPECS[r.tier];
+    slotsUsed += spec.slots;
+    if (r.running) {
+      committedVcpus += spec.vcpus;
+      committedMemoryMb += spec.memoryMb;
     }
-    return { ...h, committedVcpus, committedMemoryMb, slotsUsed };
   }
+  return { ...h, committedVcpus, committedMemoryMb, slotsUsed };
 }
