@@ -68,6 +68,7 @@ export async function benchDrain(options: DrainBenchOptions): Promise<void> {
 
     const moveDowntime: number[] = [];
     const restartDowntime: number[] = [];
+    const phases: Array<Record<string, number>> = [];
     for (let i = 0; i < runs; i++) {
       const id = await client.awakeDesktop();
       // 100 MiB in files of 8 MiB, the API's largest single write.
@@ -79,7 +80,7 @@ export async function benchDrain(options: DrainBenchOptions): Promise<void> {
       }));
       moveDowntime.push(await readGap(client, id, async () => {
         const op = (await client.admin('POST', `/admin/v1/desktops/${id}/move`, {})) as { id: string };
-        await client.settled(op.id);
+        phases.push((await client.settled(op.id)).phase_ms ?? {});
       }));
       await client.api('POST', `/v1/desktops/${id}/destroy?wait=true`);
     }
@@ -110,6 +111,9 @@ export async function benchDrain(options: DrainBenchOptions): Promise<void> {
       ['move downtime, awake desktop (baseline: hibernate + wake on one host)', median(moveDowntime), median(restartDowntime), 'ms', '< 500 ms'],
       ['drain rate, 4 desktops, 2 at a time (baseline: cp -a on this disk)', mb / (drainMs / 1000), mb / (copyMs / 1000), 'MB/s', '≥ 500 MB/s'],
     ]);
+    // Where a move's time goes, by the phase each step reaches (scheduler/src/engine/move.ts).
+    const names = [...new Set(phases.flatMap((p) => Object.keys(p)))];
+    console.log(`move phases, median ms: ${names.map((n) => `${n} ${median(phases.map((p) => p[n] ?? 0)).toFixed(0)}`).join(', ')}`);
   } finally {
     for (const child of children.reverse()) await child.kill('SIGTERM').catch(() => undefined);
   }
@@ -200,11 +204,15 @@ class Client {
     return res.status === 200;
   }
 
-  async settled(operationId: string): Promise<void> {
+  /** Waits for the move to settle; answers its result (phase_ms: where its time went). */
+  async settled(operationId: string): Promise<{ phase_ms?: Record<string, number> }> {
     const op = await until(async () => {
-      const o = (await this.admin('GET', `/admin/v1/operations/${operationId}`)) as { state: string; error: { message: string } | null };
+      const o = (await this.admin('GET', `/admin/v1/operations/${operationId}`)) as {
+        state: string; error: { message: string } | null; result: { phase_ms?: Record<string, number> } | null;
+      };
       return o.state === 'succeeded' || o.state === 'failed' ? o : null;
     }, 120_000, 'the move');
     if (op.state === 'failed') throw new Error(`move failed: ${op.error?.message}`);
+    return op.result ?? {};
   }
 }

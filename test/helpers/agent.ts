@@ -14,8 +14,11 @@ import { silentLogger } from '../../shared/src/log.js';
 import { JOIN_TOKEN } from './scheduler.js';
 
 export interface TestAgent extends AgentHandle {
-  /** Present when the agent was started with a driver of our own (`delayMs`). */
+  /** Present when the agent was started with a driver of our own (`delayMs`, `again`). */
   readonly driver: FakeDriver | null;
+  readonly stateDir: string;
+  /** Stops the agent; its state directory goes unless `keepState` (to start the same host again). */
+  stop(keepState?: boolean): Promise<void>;
 }
 
 export interface FakeAgentOptions {
@@ -28,10 +31,15 @@ export interface FakeAgentOptions {
   waitConnected?: boolean;
   /** false: a host without computer-use support (the API answers 501). Default true. */
   computerUse?: boolean;
+  /**
+   * The same host again after a stop: its state directory (host id, generations; kept on stop)
+   * and the desktops its driver held.
+   */
+  again?: { stateDir: string; driver: FakeDriver };
 }
 
 export async function startFakeAgent(schedulerUrl: string, options: FakeAgentOptions = {}): Promise<TestAgent> {
-  const stateDir = mkdtempSync(join(tmpdir(), 'canto-agent-'));
+  const stateDir = options.again?.stateDir ?? mkdtempSync(join(tmpdir(), 'canto-agent-'));
   const config = loadAgentConfig({
     CANTO_SCHEDULER_URL: schedulerUrl,
     CANTO_AGENT_TOKEN: JOIN_TOKEN,
@@ -48,7 +56,12 @@ export async function startFakeAgent(schedulerUrl: string, options: FakeAgentOpt
   const logger = silentLogger();
   let driver: FakeDriver | null = null;
   let handle: AgentHandle;
-  if (options.delayMs !== undefined || options.computerUse === false) {
+  if (options.again) {
+    // A closed driver stays closed: a new one over the same desktops, as a host's disk outlives its agent.
+    driver = new FakeDriver({ delayMs: options.delayMs ?? 0 });
+    for (const [id, desktop] of options.again.driver.desktops) driver.desktops.set(id, desktop);
+    handle = await startAgent({ config, driver, logger });
+  } else if (options.delayMs !== undefined || options.computerUse === false) {
     driver = new FakeDriver({ delayMs: options.delayMs ?? 0, computerUse: options.computerUse ?? true });
     handle = await startAgent({ config, driver, logger });
   } else {
@@ -58,9 +71,10 @@ export async function startFakeAgent(schedulerUrl: string, options: FakeAgentOpt
   return {
     ...handle,
     driver,
-    async stop() {
+    stateDir,
+    async stop(keepState = false) {
       await handle.stop();
-      rmSync(stateDir, { recursive: true, force: true });
+      if (!keepState) rmSync(stateDir, { recursive: true, force: true });
     },
   };
 }

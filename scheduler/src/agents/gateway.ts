@@ -64,6 +64,8 @@ interface Link {
   /** The agent has applied its hello fence (or predates it). */
   ready: boolean;
   lastHeard: number;
+  /** The desktops the host reported holding in its hello (a leader's new term reads them). */
+  readonly held: HelloDesktops;
 }
 
 export interface AgentGatewayDeps {
@@ -167,6 +169,11 @@ export class AgentGateway {
     return this.links.get(hostId)!.peer;
   }
 
+  /** The desktops a linked host reported in its hello; empty when it is not linked here. */
+  helloDesktops(hostId: string): HelloDesktops {
+    return this.links.get(hostId)?.held ?? [];
+  }
+
   /** Calls `listener` after each accepted hello with the desktops the host reports; returns an unsubscribe. */
   onHello(listener: HelloListener): () => void {
     this.helloListeners.add(listener);
@@ -258,7 +265,7 @@ export class AgentGateway {
       clearTimeout(helloTimer);
       peer.binaryStreams = protocolAtLeast(hello.protocol, 1, 6);
       hostId = hello.host_id;
-      link = { peer, instanceId: hello.agent_instance_id, protocol: hello.protocol, ready: !fences, lastHeard: Date.now() };
+      link = { peer, instanceId: hello.agent_instance_id, protocol: hello.protocol, ready: !fences, lastHeard: Date.now(), held: hello.desktops };
       const previous = this.links.get(hostId);
       if (previous && previous.peer !== peer) previous.peer.close(1000, 'replaced by a newer link');
       this.links.set(hostId, link);

@@ -21,6 +21,8 @@ import { claimPending, OP_NEW_CHANNEL, runningOperations } from '../store/operat
 import type { OperationRow } from '../store/rows.js';
 import * as steps from './steps.js';
 import { move, rollBackMove } from './move.js';
+import { removeStaleCopy, staleCopies } from './stale-copies.js';
+import type { HelloDesktops } from '../agents/gateway.js';
 import type { LeaderTerm } from './leader.js';
 import { PlacementReservations } from '../placement/reservations.js';
 
@@ -62,9 +64,15 @@ export class OperationEngine {
     this.deps = { ...this.base, placements: this.placements, fence: term, leading: () => this.running && this.base.currentTerm()?.epoch === term.epoch };
     const sub = await this.deps.sql.listen(OP_NEW_CHANNEL, () => this.kick());
     this.unlisten = () => sub.unlisten();
-    this.unsubscribeHello = this.deps.agents.onHello((hostId) => this.track(this.reconcileHost(hostId)));
+    this.unsubscribeHello = this.deps.agents.onHello((hostId, desktops) => {
+      this.track(this.reconcileHost(hostId));
+      this.track(this.sweepStaleCopies(hostId, desktops));
+    });
     // Hosts that linked before this term began (a restart, a failover) said hello to nobody leading.
-    for (const hostId of this.deps.agents.connectedHostIds()) this.track(this.reconcileHost(hostId));
+    for (const hostId of this.deps.agents.connectedHostIds()) {
+      this.track(this.reconcileHost(hostId));
+      this.track(this.sweepStaleCopies(hostId, this.deps.agents.helloDesktops(hostId)));
+    }
     for (const op of await runningOperations(this.deps.sql)) this.launch(op);
     this.kick();
   }
@@ -86,6 +94,13 @@ export class OperationEngine {
     for (const d of await desktopsOfHost(this.deps.sql, hostId)) {
       if (d.state !== 'awake') continue;
       this.track(this.onDesktop(d.id, () => steps.reconcileAwake(this.deps, hostId, d.id)));
+    }
+  }
+
+  /** Destroys the copies the host holds of desktops that are no longer its own (stale-copies.ts). */
+  private async sweepStaleCopies(hostId: string, desktops: HelloDesktops): Promise<void> {
+    for (const copy of await staleCopies(this.deps, hostId, desktops)) {
+      this.track(this.onDesktop(copy.desktopId, () => removeStaleCopy(this.deps, hostId, copy.desktopId)));
     }
   }
 

@@ -40,12 +40,22 @@ export interface MoveParams {
   was_awake?: boolean;
   /** Set by a drain: the drain it belongs to (the source host's drain start, ISO). */
   drain?: string | null;
+  /** When the hibernate on the source began (downtime starts), and when the target answered again. */
   stopped_at?: string;
+  started_at?: string;
   memory_snapshot?: boolean;
   total_bytes?: number;
   fetched_bytes?: number;
   resumed_bytes?: number;
+  /**
+   * Milliseconds spent reaching each phase, by the phase reached (`finished` for the cleanup),
+   * summed over attempts and leaders: where a slow move spent its time, for operators and the bench.
+   */
+  phase_ms?: Partial<Record<MovePhase | 'finished', number>>;
 }
+
+/** When the phase being worked on began, per operation, in this process (see `advance`). */
+const phaseStarts = new WeakMap<OperationRow, number>();
 
 /** How long an export ticket lives: a copy interrupted for longer starts with a new one. */
 const TICKET_TTL_MS = 3_600_000;
@@ -54,6 +64,7 @@ const MIN_COPY_BYTES_PER_SEC = 20 * 1024 * 1024;
 
 export async function move(deps: StepDeps, op: OperationRow): Promise<void> {
   let p = op.params as unknown as MoveParams;
+  phaseStarts.set(op, performance.now());
   const d = await loadDesktop(deps.sql, op.desktop_id);
   if (p.phase === 'accepted') p = await plan(deps, op, d, p);
   if (p.phase === 'planned') p = await stop(deps, op, d, p);
@@ -70,7 +81,8 @@ async function loadDesktop(sql: Sql, id: string): Promise<DesktopRow> {
 }
 
 /** Writes the next phase into the operation, fenced on the leader term like a settlement. */
-async function advance(sql: Sql, op: OperationRow, p: MoveParams, fence: SettleFence): Promise<MoveParams> {
+async function advance(sql: Sql, op: OperationRow, next: MoveParams, fence: SettleFence): Promise<MoveParams> {
+  const p = { ...next, phase_ms: { ...next.phase_ms, [next.phase]: (next.phase_ms?.[next.phase] ?? 0) + phaseTook(op) } };
   const rows = await sql`
     UPDATE operations SET params = ${sql.json(p as never)}
     WHERE id = ${op.id} AND state = 'running'
@@ -78,7 +90,13 @@ async function advance(sql: Sql, op: OperationRow, p: MoveParams, fence: SettleF
     RETURNING id`;
   if (rows.length !== 1) throw new LeaseLost('leader lease lost during a move');
   op.params = p as unknown as Record<string, unknown>;
+  phaseStarts.set(op, performance.now());
   return p;
+}
+
+/** Whole milliseconds since the operation's current phase began here. */
+function phaseTook(op: OperationRow): number {
+  return Math.round(performance.now() - (phaseStarts.get(op) ?? performance.now()));
 }
 
 async function plan(deps: StepDeps, op: OperationRow, d: DesktopRow, p: MoveParams): Promise<MoveParams> {
@@ -111,6 +129,8 @@ async function chooseTarget(deps: StepDeps, d: DesktopRow): Promise<string | nul
 
 async function stop(deps: StepDeps, op: OperationRow, d: DesktopRow, p: MoveParams): Promise<MoveParams> {
   let snapshot = false;
+  // Downtime starts as the hibernate does: from here the desktop stops answering.
+  const stopping = new Date();
   if (p.was_awake) {
     // Its detached processes are part of its memory: they go on after the restore on the target.
     const stopped = await command(deps, p.source_host_id, 'desktop.hibernate', {
@@ -118,7 +138,7 @@ async function stop(deps: StepDeps, op: OperationRow, d: DesktopRow, p: MovePara
     });
     snapshot = stopped.snapshot;
   }
-  return advance(deps.sql, op, { ...p, phase: 'stopped', stopped_at: new Date().toISOString(), memory_snapshot: snapshot }, deps.fence);
+  return advance(deps.sql, op, { ...p, phase: 'stopped', stopped_at: stopping.toISOString(), memory_snapshot: snapshot }, deps.fence);
 }
 
 async function copy(deps: StepDeps, op: OperationRow, d: DesktopRow, p: MoveParams): Promise<MoveParams> {
@@ -165,7 +185,7 @@ async function startOnTarget(deps: StepDeps, op: OperationRow, p: MoveParams): P
       throw err;
     }
   }
-  return advance(deps.sql, op, { ...p, phase: 'started' }, deps.fence);
+  return advance(deps.sql, op, { ...p, phase: 'started', started_at: new Date().toISOString() }, deps.fence);
 }
 
 async function recordStoppedAfterMove(deps: StepDeps, d: DesktopRow, p: MoveParams): Promise<void> {
@@ -191,7 +211,7 @@ async function finish(deps: StepDeps, op: OperationRow, p: MoveParams): Promise<
     sourceCleaned = false;
     deps.logger.warn({ err, desktopId: d.id, hostId: p.source_host_id }, 'moved desktop: the source copy could not be removed now');
   }
-  const downtimeMs = p.was_awake && p.stopped_at ? Date.now() - Date.parse(p.stopped_at) : null;
+  const downtimeMs = p.was_awake && p.stopped_at ? Date.parse(p.started_at ?? new Date().toISOString()) - Date.parse(p.stopped_at) : null;
   await inTransaction(deps.sql, async (tx) => {
     const ok = await settleOperation(
       tx,
@@ -201,6 +221,7 @@ async function finish(deps: StepDeps, op: OperationRow, p: MoveParams): Promise<
           generation: d.generation, source_host_id: p.source_host_id, target_host_id: p.target_host_id, was_awake: p.was_awake ?? false,
           memory_snapshot: p.memory_snapshot ?? false, total_bytes: p.total_bytes ?? 0, fetched_bytes: p.fetched_bytes ?? 0,
           downtime_ms: downtimeMs, source_cleaned: sourceCleaned,
+          phase_ms: { ...p.phase_ms, finished: phaseTook(op) },
         },
       },
       deps.fence,

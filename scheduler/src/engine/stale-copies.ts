@@ -1,0 +1,54 @@
+/**
+ * Stale copies: a host that comes back may still hold desktops that are no longer its own. A move
+ * whose source was unreachable when it finished leaves the source's copy behind (the desktop was
+ * committed on the target, so nothing waited for the source); a desktop destroyed while its host
+ * was away leaves its disk there. Such a copy is dead weight at best, and at worst makes a later
+ * move back to that host fail on "another copy is here".
+ *
+ * When a host says hello (and when a leader's term begins, for the hosts already linked), the
+ * leader compares what the host reported holding with the records, and destroys each copy whose
+ * record is destroyed or places the desktop on another host, provided no operation on the desktop
+ * is pending or running (a move under way legitimately has a copy on both hosts). It runs in the
+ * desktop's queue of the engine, so no operation on the desktop starts meanwhile. Copies unknown
+ * to the database are left alone and logged: they are not provably this deployment's to delete.
+ */
+import type { HelloDesktops } from '../agents/gateway.js';
+import { command, LeaseLost, type StepDeps } from './steps.js';
+
+export interface StaleCopy {
+  readonly desktopId: string;
+  /** The record's generation: the destroy carries it, so the host's fence lets it through. */
+  readonly generation: number;
+  readonly reason: 'destroyed' | 'placed_elsewhere';
+}
+
+/** The reported desktops the records say are not this host's to keep, checked one by one. */
+export async function staleCopies(deps: Pick<StepDeps, 'sql'>, hostId: string, reported: HelloDesktops): Promise<StaleCopy[]> {
+  if (reported.length === 0) return [];
+  const rows = await deps.sql<Array<{ id: string; state: string; host_id: string | null; generation: number; open: boolean }>>`
+    SELECT d.id, d.state, d.host_id, d.generation,
+           EXISTS (SELECT 1 FROM operations o WHERE o.desktop_id = d.id AND o.state IN ('pending', 'running')) AS open
+    FROM desktops d WHERE d.id = ANY(${reported.map((r) => r.desktop_id)}::text[])`;
+  const out: StaleCopy[] = [];
+  for (const r of rows) {
+    if (r.open) continue;
+    if (r.state === 'destroyed') out.push({ desktopId: r.id, generation: r.generation, reason: 'destroyed' });
+    else if (r.host_id !== null && r.host_id !== hostId) out.push({ desktopId: r.id, generation: r.generation, reason: 'placed_elsewhere' });
+  }
+  return out;
+}
+
+/** Destroys one stale copy on the host, if it is still stale by the records. */
+export async function removeStaleCopy(deps: StepDeps, hostId: string, desktopId: string): Promise<boolean> {
+  const [copy] = await staleCopies(deps, hostId, [{ desktop_id: desktopId, generation: 0, running: false, has_snapshot: false }]);
+  if (copy === undefined) return false;
+  try {
+    await command(deps, hostId, 'desktop.destroy', { desktop_id: desktopId, generation: copy.generation, operation_id: `stale-copy:${copy.reason}` });
+  } catch (err) {
+    if (err instanceof LeaseLost) throw err;
+    deps.logger.warn({ err, desktopId, hostId, reason: copy.reason }, 'a stale copy could not be removed; the next hello tries again');
+    return false;
+  }
+  deps.logger.info({ desktopId, hostId, reason: copy.reason }, 'removed a stale copy of a desktop from a returning host');
+  return true;
+}
