@@ -8,7 +8,7 @@ import { Command, Option } from 'commander';
 import { isId } from '../../shared/src/ids.js';
 import type { AdminHostJson, AdminOrgJson } from '../../scheduler/src/admin/schemas.js';
 import type { AdminOperationJson } from '../../scheduler/src/admin/moves.js';
-import { describeDrain, watchDrain } from './drain-progress.js';
+import { describeDrain, moveLine, watchDrain } from './drain-progress.js';
 import type { ApiKeyJson } from '../../scheduler/src/services/keys.js';
 import { adminCall, adminTarget, type AdminOptions, type AdminTarget } from './admin-client.js';
 import { table } from './status.js';
@@ -89,10 +89,13 @@ export function registerAdminCommands(program: Command, env: NodeJS.ProcessEnv):
   adminCommand<[string]>(desktops, 'move', 'move a desktop to another host (placement picks one unless --to names it)', async (target, opts, id) => {
     let op = await adminCall<AdminOperationJson>(target, 'POST', `/admin/v1/desktops/${encodeURIComponent(id)}/move`, { host_id: opts.to ?? null });
     if (opts.wait) {
+      const tty = process.stderr.isTTY ? process.stderr : null;
       while (op.state === 'pending' || op.state === 'running') {
+        tty?.write(`\r${moveLine(op)}\x1b[K`);
         await sleep(250);
         op = await adminCall<AdminOperationJson>(target, 'GET', `/admin/v1/operations/${op.id}`);
       }
+      tty?.write('\r\x1b[K');
       if (op.state === 'failed') process.exitCode = 1;
     }
     if (opts.json) return json(op);

@@ -4,6 +4,7 @@
  * terminal, so a log of a scripted drain still shows how it went.
  */
 import type { AdminHostJson } from '../../scheduler/src/admin/schemas.js';
+import type { AdminOperationJson } from '../../scheduler/src/admin/moves.js';
 import { adminCall, type AdminTarget } from './admin-client.js';
 
 const POLL_MS = 250;
@@ -25,6 +26,12 @@ export function progressLine(host: AdminHostJson, elapsedMs: number): string {
   const perDesktopMs = d.moved > 0 ? elapsedMs / d.moved : null;
   const eta = perDesktopMs === null || left === 0 ? '' : ` ETA ${Math.ceil((perDesktopMs * left) / 1000)} s`;
   return `${bar(total === 0 ? 1 : d.moved / total)} ${d.moved}/${total} desktops, ${mib(d.moved_bytes)} at ${mib(rate)}/s, ${d.running} moving${eta}`;
+}
+
+/** One line for `canto desktops move --wait`: the phase, and the copy while it runs. */
+export function moveLine(op: AdminOperationJson): string {
+  const copy = op.copied_bytes !== null && op.total_bytes ? ` ${bar(op.copied_bytes / op.total_bytes)} ${mib(op.copied_bytes)} of ${mib(op.total_bytes)}` : '';
+  return `moving ${op.desktop_id}: ${op.phase ?? op.state}${copy}`;
 }
 
 export function describeDrain(host: AdminHostJson): string {

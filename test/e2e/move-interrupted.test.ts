@@ -148,6 +148,13 @@ describe.skipIf(!isRoot)('a move interrupted by a crash', () => {
     await until(() => spooled(id) > 0, 60_000, 'the target to start fetching');
     // A crash now lands mid-copy: far fewer bytes are in than the desktop holds.
     expect(spooled(id)).toBeLessThan(DATA_MIB * 1024 * 1024);
+    // Visible to operators as it goes: the copy so far, of how much.
+    const op = await until(async () => {
+      const o = (await admin('GET', `/admin/v1/operations/${asked.json.id}`)).json;
+      return o.copied_bytes > 0 ? o : null;
+    }, 30_000, 'the copy to show progress');
+    expect(op.phase).toBe('stopped');
+    expect(op.copied_bytes).toBeLessThan(op.total_bytes);
     return asked.json.id as string;
   }
 

@@ -33,6 +33,9 @@ export const AdminOperationJson = Type.Object({
   source_host_id: Type.Union([Type.String(), Type.Null()]),
   target_host_id: Type.Union([Type.String(), Type.Null()]),
   total_bytes: Type.Union([Type.Integer(), Type.Null()], { description: 'What the copy carries, once known' }),
+  copied_bytes: Type.Union([Type.Integer(), Type.Null()], {
+    description: 'Of a move: bytes the target holds so far (fetched, or already there), a few times a second while it copies; all of them once copied',
+  }),
   result: Type.Union([Type.Record(Type.String(), Type.Unknown()), Type.Null()]),
   error: Type.Union([Type.Object({ code: Type.String(), message: Type.String() }), Type.Null()]),
   created_at: Type.String({ format: 'date-time' }),
@@ -52,7 +55,7 @@ export const DrainJson = Type.Union(
       moved: Type.Integer({ minimum: 0 }),
       running: Type.Integer({ minimum: 0, description: 'Moves in progress' }),
       failed: Type.Integer({ minimum: 0 }),
-      moved_bytes: Type.Integer({ minimum: 0 }),
+      moved_bytes: Type.Integer({ minimum: 0, description: 'Bytes of the moves settled, and copied so far of those running' }),
       total_bytes: Type.Integer({ minimum: 0, description: 'Bytes of the moves settled and running, as far as known' }),
       error: Type.Union([Type.String(), Type.Null()]),
     }),
@@ -72,6 +75,7 @@ export interface MoveServiceDeps {
 export function operationJson(row: OperationRow): AdminOperationJson {
   const p = (row.params ?? {}) as Record<string, unknown>;
   const str = (v: unknown) => (typeof v === 'string' ? v : null);
+  const num = (v: unknown) => (typeof v === 'number' ? v : null);
   return {
     id: row.id,
     kind: row.kind,
@@ -82,7 +86,8 @@ export function operationJson(row: OperationRow): AdminOperationJson {
     phase: row.kind === 'move' ? (str(p.phase) ?? 'accepted') : null,
     source_host_id: str(p.source_host_id),
     target_host_id: str(p.target_host_id) ?? str(p.requested_host_id),
-    total_bytes: typeof p.total_bytes === 'number' ? p.total_bytes : null,
+    total_bytes: num(p.total_bytes) ?? num(p.copy_total_bytes),
+    copied_bytes: row.kind !== 'move' ? null : (num(p.total_bytes) ?? num(p.copy_done_bytes)),
     result: row.result,
     error: row.error ? { code: row.error.code, message: row.error.message } : null,
     created_at: row.created_at.toISOString(),

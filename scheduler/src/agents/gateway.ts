@@ -44,6 +44,8 @@ import {
 import { RpcPeer } from '../../../shared/src/rpc.js';
 import type { Sql } from '../store/db.js';
 import { markHostReady, touchHost, upsertHost } from '../store/hosts.js';
+import { recordCopyProgress } from '../store/moves.js';
+import { ImportProgressPayload } from '../../../shared/src/transfer.js';
 import { readLease } from '../store/leases.js';
 import { hashToken, safeEqualHex } from '../crypto/secret-box.js';
 import { formatHostPort } from '../../../shared/src/host-port.js';
@@ -297,6 +299,13 @@ export class AgentGateway {
       link.ready = true;
       await markHostReady(this.deps.sql, hostId);
       this.log.info({ hostId, stopped: ready.stopped }, 'agent ready');
+    });
+
+    // A target's copy under way: kept with its move, so any replica shows it (admin API, drains).
+    peer.handle('desktop.import.progress', async (raw) => {
+      const progress = parseMessage(ImportProgressPayload, raw, 'desktop.import.progress');
+      heard();
+      await recordCopyProgress(this.deps.sql, progress.desktop_id, progress.done_bytes, progress.total_bytes);
     });
 
     peer.handle('heartbeat', async (raw) => {

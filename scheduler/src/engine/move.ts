@@ -47,6 +47,9 @@ export interface MoveParams {
   total_bytes?: number;
   fetched_bytes?: number;
   resumed_bytes?: number;
+  /** While copying: the target's progress (store/moves.ts `recordCopyProgress`). */
+  copy_done_bytes?: number;
+  copy_total_bytes?: number;
   /**
    * Milliseconds spent reaching each phase, by the phase reached (`finished` for the cleanup),
    * summed over attempts and leaders: where a slow move spent its time, for operators and the bench.

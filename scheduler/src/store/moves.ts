@@ -91,8 +91,10 @@ export async function drainCounts(sql: Sql, host: HostRow): Promise<DrainCounts>
     SELECT count(*) FILTER (WHERE state = 'succeeded')::int AS moved,
            count(*) FILTER (WHERE state = 'failed')::int AS failed,
            count(*) FILTER (WHERE state IN ('pending', 'running'))::int AS running,
-           COALESCE(sum((result->>'total_bytes')::bigint) FILTER (WHERE state = 'succeeded'), 0) AS moved_bytes,
-           COALESCE(sum(COALESCE((result->>'total_bytes')::bigint, (params->>'total_bytes')::bigint, 0)), 0) AS total_bytes
+           COALESCE(sum(CASE WHEN state = 'succeeded' THEN (result->>'total_bytes')::bigint
+                             WHEN state = 'running' THEN COALESCE((params->>'total_bytes')::bigint, (params->>'copy_done_bytes')::bigint)
+                        END), 0) AS moved_bytes,
+           COALESCE(sum(COALESCE((result->>'total_bytes')::bigint, (params->>'total_bytes')::bigint, (params->>'copy_total_bytes')::bigint, 0)), 0) AS total_bytes
     FROM operations WHERE kind = 'move' AND params->>'source_host_id' = ${host.id} AND params->>'drain' = ${drain}`;
   return {
     remaining: held!.n,
@@ -115,6 +117,16 @@ export async function drainCandidates(sql: Sql, hostId: string, limit: number): 
       AND NOT EXISTS (SELECT 1 FROM operations o WHERE o.desktop_id = d.id AND o.state IN ('pending', 'running'))
     ORDER BY (d.state = 'awake') DESC, d.created_at
     LIMIT ${limit}`;
+}
+
+/**
+ * A running move's copy so far, from the target's progress notifications: written while the move
+ * is in its copy phase only, so a late notification cannot touch a later phase's params.
+ */
+export async function recordCopyProgress(sql: Sql, desktopId: string, doneBytes: number, totalBytes: number): Promise<void> {
+  await sql`
+    UPDATE operations SET params = params || ${sql.json({ copy_done_bytes: doneBytes, copy_total_bytes: totalBytes })}::jsonb
+    WHERE desktop_id = ${desktopId} AND kind = 'move' AND state = 'running' AND params->>'phase' = 'stopped'`;
 }
 
 /** The latest failed move of the drain, for the reason it stopped. */
