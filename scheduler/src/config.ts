@@ -111,6 +111,11 @@ export interface SchedulerConfig {
   readonly hostWaitMs: number;
   /** `CANTO_OPERATION_DEADLINE_MS`: retryable failures are retried until this age. Default 300000. */
   readonly operationDeadlineMs: number;
+  /**
+   * `CANTO_CAPACITY_WAIT_MS`: how long a wake (or a move) waits for a host with room before it
+   * fails with `no_capacity`. Default 30000.
+   */
+  readonly capacityWaitMs: number;
   /** `CANTO_CPU_OVERCOMMIT`, `CANTO_MEMORY_OVERCOMMIT`: placement multipliers on host capacity. Defaults 8 and 2. */
   readonly cpuOvercommit: number;
   readonly memoryOvercommit: number;
@@ -193,6 +198,7 @@ export function loadSchedulerConfig(env: Env): SchedulerConfig {
     hostWaitMs: int(env, 'CANTO_HOST_WAIT_MS', 30_000, 0),
     hostFailureGraceMs: int(env, 'CANTO_HOST_FAILURE_GRACE_MS', 60_000, 100),
     operationDeadlineMs: int(env, 'CANTO_OPERATION_DEADLINE_MS', 300_000, 1_000),
+    capacityWaitMs: int(env, 'CANTO_CAPACITY_WAIT_MS', 30_000, 0),
     cpuOvercommit: num(env, 'CANTO_CPU_OVERCOMMIT', 8),
     memoryOvercommit: num(env, 'CANTO_MEMORY_OVERCOMMIT', 2),
     hostSlots: int(env, 'CANTO_HOST_SLOTS', 128, 1),

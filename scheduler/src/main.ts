@@ -105,6 +105,7 @@ export async function startScheduler(config: SchedulerConfig, logger?: Logger): 
     hostSlots: config.hostSlots,
     pollMs: config.enginePollMs,
     operationDeadlineMs: config.operationDeadlineMs,
+    capacityWaitMs: config.capacityWaitMs,
     currentTerm: () => leadership?.term() ?? null,
     onSettled: (op, outcome) => metrics.observeSettled(op.kind, outcome, op.created_at),
   });

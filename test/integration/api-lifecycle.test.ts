@@ -257,7 +257,7 @@ describe('?wait=true bounds', () => {
   beforeAll(async () => {
     [capped, failing] = await Promise.all([
       startTestScheduler({ CANTO_WAIT_CAP_MS: '300' }),
-      // No agent ever connects: the wake retries "host unreachable" until its 1 s deadline.
+      // No agent ever connects: the wake waits for a host with room until its 1 s deadline.
       startTestScheduler({ CANTO_HOST_WAIT_MS: '100', CANTO_OPERATION_DEADLINE_MS: '1000' }),
     ]);
     slowAgent = await startFakeAgent(capped.url, { delayMs: 1000 });
@@ -286,6 +286,28 @@ describe('?wait=true bounds', () => {
     expect(await getDesktop(c, id)).toMatchObject({ state: 'awake', generation: 2, host_id: slowAgent.hostId });
   });
 
+  it('a wake no host has room for fails with no_capacity once the capacity wait is over, saying why', async () => {
+    const full = await startTestScheduler({ CANTO_HOST_SLOTS: '1', CANTO_CAPACITY_WAIT_MS: '500' });
+    const agent = await startFakeAgent(full.url);
+    try {
+      const c = api(full.url, await mintKey(full.databaseUrl, 'full'));
+      const first = (await c('POST', '/v1/desktops', { tier: 'small' })).json.id;
+      expect((await c('POST', `/v1/desktops/${first}/wake?wait=true`)).json.state).toBe('succeeded');
+      const second = (await c('POST', '/v1/desktops', { tier: 'small' })).json.id;
+      const res = await c('POST', `/v1/desktops/${second}/wake?wait=true`);
+      expectProblem(res, 409);
+      const op = await c('GET', `/v1/operations/${res.json.operation_id}`);
+      expect(op.json.error).toEqual({
+        code: 'no_capacity',
+        message: 'no host has room for a small desktop: 1 schedulable, each at its CPU, memory or storage-slot limit',
+      });
+      expect((await getDesktop(c, second)).state).toBe('provisioning');
+    } finally {
+      await agent.stop();
+      await full.close();
+    }
+  });
+
   it('a failed operation seen through wait is 409 with operation_id', async () => {
     const c = api(failing.url, await mintKey(failing.databaseUrl, 'failing'));
     const id = (await c('POST', '/v1/desktops', { tier: 'small' })).json.id;
@@ -294,7 +316,7 @@ describe('?wait=true bounds', () => {
     expect(res.json.operation_id).toMatch(/^op_/);
     const op = await c('GET', `/v1/operations/${res.json.operation_id}`);
     expect(op.json).toMatchObject({ desktop_id: id, kind: 'wake', state: 'failed' });
-    expect(op.json.error).toEqual({ code: 'host_unavailable', message: 'the desktop host is unreachable' });
+    expect(op.json.error).toEqual({ code: 'no_capacity', message: 'no host is up to take a small desktop' });
     // A failed wake leaves the desktop where it was, and it can be woken again.
     expect((await getDesktop(c, id)).state).toBe('provisioning');
     expect((await c('POST', `/v1/desktops/${id}/wake`)).status).toBe(202);

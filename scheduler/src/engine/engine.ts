@@ -11,7 +11,8 @@
  * returning host must stop, it stops before it reports ready (fleet/hello-fence.ts).
  *
  * Retryable failures (the host is disconnected, a command timed out) are retried with capped
- * backoff until the operation is `operationDeadlineMs` old; anything else settles it `failed`.
+ * backoff until the operation is `operationDeadlineMs` old, and a want of room anywhere
+ * (steps.NoCapacity) until it is `capacityWaitMs` old; anything else settles it `failed`.
  */
 import type { Logger } from '../../../shared/src/log.js';
 import { AgentFailure } from '../../../shared/src/protocol.js';
@@ -29,6 +30,8 @@ import { PlacementReservations } from '../placement/reservations.js';
 export interface EngineDeps extends Omit<steps.StepDeps, 'fence' | 'leading' | 'placements'> {
   pollMs: number;
   operationDeadlineMs: number;
+  /** How long an operation waits for a host with room (steps.NoCapacity) before it fails. */
+  capacityWaitMs: number;
   /** The term this replica leads in now; null when it does not lead. */
   currentTerm(): LeaderTerm | null;
   /** Told of every operation this engine settles (metrics). */
@@ -144,7 +147,7 @@ export class OperationEngine {
           if (fresh.length === 1) await steps.provision(this.deps, d);
         }).catch((err: unknown) => {
           // No host with room yet is the normal wait; the next tick tries again.
-          if (!(err instanceof AgentFailure && err.retryable)) this.log.warn({ err, desktopId: d.id }, 'provisioning failed');
+          if (!(err instanceof AgentFailure && err.retryable) && !(err instanceof steps.NoCapacity)) this.log.warn({ err, desktopId: d.id }, 'provisioning failed');
         });
         this.track(task.finally(() => this.provisioning.delete(d.id)));
       }
@@ -191,7 +194,7 @@ export class OperationEngine {
       } catch (err) {
         if (err instanceof steps.LeaseLost) return log.warn('lease lost; the next leader re-drives');
         const age = Date.now() - (op.started_at ?? op.created_at).getTime();
-        const retryable = err instanceof AgentFailure && err.retryable;
+        const retryable = (err instanceof AgentFailure && err.retryable) || (err instanceof steps.NoCapacity && age < this.deps.capacityWaitMs);
         if (retryable && age < this.deps.operationDeadlineMs) {
           log.warn({ err: (err as Error).message, backoffMs }, 'retryable failure; retrying');
           await this.pause(backoffMs);
@@ -234,7 +237,7 @@ const AGENT_ERRORS: Partial<Record<AgentFailure['code'], { code: string; message
 };
 
 function describe(err: unknown): { code: string; message: string } {
-  if (err instanceof steps.StepFailure) return { code: err.code, message: err.message };
+  if (err instanceof steps.StepFailure || err instanceof steps.NoCapacity) return { code: err.code, message: err.message };
   if (err instanceof AgentFailure) return AGENT_ERRORS[err.code] ?? { code: 'runtime_error', message: 'the desktop runtime failed; the host agent log has the details' };
   return { code: 'internal', message: 'internal error' };
 }

@@ -26,7 +26,7 @@ import { closeMeter, recordEvent } from '../store/events.js';
 import { settleOperation, type SettleFence } from '../store/operations.js';
 import type { DesktopRow, OperationRow } from '../store/rows.js';
 import { selectHost } from '../placement/select.js';
-import { command, LeaseLost, readFleet, StepFailure, type StepDeps } from './steps.js';
+import { command, LeaseLost, NoCapacity, noCapacityMessage, readFleet, StepFailure, type StepDeps } from './steps.js';
 
 export type MovePhase = 'accepted' | 'planned' | 'stopped' | 'copied' | 'committed' | 'started';
 
@@ -106,7 +106,7 @@ async function plan(deps: StepDeps, op: OperationRow, d: DesktopRow, p: MovePara
   if (d.state !== 'awake' && d.state !== 'hibernated') throw new StepFailure('conflict', `desktop is ${d.state}; only awake and hibernated desktops move`);
   if (d.host_id !== p.source_host_id) throw new StepFailure('conflict', 'the desktop is no longer on the host it was to move from');
   const target = p.requested_host_id ?? (await chooseTarget(deps, d));
-  if (!target) throw new AgentFailure('disconnected', 'no other connected host has room for this desktop', true);
+  if (!target) throw new NoCapacity(noCapacityMessage(d.tier, (await readFleet(deps, [])).hosts.filter((h) => h.id !== d.host_id), 'other host'));
   if (target === p.source_host_id) throw new StepFailure('bad_target', 'the desktop is already on that host');
   if (!deps.agents.speaks(target, 1, 8) || !deps.agents.speaks(p.source_host_id, 1, 8)) {
     deps.placements.release(d.id);

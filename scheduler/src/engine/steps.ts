@@ -19,6 +19,7 @@ import type { SecretBox } from '../crypto/secret-box.js';
 import { selectHost } from '../placement/select.js';
 import { hostCandidates } from '../placement/candidates.js';
 import type { FleetView, PlacementReservations } from '../placement/reservations.js';
+import type { HostCandidate } from '../placement/feasible.js';
 
 export interface StepDeps {
   sql: Sql;
@@ -49,6 +50,25 @@ export class StepFailure extends Error {
 
 /** Raised when a commit found the lease gone: another replica leads and will re-drive. */
 export class LeaseLost extends Error {}
+
+/**
+ * No schedulable host has room for the desktop. Retried while room may still appear (a desktop
+ * hibernating, a host joining or being uncordoned) for the engine's `capacityWaitMs`, then the
+ * operation fails with code `no_capacity` and this message, which says what placement saw.
+ */
+export class NoCapacity extends Error {
+  readonly code = 'no_capacity';
+}
+
+/** Why nothing has room, in a sentence an API client can act on (no host ids). */
+export function noCapacityMessage(tier: string, hosts: readonly HostCandidate[], what = 'host'): string {
+  const ready = hosts.filter((h) => h.connected && h.ready);
+  const schedulable = ready.filter((h) => !h.cordoned);
+  if (schedulable.length === 0) {
+    return ready.length === 0 ? `no ${what} is up to take a ${tier} desktop` : `every ${what} that is up is cordoned or draining`;
+  }
+  return `no ${what} has room for a ${tier} desktop: ${schedulable.length} schedulable, each at its CPU, memory or storage-slot limit`;
+}
 
 async function settle(tx: Sql, deps: StepDeps, op: OperationRow, result: Record<string, unknown>): Promise<void> {
   if (!(await settleOperation(tx, op.id, { result }, deps.fence))) throw new LeaseLost('leader lease lost before settling');
@@ -101,7 +121,7 @@ async function loadDesktop(deps: StepDeps, id: string): Promise<DesktopRow> {
 export async function provision(deps: StepDeps, desktop: DesktopRow): Promise<string> {
   if (desktop.host_id) return desktop.host_id;
   const hostId = await pickHost(deps, desktop);
-  if (!hostId) throw new AgentFailure('disconnected', 'no connected host has capacity for this desktop', true);
+  if (!hostId) throw new NoCapacity(noCapacityMessage(desktop.tier, (await readFleet(deps, [])).hosts));
   try {
     await command(deps, hostId, 'desktop.prepare', { desktop_id: desktop.id, generation: desktop.generation, tier: desktop.tier });
     await inTransaction(deps.sql, async (tx) => {
