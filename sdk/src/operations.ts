@@ -17,7 +17,7 @@ export interface OperationLike {
 }
 
 export interface WaitOptions {
-  /** Give up after this long, in ms. Default 600000 (ten minutes). */
+  /** Give up after this long, in ms; `Infinity` never gives up. Default 600000 (ten minutes). */
   timeoutMs?: number;
   /** Stops the wait (and its poll in flight). */
   signal?: AbortSignal;
@@ -53,7 +53,8 @@ export const isSettled = (op: OperationLike) => op.state === 'succeeded' || op.s
 /** Polls `read` until the operation settles; resolves with it, or throws as `options` say. */
 export async function pollOperation<Op extends OperationLike>(first: Op, read: (id: string, signal: AbortSignal) => Promise<Op>, options: WaitOptions = {}): Promise<Op> {
   const timeoutMs = options.timeoutMs ?? 600_000;
-  const signal = options.signal ? AbortSignal.any([options.signal, AbortSignal.timeout(timeoutMs)]) : AbortSignal.timeout(timeoutMs);
+  const signals = [options.signal, Number.isFinite(timeoutMs) ? AbortSignal.timeout(timeoutMs) : undefined].filter((s): s is AbortSignal => s !== undefined);
+  const signal = AbortSignal.any(signals);
   let op = first;
   let interval = options.intervalMs ?? 200;
   try {
