@@ -10,7 +10,7 @@ import { createHash, randomBytes } from 'node:crypto';
 import { Readable } from 'node:stream';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import {
-  BadRequestProblem, ConflictProblem, NotFoundProblem, OperationFailedError, UnauthorizedProblem, createCanto, unwrap, type Canto,
+  BadRequestProblem, ConflictProblem, NotFoundProblem, OperationFailedError, UnauthorizedProblem, UnavailableProblem, createCanto, unwrap, type Canto,
 } from '../../sdk/src/index.js';
 import { mintKey, startTestScheduler, type TestScheduler } from '../helpers/scheduler.js';
 import { startFakeAgent, type TestAgent } from '../helpers/agent.js';
@@ -20,13 +20,15 @@ const sha = (b: Uint8Array) => createHash('sha256').update(b).digest('hex');
 
 let s: TestScheduler;
 let agent: TestAgent;
+let key: string;
 let canto: Canto;
 let other: Canto;
 
 beforeAll(async () => {
   s = await startTestScheduler();
   agent = await startFakeAgent(s.url);
-  canto = createCanto({ baseUrl: s.url, apiKey: await mintKey(s.databaseUrl, 'sdk') });
+  key = await mintKey(s.databaseUrl, 'sdk');
+  canto = createCanto({ baseUrl: s.url, apiKey: key });
   other = createCanto({ baseUrl: s.url, apiKey: await mintKey(s.databaseUrl, 'sdk-other') });
 });
 
@@ -137,5 +139,26 @@ describe('the SDK against a real scheduler', () => {
     expect(failed.message).toContain('generation_mismatch');
     const allowed = await canto.waitForOperation(failed.operation.id, { allowFailure: true });
     expect(allowed.state).toBe('failed');
+  });
+
+  it("retries a guest read after the server's Retry-After while the host is unreachable, then hands back the 503", async () => {
+    const desktop = await canto.createDesktop({ tier: 'small' });
+    await canto.wake(desktop.id, { wait: true });
+    await canto.files.upload(desktop.id, 'root/a.txt', 'a');
+    await agent.stop();
+    try {
+      const waits: number[] = [];
+      const patient = createCanto({ baseUrl: s.url, apiKey: key, retry: { maxAttempts: 3, sleep: async (ms) => void waits.push(ms) } });
+      const err = (await patient.files.readBytes(desktop.id, 'root/a.txt').catch((e: unknown) => e)) as UnavailableProblem;
+      expect(err).toBeInstanceOf(UnavailableProblem);
+      expect(err.retryAfterSecs).toBeGreaterThan(0);
+      // Two waits between three attempts, each exactly what the server asked for.
+      expect(waits).toEqual([err.retryAfterSecs! * 1000, err.retryAfterSecs! * 1000]);
+      // An exec is not safe to repeat: one attempt, no wait.
+      await expect(patient.exec(desktop.id, 'true')).rejects.toBeInstanceOf(UnavailableProblem);
+      expect(waits).toHaveLength(2);
+    } finally {
+      agent = await startFakeAgent(s.url);
+    }
   });
 });
