@@ -1,8 +1,9 @@
 /**
  * The CLI's admin commands — `canto hosts …`, `canto desktops move`, `canto orgs …`, `canto keys …` — over the admin API
- * of a running scheduler through the SDK's admin client (cli/src/admin-client.ts), so they work from any machine that can reach
- * it and see what the scheduler sees. Tables for people; `--json` prints the API's answer for
- * scripts. Every failure is one line on stderr and a non-zero exit (cli/src/main.ts).
+ * of a running scheduler, through the SDK's admin client (cli/src/admin-client.ts), so they work
+ * from any machine that can reach it and see what the scheduler sees. Tables for people; `--json`
+ * prints the API's answer for scripts. Every failure is one line on stderr and a non-zero exit
+ * (cli/src/main.ts).
  */
 import { Command, Option } from 'commander';
 import { isId } from '../../shared/src/ids.js';
