@@ -2,7 +2,7 @@ import tseslint from 'typescript-eslint';
 import importX from 'eslint-plugin-import-x';
 
 export default tseslint.config(
-  { ignores: ['dist/**', 'node_modules/**', 'eslint.config.mjs'] },
+  { ignores: ['dist/**', 'sdk/dist/**', 'node_modules/**', 'eslint.config.mjs'] },
   ...tseslint.configs.recommended,
   {
     files: ['**/*.ts'],
@@ -26,6 +26,13 @@ export default tseslint.config(
     files: ['shared/**/*.ts'],
     rules: {
       'no-restricted-imports': ['error', { patterns: ['**/scheduler/**', '**/agent/**', '**/cli/**'] }],
+    },
+  },
+  {
+    // The SDK is published on its own: it may import only its own files and its dependencies.
+    files: ['sdk/**/*.ts'],
+    rules: {
+      'no-restricted-imports': ['error', { patterns: ['**/scheduler/**', '**/agent/**', '**/cli/**', '**/shared/**'] }],
     },
   },
   {

@@ -1,6 +1,7 @@
 /**
- * The CLI's side of the admin API: where it is and which token opens it, and one call that
- * turns every failure (a problem+json answer, a refused connection) into a one-line error.
+ * The CLI's side of the admin API: where it is and which token opens it, the SDK's admin client
+ * (sdk/) bound to them, and the one-line error every failure (a problem+json answer, a refused
+ * connection) becomes.
  *
  * The token comes from a file or the environment, never from the command line, where every user
  * of the machine could read it (`ps`): `--data-dir DIR` reads `DIR/secrets.json`, else
@@ -10,6 +11,7 @@
  */
 import { existsSync } from 'node:fs';
 import { join } from 'node:path';
+import { CantoConnectionError, CantoProblem, UnauthorizedProblem, createCantoAdmin, type CantoAdmin } from '../../sdk/src/index.js';
 import { DEFAULT_DATA_DIR, readAdminToken, recordedApiUrl } from './data-dir.js';
 
 export interface AdminTarget {
@@ -53,32 +55,26 @@ export function adminTarget(opts: AdminOptions, env: NodeJS.ProcessEnv): AdminTa
 }
 
 /**
- * Calls the admin API; resolves with the JSON answer (null for 204). A problem+json answer
- * becomes an error carrying its detail and status; so does an API that cannot be reached.
+ * The SDK's admin client for `target`. A refused connection fails at once (a scheduler that is
+ * down is not coming back within a command's patience); a 503 is retried after its Retry-After.
  */
-export async function adminCall<T = unknown>(target: AdminTarget, method: string, path: string, body?: unknown): Promise<T> {
-  let res: Response;
-  try {
-    res = await fetch(target.url + path, {
-      method,
-      headers: { authorization: `Bearer ${target.token}`, ...(body !== undefined ? { 'content-type': 'application/json' } : {}) },
-      body: body === undefined ? undefined : JSON.stringify(body),
-      signal: AbortSignal.timeout(30_000),
-    });
-  } catch (err) {
-    const cause = (err as { cause?: { code?: string; message?: string } }).cause;
-    const why = cause?.code ?? cause?.message ?? (err as Error).message;
-    throw new Error(`cannot reach the admin API at ${target.url}: ${why} (is the scheduler running? --api URL names another)`);
+export function adminClient(target: AdminTarget): CantoAdmin {
+  return createCantoAdmin({ baseUrl: target.url, adminToken: target.token, timeoutMs: 30_000, retry: { onConnectionError: false } });
+}
+
+/**
+ * The one-line error a failed admin call becomes: the problem's detail with its status, method
+ * and path (the SDK's message), a hint for a refused token, and where the CLI looked for an API
+ * it could not reach.
+ */
+export function explainAdminError(err: unknown, target: AdminTarget): unknown {
+  if (err instanceof UnauthorizedProblem) {
+    return new Error(`the admin API refused the token: is it the CANTO_ADMIN_TOKEN the scheduler runs with? (HTTP 401 from ${err.method} ${err.path})`);
   }
-  const text = await res.text();
-  if (res.ok) return (text ? JSON.parse(text) : null) as T;
-  let detail = text.slice(0, 200) || res.statusText;
-  try {
-    const problem = JSON.parse(text) as { detail?: unknown };
-    if (typeof problem.detail === 'string') detail = problem.detail;
-  } catch {
-    // Not problem+json (a proxy's page): its first characters say enough.
+  if (err instanceof CantoProblem) return new Error(err.message);
+  if (err instanceof CantoConnectionError) {
+    const why = err.code === 'TimeoutError' ? 'no answer within 30 s' : err.code;
+    return new Error(`cannot reach the admin API at ${target.url}: ${why} (is the scheduler running? --api URL names another)`);
   }
-  if (res.status === 401) detail = 'the admin API refused the token: is it the CANTO_ADMIN_TOKEN the scheduler runs with?';
-  throw new Error(`${detail} (HTTP ${res.status} from ${method} ${path})`);
+  return err;
 }

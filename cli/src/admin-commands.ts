@@ -1,16 +1,15 @@
 /**
  * The CLI's admin commands — `canto hosts …`, `canto desktops move`, `canto orgs …`, `canto keys …` — over the admin API
- * of a running scheduler (cli/src/admin-client.ts), so they work from any machine that can reach
- * it and see what the scheduler sees. Tables for people; `--json` prints the API's answer for
- * scripts. Every failure is one line on stderr and a non-zero exit (cli/src/main.ts).
+ * of a running scheduler, through the SDK's admin client (cli/src/admin-client.ts), so they work
+ * from any machine that can reach it and see what the scheduler sees. Tables for people; `--json`
+ * prints the API's answer for scripts. Every failure is one line on stderr and a non-zero exit
+ * (cli/src/main.ts).
  */
 import { Command, Option } from 'commander';
 import { isId } from '../../shared/src/ids.js';
-import type { AdminHostJson, AdminOrgJson } from '../../scheduler/src/admin/schemas.js';
-import type { AdminOperationJson } from '../../scheduler/src/admin/moves.js';
+import { unwrap, type AdminHost, type CantoAdmin } from '../../sdk/src/index.js';
 import { describeDrain, moveLine, watchDrain } from './drain-progress.js';
-import type { ApiKeyJson } from '../../scheduler/src/services/keys.js';
-import { adminCall, adminTarget, type AdminOptions, type AdminTarget } from './admin-client.js';
+import { adminClient, adminTarget, explainAdminError, type AdminOptions } from './admin-client.js';
 import { table } from './status.js';
 
 interface CommonOptions extends AdminOptions {
@@ -24,7 +23,7 @@ interface CommonOptions extends AdminOptions {
   to?: string;
 }
 
-type Action<A extends unknown[]> = (target: AdminTarget, opts: CommonOptions, ...args: A) => Promise<void>;
+type Action<A extends unknown[]> = (admin: CantoAdmin, opts: CommonOptions, ...args: A) => Promise<void>;
 
 export function registerAdminCommands(program: Command, env: NodeJS.ProcessEnv): void {
   /** A subcommand with the options every admin command takes. */
@@ -40,7 +39,12 @@ export function registerAdminCommands(program: Command, env: NodeJS.ProcessEnv):
         // commander passes the arguments, then the options, then the command.
         const args = raw.slice(0, -2) as A;
         const opts = raw[raw.length - 2] as CommonOptions;
-        await action(adminTarget(opts, env), opts, ...args);
+        const target = adminTarget(opts, env);
+        try {
+          await action(adminClient(target), opts, ...args);
+        } catch (err) {
+          throw explainAdminError(err, target);
+        }
       });
   }
   const out = (line: string): void => {
@@ -49,34 +53,35 @@ export function registerAdminCommands(program: Command, env: NodeJS.ProcessEnv):
   const json = (value: unknown): void => out(JSON.stringify(value, null, 2));
 
   const hosts = program.command('hosts').description('agent hosts, over the admin API');
-  adminCommand(hosts, 'list', 'list hosts: state, schedulable, capacity and use, desktops', async (target, opts) => {
-    const answer = await adminCall<{ hosts: AdminHostJson[] }>(target, 'GET', '/admin/v1/hosts');
+  adminCommand(hosts, 'list', 'list hosts: state, schedulable, capacity and use, desktops', async (admin, opts) => {
+    const answer = unwrap(await admin.api.GET('/admin/v1/hosts'));
     if (opts.json) return json(answer);
     out(table(answer.hosts.map(hostRow), ['ID', 'HOSTNAME', 'STATUS', 'RUNTIME', 'SCHEDULABLE', 'DESKTOPS', 'VCPU', 'MEMORY', 'SLOTS', 'LAST HEARD']));
   });
-  adminCommand<[string]>(hosts, 'show', 'one host in detail', async (target, opts, id) => {
-    const host = await adminCall<AdminHostJson>(target, 'GET', `/admin/v1/hosts/${encodeURIComponent(id)}`);
+  adminCommand<[string]>(hosts, 'show', 'one host in detail', async (admin, opts, id) => {
+    const host = unwrap(await admin.api.GET('/admin/v1/hosts/{host_id}', { params: { path: { host_id: id } } }));
     if (opts.json) return json(host);
     out(describeHost(host));
   }).argument('<host-id>');
   for (const [action, words] of [['cordon', 'cordoned: no new desktop is placed on it'], ['uncordon', 'uncordoned: placement may use it again']] as const) {
-    adminCommand<[string]>(hosts, action, action === 'cordon' ? 'place no new desktop on the host (those on it stay)' : 'let placement use the host again', async (target, opts, id) => {
-      const host = await adminCall<AdminHostJson>(target, 'POST', `/admin/v1/hosts/${encodeURIComponent(id)}/${action}`);
+    adminCommand<[string]>(hosts, action, action === 'cordon' ? 'place no new desktop on the host (those on it stay)' : 'let placement use the host again', async (admin, opts, id) => {
+      const init = { params: { path: { host_id: id } } };
+      const host = unwrap(action === 'cordon' ? await admin.api.POST('/admin/v1/hosts/{host_id}/cordon', init) : await admin.api.POST('/admin/v1/hosts/{host_id}/uncordon', init));
       if (opts.json) return json(host);
       out(`host ${host.id} ${words}`);
     }).argument('<host-id>');
   }
-  adminCommand<[string]>(hosts, 'remove', "remove a host's record: it must hold no desktop and its agent must be stopped", async (target, opts, id) => {
-    await adminCall(target, 'DELETE', `/admin/v1/hosts/${encodeURIComponent(id)}`);
+  adminCommand<[string]>(hosts, 'remove', "remove a host's record: it must hold no desktop and its agent must be stopped", async (admin, opts, id) => {
+    await admin.api.DELETE('/admin/v1/hosts/{host_id}', { params: { path: { host_id: id } } });
     if (opts.json) return json({ removed: id });
     out(`host ${id} removed`);
   }).argument('<host-id>');
 
-  adminCommand<[string]>(hosts, 'drain', 'cordon the host and move every desktop off it (awake ones come back awake)', async (target, opts, id) => {
+  adminCommand<[string]>(hosts, 'drain', 'cordon the host and move every desktop off it (awake ones come back awake)', async (admin, opts, id) => {
     const body = opts.parallel === undefined ? {} : { parallel: Number(opts.parallel) };
-    const host = await adminCall<AdminHostJson>(target, 'POST', `/admin/v1/hosts/${encodeURIComponent(id)}/drain`, body);
+    const host = unwrap(await admin.api.POST('/admin/v1/hosts/{host_id}/drain', { params: { path: { host_id: id } }, body }));
     if (!opts.wait) return opts.json ? json(host) : out(`host ${host.id} draining: ${host.drain?.remaining ?? 0} desktops to move (canto hosts show ${host.id})`);
-    const done = await watchDrain(target, host.id, opts.json ? null : process.stderr);
+    const done = await watchDrain(admin, host.id, opts.json ? null : process.stderr);
     if (opts.json) json(done);
     else out(describeDrain(done));
     if (done.drain?.state !== 'drained') process.exitCode = 1;
@@ -86,14 +91,15 @@ export function registerAdminCommands(program: Command, env: NodeJS.ProcessEnv):
     .option('--wait', 'show progress until the host is empty; exit non-zero if a desktop could not be moved');
 
   const desktops = program.command('desktops').description('desktops of any org, over the admin API');
-  adminCommand<[string]>(desktops, 'move', 'move a desktop to another host (placement picks one unless --to names it)', async (target, opts, id) => {
-    let op = await adminCall<AdminOperationJson>(target, 'POST', `/admin/v1/desktops/${encodeURIComponent(id)}/move`, { host_id: opts.to ?? null });
+  adminCommand<[string]>(desktops, 'move', 'move a desktop to another host (placement picks one unless --to names it)', async (admin, opts, id) => {
+    let op = unwrap(await admin.api.POST('/admin/v1/desktops/{desktop_id}/move', { params: { path: { desktop_id: id } }, body: { host_id: opts.to ?? null } }));
     if (opts.wait) {
+      // No deadline: a move ends, succeeded or rolled back. On a terminal, its phase and copy as it goes.
       const tty = process.stderr.isTTY ? process.stderr : null;
       while (op.state === 'pending' || op.state === 'running') {
         tty?.write(`\r${moveLine(op)}\x1b[K`);
-        await sleep(250);
-        op = await adminCall<AdminOperationJson>(target, 'GET', `/admin/v1/operations/${op.id}`);
+        await new Promise((resolve) => setTimeout(resolve, 250));
+        op = await admin.getOperation(op.id);
       }
       tty?.write('\r\x1b[K');
       if (op.state === 'failed') process.exitCode = 1;
@@ -107,35 +113,35 @@ export function registerAdminCommands(program: Command, env: NodeJS.ProcessEnv):
     .option('--wait', 'wait until the move settles; exit non-zero if it failed');
 
   const orgs = program.command('orgs').description('orgs, over the admin API');
-  adminCommand(orgs, 'list', 'list orgs with their key and desktop counts', async (target, opts) => {
-    const answer = await adminCall<{ orgs: AdminOrgJson[] }>(target, 'GET', '/admin/v1/orgs');
+  adminCommand(orgs, 'list', 'list orgs with their key and desktop counts', async (admin, opts) => {
+    const answer = unwrap(await admin.api.GET('/admin/v1/orgs'));
     if (opts.json) return json(answer);
     out(table(answer.orgs.map((o) => ({ ID: o.id, NAME: o.name, KEYS: String(o.key_count), DESKTOPS: String(o.desktop_count), CREATED: o.created_at })), ['ID', 'NAME', 'KEYS', 'DESKTOPS', 'CREATED']));
   });
-  adminCommand<[string]>(orgs, 'create', 'create an org', async (target, opts, name) => {
-    const org = await adminCall<AdminOrgJson>(target, 'POST', '/admin/v1/orgs', { name });
+  adminCommand<[string]>(orgs, 'create', 'create an org', async (admin, opts, name) => {
+    const org = unwrap(await admin.api.POST('/admin/v1/orgs', { body: { name } }));
     if (opts.json) return json(org);
     out(`org ${org.name} created: ${org.id}`);
   }).argument('<name>');
 
   const keys = program.command('keys').description("an org's API keys, over the admin API");
-  adminCommand(keys, 'list', "list an org's live keys (never their secrets)", async (target, opts) => {
-    const org = await orgId(target, opts.org!, false);
-    const answer = await adminCall<{ keys: ApiKeyJson[] }>(target, 'GET', `/admin/v1/orgs/${org}/keys`);
+  adminCommand(keys, 'list', "list an org's live keys (never their secrets)", async (admin, opts) => {
+    const org = await orgId(admin, opts.org!, false);
+    const answer = unwrap(await admin.api.GET('/admin/v1/orgs/{org_id}/keys', { params: { path: { org_id: org } } }));
     if (opts.json) return json(answer);
     out(table(answer.keys.map((k) => ({ ID: k.id, NAME: k.name ?? '', PREFIX: k.prefix ?? '', CREATED: k.created_at, 'LAST USED': k.last_used_at ?? 'never' })), ['ID', 'NAME', 'PREFIX', 'CREATED', 'LAST USED']));
   }).requiredOption('--org <org>', 'org id or name');
-  adminCommand(keys, 'create', 'create an API key (and the org, if no org has this name); prints only the key', async (target, opts) => {
-    const org = await orgId(target, opts.org!, true);
-    const created = await adminCall<ApiKeyJson & { key: string }>(target, 'POST', `/admin/v1/orgs/${org}/keys`, { name: opts.name ?? null });
+  adminCommand(keys, 'create', 'create an API key (and the org, if no org has this name); prints only the key', async (admin, opts) => {
+    const org = await orgId(admin, opts.org!, true);
+    const created = unwrap(await admin.api.POST('/admin/v1/orgs/{org_id}/keys', { params: { path: { org_id: org } }, body: { name: opts.name ?? null } }));
     if (opts.json) return json(created);
     out(created.key);
   })
     .requiredOption('--org <org>', 'org id or name')
     .option('--name <name>', 'a label for people');
-  adminCommand<[string]>(keys, 'revoke', 'revoke an API key: every replica refuses it from its next request', async (target, opts, keyId) => {
-    const org = await orgId(target, opts.org!, false);
-    await adminCall(target, 'DELETE', `/admin/v1/orgs/${org}/keys/${encodeURIComponent(keyId)}`);
+  adminCommand<[string]>(keys, 'revoke', 'revoke an API key: every replica refuses it from its next request', async (admin, opts, keyId) => {
+    const org = await orgId(admin, opts.org!, false);
+    await admin.api.DELETE('/admin/v1/orgs/{org_id}/keys/{key_id}', { params: { path: { org_id: org, key_id: keyId } } });
     if (opts.json) return json({ revoked: keyId });
     out(`key ${keyId} revoked`);
   })
@@ -144,16 +150,14 @@ export function registerAdminCommands(program: Command, env: NodeJS.ProcessEnv):
 }
 
 /** The id of the org `value` names (an `org_…` id, or a name); created when asked and missing. */
-async function orgId(target: AdminTarget, value: string, create: boolean): Promise<string> {
+async function orgId(admin: CantoAdmin, value: string, create: boolean): Promise<string> {
   if (isId('org', value)) return value;
-  const { orgs } = await adminCall<{ orgs: AdminOrgJson[] }>(target, 'GET', '/admin/v1/orgs');
+  const { orgs } = unwrap(await admin.api.GET('/admin/v1/orgs'));
   const found = orgs.find((o) => o.name === value);
   if (found) return found.id;
   if (!create) throw new Error(`no org is named "${value}" (canto orgs list shows them)`);
-  return (await adminCall<AdminOrgJson>(target, 'POST', '/admin/v1/orgs', { name: value })).id;
+  return unwrap(await admin.api.POST('/admin/v1/orgs', { body: { name: value } })).id;
 }
-
-const sleep = (ms: number) => new Promise((resolve) => setTimeout(resolve, ms));
 
 function ago(iso: string): string {
   const ms = Math.max(0, Date.now() - Date.parse(iso));
@@ -162,7 +166,7 @@ function ago(iso: string): string {
 
 const gib = (mb: number) => (mb / 1024).toFixed(1);
 
-function hostRow(h: AdminHostJson): Record<string, string> {
+function hostRow(h: AdminHost): Record<string, string> {
   return {
     ID: h.id,
     HOSTNAME: h.hostname,
@@ -177,7 +181,7 @@ function hostRow(h: AdminHostJson): Record<string, string> {
   };
 }
 
-function describeHost(h: AdminHostJson): string {
+function describeHost(h: AdminHost): string {
   const states = (['provisioning', 'waking', 'awake', 'hibernating', 'hibernated'] as const).filter((s) => h.desktops[s] > 0);
   const lines: Array<[string, string]> = [
     ['ID', h.id],

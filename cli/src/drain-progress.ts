@@ -3,9 +3,7 @@
  * a terminal (desktops moved of all, bytes, rate, time left), or plain lines when stderr is not a
  * terminal, so a log of a scripted drain still shows how it went.
  */
-import type { AdminHostJson } from '../../scheduler/src/admin/schemas.js';
-import type { AdminOperationJson } from '../../scheduler/src/admin/moves.js';
-import { adminCall, type AdminTarget } from './admin-client.js';
+import { unwrap, type AdminHost, type AdminOperation, type CantoAdmin } from '../../sdk/src/index.js';
 
 const POLL_MS = 250;
 
@@ -17,7 +15,7 @@ function bar(fraction: number, width = 24): string {
 }
 
 /** One line: what moved, of how much, how fast, and what is left. */
-export function progressLine(host: AdminHostJson, elapsedMs: number): string {
+export function progressLine(host: AdminHost, elapsedMs: number): string {
   const d = host.drain;
   if (!d) return `${host.id}: no drain`;
   const total = d.moved + d.remaining;
@@ -29,12 +27,12 @@ export function progressLine(host: AdminHostJson, elapsedMs: number): string {
 }
 
 /** One line for `canto desktops move --wait`: the phase, and the copy while it runs. */
-export function moveLine(op: AdminOperationJson): string {
+export function moveLine(op: AdminOperation): string {
   const copy = op.copied_bytes !== null && op.total_bytes ? ` ${bar(op.copied_bytes / op.total_bytes)} ${mib(op.copied_bytes)} of ${mib(op.total_bytes)}` : '';
   return `moving ${op.desktop_id}: ${op.phase ?? op.state}${copy}`;
 }
 
-export function describeDrain(host: AdminHostJson): string {
+export function describeDrain(host: AdminHost): string {
   const d = host.drain;
   if (!d) return `${host.id}: no drain`;
   if (d.state === 'drained') return `${host.id} drained: ${d.moved} desktops moved (${mib(d.moved_bytes)}); it holds none. Stop its agent, then: canto hosts remove ${host.id}`;
@@ -43,11 +41,11 @@ export function describeDrain(host: AdminHostJson): string {
 }
 
 /** Polls until the drain is drained or stopped; answers the host as last read. */
-export async function watchDrain(target: AdminTarget, hostId: string, progress: NodeJS.WriteStream | null): Promise<AdminHostJson> {
+export async function watchDrain(admin: CantoAdmin, hostId: string, progress: NodeJS.WriteStream | null): Promise<AdminHost> {
   const started = Date.now();
   let lastPlain = '';
   for (;;) {
-    const host = await adminCall<AdminHostJson>(target, 'GET', `/admin/v1/hosts/${encodeURIComponent(hostId)}`);
+    const host = unwrap(await admin.api.GET('/admin/v1/hosts/{host_id}', { params: { path: { host_id: hostId } } }));
     const line = progressLine(host, Date.now() - started);
     if (progress?.isTTY) progress.write(`\r${line}\x1b[K`);
     else if (progress && line !== lastPlain) progress.write(`${line}\n`);

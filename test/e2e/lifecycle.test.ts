@@ -1,34 +1,41 @@
 /**
  * End to end: the real scheduler and the real agent (the `canto` CLI as child processes), the
  * sandbox runtime with Xvfb and CRIU, and a real PostgreSQL. A desktop goes through its whole
- * life; a test helper reaches inside the guest through the sandbox driver on the agent's state
- * directory, the way an operator's tooling would.
+ * life, driven the way API clients drive it: through the TypeScript SDK (sdk/), whose lifecycle
+ * calls wait for their operations and whose files stream up and down. A test helper also
+ * reaches inside the guest through the sandbox driver on the agent's state directory, the way
+ * an operator's tooling would, to check what the API cannot see (and while the agent is down).
  */
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { createHash, randomBytes } from 'node:crypto';
 import { mkdtempSync, rmSync, existsSync, readdirSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
+import { Readable } from 'node:stream';
+import type { ReadableStream as NodeReadableStream } from 'node:stream/web';
 import { freshDatabaseUrl } from '../helpers/db.js';
-import { api, mintKey, until } from '../helpers/scheduler.js';
+import { mintKey, until } from '../helpers/scheduler.js';
 import { freePort, startAgentProcess, startSchedulerProcess, type Child } from '../helpers/processes.js';
 import { createSandboxDriver } from '../../agent/src/runtime/sandbox/index.js';
 import type { RuntimeDriver } from '../../agent/src/runtime/driver.js';
+import { createCanto, unwrap, type Canto } from '../../sdk/src/index.js';
 
 const isRoot = process.getuid?.() === 0;
+const sha = (b: Uint8Array) => createHash('sha256').update(b).digest('hex');
 
 describe.skipIf(!isRoot)('desktop lifecycle, end to end', () => {
   let scheduler: Child & { url: string };
   let agent: Child;
   let stateDir: string;
   let guest: RuntimeDriver;
-  let call: ReturnType<typeof api>;
+  let canto: Canto;
 
   beforeAll(async () => {
     stateDir = mkdtempSync(join(tmpdir(), 'canto-e2e-'));
     const databaseUrl = await freshDatabaseUrl();
     scheduler = await startSchedulerProcess({ databaseUrl, port: await freePort() });
     agent = startAgentProcess(scheduler.url, stateDir);
-    call = api(scheduler.url, await mintKey(databaseUrl, 'e2e'));
+    canto = createCanto({ baseUrl: scheduler.url, apiKey: await mintKey(databaseUrl, 'e2e') });
     guest = await createSandboxDriver({ stateDir: join(stateDir, 'runtime') });
   });
 
@@ -46,19 +53,17 @@ describe.skipIf(!isRoot)('desktop lifecycle, end to end', () => {
   });
 
   it('creates, wakes, survives an agent restart, hibernates with memory, wakes again and destroys a real desktop', async () => {
-    const created = await call('POST', '/v1/desktops', {
+    const created = await canto.createDesktop({
       tier: 'small',
       env: { GREETING: "it's alive" },
       setup_script: 'echo ran >> /root/setup-runs; echo done',
     });
-    expect(created.status).toBe(201);
-    const id: string = created.json.id;
-    const generations: number[] = [created.json.generation];
+    const id = created.id;
+    const generations: number[] = [created.generation];
 
-    const woke = await call('POST', `/v1/desktops/${id}/wake?wait=true`);
-    expect(woke.status, woke.text).toBe(200);
-    expect(woke.json.state).toBe('succeeded');
-    let desktop = (await call('GET', `/v1/desktops/${id}`)).json;
+    const woke = await canto.wake(id, { wait: true });
+    expect(woke.state).toBe('succeeded');
+    let desktop = await canto.getDesktop(id);
     expect(desktop.state).toBe('awake');
     expect(desktop.host_id).toMatch(/^host_/);
     generations.push(desktop.generation);
@@ -69,8 +74,19 @@ describe.skipIf(!isRoot)('desktop lifecycle, end to end', () => {
     expect(envFile.stdout).toContain("it'\\''s alive");
     await until(async () => (await guest.exec(id, { command: 'cat /root/.canto/processes/setup/exit_code', timeoutMs: 10_000, maxOutputBytes: 1 << 20 })).stdout.trim() === '0', 10_000, 'setup script to finish');
 
-    // A file on the guest disk, and a process that must survive a memory snapshot.
-    await guest.exec(id, { command: 'echo persisted > /root/e2e.txt', timeoutMs: 10_000, maxOutputBytes: 1 << 20 });
+    // Files on the guest disk (one written by a command, one streamed up through the API), and a
+    // process that must survive a memory snapshot.
+    expect(await canto.exec(id, 'echo persisted > /root/e2e.txt && cat /root/e2e.txt')).toMatchObject({ exit_code: 0, stdout: 'persisted\n' });
+    const blob = randomBytes(2 * 1024 * 1024 + 5);
+    await canto.files.upload(id, '/root/blob.bin', Readable.from([blob.subarray(0, 1000), blob.subarray(1000)]));
+    const downloaded = async () => {
+      const { body } = await canto.files.download(id, '/root/blob.bin');
+      const hash = createHash('sha256');
+      for await (const chunk of Readable.fromWeb(body as NodeReadableStream<Uint8Array>)) hash.update(chunk as Buffer);
+      return hash.digest('hex');
+    };
+    expect(await downloaded()).toBe(sha(blob));
+    expect((await canto.exec(id, 'sha256sum /root/blob.bin')).stdout.split(' ')[0]).toBe(sha(blob));
     const started = await guest.exec(id, { command: 'setsid sleep 100000 >/dev/null 2>&1 < /dev/null & echo $!', timeoutMs: 10_000, maxOutputBytes: 1 << 20 });
     const sleeperPid = started.stdout.trim();
     expect(sleeperPid).toMatch(/^\d+$/);
@@ -80,22 +96,21 @@ describe.skipIf(!isRoot)('desktop lifecycle, end to end', () => {
     expect((await guest.exec(id, { command: `kill -0 ${sleeperPid} && echo up`, timeoutMs: 10_000, maxOutputBytes: 1 << 20 })).stdout).toBe('up\n');
     agent = startAgentProcess(scheduler.url, stateDir);
 
-    const hibernated = await call('POST', `/v1/desktops/${id}/hibernate?wait=true`);
-    expect(hibernated.status, hibernated.text).toBe(200);
-    desktop = (await call('GET', `/v1/desktops/${id}`)).json;
+    const hibernated = await canto.hibernate(id, { wait: true });
+    desktop = await canto.getDesktop(id);
     expect(desktop.state).toBe('hibernated');
     generations.push(desktop.generation);
     const snapshots = guest.capabilities().memorySnapshots;
-    expect(hibernated.json.result.snapshot).toBe(snapshots);
+    expect(hibernated.result?.snapshot).toBe(snapshots);
 
-    const rewoke = await call('POST', `/v1/desktops/${id}/wake?wait=true`);
-    expect(rewoke.status, rewoke.text).toBe(200);
-    expect(rewoke.json.result.restored).toBe(snapshots);
-    desktop = (await call('GET', `/v1/desktops/${id}`)).json;
+    const rewoke = await canto.wake(id, { wait: true });
+    expect(rewoke.result?.restored).toBe(snapshots);
+    desktop = await canto.getDesktop(id);
     expect(desktop.state).toBe('awake');
     generations.push(desktop.generation);
 
     expect((await guest.exec(id, { command: 'cat /root/e2e.txt', timeoutMs: 10_000, maxOutputBytes: 1 << 20 })).stdout).toBe('persisted\n');
+    expect(await downloaded()).toBe(sha(blob));
     if (snapshots) {
       const alive = await guest.exec(id, { command: `kill -0 ${sleeperPid} && cat /proc/${sleeperPid}/cmdline | tr '\\0' ' '`, timeoutMs: 10_000, maxOutputBytes: 1 << 20 });
       expect(alive.exitCode).toBe(0);
@@ -104,14 +119,13 @@ describe.skipIf(!isRoot)('desktop lifecycle, end to end', () => {
     // The setup script ran exactly once, not again on the second wake.
     expect((await guest.exec(id, { command: 'cat /root/setup-runs', timeoutMs: 10_000, maxOutputBytes: 1 << 20 })).stdout).toBe('ran\n');
 
-    const usage = await call('GET', '/v1/usage');
-    const line = usage.json.per_desktop.find((l: { desktop_id: string }) => l.desktop_id === id);
+    const usage = unwrap(await canto.api.GET('/v1/usage'));
+    const line = usage.per_desktop.find((l) => l.desktop_id === id)!;
     expect(line.awake_seconds).toBeGreaterThan(0);
     expect(line.weighted_awake_seconds).toBeCloseTo(line.awake_seconds * 0.5, 6);
 
-    const destroyed = await call('POST', `/v1/desktops/${id}/destroy?wait=true`);
-    expect(destroyed.status, destroyed.text).toBe(200);
-    desktop = (await call('GET', `/v1/desktops/${id}`)).json;
+    expect((await canto.destroy(id, { wait: true })).state).toBe('succeeded');
+    desktop = await canto.getDesktop(id);
     expect(desktop.state).toBe('destroyed');
     generations.push(desktop.generation);
     for (let i = 1; i < generations.length; i++) expect(generations[i]).toBeGreaterThan(generations[i - 1]!);
