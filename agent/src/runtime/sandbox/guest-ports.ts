@@ -42,10 +42,10 @@ import { connect, type Socket } from 'node:net';
 import { constants as osc } from 'node:os';
 import { join } from 'node:path';
 import { AgentFailure } from '../../../../shared/src/protocol.js';
-import { cgroupDirs, cgroupPids, JOIN_FAILED } from './cgroups.js';
+import { cgroupPids, JOIN_FAILED, joinArgv } from './cgroups.js';
 import type { InitProcess } from './cold-boot.js';
 import { procStatSync, signal, waitFor } from './host-procs.js';
-import { WARM_PROLOGUE } from './warm-perl.js';
+import { warmPrologue } from './warm-perl.js';
 import { forwarderProgram } from './guest-ports-perl.js';
 
 export interface GuestPortsOptions {
@@ -329,11 +329,10 @@ export class GuestPorts {
    * process group (detached), which its connections' children share.
    */
   private spawn(desktopId: string, init: InitProcess, dir: string, name: string): ChildProcess {
-    const groups = cgroupDirs(desktopId);
     return spawn(
-      '/usr/bin/perl',
+      '/bin/sh',
       [
-        '-e', WARM_PROLOGUE, '--', String(groups.length), ...groups, dir, name,
+        ...joinArgv(desktopId), '/usr/bin/perl', '-e', warmPrologue(), '--', dir, name,
         this.options.nsenterPath, '-t', String(init.pid), '-n',
         '/usr/bin/setpriv', `--reuid=${NOBODY}`, `--regid=${NOBODY}`, '--clear-groups', '--inh-caps=-all', '--bounding-set=-all', '--no-new-privs',
         '/usr/bin/perl', '-e', forwarderProgram(), '--', desktopId,
