@@ -4,15 +4,16 @@
  * problem+json for every non-2xx answer.
  */
 import { randomBytes } from 'node:crypto';
-import Fastify, { type FastifyInstance, type FastifyError, type FastifyReply } from 'fastify';
+import Fastify, { type FastifyError, type FastifyReply } from 'fastify';
 import swagger from '@fastify/swagger';
 import type { TypeBoxTypeProvider } from '@fastify/type-provider-typebox';
-import type { Logger } from '../../../shared/src/log.js';
 import { ApiError, errors, problem } from '../errors.js';
 import { answerClientError, answerUnroutable, MISSING_HOST } from './client-errors.js';
 import { describeValidation } from './validation-problem.js';
-import { API_DESCRIPTION, OPERATIONS, REQUEST_EXAMPLES, RETRY_AFTER_HEADER, TAG_DESCRIPTIONS } from './operations-doc.js';
-import { DesktopJson, OperationJson, PortExposureJson, Problem, UsageResponse, WebhookDeliveryJson, WebhookEndpointJson, ApiKeyJson, CreatedApiKeyJson } from './schemas.js';
+import { errorResponses } from './error-responses.js';
+import type { App, AppDeps } from './route-types.js';
+import { API_DESCRIPTION, OPERATIONS, REQUEST_EXAMPLES, TAG_DESCRIPTIONS } from './operations-doc.js';
+import { DesktopJson, OperationJson, PortExposureJson, Problem, UsageResponse, WebhookDeliveryJson, WebhookEndpointJson, ApiKeyJson, CreatedApiKeyJson } from '../api/schemas.js';
 import { INPUT_ACTION_SCHEMAS, DisplayResponse, ExecDetachedResponse, ExecResponse, FileStatJson, InputResponse, ListDirResponse, ProcessStatusResponse, ScreenshotBase64Response, StreamTicketResponse } from './guest-schemas.js';
 import { registerDesktopRoutes } from './routes/desktops.js';
 import { registerLifecycleRoutes } from './routes/lifecycle.js';
@@ -26,55 +27,10 @@ import { registerWebhookRoutes } from './routes/webhooks.js';
 import { registerPortRoutes } from './routes/ports.js';
 import { registerHealthRoutes } from './routes/health.js';
 import { registerKeyRoutes } from './routes/keys.js';
-import type { DesktopService } from '../services/desktops.js';
-import type { LifecycleService } from '../services/lifecycle.js';
-import type { OperationWaiter } from '../services/waiter.js';
-import type { UsageService } from '../services/usage.js';
-import type { GuestService } from '../services/guest.js';
-import type { WebhookService } from '../services/webhooks.js';
-import type { PortService } from '../services/ports.js';
-import type { SchedulerMetrics } from '../observability/metrics.js';
-import type { KeyService } from '../services/keys.js';
+
+export type { App, AppDeps } from './route-types.js';
 
 export const BODY_LIMIT_BYTES = 2 * 1024 * 1024;
-
-declare module 'fastify' {
-  interface FastifyRequest {
-    orgId: string;
-  }
-  interface FastifyContextConfig {
-    public?: boolean;
-    /** The route reads its body as a raw byte stream (file writes); documented as binary. */
-    rawBody?: boolean;
-    /** An admin API route (admin/routes.ts): the admin token, not an org credential; its own document. */
-    admin?: boolean;
-  }
-}
-
-export interface AppDeps {
-  logger: Logger;
-  authenticate(request: import('fastify').FastifyRequest): Promise<string>;
-  desktops: DesktopService;
-  lifecycle: LifecycleService;
-  waiter: OperationWaiter;
-  usage: UsageService;
-  guest: GuestService;
-  webhooks: WebhookService;
-  ports: PortService;
-  keys: KeyService;
-  waitCapMs: number;
-  metrics: SchedulerMetrics;
-  /** `/readyz`: null when the replica can serve, else why not. */
-  notReady(): Promise<string | null>;
-}
-
-export type App = FastifyInstance<
-  import('http').Server,
-  import('http').IncomingMessage,
-  import('http').ServerResponse,
-  Logger,
-  TypeBoxTypeProvider
->;
 
 export async function buildApp(deps: AppDeps): Promise<App> {
   const app = Fastify({
@@ -304,15 +260,4 @@ function addRequestExamples<T extends { paths?: object }>(document: T): T {
     }
   }
   return document;
-}
-
-/** Error responses every authenticated route can give, for the OpenAPI document. */
-export function errorResponses(...statuses: number[]): Record<number, unknown> {
-  const response = {
-    description: 'RFC 9457 problem details',
-    content: { 'application/problem+json': { schema: { $ref: 'Problem#' } } },
-  };
-  const unavailable = { ...response, description: 'RFC 9457 problem details; retryable, after Retry-After seconds when given', headers: RETRY_AFTER_HEADER };
-  // 400: any request can be malformed (a bad percent-encoding in its path or query, say).
-  return Object.fromEntries([400, 401, 500, 503, ...statuses].map((s) => [s, s === 503 ? unavailable : response]));
 }

@@ -6,7 +6,7 @@
 import { Type, type Static } from '@sinclair/typebox';
 import { idPattern } from '../../../shared/src/ids.js';
 import { INPUT_LIMITS, InputAction, STREAM_CLAIMS } from '../../../shared/src/computer-use.js';
-import { CLOSED, DIGITS, NO_NUL } from './schemas.js';
+import { CLOSED, DIGITS, NO_NUL } from '../api/schemas.js';
 
 /* ------------------------------------------------------------------ guest operations */
 

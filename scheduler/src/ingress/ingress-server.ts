@@ -20,7 +20,7 @@ import { portLinkKey } from '../../../shared/src/port-link.js';
 import type { IngressSettings } from '../config.js';
 import { ApiError, errors, problem } from '../errors.js';
 import { isBound, type PortRoute } from '../services/ports.js';
-import { parseExposureHost } from './exposure-host.js';
+import { parseExposureHost } from '../services/exposure-host.js';
 import { dialPortLink, PortLinkAgent, PortLinkError } from './port-link-client.js';
 import { presentedToken, stripToken, tokenMatches } from './port-token.js';
 import { keyOf, RouteCache } from './route-cache.js';

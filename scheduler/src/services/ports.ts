@@ -22,8 +22,8 @@ import * as store from '../store/ports.js';
 import { getDesktop } from '../store/desktops.js';
 import { hashToken } from '../crypto/secret-box.js';
 import { errors } from '../errors.js';
-import type { CreatePortBody, PortExposureJson } from '../http/schemas.js';
-import { exposureUrl, type ExposureDomain } from '../ingress/exposure-host.js';
+import type { CreatePortBody, PortExposureJson } from '../api/schemas.js';
+import { exposureUrl, type ExposureDomain } from './exposure-host.js';
 
 export const PORT_TOKEN_PREFIX = 'svc_pt_';
 

@@ -9,7 +9,7 @@ import type { Sql } from '../store/db.js';
 import * as store from '../store/webhooks.js';
 import type { SecretBox } from '../crypto/secret-box.js';
 import { errors } from '../errors.js';
-import type { CreateWebhookBody, WebhookDeliveryJson, WebhookEndpointJson, WebhookEventType } from '../http/schemas.js';
+import type { CreateWebhookBody, WebhookDeliveryJson, WebhookEndpointJson, WebhookEventType } from '../api/schemas.js';
 import { checkEndpointUrl } from '../webhooks/endpoint-url.js';
 import { endpointSecretContext, newWebhookSecret } from '../webhooks/signature.js';
 

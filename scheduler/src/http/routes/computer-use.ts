@@ -5,9 +5,9 @@
  * to the agent's stream gateway: the bytes of a stream never pass through the scheduler.
  */
 import { Type } from '@sinclair/typebox';
-import type { App, AppDeps } from '../app.js';
-import { errorResponses } from '../app.js';
-import { DesktopIdParams } from '../schemas.js';
+import type { App, AppDeps } from '../route-types.js';
+import { errorResponses } from '../error-responses.js';
+import { DesktopIdParams } from '../../api/schemas.js';
 import { InputBody, InputResponse, ScreenshotBody, StreamBody, StreamTicketResponse } from '../guest-schemas.js';
 
 const screenshotResponse = {

@@ -10,8 +10,8 @@
  */
 import { Readable } from 'node:stream';
 import { Type } from '@sinclair/typebox';
-import type { App, AppDeps } from '../app.js';
-import { errorResponses } from '../app.js';
+import type { App, AppDeps } from '../route-types.js';
+import { errorResponses } from '../error-responses.js';
 import { errors } from '../../errors.js';
 import { FILE_CHUNK_MAX_BYTES } from '../../services/guest.js';
 import { apiPath, guestPath } from '../guest-paths.js';

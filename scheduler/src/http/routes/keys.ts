@@ -4,10 +4,10 @@
  * request). A key id that cannot exist is simply not found, as for webhooks.
  */
 import { Type } from '@sinclair/typebox';
-import type { App, AppDeps } from '../app.js';
-import { errorResponses } from '../app.js';
+import type { App, AppDeps } from '../route-types.js';
+import { errorResponses } from '../error-responses.js';
 import { errors } from '../../errors.js';
-import { ApiKeyJson, CreateApiKeyBody, CreatedApiKeyJson, KeyIdParams } from '../schemas.js';
+import { ApiKeyJson, CreateApiKeyBody, CreatedApiKeyJson, KeyIdParams } from '../../api/schemas.js';
 
 export function registerKeyRoutes(app: App, deps: AppDeps): void {
   app.post(

@@ -7,9 +7,9 @@
  * service decides that, so the schema takes any segment.
  */
 import { Type } from '@sinclair/typebox';
-import type { App, AppDeps } from '../app.js';
-import { errorResponses } from '../app.js';
-import { CreatePortBody, DesktopIdParams, PortExposureJson, PortParams } from '../schemas.js';
+import type { App, AppDeps } from '../route-types.js';
+import { errorResponses } from '../error-responses.js';
+import { CreatePortBody, DesktopIdParams, PortExposureJson, PortParams } from '../../api/schemas.js';
 
 const noContent = { description: 'Deleted', type: 'null' };
 

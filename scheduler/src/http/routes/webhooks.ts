@@ -8,11 +8,11 @@
  */
 import { Type } from '@sinclair/typebox';
 import type { FastifyRequest } from 'fastify';
-import type { App, AppDeps } from '../app.js';
-import { errorResponses } from '../app.js';
+import type { App, AppDeps } from '../route-types.js';
+import { errorResponses } from '../error-responses.js';
 import { errors } from '../../errors.js';
 import { DELIVERIES_MAX_LIMIT } from '../../services/webhooks.js';
-import { CreateWebhookBody, DeliveriesQuery, WebhookDeliveryJson, WebhookEndpointJson, WebhookIdParams } from '../schemas.js';
+import { CreateWebhookBody, DeliveriesQuery, WebhookDeliveryJson, WebhookEndpointJson, WebhookIdParams } from '../../api/schemas.js';
 
 const noContent = { description: 'Deleted', type: 'null' };
 

@@ -1,6 +1,9 @@
 /**
  * The API's TypeBox schemas: request validation, response serialization and the OpenAPI
  * document all come from these. Each schema constant and its inferred type share one name.
+ *
+ * They sit below both layers that use them: services build the JSON these describe, and the HTTP
+ * routes (http/) declare them. So this module imports neither, and services never import http/.
  */
 import { Type, type Static } from '@sinclair/typebox';
 import { idPattern } from '../../../shared/src/ids.js';
