@@ -1,5 +1,5 @@
 /**
- * Port exposures and the ingress (SPEC 2.9, 4.7), with a real scheduler:
+ * Port exposures and the ingress (docs/api.md §2.9, 4.7), with a real scheduler:
  *
  * - the API's rules (list without tokens, create with a token shown once and stored hashed,
  *   400/404/409/501, delete, org isolation down to byte-identical 404 bodies);

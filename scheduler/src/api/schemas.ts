@@ -11,7 +11,7 @@ import { DESKTOP_STATES } from '../store/rows.js';
 
 /**
  * Request bodies are closed: an unknown member is answered 400 naming it, as a typo
- * (`idle_timout_secs`) must not pass for a default. Response objects stay open (SPEC: clients
+ * (`idle_timout_secs`) must not pass for a default. Response objects stay open (docs/api.md §9: clients
  * ignore response fields they do not know).
  */
 export const CLOSED = { additionalProperties: false } as const;

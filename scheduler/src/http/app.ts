@@ -41,7 +41,7 @@ export async function buildApp(deps: AppDeps): Promise<App> {
       { level: deps.logger.levelVal > deps.logger.levels.values.warn! ? deps.logger.level : 'warn' },
     ),
     bodyLimit: BODY_LIMIT_BYTES,
-    // Guest paths travel in the URL (SPEC 4.4), up to PATH_MAX.
+    // Guest paths travel in the URL (docs/api.md §4.4), up to PATH_MAX.
     routerOptions: { maxParamLength: 8192 },
     ajv: { customOptions: { coerceTypes: false, removeAdditional: false, allErrors: false, discriminator: true } },
     return503OnClosing: true,
@@ -70,7 +70,7 @@ export async function buildApp(deps: AppDeps): Promise<App> {
     ...INPUT_ACTION_SCHEMAS,
   ]) app.addSchema(schema);
 
-  // An empty body on a route whose body is optional means `{}` (SPEC 2.4); anything else goes
+  // An empty body on a route whose body is optional means `{}` (docs/api.md §2.4); anything else goes
   // through Fastify's own parser, which also refuses `__proto__` and `constructor` keys.
   const parseJson = app.getDefaultJsonParser('error', 'error');
   app.addContentTypeParser('application/json', { parseAs: 'string' }, (req, body, done) => {
@@ -84,7 +84,7 @@ export async function buildApp(deps: AppDeps): Promise<App> {
   });
 
   // The API takes JSON only, but an empty body is no body at all whatever its label: `curl -d ''`
-  // sends an empty form, and an empty mutation body means `{}` (SPEC 2.4). Anything else is 415.
+  // sends an empty form, and an empty mutation body means `{}` (docs/api.md §2.4). Anything else is 415.
   app.removeContentTypeParser('text/plain');
   app.addContentTypeParser('*', { parseAs: 'buffer' }, (_req, body, done) => {
     if ((body as Buffer).length === 0) return done(null, undefined);
@@ -112,11 +112,11 @@ export async function buildApp(deps: AppDeps): Promise<App> {
     transform: documentRoute,
     // @fastify/swagger marks every request body required, but the preValidation hook below
     // turns a missing body into `{}`: a body whose schema requires no member is optional
-    // (SPEC 2.3, 2.4), and the document has to say so or generated clients always send one.
+    // (docs/api.md §2.3, 2.4), and the document has to say so or generated clients always send one.
     transformObject: (document) => ('openapiObject' in document ? addRequestExamples(markOptionalBodies(document.openapiObject)) : document.swaggerObject),
   });
 
-  // Bodies are optional on mutation routes (SPEC 2.3, 2.4): a missing body validates as `{}`.
+  // Bodies are optional on mutation routes (docs/api.md §2.3, 2.4): a missing body validates as `{}`.
   app.addHook('preValidation', async (request) => {
     if (request.body === undefined && request.method !== 'GET') request.body = {};
   });
@@ -137,7 +137,7 @@ export async function buildApp(deps: AppDeps): Promise<App> {
 
   app.setErrorHandler((error: FastifyError | ApiError, request, reply) => {
     if (error instanceof ApiError) {
-      // A 500 of ours is a guest's own failure (SPEC 4.5, 4.6): logged, and its answer names the
+      // A 500 of ours is a guest's own failure (docs/api.md §4.5, 4.6): logged, and its answer names the
       // request so the two can be found together.
       const extra = error.status === 500 ? { ...error.extra, request_id: request.id } : error.extra;
       if (error.status === 500) request.log.warn({ detail: error.detail, url: request.routeOptions.url }, 'guest failure answered 500');
@@ -204,7 +204,7 @@ export async function buildApp(deps: AppDeps): Promise<App> {
 
 /**
  * How a route appears in the document. Guest path routes capture the path with Fastify's `*`,
- * which SPEC names `{path}`; a raw-body route has no body schema (its body is a stream), so its
+ * which docs/api.md §4 names `{path}`; a raw-body route has no body schema (its body is a stream), so its
  * binary body is described here.
  */
 function documentRoute({ schema, url, route }: { schema: unknown; url: string; route: { config?: unknown; method?: unknown } }) {

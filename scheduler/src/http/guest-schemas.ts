@@ -1,5 +1,5 @@
 /**
- * The guest-facing routes' TypeBox schemas (SPEC 4.3-4.6): exec and processes, files, and computer
+ * The guest-facing routes' TypeBox schemas (docs/api.md §4.3-4.6): exec and processes, files, and computer
  * use (display, screenshots, input, streams). Like schemas.ts, they are the single source of
  * request validation, response serialization and the OpenAPI document.
  */

@@ -1,5 +1,5 @@
 /**
- * The port ingress (SPEC 4.7): an HTTP server of its own, beside the API, that serves
+ * The port ingress (docs/api.md §4.7): an HTTP server of its own, beside the API, that serves
  * `{port}-{desktop_id}.{domain}`. Each request (and WebSocket upgrade) is admitted in order —
  * the host names an exposure (else 404, the same answer for ever after a delete), the token of a
  * private exposure matches (else 401), the desktop is awake on a host that is up with a port
@@ -169,7 +169,7 @@ export class PortIngress {
       switch (err.reason) {
         case 'not_running':
         case 'unavailable':
-        // SPEC: an unreachable host is 503 (retryable), even before the scheduler marks it down.
+        // docs/api.md §4: an unreachable host is 503 (retryable), even before the scheduler marks it down.
         case 'unreachable':
           return errors.portUnbound();
         case 'refused':

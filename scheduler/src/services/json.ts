@@ -1,4 +1,4 @@
-/** Mapping of stored rows to the API's JSON shapes (SPEC 2.1, 2.5). */
+/** Mapping of stored rows to the API's JSON shapes (docs/api.md §2.1, 2.5). */
 import type { DesktopRow, OperationRow } from '../store/rows.js';
 import type { DesktopJson, OperationJson } from '../api/schemas.js';
 

@@ -1,5 +1,5 @@
 /**
- * Port exposures (SPEC 2.9, 4.7): a guest TCP port of a desktop made reachable at
+ * Port exposures (docs/api.md §2.9, 4.7): a guest TCP port of a desktop made reachable at
  * `https://{port}-{desktop_id}.{domain}` through the scheduler's ingress. A private exposure has
  * a token (`svc_pt_…`) that is shown once, in the create response, and stored only as its
  * sha256, which is all the ingress needs to check it. Another org's desktop answers exactly like

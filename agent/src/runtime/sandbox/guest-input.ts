@@ -1,5 +1,5 @@
 /**
- * Input batches (SPEC 4.5): a batch runs inside the desktop as one shell script, one exec, so it
+ * Input batches (docs/api.md §4.5): a batch runs inside the desktop as one shell script, one exec, so it
  * costs a single guest round trip however many actions it holds, and its actions reach the X
  * server in order with no host-side gaps between them. The script runs one xdotool process per
  * action. Chaining the whole batch into a single xdotool would save about 3 ms per action (one

@@ -1,5 +1,5 @@
 /**
- * Connections to TCP ports inside desktops, for the port gateway (SPEC 4.7).
+ * Connections to TCP ports inside desktops, for the port gateway (docs/api.md §4.7).
  *
  * A desktop has its own network namespace with only a loopback, so an app listening on
  * `127.0.0.1:8000` in the guest is reachable only from inside that namespace, and Node cannot

@@ -1,5 +1,5 @@
 /**
- * Computer use and streaming (SPEC 4.5, 4.6): screenshots, input batches and stream tickets of an
+ * Computer use and streaming (docs/api.md §4.5, 4.6): screenshots, input batches and stream tickets of an
  * awake desktop. Each is one round trip to the desktop's agent, which captures, types or grants;
  * the scheduler validates, maps errors and shapes the answer. A stream ticket is only a promise
  * to the agent's stream gateway: the bytes of a stream never pass through the scheduler.

@@ -1,4 +1,4 @@
-/** Display geometry of an awake desktop (SPEC 4.5): read live, or resized and read back. */
+/** Display geometry of an awake desktop (docs/api.md §4.5): read live, or resized and read back. */
 import { Type } from '@sinclair/typebox';
 import type { App, AppDeps } from '../route-types.js';
 import { errorResponses } from '../error-responses.js';

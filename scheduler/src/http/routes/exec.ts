@@ -1,4 +1,4 @@
-/** Exec and detached processes (SPEC 4.3). */
+/** Exec and detached processes (docs/api.md §4.3). */
 import { Type } from '@sinclair/typebox';
 import type { App, AppDeps } from '../route-types.js';
 import { errorResponses } from '../error-responses.js';

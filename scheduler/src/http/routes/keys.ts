@@ -1,5 +1,5 @@
 /**
- * API keys (SPEC 4.10, 5.7): create another key in the caller's org (its secret in this answer
+ * API keys (docs/api.md §4.10, 5): create another key in the caller's org (its secret in this answer
  * only), list the org's keys (never a secret), revoke one (every replica refuses it from its next
  * request). A key id that cannot exist is simply not found, as for webhooks.
  */

@@ -1,5 +1,5 @@
 /**
- * wake, hibernate, destroy (SPEC 4.1): each records a durable operation and answers 202 at once,
+ * wake, hibernate, destroy (docs/api.md §4.1): each records a durable operation and answers 202 at once,
  * or with `?wait=true` as soon as the operation settles (200), a failure being 409 with the
  * operation's id, and the in-progress operation once the wait cap runs out (200).
  */

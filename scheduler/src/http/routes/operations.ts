@@ -1,4 +1,4 @@
-/** GET /v1/operations/{id} (SPEC 4.2). */
+/** GET /v1/operations/{id} (docs/api.md §4.2). */
 import { Type } from '@sinclair/typebox';
 import type { App, AppDeps } from '../route-types.js';
 import { errorResponses } from '../error-responses.js';

@@ -1,9 +1,9 @@
 /**
- * Port exposure routes (SPEC 4.7): list, create and delete the exposures of a desktop. The
+ * Port exposure routes (docs/api.md §4.7): list, create and delete the exposures of a desktop. The
  * exposed ports themselves are served by the ingress (scheduler/src/ingress/), not here.
  *
- * A malformed desktop id is 400 (SPEC 4's common rule); a port segment that cannot be an exposed
- * port is 404 on delete, like a port that simply is not exposed (SPEC lists no 400 there): the
+ * A malformed desktop id is 400 (docs/api.md §4's common rule); a port segment that cannot be an exposed
+ * port is 404 on delete, like a port that simply is not exposed (the contract has no 400 there): the
  * service decides that, so the schema takes any segment.
  */
 import { Type } from '@sinclair/typebox';

@@ -1,4 +1,4 @@
-/** GET /v1/usage (SPEC 4.9): awake seconds, desktop-months and projected cost over a range. */
+/** GET /v1/usage (docs/api.md §4.9): awake seconds, desktop-months and projected cost over a range. */
 import { Type } from '@sinclair/typebox';
 import type { App, AppDeps } from '../route-types.js';
 import { errorResponses } from '../error-responses.js';

@@ -1,9 +1,9 @@
 /**
- * Webhook routes (SPEC 4.8): register, list and delete endpoints, and read an endpoint's
+ * Webhook routes (docs/api.md §4.8): register, list and delete endpoints, and read an endpoint's
  * delivery log.
  *
  * The id routes document the id pattern but answer 404, not 400, for an id that does not match
- * it: SPEC lists no 400 for the id on these routes, and an id that cannot exist is simply not
+ * it: the contract has no 400 for the id on these routes, and an id that cannot exist is simply not
  * found (the same answer a missing or other-org endpoint gets).
  */
 import { Type } from '@sinclair/typebox';
