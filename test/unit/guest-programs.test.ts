@@ -4,16 +4,20 @@
  * guest command), as the agent builds it. The lint's own checks are shown to fail on broken
  * programs, so a clean `npm run lint` means something.
  */
-import { spawnSync } from 'node:child_process';
+import { spawn, spawnSync } from 'node:child_process';
+import { randomBytes } from 'node:crypto';
 import { mkdirSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
+import { createConnection, createServer, type AddressInfo } from 'node:net';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { JOIN_FAILED, joinArgv } from '../../agent/src/runtime/sandbox/cgroups.js';
 import { criuKeeperProgram } from '../../agent/src/runtime/sandbox/criu.js';
 import { execRelay } from '../../agent/src/runtime/sandbox/exec-relay.js';
-import { guestHelperProgram } from '../../agent/src/runtime/sandbox/guest-helper.js';
+import { guestHelperProgram, helperRequest, warmHelperProgram } from '../../agent/src/runtime/sandbox/guest-helper.js';
+import { forwarderProgram } from '../../agent/src/runtime/sandbox/guest-ports-perl.js';
 import { perlProgram } from '../../agent/src/runtime/sandbox/guest-programs.js';
+import { execServerProgram, TOKEN_HEX, warmPrologue } from '../../agent/src/runtime/sandbox/warm-perl.js';
 import { checkAwk, checkPerl, checkShell, lintGuest } from '../../scripts/lint-guest.js';
 
 let dir: string;
@@ -138,5 +142,116 @@ describe('the guest helper, on a directory standing in for the guest', () => {
     expect(helper('write', [join(root, 'f'), '-', '100'], '1\ny').stdout).toMatch(/^ERR aborted /);
     expect(readFileSync(join(root, 'f'), 'utf8')).toBe('x');
     expect(helper('list', [root, 'x']).stdout).toBe('ERR bad_request - malformed number\n');
+  });
+});
+
+// The servers accept only root as a peer (SO_PEERCRED), as in a desktop.
+describe.skipIf(process.getuid?.() !== 0)('the warm prologue and the servers behind it, on the host', () => {
+  /** Reads from a socket until `done` says the bytes so far are complete. */
+  function collect(socket: ReturnType<typeof createConnection>, done: (b: Buffer) => boolean): Promise<Buffer> {
+    return new Promise((resolve, reject) => {
+      let got = Buffer.alloc(0);
+      socket.on('data', (chunk: Buffer) => {
+        got = Buffer.concat([got, chunk]);
+        if (done(got)) resolve(got);
+      });
+      socket.on('error', reject);
+      socket.on('close', () => resolve(got));
+    });
+  }
+
+  /** `<tag><8 hex length><data>` frames, as the agent reads them. */
+  function frames(b: Buffer): [string, string][] {
+    const out: [string, string][] = [];
+    for (let at = 0; at + 9 <= b.length; ) {
+      const n = parseInt(b.subarray(at + 1, at + 9).toString('latin1'), 16);
+      out.push([b.toString('latin1', at, at + 1), b.toString('utf8', at + 9, at + 9 + n)]);
+      at += 9 + n;
+    }
+    return out;
+  }
+
+  /** A server behind the warm prologue, on the host: its socket, and a stop that ends its stdin. */
+  async function startServer(name: string, program: string[], token?: string) {
+    const server = spawn('perl', ['-e', warmPrologue(), '--', dir, name, 'perl', '-e', ...program], { stdio: ['pipe', 'pipe', 'inherit'] });
+    if (token !== undefined) server.stdin.write(token);
+    await new Promise<void>((resolve, reject) => {
+      server.stdout.on('data', (c: Buffer) => (c.toString().includes('ready') ? resolve() : undefined));
+      server.on('exit', (code) => reject(new Error(`the server exited (${code})`)));
+    });
+    return {
+      socket: join(dir, name),
+      // The server exits when its stdin ends, as when the agent goes away.
+      stop: async () => {
+        server.stdin.end();
+        if (server.exitCode === null && server.signalCode === null) await new Promise((resolve) => server.on('exit', resolve));
+      },
+    };
+  }
+
+  it('a warm file helper serves one operation per connection', async () => {
+    const token = `${randomBytes(TOKEN_HEX / 2).toString('hex')}\n`;
+    const server = await startServer('files.sock', [warmHelperProgram(), '--'], token);
+    try {
+      const file = join(dir, 'warm.txt');
+      writeFileSync(file, 'hello');
+      for (let i = 0; i < 3; i++) {
+        const conn = createConnection(server.socket);
+        conn.write(token);
+        conn.write(helperRequest('stat', [file]));
+        expect((await collect(conn, () => false)).toString()).toMatch(/^\+OK file 5 [0-9]+ 644\n$/);
+      }
+    } finally {
+      await server.stop();
+    }
+  });
+
+  it('the port forwarder relays a connection to a local port both ways', async () => {
+    const echo = createServer((c) => {
+      c.on('data', (d: Buffer) => c.write(d.toString().toUpperCase()));
+      c.on('end', () => c.end());
+    });
+    await new Promise<void>((resolve) => echo.listen(0, '127.0.0.1', resolve));
+    const server = await startServer('ports.sock', [forwarderProgram(), '--', 'dsk_test']);
+    try {
+      const conn = createConnection(server.socket);
+      const port = Buffer.alloc(2);
+      port.writeUInt16BE((echo.address() as AddressInfo).port);
+      conn.write(port);
+      conn.write('hello');
+      conn.end();
+      // One status byte (0: connected), then the answer, then both ends close.
+      expect((await collect(conn, () => false)).toString('latin1')).toBe('\0HELLO');
+    } finally {
+      await server.stop();
+      echo.close();
+    }
+  });
+
+  it('the exec server checks the token, runs a command and relays its output and exit code', async () => {
+    const token = `${randomBytes(TOKEN_HEX / 2).toString('hex')}\n`;
+    const server = await startServer('exec.sock', [execServerProgram('exec /bin/sh -c "$0"', 4, 2), '--'], token);
+    try {
+      // A wrong token gets nothing and the connection is closed.
+      const stranger = createConnection(server.socket);
+      stranger.write(`${'0'.repeat(TOKEN_HEX)}\n`);
+      expect((await collect(stranger, () => false)).length).toBe(0);
+
+      const conn = createConnection(server.socket);
+      conn.write(token);
+      const command = Buffer.from('echo out; echo err >&2; exit 7');
+      conn.write(`${command.length.toString(16).padStart(8, '0')}\n`);
+      conn.write(command);
+      const got = await collect(conn, (b) => b.includes('x00000001'));
+      expect(got.toString('latin1', 0, 1)).toBe('+');
+      const seen = frames(got.subarray(1));
+      expect(seen[0]).toEqual(['s', '']);
+      expect(seen.filter(([tag]) => tag === 'o').map(([, d]) => d).join('')).toBe('out\n');
+      expect(seen.filter(([tag]) => tag === 'e').map(([, d]) => d).join('')).toBe('err\n');
+      expect(seen.at(-1)).toEqual(['x', '7']);
+      conn.destroy();
+    } finally {
+      await server.stop();
+    }
   });
 });

@@ -1,8 +1,9 @@
 /**
- * The port forwarder's Perl source (agent/guest/port-forwarder.pl; guest-ports.ts runs it): a pre-forking relay in a desktop's
- * network namespace. Each connection on its unix socket names a guest port in two bytes; a child
- * connects to 127.0.0.1 at that port inside the desktop, answers one status byte (0, or the
- * connect's errno) and relays both directions with backpressure until both have ended.
+ * The port forwarder's Perl source (agent/guest/port-forwarder.pl; guest-ports.ts runs it): a
+ * pre-forking relay in a desktop's network namespace. Each connection on its unix socket names a
+ * guest port in two bytes; a child connects to 127.0.0.1 at that port inside the desktop, answers
+ * one status byte (0, or the connect's errno) and relays both directions with backpressure until
+ * both have ended.
  */
 import { guestFile, perlProgram } from './guest-programs.js';
 

@@ -1,10 +1,11 @@
 /**
- * The Perl of warm servers (warm-pool.ts), kept in agent/guest/: the host-side prologue that gives a server its
- * listening socket, the pre-forking loop every server runs inside the guest, and the exec server.
+ * The Perl of warm servers (warm-pool.ts), kept in agent/guest/: the host-side prologue that gives
+ * a server its listening socket, the pre-forking loop every server runs inside the guest, and the
+ * exec server.
  *
  * A server is started like a cold helper — the cgroup join (cgroups.ts), then nsenter (and, for
- * exec, setpriv) puts it inside the guest — except that `perl -e PROLOGUE` first binds
- * a Unix socket on the host, in the desktop's driver-only `run/` directory, and hands it down the
+ * exec, setpriv) puts it inside the guest — except that `perl -e PROLOGUE` first binds a Unix
+ * socket on the host, in the desktop's driver-only `run/` directory, and hands it down the
  * chain as an open descriptor. Inside the guest the server keeps a few children blocked in
  * accept(2). A child that takes a connection checks that the peer is root and that the connection
  * opens with the server's token (which the agent gave the server on its stdin), answers `+`, then
