@@ -1,8 +1,9 @@
 import tseslint from 'typescript-eslint';
-import importX from 'eslint-plugin-import-x';
+import importX, { createNodeResolver } from 'eslint-plugin-import-x';
 
 export default tseslint.config(
-  { ignores: ['dist/**', 'sdk/dist/**', 'node_modules/**', 'eslint.config.mjs'] },
+  // test/fixtures/lint-cycle holds a deliberate import cycle (test/unit/lint-cycle.test.ts).
+  { ignores: ['dist/**', 'sdk/dist/**', 'node_modules/**', 'eslint.config.mjs', 'test/fixtures/lint-cycle/**'] },
   ...tseslint.configs.recommended,
   {
     files: ['**/*.ts'],
@@ -10,6 +11,15 @@ export default tseslint.config(
       parserOptions: { projectService: true, tsconfigRootDir: import.meta.dirname },
     },
     plugins: { 'import-x': importX },
+    settings: {
+      // Our imports name `./x.js` for `./x.ts` (NodeNext); without a resolver that knows this,
+      // import-x resolves nothing and no-cycle silently checks nothing
+      // (test/unit/lint-cycle.test.ts proves it fires).
+      'import-x/extensions': ['.ts', '.js', '.mjs'],
+      'import-x/resolver-next': [
+        createNodeResolver({ extensions: ['.ts', '.js', '.mjs', '.json'], extensionAlias: { '.js': ['.ts', '.js'] } }),
+      ],
+    },
     rules: {
       '@typescript-eslint/no-floating-promises': 'error',
       '@typescript-eslint/no-misused-promises': ['error', { checksVoidReturn: false }],
@@ -38,6 +48,14 @@ export default tseslint.config(
   {
     files: ['scheduler/**/*.ts'],
     rules: { 'no-restricted-imports': ['error', { patterns: ['**/agent/**', '**/cli/**'] }] },
+  },
+  {
+    // http routes → services → store: the servers (http/, ingress/, admin/) call services, never
+    // the reverse. Wire shapes both sides need live in api/.
+    files: ['scheduler/src/services/**/*.ts'],
+    rules: {
+      'no-restricted-imports': ['error', { patterns: ['**/agent/**', '**/cli/**', '**/http/**', '**/ingress/**', '**/admin/**'] }],
+    },
   },
   {
     files: ['agent/**/*.ts'],

@@ -1,7 +1,10 @@
+import { cpSync } from 'node:fs';
 import { defineConfig } from 'tsup';
 
 // One bundle for the `canto` CLI: scheduler, agent and shared code are bundled; npm dependencies
-// stay external so native modules (sharp) load from node_modules.
+// stay external so native modules (sharp) load from node_modules. The guest programs (Perl, shell
+// and awk files the agent runs in desktops) are copied beside it, to dist/guest/, where
+// agent/src/runtime/sandbox/guest-programs.ts reads them.
 export default defineConfig({
   entry: { cli: 'cli/src/main.ts' },
   format: ['esm'],
@@ -11,4 +14,7 @@ export default defineConfig({
   sourcemap: true,
   clean: true,
   banner: { js: '#!/usr/bin/env node' },
+  async onSuccess() {
+    cpSync('agent/guest', 'dist/guest', { recursive: true });
+  },
 });

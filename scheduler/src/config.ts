@@ -16,7 +16,7 @@ export interface JwtSettings {
   readonly orgClaim: string;
 }
 
-/** Webhook delivery (SPEC 4.8, 6); docs/operators.md has the retry schedule these produce. */
+/** Webhook delivery (docs/api.md §4.8, 6); docs/operators.md has the retry schedule these produce. */
 export interface WebhookSettings {
   /**
    * `CANTO_WEBHOOK_ALLOW_LOOPBACK`: `true` lets endpoints use loopback hosts and plain `http://`,
@@ -43,7 +43,7 @@ export interface WebhookSettings {
 }
 
 /**
- * The port ingress (SPEC 4.7): an HTTP server of its own that routes
+ * The port ingress (docs/api.md §4.7): an HTTP server of its own that routes
  * `Host: {port}-{desktop_id}.{domain}` to a port inside a desktop, through its host's agent.
  */
 export interface IngressSettings {
@@ -91,7 +91,7 @@ export interface SchedulerConfig {
   readonly leaseTtlMs: number;
   /** `CANTO_LEASE_RENEW_MS`: how often the leader renews (and followers try). Default min(500, TTL/3). */
   readonly leaseRenewMs: number;
-  /** `CANTO_WAIT_CAP_MS`: the `?wait=true` cap. Default 120000 (SPEC 4.1). */
+  /** `CANTO_WAIT_CAP_MS`: the `?wait=true` cap. Default 120000 (docs/api.md §4.1). */
   readonly waitCapMs: number;
   /** `CANTO_WAIT_POLL_MS`: `?wait=true` poll cadence behind the notification. Default 2000. */
   readonly waitPollMs: number;

@@ -68,7 +68,7 @@ export const errors = {
   portNotFound: () => new ApiError(404, 'port exposure not found'),
   portAlreadyExposed: () => new ApiError(409, 'the port is already exposed on this desktop; to rotate its token, delete and re-create it'),
   ingressDisabled: () => new ApiError(501, 'the port ingress is not enabled on this deployment'),
-  /* The port ingress's answers (SPEC 4.7). One 404 for every URL that leads nowhere, whatever the reason. */
+  /* The port ingress's answers (docs/api.md §4.7). One 404 for every URL that leads nowhere, whatever the reason. */
   ingressNotFound: () => new ApiError(404, 'not found'),
   ingressUnauthorized: () => new ApiError(401, 'missing or invalid port token (svc_token query parameter or X-Svc-Token header)'),
   portUnbound: () =>

@@ -6,7 +6,7 @@
  * Every lifecycle call and every create sends an Idempotency-Key (the caller's, or a fresh
  * random one), so that the SDK's own retry after a 503 or a dropped connection can never create
  * a second desktop or enqueue a second operation: the server answers a repeated key with the
- * first result (SPEC 4.11). A caller that retries on its own should pass its own key.
+ * first result (docs/api.md §4.11). A caller that retries on its own should pass its own key.
  */
 import type { Client } from 'openapi-fetch';
 import type { components, paths } from './generated/api.js';
@@ -33,7 +33,7 @@ export interface CallOptions {
 }
 
 export interface LifecycleOptions extends CallOptions {
-  /** Fence on the desktop's generation (SPEC 3.4): the operation fails if it moved on. */
+  /** Fence on the desktop's generation (docs/api.md §3.4): the operation fails if it moved on. */
   expectedGeneration?: number;
   /** Resolve only once the operation settles (polling); `true` or how to wait. */
   wait?: boolean | WaitOptions;

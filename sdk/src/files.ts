@@ -1,10 +1,10 @@
 /**
- * Files inside an awake desktop (SPEC 4.4) move as raw bytes, not JSON: uploads send the caller's
+ * Files inside an awake desktop (docs/api.md §4.4) move as raw bytes, not JSON: uploads send the caller's
  * bytes as they come (a web ReadableStream, a Node Readable or any async iterable of chunks,
  * a Blob, or a buffer in memory) and downloads hand back the response body as a stream, so
  * neither end holds a whole file it does not need to. A buffer is sent again after a 503; a
  * stream cannot be, so its upload is tried once (retry.ts) and a caller who wants retries
- * sends a buffer or appends in chunks, which SPEC 4.4 makes retry-safe.
+ * sends a buffer or appends in chunks, which docs/api.md §4.4 makes retry-safe.
  */
 import type { Client } from 'openapi-fetch';
 import type { components, paths } from './generated/api.js';

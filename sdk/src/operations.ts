@@ -1,5 +1,5 @@
 /**
- * Wake, hibernate, destroy and fork answer at once with an operation (SPEC 3.3); waiting for it to
+ * Wake, hibernate, destroy and fork answer at once with an operation (docs/api.md §3.3); waiting for it to
  * settle is the client's job. The SDK polls `GET /v1/operations/{id}` (the admin API's moves
  * poll theirs the same way) starting fast and slowing to every two seconds, for as long as the
  * caller allows — unlike the server's `?wait=true`, which gives up after 120 s.
@@ -23,7 +23,7 @@ export interface WaitOptions {
   signal?: AbortSignal;
   /** First pause between polls, in ms; it grows by half each poll up to `maxIntervalMs`. Default 200. */
   intervalMs?: number;
-  /** Default 2000, the server's own poll cadence (SPEC 8). */
+  /** Default 2000, the server's own poll cadence (docs/api.md §8). */
   maxIntervalMs?: number;
   /** Return a failed operation instead of throwing `OperationFailedError`. Default false. */
   allowFailure?: boolean;

@@ -7,7 +7,7 @@
  * answer to describe.
  */
 
-/** The members SPEC 7 gives every problem, plus whatever extension members the answer had. */
+/** The members docs/api.md §7 gives every problem, plus whatever extension members the answer had. */
 export interface ProblemBody {
   type: string;
   title: string;
@@ -84,7 +84,7 @@ export class CantoProblem extends Error {
     this.retryAfterSecs = retryAfterSecs;
   }
 
-  /** SPEC 7: 429, 503 and 504 may be retried; a 500 may not be assumed retryable. */
+  /** docs/api.md §7: 429, 503 and 504 may be retried; a 500 may not be assumed retryable. */
   get retryable(): boolean {
     return this.status === 429 || this.status === 503 || this.status === 504;
   }

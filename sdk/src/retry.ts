@@ -2,7 +2,7 @@
  * Retrying a request the server asked us to repeat later. A 503 (a desktop moving between hosts,
  * a host unreachable, a replica not serving) and a 429 say "not now", usually with
  * `Retry-After`; the SDK waits what the header says (or backs off exponentially with jitter when
- * it says nothing, SPEC 7) and tries again, a bounded number of times.
+ * it says nothing, docs/api.md §7) and tries again, a bounded number of times.
  *
  * Only requests that are safe to repeat are repeated: methods HTTP calls idempotent (GET, HEAD,
  * PUT, DELETE, OPTIONS) and any request carrying an `Idempotency-Key`, which the server uses to

@@ -23,7 +23,7 @@ export interface TransportOptions {
 }
 
 /**
- * Guest paths (`{path}`, SPEC 4.4) keep their slashes: each segment is percent-encoded on its
+ * Guest paths (`{path}`, docs/api.md §4.4) keep their slashes: each segment is percent-encoded on its
  * own, and a leading `/` is dropped so `/root/a.txt` and `root/a.txt` name the same file.
  */
 export function serializePath(url: string, params: Record<string, unknown>): string {

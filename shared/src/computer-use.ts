@@ -1,9 +1,9 @@
 /**
- * Computer use (SPEC 4.5, 4.6, 8): the input actions an API client sends and the limits on a
+ * Computer use (docs/api.md §4.5, 4.6, 8): the input actions an API client sends and the limits on a
  * batch, shared by the scheduler (which validates the request) and the agent link (which carries
  * the same actions to the host). Field names are the API's, so nothing is translated on the way.
  *
- * Decisions the SPEC leaves open (docs/decisions.md): `button` is `left`, `middle` or `right`
+ * Decisions the contract (docs/api.md) leaves open (docs/decisions.md): `button` is `left`, `middle` or `right`
  * (default `left`); scroll `direction` is `up`, `down`, `left` or `right`; `from` and `to` are
  * `{x, y}` in screen pixels. Coordinates are integers 0-32767; a point off the screen is clamped
  * to its edge by the X server.
@@ -27,7 +27,7 @@ export const INPUT_LIMITS = {
   batchTimeoutMs: 60_000,
 } as const;
 
-/** SPEC 8: the screenshot transfer cap. */
+/** docs/api.md §8: the screenshot transfer cap. */
 export const SCREENSHOT_MAX_BYTES = 8 * 1024 * 1024;
 
 export const MOUSE_BUTTONS = ['left', 'middle', 'right'] as const;
@@ -122,6 +122,6 @@ export function inputBatchProblem(actions: readonly InputAction[]): string | nul
   return null;
 }
 
-/** SPEC 4.6: what a stream ticket lets its holder do. */
+/** docs/api.md §4.6: what a stream ticket lets its holder do. */
 export const STREAM_CLAIMS = ['view', 'control'] as const;
 export type StreamClaim = (typeof STREAM_CLAIMS)[number];

@@ -1,5 +1,5 @@
 /**
- * The port link: how the scheduler's ingress reaches a port inside a desktop (SPEC 4.7). The
+ * The port link: how the scheduler's ingress reaches a port inside a desktop (docs/api.md §4.7). The
  * ingress dials the agent's port gateway over TCP and opens with one line naming the desktop,
  * its generation and the guest port, signed with the host's port-link key:
  *

@@ -193,7 +193,7 @@ export const HibernatePayload = Type.Object({
   operation_id: Type.String(),
   /**
    * 1.8: a move's stop. Detached processes are part of the memory and go on after the restore,
-   * where a user's hibernate kills them (SPEC 3.1); without a memory snapshot they end either way.
+   * where a user's hibernate kills them (docs/api.md §3.2); without a memory snapshot they end either way.
    */
   keep_detached: Type.Optional(Type.Boolean()),
 });

@@ -1,6 +1,6 @@
 /**
  * Desktop tiers: the sizes a desktop can be created with, their resource limits (enforced by the
- * runtime), their weight on awake seconds and their prices (SPEC 4.9). Prices are in cents.
+ * runtime), their weight on awake seconds and their prices (docs/api.md §4.9). Prices are in cents.
  */
 export const TIERS = ['small', 'default', 'large'] as const;
 export type Tier = (typeof TIERS)[number];
@@ -26,5 +26,5 @@ export const TIER_SPECS: Readonly<Record<Tier, TierSpec>> = {
   large: { vcpus: 8, memoryMb: 16384, maxPids: 4096, weight: 2.0, monthlyCents: 2400, slots: 4 },
 };
 
-/** The hourly rate is the monthly price divided by 667 (SPEC 4.9). */
+/** The hourly rate is the monthly price divided by 667 (docs/api.md §4.9). */
 export const HOURS_PER_BILLING_MONTH = 667;

@@ -1,5 +1,5 @@
 /**
- * Computer use through the HTTP API (SPEC 4.5, 4.6) against a real awake sandbox desktop: the
+ * Computer use through the HTTP API (docs/api.md §4.5, 4.6) against a real awake sandbox desktop: the
  * real scheduler and a real agent in-process, Xvfb, xterm, xdotool and x11vnc in the guest, a
  * real PostgreSQL. A window opened in the guest shows in the screenshot, typed text changes its
  * pixels, the pointer lands exactly where it was sent, sizes are exact, a resize survives a

@@ -1,5 +1,5 @@
 /**
- * Fork end to end (SPEC 4.1 fork rules): the real scheduler and a real agent in-process on the
+ * Fork end to end (docs/api.md §4.1 fork rules): the real scheduler and a real agent in-process on the
  * sandbox runtime with CRIU. A prepared desktop (a file on its disk, a process counting in its
  * memory, a setup script that ran once) is hibernated and forked three times; every fork wakes
  * with the file and the still-counting process, the copies diverge independently, the source

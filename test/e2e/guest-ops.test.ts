@@ -1,5 +1,5 @@
 /**
- * Guest operations through the HTTP API (SPEC 4.3, 4.4) against a real awake sandbox desktop: the
+ * Guest operations through the HTTP API (docs/api.md §4.3, 4.4) against a real awake sandbox desktop: the
  * real scheduler and a real agent in-process, the sandbox runtime, a real PostgreSQL. Every rule
  * of exec, detached processes and files is exercised here over real sockets, including the
  * confinement of guest paths (symlinks planted in the guest must never reach a host file), atomic

@@ -1,5 +1,5 @@
 /**
- * Port exposures end to end (SPEC 4.7): a real HTTP and WebSocket app inside a real sandbox
+ * Port exposures end to end (docs/api.md §4.7): a real HTTP and WebSocket app inside a real sandbox
  * desktop, reached through the scheduler's ingress, the agent's port gateway and the forwarder
  * in the desktop's network namespace. Tokens in the query and in a header, none, another
  * exposure's; `Authorization` reaching the app unchanged; a WebSocket echo; hibernate → 503 and

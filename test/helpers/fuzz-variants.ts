@@ -265,7 +265,7 @@ function jsonBodyVariants(op: DocOperation, base: Base, baseBody: Json, rng: Rng
   }
   const valid = JSON.stringify(baseBody);
   text('body text', 'empty', '');
-  // An empty body means `{}` (SPEC 2.4), whitespace included: the document has no say.
+  // An empty body means `{}` (docs/api.md §2.4), whitespace included: the document has no say.
   text('body text', 'whitespace', ' \r\n\t', { json: undefined });
   for (const raw of ['null', '[]', '"x"', '1', 'true']) text('body text', raw, raw, { expect: [400] });
   for (const [what, raw] of [

@@ -1,4 +1,4 @@
-/** Assertions on RFC 9457 problem+json answers (SPEC 7). */
+/** Assertions on RFC 9457 problem+json answers (docs/api.md §7). */
 import { STATUS_CODES } from 'node:http';
 import { expect } from 'vitest';
 
@@ -9,7 +9,7 @@ export interface ApiResponse {
   json: any;
 }
 
-/** Asserts `res` is a problem+json answer with `status` and the members SPEC 7 requires. */
+/** Asserts `res` is a problem+json answer with `status` and the members docs/api.md §7 requires. */
 export function expectProblem(res: ApiResponse, status: number, what = ''): void {
   const label = `${what} → ${res.status} ${res.text.slice(0, 300)}`;
   expect(res.status, label).toBe(status);

@@ -1,5 +1,5 @@
 /**
- * JWT bearer authentication through the scheduler (SPEC 5): a local identity provider publishing
+ * JWT bearer authentication through the scheduler (docs/api.md §5): a local identity provider publishing
  * its JWKS, tokens signed with jose. A valid token acts in the org its claim names (the same org an
  * API key of that org name acts in); a token failing verification is 401; an unreachable identity
  * provider is 503, while API keys keep working.

@@ -1,5 +1,5 @@
 /**
- * The computer-use routes' own rules (SPEC 4.5, 4.6, 8), fast, with a real scheduler and a real
+ * The computer-use routes' own rules (docs/api.md §4.5, 4.6, 8), fast, with a real scheduler and a real
  * agent on the FakeDriver: body validation and every batch cap answer 400 before any guest work,
  * binary and base64 screenshots carry the post-crop, post-scale size, a host without
  * computer-use support answers 501, and another org's desktop answers like a missing one. The

@@ -1,5 +1,5 @@
 /**
- * Desktop records through the API (SPEC 2.1, 4.1, 4.2, 4.11): the DesktopJson shape, write-only
+ * Desktop records through the API (docs/api.md §2.1, 4.1, 4.2, 4.11): the DesktopJson shape, write-only
  * `env`/`setup_script` sealed at rest, list/get/patch, per-org idempotent creation (also under
  * concurrency), and org isolation down to byte-identical 404 bodies.
  */
@@ -138,7 +138,7 @@ describe('create, get, list, patch', () => {
   });
 });
 
-describe('Idempotency-Key on create (SPEC 4.11)', () => {
+describe('Idempotency-Key on create (docs/api.md §4.11)', () => {
   it('the same key in the same org returns the existing desktop with 200 and ignores the new body', async () => {
     const first = await acme('POST', '/v1/desktops', { tier: 'small', idle_timeout_secs: 5 }, { 'idempotency-key': 'create-1' });
     expect(first.status).toBe(201);
@@ -177,7 +177,7 @@ describe('Idempotency-Key on create (SPEC 4.11)', () => {
   });
 });
 
-describe('org isolation (SPEC 1.2, 5.3)', () => {
+describe('org isolation (docs/api.md §1, 5)', () => {
   let theirDesktop: string;
   let theirOperation: string;
 
@@ -231,7 +231,7 @@ describe('org isolation (SPEC 1.2, 5.3)', () => {
   });
 });
 
-describe('GET /v1/operations/{id} (SPEC 4.2)', () => {
+describe('GET /v1/operations/{id} (docs/api.md §4.2)', () => {
   it('returns the Operation of the caller', async () => {
     const id = (await acme('POST', '/v1/desktops', { tier: 'small' })).json.id;
     const wake = await acme('POST', `/v1/desktops/${id}/wake`, undefined, { 'idempotency-key': 'op-get' });

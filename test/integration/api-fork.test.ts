@@ -1,5 +1,5 @@
 /**
- * Fork through the API (SPEC 4.1 fork rules, 2.5, 3.2) with a real scheduler and a real agent on
+ * Fork through the API (docs/api.md §4.1 fork rules, 2.5, 3.2) with a real scheduler and a real agent on
  * the FakeDriver: validation, the state rule, `?wait=true`, inheritance, independence of the
  * copies, ephemeral forks destroyed at their idle timeout, and the storage-slot capacity model
  * (413). The same flow against the real sandbox runtime is in test/e2e/fork.test.ts.

@@ -1,5 +1,5 @@
 /**
- * The guest routes' own rules (SPEC 4.3, 4.4, 7), fast, with a real scheduler and a real agent on
+ * The guest routes' own rules (docs/api.md §4.3, 4.4, 7), fast, with a real scheduler and a real agent on
  * the FakeDriver: bodies stream across the link both ways, a desktop that is not awake answers
  * 409, a host without a link answers 503 at once, and caps answer 400/413 before any guest work.
  * The same rules against the real sandbox runtime are in test/e2e/guest-ops.test.ts.

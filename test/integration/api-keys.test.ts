@@ -1,5 +1,5 @@
 /**
- * API keys through the API (SPEC 4.10, 5.7): `POST /v1/keys` creates a key in the caller's org,
+ * API keys through the API (docs/api.md §4.10, 5): `POST /v1/keys` creates a key in the caller's org,
  * shown once and stored hashed; `GET /v1/keys` lists the org's keys without secrets; `DELETE
  * /v1/keys/{id}` revokes one, refused at once by every replica. Another org's key answers exactly
  * like a missing one; no credential is 401.

@@ -1,5 +1,5 @@
 /**
- * wake, hibernate and destroy end to end through the API (SPEC 3, 4.1, 4.11, 6, 4.9): a real
+ * wake, hibernate and destroy end to end through the API (docs/api.md §3, 4.1, 4.11, 6, 4.9): a real
  * scheduler with a real in-process agent on the FakeDriver. Operations, generation fencing,
  * `?wait=true` (settled, capped and failed), idempotent repeats, the outbox, the awake meter and
  * the idle timeout.
@@ -187,7 +187,7 @@ describe('wrong-state transitions and generation fencing', () => {
   });
 });
 
-describe('Idempotency-Key on wake (SPEC 4.11)', () => {
+describe('Idempotency-Key on wake (docs/api.md §4.11)', () => {
   it('a repeat returns the same operation and enqueues nothing, even after the desktop moved on', async () => {
     const d = await placedDesktop();
     const first = await call('POST', `/v1/desktops/${d.id}/wake`, {}, { 'idempotency-key': 'wake-1' });
@@ -226,7 +226,7 @@ describe('Idempotency-Key on wake (SPEC 4.11)', () => {
   });
 });
 
-describe('idle timeout (SPEC 3.2)', () => {
+describe('idle timeout (docs/api.md §3.2)', () => {
   it('idle_timeout_secs=1 auto-hibernates after a wake; 0 never does', async () => {
     const [idle, never] = await Promise.all([placedDesktop({ idle_timeout_secs: 1 }), placedDesktop({ idle_timeout_secs: 0 })]);
     const wakes = await Promise.all([idle, never].map((d) => call('POST', `/v1/desktops/${d.id}/wake?wait=true`)));

@@ -1,6 +1,6 @@
 /**
- * The OpenAPI 3.1 document (SPEC 1.6, 5.2): served without credentials, valid against the
- * OpenAPI 3.1 schema, with the `bearer_auth` scheme, every implemented route of SPEC 4.1, 4.2, 4.3,
+ * The OpenAPI 3.1 document (docs/api.md §1, 5): served without credentials, valid against the
+ * OpenAPI 3.1 schema, with the `bearer_auth` scheme, every implemented route of docs/api.md §4.1, 4.2, 4.3,
  * 4.4, 4.7, 4.8 and 4.9, and problem+json error responses documented on each.
  */
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
@@ -27,7 +27,7 @@ afterAll(async () => {
   await s?.close();
 });
 
-/** Route → method → error statuses it must document (SPEC 4.1, 4.2, 4.9, 5, 7). */
+/** Route → method → error statuses it must document (docs/api.md §4.1, 4.2, 4.9, 5, 7). */
 const ROUTES: Record<string, Record<string, number[]>> = {
   '/v1/desktops': { get: [400, 401], post: [400, 401, 413] },
   '/v1/desktops/{id}': { get: [400, 401, 404], patch: [400, 401, 404] },
@@ -154,7 +154,7 @@ describe('GET /v1/openapi.json', () => {
     }
   });
 
-  it('documents the guest routes: binary file bodies, the SPEC path parameter, process and file records', () => {
+  it('documents the guest routes: binary file bodies, the documented path parameter, process and file records', () => {
     const ref = (op: any, status: number) => JSON.stringify(op.responses[String(status)].content['application/json'].schema);
     const files = doc.paths['/v1/desktops/{id}/files/{path}'];
     expect(files.put.requestBody.content['application/octet-stream'].schema).toMatchObject({ type: 'string', format: 'binary' });
@@ -175,7 +175,7 @@ describe('GET /v1/openapi.json', () => {
       const op = doc.paths[path].post;
       const names = op.parameters.map((p: { in: string; name: string }) => `${p.in}:${p.name.toLowerCase()}`);
       expect(names).toEqual(expect.arrayContaining(['query:wait', 'header:idempotency-key']));
-      // SPEC 2.4: the body is optional; an empty one equals {}.
+      // docs/api.md §2.4: the body is optional; an empty one equals {}.
       expect(op.requestBody?.required ?? false, `${path} requestBody.required`).toBe(false);
     }
     expect(doc.paths['/v1/desktops/{id}'].patch.requestBody?.required ?? false).toBe(false);
@@ -183,7 +183,7 @@ describe('GET /v1/openapi.json', () => {
     expect(createParams).toContain('idempotency-key');
   });
 
-  it('documents the webhook records with the SPEC fields, the secret optional', () => {
+  it('documents the webhook records with the documented fields, the secret optional', () => {
     const ref = (op: any, status: number) => JSON.stringify(op.responses[String(status)].content['application/json'].schema);
     expect(ref(doc.paths['/v1/webhooks'].post, 201)).toContain('WebhookEndpoint');
     expect(ref(doc.paths['/v1/webhooks'].get, 200)).toContain('WebhookEndpoint');
@@ -202,7 +202,7 @@ describe('GET /v1/openapi.json', () => {
     expect(limit).toMatchObject({ in: 'query' });
   });
 
-  it('documents the port exposure records with the SPEC fields, the token optional', () => {
+  it('documents the port exposure records with the documented fields, the token optional', () => {
     const ref = (op: any, status: number) => JSON.stringify(op.responses[String(status)].content['application/json'].schema);
     expect(ref(doc.paths['/v1/desktops/{id}/ports'].post, 201)).toContain('PortExposure');
     expect(ref(doc.paths['/v1/desktops/{id}/ports'].get, 200)).toContain('PortExposure');
@@ -217,7 +217,7 @@ describe('GET /v1/openapi.json', () => {
     expect(port).toMatchObject({ in: 'path', required: true });
   });
 
-  it('has Problem, DesktopJson and OperationJson with the SPEC fields', () => {
+  it('has Problem, DesktopJson and OperationJson with the documented fields', () => {
     const { Problem, DesktopJson, OperationJson } = doc.components.schemas;
     expect(Problem.required).toEqual(expect.arrayContaining(['type', 'title', 'status', 'detail']));
     expect(Object.keys(DesktopJson.properties)).toEqual(

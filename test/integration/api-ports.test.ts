@@ -1,5 +1,5 @@
 /**
- * Port exposures and the ingress (SPEC 2.9, 4.7), with a real scheduler:
+ * Port exposures and the ingress (docs/api.md §2.9, 4.7), with a real scheduler:
  *
  * - the API's rules (list without tokens, create with a token shown once and stored hashed,
  *   400/404/409/501, delete, org isolation down to byte-identical 404 bodies);
@@ -25,7 +25,7 @@ import { PROTOCOL_VERSION } from '../../shared/src/protocol.js';
 import { RpcPeer } from '../../shared/src/rpc.js';
 import { connectDatabase, type Sql } from '../../scheduler/src/store/db.js';
 import { loadSchedulerConfig } from '../../scheduler/src/config.js';
-import { parseExposureHost } from '../../scheduler/src/ingress/exposure-host.js';
+import { parseExposureHost } from '../../scheduler/src/services/exposure-host.js';
 import { withoutTokenParam } from '../../scheduler/src/ingress/port-token.js';
 import { ROUTE_CACHE_TTL_MS } from '../../scheduler/src/ingress/route-cache.js';
 import { api, JOIN_TOKEN, mintKey, startTestScheduler, until, type TestScheduler } from '../helpers/scheduler.js';

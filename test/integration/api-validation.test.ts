@@ -1,5 +1,5 @@
 /**
- * Bad input, table-driven: every request rule of SPEC 2.2–2.4, 4.1, 4.11, 5 and 7 as one row,
+ * Bad input, table-driven: every request rule of docs/api.md §2.2–2.4, 4.1, 4.11, 5 and 7 as one row,
  * sent over a real socket to a real scheduler. Every rejected row must answer the right status
  * as problem+json; the boundary rows that must pass are in the same tables, so an off-by-one in
  * either direction shows up.
@@ -87,7 +87,7 @@ afterAll(async () => {
   await s?.close();
 });
 
-describe('SPEC 2.2 CreateDesktopBody', () => {
+describe('docs/api.md §2.2 CreateDesktopBody', () => {
   const rows: Row[] = [
     create('tier missing', {}, 400),
     create('empty body (tier missing)', '', 400),
@@ -146,7 +146,7 @@ describe('SPEC 2.2 CreateDesktopBody', () => {
   });
 });
 
-describe('SPEC 2.3 UpdateDesktopBody', () => {
+describe('docs/api.md §2.3 UpdateDesktopBody', () => {
   const rows: Row[] = [
     { name: 'idle_timeout_secs negative', method: 'PATCH', path: '/v1/desktops/:id', body: { idle_timeout_secs: -5 }, status: 400 },
     { name: 'idle_timeout_secs non-integer', method: 'PATCH', path: '/v1/desktops/:id', body: { idle_timeout_secs: 0.5 }, status: 400 },
@@ -168,7 +168,7 @@ describe('SPEC 2.3 UpdateDesktopBody', () => {
   });
 });
 
-describe('SPEC 2.4 MutationBody', () => {
+describe('docs/api.md §2.4 MutationBody', () => {
   const rows: Row[] = (['wake', 'hibernate', 'destroy'] as const).flatMap((kind) => [
     { name: `${kind}: expected_generation non-integer`, method: 'POST', path: `/v1/desktops/:id/${kind}`, body: { expected_generation: 1.5 }, status: 400 },
     { name: `${kind}: expected_generation a string`, method: 'POST', path: `/v1/desktops/:id/${kind}`, body: { expected_generation: '0' }, status: 400 },
@@ -194,7 +194,7 @@ describe('SPEC 2.4 MutationBody', () => {
   });
 });
 
-describe('SPEC 4.1, 4.2 ids, filters, wait and Idempotency-Key', () => {
+describe('docs/api.md §4.1, 4.2 ids, filters, wait and Idempotency-Key', () => {
   const badIds = ['nope', 'dsk_short', 'dsk_ABCDEFGHIJKLMNOPQRSTUVWX', 'op_000000000000000000000000', 'dsk_000000000000000000000000x'];
   const idRoutes: Array<[string, string, unknown]> = [
     ['GET', '', undefined],
@@ -252,7 +252,7 @@ describe('SPEC 4.1, 4.2 ids, filters, wait and Idempotency-Key', () => {
   });
 });
 
-describe('SPEC 5 authentication', () => {
+describe('docs/api.md §5 authentication', () => {
   const routes: Array<[string, string, unknown]> = [
     ['GET', '/v1/desktops', undefined],
     ['POST', '/v1/desktops', { tier: 'small' }],
@@ -295,7 +295,7 @@ describe('SPEC 5 authentication', () => {
   });
 });
 
-describe('SPEC 7 errors', () => {
+describe('docs/api.md §7 errors', () => {
   const big = `{"tier":"small","setup_script":"${'x'.repeat(2 * 1024 * KIB)}"}`;
   const rows: Row[] = [
     create('malformed JSON on create', '{"tier":', 400),

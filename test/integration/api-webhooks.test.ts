@@ -1,5 +1,5 @@
 /**
- * The webhook endpoint API (SPEC 2.10, 2.11, 4.8): registration rules for `url` and `events`,
+ * The webhook endpoint API (docs/api.md §2.10, 2.11, 4.8): registration rules for `url` and `events`,
  * the secret shown once, the per-org cap, org isolation, the delivery log's `limit` and order,
  * and delete cascading to the log. No event reaches these endpoints (no agent, no desktop), so
  * nothing is ever sent to the example hosts registered here.
@@ -219,7 +219,7 @@ describe('GET /v1/webhooks/{id}/deliveries', () => {
     await seedLog(endpoint.id, 'webhooks-alice', 205);
   });
 
-  it('returns 50 deliveries by default, newest first, in the SPEC shape', async () => {
+  it('returns 50 deliveries by default, newest first, in the documented shape', async () => {
     const res = await alice('GET', `/v1/webhooks/${endpoint.id}/deliveries`);
     expect(res.status, res.text).toBe(200);
     expect(res.json.deliveries).toHaveLength(50);

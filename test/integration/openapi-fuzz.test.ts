@@ -12,7 +12,7 @@
  * problem+json with a matching `status` when it is 400 or more, leak no stack, path or secret,
  * not echo the garbage, and agree with the document: a status it lists, a 2xx body it describes,
  * no 2xx for a body its schema refuses. Bad input is the client's fault, so a 500 is our bug even
- * where the SPEC keeps one for real guest failures: anything that could be checked up front must
+ * where docs/api.md keeps one for real guest failures: anything that could be checked up front must
  * be. The test collects every finding and fails once with the whole list, grouped, so that one
  * run says everything that is wrong.
  */

@@ -14,7 +14,7 @@ import { promisify } from 'node:util';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { newId } from '../../shared/src/ids.js';
 import { guestHelperProgram, warmHelperProgram } from '../../agent/src/runtime/sandbox/guest-helper.js';
-import { execServerProgram, WARM_PROLOGUE } from '../../agent/src/runtime/sandbox/warm-perl.js';
+import { execServerProgram, warmPrologue } from '../../agent/src/runtime/sandbox/warm-perl.js';
 import { createSandboxDriver, type SandboxDriver } from '../../agent/src/runtime/sandbox/index.js';
 import { failure } from '../helpers/agent-failure.js';
 import { hostProcesses, isAlive, isRoot, parentPid } from '../helpers/sandbox.js';
@@ -115,7 +115,7 @@ describe.skipIf(!isRoot)('sandbox driver warm guest servers', () => {
 
   it('the warm programs compile under strict', async () => {
     const programs = {
-      prologue: WARM_PROLOGUE,
+      prologue: warmPrologue(),
       files: warmHelperProgram(),
       exec: execServerProgram('exec /bin/sh -c "$0"', 4, 2),
     };

@@ -127,7 +127,7 @@ describe('the SDK against a real scheduler', () => {
     expect(bad).toBeInstanceOf(BadRequestProblem);
     expect(bad.body.errors?.[0]?.field).toBe('body/tier');
 
-    // A stale generation fails the operation at once (SPEC 3.4): the call throws 409 naming the
+    // A stale generation fails the operation at once (docs/api.md §3.4): the call throws 409 naming the
     // failed operation, and waiting for that operation throws it with its error.
     const desktop = await canto.createDesktop({ tier: 'small' });
     const stale = (await canto.wake(desktop.id, { expectedGeneration: desktop.generation + 7, wait: true }).catch((e: unknown) => e)) as ConflictProblem;

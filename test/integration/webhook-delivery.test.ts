@@ -1,5 +1,5 @@
 /**
- * Webhook delivery end to end (SPEC 6): a real scheduler (loopback receivers allowed, as for
+ * Webhook delivery end to end (docs/api.md §6): a real scheduler (loopback receivers allowed, as for
  * local development) with a fake agent driving one desktop through its life, and a real HTTP
  * receiver on 127.0.0.1. Events arrive in order, signed so that both our verifier and Stripe's
  * accept them; failures are retried with the same delivery id; deleting an endpoint stops its

@@ -1,4 +1,4 @@
-/** Guest path normalization and the exec / tail clamps (SPEC 4.3, 4.4, 8). */
+/** Guest path normalization and the exec / tail clamps (docs/api.md §4.3, 4.4, 8). */
 import { describe, expect, it } from 'vitest';
 import { ApiError } from '../../scheduler/src/errors.js';
 import { apiPath, guestPath } from '../../scheduler/src/http/guest-paths.js';

@@ -1,5 +1,5 @@
 /**
- * Webhook signing (SPEC 6) checked against fixed vectors, against our own verifier and against
+ * Webhook signing (docs/api.md §6) checked against fixed vectors, against our own verifier and against
  * Stripe's independent implementation of the same scheme; plus the other pure pieces of
  * delivery: the retry schedule, the body an event renders to, and what a failed attempt says.
  */
@@ -67,7 +67,7 @@ describe('signatures', () => {
     expect(() => stripe.webhooks.constructEvent(BODY, signatureHeader(SECRET, t - 600, BODY), SECRET)).toThrow();
   });
 
-  it('mints secrets of 256 random bits behind the SPEC prefix', () => {
+  it('mints secrets of 256 random bits behind the documented prefix', () => {
     const a = newWebhookSecret();
     expect(a).toMatch(/^svc_whsec_[A-Za-z0-9_-]{43}$/);
     expect(Buffer.from(a.slice(WEBHOOK_SECRET_PREFIX.length), 'base64url')).toHaveLength(32);

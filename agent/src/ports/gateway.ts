@@ -1,5 +1,5 @@
 /**
- * The port gateway (SPEC 4.7): one TCP listener per agent through which the scheduler's ingress
+ * The port gateway (docs/api.md §4.7): one TCP listener per agent through which the scheduler's ingress
  * reaches TCP ports of apps running inside desktops.
  *
  * The ingress dials the gateway and opens with one signed line naming the desktop, its

@@ -19,7 +19,7 @@ export interface RuntimeCapabilities {
   readonly runtime: string;
   /** True when hibernate keeps memory (a CRIU or VM snapshot); false means a cold stop. */
   readonly memorySnapshots: boolean;
-  /** True when the driver runs screenshots, input and the VNC stream (SPEC 4.5, 4.6). */
+  /** True when the driver runs screenshots, input and the VNC stream (docs/api.md §4.5, 4.6). */
   readonly computerUse: boolean;
 }
 
@@ -162,7 +162,7 @@ export interface VncSession {
 }
 
 /**
- * A connection to a TCP port inside a desktop, for one client of the port gateway (SPEC 4.7): the
+ * A connection to a TCP port inside a desktop, for one client of the port gateway (docs/api.md §4.7): the
  * bytes written go to the guest app, the bytes read come from it. Half-close works both ways:
  * `end()` reaches the app as an end of its input while its answer still arrives, and the app
  * ending its output ends this stream's readable side only. It must be created with
@@ -187,7 +187,7 @@ export interface RuntimeDriver {
   start(spec: StartSpec): Promise<{ restored: boolean }>;
   /**
    * Snapshots memory (when supported) and stops every process; the disk stays. Detached
-   * processes are killed first (SPEC 3.1), unless `keepDetached` (a move) and the snapshot keeps them.
+   * processes are killed first (docs/api.md §3.2), unless `keepDetached` (a move) and the snapshot keeps them.
    */
   hibernate(desktopId: string, options?: { readonly keepDetached?: boolean }): Promise<{ snapshot: boolean }>;
   /** Stops the desktop and removes its disk and snapshot. */

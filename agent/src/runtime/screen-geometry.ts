@@ -1,6 +1,6 @@
 /**
  * Screen geometry shared by the runtime drivers, so that every driver crops and scales a
- * screenshot to exactly the same size (SPEC 4.5: the reported size is post-crop, post-scale).
+ * screenshot to exactly the same size (docs/api.md §4.5: the reported size is post-crop, post-scale).
  */
 import type { DisplaySize, ScreenRegion } from './driver.js';
 

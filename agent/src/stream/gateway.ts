@@ -1,5 +1,5 @@
 /**
- * The stream gateway (SPEC 4.6): one TCP listener per agent through which any VNC client reaches
+ * The stream gateway (docs/api.md §4.6): one TCP listener per agent through which any VNC client reaches
  * a desktop's screen.
  *
  * The scheduler asks the agent for a ticket (`grant`); the client dials the gateway and sends

@@ -1,5 +1,5 @@
 /**
- * The stream gateway's book of tickets and claims (SPEC 4.6).
+ * The stream gateway's book of tickets and claims (docs/api.md §4.6).
  *
  * A ticket is a bearer secret for one connection: `stk_` and 32 random bytes in base64url. The
  * book keeps only its SHA-256 hash, so nothing in memory (or in a heap dump) lets anyone connect,

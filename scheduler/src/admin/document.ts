@@ -6,7 +6,7 @@
  */
 import swagger from '@fastify/swagger';
 import { Type } from '@sinclair/typebox';
-import type { App } from '../http/app.js';
+import type { App } from '../http/route-types.js';
 import { markOptionalBodies } from '../http/app.js';
 
 export const ADMIN_TAGS = [

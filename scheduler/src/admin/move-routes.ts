@@ -6,8 +6,8 @@
 import { Type } from '@sinclair/typebox';
 import type { Logger } from '../../../shared/src/log.js';
 import { idPattern } from '../../../shared/src/ids.js';
-import type { App } from '../http/app.js';
-import { errorResponses } from '../http/app.js';
+import type { App } from '../http/route-types.js';
+import { errorResponses } from '../http/error-responses.js';
 import { AdminOperationJson, type MoveService } from './moves.js';
 import { AdminHostJson, HostIdParams } from './schemas.js';
 import type { AdminService } from './service.js';

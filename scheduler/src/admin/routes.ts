@@ -10,8 +10,8 @@
  */
 import { Type } from '@sinclair/typebox';
 import type { Logger } from '../../../shared/src/log.js';
-import type { App } from '../http/app.js';
-import { errorResponses } from '../http/app.js';
+import type { App } from '../http/route-types.js';
+import { errorResponses } from '../http/error-responses.js';
 import type { AdminService } from './service.js';
 import { createAdminTokenCheck } from './auth.js';
 import { registerAdminDocument } from './document.js';

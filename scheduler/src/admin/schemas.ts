@@ -5,7 +5,7 @@
  */
 import { Type, type Static } from '@sinclair/typebox';
 import { idPattern } from '../../../shared/src/ids.js';
-import { ApiKeyJson, CreatedApiKeyJson, NO_CONTROL } from '../http/schemas.js';
+import { ApiKeyJson, CreatedApiKeyJson, NO_CONTROL } from '../api/schemas.js';
 import { DrainJson } from './moves.js';
 
 const Resources = (description: string) =>

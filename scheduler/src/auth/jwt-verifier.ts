@@ -1,5 +1,5 @@
 /**
- * Verification of JWT access tokens issued by an external identity provider (SPEC 5).
+ * Verification of JWT access tokens issued by an external identity provider (docs/api.md §5).
  *
  * The provider publishes its public keys as a JWKS; jose fetches and caches it (10 min max age,
  * refetching at most every 30 s when a token names an unknown `kid`, so key rotation is picked up

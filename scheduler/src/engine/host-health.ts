@@ -4,7 +4,7 @@
  * once: nothing is placed there, its desktops show `host_status: "down"`, and guest operations on
  * them already answer 503 on every replica (each drops its own silent link, agents/gateway.ts).
  *
- * After the grace period (SPEC 3.2) its awake desktops are force-hibernated: state `hibernated`,
+ * After the grace period (docs/api.md §3.2) its awake desktops are force-hibernated: state `hibernated`,
  * generation bumped, meter closed at the moment the host was last heard from (not at the sweep:
  * nothing is billed for time nobody could see it run), `desktop.hibernated` with
  * `data.reason: "host_failure"`. Their disks stay on the host. If it returns, its agent stops

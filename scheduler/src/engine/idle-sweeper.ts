@@ -1,7 +1,7 @@
 /**
  * Idle timeout: an awake desktop whose `idle_timeout_secs` has elapsed since its last wake (not
- * since guest activity, SPEC 3.2) is hibernated through an ordinary operation, reason
- * `idle_timeout`. An ephemeral fork is destroyed instead (SPEC 4.1), awake or not. Leader-only.
+ * since guest activity, docs/api.md §3.2) is hibernated through an ordinary operation, reason
+ * `idle_timeout`. An ephemeral fork is destroyed instead (docs/api.md §4.1), awake or not. Leader-only.
  */
 import type { Logger } from '../../../shared/src/log.js';
 import type { Sql } from '../store/db.js';

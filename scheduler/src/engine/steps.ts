@@ -219,7 +219,7 @@ export async function destroy(deps: StepDeps, op: OperationRow): Promise<void> {
 
 /** Generation of a new fork: placed, never booted on its own (as a provisioned desktop). */
 const FORK_GENERATION = 1;
-/** SPEC 4.1: the idle timeout of ephemeral forks. */
+/** docs/api.md §4.1: the idle timeout of ephemeral forks. */
 export const EPHEMERAL_IDLE_SECS = 900;
 
 interface ForkParams {

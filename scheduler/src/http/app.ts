@@ -4,15 +4,16 @@
  * problem+json for every non-2xx answer.
  */
 import { randomBytes } from 'node:crypto';
-import Fastify, { type FastifyInstance, type FastifyError, type FastifyReply } from 'fastify';
+import Fastify, { type FastifyError, type FastifyReply } from 'fastify';
 import swagger from '@fastify/swagger';
 import type { TypeBoxTypeProvider } from '@fastify/type-provider-typebox';
-import type { Logger } from '../../../shared/src/log.js';
 import { ApiError, errors, problem } from '../errors.js';
 import { answerClientError, answerUnroutable, MISSING_HOST } from './client-errors.js';
 import { describeValidation } from './validation-problem.js';
-import { API_DESCRIPTION, OPERATIONS, REQUEST_EXAMPLES, RETRY_AFTER_HEADER, TAG_DESCRIPTIONS } from './operations-doc.js';
-import { DesktopJson, OperationJson, PortExposureJson, Problem, UsageResponse, WebhookDeliveryJson, WebhookEndpointJson, ApiKeyJson, CreatedApiKeyJson } from './schemas.js';
+import { errorResponses } from './error-responses.js';
+import type { App, AppDeps } from './route-types.js';
+import { API_DESCRIPTION, OPERATIONS, REQUEST_EXAMPLES, TAG_DESCRIPTIONS } from './operations-doc.js';
+import { DesktopJson, OperationJson, PortExposureJson, Problem, UsageResponse, WebhookDeliveryJson, WebhookEndpointJson, ApiKeyJson, CreatedApiKeyJson } from '../api/schemas.js';
 import { INPUT_ACTION_SCHEMAS, DisplayResponse, ExecDetachedResponse, ExecResponse, FileStatJson, InputResponse, ListDirResponse, ProcessStatusResponse, ScreenshotBase64Response, StreamTicketResponse } from './guest-schemas.js';
 import { registerDesktopRoutes } from './routes/desktops.js';
 import { registerLifecycleRoutes } from './routes/lifecycle.js';
@@ -26,55 +27,10 @@ import { registerWebhookRoutes } from './routes/webhooks.js';
 import { registerPortRoutes } from './routes/ports.js';
 import { registerHealthRoutes } from './routes/health.js';
 import { registerKeyRoutes } from './routes/keys.js';
-import type { DesktopService } from '../services/desktops.js';
-import type { LifecycleService } from '../services/lifecycle.js';
-import type { OperationWaiter } from '../services/waiter.js';
-import type { UsageService } from '../services/usage.js';
-import type { GuestService } from '../services/guest.js';
-import type { WebhookService } from '../services/webhooks.js';
-import type { PortService } from '../services/ports.js';
-import type { SchedulerMetrics } from '../observability/metrics.js';
-import type { KeyService } from '../services/keys.js';
+
+export type { App, AppDeps } from './route-types.js';
 
 export const BODY_LIMIT_BYTES = 2 * 1024 * 1024;
-
-declare module 'fastify' {
-  interface FastifyRequest {
-    orgId: string;
-  }
-  interface FastifyContextConfig {
-    public?: boolean;
-    /** The route reads its body as a raw byte stream (file writes); documented as binary. */
-    rawBody?: boolean;
-    /** An admin API route (admin/routes.ts): the admin token, not an org credential; its own document. */
-    admin?: boolean;
-  }
-}
-
-export interface AppDeps {
-  logger: Logger;
-  authenticate(request: import('fastify').FastifyRequest): Promise<string>;
-  desktops: DesktopService;
-  lifecycle: LifecycleService;
-  waiter: OperationWaiter;
-  usage: UsageService;
-  guest: GuestService;
-  webhooks: WebhookService;
-  ports: PortService;
-  keys: KeyService;
-  waitCapMs: number;
-  metrics: SchedulerMetrics;
-  /** `/readyz`: null when the replica can serve, else why not. */
-  notReady(): Promise<string | null>;
-}
-
-export type App = FastifyInstance<
-  import('http').Server,
-  import('http').IncomingMessage,
-  import('http').ServerResponse,
-  Logger,
-  TypeBoxTypeProvider
->;
 
 export async function buildApp(deps: AppDeps): Promise<App> {
   const app = Fastify({
@@ -85,7 +41,7 @@ export async function buildApp(deps: AppDeps): Promise<App> {
       { level: deps.logger.levelVal > deps.logger.levels.values.warn! ? deps.logger.level : 'warn' },
     ),
     bodyLimit: BODY_LIMIT_BYTES,
-    // Guest paths travel in the URL (SPEC 4.4), up to PATH_MAX.
+    // Guest paths travel in the URL (docs/api.md §4.4), up to PATH_MAX.
     routerOptions: { maxParamLength: 8192 },
     ajv: { customOptions: { coerceTypes: false, removeAdditional: false, allErrors: false, discriminator: true } },
     return503OnClosing: true,
@@ -114,7 +70,7 @@ export async function buildApp(deps: AppDeps): Promise<App> {
     ...INPUT_ACTION_SCHEMAS,
   ]) app.addSchema(schema);
 
-  // An empty body on a route whose body is optional means `{}` (SPEC 2.4); anything else goes
+  // An empty body on a route whose body is optional means `{}` (docs/api.md §2.4); anything else goes
   // through Fastify's own parser, which also refuses `__proto__` and `constructor` keys.
   const parseJson = app.getDefaultJsonParser('error', 'error');
   app.addContentTypeParser('application/json', { parseAs: 'string' }, (req, body, done) => {
@@ -128,7 +84,7 @@ export async function buildApp(deps: AppDeps): Promise<App> {
   });
 
   // The API takes JSON only, but an empty body is no body at all whatever its label: `curl -d ''`
-  // sends an empty form, and an empty mutation body means `{}` (SPEC 2.4). Anything else is 415.
+  // sends an empty form, and an empty mutation body means `{}` (docs/api.md §2.4). Anything else is 415.
   app.removeContentTypeParser('text/plain');
   app.addContentTypeParser('*', { parseAs: 'buffer' }, (_req, body, done) => {
     if ((body as Buffer).length === 0) return done(null, undefined);
@@ -156,11 +112,11 @@ export async function buildApp(deps: AppDeps): Promise<App> {
     transform: documentRoute,
     // @fastify/swagger marks every request body required, but the preValidation hook below
     // turns a missing body into `{}`: a body whose schema requires no member is optional
-    // (SPEC 2.3, 2.4), and the document has to say so or generated clients always send one.
+    // (docs/api.md §2.3, 2.4), and the document has to say so or generated clients always send one.
     transformObject: (document) => ('openapiObject' in document ? addRequestExamples(markOptionalBodies(document.openapiObject)) : document.swaggerObject),
   });
 
-  // Bodies are optional on mutation routes (SPEC 2.3, 2.4): a missing body validates as `{}`.
+  // Bodies are optional on mutation routes (docs/api.md §2.3, 2.4): a missing body validates as `{}`.
   app.addHook('preValidation', async (request) => {
     if (request.body === undefined && request.method !== 'GET') request.body = {};
   });
@@ -181,7 +137,7 @@ export async function buildApp(deps: AppDeps): Promise<App> {
 
   app.setErrorHandler((error: FastifyError | ApiError, request, reply) => {
     if (error instanceof ApiError) {
-      // A 500 of ours is a guest's own failure (SPEC 4.5, 4.6): logged, and its answer names the
+      // A 500 of ours is a guest's own failure (docs/api.md §4.5, 4.6): logged, and its answer names the
       // request so the two can be found together.
       const extra = error.status === 500 ? { ...error.extra, request_id: request.id } : error.extra;
       if (error.status === 500) request.log.warn({ detail: error.detail, url: request.routeOptions.url }, 'guest failure answered 500');
@@ -248,7 +204,7 @@ export async function buildApp(deps: AppDeps): Promise<App> {
 
 /**
  * How a route appears in the document. Guest path routes capture the path with Fastify's `*`,
- * which SPEC names `{path}`; a raw-body route has no body schema (its body is a stream), so its
+ * which docs/api.md §4 names `{path}`; a raw-body route has no body schema (its body is a stream), so its
  * binary body is described here.
  */
 function documentRoute({ schema, url, route }: { schema: unknown; url: string; route: { config?: unknown; method?: unknown } }) {
@@ -304,15 +260,4 @@ function addRequestExamples<T extends { paths?: object }>(document: T): T {
     }
   }
   return document;
-}
-
-/** Error responses every authenticated route can give, for the OpenAPI document. */
-export function errorResponses(...statuses: number[]): Record<number, unknown> {
-  const response = {
-    description: 'RFC 9457 problem details',
-    content: { 'application/problem+json': { schema: { $ref: 'Problem#' } } },
-  };
-  const unavailable = { ...response, description: 'RFC 9457 problem details; retryable, after Retry-After seconds when given', headers: RETRY_AFTER_HEADER };
-  // 400: any request can be malformed (a bad percent-encoding in its path or query, say).
-  return Object.fromEntries([400, 401, 500, 503, ...statuses].map((s) => [s, s === 503 ? unavailable : response]));
 }

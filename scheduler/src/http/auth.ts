@@ -1,5 +1,5 @@
 /**
- * Bearer authentication (SPEC 5): an API key `svc_sk_…` or a JWT from the configured identity
+ * Bearer authentication (docs/api.md §5): an API key `svc_sk_…` or a JWT from the configured identity
  * provider. Either resolves the caller's org; everything else is 401. An unreachable identity
  * provider is 503, so clients retry instead of discarding a valid token.
  */

@@ -1,8 +1,8 @@
 /**
- * Guest paths as the API takes them (SPEC 4.4): `{path}` is the absolute guest path without its
+ * Guest paths as the API takes them (docs/api.md §4.4): `{path}` is the absolute guest path without its
  * leading `/`. This module only checks and normalizes the text; what a path means is decided by
  * the kernel inside the desktop (the agent resolves it in the guest's own mount namespace and
- * root), so nothing here tries to be a security boundary beyond refusing what SPEC forbids.
+ * root), so nothing here tries to be a security boundary beyond refusing what docs/api.md §4.4 forbids.
  *
  * Rules: a NUL byte or a `..` segment is refused; empty and `.` segments are dropped, so
  * `root//a/./b` is `/root/a/b`; the result is always absolute. An empty capture names the root,

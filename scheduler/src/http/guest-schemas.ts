@@ -1,12 +1,12 @@
 /**
- * The guest-facing routes' TypeBox schemas (SPEC 4.3-4.6): exec and processes, files, and computer
+ * The guest-facing routes' TypeBox schemas (docs/api.md §4.3-4.6): exec and processes, files, and computer
  * use (display, screenshots, input, streams). Like schemas.ts, they are the single source of
  * request validation, response serialization and the OpenAPI document.
  */
 import { Type, type Static } from '@sinclair/typebox';
 import { idPattern } from '../../../shared/src/ids.js';
 import { INPUT_LIMITS, InputAction, STREAM_CLAIMS } from '../../../shared/src/computer-use.js';
-import { CLOSED, DIGITS, NO_NUL } from './schemas.js';
+import { CLOSED, DIGITS, NO_NUL } from '../api/schemas.js';
 
 /* ------------------------------------------------------------------ guest operations */
 

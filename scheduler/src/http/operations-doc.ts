@@ -43,7 +43,7 @@ export const OPERATIONS: Readonly<Record<string, { readonly operationId: string;
   'DELETE /v1/keys/:id': { operationId: 'revokeApiKey', tag: 'API keys' },
 };
 
-/** The `Retry-After` header every 503 may carry (SPEC 7: retryable; honor it when present). */
+/** The `Retry-After` header every 503 may carry (docs/api.md §7: retryable; honor it when present). */
 export const RETRY_AFTER_HEADER = {
   // @fastify/swagger wraps the header's JSON schema in `{schema, description}` itself.
   'Retry-After': { type: 'integer', minimum: 0, description: 'Seconds to wait before retrying' },

@@ -64,7 +64,7 @@ function schemaAt(schema: unknown, pointer: string, data: unknown, resolve: Sche
 
 const quoted = (values: readonly unknown[]) => values.map((v) => JSON.stringify(v)).join(', ');
 
-/** Patterns whose meaning a person should read rather than decode (http/schemas.ts NO_NUL, NO_CONTROL). */
+/** Patterns whose meaning a person should read rather than decode (api/schemas.ts NO_NUL, NO_CONTROL). */
 const PATTERN_WORDS: Readonly<Record<string, string>> = {
   '^[^\\u0000]*$': 'must not contain a NUL byte',
   '^[^\\p{Cc}]*$': 'must not contain control characters',

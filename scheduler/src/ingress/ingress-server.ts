@@ -1,5 +1,5 @@
 /**
- * The port ingress (SPEC 4.7): an HTTP server of its own, beside the API, that serves
+ * The port ingress (docs/api.md §4.7): an HTTP server of its own, beside the API, that serves
  * `{port}-{desktop_id}.{domain}`. Each request (and WebSocket upgrade) is admitted in order —
  * the host names an exposure (else 404, the same answer for ever after a delete), the token of a
  * private exposure matches (else 401), the desktop is awake on a host that is up with a port
@@ -20,7 +20,7 @@ import { portLinkKey } from '../../../shared/src/port-link.js';
 import type { IngressSettings } from '../config.js';
 import { ApiError, errors, problem } from '../errors.js';
 import { isBound, type PortRoute } from '../services/ports.js';
-import { parseExposureHost } from './exposure-host.js';
+import { parseExposureHost } from '../services/exposure-host.js';
 import { dialPortLink, PortLinkAgent, PortLinkError } from './port-link-client.js';
 import { presentedToken, stripToken, tokenMatches } from './port-token.js';
 import { keyOf, RouteCache } from './route-cache.js';
@@ -169,7 +169,7 @@ export class PortIngress {
       switch (err.reason) {
         case 'not_running':
         case 'unavailable':
-        // SPEC: an unreachable host is 503 (retryable), even before the scheduler marks it down.
+        // docs/api.md §4: an unreachable host is 503 (retryable), even before the scheduler marks it down.
         case 'unreachable':
           return errors.portUnbound();
         case 'refused':

@@ -1,5 +1,5 @@
 /**
- * The ingress's own credential (SPEC 4.7): a private exposure's token arrives as query parameter
+ * The ingress's own credential (docs/api.md §4.7): a private exposure's token arrives as query parameter
  * `svc_token` or header `X-Svc-Token`, and neither is forwarded, so the guest app never sees it
  * and `Authorization` stays the app's to use.
  */

@@ -7,7 +7,7 @@ import { inTransaction, type Sql } from '../store/db.js';
 import * as store from '../store/desktops.js';
 import type { DesktopRow, DesktopState } from '../store/rows.js';
 import { errors } from '../errors.js';
-import type { CreateDesktopBody, DesktopJson } from '../http/schemas.js';
+import type { CreateDesktopBody, DesktopJson } from '../api/schemas.js';
 import { toDesktopJson } from './json.js';
 import { notifyNewWork } from '../store/operations.js';
 import type { SecretBox } from '../crypto/secret-box.js';

@@ -1,5 +1,5 @@
 /**
- * Guest operations (SPEC 4.3, 4.4): exec, detached processes and files inside an awake desktop.
+ * Guest operations (docs/api.md §4.3, 4.4): exec, detached processes and files inside an awake desktop.
  * The scheduler holds no guest state; each call finds the desktop (404 across orgs), requires
  * `awake` (409), requires a live link to its host (503 at once, never after a timeout), and sends
  * the agent one fenced command carrying the desktop's generation. What the agent answers maps to
@@ -21,12 +21,12 @@ import type { DesktopState } from '../store/rows.js';
 import type { NotifiedCache } from '../store/notified-cache.js';
 import { formatHostPort } from '../../../shared/src/host-port.js';
 
-/** Synchronous exec: SPEC's default and ceiling for `timeout_secs`. */
+/** Synchronous exec: the default and ceiling (docs/api.md §4.3) for `timeout_secs`. */
 export const EXEC_DEFAULT_TIMEOUT_SECS = 60;
 export const EXEC_MAX_TIMEOUT_SECS = 300;
 /** Bytes of stdout and of stderr a synchronous exec returns; the rest is dropped (docs/decisions.md). */
 export const EXEC_MAX_OUTPUT_BYTES = 1024 * 1024;
-/** SPEC 8: a chunk written, a window read, a whole file read. */
+/** docs/api.md §8: a chunk written, a window read, a whole file read. */
 export const FILE_CHUNK_MAX_BYTES = 8 * 1024 * 1024;
 export const DIR_LIST_MAX_ENTRIES = 2000;
 export const TAIL_DEFAULT_BYTES = 64 * 1024;
@@ -67,13 +67,13 @@ export interface ProcessStatusJson {
   stderr_tail: string;
 }
 
-/** SPEC: default 60, clamped to 300, never rejected. Below one second counts as one. */
+/** docs/api.md §4.3: default 60, clamped to 300, never rejected. Below one second counts as one. */
 export function clampExecTimeoutSecs(value: number | null | undefined): number {
   if (value === null || value === undefined || Number.isNaN(value)) return EXEC_DEFAULT_TIMEOUT_SECS;
   return Math.min(EXEC_MAX_TIMEOUT_SECS, Math.max(1, Math.ceil(value)));
 }
 
-/** SPEC: omitted or 0 gives 64 KiB; anything above 512 KiB is capped. */
+/** docs/api.md §4.3: omitted or 0 gives 64 KiB; anything above 512 KiB is capped. */
 export function clampTailBytes(value: number | undefined): number {
   if (value === undefined || value === 0) return TAIL_DEFAULT_BYTES;
   return Math.min(TAIL_MAX_BYTES, value);
@@ -146,7 +146,7 @@ export class GuestService {
     return {
       process_id: processId,
       status: st.status,
-      // SPEC types exit_code as an integer that only means something once exited.
+      // docs/api.md §2.6 types exit_code as an integer that only means something once exited.
       exit_code: st.status === 'exited' && st.exit_code !== null ? st.exit_code : -1,
       stdout_tail: st.stdout_tail,
       stderr_tail: st.stderr_tail,
@@ -296,7 +296,7 @@ export class GuestService {
   }
 }
 
-/** SPEC 4.5's 500s: failures inside the guest, each with a fixed sentence (the agent's text is logged). */
+/** docs/api.md §4.5's 500s: failures inside the guest, each with a fixed sentence (the agent's text is logged). */
 const GUEST_FAILURES: Partial<Record<AgentCommand, string>> = {
   'guest.screenshot': "the desktop's X session did not answer",
   'guest.input': 'an input action failed inside the desktop; earlier actions of the batch have run',

@@ -1,6 +1,6 @@
-/** Mapping of stored rows to the API's JSON shapes (SPEC 2.1, 2.5). */
+/** Mapping of stored rows to the API's JSON shapes (docs/api.md §2.1, 2.5). */
 import type { DesktopRow, OperationRow } from '../store/rows.js';
-import type { DesktopJson, OperationJson } from '../http/schemas.js';
+import type { DesktopJson, OperationJson } from '../api/schemas.js';
 
 export function toDesktopJson(row: DesktopRow): DesktopJson {
   return {

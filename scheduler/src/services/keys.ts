@@ -4,7 +4,7 @@
  * itself is shown once, when created. Lookups are cached per replica and dropped when the key's
  * row changes (store/notified-cache.ts), so revoking a key takes effect at once on every replica.
  *
- * Any credential of an org may create, list and revoke the org's keys (SPEC 4.10 names a
+ * Any credential of an org may create, list and revoke the org's keys (docs/api.md §4.10 names a
  * dashboard session; an API key or a JWT is what reaches this API). A key may revoke itself.
  */
 import { randomBytes } from 'node:crypto';

@@ -9,7 +9,7 @@
  *   destroy   ← provisioning, awake, hibernated (state kept until the host confirms)
  * and never while another operation on the desktop is open. Anything else is 409.
  *
- * Fork (SPEC 4.1) copies a hibernated source on its own host. The ids of the forks are minted
+ * Fork (docs/api.md §4.1) copies a hibernated source on its own host. The ids of the forks are minted
  * here and kept on the operation, so a re-driven fork creates the same desktops. A host without
  * free storage slots for the forks gets the operation recorded already failed (`no_capacity`),
  * which `?wait=true` answers with 413.

@@ -1,5 +1,5 @@
 /**
- * Port exposures (SPEC 2.9, 4.7): a guest TCP port of a desktop made reachable at
+ * Port exposures (docs/api.md §2.9, 4.7): a guest TCP port of a desktop made reachable at
  * `https://{port}-{desktop_id}.{domain}` through the scheduler's ingress. A private exposure has
  * a token (`svc_pt_…`) that is shown once, in the create response, and stored only as its
  * sha256, which is all the ingress needs to check it. Another org's desktop answers exactly like
@@ -22,8 +22,8 @@ import * as store from '../store/ports.js';
 import { getDesktop } from '../store/desktops.js';
 import { hashToken } from '../crypto/secret-box.js';
 import { errors } from '../errors.js';
-import type { CreatePortBody, PortExposureJson } from '../http/schemas.js';
-import { exposureUrl, type ExposureDomain } from '../ingress/exposure-host.js';
+import type { CreatePortBody, PortExposureJson } from '../api/schemas.js';
+import { exposureUrl, type ExposureDomain } from './exposure-host.js';
 
 export const PORT_TOKEN_PREFIX = 'svc_pt_';
 

@@ -1,9 +1,9 @@
 /**
  * `?wait=true`: wait for an operation to settle, answering as soon as it does. Settling sends a
- * `canto_op_settled` notification that every replica hears; a poll at the SPEC's 2 s cadence
+ * `canto_op_settled` notification that every replica hears; a poll at the 2 s cadence of docs/api.md §4.1
  * backs it up in case a notification is lost while the listen connection reconnects.
  *
- * A replica that stops answers every wait at once with the operation as it stands, as the SPEC's
+ * A replica that stops answers every wait at once with the operation as it stands, as docs/api.md §4.1's
  * wait cap does: a wait never holds a shutdown (the client polls the operation, or waits again
  * on another replica).
  */

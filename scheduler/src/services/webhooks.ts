@@ -1,5 +1,5 @@
 /**
- * Webhook endpoints and their delivery logs (SPEC 2.10, 2.11, 4.8). An endpoint is a URL that
+ * Webhook endpoints and their delivery logs (docs/api.md §2.10, 2.11, 4.8). An endpoint is a URL that
  * passed the registration rules, the event types it wants, and a signing secret that is shown
  * once, in the create response, and stored only sealed with the scheduler's secret key (the
  * dispatcher needs the secret itself to sign, so a hash would not do). Another org's endpoint
@@ -9,7 +9,7 @@ import type { Sql } from '../store/db.js';
 import * as store from '../store/webhooks.js';
 import type { SecretBox } from '../crypto/secret-box.js';
 import { errors } from '../errors.js';
-import type { CreateWebhookBody, WebhookDeliveryJson, WebhookEndpointJson, WebhookEventType } from '../http/schemas.js';
+import type { CreateWebhookBody, WebhookDeliveryJson, WebhookEndpointJson, WebhookEventType } from '../api/schemas.js';
 import { checkEndpointUrl } from '../webhooks/endpoint-url.js';
 import { endpointSecretContext, newWebhookSecret } from '../webhooks/signature.js';
 

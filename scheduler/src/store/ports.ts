@@ -1,5 +1,5 @@
 /**
- * Port exposures (SPEC 2.9, 4.7): one row per exposed guest port of a desktop, unique per
+ * Port exposures (docs/api.md §2.9, 4.7): one row per exposed guest port of a desktop, unique per
  * (desktop, port). A private exposure stores only the sha256 of its token. Reads join the
  * desktop and its host, because an exposure's status and its route through the ingress both
  * depend on where the desktop runs now.

@@ -1,5 +1,5 @@
 /**
- * The `GET /v1/usage` report (SPEC 4.9), computed from plain rows so it can be tested without a
+ * The `GET /v1/usage` report (docs/api.md §4.9), computed from plain rows so it can be tested without a
  * database.
  *
  * Two quantities are measured per desktop, both as the overlap of time spans with the query range
@@ -61,7 +61,7 @@ export interface UsageReport {
 
 const MS_PER_SECOND = 1000;
 const MS_PER_HOUR = 3_600_000;
-/** SPEC 4.9: a desktop month is 30 days. */
+/** docs/api.md §4.9: a desktop month is 30 days. */
 export const MS_PER_DESKTOP_MONTH = 30 * 86_400 * MS_PER_SECOND;
 
 interface Span {
@@ -102,7 +102,7 @@ function unionLengthMs(spans: Span[]): number {
  * hourly:  awake_seconds / 3600 × (monthlyCents / 667) = awakeMs × monthlyCents / (3_600_000 × 667)
  * monthly: desktop_months × monthlyCents = lifetimeMs × monthlyCents / 2_592_000_000
  * The hourly rate is deliberately not rounded before multiplying (600/667 ≈ 0.8996 ¢/h), because
- * the SPEC defines it as the quotient, not as the 0.9 ¢ shown in its price table.
+ * docs/api.md §4.9 defines it as the quotient, not as a rounded 0.9 ¢.
  */
 function projectedCents(mode: BillingMode, tier: Tier, awakeMs: number, lifetimeMs: number): number {
   const monthlyCents = toExactInteger(TIER_SPECS[tier].monthlyCents, 'monthlyCents');

@@ -1,5 +1,5 @@
 /**
- * Parsing of the `start` and `end` query parameters of `GET /v1/usage` (SPEC 4.9, 7).
+ * Parsing of the `start` and `end` query parameters of `GET /v1/usage` (docs/api.md §4.9, 7).
  *
  * Both are Unix milliseconds written as plain decimal digits. Anything else — signs, decimals,
  * exponents, whitespace, an empty value, a repeated parameter — is refused rather than coerced,

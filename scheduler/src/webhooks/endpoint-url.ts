@@ -1,5 +1,5 @@
 /**
- * The rules a webhook URL must pass at registration (SPEC 4.8): absolute `https://`, at most
+ * The rules a webhook URL must pass at registration (docs/api.md §4.8): absolute `https://`, at most
  * 2000 characters, no userinfo, and a host that is not loopback or link-local in any spelling.
  * A deployment that allows loopback (local development) also accepts plain `http://`.
  *

@@ -1,5 +1,5 @@
 /**
- * Webhook secrets and signatures (SPEC 5.6, 6). Every delivery attempt carries
+ * Webhook secrets and signatures (docs/api.md §5, 6). Every delivery attempt carries
  * `Svc-Signature: t=<unix seconds>,v1=<hex HMAC-SHA256(secret, "<t>.<raw body>")>`, the scheme
  * Stripe popularised, so receivers can verify with code they already have. The timestamp is
  * signed with the body: a captured request cannot be replayed after the receiver's tolerance

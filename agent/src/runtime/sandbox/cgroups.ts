@@ -1,25 +1,27 @@
 /**
  * Tier limits through cgroup v1. Each desktop gets `canto/<desktopId>` under the memory, cpu and
  * pids hierarchies. Processes are placed in the groups by a tiny shell prologue that writes its
- * own pid into `cgroup.procs` and then execs the real program (see JOIN_SCRIPT; exec's Perl relay
- * does the same), so every process of a desktop — bwrap, CRIU's restored tree, exec'd commands — is
+ * own pid into `cgroup.procs` and then execs the real program (see joinArgv; it is the one way in,
+ * for warm servers and exec's relay too), so every process of a desktop — bwrap, CRIU's restored tree, exec'd commands — is
  * inside the groups from its first instruction and no fork can race past the limits.
  */
 import { mkdir, readFile, rmdir, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { TIER_SPECS, type Tier } from '../../../../shared/src/tiers.js';
 import { AgentFailure } from '../../../../shared/src/protocol.js';
+import { guestFile } from './guest-programs.js';
 import { signal, waitFor } from './host-procs.js';
 
 const CONTROLLERS = ['memory', 'cpu', 'pids'] as const;
 const CGROUP_ROOT = '/sys/fs/cgroup';
 
 /**
- * `sh -c JOIN_SCRIPT canto-join <n> <dir>... <program> <args>...`: join n cgroup directories,
- * then exec the program. Exits 97 when a group cannot be joined so nothing runs unlimited.
+ * `sh -c JOIN canto-join <n> <dir>... <program> <args>...` (agent/guest/cgroup-join.sh): join n
+ * cgroup directories, then exec the program. Exits 97, saying this, when a group cannot be joined,
+ * so nothing runs unlimited.
  */
 export const JOIN_FAILED = 'canto: cannot join cgroup';
-export const JOIN_SCRIPT = `n=$1; shift; while [ "$n" -gt 0 ]; do echo $$ 2>/dev/null > "$1/cgroup.procs" || { echo "${JOIN_FAILED} $1" >&2; exit 97; }; shift; n=$((n-1)); done; exec "$@"`;
+
 
 export function cgroupDirs(desktopId: string): string[] {
   return CONTROLLERS.map((c) => join(CGROUP_ROOT, c, 'canto', desktopId));
@@ -28,7 +30,7 @@ export function cgroupDirs(desktopId: string): string[] {
 /** The argv prefix that runs a program inside the desktop's groups. */
 export function joinArgv(desktopId: string): string[] {
   const dirs = cgroupDirs(desktopId);
-  return ['-c', JOIN_SCRIPT, 'canto-join', String(dirs.length), ...dirs];
+  return ['-c', guestFile('cgroup-join.sh'), 'canto-join', String(dirs.length), ...dirs];
 }
 
 /** Creates the groups (idempotent) and writes the tier's limits. */

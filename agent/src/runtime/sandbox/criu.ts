@@ -22,6 +22,7 @@ import { joinArgv } from './cgroups.js';
 import { procStat } from './host-procs.js';
 import type { DesktopPaths } from './layout.js';
 import { hostPathForGuestMount } from './guest-init.js';
+import { guestFile, perlProgram } from './guest-programs.js';
 import type { InitProcess } from './cold-boot.js';
 
 export interface CriuInfo {
@@ -178,21 +179,10 @@ export async function dump(criu: CriuInfo, paths: DesktopPaths, init: InitProces
   }
 }
 
-/** The keeper: subreaper, runs CRIU, prints `criu-exit N`, then reaps until its children are gone. */
-const KEEPER = `
-$SIG{PIPE} = 'IGNORE';
-syscall(157, 36, 1, 0, 0, 0) == 0 or die "prctl(PR_SET_CHILD_SUBREAPER): $!";
-my $pid = fork() // die "fork: $!";
-if ($pid == 0) { exec @ARGV or exit 127; }
-waitpid($pid, 0);
-my $code = $? & 127 ? 128 + ($? & 127) : $? >> 8;
-print STDOUT "criu-exit $code\\n";
-close STDOUT;
-open STDOUT, '>', '/dev/null';
-open STDERR, '>', '/dev/null';
-exit $code if $code;
-1 while wait() != -1;
-`;
+/** The keeper (agent/guest/criu-keeper.pl): subreaper, runs CRIU, prints `criu-exit N`, then reaps. */
+export function criuKeeperProgram(): string {
+  return perlProgram([guestFile('criu-keeper.pl')]);
+}
 
 /** Restores `paths.snapshot` into fresh namespaces inside the desktop's cgroups. */
 export async function restore(
@@ -201,7 +191,6 @@ export async function restore(
   desktopId: string,
   skeleton: string,
 ): Promise<InitProcess> {
-  if (process.arch !== 'x64') throw new Error('the CRIU keeper knows the prctl syscall number for x86-64 only');
   const externals = JSON.parse(await readFile(join(paths.snapshot, 'externals.json'), 'utf8')) as External[];
   const pidfile = join(paths.run, 'restore.pid');
   const logPath = join(paths.run, 'criu-restore.log');
@@ -215,7 +204,7 @@ export async function restore(
     if (host === null) throw new Error(`snapshot names unknown mount ${e.guestPath}`);
     args.push('--external', `mnt[${e.key}]:${host}`);
   }
-  const child = spawn('/bin/sh', [...joinArgv(desktopId), 'perl', '-e', KEEPER, '--', criu.path, ...args], {
+  const child = spawn('/bin/sh', [...joinArgv(desktopId), 'perl', '-e', criuKeeperProgram(), '--', criu.path, ...args], {
     detached: true,
     stdio: ['ignore', 'pipe', 'ignore'],
     env: { PATH: '/usr/sbin:/usr/bin:/sbin:/bin' },

@@ -21,13 +21,13 @@
 import { spawn, type ChildProcess } from 'node:child_process';
 import { PassThrough, type Readable, type Writable } from 'node:stream';
 import { AgentFailure, type AgentErrorCode } from '../../../../shared/src/protocol.js';
-import { cgroupDirs, JOIN_FAILED, joinArgv } from './cgroups.js';
+import { JOIN_FAILED, joinArgv } from './cgroups.js';
 import { guestHelperProgram, helperRequest, warmHelperProgram, type HelperOp } from './guest-helper.js';
 import { GUEST_CAPS_ONLY, GUEST_ENV, GUEST_PATH, nsenterArgv } from './guest-init.js';
 import { killTree } from './host-procs.js';
 import type { HandoffScope } from './guest-handoff.js';
 import type { GuestOp } from './in-flight.js';
-import { WARM_PROLOGUE } from './warm-perl.js';
+import { warmPrologue } from './warm-perl.js';
 import type { WarmConnection } from './warm-pool.js';
 
 export interface GuestTarget {
@@ -377,11 +377,10 @@ function spawnHelper(target: GuestTarget, op: HelperOp, args: readonly string[],
  * it forked.
  */
 export function startWarmFileServer(desktopId: string, initPid: number, nsenterPath: string, socketDir: string, socketName: string): ChildProcess {
-  const groups = cgroupDirs(desktopId);
   return spawn(
-    '/usr/bin/perl',
+    '/bin/sh',
     [
-      '-e', WARM_PROLOGUE, '--', String(groups.length), ...groups, socketDir, socketName,
+      ...joinArgv(desktopId), '/usr/bin/perl', '-e', warmPrologue(), '--', socketDir, socketName,
       ...nsenterArgv(nsenterPath, initPid),
       '/usr/bin/perl', '-e', warmHelperProgram(), '--',
     ],

@@ -42,7 +42,7 @@ export async function resizeDisplay(exec: Exec, size: DisplaySize): Promise<Disp
 }
 
 /**
- * SPEC 4.5: the geometry survives hibernate and wake. A memory snapshot keeps it by itself; for a
+ * docs/api.md §4.5: the geometry survives hibernate and wake. A memory snapshot keeps it by itself; for a
  * cold boot of a disk that already ran (no snapshot, or a restore that failed), every resize is
  * recorded in `file` beside the disk and set again by `reapplyRecordedDisplay`. A new desktop's
  * first boot has no record: 1024x768.

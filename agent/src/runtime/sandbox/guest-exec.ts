@@ -21,12 +21,12 @@ import { constants } from 'node:os';
 import type { Readable, Writable } from 'node:stream';
 import { AgentFailure } from '../../../../shared/src/protocol.js';
 import type { ExecOutcome } from '../driver.js';
-import { cgroupDirs } from './cgroups.js';
-import { EXEC_RELAY, RELAY_JOIN_FAILED } from './exec-relay.js';
+import { joinArgv } from './cgroups.js';
+import { execRelay, RELAY_JOIN_FAILED } from './exec-relay.js';
 import { GUEST_CAPS_ONLY, GUEST_ENV, nsenterArgv } from './guest-init.js';
 import { lengthFramed, WARM_IDLE } from './guest-helper.js';
 import { killTree } from './host-procs.js';
-import { execServerProgram, WARM_PROLOGUE } from './warm-perl.js';
+import { execServerProgram, warmPrologue } from './warm-perl.js';
 
 /** Output kept by the driver's own commands (first boot, probes). */
 export const MAX_OUTPUT_BYTES = 8 * 1024 * 1024;
@@ -64,14 +64,13 @@ const WITH_ENV = '[ -f /root/.canto/env ] && . /root/.canto/env; exec /bin/sh -c
 
 /** The warm exec server: cgroups, socket, nsenter, the guest's capabilities, then the server. */
 export function startWarmExecServer(desktopId: string, initPid: number, nsenterPath: string, socketDir: string, socketName: string): ChildProcess {
-  const groups = cgroupDirs(desktopId);
   const argv = [
-    '-e', WARM_PROLOGUE, '--', String(groups.length), ...groups, socketDir, socketName,
+    ...joinArgv(desktopId), '/usr/bin/perl', '-e', warmPrologue(), '--', socketDir, socketName,
     ...nsenterArgv(nsenterPath, initPid, '/root'), ...GUEST_CAPS_ONLY,
     '/usr/bin/perl', '-e', execServerProgram(WITH_ENV, constants.errno.EINTR, WARM_IDLE), '--',
   ];
   // A group of its own (detached), so retiring it kills everything it forked.
-  return spawn('perl', argv, { env: { ...GUEST_ENV }, stdio: ['pipe', 'pipe', 'pipe'], detached: true });
+  return spawn('/bin/sh', argv, { env: { ...GUEST_ENV }, stdio: ['pipe', 'pipe', 'pipe'], detached: true });
 }
 
 /** Keeps the first `limit` bytes of a stream and keeps reading (and dropping) the rest. */
@@ -121,9 +120,9 @@ const IDLE_RUN: Run = { done: new Promise<Outcome>(() => undefined), kill: async
 /** The cold chain: the exec relay (exec-relay.ts), nsenter, [setpriv], setsid, the shell. */
 function coldRun(opts: GuestExecOptions, limit: number): Run {
   const child = spawn(
-    'perl',
+    '/bin/sh',
     [
-      '-e', EXEC_RELAY, '--', String(cgroupDirs(opts.desktopId).length), ...cgroupDirs(opts.desktopId),
+      ...joinArgv(opts.desktopId), '/usr/bin/perl', '-e', execRelay(), '--',
       ...nsenterArgv(opts.nsenterPath, opts.initPid),
       ...(opts.privileged ? [] : GUEST_CAPS_ONLY),
       '/usr/bin/setsid', '/bin/sh', '-c',

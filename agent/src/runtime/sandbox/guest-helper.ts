@@ -9,7 +9,7 @@
  * make the few raw system calls needed (statx for millisecond mtimes, linkat for anonymous temp
  * files, setsid) without loading a module: startup time is paid on every operation, and a module
  * costs milliseconds (Time::HiRes alone ≈6 ms, POSIX ≈9 ms). Each operation gets only its own
- * code (guest-helper-perl.ts), which halves the compile time.
+ * code (agent/guest/helper/), which halves the compile time.
  *
  *   perl -e PROGRAM(op) -- <op> <args>...
  *
@@ -43,16 +43,8 @@
  *                                  answering is ERR runtime_error (the X session is down)
  * A helper that dies without a status line (killed, desktop stopped) is reported by the caller.
  */
-import { constants as fsc } from 'node:fs';
-import { constants as osc } from 'node:os';
-import { perlFileParts } from './guest-helper-perl-files.js';
-import {
-  perlDisplayParts,
-  perlPrelude,
-  perlProcessParts,
-  type PerlConstants,
-  type PerlPart,
-} from './guest-helper-perl.js';
+import { guestFile, perlProgram, type PerlValue } from './guest-programs.js';
+import { PREFORK_VALUES } from './warm-perl.js';
 
 /** Children a warm server (file or exec) keeps waiting, so that a run of operations never waits for a fork. */
 export const WARM_IDLE = 2;
@@ -74,15 +66,6 @@ const X_SOCKET = '/tmp/.X11-unix/X0';
 /** `xsize` gives up on an X server that accepts but does not answer (stopped, or an impostor). */
 export const X_ANSWER_SEC = 2;
 
-/** Raw system call numbers, which differ between architectures. */
-const SYSCALLS: Readonly<Record<string, { statx: number; linkat: number; setsid: number }>> = {
-  x64: { statx: 332, linkat: 265, setsid: 112 },
-  arm64: { statx: 291, linkat: 37, setsid: 157 },
-};
-
-/** `__O_TMPFILE` is the same on every Linux architecture Node supports; O_TMPFILE adds O_DIRECTORY. */
-const O_TMPFILE = 0o20000000 | fsc.O_DIRECTORY;
-
 /**
  * The runner of a detached process, started as `/bin/sh -c RUNNER <dir>`: the env file applied,
  * output to files, and the exit code renamed into place only once the script has ended. `$0` is
@@ -93,49 +76,54 @@ const RUNNER =
   '/bin/sh "$0/script" >"$0/stdout" 2>"$0/stderr" </dev/null; ' +
   'echo $? >"$0/.exit_code.tmp" && mv -f "$0/.exit_code.tmp" "$0/exit_code"';
 
-function errno(name: string): number {
-  const value = (osc.errno as Record<string, number | undefined>)[name];
-  if (value === undefined) throw new Error(`errno ${name} unknown on this platform`);
-  return value;
+/**
+ * Each operation's sections (agent/guest/helper/*.pl), in order: shared routines, then its body. A
+ * cold helper gets only its own, because Perl compiles the whole program on every start and
+ * compile time grows with its length; a warm helper compiles everything once, before it is needed.
+ */
+const OPS: Readonly<Record<HelperOp, readonly string[]>> = {
+  stat: ['xstat'],
+  list: ['xstat'],
+  read: [],
+  write: ['files'],
+  delete: [],
+  spawn: ['procs'],
+  status: ['procs'],
+  'kill-detached': ['procs'],
+  xsize: [],
+};
+
+/** The helper's values (the shared ones, system calls, errno and open flags, come on their own). */
+function values(): Record<string, PerlValue> {
+  return {
+    ...PREFORK_VALUES,
+    PROCESSES_DIR,
+    PROCESS_ID: PROCESS_ID_SOURCE,
+    RUNNER,
+    WARM_IDLE,
+    X_SOCKET,
+    X_ANSWER_SEC,
+  };
 }
 
+const section = (name: string): string => guestFile(`helper/${name}.pl`);
+
 function build(op: HelperOp | 'warm'): string {
-  const sys = SYSCALLS[process.arch];
-  if (sys === undefined) throw new Error(`the guest helper does not know the system calls of ${process.arch}`);
-  const nb = fsc.O_NONBLOCK | fsc.O_NOCTTY;
-  const k: PerlConstants = {
-    E: errno,
-    O_RDONLY_NB: fsc.O_RDONLY | nb,
-    O_WRONLY_NB: fsc.O_WRONLY | nb,
-    O_WRONLY_CREAT_NB: fsc.O_WRONLY | fsc.O_CREAT | nb,
-    O_WRONLY_CREAT_EXCL: fsc.O_WRONLY | fsc.O_CREAT | fsc.O_EXCL,
-    O_TMPFILE_WRONLY: O_TMPFILE | fsc.O_WRONLY,
-    SYS_statx: sys.statx,
-    SYS_linkat: sys.linkat,
-    SYS_setsid: sys.setsid,
-    processesDir: PROCESSES_DIR,
-    processId: PROCESS_ID_SOURCE,
-    runner: RUNNER,
-    warmIdle: WARM_IDLE,
-    xSocket: X_SOCKET,
-    xAnswerSec: X_ANSWER_SEC,
-  };
-  const files = perlFileParts(k);
-  const procs = perlProcessParts(k);
-  const display = perlDisplayParts(k);
-  const sections: Record<string, string> = { ...files.sections, ...procs.sections, ...display.sections };
-  const ops: Record<string, PerlPart> = { ...files.ops, ...procs.ops, ...display.ops };
+  const start = [section('start')];
   if (op === 'warm') {
+    const ops = (Object.keys(OPS) as HelperOp[]).filter((name) => name !== 'spawn');
+    const sections = [...new Set(ops.flatMap((name) => OPS[name]))];
     // Every section, then each body in a block of its own, chosen by the request.
-    const branches = Object.entries(ops).filter(([name]) => name !== 'spawn').map(
-      ([name, part], i) => `${i === 0 ? 'if' : 'elsif'} ($op eq '${name}') {\n${part.body}}\n`,
-    );
+    const branches = ops.map((name, i) => `${i === 0 ? 'if' : 'elsif'} ($op eq '${name}') {\n${section(`op-${name}`)}}\n`);
     const unknown = `else { fail('bad_request', 'unknown helper operation'); }\n`;
-    return [perlPrelude(k, true), ...Object.values(sections), ...branches, unknown, 'exit 0;\n'].join('');
+    return perlProgram(
+      [...start, guestFile('prefork.pl'), section('warm-request'), section('prelude'), ...sections.map(section), ...branches, unknown, 'exit 0;\n'],
+      values(),
+    );
   }
-  const part = ops[op];
-  if (part === undefined) throw new Error(`unknown helper operation ${op}`);
-  return [perlPrelude(k), ...part.needs.map((s) => sections[s] ?? ''), part.body, 'exit 0;\n'].join('');
+  const needs = OPS[op];
+  if (needs === undefined) throw new Error(`unknown helper operation ${op}`);
+  return perlProgram([...start, section('prelude'), ...needs.map(section), section(`op-${op}`), 'exit 0;\n'], values());
 }
 
 const programs = new Map<HelperOp | 'warm', string>();

@@ -8,7 +8,7 @@
  * stable key (never a host path), and mapped back to a host path at restore time, so the image
  * names no desktop-specific host path and can be restored under another desktop's directories.
  *
- * The guest init is a small POSIX shell script running as pid 1 in its own session (CRIU refuses
+ * The guest init is a small POSIX shell script (agent/guest/init.sh) running as pid 1 in its own session (CRIU refuses
  * a session leader outside the pid namespace). It reopens its stdio inside the guest (CRIU cannot
  * dump an fd pointing at a host mount), starts Xvfb at its maximum size and waits for it through
  * `-displayfd`, shrinks the screen to the default size with xrandr, starts openbox and waits until
@@ -16,6 +16,7 @@
  */
 import { existsSync } from 'node:fs';
 import { join } from 'node:path';
+import { guestFile } from './guest-programs.js';
 import {
   DISK_DIRS,
   GUEST_FB_DIR,
@@ -62,32 +63,6 @@ export function nsenterArgv(nsenterPath: string, initPid: number, workdir = '/')
 
 /** Mountpoints that are created inside guest-owned mounts (not in the root skeleton). */
 export const NESTED_MOUNTPOINTS = ['/dev', '/proc', '/run'] as const;
-
-const INIT_SCRIPT = `
-exec 3>&- </dev/null >/dev/null 2>&1
-mkdir -p /var/log/canto /run/canto /run/lock /tmp/.X11-unix
-chmod 1777 /tmp/.X11-unix
-exec >>/var/log/canto/init.log 2>&1
-echo "canto init: boot $(date -u +%FT%TZ)"
-rm -f /tmp/.X0-lock /tmp/.X11-unix/X0 /run/canto/xready
-mkfifo /run/canto/xready
-Xvfb :0 -screen 0 ${MAX_SCREEN}x24 -noreset -extension GLX -nolisten tcp -fbdir ${GUEST_FB_DIR} -displayfd 5 5>/run/canto/xready 4>&- &
-read display </run/canto/xready
-rm -f /run/canto/xready
-if [ -z "$display" ]; then echo "Xvfb failed" >&4; exit 1; fi
-xrandr --output screen --off --fb ${DEFAULT_SCREEN} 4>&- || xrandr --fb ${DEFAULT_SCREEN} 4>&-
-openbox 4>&- &
-# Ready once the window manager is: a window mapped while openbox is still starting can stay
-# unmapped for good. _NET_WORKAREA is among the last things it sets up. At most about 3 s.
-i=0
-until xprop -root _NET_WORKAREA 2>/dev/null | grep -q '='; do
-  i=$((i + 1)); [ $i -ge 60 ] && { echo "openbox is slow to start"; break; }
-  sleep 0.05
-done
-echo ready >&4
-exec 4>&-
-while :; do sleep 2147483647 & wait $!; done
-`;
 
 /**
  * Host secrets inside the shared read-only `/etc`: each is covered by a read-only bind of
@@ -144,7 +119,7 @@ export function bwrapArgs(paths: DesktopPaths, desktopId: string): string[] {
     '--as-pid-1',
     '--new-session',
     '--info-fd', '3',
-    '/bin/sh', '-c', INIT_SCRIPT,
+    '/bin/sh', '-c', guestFile('init.sh'), 'canto-init', MAX_SCREEN, DEFAULT_SCREEN, GUEST_FB_DIR,
   );
   return args;
 }

@@ -1,5 +1,5 @@
 /**
- * Input batches (SPEC 4.5): a batch runs inside the desktop as one shell script, one exec, so it
+ * Input batches (docs/api.md §4.5): a batch runs inside the desktop as one shell script, one exec, so it
  * costs a single guest round trip however many actions it holds, and its actions reach the X
  * server in order with no host-side gaps between them. The script runs one xdotool process per
  * action. Chaining the whole batch into a single xdotool would save about 3 ms per action (one
@@ -28,6 +28,7 @@
 import { AgentFailure } from '../../../../shared/src/protocol.js';
 import { INPUT_LIMITS, type InputAction, type MouseButton, type ScrollDirection } from '../../../../shared/src/computer-use.js';
 import type { CursorPosition, ExecOutcome, ExecSpec } from '../driver.js';
+import { guestFile } from './guest-programs.js';
 
 type Exec = (spec: ExecSpec) => Promise<ExecOutcome>;
 
@@ -182,7 +183,7 @@ export function typingSegments(text: string): string[] {
 }
 
 /**
- * The binder, an awk program (byte semantics under LC_ALL=C). Input: `xmodmap -pk`; env W: the
+ * The binder, an awk program (agent/guest/input-binder.awk; byte semantics under LC_ALL=C). Input: `xmodmap -pk`; env W: the
  * segment's text; K: the previous segment's; P: `xprop` of KEYS_PROPERTY. It computes the keysym
  * xdotool will look for, as xdotool does (Latin-1 keeps its legacy keysym, the rest is
  * 0x1000000 + the code point), for each of W's characters from U+00A0 up, and binds every one
@@ -194,61 +195,6 @@ export function typingSegments(text: string): string[] {
  * before it exits, and prints the new property. A property entry the map no longer shows (a new
  * keymap was loaded) is dropped.
  */
-const BINDER = String.raw`
-function chars(t, ordered,   i, b, n, cp, s) {
-  for (i = 1; i <= length(t); i++) {
-    b = byte[substr(t, i, 1)] + 0
-    if (b < 192) continue
-    n = b >= 240 ? 3 : b >= 224 ? 2 : 1
-    cp = b - (n == 3 ? 240 : n == 2 ? 224 : 192)
-    for (; n > 0; n--) cp = cp * 64 + byte[substr(t, ++i, 1)] - 128
-    if (cp < 160) continue
-    s = sprintf("0x%04x", cp < 256 ? cp : cp + 16777216)
-    if (ordered && !(s in keep)) want[++nw] = s
-    keep[s] = 1
-  }
-}
-BEGIN { for (i = 128; i < 256; i++) byte[sprintf("%c", i)] = i }
-$1 ~ /^[0-9]+$/ {
-  code[++nc] = $1; n = 0
-  for (i = 2; i <= NF; i++) if ($i ~ /^0x/) { col[$1, ++n] = $i; if ($i != "0x0000") { on[$i] = 1; used[$1] = 1 } }
-}
-END {
-  P = ENVIRON["P"]
-  if (!sub(/^[^"]*"/, "", P)) P = ""
-  sub(/".*/, "", P)
-  m = split(P, e, " ")
-  for (i = 1; i <= m; i++) {
-    split(e[i], f, ".")
-    if (f[3] !~ /^0x/ || col[f[1], 2 * f[2] - 1] != f[3] || ((f[1] "." f[2]) in at)) continue
-    at[f[1] "." f[2]] = f[3]; order[++no] = f[1] "." f[2]; ours[f[1]] = 1
-  }
-  chars(ENVIRON["W"], 1); chars(ENVIRON["K"], 0)
-  for (i = 1; i <= nc; i++) if (!(code[i] in used)) { spare = code[i]; break }
-  for (i = 1; i <= nw; i++) {
-    if (want[i] in on) continue
-    slot = ""
-    for (j = 1; j <= nc && slot == ""; j++) if (code[j] in ours) for (g = 1; g <= 4 && slot == ""; g++) if (!((code[j] "." g) in at)) slot = code[j] "." g
-    for (j = 1; j <= nc && slot == ""; j++) if (!(code[j] in used) && !(code[j] in ours) && code[j] != spare) { slot = code[j] ".1"; ours[code[j]] = 1 }
-    for (j = 1; j <= no && slot == ""; j++) if (order[j] != "" && !(at[order[j]] in keep)) slot = order[j]
-    if (slot == "") continue
-    for (j = 1; j <= no; j++) if (order[j] == slot) order[j] = ""
-    order[++no] = slot; at[slot] = want[i]; on[want[i]] = 1
-    split(slot, f, "."); if (!(f[1] in dirty)) { dirty[f[1]] = 1; nd++ }
-  }
-  if (!nd) exit
-  for (c in dirty) {
-    for (top = 4; !((c "." top) in at); top--) ;
-    line = "keycode " c " ="
-    for (g = 1; g <= top; g++) line = line (((c "." g) in at) ? " " at[c "." g] " " at[c "." g] : " NoSymbol NoSymbol")
-    print line | "/usr/bin/xmodmap -"
-  }
-  close("/usr/bin/xmodmap -")
-  for (j = 1; j <= no; j++) if (order[j] != "") v = v " " order[j] "." at[order[j]]
-  print substr(v, 2)
-}
-`;
-
 /**
  * `k TEXT PREVIOUS` binds TEXT's off-map characters. Best effort: when the keymap cannot be
  * changed, xdotool still types everything by remapping, with the race this avoids.
@@ -256,7 +202,7 @@ END {
 function binderFunction(): string {
   const xprop = `/usr/bin/xprop -root`;
   return (
-    `k() { { /usr/bin/flock 9; v=$(/usr/bin/xmodmap -pk | W=$1 K=$2 P=$(${xprop} -notype ${KEYS_PROPERTY} 2>&1) LC_ALL=C /usr/bin/awk ${shellQuote(BINDER)}) && ` +
+    `k() { { /usr/bin/flock 9; v=$(/usr/bin/xmodmap -pk | W=$1 K=$2 P=$(${xprop} -notype ${KEYS_PROPERTY} 2>&1) LC_ALL=C /usr/bin/awk ${shellQuote(guestFile('input-binder.awk'))}) && ` +
     `[ -n "$v" ] && ${xprop} -f ${KEYS_PROPERTY} 8s -set ${KEYS_PROPERTY} "$v"; } 9>>${KEYMAP_LOCK}; }`
   );
 }

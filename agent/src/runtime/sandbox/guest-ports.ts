@@ -1,5 +1,5 @@
 /**
- * Connections to TCP ports inside desktops, for the port gateway (SPEC 4.7).
+ * Connections to TCP ports inside desktops, for the port gateway (docs/api.md §4.7).
  *
  * A desktop has its own network namespace with only a loopback, so an app listening on
  * `127.0.0.1:8000` in the guest is reachable only from inside that namespace, and Node cannot
@@ -42,10 +42,10 @@ import { connect, type Socket } from 'node:net';
 import { constants as osc } from 'node:os';
 import { join } from 'node:path';
 import { AgentFailure } from '../../../../shared/src/protocol.js';
-import { cgroupDirs, cgroupPids, JOIN_FAILED } from './cgroups.js';
+import { cgroupPids, JOIN_FAILED, joinArgv } from './cgroups.js';
 import type { InitProcess } from './cold-boot.js';
 import { procStatSync, signal, waitFor } from './host-procs.js';
-import { WARM_PROLOGUE } from './warm-perl.js';
+import { warmPrologue } from './warm-perl.js';
 import { forwarderProgram } from './guest-ports-perl.js';
 
 export interface GuestPortsOptions {
@@ -329,11 +329,10 @@ export class GuestPorts {
    * process group (detached), which its connections' children share.
    */
   private spawn(desktopId: string, init: InitProcess, dir: string, name: string): ChildProcess {
-    const groups = cgroupDirs(desktopId);
     return spawn(
-      '/usr/bin/perl',
+      '/bin/sh',
       [
-        '-e', WARM_PROLOGUE, '--', String(groups.length), ...groups, dir, name,
+        ...joinArgv(desktopId), '/usr/bin/perl', '-e', warmPrologue(), '--', dir, name,
         this.options.nsenterPath, '-t', String(init.pid), '-n',
         '/usr/bin/setpriv', `--reuid=${NOBODY}`, `--regid=${NOBODY}`, '--clear-groups', '--inh-caps=-all', '--bounding-set=-all', '--no-new-privs',
         '/usr/bin/perl', '-e', forwarderProgram(), '--', desktopId,

@@ -1,5 +1,5 @@
 /**
- * Detached processes (SPEC 2.6): started by the guest helper inside the desktop, and tracked only
+ * Detached processes (docs/api.md §2.6): started by the guest helper inside the desktop, and tracked only
  * through files in the guest, `/root/.canto/processes/<id>/{script,pid,stdout,stderr,exit_code}`.
  *
  * The runner shell leads its own session and records `<pid> <start time>` in `pid` before it
@@ -8,7 +8,7 @@
  * cold boot has another start time), `exited` once it left an exit code, and `lost` otherwise: it
  * was killed, or the desktop hibernated. Hibernate kills every detached process before the memory
  * snapshot (their sessions are SIGKILLed, runner first, so no exit code is written), because the
- * SPEC says they do not resume on wake; background jobs of a plain exec are not touched.
+ * docs/api.md §3.2 says they do not resume on wake; background jobs of a plain exec are not touched.
  */
 import { AgentFailure } from '../../../../shared/src/protocol.js';
 import type { DetachedSpec, ProcessStatus } from '../driver.js';

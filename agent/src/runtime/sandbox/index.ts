@@ -1,6 +1,6 @@
 /**
  * The sandbox runtime driver (namespaces + bubblewrap + CRIU). See sandbox-driver.ts for the idea
- * and OPERATORS-NOTES.md for the on-disk layout.
+ * and docs/operators.md ("On-disk layout") for the files it keeps.
  */
 import { SandboxDriver, type SandboxDriverOptions } from './sandbox-driver.js';
 

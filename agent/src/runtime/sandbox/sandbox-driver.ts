@@ -13,7 +13,7 @@
  * other, outside the mutex. Hibernate and destroy therefore fence the desktop first (new operations
  * get `not_running`), give file operations a short grace, and kill whatever is still in flight
  * before CRIU dumps or the guest is killed; hibernate also kills the detached processes, which the
- * SPEC says do not survive it. The warm servers kept for guest operations (warm-pool.ts) are killed
+ * docs/api.md §3.2 says do not survive it. The warm servers kept for guest operations (warm-pool.ts) are killed
  * right after that drain, and whenever a desktop starts they are dropped with the init they belong
  * to.
  */
@@ -391,7 +391,7 @@ export class SandboxDriver implements RuntimeDriver {
   }
 
   /**
-   * SPEC: detached processes do not survive hibernation. Killed before the snapshot (and before a
+   * docs/api.md §3.2: detached processes do not survive hibernation. Killed before the snapshot (and before a
    * cold stop), they read as `lost` afterwards. A failure is logged and does not block the stop.
    */
   private async killDetached(desktopId: string, init: InitProcess): Promise<void> {

@@ -1,13 +1,13 @@
 /**
- * Computer use and streaming (SPEC 4.5, 4.6): screenshots, input batches and stream tickets of an
+ * Computer use and streaming (docs/api.md §4.5, 4.6): screenshots, input batches and stream tickets of an
  * awake desktop. Each is one round trip to the desktop's agent, which captures, types or grants;
  * the scheduler validates, maps errors and shapes the answer. A stream ticket is only a promise
  * to the agent's stream gateway: the bytes of a stream never pass through the scheduler.
  */
 import { Type } from '@sinclair/typebox';
-import type { App, AppDeps } from '../app.js';
-import { errorResponses } from '../app.js';
-import { DesktopIdParams } from '../schemas.js';
+import type { App, AppDeps } from '../route-types.js';
+import { errorResponses } from '../error-responses.js';
+import { DesktopIdParams } from '../../api/schemas.js';
 import { InputBody, InputResponse, ScreenshotBody, StreamBody, StreamTicketResponse } from '../guest-schemas.js';
 
 const screenshotResponse = {

@@ -1,7 +1,7 @@
-/** Routes of SPEC 4.1 that read and write desktop records: list, create, get, patch. */
+/** Routes of docs/api.md §4.1 that read and write desktop records: list, create, get, patch. */
 import { Type } from '@sinclair/typebox';
-import type { App, AppDeps } from '../app.js';
-import { errorResponses } from '../app.js';
+import type { App, AppDeps } from '../route-types.js';
+import { errorResponses } from '../error-responses.js';
 import { errors } from '../../errors.js';
 import {
   CreateDesktopBody,
@@ -10,11 +10,11 @@ import {
   DesktopStateSchema,
   IdempotencyHeaders,
   UpdateDesktopBody,
-} from '../schemas.js';
+} from '../../api/schemas.js';
 
 export function idempotencyKey(value: string | undefined): string | null {
   if (value === undefined) return null;
-  // Printable ASCII only (SPEC 4.11): anything else is rejected rather than silently normalized.
+  // Printable ASCII only (docs/api.md §4.11): anything else is rejected rather than silently normalized.
   if (!/^[\x20-\x7e]+$/.test(value)) throw errors.badRequest('Idempotency-Key must be printable ASCII');
   return value;
 }

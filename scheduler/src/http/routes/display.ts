@@ -1,8 +1,8 @@
-/** Display geometry of an awake desktop (SPEC 4.5): read live, or resized and read back. */
+/** Display geometry of an awake desktop (docs/api.md §4.5): read live, or resized and read back. */
 import { Type } from '@sinclair/typebox';
-import type { App, AppDeps } from '../app.js';
-import { errorResponses } from '../app.js';
-import { DesktopIdParams } from '../schemas.js';
+import type { App, AppDeps } from '../route-types.js';
+import { errorResponses } from '../error-responses.js';
+import { DesktopIdParams } from '../../api/schemas.js';
 import { DisplayBody, DisplayResponse } from '../guest-schemas.js';
 
 export function registerDisplayRoutes(app: App, deps: AppDeps): void {

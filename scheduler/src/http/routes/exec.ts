@@ -1,10 +1,10 @@
-/** Exec and detached processes (SPEC 4.3). */
+/** Exec and detached processes (docs/api.md §4.3). */
 import { Type } from '@sinclair/typebox';
-import type { App, AppDeps } from '../app.js';
-import { errorResponses } from '../app.js';
+import type { App, AppDeps } from '../route-types.js';
+import { errorResponses } from '../error-responses.js';
 import { errors } from '../../errors.js';
 import { clampTailBytes } from '../../services/guest.js';
-import { DesktopIdParams } from '../schemas.js';
+import { DesktopIdParams } from '../../api/schemas.js';
 import { ExecBody, ExecDetachedResponse, ExecResponse, ProcessParams, ProcessQuery, ProcessStatusResponse } from '../guest-schemas.js';
 
 export function registerExecRoutes(app: App, deps: AppDeps): void {

@@ -1,5 +1,5 @@
 /**
- * Files (SPEC 4.4): read (whole or a window), write or append, delete, stat, list. Bodies stream:
+ * Files (docs/api.md §4.4): read (whole or a window), write or append, delete, stat, list. Bodies stream:
  * an upload is passed to the agent as it arrives, and a read is piped from the agent to the
  * response, so the scheduler holds a file's bytes only in flight, never a whole file.
  *
@@ -10,8 +10,8 @@
  */
 import { Readable } from 'node:stream';
 import { Type } from '@sinclair/typebox';
-import type { App, AppDeps } from '../app.js';
-import { errorResponses } from '../app.js';
+import type { App, AppDeps } from '../route-types.js';
+import { errorResponses } from '../error-responses.js';
 import { errors } from '../../errors.js';
 import { FILE_CHUNK_MAX_BYTES } from '../../services/guest.js';
 import { apiPath, guestPath } from '../guest-paths.js';

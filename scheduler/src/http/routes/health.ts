@@ -4,7 +4,7 @@
  * database answers and carries every migration this build knows), `/metrics` is Prometheus text.
  * None of them names an org, a desktop or a secret.
  */
-import type { App, AppDeps } from '../app.js';
+import type { App, AppDeps } from '../route-types.js';
 import { problem } from '../../errors.js';
 
 export function registerHealthRoutes(app: App, deps: AppDeps): void {

@@ -1,13 +1,13 @@
 /**
- * API keys (SPEC 4.10, 5.7): create another key in the caller's org (its secret in this answer
+ * API keys (docs/api.md §4.10, 5): create another key in the caller's org (its secret in this answer
  * only), list the org's keys (never a secret), revoke one (every replica refuses it from its next
  * request). A key id that cannot exist is simply not found, as for webhooks.
  */
 import { Type } from '@sinclair/typebox';
-import type { App, AppDeps } from '../app.js';
-import { errorResponses } from '../app.js';
+import type { App, AppDeps } from '../route-types.js';
+import { errorResponses } from '../error-responses.js';
 import { errors } from '../../errors.js';
-import { ApiKeyJson, CreateApiKeyBody, CreatedApiKeyJson, KeyIdParams } from '../schemas.js';
+import { ApiKeyJson, CreateApiKeyBody, CreatedApiKeyJson, KeyIdParams } from '../../api/schemas.js';
 
 export function registerKeyRoutes(app: App, deps: AppDeps): void {
   app.post(

@@ -1,15 +1,15 @@
 /**
- * wake, hibernate, destroy (SPEC 4.1): each records a durable operation and answers 202 at once,
+ * wake, hibernate, destroy (docs/api.md §4.1): each records a durable operation and answers 202 at once,
  * or with `?wait=true` as soon as the operation settles (200), a failure being 409 with the
  * operation's id, and the in-progress operation once the wait cap runs out (200).
  */
 import { Type } from '@sinclair/typebox';
-import type { App, AppDeps } from '../app.js';
-import { errorResponses } from '../app.js';
+import type { App, AppDeps } from '../route-types.js';
+import { errorResponses } from '../error-responses.js';
 import { errors } from '../../errors.js';
 import { toOperationJson } from '../../services/json.js';
 import type { LifecycleKind } from '../../services/lifecycle.js';
-import { DesktopIdParams, ForkBody, IdempotencyHeaders, MutationBody, OperationJson, WaitQuery } from '../schemas.js';
+import { DesktopIdParams, ForkBody, IdempotencyHeaders, MutationBody, OperationJson, WaitQuery } from '../../api/schemas.js';
 import { idempotencyKey } from './desktops.js';
 
 const isSettled = (state: string) => state === 'succeeded' || state === 'failed';

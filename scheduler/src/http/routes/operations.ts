@@ -1,9 +1,9 @@
-/** GET /v1/operations/{id} (SPEC 4.2). */
+/** GET /v1/operations/{id} (docs/api.md §4.2). */
 import { Type } from '@sinclair/typebox';
-import type { App, AppDeps } from '../app.js';
-import { errorResponses } from '../app.js';
+import type { App, AppDeps } from '../route-types.js';
+import { errorResponses } from '../error-responses.js';
 import { toOperationJson } from '../../services/json.js';
-import { OperationIdParams, OperationJson } from '../schemas.js';
+import { OperationIdParams, OperationJson } from '../../api/schemas.js';
 
 export function registerOperationRoutes(app: App, deps: AppDeps): void {
   app.get(

@@ -1,15 +1,15 @@
 /**
- * Port exposure routes (SPEC 4.7): list, create and delete the exposures of a desktop. The
+ * Port exposure routes (docs/api.md §4.7): list, create and delete the exposures of a desktop. The
  * exposed ports themselves are served by the ingress (scheduler/src/ingress/), not here.
  *
- * A malformed desktop id is 400 (SPEC 4's common rule); a port segment that cannot be an exposed
- * port is 404 on delete, like a port that simply is not exposed (SPEC lists no 400 there): the
+ * A malformed desktop id is 400 (docs/api.md §4's common rule); a port segment that cannot be an exposed
+ * port is 404 on delete, like a port that simply is not exposed (the contract has no 400 there): the
  * service decides that, so the schema takes any segment.
  */
 import { Type } from '@sinclair/typebox';
-import type { App, AppDeps } from '../app.js';
-import { errorResponses } from '../app.js';
-import { CreatePortBody, DesktopIdParams, PortExposureJson, PortParams } from '../schemas.js';
+import type { App, AppDeps } from '../route-types.js';
+import { errorResponses } from '../error-responses.js';
+import { CreatePortBody, DesktopIdParams, PortExposureJson, PortParams } from '../../api/schemas.js';
 
 const noContent = { description: 'Deleted', type: 'null' };
 

@@ -1,8 +1,8 @@
-/** GET /v1/usage (SPEC 4.9): awake seconds, desktop-months and projected cost over a range. */
+/** GET /v1/usage (docs/api.md §4.9): awake seconds, desktop-months and projected cost over a range. */
 import { Type } from '@sinclair/typebox';
-import type { App, AppDeps } from '../app.js';
-import { errorResponses } from '../app.js';
-import { UsageResponse } from '../schemas.js';
+import type { App, AppDeps } from '../route-types.js';
+import { errorResponses } from '../error-responses.js';
+import { UsageResponse } from '../../api/schemas.js';
 
 export function registerUsageRoutes(app: App, deps: AppDeps): void {
   app.get(

@@ -1,18 +1,18 @@
 /**
- * Webhook routes (SPEC 4.8): register, list and delete endpoints, and read an endpoint's
+ * Webhook routes (docs/api.md §4.8): register, list and delete endpoints, and read an endpoint's
  * delivery log.
  *
  * The id routes document the id pattern but answer 404, not 400, for an id that does not match
- * it: SPEC lists no 400 for the id on these routes, and an id that cannot exist is simply not
+ * it: the contract has no 400 for the id on these routes, and an id that cannot exist is simply not
  * found (the same answer a missing or other-org endpoint gets).
  */
 import { Type } from '@sinclair/typebox';
 import type { FastifyRequest } from 'fastify';
-import type { App, AppDeps } from '../app.js';
-import { errorResponses } from '../app.js';
+import type { App, AppDeps } from '../route-types.js';
+import { errorResponses } from '../error-responses.js';
 import { errors } from '../../errors.js';
 import { DELIVERIES_MAX_LIMIT } from '../../services/webhooks.js';
-import { CreateWebhookBody, DeliveriesQuery, WebhookDeliveryJson, WebhookEndpointJson, WebhookIdParams } from '../schemas.js';
+import { CreateWebhookBody, DeliveriesQuery, WebhookDeliveryJson, WebhookEndpointJson, WebhookIdParams } from '../../api/schemas.js';
 
 const noContent = { description: 'Deleted', type: 'null' };
 

@@ -1,6 +1,9 @@
 /**
  * The API's TypeBox schemas: request validation, response serialization and the OpenAPI
  * document all come from these. Each schema constant and its inferred type share one name.
+ *
+ * They sit below both layers that use them: services build the JSON these describe, and the HTTP
+ * routes (http/) declare them. So this module imports neither, and services never import http/.
  */
 import { Type, type Static } from '@sinclair/typebox';
 import { idPattern } from '../../../shared/src/ids.js';
@@ -8,7 +11,7 @@ import { DESKTOP_STATES } from '../store/rows.js';
 
 /**
  * Request bodies are closed: an unknown member is answered 400 naming it, as a typo
- * (`idle_timout_secs`) must not pass for a default. Response objects stay open (SPEC: clients
+ * (`idle_timout_secs`) must not pass for a default. Response objects stay open (docs/api.md §9: clients
  * ignore response fields they do not know).
  */
 export const CLOSED = { additionalProperties: false } as const;

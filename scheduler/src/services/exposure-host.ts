@@ -1,5 +1,5 @@
 /**
- * The host names of port exposures (SPEC 2.9): `{port}-{desktop_id}.{domain}`. The API builds
+ * The host names of port exposures (docs/api.md §2.9): `{port}-{desktop_id}.{domain}`. The API builds
  * exposure URLs with `exposureUrl`; the ingress maps a request's Host header back to the desktop
  * and port with `parseExposureHost`. Both take the same settings, so a URL the API hands out is
  * always one the ingress recognizes.

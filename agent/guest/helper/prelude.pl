@@ -1,0 +1,45 @@
+# What every operation starts with: output, failures (errno to AgentFailure code), small tools.
+my ($op, @arg) = @ARGV;
+sub out {
+  my $s = shift; my $o = 0;
+  while ($o < length $s) {
+    my $w = syswrite(STDOUT, $s, length($s) - $o, $o);
+    exit 1 unless $w;
+    $o += $w;
+  }
+}
+sub fail {
+  my ($code, $msg, $size) = @_;
+  $msg =~ tr/\r\n/  /;
+  out("ERR $code " . (defined $size ? $size : '-') . " $msg\n");
+  exit 0;
+}
+my %missing = map { $_ => 1 } (ENOENT, ENOTDIR);
+my %conflict = map { $_ => 1 } (
+  EISDIR, EEXIST, ENOTEMPTY, EBUSY, ELOOP, ETXTBSY, ENOSPC, EDQUOT, EFBIG,
+  EXDEV, EMLINK, EROFS, EACCES, EPERM, ENXIO,
+);
+# Fails with the code for errno. ENOTDIR is a conflict when writing (a parent is a file, which
+# cannot be created through) but "missing" when reading.
+sub oserr {
+  my ($what, $writing) = @_;
+  my $n = $! + 0; my $text = "$!";
+  $text = 'read-only file system' if $n == EROFS;
+  $text = 'permission denied (read-only location)' if $n == EACCES || $n == EPERM;
+  my $code = $n == ENAMETOOLONG ? 'bad_request'
+    : $n == ENOTDIR && $writing ? 'path_conflict'
+    : $missing{$n} ? 'path_missing' : $conflict{$n} ? 'path_conflict' : 'runtime_error';
+  fail($code, "$what: $text");
+}
+sub dirname { my $p = shift; $p =~ s{/+[^/]*$}{}; return $p eq '' ? '/' : $p; }
+sub child { my ($d, $n) = @_; return $d eq '/' ? "/$n" : "$d/$n"; }
+sub num { my $v = shift; fail('bad_request', 'malformed number') unless defined $v && $v =~ /^[0-9]{1,16}$/; return $v + 0; }
+sub put {
+  my ($fh, $data) = @_; my $o = 0;
+  while ($o < length $data) {
+    my $w = syswrite($fh, $data, length($data) - $o, $o);
+    return 0 unless $w;
+    $o += $w;
+  }
+  return 1;
+}

@@ -1,0 +1,31 @@
+# shellcheck shell=sh
+# The guest init, pid 1 of a desktop (see agent/src/runtime/sandbox/guest-init.ts):
+#   sh -c INIT canto-init <largest screen> <default screen> <framebuffer dir>
+# It reopens its stdio inside the guest (CRIU cannot dump an fd pointing at a host mount), starts
+# Xvfb at the largest size and waits for it through -displayfd, shrinks the screen to the default
+# size, starts openbox and waits until it manages the screen, reports `ready` on fd 4 and then only
+# reaps orphans.
+max_screen=$1 default_screen=$2 fb_dir=$3
+exec 3>&- </dev/null >/dev/null 2>&1
+mkdir -p /var/log/canto /run/canto /run/lock /tmp/.X11-unix
+chmod 1777 /tmp/.X11-unix
+exec >>/var/log/canto/init.log 2>&1
+echo "canto init: boot $(date -u +%FT%TZ)"
+rm -f /tmp/.X0-lock /tmp/.X11-unix/X0 /run/canto/xready
+mkfifo /run/canto/xready
+Xvfb :0 -screen 0 "$max_screen"x24 -noreset -extension GLX -nolisten tcp -fbdir "$fb_dir" -displayfd 5 5>/run/canto/xready 4>&- &
+read -r display </run/canto/xready
+rm -f /run/canto/xready
+if [ -z "$display" ]; then echo "Xvfb failed" >&4; exit 1; fi
+xrandr --output screen --off --fb "$default_screen" 4>&- || xrandr --fb "$default_screen" 4>&-
+openbox 4>&- &
+# Ready once the window manager is: a window mapped while openbox is still starting can stay
+# unmapped for good. _NET_WORKAREA is among the last things it sets up. At most about 3 s.
+i=0
+until xprop -root _NET_WORKAREA 2>/dev/null | grep -q '='; do
+  i=$((i + 1)); [ $i -ge 60 ] && { echo "openbox is slow to start"; break; }
+  sleep 0.05
+done
+echo ready >&4
+exec 4>&-
+while :; do sleep 2147483647 & wait $!; done
