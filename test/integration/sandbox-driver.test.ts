@@ -196,7 +196,7 @@ describe.skipIf(!isRoot)('sandbox driver', () => {
     expect(await driver.hibernate(stopped)).toEqual({ snapshot: false });
   });
 
-  it('hibernates with a memory snapshot and wakes with processes still running, twice', async (ctx) => {
+  it('hibernates with a memory snapshot and wakes with processes still running, twice (one started between)', async (ctx) => {
     if (!driver.capabilities().memorySnapshots) ctx.skip();
     const id = await bootCold();
     await sh(driver, id, 'echo persisted > /root/hello.txt');
@@ -205,6 +205,8 @@ describe.skipIf(!isRoot)('sandbox driver', () => {
     const counter = async () => Number(await sh(driver, id, 'cat /root/counter 2>/dev/null || echo 0'));
     await waitUntil(async () => (await counter()) > 0);
 
+    // Started after the first restore: it must be restored by the second one too.
+    let between: string | null = null;
     for (let round = 1; round <= 2; round++) {
       const before = await counter();
       const hib = await timed('hibernate (CRIU dump)', () => driver.hibernate(id));
@@ -219,10 +221,12 @@ describe.skipIf(!isRoot)('sandbox driver', () => {
       expect(await driver.list()).toContainEqual({ desktopId: id, running: true, hasSnapshot: false });
       expect(await sh(driver, id, 'cat /root/hello.txt')).toBe('persisted');
       expect(await sh(driver, id, `ps -o comm= -p ${sleepPid}`)).toBe('sleep');
+      if (between !== null) expect(await sh(driver, id, `ps -o args= -p ${between}`)).toBe('sleep 2000');
       await waitUntil(async () => (await counter()) > before + 2);
       expect(await sh(driver, id, 'xdotool getdisplaygeometry')).toBe('1024 768');
       expect(await sh(driver, id, 'touch /canto-probe 2>&1 || echo read-only')).toContain('read-only');
       expect(await driver.start({ desktopId: id, tier: 'small', firstBoot: null })).toEqual({ restored: false });
+      between ??= await sh(driver, id, 'sleep 2000 >/dev/null 2>&1 & echo $!');
     }
   });
 

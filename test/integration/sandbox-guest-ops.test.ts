@@ -491,7 +491,7 @@ describe.skipIf(!isRoot)('sandbox driver guest operations', () => {
     if (!driver.capabilities().memorySnapshots) ctx.skip(); // A cold stop ends them either way.
     const kept = newId('process');
     await driver.spawnDetached(id, { processId: kept, command: 'while :; do date +%s%N >> /root/kept.log; sleep 0.05; done' });
-    await until(async () => (await sh('wc -l < /root/kept.log')) !== '0');
+    await until(async () => (await sh('cat /root/kept.log 2>/dev/null | wc -l')) !== '0');
     expect(await driver.hibernate(id, { keepDetached: true })).toEqual({ snapshot: true });
     expect(await driver.start({ desktopId: id, tier: 'small', firstBoot: null })).toEqual({ restored: true });
     expect((await driver.processStatus(id, kept, 10))?.status).toBe('running');

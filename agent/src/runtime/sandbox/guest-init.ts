@@ -56,9 +56,15 @@ export const GUEST_CAPS_ONLY: readonly string[] = [
   '/usr/bin/setpriv', `--bounding-set=-all,${GUEST_CAPS.map((c) => `+${c}`).join(',')}`,
 ];
 
-/** nsenter into every namespace of the guest init (its pid namespace too) and its root. */
+/**
+ * nsenter into every namespace of the guest init (its pid namespace too) and its root. The time
+ * namespace matters after a restore: CRIU restores a desktop into a time namespace of its own
+ * (its clocks continue where they stopped), and a process that entered without it would be the
+ * one task of the next snapshot in another time namespace, which CRIU cannot restore
+ * ("Can't restore sub-task in NS"): the desktop would then wake cold.
+ */
 export function nsenterArgv(nsenterPath: string, initPid: number, workdir = '/'): string[] {
-  return [nsenterPath, '-t', String(initPid), '-m', '-u', '-i', '-n', '-p', '-r', `--wdns=${workdir}`];
+  return [nsenterPath, '-t', String(initPid), '-m', '-u', '-i', '-n', '-p', '-T', '-r', `--wdns=${workdir}`];
 }
 
 /** Mountpoints that are created inside guest-owned mounts (not in the root skeleton). */
