@@ -96,6 +96,23 @@ describe('POST /admin/v1/desktops/{id}/move', () => {
     expect(await readFile(id, 'root/a.bin')).toBe('x'.repeat(100_000));
   });
 
+  it('moves a desktop back to the host it just left, awake and hibernated', async () => {
+    const id = await newDesktop();
+    await writeFile(id, 'root/roundtrip.txt', 'there and back');
+    const home = (await call('GET', `/v1/desktops/${id}`)).json.host_id as string;
+    const away = agents.map((a) => a.hostId).find((h) => h !== home)!;
+    for (const [to, state] of [[away, 'awake'], [home, 'awake'], [away, 'awake']] as const) {
+      const op = await settled((await admin('POST', `/admin/v1/desktops/${id}/move`, { host_id: to })).json.id);
+      expect(op.state, JSON.stringify(op.error)).toBe('succeeded');
+      expect((await call('GET', `/v1/desktops/${id}`)).json).toMatchObject({ state, host_id: to });
+    }
+    expect((await call('POST', `/v1/desktops/${id}/hibernate?wait=true`)).status).toBe(200);
+    const back = await settled((await admin('POST', `/admin/v1/desktops/${id}/move`, { host_id: home })).json.id);
+    expect(back.state, JSON.stringify(back.error)).toBe('succeeded');
+    expect((await call('POST', `/v1/desktops/${id}/wake?wait=true`)).status).toBe(200);
+    expect(await readFile(id, 'root/roundtrip.txt')).toBe('there and back');
+  });
+
   it('refuses what cannot move: unknown desktop 404, unknown host 404, a destroyed desktop 409', async () => {
     expectProblem(await admin('POST', '/admin/v1/desktops/dsk_000000000000000000000000/move', {}), 404);
     const id = await newDesktop();

@@ -144,6 +144,16 @@ async function stop(deps: StepDeps, op: OperationRow, d: DesktopRow, p: MovePara
   return advance(deps.sql, op, { ...p, phase: 'stopped', stopped_at: stopping.toISOString(), memory_snapshot: snapshot }, deps.fence);
 }
 
+/**
+ * The generation the target hears of the desktop: the one the commit will give it. A host the
+ * desktop left earlier holds a tombstone at the generation it was destroyed there with, and
+ * refuses anything not newer; the desktop's current generation may be exactly that one (nothing
+ * bumped it since it last moved), so a move back would be refused as stale.
+ */
+function targetGeneration(d: DesktopRow): number {
+  return d.generation + 1;
+}
+
 async function copy(deps: StepDeps, op: OperationRow, d: DesktopRow, p: MoveParams): Promise<MoveParams> {
   const ref = { desktop_id: d.id, generation: d.generation };
   const exported = await command(deps, p.source_host_id, 'desktop.export', { ...ref, ttl_ms: TICKET_TTL_MS });
@@ -152,7 +162,7 @@ async function copy(deps: StepDeps, op: OperationRow, d: DesktopRow, p: MovePara
     deps,
     p.target_host_id!,
     'desktop.import',
-    { ...ref, tier: d.tier, source: { url: exported.url, ticket: exported.ticket } },
+    { desktop_id: d.id, generation: targetGeneration(d), tier: d.tier, source: { url: exported.url, ticket: exported.ticket } },
     timeoutMs,
   );
   return advance(
@@ -245,7 +255,7 @@ export async function rollBackMove(deps: StepDeps, op: OperationRow): Promise<vo
   if (!d) return;
   const ref = { desktop_id: d.id, generation: d.generation };
   if (p.target_host_id && deps.agents.isConnected(p.target_host_id)) {
-    await command(deps, p.target_host_id, 'desktop.import.abort', ref).catch((err: unknown) => {
+    await command(deps, p.target_host_id, 'desktop.import.abort', { desktop_id: d.id, generation: targetGeneration(d) }).catch((err: unknown) => {
       if (err instanceof LeaseLost) throw err;
       deps.logger.warn({ err, desktopId: d.id, hostId: p.target_host_id }, 'failed move: the target could not drop its copy');
     });
