@@ -6,7 +6,7 @@
  * ratios flatter them.
  */
 import { request } from 'node:http';
-import { median, percentile, table, timed } from './stats.js';
+import { median, percentile, table, timed, type Row } from './stats.js';
 
 export interface ComputerUseBenchContext {
   readonly schedulerUrl: string;
@@ -62,7 +62,7 @@ export async function benchComputerUse(ctx: ComputerUseBenchContext): Promise<vo
     await call(`/v1/desktops/${id}/exec`, { command: 'DISPLAY=:0 xterm -geometry 100x40+500+300 -e "cat /etc/services; sleep 100000"', detached: true });
     await new Promise((r) => setTimeout(r, 1500));
 
-    const rows: Array<[string, number, number, string, string]> = [];
+    const rows: Row[] = [];
     const pctRows: string[] = [];
     for (const [width, height] of [[1024, 768], [2560, 1600]] as const) {
       await call(`/v1/desktops/${id}/display`, { width, height }, 'PUT');
@@ -74,7 +74,7 @@ export async function benchComputerUse(ctx: ComputerUseBenchContext): Promise<vo
         await shot({ encoding });
         const ms: number[] = [];
         for (let i = 0; i < SHOTS; i++) ms.push(await timed(async () => (bytes = await shot({ encoding }))));
-        rows.push([`screenshot ${width}x${height} ${encoding} (${Math.round(bytes / 1024)} KiB)`, median(ms), median(base), 'ms', width === 1024 ? '< 20 ms p50' : '']);
+        rows.push([`screenshot ${width}x${height} ${encoding} (${Math.round(bytes / 1024)} KiB)`, median(ms), median(base), 'ms', width === 1024 ? '< 20 ms p50' : '', ms]);
         pctRows.push(`| ${width}x${height} ${encoding} | ${median(ms).toFixed(1)} ms | ${percentile(ms, 99).toFixed(1)} ms |`);
       }
       process.stderr.write(`screenshots at ${width}x${height} done\r`);
@@ -92,8 +92,8 @@ export async function benchComputerUse(ctx: ComputerUseBenchContext): Promise<vo
       type.push(await timed(() => call(`/v1/desktops/${id}/input`, { actions: [{ type: 'type', text: TWENTY_CHARS }] })));
       typeBase.push(await inGuestMs(`DISPLAY=:0 xdotool type --delay 12 '${TWENTY_CHARS}'`));
     }
-    rows.push(['input: mouse_move', median(move), median(moveBase), 'ms', '']);
-    rows.push(['input: type 20 chars (12 ms per key)', median(type), median(typeBase), 'ms', '']);
+    rows.push(['input: mouse_move', median(move), median(moveBase), 'ms', '', move]);
+    rows.push(['input: type 20 chars (12 ms per key)', median(type), median(typeBase), 'ms', '', type]);
 
     table(
       `Computer use (${SHOTS} shots per row, ${INPUT_RUNS} input batches) through the API; baseline = xwd | convert, or xdotool, timed inside the guest`,

@@ -103,8 +103,8 @@ export async function benchIngress(ctx: IngressBenchContext): Promise<void> {
       rpsDirect.push(await throughput(() => direct(openDirect)));
     }
     table(`Port ingress: GET to an app in the desktop, a new connection each (${SEQUENTIAL} sequential; ${TOTAL} at concurrency ${CONCURRENCY}); baseline = the guest port opened through the sandbox driver`, [
-      ['latency, one request', median(lat), median(latDirect), 'ms', 'added latency = the difference'],
-      ['throughput', median(rps), median(rpsDirect), 'req/s', 'higher is better'],
+      ['latency, one request', median(lat), median(latDirect), 'ms', 'added latency = the difference', lat],
+      ['throughput', median(rps), median(rpsDirect), 'req/s', 'higher is better', rps],
     ]);
   } finally {
     await driver.close();

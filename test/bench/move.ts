@@ -66,9 +66,9 @@ export async function benchMove(options: { runs: number }): Promise<void> {
     const cp = rate(median(copyMs));
     const movedMs = exportMs.map((e, i) => e + importMs[i]!);
     table(`Move of a stopped desktop with ${DATA_MIB} MiB written (${(total / MIB).toFixed(1)} MiB in units; MiB/s, median of ${runs}); baseline = cp -a of its directory`, [
-      ['export (list: tar + sha256 pass)', rate(median(exportMs)), cp, 'MiB/s', ''],
-      ['import (fetch, verify, unpack, install)', rate(median(importMs)), cp, 'MiB/s', '≥ 500 MB/s'],
-      ['move (export + import)', rate(median(movedMs)), cp, 'MiB/s', '≥ 500 MB/s'],
+      ['export (list: tar + sha256 pass)', rate(median(exportMs)), cp, 'MiB/s', '', exportMs.map(rate)],
+      ['import (fetch, verify, unpack, install)', rate(median(importMs)), cp, 'MiB/s', '≥ 500 MB/s', importMs.map(rate)],
+      ['move (export + import)', rate(median(movedMs)), cp, 'MiB/s', '≥ 500 MB/s', movedMs.map(rate)],
     ]);
     console.log(`move: export ${median(exportMs).toFixed(0)} ms, import ${median(importMs).toFixed(0)} ms, cp -a ${median(copyMs).toFixed(0)} ms`);
   } finally {

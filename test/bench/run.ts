@@ -7,9 +7,10 @@
  * guest-ops.ts; moving a desktop between two agents in move.ts; moves and drains through the
  * whole service in drain.ts.
  */
-import { chmodSync, mkdtempSync, rmSync } from 'node:fs';
+import { execFileSync } from 'node:child_process';
+import { chmodSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import { createServer } from 'node:http';
-import { tmpdir } from 'node:os';
+import { cpus, tmpdir, totalmem } from 'node:os';
 import { join } from 'node:path';
 import { startEmbeddedPostgres } from '../../scheduler/src/pg/embedded.js';
 import { connectDatabase } from '../../scheduler/src/store/db.js';
@@ -24,10 +25,12 @@ import { benchIngress } from './ingress.js';
 import { benchFailover } from './failover.js';
 import { benchMove } from './move.js';
 import { benchDrain } from './drain.js';
-import { median, table, timed } from './stats.js';
+import { median, printSummary, summary, table, timed } from './stats.js';
 import { freePort, startAgentProcess, startSchedulerProcess } from '../helpers/processes.js';
 
 const RUNS = Number(process.env.CANTO_BENCH_RUNS ?? 10);
+/** `npm run bench -- --json FILE` also writes the summary as JSON, for tracking figures over time. */
+const JSON_OUT = ((i) => (i >= 0 ? process.argv[i + 1] : undefined))(process.argv.indexOf('--json'));
 /** `CANTO_BENCH_ONLY=ingress,computer-use` runs only those sections; unset runs them all. */
 const ONLY = process.env.CANTO_BENCH_ONLY?.split(',').map((s) => s.trim()).filter(Boolean) ?? [];
 const want = (section: string) => ONLY.length === 0 || ONLY.includes(section);
@@ -108,9 +111,9 @@ async function main(): Promise<void> {
       await driver.close();
       const snapshots = driver.capabilities().memorySnapshots ? 'CRIU' : 'cold stop (no CRIU)';
       table(`Lifecycle latency (ms, ${RUNS} runs each, hibernate = ${snapshots}); baseline = sandbox driver alone`, [
-        ['create → awake (cold boot)', median(cold), median(dCold), 'ms', '< 1000 ms'],
-        ['hibernate', median(hibernate), median(dHib), 'ms', '< 300 ms'],
-        ['wake from snapshot', median(wake), median(dWake), 'ms', '< 250 ms'],
+        ['create → awake (cold boot)', median(cold), median(dCold), 'ms', '< 1000 ms', cold],
+        ['hibernate', median(hibernate), median(dHib), 'ms', '< 300 ms', hibernate],
+        ['wake from snapshot', median(wake), median(dWake), 'ms', '< 250 ms', wake],
       ]);
 
       // Read throughput: GET /v1/desktops/{id} against a bare HTTP server.
@@ -141,7 +144,7 @@ async function main(): Promise<void> {
       }
       bare.close();
       table(`Read throughput (requests/s, 400 requests at concurrency 16, ${RUNS} rounds); baseline = bare node:http`, [
-        ['GET /v1/desktops/{id}', median(api), median(base), 'req/s', 'higher is better'],
+        ['GET /v1/desktops/{id}', median(api), median(base), 'req/s', 'higher is better', api],
       ]);
 
     }
@@ -174,8 +177,29 @@ async function main(): Promise<void> {
   }
 }
 
+/** The summary as JSON, with what it was measured on. */
+function writeJson(file: string): void {
+  const commit = (() => {
+    try {
+      return execFileSync('git', ['rev-parse', 'HEAD'], { encoding: 'utf8' }).trim();
+    } catch {
+      return null;
+    }
+  })();
+  const doc = {
+    measured_at: new Date().toISOString(), commit, node: process.version, cpus: cpus().length,
+    memory_bytes: totalmem(), runs: RUNS, figures: summary(),
+  };
+  writeFileSync(file, `${JSON.stringify(doc, null, 2)}\n`);
+  console.log(`\nwrote ${file}`);
+}
+
 main().then(
-  () => process.exit(0),
+  () => {
+    printSummary();
+    if (JSON_OUT) writeJson(JSON_OUT);
+    process.exit(0);
+  },
   (err: unknown) => {
     console.error(err);
     process.exit(1);

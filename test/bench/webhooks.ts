@@ -148,8 +148,8 @@ export async function benchWebhooks(ctx: WebhookBenchContext): Promise<void> {
       `Webhook dispatch (${events} events to one endpoint, concurrency ${CONCURRENCY}, ${ctx.runs} runs; ` +
         `${settled?.delivered ?? 0} delivered, ${settled?.other ?? 0} not); baseline = plain POSTs from this process, one connection each`,
       [
-        ['dispatch throughput', median(dispatched), median(baseline), 'deliveries/s', 'higher is better'],
-        ['outbox commit → received (one event)', median(eventLatency), median(postLatency), 'ms', '< 50 ms'],
+        ['dispatch throughput', median(dispatched), median(baseline), 'deliveries/s', 'higher is better', dispatched],
+        ['outbox commit → received (one event)', median(eventLatency), median(postLatency), 'ms', '< 50 ms', eventLatency],
       ],
     );
   } finally {
