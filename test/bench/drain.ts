@@ -22,6 +22,7 @@ import { createApiKey } from '../../scheduler/src/services/keys.js';
 import { generateSecretKey } from '../../scheduler/src/crypto/secret-box.js';
 import { freePort, startAgentProcess, startSchedulerProcess, type Child } from '../helpers/processes.js';
 import { median, table } from './stats.js';
+import { until } from '../helpers/wait.js';
 
 export interface DrainBenchOptions {
   /** A PostgreSQL server URL; the bench makes a database of its own on it. */
@@ -33,15 +34,6 @@ export interface DrainBenchOptions {
 const ADMIN_TOKEN = `bench-admin-${randomBytes(16).toString('hex')}`;
 const MIB = 1024 * 1024;
 
-async function until<T>(check: () => Promise<T | null | false>, timeoutMs: number, what: string): Promise<T> {
-  const deadline = Date.now() + timeoutMs;
-  for (;;) {
-    const value = await check();
-    if (value) return value;
-    if (Date.now() > deadline) throw new Error(`timed out waiting for ${what}`);
-    await new Promise((r) => setTimeout(r, 10));
-  }
-}
 
 export async function benchDrain(options: DrainBenchOptions): Promise<void> {
   const runs = Math.max(3, Math.min(options.runs, 5));

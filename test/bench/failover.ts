@@ -17,6 +17,7 @@ import { generateSecretKey } from '../../scheduler/src/crypto/secret-box.js';
 import { createApiKey } from '../../scheduler/src/services/keys.js';
 import { crashTree, freePort, startAgentProcess, startSchedulerProcess, type Child } from '../helpers/processes.js';
 import { median, table, timed } from './stats.js';
+import { until } from '../helpers/wait.js';
 
 export interface FailoverBenchOptions {
   /** A PostgreSQL server URL; the bench makes a database of its own on it. */
@@ -31,15 +32,6 @@ const DEFAULTS = { CANTO_LEASE_TTL_MS: '', CANTO_LEASE_RENEW_MS: '', CANTO_ENGIN
 const HOST_DOWN_MS = 2_250;
 const RENEW_MS = 500;
 
-async function until<T>(check: () => Promise<T | null | false>, timeoutMs: number, what: string): Promise<T> {
-  const deadline = Date.now() + timeoutMs;
-  for (;;) {
-    const value = await check();
-    if (value) return value;
-    if (Date.now() > deadline) throw new Error(`timed out waiting for ${what}`);
-    await new Promise((r) => setTimeout(r, 10));
-  }
-}
 
 export async function benchFailover(options: FailoverBenchOptions): Promise<void> {
   const runs = Math.max(5, Math.min(options.runs, 7));

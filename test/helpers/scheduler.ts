@@ -46,16 +46,7 @@ export async function mintKey(databaseUrl: string, org: string): Promise<string>
   }
 }
 
-/** Waits until `check` returns a truthy value, polling, or fails after `timeoutMs`. */
-export async function until<T>(check: () => Promise<T> | T, timeoutMs = 10_000, what = 'condition'): Promise<NonNullable<T>> {
-  const deadline = Date.now() + timeoutMs;
-  for (;;) {
-    const value = await check();
-    if (value) return value as NonNullable<T>;
-    if (Date.now() > deadline) throw new Error(`timed out waiting for ${what}`);
-    await new Promise((r) => setTimeout(r, 25));
-  }
-}
+export { until } from './wait.js';
 
 export function api(base: string, key: string) {
   return async (method: string, path: string, body?: unknown, headers: Record<string, string> = {}) => {

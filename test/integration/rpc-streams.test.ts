@@ -14,6 +14,7 @@ import WebSocket, { WebSocketServer } from 'ws';
 import { WithDownload } from '../../shared/src/byte-stream.js';
 import { AgentFailure } from '../../shared/src/protocol.js';
 import { RpcPeer, STREAM_WINDOW_BYTES } from '../../shared/src/rpc.js';
+import { until } from '../helpers/wait.js';
 
 const sha = (b: Uint8Array) => createHash('sha256').update(b).digest('hex');
 
@@ -288,6 +289,3 @@ describe('raw stream chunks between peers of different versions', () => {
   });
 });
 
-async function until(check: () => boolean): Promise<void> {
-  for (let i = 0; i < 200 && !check(); i++) await new Promise((r) => setTimeout(r, 10));
-}

@@ -14,6 +14,7 @@ import { AgentFailure } from '../../shared/src/protocol.js';
 import { TIER_SPECS } from '../../shared/src/tiers.js';
 import { createSandboxDriver, type SandboxDriver } from '../../agent/src/runtime/sandbox/index.js';
 import { isRoot, stopwatch } from '../helpers/sandbox.js';
+import { until } from '../helpers/wait.js';
 
 const execFileAsync = promisify(execFile);
 
@@ -21,13 +22,6 @@ if (!isRoot) console.warn('sandbox-driver tests skipped: they need root (namespa
 
 const { timings, timed } = stopwatch();
 
-async function waitUntil(check: () => Promise<boolean>, timeoutMs = 5_000): Promise<void> {
-  const deadline = Date.now() + timeoutMs;
-  while (!(await check())) {
-    if (Date.now() > deadline) throw new Error('condition not met before the deadline');
-    await new Promise((r) => setTimeout(r, 20));
-  }
-}
 
 async function pathExists(path: string): Promise<boolean> {
   return stat(path).then(
@@ -161,7 +155,7 @@ describe.skipIf(!isRoot)('sandbox driver', () => {
     expect(await sh(driver, id, 'stat -c %a /root/.canto/env')).toBe('600');
     expect(await sh(driver, id, '. /root/.canto/env && printf %s "$GREETING"')).toBe(value);
     const procDir = '/root/.canto/processes/setup';
-    await waitUntil(async () => (await driver.exec(id, { command: `test -f ${procDir}/exit_code`, timeoutMs: 5_000, maxOutputBytes: 65536 })).exitCode === 0);
+    await until(async () => (await driver.exec(id, { command: `test -f ${procDir}/exit_code`, timeoutMs: 5_000, maxOutputBytes: 65536 })).exitCode === 0);
     expect(await sh(driver, id, `cat ${procDir}/exit_code`)).toBe('3');
     expect(await sh(driver, id, `cat ${procDir}/stdout`)).toBe(`greeting=${value}`);
     expect(await sh(driver, id, `cat ${procDir}/stderr`)).toBe('oops');
@@ -203,7 +197,7 @@ describe.skipIf(!isRoot)('sandbox driver', () => {
     const sleepPid = await sh(driver, id, 'sleep 1000 >/dev/null 2>&1 & echo $!');
     await sh(driver, id, `nohup sh -c 'i=0; while :; do i=$((i+1)); echo $i > /root/counter; sleep 0.02; done' >/dev/null 2>&1 &`);
     const counter = async () => Number(await sh(driver, id, 'cat /root/counter 2>/dev/null || echo 0'));
-    await waitUntil(async () => (await counter()) > 0);
+    await until(async () => (await counter()) > 0);
 
     // Started after the first restore: it must be restored by the second one too.
     let between: string | null = null;
@@ -222,7 +216,7 @@ describe.skipIf(!isRoot)('sandbox driver', () => {
       expect(await sh(driver, id, 'cat /root/hello.txt')).toBe('persisted');
       expect(await sh(driver, id, `ps -o comm= -p ${sleepPid}`)).toBe('sleep');
       if (between !== null) expect(await sh(driver, id, `ps -o args= -p ${between}`)).toBe('sleep 2000');
-      await waitUntil(async () => (await counter()) > before + 2);
+      await until(async () => (await counter()) > before + 2);
       expect(await sh(driver, id, 'xdotool getdisplaygeometry')).toBe('1024 768');
       expect(await sh(driver, id, 'touch /canto-probe 2>&1 || echo read-only')).toContain('read-only');
       expect(await driver.start({ desktopId: id, tier: 'small', firstBoot: null })).toEqual({ restored: false });

@@ -18,7 +18,7 @@ import { execServerProgram, warmPrologue } from '../../agent/src/runtime/sandbox
 import { createSandboxDriver, type SandboxDriver } from '../../agent/src/runtime/sandbox/index.js';
 import { failure } from '../helpers/agent-failure.js';
 import { hostProcesses, isAlive, isRoot, parentPid } from '../helpers/sandbox.js';
-import { until } from '../helpers/scheduler.js';
+import { until } from '../helpers/wait.js';
 
 const execFileAsync = promisify(execFile);
 
@@ -52,13 +52,6 @@ async function warmProcs(desktopId: string): Promise<{ file: WarmProc[]; exec: W
   return out;
 }
 
-async function waitUntil(check: () => Promise<boolean>, timeoutMs = 10_000): Promise<void> {
-  const deadline = Date.now() + timeoutMs;
-  while (!(await check())) {
-    if (Date.now() > deadline) throw new Error('condition not met before the deadline');
-    await new Promise((r) => setTimeout(r, 20));
-  }
-}
 
 async function initOf(stateDir: string, desktopId: string): Promise<number> {
   return (JSON.parse(await readFile(join(stateDir, 'desktops', desktopId, 'run', 'init.json'), 'utf8')) as { pid: number }).pid;
@@ -83,7 +76,7 @@ describe.skipIf(!isRoot)('sandbox driver warm guest servers', () => {
    */
   async function warmUp(d: SandboxDriver = driver, desktopId = id): Promise<{ file: WarmProc[]; exec: WarmProc[] }> {
     let procs = await warmProcs(desktopId);
-    await waitUntil(async () => {
+    await until(async () => {
       await d.statPath(desktopId, '/root');
       if (!(await execRanWarm(d, desktopId))) return false;
       procs = await warmProcs(desktopId);
@@ -176,7 +169,7 @@ describe.skipIf(!isRoot)('sandbox driver warm guest servers', () => {
       await new Promise<void>((r) => (resume = r));
       yield Buffer.from('two');
     })());
-    await waitUntil(async () => (await warmProcs(id)).file.some((p) => p.comm.startsWith('canto-helper wr')));
+    await until(async () => (await warmProcs(id)).file.some((p) => p.comm.startsWith('canto-helper wr')));
     resume();
     await upload;
     const read = await driver.readFile(id, { path: '/root/warm.txt', offset: null, length: 0, maxWholeBytes: MiB });
@@ -226,7 +219,7 @@ describe.skipIf(!isRoot)('sandbox driver warm guest servers', () => {
     // From the host: the servers themselves. Operations go on (cold), and new servers come up.
     const before = await warmProcs(id);
     for (const p of [...before.file, ...before.exec]) if (p.server) process.kill(p.pid, 'SIGKILL');
-    await waitUntil(async () => {
+    await until(async () => {
       const now = await warmProcs(id);
       return [...now.file, ...now.exec].every((p) => !before.file.concat(before.exec).some((b) => b.pid === p.pid));
     });
@@ -244,7 +237,7 @@ describe.skipIf(!isRoot)('sandbox driver warm guest servers', () => {
     const t0 = Date.now();
     expect((await driver.statPath(id, '/root')).fileType).toBe('directory');
     expect(Date.now() - t0).toBeLessThan(10_000);
-    await waitUntil(async () => {
+    await until(async () => {
       for (const p of before.file) if (await isAlive(p.pid)) return false;
       return true;
     });
@@ -274,7 +267,7 @@ describe.skipIf(!isRoot)('sandbox driver warm guest servers', () => {
     release();
     await writing;
     expect(await sh('cat /root/drain.txt')).toBe('first second');
-    await waitUntil(async () => {
+    await until(async () => {
       for (const p of others) if (await isAlive(p.pid)) return false;
       return true;
     });

@@ -15,17 +15,11 @@ import { AgentFailure } from '../../shared/src/protocol.js';
 import { fencePortLine } from '../../agent/src/ports/fence.js';
 import { PortGateway, refusalFor, type PortGatewayOptions } from '../../agent/src/ports/gateway.js';
 import type { GuestConnection } from '../../agent/src/runtime/driver.js';
+import { until } from '../helpers/wait.js';
 
 const SECRET = 'test-join-token-0123456789abcdef';
 const MiB = 1024 * 1024;
 
-async function until(check: () => boolean, what: string, timeoutMs = 5_000): Promise<void> {
-  const deadline = Date.now() + timeoutMs;
-  while (!check()) {
-    if (Date.now() > deadline) throw new Error(`timed out waiting for ${what}`);
-    await new Promise((r) => setTimeout(r, 5));
-  }
-}
 
 async function listen(server: Server): Promise<number> {
   await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve));
@@ -68,7 +62,7 @@ class Client {
   }
 
   async waitFor(text: string): Promise<void> {
-    await until(() => this.text.includes(text), `client to receive ${JSON.stringify(text)}`);
+    await until(() => this.text.includes(text), 5_000, `client to receive ${JSON.stringify(text)}`);
   }
 
   /** Everything received once the connection is closed. */
@@ -273,13 +267,13 @@ describe('port gateway', () => {
     try {
       const gw = await start();
       const client = await Client.dial(gw.port, portLinkLine(SECRET, target(port)), true);
-      await until(() => client.gotEnd, 'the app end to reach the client');
+      await until(() => client.gotEnd, 5_000, 'the app end to reach the client');
       expect(client.text).toBe('OK\nbye\n');
       client.socket.write('still here');
-      await until(() => got === 'still here', 'the app to get bytes after its end');
+      await until(() => got === 'still here', 5_000, 'the app to get bytes after its end');
       client.socket.end();
       await client.ended;
-      await until(() => sawEnd, 'the app to see the client end');
+      await until(() => sawEnd, 5_000, 'the app to see the client end');
     } finally {
       await new Promise<void>((resolve) => app.close(() => resolve()));
     }
@@ -300,14 +294,14 @@ describe('port gateway', () => {
     const before = guestSockets.length;
     const client = await Client.dial(gw.port, portLinkLine(SECRET, target(echoPort)));
     await client.waitFor('OK\n');
-    await until(() => guestSockets.length === before + 1, 'the echo server to accept');
+    await until(() => guestSockets.length === before + 1, 5_000, 'the echo server to accept');
     const guest = guestSockets.at(-1) as Socket;
     client.socket.resetAndDestroy();
-    await until(() => guest.destroyed, 'the guest side to close');
+    await until(() => guest.destroyed, 5_000, 'the guest side to close');
 
     const second = await Client.dial(gw.port, portLinkLine(SECRET, target(echoPort)));
     await second.waitFor('OK\n');
-    await until(() => guestSockets.length === before + 2, 'the echo server to accept');
+    await until(() => guestSockets.length === before + 2, 5_000, 'the echo server to accept');
     (guestSockets.at(-1) as Socket).resetAndDestroy();
     await second.ended;
   });
@@ -327,20 +321,20 @@ describe('port gateway', () => {
       },
     });
     const leaver = await Client.dial(gw.port, portLinkLine(SECRET, target(echoPort)));
-    await until(() => calls === 1, 'the port to be opening');
+    await until(() => calls === 1, 5_000, 'the port to be opening');
     leaver.socket.destroy();
     await leaver.ended;
     release();
-    await until(() => held.length === 1 && held[0]!.destroyed, 'the late guest connection to be closed');
+    await until(() => held.length === 1 && held[0]!.destroyed, 5_000, 'the late guest connection to be closed');
 
     const stayer = await Client.dial(gw.port, portLinkLine(SECRET, target(echoPort)));
-    await until(() => calls === 2, 'the port to be opening');
+    await until(() => calls === 2, 5_000, 'the port to be opening');
     release();
     await stayer.waitFor('OK\n');
     await gw.close();
     gateway = null;
     await stayer.ended;
-    await until(() => held[1]?.destroyed === true, 'the guest connection to be closed');
+    await until(() => held[1]?.destroyed === true, 5_000, 'the guest connection to be closed');
     await expect(Client.dial(gw.port)).rejects.toThrow();
   });
 });
