@@ -1,0 +1,218 @@
+/**
+ * Terminals: a program on a pseudo-terminal inside a desktop, one per terminal client.
+ *
+ * node-pty makes the pty on the host and forks the chain that enters the guest the way exec does:
+ * the desktop's cgroups first, then `nsenter` into the guest init's namespaces and root. The
+ * chain's last host-side step is `setsid --ctty`, run by nsenter's child inside the guest's pid
+ * namespace with nsenter's full capabilities: it starts a session inside the guest and takes the
+ * pty as that session's controlling terminal, stealing it from node-pty's host-side session (which
+ * needs CAP_SYS_ADMIN, so it runs before `setpriv`). The shell is then a session leader inside the
+ * guest, job control and SIGWINCH work, and exit statuses travel back through nsenter to node-pty.
+ * Only then does `setpriv` drop to the guest's capabilities, so the program has no more power than
+ * any guest code and counts against the desktop's limits.
+ *
+ * The pty's master lives in the agent, outside the guest: CRIU cannot dump a process that holds
+ * the slave. Closing a session therefore kills the chain, the guest session it leads (background
+ * jobs included), and then any process of the desktop that still holds the pty (one that left the
+ * session with `setsid` but kept its stdio); hibernate and destroy call `closeAll` under the
+ * driver's fence, which refuses new terminals until the stop is over.
+ *
+ * node-pty is a native module, loaded on the first terminal: an agent whose copy fails to load
+ * still starts and answers `unsupported` for terminals.
+ */
+import { statSync } from 'node:fs';
+import { readdir, readFile, stat } from 'node:fs/promises';
+import { AgentFailure } from '../../../../shared/src/protocol.js';
+import type { TerminalSession, TerminalSpec } from '../driver.js';
+import { cgroupDirs, joinArgv } from './cgroups.js';
+import type { InitProcess } from './cold-boot.js';
+import { GUEST_CAPS_ONLY, GUEST_ENV, nsenterArgv } from './guest-init.js';
+import { killTree, signal } from './host-procs.js';
+
+type NodePty = typeof import('@lydell/node-pty');
+type Pty = ReturnType<NodePty['spawn']>;
+
+export interface TerminalSessionsOptions {
+  readonly nsenterPath: string;
+  /** The desktop's running guest init; rejects with `not_found` / `not_running`. */
+  readonly init: (desktopId: string) => Promise<InitProcess>;
+  /** True while the desktop is stopping (in-flight.ts): nothing new may enter it. */
+  readonly fenced: (desktopId: string) => boolean;
+  readonly log: (msg: string, fields?: object) => void;
+}
+
+/** How long a killed session gets to be reported gone. */
+const KILLED_GONE_MS = 5_000;
+export const TERMINAL_TYPE = 'xterm-256color';
+
+/**
+ * Applies the env file, then runs the given command (`$1`) or the guest's login shell. A broken env
+ * file cannot change how the command is parsed: it runs in a fresh `sh -c`.
+ */
+const TERMINAL_SCRIPT =
+  '[ -f /root/.canto/env ] && . /root/.canto/env; ' +
+  'if [ $# -gt 0 ]; then exec /bin/sh -c "$1"; fi; ' +
+  'if [ -x /bin/bash ]; then exec /bin/bash -l; fi; exec /bin/sh -l';
+
+let loading: Promise<NodePty | null> | null = null;
+
+function loadPty(log: TerminalSessionsOptions['log']): Promise<NodePty | null> {
+  loading ??= import('@lydell/node-pty').then(
+    (mod: NodePty & { default?: NodePty }) => (typeof mod.spawn === 'function' ? mod : (mod.default ?? null)),
+    (err: unknown) => {
+      log('node-pty did not load: terminals are unavailable on this host', { error: String(err) });
+      return null;
+    },
+  );
+  return loading;
+}
+
+class GuestTerminal implements TerminalSession {
+  readonly exited: Promise<number>;
+  private killing: Promise<void> | null = null;
+  private gone = false;
+  /** The pty's device number, read while it surely exists. */
+  private readonly rdev: number | null;
+
+  constructor(
+    readonly desktopId: string,
+    private readonly pty: Pty,
+  ) {
+    // The unix terminal names its slave device (`/dev/pts/N`); the typings leave it out.
+    this.rdev = ptyDevice((pty as Pty & { readonly ptsName?: string }).ptsName);
+    const status = new Promise<number>((resolve) => {
+      pty.onExit(({ exitCode, signal: sig }) => {
+        this.gone = true;
+        resolve(sig !== undefined && sig > 0 ? 128 + sig : exitCode);
+      });
+    });
+    // A job the program left running in the background still holds the terminal: it goes too.
+    this.exited = status.then(async (code) => {
+      if (this.rdev !== null) await killHolders(desktopId, this.rdev);
+      return code;
+    });
+  }
+
+  onData(listener: (data: Buffer) => void): void {
+    // Spawned with `encoding: null`: the chunks are Buffers, whatever the typings say.
+    this.pty.onData((data) => listener(data as unknown as Buffer));
+  }
+
+  write(data: Buffer): void {
+    if (!this.gone) this.pty.write(data as unknown as string);
+  }
+
+  resize(cols: number, rows: number): void {
+    if (!this.gone) this.pty.resize(cols, rows);
+  }
+
+  pause(): void {
+    this.pty.pause();
+  }
+
+  resume(): void {
+    this.pty.resume();
+  }
+
+  close(): void {
+    void this.kill();
+  }
+
+  /** Kills the chain, its guest session and whatever else holds the pty; resolves once gone. */
+  kill(): Promise<void> {
+    this.killing ??= (async () => {
+      await killTree(this.pty.pid);
+      if (this.rdev !== null) await killHolders(this.desktopId, this.rdev);
+      let timer: NodeJS.Timeout | undefined;
+      await Promise.race([this.exited, new Promise<void>((resolve) => (timer = setTimeout(resolve, KILLED_GONE_MS)))]);
+      clearTimeout(timer);
+    })();
+    return this.killing;
+  }
+}
+
+function ptyDevice(path: string | undefined): number | null {
+  if (path === undefined) return null;
+  try {
+    return statSync(path).rdev;
+  } catch {
+    return null;
+  }
+}
+
+/** SIGKILLs every process of the desktop with an open file on the terminal device `rdev`. */
+async function killHolders(desktopId: string, rdev: number): Promise<void> {
+  const procs = cgroupDirs(desktopId).find((dir) => dir.includes('/pids/')) ?? cgroupDirs(desktopId)[0];
+  if (procs === undefined) return;
+  const text = await readFile(`${procs}/cgroup.procs`, 'utf8').catch(() => '');
+  for (const pid of text.split('\n').filter(Boolean).map(Number)) {
+    const fds = await readdir(`/proc/${pid}/fd`).catch(() => [] as string[]);
+    for (const fd of fds) {
+      const st = await stat(`/proc/${pid}/fd/${fd}`).catch(() => null);
+      if (st !== null && st.isCharacterDevice() && st.rdev === rdev) {
+        signal(pid, 'SIGKILL');
+        break;
+      }
+    }
+  }
+}
+
+export class TerminalSessions {
+  private readonly sessions = new Map<string, Set<GuestTerminal>>();
+  private closing = false;
+
+  constructor(private readonly options: TerminalSessionsOptions) {}
+
+  async open(desktopId: string, spec: TerminalSpec): Promise<TerminalSession> {
+    if (this.closing) throw new AgentFailure('not_running', 'the driver is closing', false);
+    const pty = await loadPty(this.options.log);
+    if (pty === null) throw new AgentFailure('unsupported', 'terminals are unavailable on this host', false);
+    const init = await this.options.init(desktopId);
+    if (this.options.fenced(desktopId)) throw new AgentFailure('not_running', `desktop ${desktopId} is stopping`, false);
+    if (this.closing) throw new AgentFailure('not_running', 'the driver is closing', false);
+    // From the fence check to the registration nothing awaits: closeAll sees this session or
+    // this call sees the fence.
+    const argv = [
+      ...joinArgv(desktopId),
+      ...nsenterArgv(this.options.nsenterPath, init.pid, '/root'),
+      '/usr/bin/setsid', '--ctty', ...GUEST_CAPS_ONLY,
+      '/bin/sh', '-c', TERMINAL_SCRIPT, 'canto-terminal', ...(spec.command === null ? [] : [spec.command]),
+    ];
+    const terminal = new GuestTerminal(
+      desktopId,
+      pty.spawn('/bin/sh', argv, {
+        name: TERMINAL_TYPE,
+        cols: spec.cols,
+        rows: spec.rows,
+        cwd: '/',
+        env: { ...GUEST_ENV, TERM: TERMINAL_TYPE, COLORTERM: 'truecolor' },
+        encoding: null,
+      }),
+    );
+    this.register(terminal);
+    this.options.log('terminal started', { desktopId, cols: spec.cols, rows: spec.rows, command: spec.command !== null });
+    void terminal.exited.then((code) => this.options.log('terminal ended', { desktopId, exitCode: code }));
+    return terminal;
+  }
+
+  /** Ends every terminal of the desktop and waits until they are gone (hibernate, destroy). */
+  async closeAll(desktopId: string): Promise<void> {
+    await Promise.all([...(this.sessions.get(desktopId) ?? [])].map((t) => t.kill()));
+  }
+
+  /** Ends every terminal (the driver is closing). */
+  async close(): Promise<void> {
+    this.closing = true;
+    await Promise.all([...this.sessions.values()].flatMap((set) => [...set]).map((t) => t.kill()));
+  }
+
+  private register(terminal: GuestTerminal): void {
+    let set = this.sessions.get(terminal.desktopId);
+    if (set === undefined) this.sessions.set(terminal.desktopId, (set = new Set()));
+    set.add(terminal);
+    void terminal.exited.then(() => {
+      set.delete(terminal);
+      if (set.size === 0 && this.sessions.get(terminal.desktopId) === set) this.sessions.delete(terminal.desktopId);
+    });
+  }
+}
