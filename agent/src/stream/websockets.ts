@@ -72,13 +72,12 @@ export function readHttpHead(socket: Socket, line: string, early: Buffer, timeou
     };
     const check = () => {
       const end = buf.indexOf(CRLF2);
-      if (end < 0) {
-        if (buf.length > MAX_HEAD_BYTES) {
-          answerHttp(socket, 431, 'Request Header Fields Too Large');
-          finish(null);
-        }
+      if (end < 0 ? buf.length > MAX_HEAD_BYTES : end > MAX_HEAD_BYTES) {
+        answerHttp(socket, 431, 'Request Header Fields Too Large');
+        finish(null);
         return;
       }
+      if (end < 0) return;
       const headers: Record<string, string> = {};
       for (const raw of buf.subarray(2, end).toString('latin1').split('\r\n')) {
         const colon = raw.indexOf(':');
