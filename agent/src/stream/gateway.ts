@@ -20,7 +20,7 @@ import type { Socket } from 'node:net';
 import type { WebSocket, WebSocketServer } from 'ws';
 import type { StreamClaim } from '../../../shared/src/computer-use.js';
 import { AgentFailure } from '../../../shared/src/protocol.js';
-import { LineListener, LINGER_MS, refuseWithLine } from '../line-listener.js';
+import { LineListener, LINGER_MS, MAX_HANDSHAKES, refuseWithLine } from '../line-listener.js';
 import type { TerminalSession, TerminalSpec, VncSession } from '../runtime/driver.js';
 import { TerminalTicketBook, type TerminalLease } from './terminal-tickets.js';
 import { TicketBook, type Lease } from './tickets.js';
@@ -84,6 +84,7 @@ export class StreamGateway {
   private readonly wsConnections = new Set<WsConnection>();
   private readonly wss: WebSocketServer = webSocketServer();
   private readonly pending = new Set<Promise<unknown>>();
+  private readingHeads = 0;
   private listener!: LineListener;
 
   private constructor(private readonly options: StreamGatewayOptions) {
@@ -165,7 +166,15 @@ export class StreamGateway {
 
   /** An HTTP request on the gateway's port: a WebSocket for `/vnc` or `/terminal`, or a refusal. */
   private async beginHttp(socket: Socket, line: string, early: Buffer): Promise<void> {
+    // The line listener's cap on connections owing their first line ends with that line: request
+    // heads still being read have a cap of their own.
+    if (this.readingHeads >= MAX_HANDSHAKES) {
+      socket.destroy();
+      return;
+    }
+    this.readingHeads++;
     const read = await readHttpHead(socket, line, early, this.options.handshakeTimeoutMs ?? DEFAULT_HANDSHAKE_MS);
+    this.readingHeads--;
     if (read === null) return;
     const { head, rest } = read;
     if (head.path !== '/vnc' && head.path !== '/terminal') {
