@@ -3,7 +3,8 @@
  * gateway on 127.0.0.1, and `ws` clients. A terminal runs a real shell inside the desktop (output,
  * resize seen by `stty size`, exit status), its ticket works once, closing the socket leaves no
  * process behind (background jobs included, even one that left the session), the per-desktop cap
- * holds, and a hibernate with a terminal open closes it and still takes a memory snapshot. RFB
+ * holds, and a hibernate with a terminal open (this agent's, or an earlier agent's) closes it and
+ * still takes a memory snapshot. RFB
  * over a WebSocket gives the handshake and a framebuffer for view and control claims, and only
  * control moves the pointer. Needs root.
  */
@@ -163,6 +164,24 @@ describe.skipIf(!isRoot)('sandbox terminals and the WebSocket stream', () => {
     await expect(rfbOverWebSocket(reused)).rejects.toThrow(/4401 invalid_ticket/);
     for (const c of [viewer, controller, once]) c.ws.close();
   }, 30_000);
+
+  it("kills, at a hibernate, terminals of an earlier agent that this one does not know", async () => {
+    const snapshots = await memorySnapshotsHere();
+    // A second driver on the same state stands for the agent after a restart; the first still
+    // holds the pty's master, so its shell lives on unknown to the second.
+    const earlier = await driver.openTerminal(id, { cols: 80, rows: 24, command: 'sleep 4245' });
+    await until(async () => (await marked('4245')).length > 0, 10_000, 'the earlier terminal');
+    const restarted = await createSandboxDriver({ stateDir: join(base, 'state') });
+    try {
+      const { snapshot } = await restarted.hibernate(id);
+      expect(await marked('4245')).toEqual([]);
+      if (snapshots) expect(snapshot).toBe(true);
+      expect(await earlier.exited).toBe(128 + 9);
+      await restarted.start({ desktopId: id, tier: 'small', firstBoot: null });
+    } finally {
+      await restarted.close();
+    }
+  }, 60_000);
 
   it('closes terminals when the desktop hibernates, and the memory snapshot is still taken', async () => {
     const snapshots = await memorySnapshotsHere();

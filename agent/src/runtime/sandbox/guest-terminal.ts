@@ -27,7 +27,7 @@ import type { TerminalSession, TerminalSpec } from '../driver.js';
 import { cgroupDirs, joinArgv } from './cgroups.js';
 import type { InitProcess } from './cold-boot.js';
 import { GUEST_CAPS_ONLY, GUEST_ENV, nsenterArgv } from './guest-init.js';
-import { killTree, signal } from './host-procs.js';
+import { killTree, procStatSync, signal, waitFor } from './host-procs.js';
 
 type NodePty = typeof import('@lydell/node-pty');
 type Pty = ReturnType<NodePty['spawn']>;
@@ -140,21 +140,31 @@ function ptyDevice(path: string | undefined): number | null {
   }
 }
 
-/** SIGKILLs every process of the desktop with an open file on the terminal device `rdev`. */
-async function killHolders(desktopId: string, rdev: number): Promise<void> {
-  const procs = cgroupDirs(desktopId).find((dir) => dir.includes('/pids/')) ?? cgroupDirs(desktopId)[0];
-  if (procs === undefined) return;
+/**
+ * SIGKILLs every process of the desktop holding a terminal of the host's devpts: the one numbered
+ * `rdev`, or any (null). The guest's own ptys (its xterms) are on its own devpts instance, another
+ * device, and are left alone. Returns how many were killed.
+ */
+async function killHolders(desktopId: string, rdev: number | null): Promise<number> {
+  const hostPts = await stat('/dev/pts').then((st) => st.dev, () => null);
+  const procs = cgroupDirs(desktopId).find((dir) => dir.includes('/pids/'));
+  if (hostPts === null || procs === undefined) return 0;
   const text = await readFile(`${procs}/cgroup.procs`, 'utf8').catch(() => '');
+  const killed: number[] = [];
   for (const pid of text.split('\n').filter(Boolean).map(Number)) {
     const fds = await readdir(`/proc/${pid}/fd`).catch(() => [] as string[]);
     for (const fd of fds) {
       const st = await stat(`/proc/${pid}/fd/${fd}`).catch(() => null);
-      if (st !== null && st.isCharacterDevice() && st.rdev === rdev) {
+      if (st !== null && st.isCharacterDevice() && st.dev === hostPts && (rdev === null || st.rdev === rdev)) {
         signal(pid, 'SIGKILL');
+        killed.push(pid);
         break;
       }
     }
   }
+  // Gone (or a zombie the guest init reaps) before a dump may start.
+  await waitFor(() => killed.every((pid) => procStatSync(pid) === null), KILLED_GONE_MS);
+  return killed.length;
 }
 
 export class TerminalSessions {
@@ -195,9 +205,15 @@ export class TerminalSessions {
     return terminal;
   }
 
-  /** Ends every terminal of the desktop and waits until they are gone (hibernate, destroy). */
+  /**
+   * Ends every terminal of the desktop and waits until they are gone (hibernate, destroy). Then
+   * whatever else in the desktop still holds a host pty goes too: terminals of an agent that was
+   * restarted since, which this one does not know, would break the memory snapshot.
+   */
   async closeAll(desktopId: string): Promise<void> {
     await Promise.all([...(this.sessions.get(desktopId) ?? [])].map((t) => t.kill()));
+    const strays = await killHolders(desktopId, null);
+    if (strays > 0) this.options.log('processes holding a terminal of an earlier agent were killed', { desktopId, count: strays });
   }
 
   /** Ends every terminal (the driver is closing). */
