@@ -4,8 +4,11 @@
  * client. A terminal opened through `POST /v1/desktops/{id}/terminals` runs a shell inside the
  * desktop (output, resize, exit status, single-use ticket); another org sees 404, no key 401, a
  * hibernated desktop 409 (and hibernating closes an open terminal); the stream ticket answer
- * carries a `ws_url` speaking RFB for view and control claims, once.
+ * carries a `ws_url` speaking RFB for view and control claims, once. `canto terminal` (the built
+ * CLI, run `npx tsup` first) attaches piped input to a terminal and exits with its status.
  */
+import { spawn } from 'node:child_process';
+import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { WS_CLOSE } from '../../shared/src/terminal-protocol.js';
 import { api, mintKey, startTestScheduler, until, type TestScheduler } from '../helpers/scheduler.js';
@@ -15,6 +18,7 @@ import { hostProcesses } from '../helpers/sandbox.js';
 import { openTerminal, rfbOverWebSocket } from '../helpers/terminal.js';
 
 const isRoot = process.getuid?.() === 0;
+const CLI = join(import.meta.dirname, '..', '..', 'dist', 'cli.js');
 
 describe.skipIf(!isRoot)('terminals and the WebSocket stream through the API, on a real sandbox desktop', () => {
   let scheduler: TestScheduler;
@@ -61,6 +65,17 @@ describe.skipIf(!isRoot)('terminals and the WebSocket stream through the API, on
 
     const again = await openTerminal(granted.json.url);
     expect((await again.closed).code).toBe(WS_CLOSE.invalid_ticket);
+  }, 30_000);
+
+  it('attaches `canto terminal` to it, exiting with the status of what ran in the desktop', async () => {
+    const url = (await terminal({ cols: 90, rows: 25 })).json.url as string;
+    const child = spawn(process.execPath, [CLI, 'terminal', url], { stdio: ['pipe', 'pipe', 'pipe'] });
+    let out = '';
+    child.stdout.on('data', (chunk: Buffer) => (out += chunk.toString('utf8')));
+    const exited = new Promise<number | null>((resolve) => child.once('exit', (code) => resolve(code)));
+    child.stdin.end('echo from-cli-$((20 + 1)); stty size; exit 4\n');
+    expect(await exited).toBe(4);
+    expect(out).toMatch(/from-cli-21\r\n25 90\r\n/);
   }, 30_000);
 
   it('validates the body and answers 401 without a key and 404 for another org', async () => {
