@@ -116,6 +116,20 @@ describe.skipIf(!isRoot)('sandbox terminals and the WebSocket stream', () => {
     await until(async () => (await marked('4242')).length === 0 && (await marked('4243')).length === 0, 10_000, 'no process left');
   }, 30_000);
 
+  it('stops reading a client whose program leaves its input unread, and loses nothing', async () => {
+    const size = 8 * 1024 * 1024;
+    const term = await openTerminal(terminalUrl({ command: `stty raw -echo; echo go; sleep 2; head -c ${size} | wc -c` }));
+    await term.waitFor(/go\r?\n/);
+    const chunk = Buffer.alloc(64 * 1024, 'a');
+    for (let sent = 0; sent < size; sent += chunk.length) term.ws.send(chunk, { binary: true });
+    // While the program sleeps the agent holds at most a little of it (and its event loop, which
+    // this test shares, runs on): the rest waits at the client.
+    await new Promise((r) => setTimeout(r, 1000));
+    expect(term.ws.bufferedAmount).toBeGreaterThan(size / 4);
+    await term.waitFor(new RegExp(`\\b${size}\\b`), 20_000);
+    expect((await term.closed).exitCode).toBe(0);
+  }, 40_000);
+
   it('caps the terminals of a desktop, counting unused tickets', async () => {
     const urls = Array.from({ length: MAX_TERMINALS }, () => terminalUrl({ command: 'sleep 30' }));
     expect(() => terminalUrl()).toThrow(/at most 8 terminals/);

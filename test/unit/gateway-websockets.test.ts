@@ -34,7 +34,9 @@ class FakeTerminal implements TerminalSession {
     this.listener = listener;
   }
 
-  write(data: Buffer): void {
+  onDrain(): void {}
+
+  write(data: Buffer): boolean {
     const text = data.toString('utf8');
     const exit = /^exit (\d+)\n$/.exec(text);
     if (exit) {
@@ -42,6 +44,7 @@ class FakeTerminal implements TerminalSession {
       this.finish(Number(exit[1]));
     } else if (text === 'size?\n') this.listener(Buffer.from(`${this.size[1]} ${this.size[0]}\r\n`));
     else this.listener(data);
+    return true;
   }
 
   resize(cols: number, rows: number): void {

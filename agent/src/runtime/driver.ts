@@ -177,8 +177,12 @@ export interface TerminalSpec {
 export interface TerminalSession {
   /** Bytes the program wrote to the terminal. */
   onData(listener: (data: Buffer) => void): void;
-  /** Bytes typed at the terminal. */
-  write(data: Buffer): void;
+  /**
+   * Bytes typed at the terminal. False when too much waits for the program to read it: send no
+   * more until `onDrain` says so (a program that does not read must not fill the agent's memory).
+   */
+  write(data: Buffer): boolean;
+  onDrain(listener: () => void): void;
   resize(cols: number, rows: number): void;
   /** Stops and restarts reading the program's output (backpressure). */
   pause(): void;

@@ -7,8 +7,9 @@
  * path and the ticket matter; there are no cookies, so the Origin header is not checked: the
  * single-use ticket in the URL is the whole credential.
  *
- * The relays apply backpressure one way each: a VNC server's or a terminal's output is paused
- * while too much of it waits in the socket; what the client sends is written on as it comes.
+ * The relays apply backpressure: a VNC server's or a terminal's output is paused while too much of
+ * it waits in the socket, and a terminal's client is not read while the program leaves too much
+ * of its input unread. What a VNC client sends is written on as it comes (x11vnc reads it all).
  */
 import type { Socket } from 'node:net';
 import { WebSocketServer, type RawData, type WebSocket } from 'ws';
@@ -171,9 +172,13 @@ function sender(ws: WebSocket, pause: () => void, resume: () => void): (data: Bu
 /** Relays a terminal over a WebSocket until either ends; the session is closed when the socket is. */
 export function relayTerminal(ws: WebSocket, session: TerminalSession): void {
   session.onData(sender(ws, () => session.pause(), () => session.resume()));
+  // Typed bytes the program does not read stop the reading of the socket until it catches up.
+  session.onDrain(() => {
+    if (ws.isPaused && ws.readyState === ws.OPEN) ws.resume();
+  });
   ws.on('message', (data, isBinary) => {
     if (isBinary) {
-      session.write(bytesOf(data));
+      if (!session.write(bytesOf(data))) ws.pause();
       return;
     }
     let msg: unknown;

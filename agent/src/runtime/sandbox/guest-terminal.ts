@@ -17,11 +17,15 @@
  * session with `setsid` but kept its stdio); hibernate and destroy call `closeAll` under the
  * driver's fence, which refuses new terminals until the stop is over.
  *
+ * Typed bytes reach the pty through a small writer process (INPUT_WRITER), never through
+ * node-pty's own write, which blocks the event loop when the program stops reading.
+ *
  * node-pty is a native module, loaded on the first terminal: an agent whose copy fails to load
  * still starts and answers `unsupported` for terminals.
  */
 import { statSync } from 'node:fs';
 import { readdir, readFile, stat } from 'node:fs/promises';
+import { spawn, type ChildProcess } from 'node:child_process';
 import { AgentFailure } from '../../../../shared/src/protocol.js';
 import type { TerminalSession, TerminalSpec } from '../driver.js';
 import { cgroupDirs, joinArgv } from './cgroups.js';
@@ -41,6 +45,29 @@ export interface TerminalSessionsOptions {
   readonly log: (msg: string, fields?: object) => void;
 }
 
+/**
+ * What is typed goes into the pty's master through this small process, which holds a copy of the
+ * master's fd as its fd 3. libuv writes to a pty master in blocking mode (it cannot reopen a
+ * master non-blocking), so a program that stops reading its input would, once the pty's buffer is
+ * full, block the agent's whole event loop in node-pty's own write. Here only this process blocks,
+ * and its stdin, a pipe, gives the relay ordinary backpressure.
+ */
+const INPUT_WRITER = String.raw`
+$SIG{PIPE} = 'IGNORE';
+open(my $pty, '>&=', 3) or exit 1;
+while (1) {
+  my $n = sysread(STDIN, my $buf, 65536);
+  last unless $n;
+  for (my $off = 0; $off < $n;) {
+    my $w = syswrite($pty, $buf, $n - $off, $off);
+    # EAGAIN (11) if the fd was ever made non-blocking: wait a little and write on.
+    if (!defined $w) { exit 0 unless $! == 11; select(undef, undef, undef, 0.01); next; }
+    $off += $w;
+  }
+}
+`;
+/** Typed bytes waiting for the writer above which the client is not read. */
+const INPUT_HIGH_WATER = 256 * 1024;
 /** How long a killed session gets to be reported gone. */
 const KILLED_GONE_MS = 5_000;
 export const TERMINAL_TYPE = 'xterm-256color';
@@ -74,12 +101,19 @@ class GuestTerminal implements TerminalSession {
   /** The pty's device number, read while it surely exists. */
   private readonly rdev: number | null;
 
+  /** Writes what is typed into the pty's master (see INPUT_WRITER). */
+  private readonly writer: ChildProcess;
+
   constructor(
     readonly desktopId: string,
     private readonly pty: Pty,
   ) {
-    // The unix terminal names its slave device (`/dev/pts/N`); the typings leave it out.
-    this.rdev = ptyDevice((pty as Pty & { readonly ptsName?: string }).ptsName);
+    // The unix terminal names its slave device (`/dev/pts/N`) and its master's fd; the typings leave them out.
+    const unix = pty as Pty & { readonly ptsName?: string; readonly fd?: number };
+    this.rdev = ptyDevice(unix.ptsName);
+    this.writer = spawn('perl', ['-e', INPUT_WRITER], { stdio: ['pipe', 'ignore', 'ignore', unix.fd ?? 'ignore'] });
+    this.writer.on('error', () => undefined);
+    this.writer.stdin?.on('error', () => undefined);
     const status = new Promise<number>((resolve) => {
       pty.onExit(({ exitCode, signal: sig }) => {
         this.gone = true;
@@ -88,7 +122,10 @@ class GuestTerminal implements TerminalSession {
     });
     // A job the program left running in the background still holds the terminal: it goes too.
     this.exited = status.then(async (code) => {
+      // The writer's copy of the master keeps the pty's number from being reused meanwhile: no
+      // later terminal can be taken for a holder of this one.
       if (this.rdev !== null) await killHolders(desktopId, this.rdev);
+      this.writer.kill('SIGKILL');
       return code;
     });
   }
@@ -98,8 +135,17 @@ class GuestTerminal implements TerminalSession {
     this.pty.onData((data) => listener(data as unknown as Buffer));
   }
 
-  write(data: Buffer): void {
-    if (!this.gone) this.pty.write(data as unknown as string);
+  write(data: Buffer): boolean {
+    const stdin = this.writer.stdin;
+    if (this.gone || stdin === null || stdin.destroyed) return true;
+    stdin.write(data);
+    // More slack than the pipe's own mark, so a paste does not stop and start every 16 KiB;
+    // 'drain' still comes once the buffer empties.
+    return stdin.writableLength < INPUT_HIGH_WATER;
+  }
+
+  onDrain(listener: () => void): void {
+    this.writer.stdin?.on('drain', listener);
   }
 
   resize(cols: number, rows: number): void {
@@ -123,6 +169,7 @@ class GuestTerminal implements TerminalSession {
     this.killing ??= (async () => {
       await killTree(this.pty.pid);
       if (this.rdev !== null) await killHolders(this.desktopId, this.rdev);
+      this.writer.kill('SIGKILL');
       let timer: NodeJS.Timeout | undefined;
       await Promise.race([this.exited, new Promise<void>((resolve) => (timer = setTimeout(resolve, KILLED_GONE_MS)))]);
       clearTimeout(timer);
