@@ -17,6 +17,7 @@ import { guestHelperProgram, warmHelperProgram, type HelperOp } from '../agent/s
 import { execServerProgram, warmPrologue } from '../agent/src/runtime/sandbox/warm-perl.js';
 import { forwarderProgram } from '../agent/src/runtime/sandbox/guest-ports-perl.js';
 import { guestFile, guestFolder } from '../agent/src/runtime/sandbox/guest-programs.js';
+import { terminalWriterProgram } from '../agent/src/runtime/sandbox/guest-terminal.js';
 
 export interface Finding {
   readonly program: string;
@@ -34,6 +35,7 @@ export function perlPrograms(): Record<string, string> {
     'exec relay': execRelay(),
     'port forwarder': forwarderProgram(),
     'criu keeper': criuKeeperProgram(),
+    'terminal writer': terminalWriterProgram(),
   };
   for (const op of HELPER_OPS) programs[`helper ${op}`] = guestHelperProgram(op);
   return programs;

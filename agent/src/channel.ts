@@ -49,7 +49,7 @@ export interface StartAgentOptions {
 export async function startAgent(options: StartAgentOptions): Promise<AgentHandle> {
   const identity = await loadHostIdentity(options.config.stateDir);
   const generations = await GenerationStore.open(options.config.stateDir);
-  const stream = await startStreamGateway(options);
+  const stream = await startStreamGateway(options, generations);
   let ports: PortGateway | null;
   let transfer: TransferServer | null;
   try {
@@ -114,10 +114,11 @@ export async function startAgent(options: StartAgentOptions): Promise<AgentHandl
 }
 
 /**
- * The stream gateway, where this host takes VNC clients holding a ticket; none when streaming
- * is turned off or the runtime has no computer-use support (stream grants then answer 501).
+ * The stream gateway, where this host takes VNC clients and terminal clients holding a ticket;
+ * none when streaming is turned off or the runtime has no computer-use support (stream and
+ * terminal grants then answer 501).
  */
-async function startStreamGateway(options: StartAgentOptions): Promise<StreamGateway | null> {
+async function startStreamGateway(options: StartAgentOptions, generations: GenerationStore): Promise<StreamGateway | null> {
   const listen = options.config.streamListen;
   if (listen === null || !options.driver.capabilities().computerUse) return null;
   const log = options.logger.child({ component: 'stream-gateway' });
@@ -126,6 +127,8 @@ async function startStreamGateway(options: StartAgentOptions): Promise<StreamGat
     port: listen.port,
     advertiseHost: options.config.address,
     open: (desktopId, viewOnly) => options.driver.openVnc(desktopId, viewOnly),
+    openTerminal: (desktopId, spec) => options.driver.openTerminal(desktopId, spec),
+    generationOf: (desktopId) => generations.get(desktopId),
     log: (msg, fields) => log.info(fields ?? {}, msg),
   });
 }

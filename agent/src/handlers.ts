@@ -28,11 +28,11 @@ import type { Static, TSchema } from '@sinclair/typebox';
 import { inputBatchProblem, type StreamClaim } from '../../shared/src/computer-use.js';
 import type { Logger } from '../../shared/src/log.js';
 import { AGENT_COMMANDS, AgentFailure, DestroyPayload, ForkPayload, HibernatePayload, PreparePayload, StartPayload, InspectPayload, parseMessage, type FenceEntry, type AgentCommand } from '../../shared/src/protocol.js';
-import { DirListPayload, DisplayGetPayload, DisplaySetPayload, ExecPayload, FileDeletePayload, FileReadPayload, FileStatPayload, FileWritePayload, ProcessPayload, SpawnPayload, ScreenshotPayload, StreamGrantPayload, InputPayload } from '../../shared/src/guest-commands.js';
+import { DirListPayload, DisplayGetPayload, DisplaySetPayload, ExecPayload, FileDeletePayload, FileReadPayload, FileStatPayload, FileWritePayload, ProcessPayload, SpawnPayload, ScreenshotPayload, StreamGrantPayload, TerminalGrantPayload, InputPayload } from '../../shared/src/guest-commands.js';
 import { WithDownload } from '../../shared/src/byte-stream.js';
 import type { RequestContext, RpcPeer } from '../../shared/src/rpc.js';
 import type { FenceKind, GenerationStore } from './generations.js';
-import type { RuntimeDriver } from './runtime/driver.js';
+import type { RuntimeDriver, TerminalSpec } from './runtime/driver.js';
 import { LeaderEpochs } from './leader-epochs.js';
 import { DesktopQueue } from './desktop-queue.js';
 import { applyFence } from './hello-fence.js';
@@ -41,6 +41,8 @@ import { DesktopMoves } from './transfer/moves.js';
 /** What the handlers need from the stream gateway (agent/src/stream/gateway.ts). */
 export interface StreamAccess {
   grant(desktopId: string, claim: StreamClaim): { ticket: string; expiresAt: Date; host: string; port: number };
+  /** A single-use terminal ticket for the desktop's generation (gateway.ts). */
+  grantTerminal(desktopId: string, generation: number, spec: TerminalSpec): { ticket: string; expiresAt: Date; host: string; port: number };
   /** True while a stream client holds the desktop's control claim. */
   controlHeld(desktopId: string): boolean;
   /** Drops the desktop's tickets, closes its connections and releases its claim. */
@@ -287,6 +289,16 @@ export class CommandHandlers {
         // The scheduler granted it for an awake desktop; the gateway checks again when the client dials.
         return this.computerUse(type, p, async () => {
           const grant = stream.grant(p.desktop_id, p.claim);
+          return { ticket: grant.ticket, expires_at: grant.expiresAt.toISOString(), host: grant.host, port: grant.port, websocket: true };
+        });
+      }
+      case 'terminal.grant': {
+        const p = parse(TerminalGrantPayload, raw, type);
+        const stream = this.stream;
+        if (stream === null) return Promise.reject(new AgentFailure('unsupported', 'terminals need the stream gateway, which is off on this host', false));
+        // Not gated by a stream control claim: a terminal is a person at the desktop, like a control stream.
+        return this.guest(type, p, async () => {
+          const grant = stream.grantTerminal(p.desktop_id, p.generation, { cols: p.cols, rows: p.rows, command: p.command });
           return { ticket: grant.ticket, expires_at: grant.expiresAt.toISOString(), host: grant.host, port: grant.port };
         });
       }

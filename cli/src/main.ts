@@ -15,6 +15,7 @@ import { DEFAULT_DATA_DIR, openDataDirDatabase } from './data-dir.js';
 import { up } from './up.js';
 import { tuneHeapForStreaming } from './heap.js';
 import { bridgeOnce, parseStreamUrl } from './vnc-bridge.js';
+import { attachTerminal, parseTerminalUrl } from './terminal-client.js';
 import { formatHostPort, parseHostPort } from '../../shared/src/host-port.js';
 import { formatFleetStatus, readFleetStatus } from './status.js';
 import { registerAdminCommands } from './admin-commands.js';
@@ -106,6 +107,15 @@ program
         process.stdout.write(`Point a VNC viewer at ${formatHostPort(listen.host, port)} (one connection: the ticket works once).\n`),
     });
     process.stdout.write('The viewer disconnected.\n');
+  });
+
+program
+  .command('terminal')
+  .description('attach this terminal to a desktop terminal: give it the url from POST /v1/desktops/{id}/terminals')
+  .argument('<terminal-url>', 'ws://host:port/terminal?ticket=…')
+  .action(async (terminalUrl: string) => {
+    const url = parseTerminalUrl(terminalUrl);
+    process.exitCode = await attachTerminal(url, { stdin: process.stdin, stdout: process.stdout, stderr: process.stderr });
   });
 
 interface DbOpts {

@@ -4,6 +4,7 @@
  * stream grants. Each is fenced by the desktop's generation but not queued behind lifecycle
  * commands, and any scheduler replica may send it.
  */
+import { TERMINAL_SIZE } from './terminal-protocol.js';
 import { Type, type Static } from '@sinclair/typebox';
 import { INPUT_LIMITS, InputAction, STREAM_CLAIMS } from './computer-use.js';
 import { DesktopRef } from './desktop-ref.js';
@@ -127,6 +128,26 @@ export const InputResult = Type.Object({ x: Type.Integer(), y: Type.Integer() })
  */
 export const StreamGrantPayload = Type.Object({ ...DesktopRef, claim: Type.Union(STREAM_CLAIMS.map((c) => Type.Literal(c))) });
 export const StreamGrantResult = Type.Object({
+  ticket: Type.String(),
+  expires_at: Type.String(),
+  host: Type.String(),
+  port: Type.Integer({ minimum: 1, maximum: 65535 }),
+  /** 1.9: the gateway also takes the ticket as a WebSocket at `ws://host:port/vnc?ticket=…`. */
+  websocket: Type.Optional(Type.Boolean()),
+});
+
+/**
+ * 1.9: a single-use ticket for a terminal inside the desktop, presented as a WebSocket at
+ * `ws://host:port/terminal?ticket=…` (shared/src/terminal-protocol.ts). `too_large` when the
+ * desktop already has its share of terminals.
+ */
+export const TerminalGrantPayload = Type.Object({
+  ...DesktopRef,
+  cols: Type.Integer({ minimum: TERMINAL_SIZE.minCols, maximum: TERMINAL_SIZE.maxCols }),
+  rows: Type.Integer({ minimum: TERMINAL_SIZE.minRows, maximum: TERMINAL_SIZE.maxRows }),
+  command: Type.Union([Type.String({ minLength: 1 }), Type.Null()]),
+});
+export const TerminalGrantResult = Type.Object({
   ticket: Type.String(),
   expires_at: Type.String(),
   host: Type.String(),

@@ -30,6 +30,9 @@
  *         agent's transfer server listens), desktop.export, desktop.import, desktop.import.abort,
  *         notification desktop.import.progress; error code `conflict` (the desktop is running);
  *         desktop.hibernate `keep_detached`.
+ *   1.9 — terminal.grant (a pty inside the desktop over a WebSocket on the stream gateway,
+ *         shared/src/terminal-protocol.ts); stream.grant result `websocket`: the gateway also
+ *         takes stream tickets as WebSockets (RFB for browsers).
  *
  * Every desktop command carries the desktop's `generation`. The agent remembers the highest
  * generation it has seen per desktop and refuses an older one with `stale_generation`: after a
@@ -44,10 +47,10 @@ import {
   DirListPayload, DirListResult, DisplayGetPayload, DisplayResult, DisplaySetPayload, ExecPayload, ExecResult,
   FileDeletePayload, FileDeleteResult, FileReadPayload, FileReadResult, FileStatPayload, FileStatResult,
   FileWritePayload, FileWriteResult, InputPayload, InputResult, ProcessPayload, ProcessResult, ScreenshotPayload,
-  ScreenshotResult, SpawnPayload, SpawnResult, StreamGrantPayload, StreamGrantResult,
+  ScreenshotResult, SpawnPayload, SpawnResult, StreamGrantPayload, StreamGrantResult, TerminalGrantPayload, TerminalGrantResult,
 } from './guest-commands.js';
 
-export const PROTOCOL_VERSION = '1.8';
+export const PROTOCOL_VERSION = '1.9';
 export const WIRE_VERSION = 1;
 
 /** True when `version` is `major.minor` or later (a version that does not parse is not). */
@@ -242,6 +245,7 @@ export const AGENT_COMMANDS = {
   'guest.screenshot': { payload: ScreenshotPayload, result: ScreenshotResult },
   'guest.input': { payload: InputPayload, result: InputResult },
   'stream.grant': { payload: StreamGrantPayload, result: StreamGrantResult },
+  'terminal.grant': { payload: TerminalGrantPayload, result: TerminalGrantResult },
   'desktop.export': { payload: ExportPayload, result: ExportResult },
   'desktop.import': { payload: ImportPayload, result: ImportResult },
   'desktop.import.abort': { payload: ImportAbortPayload, result: ImportAbortResult },

@@ -4,7 +4,7 @@
  * process. The scheduler and the agent run as processes of their own, as in production. The lifecycle baselines are the sandbox driver's own calls (what the runtime costs
  * without the API, database and agent link); the read baseline is a bare Node HTTP server
  * answering a fixed JSON body (what one HTTP round trip costs here). Guest operations are in
- * guest-ops.ts; moving a desktop between two agents in move.ts; moves and drains through the
+ * guest-ops.ts; terminals and the browser stream in terminal.ts; moving a desktop between two agents in move.ts; moves and drains through the
  * whole service in drain.ts.
  */
 import { execFileSync } from 'node:child_process';
@@ -21,6 +21,7 @@ import { benchGuestOps } from './guest-ops.js';
 import { benchFork } from './fork.js';
 import { benchWebhooks } from './webhooks.js';
 import { benchComputerUse } from './computer-use.js';
+import { benchTerminal } from './terminal.js';
 import { benchIngress } from './ingress.js';
 import { benchFailover } from './failover.js';
 import { benchMove } from './move.js';
@@ -151,6 +152,7 @@ async function main(): Promise<void> {
     if (want('guest-ops')) await benchGuestOps({ schedulerUrl: scheduler.url, apiKey: key, runtimeDir: join(dir, 'agent', 'runtime'), runs: RUNS });
     if (want('fork')) await benchFork({ schedulerUrl: scheduler.url, apiKey: key, runs: RUNS });
     if (want('computer-use')) await benchComputerUse({ schedulerUrl: scheduler.url, apiKey: key, runs: RUNS });
+    if (want('terminal')) await benchTerminal({ schedulerUrl: scheduler.url, apiKey: key, runs: RUNS });
     if (want('ingress')) {
       await benchIngress({
         schedulerUrl: scheduler.url,

@@ -54,6 +54,7 @@ const BODIES: Record<string, Json> = {
   setDisplay: { width: 1024, height: 768 },
   sendInput: { actions: [{ type: 'mouse_move', x: 10, y: 10 }] },
   createStreamTicket: { claim: 'view' },
+  createTerminalTicket: { cols: 80, rows: 24 },
   exposePort: { port: 8081 },
   createWebhook: { url: 'https://hooks.example.com/canto-fuzz', events: ['desktop.destroyed'] },
   writeFile: 'canto fuzz\n',

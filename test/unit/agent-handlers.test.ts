@@ -196,6 +196,7 @@ describe('computer use and the control claim', () => {
         if (claim === 'control') held.add(desktopId);
         return { ticket: 'stk_test', expiresAt: new Date('2030-01-01T00:00:00Z'), host: '127.0.0.1', port: 7010 };
       },
+      grantTerminal: () => ({ ticket: 'ttk_test', expiresAt: new Date('2030-01-01T00:00:00Z'), host: '127.0.0.1', port: 7010 }),
       controlHeld: (desktopId: string) => held.has(desktopId),
       release: (desktopId: string) => {
         released.push(desktopId);
@@ -214,7 +215,7 @@ describe('computer use and the control claim', () => {
     handlers = new CommandHandlers({ driver, generations: await GenerationStore.open(dir), logger: silentLogger(), stream });
     await awake();
     const grant = await handlers.handle('stream.grant', { desktop_id: D, generation: 1, claim: 'control' });
-    expect(grant).toEqual({ ticket: 'stk_test', expires_at: '2030-01-01T00:00:00.000Z', host: '127.0.0.1', port: 7010 });
+    expect(grant).toEqual({ ticket: 'stk_test', expires_at: '2030-01-01T00:00:00.000Z', host: '127.0.0.1', port: 7010, websocket: true });
     const ref = { desktop_id: D, generation: 1 };
     for (const [type, payload] of [
       ['guest.exec', exec('true')],
@@ -227,6 +228,11 @@ describe('computer use and the control claim', () => {
       expect((await failure(handlers.handle(type, payload))).code, type).toBe('control_claimed');
     }
     expect(await handlers.handle('guest.input', { ...ref, actions: [{ type: 'mouse_move', x: 3, y: 4 }] })).toEqual({ x: 3, y: 4 });
+    // A terminal is a person at the desktop too: the claim does not refuse it.
+    const terminal = { ...ref, cols: 80, rows: 24, command: null };
+    expect(await handlers.handle('terminal.grant', terminal)).toEqual({ ticket: 'ttk_test', expires_at: '2030-01-01T00:00:00.000Z', host: '127.0.0.1', port: 7010 });
+    expect((await failure(handlers.handle('terminal.grant', { ...terminal, generation: 0 }))).code).toBe('stale_generation');
+    expect((await failure(handlers.handle('terminal.grant', { ...terminal, cols: 0 }))).code).toBe('bad_request');
     // Hibernate releases the claim (its stream clients are disconnected first).
     await handlers.handle('desktop.hibernate', op());
     expect(stream.released).toEqual([D]);
@@ -251,6 +257,7 @@ describe('computer use and the control claim', () => {
     await setup();
     await awake();
     expect((await failure(handlers.handle('stream.grant', { ...ref, claim: 'view' }))).code).toBe('unsupported');
+    expect((await failure(handlers.handle('terminal.grant', { ...ref, cols: 80, rows: 24, command: null }))).code).toBe('unsupported');
   });
 
   it('re-checks the batch caps the scheduler already checked', async () => {

@@ -161,6 +161,38 @@ export interface VncSession {
   close(): void;
 }
 
+/** A terminal's size and program. */
+export interface TerminalSpec {
+  readonly cols: number;
+  readonly rows: number;
+  /** Run by `/bin/sh -c` instead of a login shell; the session ends when it exits. */
+  readonly command: string | null;
+}
+
+/**
+ * A program on a pseudo-terminal inside a desktop, for one terminal client. It ends when the
+ * program exits, when `close()` is called, or when the desktop hibernates or is destroyed; nothing
+ * started in the terminal outlives it.
+ */
+export interface TerminalSession {
+  /** Bytes the program wrote to the terminal. */
+  onData(listener: (data: Buffer) => void): void;
+  /**
+   * Bytes typed at the terminal. False when too much waits for the program to read it: send no
+   * more until `onDrain` says so (a program that does not read must not fill the agent's memory).
+   */
+  write(data: Buffer): boolean;
+  onDrain(listener: () => void): void;
+  resize(cols: number, rows: number): void;
+  /** Stops and restarts reading the program's output (backpressure). */
+  pause(): void;
+  resume(): void;
+  /** The program's exit status (128 + n for a signal), once the session is gone. */
+  readonly exited: Promise<number>;
+  /** Ends the session: kills the program and everything that still holds its terminal. */
+  close(): void;
+}
+
 /**
  * A connection to a TCP port inside a desktop, for one client of the port gateway (docs/api.md §4.7): the
  * bytes written go to the guest app, the bytes read come from it. Half-close works both ways:
@@ -237,6 +269,11 @@ export interface RuntimeDriver {
   input(desktopId: string, actions: readonly InputAction[]): Promise<CursorPosition>;
   /** Starts a VNC server on the desktop's display for one client; `viewOnly` ignores its input. */
   openVnc(desktopId: string, viewOnly: boolean): Promise<VncSession>;
+  /**
+   * Starts a program on a pseudo-terminal inside the desktop, as the guest's root user with the
+   * guest's capabilities and env file. `unsupported` when the host cannot make terminals.
+   */
+  openTerminal(desktopId: string, spec: TerminalSpec): Promise<TerminalSession>;
   /**
    * Connects to `127.0.0.1:<port>` in the desktop's own network namespace. Rejects with an
    * `AgentFailure` (`not_found`, `not_running`) when the desktop is not running here, and with an

@@ -40,6 +40,7 @@ import type {
   Screenshot,
   ScreenshotSpec,
   StartSpec,
+  TerminalSession,
   VncSession,
 } from './driver.js';
 import { FakeTransfer } from './fake-transfer.js';
@@ -323,6 +324,12 @@ export class FakeDriver implements RuntimeDriver {
   openVnc(desktopId: string): Promise<VncSession> {
     this.running(desktopId);
     return Promise.reject(new AgentFailure('unsupported', 'the fake runtime has no VNC server', false));
+  }
+
+  /** The fake has no guest to put a terminal in: terminals are a real runtime's (see the sandbox driver). */
+  openTerminal(desktopId: string): Promise<TerminalSession> {
+    this.running(desktopId);
+    return Promise.reject(new AgentFailure('unsupported', 'the fake runtime has no terminals', false));
   }
 
   /**

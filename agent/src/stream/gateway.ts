@@ -10,14 +10,21 @@
  * closed. Tickets and claims are kept by the ticket book (tickets.ts); the gateway ends a
  * connection's lease when the connection closes, which frees its claim.
  *
+ * The same port takes WebSockets for browsers (websockets.ts): `/vnc` with a stream ticket relays
+ * RFB in binary frames, `/terminal` with a terminal ticket (terminal-tickets.ts) a pty inside the
+ * desktop. A first line that starts with `GET ` is an HTTP request; a ticket never does.
+ *
  * Nothing here logs a ticket, and every timer is unref'd: the gateway never keeps the agent alive.
  */
 import type { Socket } from 'node:net';
+import type { WebSocket, WebSocketServer } from 'ws';
 import type { StreamClaim } from '../../../shared/src/computer-use.js';
 import { AgentFailure } from '../../../shared/src/protocol.js';
-import { LineListener, LINGER_MS, refuseWithLine } from '../line-listener.js';
-import type { VncSession } from '../runtime/driver.js';
+import { LineListener, LINGER_MS, MAX_HANDSHAKES, refuseWithLine } from '../line-listener.js';
+import type { TerminalSession, TerminalSpec, VncSession } from '../runtime/driver.js';
+import { TerminalTicketBook, type TerminalLease } from './terminal-tickets.js';
 import { TicketBook, type Lease } from './tickets.js';
+import { answerHttp, closeWith, isHttpRequestLine, readHttpHead, relayTerminal, relayVnc, upgrade, webSocketServer } from './websockets.js';
 
 export interface StreamGatewayOptions {
   /** Address to listen on. */
@@ -28,6 +35,10 @@ export interface StreamGatewayOptions {
   readonly advertiseHost: string;
   /** Starts a VNC server for one client (RuntimeDriver.openVnc). */
   readonly open: (desktopId: string, viewOnly: boolean) => Promise<VncSession>;
+  /** Starts a terminal for one client (RuntimeDriver.openTerminal); without it terminals are refused. */
+  readonly openTerminal?: (desktopId: string, spec: TerminalSpec) => Promise<TerminalSession>;
+  /** The desktop generation this host holds; a terminal ticket of another generation is refused. */
+  readonly generationOf?: (desktopId: string) => number | undefined;
   /** Ticket lifetime. Default 60 000 ms. */
   readonly ticketTtlMs?: number;
   /** How long a client has to send its ticket line. Default 10 000 ms. */
@@ -60,13 +71,25 @@ interface Connection {
   session: VncSession | null;
 }
 
+/** A WebSocket client (a browser's screen or terminal), from its upgrade until it closes. */
+interface WsConnection {
+  readonly desktopId: string;
+  readonly ws: WebSocket;
+}
+
 export class StreamGateway {
   private readonly book: TicketBook;
+  private readonly terminals: TerminalTicketBook;
   private readonly connections = new Set<Connection>();
+  private readonly wsConnections = new Set<WsConnection>();
+  private readonly wss: WebSocketServer = webSocketServer();
+  private readonly pending = new Set<Promise<unknown>>();
+  private readingHeads = 0;
   private listener!: LineListener;
 
   private constructor(private readonly options: StreamGatewayOptions) {
     this.book = new TicketBook(options.ticketTtlMs ?? DEFAULT_TTL_MS);
+    this.terminals = new TerminalTicketBook(options.ticketTtlMs ?? DEFAULT_TTL_MS);
   }
 
   static async start(options: StreamGatewayOptions): Promise<StreamGateway> {
@@ -78,7 +101,7 @@ export class StreamGateway {
       handshakeTimeoutMs: options.handshakeTimeoutMs ?? DEFAULT_HANDSHAKE_MS,
       name: 'stream gateway',
       log: options.log,
-      onLine: (socket, line, early) => void gateway.begin(socket, line, early),
+      onLine: (socket, line, early) => gateway.track(isHttpRequestLine(line) ? gateway.beginHttp(socket, line, early) : gateway.begin(socket, line, early)),
       // An over-long line is answered; silence and a client gone before its ticket are not.
       onNoLine: (socket, why) => (why === 'too_long' ? gateway.refuse(socket, 'invalid_ticket', null) : socket.destroy()),
     });
@@ -97,6 +120,18 @@ export class StreamGateway {
     return { ticket, expiresAt: new Date(expiresAt), host: this.options.advertiseHost, port: this.port };
   }
 
+  /**
+   * Issues a single-use terminal ticket for the desktop's current generation; `too_large` when
+   * the desktop has its share of terminals, `unsupported` when this host cannot make them.
+   */
+  grantTerminal(desktopId: string, generation: number, spec: TerminalSpec): StreamGrant {
+    if (this.listener.closing) throw new AgentFailure('runtime_error', 'the stream gateway is closed', true);
+    if (this.options.openTerminal === undefined) throw new AgentFailure('unsupported', 'this host has no terminals', false);
+    const { ticket, expiresAt } = this.terminals.issue(desktopId, generation, spec);
+    this.options.log('terminal ticket granted', { desktopId, generation, expiresAt: new Date(expiresAt).toISOString() });
+    return { ticket, expiresAt: new Date(expiresAt), host: this.options.advertiseHost, port: this.port };
+  }
+
   /** True while a client holds, or an unused ticket reserves, the desktop's control claim. */
   controlHeld(desktopId: string): boolean {
     return this.book.controlHeld(desktopId);
@@ -105,16 +140,137 @@ export class StreamGateway {
   /** The desktop stops: its unused tickets die, its connections close, its claims are free. */
   release(desktopId: string): void {
     this.book.release(desktopId);
+    this.terminals.release(desktopId);
     for (const conn of this.connections) {
       if (conn.lease.desktopId === desktopId) this.hangUp(conn);
+    }
+    for (const conn of this.wsConnections) {
+      if (conn.desktopId === desktopId) closeWith(conn.ws, 'going_away');
     }
   }
 
   async close(): Promise<void> {
     const sessions = [...this.connections].map((conn) => conn.opening.then((session) => session?.closed));
+    for (const conn of this.wsConnections) closeWith(conn.ws, 'going_away');
     const closed = this.listener.close();
     this.book.clear();
-    await Promise.all([closed, ...sessions]);
+    this.terminals.clear();
+    await Promise.all([closed, ...sessions, ...this.pending]);
+  }
+
+  /** Keeps a connection's start in view until it settles, so that `close` waits for what it opens. */
+  private track(work: Promise<void>): void {
+    this.pending.add(work);
+    void work.finally(() => this.pending.delete(work));
+  }
+
+  /** An HTTP request on the gateway's port: a WebSocket for `/vnc` or `/terminal`, or a refusal. */
+  private async beginHttp(socket: Socket, line: string, early: Buffer): Promise<void> {
+    // The line listener's cap on connections owing their first line ends with that line: request
+    // heads still being read have a cap of their own.
+    if (this.readingHeads >= MAX_HANDSHAKES) {
+      socket.destroy();
+      return;
+    }
+    this.readingHeads++;
+    const read = await readHttpHead(socket, line, early, this.options.handshakeTimeoutMs ?? DEFAULT_HANDSHAKE_MS);
+    this.readingHeads--;
+    if (read === null) return;
+    const { head, rest } = read;
+    if (head.path !== '/vnc' && head.path !== '/terminal') {
+      answerHttp(socket, 404, 'Not Found');
+      return;
+    }
+    const ws = this.listener.closing ? null : await upgrade(this.wss, socket, head, rest);
+    if (ws === null) {
+      socket.destroy();
+      return;
+    }
+    ws.on('error', () => undefined);
+    // What the client sends before its session is open (keystrokes, RFB) waits in the socket.
+    ws.pause();
+    const ticket = head.query.get('ticket') ?? '';
+    if (head.path === '/vnc') await this.serveVnc(ws, ticket, socket);
+    else await this.serveTerminal(ws, ticket, socket);
+  }
+
+  private async serveVnc(ws: WebSocket, ticket: string, socket: Socket): Promise<void> {
+    const lease = this.book.redeem(ticket);
+    if (typeof lease === 'string') {
+      this.refuseWs(ws, socket, lease, null);
+      return;
+    }
+    const since = performance.now();
+    const conn: WsConnection = { desktopId: lease.desktopId, ws };
+    this.wsConnections.add(conn);
+    ws.once('close', () => {
+      this.wsConnections.delete(conn);
+      this.book.end(lease);
+    });
+    let session: VncSession;
+    try {
+      session = await this.options.open(lease.desktopId, lease.claim === 'view');
+    } catch (err) {
+      this.refuseWs(ws, socket, isGone(err) ? 'not_running' : 'unavailable', lease.desktopId, err);
+      return;
+    }
+    if (ws.readyState !== ws.OPEN) {
+      session.close();
+      return;
+    }
+    relayVnc(ws, session);
+    this.options.log('stream session started', {
+      desktopId: lease.desktopId, claim: lease.claim, websocket: true, remote: socket.remoteAddress, ms: Math.round(performance.now() - since),
+    });
+    ws.once('close', () => this.options.log('stream session ended', {
+      desktopId: lease.desktopId, claim: lease.claim, websocket: true, durationMs: Math.round(performance.now() - since),
+    }));
+  }
+
+  private async serveTerminal(ws: WebSocket, ticket: string, socket: Socket): Promise<void> {
+    const redeemed = this.terminals.redeem(ticket);
+    if (typeof redeemed === 'string') {
+      this.refuseWs(ws, socket, redeemed, null);
+      return;
+    }
+    const lease: TerminalLease = redeemed;
+    const conn: WsConnection = { desktopId: lease.desktopId, ws };
+    this.wsConnections.add(conn);
+    ws.once('close', () => {
+      this.wsConnections.delete(conn);
+      this.terminals.end(lease);
+    });
+    // A desktop recovered elsewhere (or moved back) has a newer generation: the ticket was for the old one.
+    const held = this.options.generationOf?.(lease.desktopId);
+    if (held !== undefined && held !== lease.generation) {
+      this.refuseWs(ws, socket, 'not_running', lease.desktopId);
+      return;
+    }
+    const since = performance.now();
+    let session: TerminalSession;
+    try {
+      if (this.options.openTerminal === undefined) throw new AgentFailure('unsupported', 'this host has no terminals', false);
+      session = await this.options.openTerminal(lease.desktopId, lease.spec);
+    } catch (err) {
+      this.refuseWs(ws, socket, isGone(err) ? 'not_running' : 'unavailable', lease.desktopId, err);
+      return;
+    }
+    if (ws.readyState !== ws.OPEN) {
+      session.close();
+      return;
+    }
+    relayTerminal(ws, session);
+    this.options.log('terminal session started', { desktopId: lease.desktopId, remote: socket.remoteAddress, ms: Math.round(performance.now() - since) });
+    ws.once('close', () => this.options.log('terminal session ended', {
+      desktopId: lease.desktopId, bytesIn: socket.bytesRead, bytesOut: socket.bytesWritten, durationMs: Math.round(performance.now() - since),
+    }));
+  }
+
+  private refuseWs(ws: WebSocket, socket: Socket, code: StreamRefusal, desktopId: string | null, err?: unknown): void {
+    this.options.log('stream connection refused', {
+      code, websocket: true, remote: socket.remoteAddress, desktopId: desktopId ?? undefined, ...(err === undefined ? {} : { error: String(err) }),
+    });
+    closeWith(ws, code);
   }
 
   private async begin(socket: Socket, line: string, early: Buffer): Promise<void> {
@@ -135,8 +291,7 @@ export class StreamGateway {
     try {
       session = await opening;
     } catch (err) {
-      const gone = err instanceof AgentFailure && (err.code === 'not_running' || err.code === 'not_found');
-      this.refuse(socket, gone ? 'not_running' : 'unavailable', lease, err);
+      this.refuse(socket, isGone(err) ? 'not_running' : 'unavailable', lease, err);
       return;
     }
     if (socket.destroyed) {
@@ -194,4 +349,9 @@ export class StreamGateway {
       durationMs: Math.round(performance.now() - conn.since),
     });
   }
+}
+
+/** The desktop is not running here (any more): its sessions cannot start. */
+function isGone(err: unknown): boolean {
+  return err instanceof AgentFailure && (err.code === 'not_running' || err.code === 'not_found');
 }

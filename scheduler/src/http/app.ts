@@ -14,7 +14,7 @@ import { errorResponses } from './error-responses.js';
 import type { App, AppDeps } from './route-types.js';
 import { API_DESCRIPTION, OPERATIONS, REQUEST_EXAMPLES, TAG_DESCRIPTIONS } from './operations-doc.js';
 import { DesktopJson, OperationJson, PortExposureJson, Problem, UsageResponse, WebhookDeliveryJson, WebhookEndpointJson, ApiKeyJson, CreatedApiKeyJson } from '../api/schemas.js';
-import { INPUT_ACTION_SCHEMAS, DisplayResponse, ExecDetachedResponse, ExecResponse, FileStatJson, InputResponse, ListDirResponse, ProcessStatusResponse, ScreenshotBase64Response, StreamTicketResponse } from './guest-schemas.js';
+import { INPUT_ACTION_SCHEMAS, DisplayResponse, ExecDetachedResponse, ExecResponse, FileStatJson, InputResponse, ListDirResponse, ProcessStatusResponse, ScreenshotBase64Response, StreamTicketResponse, TerminalTicketResponse } from './guest-schemas.js';
 import { registerDesktopRoutes } from './routes/desktops.js';
 import { registerLifecycleRoutes } from './routes/lifecycle.js';
 import { registerOperationRoutes } from './routes/operations.js';
@@ -23,6 +23,7 @@ import { registerExecRoutes } from './routes/exec.js';
 import { registerFileRoutes } from './routes/files.js';
 import { registerDisplayRoutes } from './routes/display.js';
 import { registerComputerUseRoutes } from './routes/computer-use.js';
+import { registerTerminalRoutes } from './routes/terminals.js';
 import { registerWebhookRoutes } from './routes/webhooks.js';
 import { registerPortRoutes } from './routes/ports.js';
 import { registerHealthRoutes } from './routes/health.js';
@@ -65,7 +66,7 @@ export async function buildApp(deps: AppDeps): Promise<App> {
   for (const schema of [
     Problem, DesktopJson, OperationJson, UsageResponse,
     ExecResponse, ExecDetachedResponse, ProcessStatusResponse, FileStatJson, ListDirResponse, DisplayResponse,
-    ScreenshotBase64Response, InputResponse, StreamTicketResponse,
+    ScreenshotBase64Response, InputResponse, StreamTicketResponse, TerminalTicketResponse,
     WebhookEndpointJson, WebhookDeliveryJson, PortExposureJson, ApiKeyJson, CreatedApiKeyJson,
     ...INPUT_ACTION_SCHEMAS,
   ]) app.addSchema(schema);
@@ -196,6 +197,7 @@ export async function buildApp(deps: AppDeps): Promise<App> {
   registerFileRoutes(app, deps);
   registerDisplayRoutes(app, deps);
   registerComputerUseRoutes(app, deps);
+  registerTerminalRoutes(app, deps);
   registerWebhookRoutes(app, deps);
   registerPortRoutes(app, deps);
   registerKeyRoutes(app, deps);

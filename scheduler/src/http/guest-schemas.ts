@@ -6,6 +6,7 @@
 import { Type, type Static } from '@sinclair/typebox';
 import { idPattern } from '../../../shared/src/ids.js';
 import { INPUT_LIMITS, InputAction, STREAM_CLAIMS } from '../../../shared/src/computer-use.js';
+import { TERMINAL_SIZE } from '../../../shared/src/terminal-protocol.js';
 import { CLOSED, DIGITS, NO_NUL } from '../api/schemas.js';
 
 /* ------------------------------------------------------------------ guest operations */
@@ -180,10 +181,38 @@ export const StreamBody = Type.Object(
 export const StreamTicketResponse = Type.Object(
   {
     url: Type.String({ description: '`tcp://host:port/?ticket=…`: dial it, send the ticket and a newline, then speak RFB' }),
+    ws_url: Type.Optional(
+      Type.String({
+        description:
+          '`ws://host:port/vnc?ticket=…`: the same ticket as a WebSocket carrying RFB in binary frames (subprotocol `binary`, ' +
+          'as noVNC offers it). Use either URL, once. Absent when the desktop\'s host is too old to serve it.',
+      }),
+    ),
     claim: Type.Union(STREAM_CLAIMS.map((c) => Type.Literal(c))),
     expires_at: Type.String({ format: 'date-time', description: 'The ticket must be presented before this; it is single use' }),
   },
   { $id: 'StreamTicketResponse' },
+);
+
+export const TerminalBody = Type.Object(
+  {
+    cols: Type.Optional(Type.Integer({ minimum: TERMINAL_SIZE.minCols, maximum: TERMINAL_SIZE.maxCols, default: TERMINAL_SIZE.defaultCols })),
+    rows: Type.Optional(Type.Integer({ minimum: TERMINAL_SIZE.minRows, maximum: TERMINAL_SIZE.maxRows, default: TERMINAL_SIZE.defaultRows })),
+    command: Type.Optional(
+      Type.String({ minLength: 1, maxLength: 64 * 1024, pattern: NO_NUL, description: 'Run by `/bin/sh -c` instead of a login shell; the terminal ends when it exits' }),
+    ),
+  },
+  CLOSED,
+);
+
+export const TerminalTicketResponse = Type.Object(
+  {
+    url: Type.String({ description: '`ws://host:port/terminal?ticket=…`: open it as a WebSocket, once, before `expires_at`' }),
+    cols: Type.Integer(),
+    rows: Type.Integer(),
+    expires_at: Type.String({ format: 'date-time', description: 'The ticket must be presented before this; it is single use' }),
+  },
+  { $id: 'TerminalTicketResponse' },
 );
 
 export const DisplayBody = Type.Object(

@@ -20,6 +20,7 @@ export const OPERATIONS: Readonly<Record<string, { readonly operationId: string;
   'GET /v1/operations/:id': { operationId: 'getOperation', tag: 'Lifecycle' },
   'POST /v1/desktops/:id/exec': { operationId: 'execCommand', tag: 'Exec and processes' },
   'GET /v1/desktops/:id/processes/:process_id': { operationId: 'getProcess', tag: 'Exec and processes' },
+  'POST /v1/desktops/:id/terminals': { operationId: 'createTerminalTicket', tag: 'Exec and processes' },
   'GET /v1/desktops/:id/files/*': { operationId: 'readFile', tag: 'Files' },
   'PUT /v1/desktops/:id/files/*': { operationId: 'writeFile', tag: 'Files' },
   'DELETE /v1/desktops/:id/files/*': { operationId: 'deletePath', tag: 'Files' },
@@ -78,7 +79,7 @@ export const TAG_DESCRIPTIONS: Readonly<Record<string, string>> = {
   Meta: 'This document',
   Desktops: 'Create, list, read and configure desktops',
   Lifecycle: 'Wake, hibernate, destroy and fork desktops; the operations that track them',
-  'Exec and processes': 'Run commands inside an awake desktop, in the foreground or detached',
+  'Exec and processes': 'Run commands inside an awake desktop, in the foreground or detached, or open a terminal in it',
   Files: "Read, write, list and delete files in a desktop's filesystem",
   'Computer use': 'Screenshots, mouse and keyboard input, display size and live screen streams',
   Ports: "Publish a desktop's TCP ports at URLs of the port ingress",
@@ -96,6 +97,7 @@ export const REQUEST_EXAMPLES: Readonly<Record<string, unknown>> = {
   destroyDesktop: {},
   forkDesktop: { count: 2, acknowledge_shared_state: true, ephemeral: false },
   execCommand: { command: 'uname -a', timeout_secs: 30 },
+  createTerminalTicket: { cols: 120, rows: 40 },
   takeScreenshot: { encoding: 'base64', region: { x: 0, y: 0, width: 640, height: 480 }, scale_percent: 50 },
   sendInput: {
     actions: [

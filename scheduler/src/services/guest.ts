@@ -1,5 +1,6 @@
 /**
- * Guest operations (docs/api.md §4.3, 4.4): exec, detached processes and files inside an awake desktop.
+ * Guest operations (docs/api.md §4.3, 4.4, 4.6): exec, detached processes and files inside an
+ * awake desktop, and the tickets for its screen stream and its terminals.
  * The scheduler holds no guest state; each call finds the desktop (404 across orgs), requires
  * `awake` (409), requires a live link to its host (503 at once, never after a timeout), and sends
  * the agent one fenced command carrying the desktop's generation. What the agent answers maps to
@@ -214,9 +215,24 @@ export class GuestService {
   async streamTicket(orgId: string, desktopId: string, claim: StreamClaim) {
     const target = await this.target(orgId, desktopId);
     const grant = await this.run(target, 'stream.grant', { ...target.ref, claim }, GUEST_OP_TIMEOUT_MS);
+    const hostPort = formatHostPort(grant.host, grant.port);
+    const ticket = encodeURIComponent(grant.ticket);
     return {
-      url: `tcp://${formatHostPort(grant.host, grant.port)}/?ticket=${encodeURIComponent(grant.ticket)}`,
+      url: `tcp://${hostPort}/?ticket=${ticket}`,
+      ...(grant.websocket === true ? { ws_url: `ws://${hostPort}/vnc?ticket=${ticket}` } : {}),
       claim,
+      expires_at: grant.expires_at,
+    };
+  }
+
+  /** A single-use terminal ticket from the desktop's agent, as the WebSocket URL the client opens. */
+  async terminalTicket(orgId: string, desktopId: string, spec: { cols: number; rows: number; command: string | null }) {
+    const target = await this.target(orgId, desktopId);
+    const grant = await this.run(target, 'terminal.grant', { ...target.ref, ...spec }, GUEST_OP_TIMEOUT_MS);
+    return {
+      url: `ws://${formatHostPort(grant.host, grant.port)}/terminal?ticket=${encodeURIComponent(grant.ticket)}`,
+      cols: spec.cols,
+      rows: spec.rows,
       expires_at: grant.expires_at,
     };
   }
@@ -273,6 +289,7 @@ export class GuestService {
       case 'path_conflict':
         return err.currentSize !== undefined ? errors.appendMismatch(err.currentSize) : errors.pathConflict(err.message);
       case 'too_large':
+        if (command === 'terminal.grant') return errors.terminalLimit();
         return command === 'guest.screenshot'
           ? errors.tooLarge('the image is over the 8 MiB cap; retry with region or scale_percent')
           : errors.tooLarge(err.message);

@@ -302,9 +302,29 @@ export interface paths {
         put?: never;
         /**
          * Get a single-use ticket for a live VNC stream of the display
-         * @description Dial the returned `tcp://host:port`, send the ticket followed by a newline, and speak RFB (VNC) from the server's greeting on; a refused ticket gets `ERR <reason>` and a close. Tickets live 60 s and work once. A `control` claim is held from the grant until its connection closes (or the unused ticket expires); meanwhile exec and file routes answer 409 and a second `control` claim is 409.
+         * @description Dial the returned `tcp://host:port`, send the ticket followed by a newline, and speak RFB (VNC) from the server's greeting on; a refused ticket gets `ERR <reason>` and a close. Browsers open `ws_url` instead: the same ticket as a WebSocket with RFB in binary frames (subprotocol `binary`, as noVNC offers); a refused ticket closes it with 4401 invalid_ticket, 4410 expired_ticket, 4409 not_running or 4503 unavailable. Tickets live 60 s and work once, by either URL. A `control` claim is held from the grant until its connection closes (or the unused ticket expires); meanwhile exec and file routes answer 409 and a second `control` claim is 409.
          */
         post: operations["createStreamTicket"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/desktops/{id}/terminals": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * Get a single-use ticket for a terminal (a pty) inside an awake desktop
+         * @description Open the returned `ws://` URL as a WebSocket within 60 s; the ticket works once. The terminal runs the guest's login shell (or `command` with `/bin/sh -c`) as root inside the desktop with /root/.canto/env applied, TERM=xterm-256color, at `cols` x `rows` (default 80x24). Binary frames carry the terminal's bytes both ways. Text frames carry JSON control messages: send `{"type":"resize","cols":C,"rows":R}`; once the program exits and its output was sent you get `{"type":"exit","exit_code":N}` (128 + n for a signal) and a close with code 1000. Closing the socket ends the terminal and kills everything started in it that still holds it. Hibernate, destroy and moves close it with 1001. A refused ticket completes the upgrade and closes with a code and reason: 1000 done, 1001 going_away, 1008 bad_frame, 4401 invalid_ticket, 4409 not_running, 4410 expired_ticket, 4503 unavailable. A desktop has at most 8 terminals (open or granted) at once: one more is 409. An open terminal does not keep the desktop awake: the idle timeout counts from the last wake. Terminals are not refused while a stream client holds the control claim.
+         */
+        post: operations["createTerminalTicket"];
         delete?: never;
         options?: never;
         head?: never;
@@ -714,6 +734,19 @@ export interface components {
              */
             expires_at: string;
             /** @description `tcp://host:port/?ticket=…`: dial it, send the ticket and a newline, then speak RFB */
+            url: string;
+            /** @description `ws://host:port/vnc?ticket=…`: the same ticket as a WebSocket carrying RFB in binary frames (subprotocol `binary`, as noVNC offers it). Use either URL, once. Absent when the desktop's host is too old to serve it. */
+            ws_url?: string;
+        };
+        TerminalTicketResponse: {
+            cols: number;
+            /**
+             * Format: date-time
+             * @description The ticket must be presented before this; it is single use
+             */
+            expires_at: string;
+            rows: number;
+            /** @description `ws://host:port/terminal?ticket=…`: open it as a WebSocket, once, before `expires_at` */
             url: string;
         };
         UsageResponse: {
@@ -2975,6 +3008,137 @@ export interface operations {
                 };
                 content: {
                     "application/json": components["schemas"]["StreamTicketResponse"];
+                };
+            };
+            /** @description RFC 9457 problem details */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description RFC 9457 problem details */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description RFC 9457 problem details */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description RFC 9457 problem details */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description RFC 9457 problem details */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description RFC 9457 problem details */
+            415: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description RFC 9457 problem details */
+            500: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description RFC 9457 problem details */
+            501: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description RFC 9457 problem details; retryable, after Retry-After seconds when given */
+            503: {
+                headers: {
+                    /** @description Seconds to wait before retrying */
+                    "Retry-After"?: number;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description RFC 9457 problem details */
+            504: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+        };
+    };
+    createTerminalTicket: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                id: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: {
+            content: {
+                /**
+                 * @example {
+                 *       "cols": 120,
+                 *       "rows": 40
+                 *     }
+                 */
+                "application/json": {
+                    /** @default 80 */
+                    cols?: number;
+                    /** @description Run by `/bin/sh -c` instead of a login shell; the terminal ends when it exits */
+                    command?: string;
+                    /** @default 24 */
+                    rows?: number;
+                };
+            };
+        };
+        responses: {
+            /** @description Default Response */
+            201: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["TerminalTicketResponse"];
                 };
             };
             /** @description RFC 9457 problem details */

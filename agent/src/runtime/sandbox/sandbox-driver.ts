@@ -42,6 +42,8 @@ import type {
   Screenshot,
   ScreenshotSpec,
   StartSpec,
+  TerminalSession,
+  TerminalSpec,
   VncSession,
 } from '../driver.js';
 import { applyTier, drainAndRemove, removeIfEmpty } from './cgroups.js';
@@ -52,6 +54,7 @@ import { resolveTool } from './tools.js';
 import { reapplyRecordedDisplay, resizeAndRecord } from './guest-display.js';
 import { runInput } from './guest-input.js';
 import { VncSessions } from './guest-vnc.js';
+import { TerminalSessions } from './guest-terminal.js';
 import { GuestPorts } from './guest-ports.js';
 import { guestExec, MAX_OUTPUT_BYTES } from './guest-exec.js';
 import { NESTED_MOUNTPOINTS } from './guest-init.js';
@@ -98,6 +101,7 @@ export class SandboxDriver implements RuntimeDriver {
   readonly transfer: SandboxTransfer;
   private readonly guest: GuestOperations;
   private readonly vnc: VncSessions;
+  private readonly terminals: TerminalSessions;
   private readonly ports: GuestPorts;
   private readonly log: (msg: string, fields?: object) => void;
 
@@ -112,6 +116,12 @@ export class SandboxDriver implements RuntimeDriver {
     this.guest = new GuestOperations(stateDir, tools.nsenter, (paths) => this.runningInit(paths), this.log);
     const fenced = (desktopId: string) => this.guest.inFlight.fenced(desktopId);
     this.vnc = new VncSessions({
+      nsenterPath: tools.nsenter,
+      init: (desktopId) => this.guest.runningInitOf(desktopId),
+      fenced,
+      log: this.log,
+    });
+    this.terminals = new TerminalSessions({
       nsenterPath: tools.nsenter,
       init: (desktopId) => this.guest.runningInitOf(desktopId),
       fenced,
@@ -212,8 +222,9 @@ export class SandboxDriver implements RuntimeDriver {
       }
       const t0 = performance.now();
       await this.guest.inFlight.drain(desktopId, FILE_OP_GRACE_MS);
-      // A VNC server's pipes lead out of the guest: CRIU cannot dump them.
+      // A VNC server's pipes and a terminal's pty lead out of the guest: CRIU cannot dump them.
       await this.vnc.closeAll(desktopId);
+      await this.terminals.closeAll(desktopId);
       // The port forwarder is outside the dumped tree but holds the guest's network namespace and
       // connections into it; the guest's ends of those are dumped closed (criu.ts, --tcp-close).
       await this.ports.closeAll(desktopId);
@@ -248,6 +259,7 @@ export class SandboxDriver implements RuntimeDriver {
       // No grace: whatever a file operation would finish is about to be deleted.
       await this.guest.inFlight.drain(desktopId, 0);
       await this.vnc.closeAll(desktopId);
+      await this.terminals.closeAll(desktopId);
       await this.ports.closeAll(desktopId);
       await this.guest.reset(desktopId);
       const init = await this.runningInit(paths);
@@ -307,6 +319,10 @@ export class SandboxDriver implements RuntimeDriver {
 
   openVnc(desktopId: string, viewOnly: boolean): Promise<VncSession> {
     return this.vnc.open(desktopId, viewOnly);
+  }
+
+  openTerminal(desktopId: string, spec: TerminalSpec): Promise<TerminalSession> {
+    return this.terminals.open(desktopId, spec);
   }
 
   openGuestPort(desktopId: string, port: number): Promise<GuestConnection> {
@@ -373,6 +389,7 @@ export class SandboxDriver implements RuntimeDriver {
   async close(): Promise<void> {
     // VNC sessions are the agent's: their clients are gone with it.
     await this.vnc.close();
+    await this.terminals.close();
     await this.ports.close();
     await this.guest.close();
     await this.mutex.idle();

@@ -67,7 +67,9 @@ export function registerComputerUseRoutes(app: App, deps: AppDeps): void {
         summary: 'Get a single-use ticket for a live VNC stream of the display',
         description:
           'Dial the returned `tcp://host:port`, send the ticket followed by a newline, and speak RFB (VNC) from the ' +
-          "server's greeting on; a refused ticket gets `ERR <reason>` and a close. Tickets live 60 s and work once. " +
+          "server's greeting on; a refused ticket gets `ERR <reason>` and a close. Browsers open `ws_url` instead: the same " +
+          'ticket as a WebSocket with RFB in binary frames (subprotocol `binary`, as noVNC offers); a refused ticket closes it ' +
+          'with 4401 invalid_ticket, 4410 expired_ticket, 4409 not_running or 4503 unavailable. Tickets live 60 s and work once, by either URL. ' +
           'A `control` claim is held from the grant until its connection closes (or the unused ticket expires); ' +
           'meanwhile exec and file routes answer 409 and a second `control` claim is 409.',
         params: DesktopIdParams,
