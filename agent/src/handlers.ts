@@ -5,7 +5,8 @@
  * 1. validate the payload against its protocol schema (`bad_request` otherwise);
  * 2. wait its turn behind earlier lifecycle commands for the same desktop;
  * 3. fence: refuse a generation older than the one this host holds (`stale_generation`);
- * 4. call the driver, translating snake_case wire fields into the driver's camelCase specs;
+ * 4. run the command's entry of the typed table in command-table.ts, which calls the driver,
+ *    translating snake_case wire fields into the driver's camelCase specs;
  * 5. translate the result back and validate it against the result schema before it leaves, so a
  *    driver bug shows up here as a clear error instead of as a malformed reply on the scheduler.
  *
@@ -24,30 +25,19 @@
  * Driver errors that are not already an `AgentFailure` become a non-retryable `runtime_error`
  * with a short message; the full error goes to the log only.
  */
-import type { Static, TSchema } from '@sinclair/typebox';
-import { inputBatchProblem, type StreamClaim } from '../../shared/src/computer-use.js';
 import type { Logger } from '../../shared/src/log.js';
-import { AGENT_COMMANDS, AgentFailure, DestroyPayload, ForkPayload, HibernatePayload, PreparePayload, StartPayload, InspectPayload, parseMessage, type FenceEntry, type AgentCommand } from '../../shared/src/protocol.js';
-import { DirListPayload, DisplayGetPayload, DisplaySetPayload, ExecPayload, FileDeletePayload, FileReadPayload, FileStatPayload, FileWritePayload, ProcessPayload, SpawnPayload, ScreenshotPayload, StreamGrantPayload, TerminalGrantPayload, InputPayload } from '../../shared/src/guest-commands.js';
+import { AGENT_COMMANDS, AgentFailure, parseMessage, type AgentCommand, type CommandPayload, type FenceEntry } from '../../shared/src/protocol.js';
 import { WithDownload } from '../../shared/src/byte-stream.js';
 import type { RequestContext, RpcPeer } from '../../shared/src/rpc.js';
 import type { FenceKind, GenerationStore } from './generations.js';
-import type { RuntimeDriver, TerminalSpec } from './runtime/driver.js';
+import type { RuntimeDriver } from './runtime/driver.js';
 import { LeaderEpochs } from './leader-epochs.js';
 import { DesktopQueue } from './desktop-queue.js';
 import { applyFence } from './hello-fence.js';
 import { DesktopMoves } from './transfer/moves.js';
+import { commandTable, type CommandContext, type CommandHandler, type CommandTable, type StreamAccess } from './command-table.js';
 
-/** What the handlers need from the stream gateway (agent/src/stream/gateway.ts). */
-export interface StreamAccess {
-  grant(desktopId: string, claim: StreamClaim): { ticket: string; expiresAt: Date; host: string; port: number };
-  /** A single-use terminal ticket for the desktop's generation (gateway.ts). */
-  grantTerminal(desktopId: string, generation: number, spec: TerminalSpec): { ticket: string; expiresAt: Date; host: string; port: number };
-  /** True while a stream client holds the desktop's control claim. */
-  controlHeld(desktopId: string): boolean;
-  /** Drops the desktop's tickets, closes its connections and releases its claim. */
-  release(desktopId: string): void;
-}
+export { DEFAULT_MAX_OUTPUT_BYTES, type CommandContext, type StreamAccess } from './command-table.js';
 
 export interface HandlerDeps {
   readonly driver: RuntimeDriver;
@@ -63,8 +53,6 @@ export interface HandlerDeps {
   readonly moves?: DesktopMoves;
 }
 
-/** A request's context, with a way to notify the scheduler link it came on. */
-export type CommandContext = RequestContext & { readonly notify?: (type: string, payload: unknown) => void };
 
 interface DesktopCommand {
   readonly desktop_id: string;
@@ -74,8 +62,6 @@ interface DesktopCommand {
 }
 
 const MAX_ERROR_MESSAGE = 200;
-/** Output kept per stream of a synchronous exec when the scheduler names no cap. */
-export const DEFAULT_MAX_OUTPUT_BYTES = 1024 * 1024;
 const NO_CONTEXT: RequestContext = { upload: null };
 
 export class CommandHandlers {
@@ -87,6 +73,7 @@ export class CommandHandlers {
   private readonly metrics: HandlerDeps['metrics'] | null;
   private readonly queue = new DesktopQueue();
   private readonly moves: DesktopMoves;
+  private readonly table: CommandTable;
 
   constructor(deps: HandlerDeps) {
     this.driver = deps.driver;
@@ -96,6 +83,18 @@ export class CommandHandlers {
     this.epochs = deps.leaderEpochs ?? new LeaderEpochs();
     this.metrics = deps.metrics ?? null;
     this.moves = deps.moves ?? new DesktopMoves({ driver: deps.driver, source: null, url: null, log: () => undefined });
+    this.table = commandTable({
+      driver: this.driver,
+      generations: this.generations,
+      stream: this.stream,
+      moves: this.moves,
+      lifecycle: (type, cmd, fence, work) => this.lifecycle(type, cmd, fence, work),
+      guest: (type, cmd, work) => this.guest(type, cmd, work),
+      exclusive: (type, cmd, work) => this.exclusive(type, cmd, work),
+      computerUse: (type, cmd, work) => this.computerUse(type, cmd, work),
+      queued: (desktopId, work) => this.queue.run(desktopId, work),
+      current: (cmd) => this.current(cmd),
+    });
   }
 
   /** Stops the desktops a hello reply names, before the host reports ready (hello-fence.ts). */
@@ -129,195 +128,24 @@ export class CommandHandlers {
     }
   }
 
-  private dispatch(type: AgentCommand, raw: unknown, context: CommandContext): Promise<unknown> {
-    switch (type) {
-      case 'desktop.prepare': {
-        const p = parse(PreparePayload, raw, type);
-        return this.lifecycle(type, p, 'command', async () => {
-          await this.driver.prepare(p.desktop_id, p.tier);
-          return {};
-        });
-      }
-      case 'desktop.start': {
-        const p = parse(StartPayload, raw, type);
-        const firstBoot = p.first_boot && { env: p.first_boot.env, setupScript: p.first_boot.setup_script };
-        return this.lifecycle(type, p, 'command', async () => {
-          await this.moves.starting(p.desktop_id);
-          const { restored } = await this.driver.start({ desktopId: p.desktop_id, tier: p.tier, firstBoot });
-          return { restored };
-        });
-      }
-      case 'desktop.hibernate': {
-        const p = parse(HibernatePayload, raw, type);
-        return this.lifecycle(type, p, 'command', async () => {
-          // Stream clients are disconnected (their VNC servers cannot be snapshotted) and lose their claims.
-          this.stream?.release(p.desktop_id);
-          const { snapshot } = await this.driver.hibernate(p.desktop_id, { keepDetached: p.keep_detached === true });
-          return { snapshot };
-        });
-      }
-      case 'desktop.fork': {
-        const p = parse(ForkPayload, raw, type);
-        // Queued on the source, so no wake can restore (and delete) the snapshot being copied.
-        return this.lifecycle(type, p, 'command', async () => {
-          for (const f of p.forks) await this.generations.check(f.desktop_id, f.generation);
-          this.moves.forking(p.desktop_id);
-          return this.driver.fork(p.desktop_id, p.forks.map((f) => f.desktop_id));
-        });
-      }
-      case 'desktop.destroy': {
-        const p = parse(DestroyPayload, raw, type);
-        if (this.current(p)) this.moves.cancelImport(p.desktop_id);
-        return this.lifecycle(type, p, 'destroy', async () => {
-          this.stream?.release(p.desktop_id);
-          await this.driver.destroy(p.desktop_id);
-          await this.moves.destroyed(p.desktop_id);
-          // Only after the disk is gone: if destroy fails, the scheduler retries a live desktop.
-          await this.generations.forget(p.desktop_id);
-          return {};
-        });
-      }
-      case 'desktop.inspect': {
-        const p = parse(InspectPayload, raw, type);
-        return this.queue.run(p.desktop_id, async () => {
-          const held = (await this.driver.list()).find((d) => d.desktopId === p.desktop_id);
-          return { running: held?.running ?? false, has_snapshot: held?.hasSnapshot ?? false };
-        });
-      }
-      case 'guest.exec': {
-        const p = parse(ExecPayload, raw, type);
-        return this.exclusive(type, p, async () => {
-          const out = await this.driver.exec(p.desktop_id, {
-            command: p.command,
-            timeoutMs: p.timeout_ms,
-            maxOutputBytes: p.max_output_bytes ?? DEFAULT_MAX_OUTPUT_BYTES,
-          });
-          return {
-            exit_code: out.exitCode,
-            stdout: out.stdout,
-            stderr: out.stderr,
-            stdout_truncated: out.stdoutTruncated,
-            stderr_truncated: out.stderrTruncated,
-          };
-        });
-      }
-      case 'guest.spawn': {
-        const p = parse(SpawnPayload, raw, type);
-        return this.exclusive(type, p, async () => {
-          await this.driver.spawnDetached(p.desktop_id, { processId: p.process_id, command: p.command });
-          return {};
-        });
-      }
-      case 'guest.process': {
-        const p = parse(ProcessPayload, raw, type);
-        return this.guest(type, p, async () => {
-          const st = await this.driver.processStatus(p.desktop_id, p.process_id, p.tail_bytes);
-          if (st === null) return { found: false, status: 'lost', exit_code: null, stdout_tail: '', stderr_tail: '' };
-          return { found: true, status: st.status, exit_code: st.exitCode, stdout_tail: st.stdoutTail, stderr_tail: st.stderrTail };
-        });
-      }
-      case 'guest.file.read': {
-        const p = parse(FileReadPayload, raw, type);
-        return this.exclusive(type, p, async () => {
-          const read = await this.driver.readFile(p.desktop_id, {
-            path: p.path,
-            offset: p.offset,
-            length: p.length,
-            maxWholeBytes: p.max_whole_bytes,
-          });
-          return new WithDownload({ size: read.size, length: read.length, eof: read.eof }, read.body);
-        });
-      }
-      case 'guest.file.write': {
-        const p = parse(FileWritePayload, raw, type);
-        const upload = context.upload;
-        if (upload === null) return Promise.reject(new AgentFailure('bad_request', 'guest.file.write needs an upload', false));
-        return this.exclusive(type, p, async () => {
-          await this.driver.writeFile(p.desktop_id, { path: p.path, appendAt: p.append_at }, upload);
-          return {};
-        });
-      }
-      case 'guest.file.delete': {
-        const p = parse(FileDeletePayload, raw, type);
-        return this.exclusive(type, p, async () => {
-          await this.driver.deletePath(p.desktop_id, p.path, p.recursive);
-          return {};
-        });
-      }
-      case 'guest.file.stat': {
-        const p = parse(FileStatPayload, raw, type);
-        return this.exclusive(type, p, async () => {
-          const st = await this.driver.statPath(p.desktop_id, p.path);
-          return { file_type: st.fileType, size_bytes: st.sizeBytes, modified_at: st.modifiedAt, mode: st.mode };
-        });
-      }
-      case 'guest.dir.list': {
-        const p = parse(DirListPayload, raw, type);
-        return this.exclusive(type, p, async () => {
-          const list = await this.driver.listDir(p.desktop_id, p.path, p.limit);
-          return {
-            entries: list.entries.map((e) => ({ name: e.name, file_type: e.fileType, size_bytes: e.sizeBytes, modified_at: e.modifiedAt })),
-            truncated: list.truncated,
-          };
-        });
-      }
-      case 'guest.display.get': {
-        const p = parse(DisplayGetPayload, raw, type);
-        return this.computerUse(type, p, () => this.driver.getDisplay(p.desktop_id));
-      }
-      case 'guest.display.set': {
-        const p = parse(DisplaySetPayload, raw, type);
-        return this.computerUse(type, p, () => this.driver.setDisplay(p.desktop_id, { width: p.width, height: p.height }));
-      }
-      case 'guest.screenshot': {
-        const p = parse(ScreenshotPayload, raw, type);
-        return this.computerUse(type, p, async () => {
-          const shot = await this.driver.screenshot(p.desktop_id, { region: p.region, scalePercent: p.scale_percent, maxBytes: p.max_bytes });
-          return { png: shot.png, width: shot.width, height: shot.height };
-        });
-      }
-      case 'guest.input': {
-        const p = parse(InputPayload, raw, type);
-        const problem = inputBatchProblem(p.actions);
-        if (problem !== null) return Promise.reject(new AgentFailure('bad_request', problem, false));
-        return this.computerUse(type, p, () => this.driver.input(p.desktop_id, p.actions));
-      }
-      case 'stream.grant': {
-        const p = parse(StreamGrantPayload, raw, type);
-        const stream = this.stream;
-        if (stream === null) return Promise.reject(new AgentFailure('unsupported', 'streaming is turned off on this host', false));
-        // The scheduler granted it for an awake desktop; the gateway checks again when the client dials.
-        return this.computerUse(type, p, async () => {
-          const grant = stream.grant(p.desktop_id, p.claim);
-          return { ticket: grant.ticket, expires_at: grant.expiresAt.toISOString(), host: grant.host, port: grant.port, websocket: true };
-        });
-      }
-      case 'terminal.grant': {
-        const p = parse(TerminalGrantPayload, raw, type);
-        const stream = this.stream;
-        if (stream === null) return Promise.reject(new AgentFailure('unsupported', 'terminals need the stream gateway, which is off on this host', false));
-        // Not gated by a stream control claim: a terminal is a person at the desktop, like a control stream.
-        return this.guest(type, p, async () => {
-          const grant = stream.grantTerminal(p.desktop_id, p.generation, { cols: p.cols, rows: p.rows, command: p.command });
-          return { ticket: grant.ticket, expires_at: grant.expiresAt.toISOString(), host: grant.host, port: grant.port };
-        });
-      }
-      case 'desktop.export':
-      case 'desktop.import':
-      case 'desktop.import.abort':
-        return this.moves.command(type, raw, { lifecycle: (p, work) => this.lifecycle(type, p, 'command', work), current: (p) => this.current(p), notify: context.notify });
-      default: {
-        const unknown: never = type;
-        return Promise.reject(new AgentFailure('unsupported', `unknown command ${String(unknown)}`, false));
-      }
+  /** Validates the payload, then hands it to the command's entry of the table (command-table.ts). */
+  private dispatch<C extends AgentCommand>(type: C, raw: unknown, context: CommandContext): Promise<unknown> {
+    let p: CommandPayload<C>;
+    try {
+      p = parseMessage(AGENT_COMMANDS[type].payload, raw, `${type} payload`) as CommandPayload<C>;
+    } catch (err) {
+      return Promise.reject(err);
     }
+    const handler = this.table[type] as CommandHandler<C> | undefined;
+    if (handler === undefined) return Promise.reject(new AgentFailure('unsupported', `unknown command ${String(type)}`, false));
+    return handler(p, context);
   }
 
   /**
    * An exec or file operation: refused while a stream client holds the control claim, so the
    * person driving the desktop is not raced by an API client changing it underneath.
    */
-  private exclusive(type: AgentCommand, cmd: DesktopCommand, work: () => Promise<unknown>): Promise<unknown> {
+  private exclusive<T>(type: AgentCommand, cmd: DesktopCommand, work: () => Promise<T>): Promise<T> {
     if (this.stream?.controlHeld(cmd.desktop_id) === true) {
       return Promise.reject(new AgentFailure('control_claimed', 'a stream client holds the control claim', false));
     }
@@ -325,7 +153,7 @@ export class CommandHandlers {
   }
 
   /** Screenshots, input, display and streams: only on a driver with computer-use support. */
-  private computerUse(type: AgentCommand, cmd: DesktopCommand, work: () => Promise<unknown>): Promise<unknown> {
+  private computerUse<T>(type: AgentCommand, cmd: DesktopCommand, work: () => Promise<T>): Promise<T> {
     if (!this.driver.capabilities().computerUse) {
       return Promise.reject(new AgentFailure('unsupported', 'this host has no computer-use support', false));
     }
@@ -333,7 +161,7 @@ export class CommandHandlers {
   }
 
   /** A guest operation: fenced, but not queued behind lifecycle commands. */
-  private guest(type: AgentCommand, cmd: DesktopCommand, work: () => Promise<unknown>): Promise<unknown> {
+  private guest<T>(type: AgentCommand, cmd: DesktopCommand, work: () => Promise<T>): Promise<T> {
     // Guest operations are frequent: they log at debug, lifecycle commands at info.
     return this.guarded(
       type,
@@ -352,12 +180,7 @@ export class CommandHandlers {
   }
 
   /** Queues a fenced lifecycle command behind earlier ones for the same desktop. */
-  private lifecycle(
-    type: AgentCommand,
-    cmd: DesktopCommand,
-    fence: FenceKind,
-    work: () => Promise<unknown>,
-  ): Promise<unknown> {
+  private lifecycle<T>(type: AgentCommand, cmd: DesktopCommand, fence: FenceKind, work: () => Promise<T>): Promise<T> {
     return this.queue.run(cmd.desktop_id, () =>
       this.guarded(type, cmd, async () => {
         this.epochs.admit(cmd.leader_epoch);
@@ -368,12 +191,7 @@ export class CommandHandlers {
   }
 
   /** Logs the outcome and turns unexpected errors into short, non-retryable `runtime_error`s. */
-  private async guarded(
-    type: AgentCommand,
-    cmd: DesktopCommand,
-    work: () => Promise<unknown>,
-    level: 'info' | 'debug' = 'info',
-  ): Promise<unknown> {
+  private async guarded<T>(type: AgentCommand, cmd: DesktopCommand, work: () => Promise<T>, level: 'info' | 'debug' = 'info'): Promise<T> {
     // Only identifiers are logged: payloads can carry first-boot env values and exec commands.
     const fields = { type, desktop_id: cmd.desktop_id, generation: cmd.generation, operation_id: cmd.operation_id };
     const started = performance.now();
@@ -397,10 +215,6 @@ export class CommandHandlers {
       throw new AgentFailure('runtime_error', shortMessage(type, err), false);
     }
   }
-}
-
-function parse<S extends TSchema>(schema: S, value: unknown, type: AgentCommand): Static<S> {
-  return parseMessage(schema, value, `${type} payload`);
 }
 
 function shortMessage(type: AgentCommand, err: unknown): string {

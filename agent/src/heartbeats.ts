@@ -14,7 +14,7 @@ import type WebSocket from 'ws';
 import type { Logger } from '../../shared/src/log.js';
 import { HeartbeatPayload, parseMessage } from '../../shared/src/protocol.js';
 import type { RpcPeer } from '../../shared/src/rpc.js';
-import type { RuntimeDriver } from './runtime/driver.js';
+import type { DesktopLifecycle } from './runtime/driver.js';
 
 const SILENT_REPLICA_MS = 5_000;
 
@@ -34,7 +34,7 @@ export class Heartbeats {
   private intervalMs = 1_000;
 
   constructor(
-    private readonly driver: RuntimeDriver,
+    private readonly driver: Pick<DesktopLifecycle, 'list'>,
     private readonly links: () => BeatingLink[],
     private readonly log: Logger,
   ) {}

@@ -9,12 +9,12 @@ import type { Logger } from '../../shared/src/log.js';
 import { AgentFailure, type FenceEntry } from '../../shared/src/protocol.js';
 import type { DesktopQueue } from './desktop-queue.js';
 import type { GenerationStore } from './generations.js';
-import type { RuntimeDriver } from './runtime/driver.js';
+import type { DesktopLifecycle } from './runtime/driver.js';
 
 export interface FenceDeps {
   readonly queue: DesktopQueue;
   readonly generations: GenerationStore;
-  readonly driver: RuntimeDriver;
+  readonly driver: Pick<DesktopLifecycle, 'list' | 'hibernate'>;
   /** Closes the desktop's streams, which cannot be snapshotted. */
   releaseStreams(desktopId: string): void;
   readonly log: Logger;

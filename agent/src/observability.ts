@@ -7,12 +7,12 @@
 import { createServer, type Server } from 'node:http';
 import type { AddressInfo } from 'node:net';
 import { collectDefaultMetrics, Counter, Gauge, Histogram, Registry } from 'prom-client';
-import type { RuntimeDriver } from './runtime/driver.js';
+import type { DesktopLifecycle } from './runtime/driver.js';
 
 export interface AgentProbeSources {
   linkedReplicas(): string[];
   leaderEpoch(): number;
-  readonly driver: RuntimeDriver;
+  readonly driver: Pick<DesktopLifecycle, 'list'>;
 }
 
 export class AgentMetrics {

@@ -209,10 +209,9 @@ export interface DesktopStatus {
   readonly hasSnapshot: boolean;
 }
 
-export interface RuntimeDriver {
+/** The desktop's life on this host: disks, starts and stops, forks. Every driver has it. */
+export interface DesktopLifecycle {
   capabilities(): RuntimeCapabilities;
-  /** Moving stopped desktops to and from other hosts (transfer.ts); absent when the driver cannot. */
-  readonly transfer?: DesktopTransfer;
   /** Creates the desktop's disk (its writable layer) if it does not exist yet. */
   prepare(desktopId: string, tier: Tier): Promise<void>;
   /** Restores from the memory snapshot when there is one, else boots cold. */
@@ -231,6 +230,14 @@ export interface RuntimeDriver {
    * Returns whether the forks carry a memory snapshot.
    */
   fork(sourceId: string, forkIds: readonly string[]): Promise<{ snapshot: boolean }>;
+  /** Desktops this host holds a disk for. */
+  list(): Promise<DesktopStatus[]>;
+  /** Releases driver resources; running desktops keep running. */
+  close(): Promise<void>;
+}
+
+/** Commands and files inside a running desktop (docs/api.md §4.3, 4.4). */
+export interface GuestOperations {
   /** Runs `/bin/sh -c command` inside the desktop as root, in its namespaces and root. */
   exec(desktopId: string, spec: ExecSpec): Promise<ExecOutcome>;
   /**
@@ -250,6 +257,13 @@ export interface RuntimeDriver {
   statPath(desktopId: string, path: GuestPath): Promise<FileStat>;
   /** Follows a symlinked directory; entries are not followed. */
   listDir(desktopId: string, path: GuestPath, limit: number): Promise<DirListing>;
+}
+
+/**
+ * Seeing and driving the screen, and terminals: a driver without computer-use support says so in
+ * `capabilities()`, and the agent answers `unsupported` before calling these.
+ */
+export interface ComputerUse {
   /** The display's current geometry, read live from the guest's X server. */
   getDisplay(desktopId: string): Promise<DisplaySize>;
   /**
@@ -274,14 +288,23 @@ export interface RuntimeDriver {
    * guest's capabilities and env file. `unsupported` when the host cannot make terminals.
    */
   openTerminal(desktopId: string, spec: TerminalSpec): Promise<TerminalSession>;
+}
+
+/** TCP ports of the desktop's apps, for the port gateway (docs/api.md §4.7). */
+export interface PortAccess {
   /**
    * Connects to `127.0.0.1:<port>` in the desktop's own network namespace. Rejects with an
    * `AgentFailure` (`not_found`, `not_running`) when the desktop is not running here, and with an
    * error whose `code` is `ECONNREFUSED` when nothing accepts connections on the port.
    */
   openGuestPort(desktopId: string, port: number): Promise<GuestConnection>;
-  /** Desktops this host holds a disk for. */
-  list(): Promise<DesktopStatus[]>;
-  /** Releases driver resources; running desktops keep running. */
-  close(): Promise<void>;
+}
+
+/**
+ * A runtime driver: each capability above, and moving desktops between hosts when it can. The
+ * agent's command table (command-table.ts) is the only caller of most of it.
+ */
+export interface RuntimeDriver extends DesktopLifecycle, GuestOperations, ComputerUse, PortAccess {
+  /** Moving stopped desktops to and from other hosts (transfer.ts); absent when the driver cannot. */
+  readonly transfer?: DesktopTransfer;
 }
