@@ -43,6 +43,7 @@ import { Type, type Static, type TSchema } from '@sinclair/typebox';
 import { TypeCompiler } from '@sinclair/typebox/compiler';
 import { DesktopRef } from './desktop-ref.js';
 import { ExportPayload, ExportResult, ImportAbortPayload, ImportAbortResult, ImportPayload, ImportResult } from './transfer.js';
+import { TierSchema } from './tiers.js';
 import {
   DirListPayload, DirListResult, DisplayGetPayload, DisplayResult, DisplaySetPayload, ExecPayload, ExecResult,
   FileDeletePayload, FileDeleteResult, FileReadPayload, FileReadResult, FileStatPayload, FileStatResult,
@@ -95,7 +96,7 @@ export const AgentError = Type.Object({
 export type AgentError = Static<typeof AgentError>;
 export type AgentErrorCode = AgentError['code'];
 
-const TierName = Type.Union([Type.Literal('small'), Type.Literal('default'), Type.Literal('large')]);
+const TierName = TierSchema;
 
 
 /** 1.7: the leader term a lifecycle command was sent in (store/leases.ts); absent from older schedulers. */

@@ -2,8 +2,13 @@
  * Desktop tiers: the sizes a desktop can be created with, their resource limits (enforced by the
  * runtime), their weight on awake seconds and their prices (docs/api.md §4.9). Prices are in cents.
  */
+import { Type, type TLiteral } from '@sinclair/typebox';
+
 export const TIERS = ['small', 'default', 'large'] as const;
 export type Tier = (typeof TIERS)[number];
+
+/** The tier as a wire schema (API bodies, agent commands), made from TIERS: the one definition. */
+export const TierSchema = Type.Union(TIERS.map((t) => Type.Literal(t)) as Array<TLiteral<Tier>>);
 
 export interface TierSpec {
   readonly vcpus: number;

@@ -23,6 +23,7 @@
  */
 import { Type, type Static } from '@sinclair/typebox';
 import { DesktopRef } from './desktop-ref.js';
+import { TierSchema } from './tiers.js';
 
 const LeaderEpoch = { leader_epoch: Type.Optional(Type.Integer({ minimum: 0 })) };
 
@@ -51,7 +52,7 @@ export type ExportResult = Static<typeof ExportResult>;
 export const ImportPayload = Type.Object({
   ...DesktopRef,
   ...LeaderEpoch,
-  tier: Type.Union([Type.Literal('small'), Type.Literal('default'), Type.Literal('large')]),
+  tier: TierSchema,
   source: Type.Object({ url: Type.String({ minLength: 1 }), ticket: Type.String({ minLength: 32 }) }),
 });
 export const ImportResult = Type.Object({

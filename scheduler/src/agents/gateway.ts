@@ -46,7 +46,7 @@ import type { Sql } from '../store/db.js';
 import { markHostReady, touchHost, upsertHost } from '../store/hosts.js';
 import { recordCopyProgress } from '../store/moves.js';
 import { ImportProgressPayload } from '../../../shared/src/transfer.js';
-import { readLease } from '../store/leases.js';
+import { LEADER_LEASE, readLease } from '../store/leases.js';
 import { hashToken, safeEqualHex } from '../crypto/secret-box.js';
 import { formatHostPort } from '../../../shared/src/host-port.js';
 import { helloFence } from '../fleet/hello-fence.js';
@@ -54,7 +54,6 @@ import type { ReplicaAddress } from '../fleet/registry.js';
 
 export const AGENT_LINK_PATH = '/internal/agents/ws';
 const HELLO_TIMEOUT_MS = 10_000;
-const LEADER_LEASE = 'leader';
 
 export type HelloDesktops = HelloPayload['desktops'];
 export type HelloListener = (hostId: string, desktops: HelloDesktops) => void;

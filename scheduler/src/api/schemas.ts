@@ -8,6 +8,7 @@
 import { Type, type Static } from '@sinclair/typebox';
 import { idPattern } from '../../../shared/src/ids.js';
 import { DESKTOP_STATES } from '../store/rows.js';
+import { TierSchema } from '../../../shared/src/tiers.js';
 
 /**
  * Request bodies are closed: an unknown member is answered 400 naming it, as a typo
@@ -44,7 +45,7 @@ export const Problem = Type.Object(
   { $id: 'Problem', description: 'RFC 9457 problem details' },
 );
 
-export const Tier = Type.Union([Type.Literal('small'), Type.Literal('default'), Type.Literal('large')]);
+export const Tier = TierSchema;
 export const DesktopStateSchema = Type.Union(DESKTOP_STATES.map((s) => Type.Literal(s)));
 
 export const DesktopJson = Type.Object(

@@ -15,9 +15,9 @@
  */
 import type { Logger } from '../../../shared/src/log.js';
 import type { Sql } from '../store/db.js';
-import { acquireLease, LEASE_RELEASED_CHANNEL, releaseLease } from '../store/leases.js';
+import { acquireLease, LEADER_LEASE, LEASE_RELEASED_CHANNEL, releaseLease } from '../store/leases.js';
 
-export const LEADER_LEASE = 'leader';
+export { LEADER_LEASE };
 
 export interface LeaderTerm {
   readonly holder: string;

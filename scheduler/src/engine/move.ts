@@ -21,6 +21,7 @@
  */
 import { AgentFailure } from '../../../shared/src/protocol.js';
 import { inTransaction, type Sql } from '../store/db.js';
+import { LEADER_LEASE } from '../store/leases.js';
 import { getDesktopById, transition } from '../store/desktops.js';
 import { closeMeter, recordEvent } from '../store/events.js';
 import { settleOperation, type SettleFence } from '../store/operations.js';
@@ -89,7 +90,7 @@ async function advance(sql: Sql, op: OperationRow, next: MoveParams, fence: Sett
   const rows = await sql`
     UPDATE operations SET params = ${sql.json(p as never)}
     WHERE id = ${op.id} AND state = 'running'
-      AND EXISTS (SELECT 1 FROM leases WHERE name = 'leader' AND holder = ${fence.holder} AND epoch = ${fence.epoch} AND expires_at > now())
+      AND EXISTS (SELECT 1 FROM leases WHERE name = ${LEADER_LEASE} AND holder = ${fence.holder} AND epoch = ${fence.epoch} AND expires_at > now())
     RETURNING id`;
   if (rows.length !== 1) throw new LeaseLost('leader lease lost during a move');
   op.params = p as unknown as Record<string, unknown>;

@@ -12,6 +12,8 @@ import type { Sql } from './db.js';
 
 /** Notified (payload: the lease name) when a holder releases a lease, so others take it at once. */
 export const LEASE_RELEASED_CHANNEL = 'canto_lease_released';
+/** The lease whose holder leads: runs the engine, and fences settlements on its epoch. */
+export const LEADER_LEASE = 'leader';
 
 export interface LeaseTerm {
   /** True when `holder` holds the lease after the attempt. */

@@ -7,6 +7,7 @@
 import { newId } from '../../../shared/src/ids.js';
 import type { Sql } from './db.js';
 import type { DesktopState, OperationError, OperationKind, OperationRow } from './rows.js';
+import { LEADER_LEASE } from './leases.js';
 
 export const OP_NEW_CHANNEL = 'canto_op_new';
 export const OP_SETTLED_CHANNEL = 'canto_op_settled';
@@ -94,7 +95,7 @@ export async function settleOperation(
       error = ${'error' in outcome ? sql.json(outcome.error as never) : null},
       settled_at = now()
     WHERE id = ${id} AND state = 'running'
-      AND EXISTS (SELECT 1 FROM leases WHERE name = 'leader' AND holder = ${fence.holder} AND epoch = ${fence.epoch} AND expires_at > now())
+      AND EXISTS (SELECT 1 FROM leases WHERE name = ${LEADER_LEASE} AND holder = ${fence.holder} AND epoch = ${fence.epoch} AND expires_at > now())
     RETURNING id`;
   if (rows.length === 1) await sql`SELECT pg_notify(${OP_SETTLED_CHANNEL}, ${id})`;
   return rows.length === 1;
