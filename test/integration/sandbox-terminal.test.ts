@@ -38,7 +38,7 @@ describe.skipIf(!isRoot)('sandbox terminals and the WebSocket stream', () => {
     const grant = gateway.grant(id, claim);
     return `ws://127.0.0.1:${grant.port}/vnc?ticket=${encodeURIComponent(grant.ticket)}`;
   };
-  const marked = (mark: string) => hostProcesses((args) => args.some((a) => a.includes(mark)));
+  const marked = (mark: string) => hostProcesses((args) => args.join(' ').includes(mark));
 
   async function pointer(): Promise<{ x: number; y: number }> {
     const out = await driver.exec(id, { command: 'xdotool getmouselocation --shell', timeoutMs: 10_000, maxOutputBytes: 4096 });
