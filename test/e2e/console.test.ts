@@ -3,7 +3,8 @@
  * scheduler serving it and a real sandbox agent: sign in with a key, create and wake a desktop
  * while the operation's progress shows, a thumbnail that is a real PNG of the desktop's screen,
  * an upload and a download of a file larger than one 8 MiB window (bytes compared), a port
- * published with its URL listed, the usage chart, another org's desktop never shown, the key in
+ * published with its URL listed, the usage chart, hibernate, fork and destroy from the list,
+ * another org's desktop never shown, the key in
  * session storage only (never in a URL or local storage), and no Content-Security-Policy
  * violation in the page.
  */
@@ -222,6 +223,36 @@ describe.skipIf(!isRoot || !existsSync(CHROMIUM))('the web console in headless C
     // Exactly as a desktop that does not exist.
     expect(await page.locator('#desktop-missing').textContent()).toBe(missing);
   });
+
+  it('hibernates, forks and destroys from the list, each with its operation', async () => {
+    await page.goto(`${scheduler.url}/console/#/desktops`);
+    const original = page.locator(`tr[data-desktop="${id}"]`);
+    const settled = (kind: string) => page.locator(`#operations li[data-kind="${kind}"]`).first().getAttribute('data-state').catch(() => null);
+    await original.locator('button[data-action="hibernate"]').click();
+    await expect.poll(() => settled('hibernate'), { timeout: 30_000 }).toBe('succeeded');
+    await expect.poll(() => original.getAttribute('data-state'), { timeout: 10_000 }).toBe('hibernated');
+
+    // Fork asks for a second click: the copies share the desktop's state and secrets.
+    const fork = original.locator('button[data-action="fork"]');
+    await fork.click();
+    await expect.poll(() => fork.textContent()).toContain('Confirm fork');
+    expect(await page.locator('#operations li[data-kind="fork"]').count()).toBe(0);
+    await fork.click();
+    await expect.poll(() => settled('fork'), { timeout: 30_000 }).toBe('succeeded');
+    await expect.poll(() => page.locator('tr[data-desktop]').count(), { timeout: 10_000 }).toBe(2);
+    const forkId = (await page.locator(`tr[data-desktop]:not([data-desktop="${id}"])`).getAttribute('data-desktop'))!;
+    expect(await page.locator('#operations li[data-kind="fork"]').first().textContent()).toContain(forkId);
+    expect(forkId).not.toBe(otherId);
+
+    const copy = page.locator(`tr[data-desktop="${forkId}"]`);
+    await copy.locator('button[data-action="destroy"]').click();
+    await copy.locator('button[data-action="destroy"]').click();
+    await expect.poll(() => settled('destroy'), { timeout: 30_000 }).toBe('succeeded');
+    await expect.poll(() => copy.count(), { timeout: 10_000 }).toBe(0);
+    const after = await call('GET', `/v1/desktops/${forkId}`);
+    expect(after.status === 404 || after.json.state === 'destroyed', after.text).toBe(true);
+    expect(await original.getAttribute('data-state')).toBe('hibernated');
+  }, 60_000);
 
   it('keeps the key out of every URL and out of local storage, and the page meets its policy', async () => {
     expect(requested.length).toBeGreaterThan(10);
