@@ -4,9 +4,8 @@
  * while the operation's progress shows, a thumbnail that is a real PNG of the desktop's screen,
  * an upload and a download of a file larger than one 8 MiB window (bytes compared), a port
  * published with its URL listed, the usage chart, hibernate, fork and destroy from the list,
- * another org's desktop never shown, the key in
- * session storage only (never in a URL or local storage), and no Content-Security-Policy
- * violation in the page.
+ * another org's desktop never shown, the key in session storage only (never in a URL or local
+ * storage), and no Content-Security-Policy violation in the page.
  */
 import { randomBytes } from 'node:crypto';
 import { existsSync, readFileSync } from 'node:fs';
