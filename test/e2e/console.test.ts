@@ -69,6 +69,10 @@ describe.skipIf(!isRoot || !existsSync(CHROMIUM))('the web console in headless C
     });
     page = await context.newPage();
     page.on('request', (r) => requested.push(r.url()));
+    // A console file the page asks for and does not get (a module, the icon) is a broken console.
+    page.on('response', (r) => {
+      if (r.status() >= 400 && !new URL(r.url()).pathname.startsWith('/v1/')) problems.push(`${r.status()} ${r.url()}`);
+    });
     page.on('console', (m) => {
       if (m.type() === 'error' && /Content Security Policy|Refused to/i.test(m.text())) problems.push(m.text());
     });

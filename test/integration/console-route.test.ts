@@ -68,7 +68,7 @@ describe('the console static route', () => {
     expect((await fetch(`${scheduler.url}/console/index.html`)).status).toBe(200);
   });
 
-  it('serves modules as text/javascript and the stylesheet as text/css', async () => {
+  it('serves modules as text/javascript, the stylesheet as text/css and the icon as SVG', async () => {
     const js = await fetch(`${scheduler.url}/console/js/main.js`);
     expect(js.status).toBe(200);
     expect(js.headers.get('content-type')).toBe('text/javascript; charset=utf-8');
@@ -78,6 +78,7 @@ describe('the console static route', () => {
     expect(view.headers.get('content-type')).toBe('text/javascript; charset=utf-8');
     const css = await fetch(`${scheduler.url}/console/console.css`);
     expect(css.headers.get('content-type')).toBe('text/css; charset=utf-8');
+    expect((await fetch(`${scheduler.url}/console/favicon.svg`)).headers.get('content-type')).toBe('image/svg+xml');
   });
 
   it('answers 404 problem+json for missing files, folders and paths outside the console', async () => {
