@@ -213,6 +213,8 @@ describe.skipIf(!isRoot)('the web console in headless Chromium', () => {
     await expect.poll(() => bar.count(), { timeout: 10_000 }).toBe(1);
     expect(Number(await bar.getAttribute('width'))).toBeGreaterThan(0);
     expect(await page.locator('#usage-total').textContent()).toMatch(/^\$\d+\.\d\d$/);
+    expect(await page.locator('#usage-chart g[data-desktop]').count()).toBe(1);
+    expect(await shown()).not.toContain(otherId);
   });
 
   it("never shows another org's desktop, even asked for by id", async () => {
