@@ -121,7 +121,7 @@ export async function up(options: UpOptions, env: NodeJS.ProcessEnv): Promise<vo
       agents.push(agent);
     }
     for (const agent of agents) await agent.waitConnected(30_000);
-    say(`Canto is up.\n  API:      ${scheduler.url}/v1\n  OpenAPI:  ${scheduler.url}/v1/openapi.json\n  ${agents.length === 1 ? 'Host: ' : 'Hosts:'}    ${agents.map((a) => a.hostId).join(', ')}`);
+    say(`Canto is up.\n  API:      ${scheduler.url}/v1\n  OpenAPI:  ${scheduler.url}/v1/openapi.json\n  Console:  ${scheduler.url}/console/ (sign in with an API key)\n  ${agents.length === 1 ? 'Host: ' : 'Hosts:'}    ${agents.map((a) => a.hostId).join(', ')}`);
     const adminToken = env.CANTO_ADMIN_TOKEN ? 'CANTO_ADMIN_TOKEN' : join(options.dataDir, 'secrets.json');
     say(`  Admin:    ${scheduler.url}/admin/v1 (token: ${adminToken}; try canto hosts list --data-dir ${options.dataDir})`);
     if (scheduler.ingressUrl) say(`  Ingress:  ${scheduler.ingressUrl} (exposed ports: ${ingressPattern(ingressBaseUrl)})`);

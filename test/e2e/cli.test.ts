@@ -72,6 +72,14 @@ describe.skipIf(!isRoot)('canto CLI', () => {
     expect(key).toBeTruthy();
     expect(statSync(join(dataDir, 'secrets.json')).mode & 0o777).toBe(0o600);
 
+    // The web console, served from the build's copy of console/.
+    expect(first.out()).toContain(`Console:  ${url}/console/`);
+    const page = await fetch(`${url}/console/`);
+    expect(page.status).toBe(200);
+    expect(page.headers.get('content-security-policy')).toContain("script-src 'self'");
+    expect(await page.text()).toContain('js/main.js');
+    expect((await fetch(`${url}/console/js/main.js`)).headers.get('content-type')).toBe('text/javascript; charset=utf-8');
+
     const auth = { authorization: `Bearer ${key}`, 'content-type': 'application/json' };
     const created = await fetch(`${url}/v1/desktops`, { method: 'POST', headers: auth, body: '{"tier":"small"}' });
     expect(created.status).toBe(201);

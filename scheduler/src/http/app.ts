@@ -1,7 +1,7 @@
 /**
  * The HTTP application: Fastify with TypeBox route schemas, an OpenAPI 3.1 document generated
- * from those schemas, bearer authentication on every `/v1` route but the document itself, and
- * problem+json for every non-2xx answer.
+ * from those schemas, bearer authentication on every `/v1` route but the document itself,
+ * problem+json for every non-2xx answer, and the web console's static files at `/console/`.
  */
 import { randomBytes } from 'node:crypto';
 import Fastify, { type FastifyError, type FastifyReply } from 'fastify';
@@ -28,6 +28,7 @@ import { registerWebhookRoutes } from './routes/webhooks.js';
 import { registerPortRoutes } from './routes/ports.js';
 import { registerHealthRoutes } from './routes/health.js';
 import { registerKeyRoutes } from './routes/keys.js';
+import { registerConsoleRoutes } from './routes/console.js';
 
 export type { App, AppDeps } from './route-types.js';
 
@@ -201,6 +202,7 @@ export async function buildApp(deps: AppDeps): Promise<App> {
   registerWebhookRoutes(app, deps);
   registerPortRoutes(app, deps);
   registerKeyRoutes(app, deps);
+  registerConsoleRoutes(app);
   return app;
 }
 
