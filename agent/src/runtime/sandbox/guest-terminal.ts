@@ -145,6 +145,10 @@ class GuestTerminal implements TerminalSession {
 
   /** Kills the chain, its guest session and whatever else holds the pty; resolves once gone. */
   kill(): Promise<void> {
+    // Once the program has exited, `exited` does the cleanup while the writer still pins the pty's
+    // number. Killing again after that would kill by a pid and a pty number that a later terminal
+    // may already have been given (it once SIGKILLed the next terminal's program).
+    if (this.gone) return this.exited.then(() => undefined);
     this.killing ??= (async () => {
       await killTree(this.pty.pid);
       if (this.rdev !== null) await killHolders(this.desktopId, this.rdev);
