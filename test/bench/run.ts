@@ -1,15 +1,14 @@
 /**
- * `npm run bench`: lifecycle latencies and API read throughput on this machine, each printed as
- * a table of medians over repeated runs with the ratio to a baseline measured in the same
- * process. The scheduler and the agent run as processes of their own, as in production. The lifecycle baselines are the sandbox driver's own calls (what the runtime costs
- * without the API, database and agent link); the read baseline is a bare Node HTTP server
- * answering a fixed JSON body (what one HTTP round trip costs here). Guest operations are in
- * guest-ops.ts; terminals and the browser stream in terminal.ts; moving a desktop between two agents in move.ts; moves and drains through the
- * whole service in drain.ts.
+ * `npm run bench`: lifecycle latencies, API reads and the data plane on this machine, each
+ * printed as a table of medians over repeated runs with the ratio to a baseline measured in the
+ * same process. The scheduler and the agent run as processes of their own, as in production. The
+ * lifecycle baselines are the sandbox driver's own calls (what the runtime costs without the API,
+ * database and agent link). API reads are in api.ts; guest operations in guest-ops.ts;
+ * terminals and the browser stream in terminal.ts; moving a desktop between two agents in
+ * move.ts; moves and drains through the whole service in drain.ts.
  */
 import { execFileSync } from 'node:child_process';
 import { chmodSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs';
-import { createServer } from 'node:http';
 import { cpus, tmpdir, totalmem } from 'node:os';
 import { join } from 'node:path';
 import { startEmbeddedPostgres } from '../../scheduler/src/pg/embedded.js';
@@ -17,6 +16,7 @@ import { connectDatabase } from '../../scheduler/src/store/db.js';
 import { createApiKey } from '../../scheduler/src/services/keys.js';
 import { createSandboxDriver } from '../../agent/src/runtime/sandbox/index.js';
 import { newId } from '../../shared/src/ids.js';
+import { benchApi } from './api.js';
 import { benchGuestOps } from './guest-ops.js';
 import { benchFork } from './fork.js';
 import { benchWebhooks } from './webhooks.js';
@@ -116,39 +116,8 @@ async function main(): Promise<void> {
         ['hibernate', median(hibernate), median(dHib), 'ms', '< 300 ms', hibernate],
         ['wake from snapshot', median(wake), median(dWake), 'ms', '< 250 ms', wake],
       ]);
-
-      // Read throughput: GET /v1/desktops/{id} against a bare HTTP server.
-      const id = (await post('/v1/desktops', { tier: 'small' })).id;
-      const bare = createServer((_req, res) => res.writeHead(200, { 'content-type': 'application/json' }).end('{"ok":true}'));
-      await new Promise<void>((r) => bare.listen(0, '127.0.0.1', r));
-      const bareUrl = `http://127.0.0.1:${(bare.address() as { port: number }).port}/`;
-      const throughput = async (url: string, hdrs: Record<string, string>) => {
-        const n = 400;
-        const concurrency = 16;
-        let next = 0;
-        const ms = await timed(() =>
-          Promise.all(Array.from({ length: concurrency }, async () => {
-            while (next++ < n) {
-              const res = await fetch(url, { headers: hdrs });
-              if (res.status !== 200) throw new Error(`GET ${url}: ${res.status}`);
-              await res.arrayBuffer();
-            }
-          })),
-        );
-        return (n / ms) * 1000;
-      };
-      const api: number[] = [];
-      const base: number[] = [];
-      for (let i = 0; i < RUNS; i++) {
-        base.push(await throughput(bareUrl, {}));
-        api.push(await throughput(`${scheduler.url}/v1/desktops/${id}`, { authorization: headers.authorization }));
-      }
-      bare.close();
-      table(`Read throughput (requests/s, 400 requests at concurrency 16, ${RUNS} rounds); baseline = bare node:http`, [
-        ['GET /v1/desktops/{id}', median(api), median(base), 'req/s', 'higher is better', api],
-      ]);
-
     }
+    if (want('api')) await benchApi({ schedulerUrl: scheduler.url, databaseUrl: pg.url, apiKey: key, runs: RUNS });
     if (want('guest-ops')) await benchGuestOps({ schedulerUrl: scheduler.url, apiKey: key, runtimeDir: join(dir, 'agent', 'runtime'), runs: RUNS });
     if (want('fork')) await benchFork({ schedulerUrl: scheduler.url, apiKey: key, runs: RUNS });
     if (want('computer-use')) await benchComputerUse({ schedulerUrl: scheduler.url, apiKey: key, runs: RUNS });

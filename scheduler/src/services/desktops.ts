@@ -9,6 +9,7 @@ import type { DesktopRow, DesktopState } from '../store/rows.js';
 import { errors } from '../errors.js';
 import type { CreateDesktopBody, DesktopJson } from '../api/schemas.js';
 import { toDesktopJson } from './json.js';
+import { DesktopReads } from '../store/desktop-reads.js';
 import { notifyNewWork } from '../store/operations.js';
 import type { SecretBox } from '../crypto/secret-box.js';
 
@@ -22,7 +23,11 @@ export interface DesktopServiceDeps {
 }
 
 export class DesktopService {
-  constructor(private readonly deps: DesktopServiceDeps) {}
+  private readonly reads: DesktopReads;
+
+  constructor(private readonly deps: DesktopServiceDeps) {
+    this.reads = new DesktopReads(deps.sql);
+  }
 
   async create(orgId: string, body: CreateDesktopBody, idempotencyKey: string | null): Promise<{ created: boolean; desktop: DesktopJson }> {
     checkCaps(body);
@@ -62,11 +67,14 @@ export class DesktopService {
   }
 
   async list(orgId: string, state: DesktopState | null): Promise<DesktopJson[]> {
-    return (await store.listDesktops(this.deps.sql, orgId, state)).map(toDesktopJson);
+    return (await store.listDesktopViews(this.deps.sql, orgId, state)).map(toDesktopJson);
   }
 
+  /** The API's view of one desktop, read in a batch with the other reads of this turn. */
   async get(orgId: string, id: string): Promise<DesktopJson> {
-    return toDesktopJson(await this.row(orgId, id));
+    const view = await this.reads.get(orgId, id);
+    if (!view) throw errors.desktopNotFound();
+    return toDesktopJson(view);
   }
 
   async row(orgId: string, id: string): Promise<DesktopRow> {

@@ -1,8 +1,9 @@
 /** Mapping of stored rows to the API's JSON shapes (docs/api.md §2.1, 2.5). */
-import type { DesktopRow, OperationRow } from '../store/rows.js';
+import type { OperationRow } from '../store/rows.js';
+import type { DesktopView } from '../store/desktop-reads.js';
 import type { DesktopJson, OperationJson } from '../api/schemas.js';
 
-export function toDesktopJson(row: DesktopRow): DesktopJson {
+export function toDesktopJson(row: DesktopView): DesktopJson {
   return {
     id: row.id,
     org_id: row.org_id,

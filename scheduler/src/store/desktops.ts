@@ -7,6 +7,7 @@ import { newId } from '../../../shared/src/ids.js';
 import type { Sql } from './db.js';
 import type { BillingMode, DesktopRow, DesktopState } from './rows.js';
 import type { Tier } from '../../../shared/src/tiers.js';
+import { DESKTOP_VIEW_COLUMNS, type DesktopView } from './desktop-reads.js';
 
 export interface NewDesktop {
   orgId: string;
@@ -46,9 +47,10 @@ export async function lockDesktop(sql: Sql, orgId: string, id: string): Promise<
   return row ?? null;
 }
 
-export async function listDesktops(sql: Sql, orgId: string, state: DesktopState | null): Promise<DesktopRow[]> {
-  return sql<DesktopRow[]>`
-    SELECT d.*, h.status AS host_status FROM desktops d LEFT JOIN hosts h ON h.id = d.host_id
+/** An org's desktops as the API lists them: only the columns it shows, oldest first. */
+export async function listDesktopViews(sql: Sql, orgId: string, state: DesktopState | null): Promise<DesktopView[]> {
+  return sql<DesktopView[]>`
+    SELECT ${sql.unsafe(DESKTOP_VIEW_COLUMNS)} FROM desktops d LEFT JOIN hosts h ON h.id = d.host_id
     WHERE d.org_id = ${orgId} ${state ? sql`AND d.state = ${state}` : sql``}
     ORDER BY d.created_at, d.id`;
 }

@@ -29,7 +29,7 @@ export interface DesktopRow {
   destroyed_at: Date | null;
   /** The move operation carrying the desktop between hosts, while it does (engine/move.ts). */
   moving_operation_id: string | null;
-  /** The host's status, where the query joined it (store/desktops.ts `getDesktop`, `listDesktops`). */
+  /** The host's status, where the query joined it (store/desktops.ts `getDesktop`, store/desktop-reads.ts). */
   host_status?: 'ready' | 'down' | null;
 }
 

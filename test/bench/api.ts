@@ -1,0 +1,91 @@
+/**
+ * API read throughput and latency (issue goals: ≥ 10,000 `GET /v1/desktops/{id}` per second on two
+ * cores, p99 < 20 ms at 5,000 requests/s offered over 200 connections, `GET /v1/desktops` of an org
+ * with 1,000 desktops < 20 ms). The baseline is a bare `node:http` server answering a fixed JSON
+ * body of the same size, driven by the same load generator in the same run: what one HTTP round
+ * trip costs on this machine.
+ */
+import { createServer } from 'node:http';
+import { connectDatabase } from '../../scheduler/src/store/db.js';
+import { createApiKey } from '../../scheduler/src/services/keys.js';
+import { insertDesktop } from '../../scheduler/src/store/desktops.js';
+import { runLoad } from './load.js';
+import { median, percentile, table, timed } from './stats.js';
+
+export interface ApiBenchOptions {
+  schedulerUrl: string;
+  databaseUrl: string;
+  apiKey: string;
+  runs: number;
+}
+
+const CONNECTIONS = 200;
+const OFFERED = 5000;
+const SECONDS = Number(process.env.CANTO_BENCH_LOAD_SECONDS ?? 3);
+
+export async function benchApi(o: ApiBenchOptions): Promise<void> {
+  const auth = { authorization: `Bearer ${o.apiKey}` };
+  const created = await fetch(`${o.schedulerUrl}/v1/desktops`, {
+    method: 'POST', headers: { ...auth, 'content-type': 'application/json' }, body: JSON.stringify({ tier: 'small' }),
+  });
+  const desktop = (await created.json()) as { id: string };
+  const apiUrl = `${o.schedulerUrl}/v1/desktops/${desktop.id}`;
+  const body = JSON.stringify(await (await fetch(apiUrl, { headers: auth })).json());
+  const bare = createServer((_req, res) => res.writeHead(200, { 'content-type': 'application/json', 'content-length': Buffer.byteLength(body) }).end(body));
+  await new Promise<void>((r) => bare.listen(0, '127.0.0.1', r));
+  const bareUrl = `http://127.0.0.1:${(bare.address() as { port: number }).port}/`;
+
+  const rps: number[] = [];
+  const bareRps: number[] = [];
+  const open: number[] = [];
+  const bareOpen: number[] = [];
+  try {
+    const rounds = Math.max(1, Math.min(o.runs, 3));
+    for (let i = 0; i < rounds; i++) {
+      const closed = { connections: CONNECTIONS, durationMs: SECONDS * 1000 };
+      bareRps.push(checked(await runLoad({ url: bareUrl, headers: {}, ...closed })).rps);
+      rps.push(checked(await runLoad({ url: apiUrl, headers: auth, ...closed })).rps);
+      const offered = { ...closed, rate: OFFERED };
+      bareOpen.push(...checked(await runLoad({ url: bareUrl, headers: {}, ...offered })).latencies);
+      open.push(...checked(await runLoad({ url: apiUrl, headers: auth, ...offered })).latencies);
+      process.stderr.write(`api load round ${i + 1}/${rounds}\r`);
+    }
+  } finally {
+    bare.close();
+  }
+  table(`API reads (${CONNECTIONS} keep-alive connections, ${SECONDS} s per round); baseline = bare node:http, same body`, [
+    ['GET /v1/desktops/{id}, closed loop', median(rps), median(bareRps), 'req/s', '≥ 10000 req/s', rps],
+    [`GET /v1/desktops/{id} at ${OFFERED} req/s offered, p50`, median(open), median(bareOpen), 'ms', 'p99 < 20 ms', open],
+  ]);
+  console.log(`p99 at ${OFFERED} req/s offered: API ${percentile(open, 99).toFixed(1)} ms, bare ${percentile(bareOpen, 99).toFixed(1)} ms`);
+
+  // A list of 1,000 desktops, made in the database (placement does not matter to a read).
+  const sql = connectDatabase(o.databaseUrl, { max: 1 });
+  const listKey = await createApiKey(sql, 'bench-list');
+  const orgId = listKey.orgId;
+  for (let i = 0; i < 1000; i++) {
+    await insertDesktop(sql, {
+      orgId, tier: 'small', imageVersion: 'bench', idleTimeoutSecs: 0, billingMode: 'hourly', envSealed: null, setupScriptSealed: null,
+    });
+  }
+  await sql.end();
+  const listHeaders = { authorization: `Bearer ${listKey.key}` };
+  const list: number[] = [];
+  const one: number[] = [];
+  for (let i = 0; i < Math.max(20, o.runs * 3); i++) {
+    list.push(await timed(async () => {
+      const res = await fetch(`${o.schedulerUrl}/v1/desktops`, { headers: listHeaders });
+      const json = (await res.json()) as { desktops: unknown[] };
+      if (json.desktops.length !== 1000) throw new Error(`listed ${json.desktops.length} desktops`);
+    }));
+    one.push(await timed(async () => (await fetch(apiUrl, { headers: auth })).arrayBuffer()));
+  }
+  table('API list (1,000 desktops in the org); baseline = GET of one desktop', [
+    ['GET /v1/desktops', median(list), median(one), 'ms', '< 20 ms', list],
+  ]);
+}
+
+function checked<T extends { errors: number; requests: number }>(r: T): T {
+  if (r.errors > 0) throw new Error(`${r.errors} of ${r.requests + r.errors} requests failed`);
+  return r;
+}
