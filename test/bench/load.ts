@@ -7,7 +7,8 @@
  * are measured from the scheduled send time, which avoids coordinated omission).
  */
 import { Worker, isMainThread, parentPort, workerData } from 'node:worker_threads';
-import { connect, type Socket } from 'node:net';
+import { connect } from 'node:net';
+import type { Duplex } from 'node:stream';
 import { fileURLToPath, pathToFileURL } from 'node:url';
 
 export interface LoadSpec {
@@ -63,22 +64,26 @@ export async function runLoad(spec: LoadSpec, threads = 2): Promise<LoadResult> 
 /**
  * One keep-alive connection speaking just enough HTTP/1.1 for these figures: a fixed request,
  * answers delimited by Content-Length. Node's own HTTP client costs several times the server's
- * work per request, which made the client, not the server, the bottleneck.
+ * work per request, which made the client, not the server, the bottleneck. It runs over any
+ * stream: a TCP connection, or a guest port the sandbox driver opened.
  */
-class Connection {
-  private readonly socket: Socket;
+export class HttpConnection {
   private buffered: Buffer = Buffer.alloc(0);
   private waiting: Array<(status: number) => void> = [];
   private expected: number | null = null;
   private status = 0;
-  private readonly opened: Promise<void>;
 
-  constructor(target: URL, private readonly requestBytes: Buffer) {
-    this.socket = connect({ host: target.hostname, port: Number(target.port), noDelay: true });
-    this.opened = new Promise((resolve, reject) => this.socket.once('connect', resolve).once('error', reject));
-    this.socket.on('data', (chunk: Buffer) => this.read(chunk));
-    this.socket.on('error', () => this.failAll());
-    this.socket.on('close', () => this.failAll());
+  constructor(private readonly stream: Duplex, private readonly requestBytes: Buffer, private readonly opened: Promise<unknown> = Promise.resolve()) {
+    stream.on('data', (chunk: Buffer) => this.read(chunk));
+    stream.on('error', () => this.failAll());
+    stream.on('close', () => this.failAll());
+  }
+
+  /** A TCP connection to `url`'s host that sends `GET url` with `headers`. */
+  static dial(url: URL, headers: Record<string, string>): HttpConnection {
+    const socket = connect({ host: url.hostname, port: Number(url.port), noDelay: true });
+    const opened = new Promise((resolve, reject) => socket.once('connect', resolve).once('error', reject));
+    return new HttpConnection(socket, getRequest(url, headers), opened);
   }
 
   /** Sends the request; answers its status (0 when the connection failed). */
@@ -86,12 +91,12 @@ class Connection {
     await this.opened;
     return new Promise((resolve) => {
       this.waiting.push(resolve);
-      this.socket.write(this.requestBytes);
+      this.stream.write(this.requestBytes);
     });
   }
 
   close(): void {
-    this.socket.destroy();
+    this.stream.destroy();
   }
 
   private read(chunk: Buffer): void {
@@ -118,14 +123,18 @@ class Connection {
   }
 }
 
+/** The bytes of `GET url` with `headers` (and Host), keeping the connection open. */
+export function getRequest(url: URL, headers: Record<string, string>): Buffer {
+  const head = Object.entries({ host: url.host, ...headers }).map(([k, v]) => `${k}: ${v}\r\n`).join('');
+  return Buffer.from(`GET ${url.pathname}${url.search} HTTP/1.1\r\n${head}\r\n`, 'latin1');
+}
+
 async function work(job: WorkerJob): Promise<LoadResult> {
   const target = new URL(job.url);
-  const head = Object.entries({ host: target.host, ...job.headers }).map(([k, v]) => `${k}: ${v}\r\n`).join('');
-  const requestBytes = Buffer.from(`GET ${target.pathname}${target.search} HTTP/1.1\r\n${head}\r\n`, 'latin1');
-  const connections = Array.from({ length: job.connections }, () => new Connection(target, requestBytes));
+  const connections = Array.from({ length: job.connections }, () => HttpConnection.dial(target, job.headers));
   const latencies: number[] = [];
   let errors = 0;
-  const one = async (connection: Connection, scheduledAt: number) => {
+  const one = async (connection: HttpConnection, scheduledAt: number) => {
     const status = await connection.send();
     if (status === 200) latencies.push(performance.now() - scheduledAt);
     else errors++;

@@ -14,7 +14,7 @@
  * (enough for the link and the API's streaming; the sandbox driver's tests cover real files).
  * Detached processes finish at once with what `exec` would give.
  */
-import { connect } from 'node:net';
+import { connect, type Socket } from 'node:net';
 import { setTimeout as sleep } from 'node:timers/promises';
 import sharp from 'sharp';
 import type { InputAction } from '../../../shared/src/computer-use.js';
@@ -75,6 +75,8 @@ export interface FakeDriverOptions {
 
 export class FakeDriver implements RuntimeDriver {
   readonly desktops = new Map<string, FakeDesktop>();
+  /** Open connections to guest ports, by desktop. */
+  private readonly guestPorts = new Map<string, Set<Socket>>();
   readonly transfer: FakeTransfer;
   /** `"<method>:begin <id>"` and `"<method>:end <id>"`, in order. */
   readonly events: string[] = [];
@@ -132,6 +134,7 @@ export class FakeDriver implements RuntimeDriver {
       if (desktop.running) {
         desktop.running = false;
         desktop.hasSnapshot = this.memorySnapshots;
+        this.closeGuestPorts(desktopId);
       }
       return { snapshot: desktop.hasSnapshot };
     });
@@ -159,6 +162,7 @@ export class FakeDriver implements RuntimeDriver {
   destroy(desktopId: string): Promise<void> {
     return this.step('destroy', desktopId, () => {
       this.desktops.delete(desktopId);
+      this.closeGuestPorts(desktopId);
     });
   }
 
@@ -344,7 +348,17 @@ export class FakeDriver implements RuntimeDriver {
       socket.once('connect', resolve);
       socket.once('error', reject);
     });
+    let open = this.guestPorts.get(desktopId);
+    if (!open) this.guestPorts.set(desktopId, (open = new Set()));
+    open.add(socket);
+    socket.once('close', () => open.delete(socket));
     return socket;
+  }
+
+  /** As the real drivers do when a desktop stops: its port connections end with it. */
+  private closeGuestPorts(desktopId: string): void {
+    for (const socket of this.guestPorts.get(desktopId) ?? []) socket.destroy();
+    this.guestPorts.delete(desktopId);
   }
 
   private running(desktopId: string): FakeDesktop {

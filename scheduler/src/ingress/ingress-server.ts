@@ -6,7 +6,9 @@
  * gateway (else 503 with Retry-After) — and is then proxied, streaming both ways, over a port
  * link opened to that host's agent (port-link-client.ts). The agent's refusals map to statuses
  * here: `not_running` and `unavailable` are 503 (retry), `refused` is 502 (nothing listens in the
- * guest), anything else 502.
+ * guest), anything else 502. Links to agents are kept alive and reused by later requests to the
+ * same guest port (port-link-client.ts); a request without a body that fails on a reused link,
+ * before any answer, is sent once more on a fresh one.
  *
  * The ingress reads exposures, desktops and hosts from PostgreSQL and dials agents directly, so
  * it works on every replica, not only on the leader that holds the agent links.
@@ -55,6 +57,8 @@ export class PortIngress {
   /** Every client socket, including upgraded ones the HTTP server no longer tracks. */
   private readonly sockets = new Set<Duplex>();
   private readonly unsubscribe: () => void;
+  /** Kept-alive links, one agent per exposure, for the host and generation it was made for. */
+  private readonly links = new Map<string, { hostId: string; address: string; generation: number; agent: PortLinkAgent }>();
 
   private constructor(
     private readonly deps: IngressDeps,
@@ -65,6 +69,17 @@ export class PortIngress {
     this.unsubscribe = deps.ports.onChange((desktopId, port) => this.exposureChanged(desktopId, port));
     // Errors are handled per call; this only keeps a stray one from being thrown.
     this.proxy.on('error', (err) => this.log.debug({ err }, 'proxy error'));
+    this.proxy.on('proxyReq', (proxyReq, req) => {
+      (req as Forwarded)[REUSED_LINK] = proxyReq.reusedSocket;
+    });
+    // The app's `Connection` concerns the link, not the client's connection: the client gets
+    // back what it asked for (or HTTP's default when it asked nothing).
+    this.proxy.on('proxyRes', (proxyRes, req) => {
+      delete proxyRes.headers['keep-alive'];
+      const asked = (req as Forwarded)[CLIENT_CONNECTION];
+      if (asked === undefined) delete proxyRes.headers.connection;
+      else proxyRes.headers.connection = asked;
+    });
   }
 
   static async start(deps: IngressDeps): Promise<PortIngress> {
@@ -106,6 +121,8 @@ export class PortIngress {
     this.server.closeAllConnections();
     await closed;
     this.routes.clear();
+    for (const link of this.links.values()) link.agent.destroy();
+    this.links.clear();
   }
 
   private async web(req: IncomingMessage, res: ServerResponse): Promise<void> {
@@ -116,8 +133,21 @@ export class PortIngress {
       return this.answer(res, this.asApiError(err));
     }
     this.hold(route, req.socket);
-    const agent = this.linkAgent(route);
-    this.proxy.web(req, res, { target: LINK_TARGET, agent }, (err) => {
+    // Hop-by-hop headers (RFC 9110 §7.6.1) stay on this side: a client's `Connection: close`
+    // must not close the kept-alive link to the app.
+    (req as Forwarded)[CLIENT_CONNECTION] = req.headers.connection;
+    delete req.headers.connection;
+    delete req.headers['keep-alive'];
+    this.forward(req, res, route, true);
+  }
+
+  private forward(req: IncomingMessage, res: ServerResponse, route: PortRoute, mayRetry: boolean): void {
+    this.proxy.web(req, res, { target: LINK_TARGET, agent: this.linkAgent(route) }, (err) => {
+      // A kept-alive link the guest app closed as it was reused: nothing reached the app's
+      // handler, and a request without a body can go again as it came.
+      if (mayRetry && (req as Forwarded)[REUSED_LINK] && !res.headersSent && !hasBody(req) && !req.socket.destroyed) {
+        return this.forward(req, res, route, false);
+      }
       const failure = this.linkFailure(err, route);
       if (res.headersSent) res.destroy();
       else this.answer(res, failure);
@@ -132,8 +162,7 @@ export class PortIngress {
       return rejectUpgrade(socket, this.asApiError(err));
     }
     this.hold(route, socket);
-    const agent = this.linkAgent(route);
-    this.proxy.ws(req, socket, head, { target: LINK_TARGET, agent }, (err) => {
+    this.proxy.ws(req, socket, head, { target: LINK_TARGET, agent: this.linkAgent(route) }, (err) => {
       const failure = this.linkFailure(err, route);
       // Before the 101 nothing has been written, and the client can still be told why.
       if ((socket as Socket).bytesWritten === 0) rejectUpgrade(socket, failure);
@@ -154,16 +183,31 @@ export class PortIngress {
     return route;
   }
 
+  /** The exposure's kept-alive links; new ones when the desktop moved, woke again or changed host. */
   private linkAgent(route: PortRoute): PortLinkAgent {
-    // isBound: a bound route has a host.
-    const key = portLinkKey(this.deps.portLinkSecret, route.host_id!);
+    // isBound: a bound route has a host and a gateway address.
+    const hostId = route.host_id!;
+    const address = route.ingress_address!;
+    const key = keyOf(route.desktop_id, route.port);
+    const held = this.links.get(key);
+    if (held && held.hostId === hostId && held.address === address && held.generation === route.generation) return held.agent;
+    if (held) retire(held.agent);
+    const secret = portLinkKey(this.deps.portLinkSecret, hostId);
     const target = { desktopId: route.desktop_id, generation: route.generation, port: route.port };
-    return new PortLinkAgent(() => dialPortLink(key, route.ingress_address!, target));
+    const agent = new PortLinkAgent(() => dialPortLink(secret, address, target));
+    this.links.set(key, { hostId, address, generation: route.generation, agent });
+    return agent;
   }
 
-  /** The answer for a failed proxy attempt; the cached route is dropped, it may be stale. */
+  /** The answer for a failed proxy attempt; the cached route and idle links are dropped, they may be stale. */
   private linkFailure(err: unknown, route: PortRoute): ApiError {
     this.routes.forget(route.desktop_id, route.port);
+    const key = keyOf(route.desktop_id, route.port);
+    const held = this.links.get(key);
+    if (held) {
+      this.links.delete(key);
+      retire(held.agent);
+    }
     if (err instanceof PortLinkError) {
       this.log.info({ desktopId: route.desktop_id, port: route.port, reason: err.reason, message: err.message }, 'port link failed');
       switch (err.reason) {
@@ -217,9 +261,26 @@ export class PortIngress {
   private exposureChanged(desktopId: string, port: number): void {
     this.routes.forget(desktopId, port);
     const key = keyOf(desktopId, port);
+    this.links.get(key)?.agent.destroy();
+    this.links.delete(key);
     for (const socket of this.open.get(key) ?? []) socket.destroy();
     this.open.delete(key);
   }
+}
+
+/** Set on a request by the proxy's `proxyReq` event: whether it went out on a reused link. */
+const REUSED_LINK = Symbol('reusedLink');
+/** The client's own `Connection` header, kept from the upstream request. */
+const CLIENT_CONNECTION = Symbol('clientConnection');
+type Forwarded = IncomingMessage & { [REUSED_LINK]?: boolean; [CLIENT_CONNECTION]?: string };
+
+function hasBody(req: IncomingMessage): boolean {
+  return req.headers['transfer-encoding'] !== undefined || (req.headers['content-length'] !== undefined && req.headers['content-length'] !== '0');
+}
+
+/** Closes an agent's idle links; links in use finish their request and then idle out. */
+function retire(agent: PortLinkAgent): void {
+  for (const sockets of Object.values(agent.freeSockets)) for (const socket of sockets ?? []) socket.destroy();
 }
 
 /** Answers an upgrade request that will not be proxied, on its raw socket. */

@@ -16,6 +16,10 @@ const DIAL_TIMEOUT_MS = 10_000;
 /** `ERR unavailable\n` is the longest answer; anything longer is not the port link. */
 const MAX_ANSWER_BYTES = 64;
 const REFUSALS: readonly PortLinkRefusal[] = ['unauthorized', 'not_running', 'refused', 'unavailable'];
+/** An idle kept-alive link is closed after this long. */
+export const IDLE_LINK_MS = 1_000;
+/** Idle links kept per guest port. */
+const MAX_IDLE_LINKS = 32;
 
 export class PortLinkError extends Error {
   constructor(
@@ -94,12 +98,16 @@ export function dialPortLink(secret: string, address: string, target: PortTarget
 }
 
 /**
- * An `http.Agent` whose every connection is a fresh port link. No keep-alive: a link is bound to
- * the desktop generation it was opened for, and is cheap to open again.
+ * An `http.Agent` whose connections are port links to one guest port of one desktop generation.
+ * Links are kept alive between requests, as a reverse proxy keeps its upstream connections: a
+ * new link costs a TCP handshake, a signed line and the agent's answer, which measured several
+ * times the rest of a proxied request. A link idle for `IDLE_LINK_MS` is closed, shorter than
+ * common servers' keep-alive timeouts (2 s and up), so the guest app rarely closes one just as
+ * it is reused; a request that meets such a close is sent again (ingress-server.ts).
  */
 export class PortLinkAgent extends Agent {
   constructor(private readonly open: () => Promise<Socket>) {
-    super({ keepAlive: false });
+    super({ keepAlive: true, timeout: IDLE_LINK_MS, maxFreeSockets: MAX_IDLE_LINKS });
   }
 
   override createConnection(_options: ClientRequestArgs, callback?: (err: Error | null, stream: Duplex) => void): Duplex | null | undefined {
