@@ -79,6 +79,12 @@ describe.skipIf(!isRoot)('canto CLI', () => {
     expect(page.headers.get('content-security-policy')).toContain("script-src 'self'");
     expect(await page.text()).toContain('js/main.js');
     expect((await fetch(`${url}/console/js/main.js`)).headers.get('content-type')).toBe('text/javascript; charset=utf-8');
+    // The browser libraries, found from the build in node_modules as from the source tree.
+    for (const lib of ['vendor/novnc/core/rfb.js', 'vendor/xterm/lib/xterm.mjs', 'vendor/xterm-addon-fit/lib/addon-fit.mjs']) {
+      const res = await fetch(`${url}/console/${lib}`);
+      expect(res.status, lib).toBe(200);
+      expect(res.headers.get('content-type'), lib).toBe('text/javascript; charset=utf-8');
+    }
 
     const auth = { authorization: `Bearer ${key}`, 'content-type': 'application/json' };
     const created = await fetch(`${url}/v1/desktops`, { method: 'POST', headers: auth, body: '{"tier":"small"}' });

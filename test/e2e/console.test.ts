@@ -3,35 +3,31 @@
  * scheduler serving it and a real sandbox agent: sign in with a key, create and wake a desktop
  * while the operation's progress shows, a thumbnail that is a real PNG of the desktop's screen,
  * an upload and a download of a file larger than one 8 MiB window (bytes compared), a port
- * published with its URL listed, the usage chart, hibernate, fork and destroy from the list,
- * another org's desktop never shown, the key in session storage only (never in a URL or local
- * storage), and no Content-Security-Policy violation in the page.
+ * published with its URL listed, the usage chart, hibernate, a fork of two copies and destroy
+ * from the list, another org's desktop never shown, the key in session storage only (never in a
+ * URL or local storage), and no Content-Security-Policy violation in the page. The live screen
+ * and terminal tabs are in console-live.test.ts.
  */
 import { randomBytes } from 'node:crypto';
-import { existsSync, readFileSync } from 'node:fs';
+import { readFileSync } from 'node:fs';
 import sharp from 'sharp';
-import { chromium, type Browser, type Page } from 'playwright-core';
+import type { Page } from 'playwright-core';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { api, mintKey, startTestScheduler, until, type TestScheduler } from '../helpers/scheduler.js';
 import { startSandboxAgent, type SandboxAgent } from '../helpers/agent.js';
+import { openConsoleBrowser, type ConsoleBrowser } from '../helpers/browser.js';
 
-const CHROMIUM = '/usr/bin/chromium';
 const isRoot = process.getuid?.() === 0;
-// Without the background-networking switches Chromium dials out at start, and a closed network refuses it.
-const ARGS = ['--no-sandbox', '--disable-gpu', '--disable-quic', '--no-first-run', '--disable-background-networking', '--disable-component-update', '--disable-sync'];
 
 describe.skipIf(!isRoot)('the web console in headless Chromium', () => {
   let scheduler: TestScheduler;
   let agent: SandboxAgent;
-  let browser: Browser;
+  let browser: ConsoleBrowser;
   let page: Page;
   let key: string;
   let call: ReturnType<typeof api>;
   let otherId: string;
   let id: string;
-  const requested: string[] = [];
-  const problems: string[] = [];
-  const violations: string[] = [];
 
   /** Everything the page shows, for checks of what must never appear in it. */
   const shown = () => page.evaluate(() => (globalThis as any).document.documentElement.outerHTML as string);
@@ -50,8 +46,6 @@ describe.skipIf(!isRoot)('the web console in headless Chromium', () => {
   }
 
   beforeAll(async () => {
-    // Not a skip: scripts/setup (run by `npm test`) installs it, and a console nobody tested is broken.
-    if (!existsSync(CHROMIUM)) throw new Error(`${CHROMIUM} is missing: run scripts/setup as root (it installs Debian's chromium)`);
     scheduler = await startTestScheduler({ CANTO_INGRESS_BASE_URL: 'http://apps.canto.test', CANTO_INGRESS_LISTEN: '127.0.0.1:0' });
     agent = await startSandboxAgent(scheduler.url);
     key = await mintKey(scheduler.databaseUrl, 'console-e2e');
@@ -61,24 +55,8 @@ describe.skipIf(!isRoot)('the web console in headless Chromium', () => {
     otherId = (await other('POST', '/v1/desktops', { tier: 'small' })).json.id;
     expect(otherId).toMatch(/^dsk_/);
 
-    browser = await chromium.launch({ executablePath: CHROMIUM, args: ARGS });
-    const context = await browser.newContext({ acceptDownloads: true });
-    // Reported to the test as they happen, so violations on pages navigated away from still count.
-    await context.exposeFunction('reportCspViolation', (violation: string) => violations.push(violation));
-    await context.addInitScript(() => {
-      const w = globalThis as any;
-      w.document.addEventListener('securitypolicyviolation', (e: any) => void w.reportCspViolation(`${e.violatedDirective} ${e.blockedURI}`));
-    });
-    page = await context.newPage();
-    page.on('request', (r) => requested.push(r.url()));
-    // A console file the page asks for and does not get (a module, the icon) is a broken console.
-    page.on('response', (r) => {
-      if (r.status() >= 400 && !new URL(r.url()).pathname.startsWith('/v1/')) problems.push(`${r.status()} ${r.url()}`);
-    });
-    page.on('console', (m) => {
-      if (m.type() === 'error' && /Content Security Policy|Refused to/i.test(m.text())) problems.push(m.text());
-    });
-    page.on('pageerror', (e) => problems.push(`page error: ${e.message}`));
+    browser = await openConsoleBrowser({ acceptDownloads: true });
+    page = browser.page;
   }, 60_000);
 
   afterAll(async () => {
@@ -239,17 +217,20 @@ describe.skipIf(!isRoot)('the web console in headless Chromium', () => {
     await expect.poll(() => settled('hibernate'), { timeout: 30_000 }).toBe('succeeded');
     await expect.poll(() => original.getAttribute('data-state'), { timeout: 10_000 }).toBe('hibernated');
 
-    // Fork asks for a second click: the copies share the desktop's state and secrets.
+    // Fork asks for a second click (the copies share the desktop's state and secrets), and how many.
     const fork = original.locator('button[data-action="fork"]');
     await fork.click();
     await expect.poll(() => fork.textContent()).toContain('Confirm fork');
     expect(await page.locator('#operations li[data-kind="fork"]').count()).toBe(0);
+    await page.locator(`input[data-fork-count="${id}"]`).fill('2');
     await fork.click();
-    await expect.poll(() => settled('fork'), { timeout: 30_000 }).toBe('succeeded');
-    await expect.poll(() => page.locator('tr[data-desktop]').count(), { timeout: 10_000 }).toBe(2);
-    const forkId = (await page.locator(`tr[data-desktop]:not([data-desktop="${id}"])`).getAttribute('data-desktop'))!;
-    expect(await page.locator('#operations li[data-kind="fork"]').first().textContent()).toContain(forkId);
-    expect(forkId).not.toBe(otherId);
+    await expect.poll(() => settled('fork'), { timeout: 45_000 }).toBe('succeeded');
+    await expect.poll(() => page.locator('tr[data-desktop]').count(), { timeout: 10_000 }).toBe(3);
+    const forkIds = await page.locator(`tr[data-desktop]:not([data-desktop="${id}"])`).evaluateAll((rows) => rows.map((r) => r.getAttribute('data-desktop')!));
+    const line = await page.locator('#operations li[data-kind="fork"]').first().textContent();
+    for (const forkId of forkIds) expect(line).toContain(forkId);
+    expect(forkIds).not.toContain(otherId);
+    const forkId = forkIds[0]!;
 
     const copy = page.locator(`tr[data-desktop="${forkId}"]`);
     await copy.locator('button[data-action="destroy"]').click();
@@ -259,9 +240,11 @@ describe.skipIf(!isRoot)('the web console in headless Chromium', () => {
     const after = await call('GET', `/v1/desktops/${forkId}`);
     expect(after.status === 404 || after.json.state === 'destroyed', after.text).toBe(true);
     expect(await original.getAttribute('data-state')).toBe('hibernated');
-  }, 60_000);
+    expect(await page.locator(`tr[data-desktop="${forkIds[1]}"]`).count()).toBe(1);
+  }, 90_000);
 
   it('keeps the key out of every URL and out of local storage, and the page meets its policy', async () => {
+    const { requested, violations, problems } = browser;
     expect(requested.length).toBeGreaterThan(10);
     for (const url of requested) expect(url).not.toContain(key);
     expect(page.url()).not.toContain(key);

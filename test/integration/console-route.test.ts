@@ -1,8 +1,9 @@
 /**
  * The web console's static route over a real socket: the redirect to `/console/`, content types,
  * the Content-Security-Policy on every answer (without `unsafe-inline`), no credential needed,
- * problem+json 404s for missing files, and no way out of the console folder (dot segments,
- * encoded or not, backslashes, NUL). Raw HTTP requests: fetch would normalise `..` away.
+ * problem+json 404s for missing files, the few browser-library files it serves from node_modules
+ * and none other, and no way out of the console folder (dot segments, encoded or not,
+ * backslashes, NUL). Raw HTTP requests: fetch would normalise `..` away.
  */
 import { mkdtempSync, mkdirSync, rmSync, writeFileSync } from 'node:fs';
 import { request } from 'node:http';
@@ -79,6 +80,44 @@ describe('the console static route', () => {
     const css = await fetch(`${scheduler.url}/console/console.css`);
     expect(css.headers.get('content-type')).toBe('text/css; charset=utf-8');
     expect((await fetch(`${scheduler.url}/console/favicon.svg`)).headers.get('content-type')).toBe('image/svg+xml');
+  });
+
+  it('serves the browser libraries the console loads from node_modules, and nothing else of them', async () => {
+    for (const [path, type] of [
+      ['vendor/novnc/core/rfb.js', 'text/javascript; charset=utf-8'],
+      ['vendor/novnc/core/input/keyboard.js', 'text/javascript; charset=utf-8'],
+      ['vendor/novnc/vendor/pako/lib/zlib/inflate.js', 'text/javascript; charset=utf-8'],
+      ['vendor/xterm/lib/xterm.mjs', 'text/javascript; charset=utf-8'],
+      ['vendor/xterm/css/xterm.css', 'text/css; charset=utf-8'],
+      ['vendor/xterm-addon-fit/lib/addon-fit.mjs', 'text/javascript; charset=utf-8'],
+    ] as const) {
+      const res = await fetch(`${scheduler.url}/console/${path}`);
+      expect(res.status, path).toBe(200);
+      expect(res.headers.get('content-type'), path).toBe(type);
+      expect(res.headers.get('content-security-policy'), path).toBe(CONSOLE_CSP);
+    }
+    expect(await (await fetch(`${scheduler.url}/console/vendor/novnc/core/rfb.js`)).text()).toContain('export default class RFB');
+    for (const path of [
+      'vendor/novnc/package.json',
+      'vendor/novnc/docs/API.md',
+      'vendor/novnc/vendor/pako/README.md',
+      'vendor/xterm/lib/xterm.js',
+      'vendor/xterm/lib/xterm.mjs.map',
+      'vendor/xterm/package.json',
+      'vendor/xterm-addon-fit/lib/addon-fit.js',
+      'vendor/sharp/lib/index.js',
+      'vendor/novnc',
+      'vendor/',
+      'vendor/__proto__/x.js',
+    ]) {
+      const res = await readResponse(await fetch(`${scheduler.url}/console/${path}`));
+      expectProblem(res, 404, path);
+    }
+    for (const path of ['/console/vendor/novnc/core/../../../package.json', '/console/vendor/novnc/core/%2e%2e/package.json', '/console/vendor/xterm/lib%2f..%2fpackage.json']) {
+      const res = await raw(scheduler.url, path);
+      expect(res.status, path).toBe(404);
+      expect(res.body, path).not.toContain('"version"');
+    }
   });
 
   it('answers 404 problem+json for missing files, folders and paths outside the console', async () => {

@@ -21,7 +21,9 @@ const ACTIONS = {
 };
 
 const CONFIRM = { fork: 'Confirm fork (shares its state and secrets)', destroy: 'Confirm destroy (deletes its disk)' };
-const BODIES = { fork: { count: 1, acknowledge_shared_state: true } };
+/** A fork makes 1 to 20 copies in one operation (docs/api.md §4.1). */
+const FORK_COUNT = { min: 1, max: 20 };
+const bodyOf = (action, forkCount) => (action === 'fork' ? { count: forkCount, acknowledge_shared_state: true } : undefined);
 
 export const desktopsView = {
   mount(el) {
@@ -34,6 +36,8 @@ export const desktopsView = {
     let desktops = null;
     let drawn = '';
     const confirming = new Map();
+    // Copies asked for per desktop, kept across redraws of the row while the fork is confirmed.
+    const forkCounts = new Map();
 
     const refresh = async () => {
       const answer = await call('GET', '/desktops');
@@ -51,7 +55,9 @@ export const desktopsView = {
         return;
       }
       confirming.delete(desktop.id);
-      void runOperation(desktop.id, action, BODIES[action], () => void refresh().catch(() => {}));
+      const count = forkCounts.get(desktop.id) ?? 1;
+      forkCounts.delete(desktop.id);
+      void runOperation(desktop.id, action, bodyOf(action, count), () => void refresh().catch(() => {}));
       // The state changes at once (waking, hibernating): show it without waiting for the poll.
       setTimeout(() => void refresh().catch(() => {}), 300);
     };
@@ -61,6 +67,14 @@ export const desktopsView = {
       const actions = (ACTIONS[d.state] ?? []).map((action) =>
         h('button', { type: 'button', 'data-action': action, class: action === 'destroy' ? 'danger' : '', onclick: () => act(d, action) }, pending === action ? CONFIRM[action] : action[0].toUpperCase() + action.slice(1)),
       );
+      if (pending === 'fork') {
+        const count = h('input', { type: 'number', class: 'count', min: FORK_COUNT.min, max: FORK_COUNT.max, value: forkCounts.get(d.id) ?? 1, 'data-fork-count': d.id, 'aria-label': 'Copies' });
+        count.addEventListener('input', () => {
+          const n = Math.trunc(Number(count.value));
+          if (n >= FORK_COUNT.min && n <= FORK_COUNT.max) forkCounts.set(d.id, n);
+        });
+        actions.unshift(h('label', { class: 'muted' }, 'Copies ', count));
+      }
       return h(
         'tr',
         { 'data-desktop': d.id, 'data-state': d.state },

@@ -5,8 +5,9 @@
  * ours. Every answer carries a Content-Security-Policy without `unsafe-inline`: the console has no
  * inline script or style, so an injected one never runs.
  *
- * Only files under the console folder with a known extension are served; anything else, a
- * directory or a path that would leave the folder included, is the same 404.
+ * Only files under the console folder with a known extension are served, and under `vendor/` the
+ * few library files the console loads from node_modules; anything else, a directory or a path
+ * that would leave the folder included, is the same 404.
  */
 import { existsSync } from 'node:fs';
 import { readFile, stat } from 'node:fs/promises';
@@ -15,6 +16,7 @@ import { fileURLToPath } from 'node:url';
 import type { FastifyReply } from 'fastify';
 import type { App } from '../route-types.js';
 import { problem } from '../../errors.js';
+import { vendorFile } from './console-vendor.js';
 
 /** `ws:`/`wss:` for the live screen and terminal streams; `blob:`/`data:` for screenshots and downloads. */
 export const CONSOLE_CSP = [
@@ -33,6 +35,7 @@ export const CONSOLE_CSP = [
 const TYPES: Readonly<Record<string, string>> = {
   '.html': 'text/html; charset=utf-8',
   '.js': 'text/javascript; charset=utf-8',
+  '.mjs': 'text/javascript; charset=utf-8',
   '.css': 'text/css; charset=utf-8',
   '.svg': 'image/svg+xml',
   '.png': 'image/png',
@@ -49,12 +52,16 @@ export function consoleFolder(): string | null {
   return candidates.find((dir) => existsSync(join(dir, 'index.html'))) ?? null;
 }
 
-/** The file a request path names under `root`, or null when it is outside it or malformed. */
+/**
+ * The file a request path names under `root`, or null when it is outside it or malformed.
+ * `vendor/…` names a browser library's file in node_modules instead (console-vendor.ts).
+ */
 export function consoleFile(root: string, requested: string): string | null {
   if (requested.includes('\0') || requested.includes('\\')) return null;
   const relative = requested === '' || requested.endsWith('/') ? `${requested}index.html` : requested;
   // A dot segment anywhere (`..`, `.hidden`) is refused before resolving: nothing of ours is named so.
   if (relative.split('/').some((segment) => segment.startsWith('.'))) return null;
+  if (relative.startsWith('vendor/')) return vendorFile(relative.slice('vendor/'.length));
   const file = resolve(root, relative);
   return file.startsWith(root + sep) ? file : null;
 }
