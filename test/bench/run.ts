@@ -19,6 +19,7 @@ import { newId } from '../../shared/src/ids.js';
 import { benchApi } from './api.js';
 import { benchGuestOps } from './guest-ops.js';
 import { benchFork } from './fork.js';
+import { benchParallel } from './parallel.js';
 import { benchWebhooks } from './webhooks.js';
 import { benchComputerUse } from './computer-use.js';
 import { benchTerminal } from './terminal.js';
@@ -61,7 +62,11 @@ async function main(): Promise<void> {
   const scheduler = await startSchedulerProcess({
     databaseUrl: pg.url,
     port: await freePort(),
-    extra: { CANTO_LOG_LEVEL: 'warn', CANTO_INGRESS_BASE_URL: 'http://apps.canto.test', CANTO_INGRESS_LISTEN: `127.0.0.1:${ingressPort}` },
+    extra: {
+      CANTO_LOG_LEVEL: 'warn', CANTO_INGRESS_BASE_URL: 'http://apps.canto.test', CANTO_INGRESS_LISTEN: `127.0.0.1:${ingressPort}`,
+      // Room for the 30 small desktops awake at once of the parallel section (the default allows 8 here).
+      CANTO_CPU_OVERCOMMIT: '40', CANTO_MEMORY_OVERCOMMIT: '8',
+    },
   });
   const agent = startAgentProcess(scheduler.url, join(dir, 'agent'), { CANTO_LOG_LEVEL: 'warn' });
   const sql = connectDatabase(pg.url, { max: 1 });
@@ -119,6 +124,7 @@ async function main(): Promise<void> {
     }
     if (want('api')) await benchApi({ schedulerUrl: scheduler.url, databaseUrl: pg.url, apiKey: key, runs: RUNS });
     if (want('guest-ops')) await benchGuestOps({ schedulerUrl: scheduler.url, apiKey: key, runtimeDir: join(dir, 'agent', 'runtime'), runs: RUNS });
+    if (want('parallel')) await benchParallel({ schedulerUrl: scheduler.url, apiKey: key, runs: RUNS });
     if (want('fork')) await benchFork({ schedulerUrl: scheduler.url, apiKey: key, runs: RUNS });
     if (want('computer-use')) await benchComputerUse({ schedulerUrl: scheduler.url, apiKey: key, runs: RUNS });
     if (want('terminal')) await benchTerminal({ schedulerUrl: scheduler.url, apiKey: key, runs: RUNS });

@@ -1,0 +1,82 @@
+/**
+ * Lifecycle in parallel (issue goals: 10 simultaneous wakes from memory snapshots settle within 2×
+ * one wake; 30 cold creates + wakes at once are all awake in < 5 s). Through the API, on one host:
+ * each wake's own latency when 10 are asked at once against a wake alone (the baseline), and for
+ * 30 desktops created and woken at once, the time until the last is awake against one cold
+ * create + wake alone. The bench's scheduler raises the overcommit so 30 small desktops fit.
+ */
+import { median, percentile, table, timed } from './stats.js';
+
+export interface ParallelBenchContext {
+  readonly schedulerUrl: string;
+  readonly apiKey: string;
+  readonly runs: number;
+}
+
+const WAKES = 10;
+const COLD = 30;
+
+export async function benchParallel(ctx: ParallelBenchContext): Promise<void> {
+  const headers = { authorization: `Bearer ${ctx.apiKey}`, 'content-type': 'application/json' };
+  const post = async (path: string, body: unknown = {}) => {
+    const res = await fetch(ctx.schedulerUrl + path, { method: 'POST', headers, body: JSON.stringify(body) });
+    const json = (await res.json()) as Record<string, any>;
+    if (res.status >= 300) throw new Error(`${path}: ${res.status} ${JSON.stringify(json)}`);
+    if (json.state === 'failed') throw new Error(`${path}: the operation failed: ${JSON.stringify(json.error)}`);
+    return json;
+  };
+  const create = async () => (await post('/v1/desktops', { tier: 'small' })).id as string;
+  const wake = (id: string) => post(`/v1/desktops/${id}/wake?wait=true`);
+  const hibernate = (id: string) => post(`/v1/desktops/${id}/hibernate?wait=true`);
+  const destroy = (id: string) => post(`/v1/desktops/${id}/destroy?wait=true`).catch(() => undefined);
+
+  const ids: string[] = [];
+  try {
+    // Ten hibernated desktops, each woken once before so its next wake restores memory.
+    for (let i = 0; i < WAKES; i++) {
+      const id = await create();
+      ids.push(id);
+      await wake(id);
+      await hibernate(id);
+    }
+    const alone: number[] = [];
+    const together: number[] = [];
+    const rounds = Math.max(2, Math.min(ctx.runs, 3));
+    for (let r = 0; r < rounds; r++) {
+      for (const id of ids.slice(0, 3)) {
+        alone.push(await timed(() => wake(id)));
+        await hibernate(id);
+      }
+      together.push(...(await Promise.all(ids.map((id) => timed(() => wake(id))))));
+      await Promise.all(ids.map(hibernate));
+      process.stderr.write(`parallel wakes round ${r + 1}/${rounds}\r`);
+    }
+    await Promise.all(ids.splice(0).map(destroy));
+
+    const coldAlone: number[] = [];
+    for (let i = 0; i < 3; i++) {
+      let id = '';
+      coldAlone.push(await timed(async () => {
+        id = await create();
+        await wake(id);
+      }));
+      await destroy(id);
+    }
+    const cold: number[] = [];
+    const all = await timed(() => Promise.all(Array.from({ length: COLD }, async () => {
+      cold.push(await timed(async () => {
+        const id = await create();
+        ids.push(id);
+        await wake(id);
+      }));
+    })));
+    table(`Parallel lifecycle (${WAKES} wakes from snapshots at once, ${rounds} rounds; ${COLD} cold creates + wakes at once); baseline = the same alone`, [
+      [`wake, ${WAKES} at once (each)`, median(together), median(alone), 'ms', 'within 2× one wake', together],
+      [`slowest of ${WAKES} wakes at once`, percentile(together, 100), median(alone), 'ms', '≤ 2× one wake'],
+      [`${COLD} cold creates + wakes at once, all awake`, all, median(coldAlone), 'ms', '< 5000 ms'],
+      [`cold create + wake, ${COLD} at once (each)`, median(cold), median(coldAlone), 'ms', '', cold],
+    ]);
+  } finally {
+    await Promise.all(ids.map(destroy));
+  }
+}
