@@ -13,7 +13,7 @@ import { promisify } from 'node:util';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { newId } from '../../shared/src/ids.js';
 import type { AgentFailure } from '../../shared/src/protocol.js';
-import { guestHelperProgram, type HelperOp } from '../../agent/src/runtime/sandbox/guest-helper.js';
+import { guestHelperProgram, type HelperOp } from '../../agent/src/runtime/sandbox/guest/guest-helper.js';
 import { until } from '../helpers/scheduler.js';
 import { createSandboxDriver, type SandboxDriver } from '../../agent/src/runtime/sandbox/index.js';
 import { failure } from '../helpers/agent-failure.js';

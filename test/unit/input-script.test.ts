@@ -24,7 +24,7 @@ import {
   shellQuote,
   typedText,
   typingSegments,
-} from '../../agent/src/runtime/sandbox/guest-input.js';
+} from '../../agent/src/runtime/sandbox/computer-use/guest-input.js';
 import { failure } from '../helpers/agent-failure.js';
 
 const NASTY = [

@@ -46,24 +46,24 @@ import type {
   TerminalSpec,
   VncSession,
 } from '../driver.js';
-import { applyTier, drainAndRemove, removeIfEmpty } from './cgroups.js';
-import { coldBoot, type InitProcess } from './cold-boot.js';
-import { detectCriu, dump, restore, type CriuInfo } from './criu.js';
-import { applyFirstBoot, WRITE_ENV_COMMAND } from './first-boot.js';
-import { resolveTool } from './tools.js';
-import { reapplyRecordedDisplay, resizeAndRecord } from './guest-display.js';
-import { runInput } from './guest-input.js';
-import { VncSessions } from './guest-vnc.js';
-import { TerminalSessions } from './guest-terminal.js';
-import { GuestPorts } from './guest-ports.js';
-import { guestExec, MAX_OUTPUT_BYTES } from './guest-exec.js';
-import { NESTED_MOUNTPOINTS } from './guest-init.js';
-import { GuestOperations } from './guest-ops.js';
-import { killGuestDetached, spawnGuestProcess } from './guest-processes.js';
-import { isSameProcess, signal, waitFor } from './host-procs.js';
-import { KeyedMutex } from './keyed-mutex.js';
-import { SandboxTransfer } from './sandbox-transfer.js';
-import { collectLayers, createFork, freeze, mountDisk, releaseDisk } from './layers.js';
+import { applyTier, drainAndRemove, removeIfEmpty } from './host/cgroups.js';
+import { coldBoot, type InitProcess } from './host/cold-boot.js';
+import { detectCriu, dump, restore, type CriuInfo } from './host/criu.js';
+import { applyFirstBoot, WRITE_ENV_COMMAND } from './host/first-boot.js';
+import { resolveTool } from './host/tools.js';
+import { reapplyRecordedDisplay, resizeAndRecord } from './computer-use/guest-display.js';
+import { runInput } from './computer-use/guest-input.js';
+import { VncSessions } from './computer-use/guest-vnc.js';
+import { TerminalSessions } from './guest/guest-terminal.js';
+import { GuestPorts } from './ports/guest-ports.js';
+import { guestExec, MAX_OUTPUT_BYTES } from './guest/guest-exec.js';
+import { NESTED_MOUNTPOINTS } from './guest/guest-init.js';
+import { GuestOperations } from './guest/guest-ops.js';
+import { killGuestDetached, spawnGuestProcess } from './guest/guest-processes.js';
+import { isSameProcess, signal, waitFor } from './host/host-procs.js';
+import { KeyedMutex } from './host/keyed-mutex.js';
+import { SandboxTransfer } from './host/sandbox-transfer.js';
+import { collectLayers, createFork, freeze, mountDisk, releaseDisk } from './host/layers.js';
 import {
   assertDesktopId,
   desktopPaths,
@@ -76,7 +76,7 @@ import {
   removeTree,
   writeFileAtomic,
   type DesktopPaths,
-} from './layout.js';
+} from './host/layout.js';
 
 export interface SandboxDriverOptions {
   /** Directory holding every desktop's disk, snapshot and runtime files. */

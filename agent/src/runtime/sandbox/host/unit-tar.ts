@@ -19,7 +19,7 @@
  * writes a pipe-full at a time, which more than doubles the throughput of a stream here.
  */
 import { spawn } from 'node:child_process';
-import type { UnitSink, UnitStream } from '../transfer.js';
+import type { UnitSink, UnitStream } from '../../transfer.js';
 
 const RECORD_BLOCKS = '128';
 

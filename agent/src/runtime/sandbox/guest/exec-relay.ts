@@ -10,7 +10,7 @@
  *
  *   sh -c JOIN canto-join <n> <cgroup dir>... perl -e RELAY -- <program> <args>...
  */
-import { JOIN_FAILED } from './cgroups.js';
+import { JOIN_FAILED } from '../host/cgroups.js';
 import { guestFile, perlProgram } from './guest-programs.js';
 
 /** What the relay's chain prints when the desktop's cgroups cannot be joined (exit 97). */

@@ -18,8 +18,8 @@
  * write anyway. Flags never include O_CREAT or O_TRUNC, and O_NONBLOCK keeps a FIFO from blocking.
  */
 import { closeSync, constants as fsc, fstatSync, openSync, read, readFileSync, readlinkSync, writev } from 'node:fs';
-import { AgentFailure } from '../../../../shared/src/protocol.js';
-import { childPidsSync, procStatSync } from './host-procs.js';
+import { AgentFailure } from '../../../../../shared/src/protocol.js';
+import { childPidsSync, procStatSync } from '../host/host-procs.js';
 
 export interface HandedFile {
   /** The helper's pid inside the guest. */

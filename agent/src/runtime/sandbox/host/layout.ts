@@ -16,7 +16,7 @@
 import { randomBytes } from 'node:crypto';
 import { chmod, cp, mkdir, readFile, rename, rm, stat, symlink, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
-import { AgentFailure } from '../../../../shared/src/protocol.js';
+import { AgentFailure } from '../../../../../shared/src/protocol.js';
 
 /** Desktop ids are opaque to the driver, but they become path components, so they are checked. */
 const DESKTOP_ID = /^dsk_[0-9a-v]{24}$/;

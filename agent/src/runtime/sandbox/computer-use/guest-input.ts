@@ -25,10 +25,10 @@
  * characters, while typing a bound character saves xdotool's two keymap changes; text without
  * off-map characters runs no such step.
  */
-import { AgentFailure } from '../../../../shared/src/protocol.js';
-import { INPUT_LIMITS, type InputAction, type MouseButton, type ScrollDirection } from '../../../../shared/src/computer-use.js';
-import type { CursorPosition, ExecOutcome, ExecSpec } from '../driver.js';
-import { guestFile } from './guest-programs.js';
+import { AgentFailure } from '../../../../../shared/src/protocol.js';
+import { INPUT_LIMITS, type InputAction, type MouseButton, type ScrollDirection } from '../../../../../shared/src/computer-use.js';
+import type { CursorPosition, ExecOutcome, ExecSpec } from '../../driver.js';
+import { guestFile } from '../guest/guest-programs.js';
 
 type Exec = (spec: ExecSpec) => Promise<ExecOutcome>;
 

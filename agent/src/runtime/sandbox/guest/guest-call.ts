@@ -20,15 +20,15 @@
  */
 import { spawn, type ChildProcess } from 'node:child_process';
 import { PassThrough, type Readable, type Writable } from 'node:stream';
-import { AgentFailure, type AgentErrorCode } from '../../../../shared/src/protocol.js';
-import { JOIN_FAILED, joinArgv } from './cgroups.js';
+import { AgentFailure, type AgentErrorCode } from '../../../../../shared/src/protocol.js';
+import { JOIN_FAILED, joinArgv } from '../host/cgroups.js';
 import { guestHelperProgram, helperRequest, warmHelperProgram, type HelperOp } from './guest-helper.js';
 import { GUEST_CAPS_ONLY, GUEST_ENV, GUEST_PATH, nsenterArgv } from './guest-init.js';
-import { killTree } from './host-procs.js';
+import { killTree } from '../host/host-procs.js';
 import type { HandoffScope } from './guest-handoff.js';
 import type { GuestOp } from './in-flight.js';
 import { warmPrologue } from './warm-perl.js';
-import type { WarmConnection } from './warm-pool.js';
+import type { WarmConnection } from '../host/warm-pool.js';
 
 export interface GuestTarget {
   readonly desktopId: string;

@@ -28,7 +28,7 @@ import { connect, type Socket } from 'node:net';
 import { join } from 'node:path';
 import type { InitProcess } from './cold-boot.js';
 import { processTree, procStat, signal, waitFor } from './host-procs.js';
-import { TOKEN_HEX } from './warm-perl.js';
+import { TOKEN_HEX } from '../guest/warm-perl.js';
 
 export type WarmKind = 'file' | 'exec';
 

@@ -35,12 +35,12 @@ import { connect, createServer, type Socket } from 'node:net';
 import { PassThrough } from 'node:stream';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { AgentFailure } from '../../../../shared/src/protocol.js';
-import type { VncSession } from '../driver.js';
-import { joinArgv, JOIN_FAILED } from './cgroups.js';
-import type { InitProcess } from './cold-boot.js';
-import { GUEST_CAPS_ONLY, GUEST_ENV, nsenterArgv } from './guest-init.js';
-import { isSameProcessSync, processTree, procStat, signal, waitFor, type ProcStat } from './host-procs.js';
+import { AgentFailure } from '../../../../../shared/src/protocol.js';
+import type { VncSession } from '../../driver.js';
+import { joinArgv, JOIN_FAILED } from '../host/cgroups.js';
+import type { InitProcess } from '../host/cold-boot.js';
+import { GUEST_CAPS_ONLY, GUEST_ENV, nsenterArgv } from '../guest/guest-init.js';
+import { isSameProcessSync, processTree, procStat, signal, waitFor, type ProcStat } from '../host/host-procs.js';
 
 export interface VncSessionsOptions {
   readonly nsenterPath: string;

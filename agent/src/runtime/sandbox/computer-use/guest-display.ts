@@ -5,10 +5,10 @@
  * so it needs no restart, and being server state it is part of a memory snapshot. The answer is
  * read back from the X server, never assumed.
  */
-import { AgentFailure } from '../../../../shared/src/protocol.js';
-import type { DisplaySize, ExecOutcome, ExecSpec } from '../driver.js';
-import { readJson, writeFileAtomic } from './layout.js';
-import { KeyedMutex } from './keyed-mutex.js';
+import { AgentFailure } from '../../../../../shared/src/protocol.js';
+import type { DisplaySize, ExecOutcome, ExecSpec } from '../../driver.js';
+import { readJson, writeFileAtomic } from '../host/layout.js';
+import { KeyedMutex } from '../host/keyed-mutex.js';
 
 type Exec = (spec: ExecSpec) => Promise<ExecOutcome>;
 

@@ -20,8 +20,8 @@
  */
 import { mkdir, readdir, rename, rm, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
-import { AgentFailure } from '../../../../shared/src/protocol.js';
-import { DESKTOP_UNIT, layerUnit, type DesktopTransfer, type HeldDesktop, type ImportRecord, type InstallSpec, type UnitSink, type UnitStream } from '../transfer.js';
+import { AgentFailure } from '../../../../../shared/src/protocol.js';
+import { DESKTOP_UNIT, layerUnit, type DesktopTransfer, type HeldDesktop, type ImportRecord, type InstallSpec, type UnitSink, type UnitStream } from '../../transfer.js';
 import type { InitProcess } from './cold-boot.js';
 import { isSameProcess } from './host-procs.js';
 import type { KeyedMutex } from './keyed-mutex.js';

@@ -5,7 +5,7 @@
  *
  * They are read from disk at first use and kept. Built, the CLI reads them from dist/guest/, which
  * tsup copies there (tsup.config.ts); run from source (vitest, `node --import tsx`), this module
- * finds agent/guest/ three folders up. One mechanism, the same text in all three ways the code runs.
+ * finds agent/guest/ four folders up. One mechanism, the same text in all three ways the code runs.
  *
  * Values a Perl program needs from the agent (system call numbers, errno values, open flags,
  * paths, limits) come in as constant subs, `sub NAME () { VALUE }`, written ahead of the program by
@@ -40,7 +40,7 @@ let folder: string | undefined;
 export function guestFolder(): string {
   if (folder !== undefined) return folder;
   const here = dirname(fileURLToPath(import.meta.url));
-  const candidates = [join(here, 'guest'), join(here, '..', '..', '..', 'guest')];
+  const candidates = [join(here, 'guest'), join(here, '..', '..', '..', '..', 'guest')];
   const found = candidates.find((dir) => existsSync(join(dir, MARKER)));
   if (found === undefined) throw new Error(`the guest programs are missing (looked in ${candidates.join(' and ')})`);
   return (folder = found);

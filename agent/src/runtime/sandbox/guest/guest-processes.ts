@@ -10,8 +10,8 @@
  * snapshot (their sessions are SIGKILLed, runner first, so no exit code is written), because the
  * docs/api.md §3.2 says they do not resume on wake; background jobs of a plain exec are not touched.
  */
-import { AgentFailure } from '../../../../shared/src/protocol.js';
-import type { DetachedSpec, ProcessStatus } from '../driver.js';
+import { AgentFailure } from '../../../../../shared/src/protocol.js';
+import type { DetachedSpec, ProcessStatus } from '../../driver.js';
 import { GuestCall, type GuestTarget } from './guest-call.js';
 import { PROCESS_ID } from './guest-helper.js';
 

@@ -5,7 +5,7 @@
  * one status byte (0, or the connect's errno) and relays both directions with backpressure until
  * both have ended.
  */
-import { guestFile, perlProgram } from './guest-programs.js';
+import { guestFile, perlProgram } from '../guest/guest-programs.js';
 
 /** How long a child waits for the agent's two bytes and for the connect inside the guest. */
 const CHILD_CONNECT_SEC = 12;

@@ -23,7 +23,7 @@ import {
   HOST_RO_DIRS,
   ROOT_SYMLINKS,
   type DesktopPaths,
-} from './layout.js';
+} from '../host/layout.js';
 
 export const MAX_SCREEN = '2560x1600';
 export const DEFAULT_SCREEN = '1024x768';

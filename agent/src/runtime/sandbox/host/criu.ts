@@ -21,8 +21,8 @@ import { execa } from 'execa';
 import { joinArgv } from './cgroups.js';
 import { procStat } from './host-procs.js';
 import type { DesktopPaths } from './layout.js';
-import { hostPathForGuestMount } from './guest-init.js';
-import { guestFile, perlProgram } from './guest-programs.js';
+import { hostPathForGuestMount } from '../guest/guest-init.js';
+import { guestFile, perlProgram } from '../guest/guest-programs.js';
 import type { InitProcess } from './cold-boot.js';
 
 export interface CriuInfo {

@@ -10,8 +10,8 @@
  * The setup script runs as the detached process `setup` (see guest-processes.ts).
  */
 import { writeFile } from 'node:fs/promises';
-import { AgentFailure } from '../../../../shared/src/protocol.js';
-import type { ExecOutcome, FirstBootSpec } from '../driver.js';
+import { AgentFailure } from '../../../../../shared/src/protocol.js';
+import type { ExecOutcome, FirstBootSpec } from '../../driver.js';
 
 export interface FirstBootSteps {
   /** Runs WRITE_ENV_COMMAND in the guest with `content` on stdin. */

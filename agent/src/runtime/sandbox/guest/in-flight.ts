@@ -10,7 +10,7 @@
  * soon as it is attached). The warm pool (warm-pool.ts) asks the same fence before starting a
  * server, so nothing new enters a desktop while it stops.
  */
-import { AgentFailure } from '../../../../shared/src/protocol.js';
+import { AgentFailure } from '../../../../../shared/src/protocol.js';
 
 export type GuestOpKind = 'exec' | 'file';
 

@@ -8,9 +8,9 @@ import { spawn } from 'node:child_process';
 import { closeSync, openSync } from 'node:fs';
 import { join } from 'node:path';
 import type { Readable } from 'node:stream';
-import { AgentFailure } from '../../../../shared/src/protocol.js';
+import { AgentFailure } from '../../../../../shared/src/protocol.js';
 import { joinArgv } from './cgroups.js';
-import { bwrapArgs, GUEST_ENV } from './guest-init.js';
+import { bwrapArgs, GUEST_ENV } from '../guest/guest-init.js';
 import { procStat, signal } from './host-procs.js';
 import type { DesktopPaths } from './layout.js';
 

@@ -25,7 +25,7 @@ import { execFile } from 'node:child_process';
 import { copyFile, link, mkdir, readdir, readFile, rename, rm, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { promisify } from 'node:util';
-import { newId } from '../../../../shared/src/ids.js';
+import { newId } from '../../../../../shared/src/ids.js';
 import { KeyedMutex } from './keyed-mutex.js';
 import { exists, readJson, type DesktopPaths } from './layout.js';
 

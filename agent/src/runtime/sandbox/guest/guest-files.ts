@@ -12,8 +12,8 @@
  * guest and strings here: they are decoded as UTF-8, and a name that is not valid UTF-8 comes out
  * with U+FFFD in place of the bad bytes.
  */
-import { AgentFailure } from '../../../../shared/src/protocol.js';
-import type { DirEntry, DirListing, FileRead, FileReadSpec, FileStat, FileType, FileWriteSpec } from '../driver.js';
+import { AgentFailure } from '../../../../../shared/src/protocol.js';
+import type { DirEntry, DirListing, FileRead, FileReadSpec, FileStat, FileType, FileWriteSpec } from '../../driver.js';
 import { GuestCall, type GuestTarget } from './guest-call.js';
 import { BatchedWriter, openHandedFile, parseHandedFile, type HandedFile } from './guest-handoff.js';
 import { MAX_APPEND_BYTES } from './guest-helper.js';

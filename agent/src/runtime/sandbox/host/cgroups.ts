@@ -7,9 +7,9 @@
  */
 import { mkdir, readFile, rmdir, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
-import { TIER_SPECS, type Tier } from '../../../../shared/src/tiers.js';
-import { AgentFailure } from '../../../../shared/src/protocol.js';
-import { guestFile } from './guest-programs.js';
+import { TIER_SPECS, type Tier } from '../../../../../shared/src/tiers.js';
+import { AgentFailure } from '../../../../../shared/src/protocol.js';
+import { guestFile } from '../guest/guest-programs.js';
 import { signal, waitFor } from './host-procs.js';
 
 const CONTROLLERS = ['memory', 'cpu', 'pids'] as const;

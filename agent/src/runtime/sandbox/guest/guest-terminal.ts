@@ -26,13 +26,13 @@
 import { statSync } from 'node:fs';
 import { readdir, readFile, stat } from 'node:fs/promises';
 import { spawn, type ChildProcess } from 'node:child_process';
-import { AgentFailure } from '../../../../shared/src/protocol.js';
-import type { TerminalSession, TerminalSpec } from '../driver.js';
-import { cgroupDirs, joinArgv } from './cgroups.js';
+import { AgentFailure } from '../../../../../shared/src/protocol.js';
+import type { TerminalSession, TerminalSpec } from '../../driver.js';
+import { cgroupDirs, joinArgv } from '../host/cgroups.js';
 import { guestFile, perlProgram } from './guest-programs.js';
-import type { InitProcess } from './cold-boot.js';
+import type { InitProcess } from '../host/cold-boot.js';
 import { GUEST_CAPS_ONLY, GUEST_ENV, nsenterArgv } from './guest-init.js';
-import { killTree, procStatSync, signal, waitFor } from './host-procs.js';
+import { killTree, procStatSync, signal, waitFor } from '../host/host-procs.js';
 
 type NodePty = typeof import('@lydell/node-pty');
 type Pty = ReturnType<NodePty['spawn']>;

@@ -19,13 +19,13 @@ import { spawn, type ChildProcess } from 'node:child_process';
 import type { Socket } from 'node:net';
 import { constants } from 'node:os';
 import type { Readable, Writable } from 'node:stream';
-import { AgentFailure } from '../../../../shared/src/protocol.js';
-import type { ExecOutcome } from '../driver.js';
-import { joinArgv } from './cgroups.js';
+import { AgentFailure } from '../../../../../shared/src/protocol.js';
+import type { ExecOutcome } from '../../driver.js';
+import { joinArgv } from '../host/cgroups.js';
 import { execRelay, RELAY_JOIN_FAILED } from './exec-relay.js';
 import { GUEST_CAPS_ONLY, GUEST_ENV, nsenterArgv } from './guest-init.js';
 import { lengthFramed, WARM_IDLE } from './guest-helper.js';
-import { killTree } from './host-procs.js';
+import { killTree } from '../host/host-procs.js';
 import { execServerProgram, warmPrologue } from './warm-perl.js';
 
 /** Output kept by the driver's own commands (first boot, probes). */

@@ -14,7 +14,7 @@
  * (warm-pool.ts). Both belong to one guest init: `reset` forgets them when the desktop starts or
  * stops.
  */
-import { AgentFailure } from '../../../../shared/src/protocol.js';
+import { AgentFailure } from '../../../../../shared/src/protocol.js';
 import type {
   DetachedSpec,
   DirListing,
@@ -29,17 +29,17 @@ import type {
   ProcessStatus,
   Screenshot,
   ScreenshotSpec,
-} from '../driver.js';
-import type { InitProcess } from './cold-boot.js';
+} from '../../driver.js';
+import type { InitProcess } from '../host/cold-boot.js';
 import { startWarmFileServer, type GuestTarget } from './guest-call.js';
 import { guestExec, startWarmExecServer } from './guest-exec.js';
 import { assertGuestPath, deleteGuest, listGuest, readGuest, statGuest, writeGuest } from './guest-files.js';
 import { assertProcessId, guestProcessStatus, spawnGuestProcess } from './guest-processes.js';
 import { InFlight, type GuestOp, type GuestOpKind } from './in-flight.js';
-import { isSameProcessSync } from './host-procs.js';
-import { desktopPaths, hasDisk, type DesktopPaths } from './layout.js';
-import { captureScreenshot, guestScreenSize } from './screenshot.js';
-import { WarmPool } from './warm-pool.js';
+import { isSameProcessSync } from '../host/host-procs.js';
+import { desktopPaths, hasDisk, type DesktopPaths } from '../host/layout.js';
+import { captureScreenshot, guestScreenSize } from '../computer-use/screenshot.js';
+import { WarmPool } from '../host/warm-pool.js';
 
 interface Entered {
   readonly target: GuestTarget;

@@ -27,11 +27,11 @@ import { open, type FileHandle } from 'node:fs/promises';
 import { endianness } from 'node:os';
 import { join } from 'node:path';
 import sharp from 'sharp';
-import { AgentFailure } from '../../../../shared/src/protocol.js';
-import type { DisplaySize, ScreenRegion, Screenshot, ScreenshotSpec } from '../driver.js';
-import { clampRegion, scaledSize } from '../screen-geometry.js';
-import { GuestCall, type GuestTarget } from './guest-call.js';
-import { X_ANSWER_SEC } from './guest-helper.js';
+import { AgentFailure } from '../../../../../shared/src/protocol.js';
+import type { DisplaySize, ScreenRegion, Screenshot, ScreenshotSpec } from '../../driver.js';
+import { clampRegion, scaledSize } from '../../screen-geometry.js';
+import { GuestCall, type GuestTarget } from '../guest/guest-call.js';
+import { X_ANSWER_SEC } from '../guest/guest-helper.js';
 
 /** The file Xvfb keeps screen 0 in, inside its `-fbdir`. */
 export const FRAMEBUFFER_FILE = 'Xvfb_screen0';

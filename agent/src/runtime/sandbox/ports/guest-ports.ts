@@ -41,11 +41,11 @@ import { rm } from 'node:fs/promises';
 import { connect, type Socket } from 'node:net';
 import { constants as osc } from 'node:os';
 import { join } from 'node:path';
-import { AgentFailure } from '../../../../shared/src/protocol.js';
-import { cgroupPids, JOIN_FAILED, joinArgv } from './cgroups.js';
-import type { InitProcess } from './cold-boot.js';
-import { procStatSync, signal, waitFor } from './host-procs.js';
-import { warmPrologue } from './warm-perl.js';
+import { AgentFailure } from '../../../../../shared/src/protocol.js';
+import { cgroupPids, JOIN_FAILED, joinArgv } from '../host/cgroups.js';
+import type { InitProcess } from '../host/cold-boot.js';
+import { procStatSync, signal, waitFor } from '../host/host-procs.js';
+import { warmPrologue } from '../guest/warm-perl.js';
 import { forwarderProgram } from './guest-ports-perl.js';
 
 export interface GuestPortsOptions {
