@@ -13,6 +13,7 @@
  * with U+FFFD in place of the bad bytes.
  */
 import { AgentFailure } from '../../../../../shared/src/protocol.js';
+import { FILE_TYPES } from '../../../../../shared/src/guest-commands.js';
 import type { DirEntry, DirListing, FileRead, FileReadSpec, FileStat, FileType, FileWriteSpec } from '../../driver.js';
 import { GuestCall, type GuestTarget } from './guest-call.js';
 import { BatchedWriter, openHandedFile, parseHandedFile, type HandedFile } from './guest-handoff.js';
@@ -62,7 +63,8 @@ function count(text: string | undefined): number {
 }
 
 function fileType(text: string | undefined): FileType {
-  if (text === 'file' || text === 'directory' || text === 'symlink' || text === 'other') return text;
+  const known: readonly string[] = FILE_TYPES;
+  if (text !== undefined && known.includes(text)) return text as FileType;
   throw malformed();
 }
 

@@ -45,16 +45,13 @@
  */
 import { guestFile, perlProgram, type PerlValue } from './guest-programs.js';
 import { PREFORK_VALUES } from './warm-perl.js';
+import { PROCESS_ID_SOURCE } from '../../../../../shared/src/guest-commands.js';
 
 /** Children a warm server (file or exec) keeps waiting, so that a run of operations never waits for a fork. */
 export const WARM_IDLE = 2;
 
 /** Largest append chunk the helper buffers (the API's limit is 8 MiB). */
 export const MAX_APPEND_BYTES = 8 * 1024 * 1024;
-
-/** Process ids the driver accepts: the first-boot `setup`, or `prc_` and 24 base-32 characters. */
-const PROCESS_ID_SOURCE = '(setup|prc_[0-9a-v]{24})';
-export const PROCESS_ID = new RegExp(`^${PROCESS_ID_SOURCE}$`);
 
 /** Where detached processes keep their files inside the guest. */
 export const PROCESSES_DIR = '/root/.canto/processes';

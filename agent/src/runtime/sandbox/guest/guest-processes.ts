@@ -13,7 +13,7 @@
 import { AgentFailure } from '../../../../../shared/src/protocol.js';
 import type { DetachedSpec, ProcessStatus } from '../../driver.js';
 import { GuestCall, type GuestTarget } from './guest-call.js';
-import { PROCESS_ID } from './guest-helper.js';
+import { PROCESS_ID } from '../../../../../shared/src/guest-commands.js';
 
 const CALL_MS = 30_000;
 /** Upper bound of a tail the driver reads, whatever the caller asks (the API caps at 512 KiB). */
