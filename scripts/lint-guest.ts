@@ -11,13 +11,13 @@ import { spawnSync } from 'node:child_process';
 import { readdirSync } from 'node:fs';
 import { join, relative } from 'node:path';
 import { pathToFileURL } from 'node:url';
-import { criuKeeperProgram } from '../agent/src/runtime/sandbox/criu.js';
-import { execRelay } from '../agent/src/runtime/sandbox/exec-relay.js';
-import { guestHelperProgram, warmHelperProgram, type HelperOp } from '../agent/src/runtime/sandbox/guest-helper.js';
-import { execServerProgram, warmPrologue } from '../agent/src/runtime/sandbox/warm-perl.js';
-import { forwarderProgram } from '../agent/src/runtime/sandbox/guest-ports-perl.js';
-import { guestFile, guestFolder } from '../agent/src/runtime/sandbox/guest-programs.js';
-import { terminalWriterProgram } from '../agent/src/runtime/sandbox/guest-terminal.js';
+import { criuKeeperProgram } from '../agent/src/runtime/sandbox/host/criu.js';
+import { execRelay } from '../agent/src/runtime/sandbox/guest/exec-relay.js';
+import { guestHelperProgram, warmHelperProgram, type HelperOp } from '../agent/src/runtime/sandbox/guest/guest-helper.js';
+import { execServerProgram, warmPrologue } from '../agent/src/runtime/sandbox/guest/warm-perl.js';
+import { forwarderProgram } from '../agent/src/runtime/sandbox/ports/guest-ports-perl.js';
+import { guestFile, guestFolder } from '../agent/src/runtime/sandbox/guest/guest-programs.js';
+import { terminalWriterProgram } from '../agent/src/runtime/sandbox/guest/guest-terminal.js';
 
 export interface Finding {
   readonly program: string;

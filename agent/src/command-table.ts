@@ -10,6 +10,7 @@
 import { inputBatchProblem } from '../../shared/src/computer-use.js';
 import { AgentFailure, type AgentCommand, type CommandPayload, type CommandResult } from '../../shared/src/protocol.js';
 import { WithDownload } from '../../shared/src/byte-stream.js';
+import { EXEC_MAX_OUTPUT_BYTES } from '../../shared/src/guest-commands.js';
 import type { FenceKind, GenerationStore } from './generations.js';
 import type { RuntimeDriver } from './runtime/driver.js';
 import type { DesktopMoves } from './transfer/moves.js';
@@ -60,7 +61,7 @@ export interface CommandKit {
 }
 
 /** Output kept per stream of a synchronous exec when the scheduler names no cap. */
-export const DEFAULT_MAX_OUTPUT_BYTES = 1024 * 1024;
+export const DEFAULT_MAX_OUTPUT_BYTES = EXEC_MAX_OUTPUT_BYTES;
 
 const refuse = (code: AgentFailure['code'], message: string) => Promise.reject(new AgentFailure(code, message, false));
 

@@ -16,17 +16,32 @@ export const ExecPayload = Type.Object({
   /** 1.1: bytes kept of each output stream (default 1 MiB). */
   max_output_bytes: Type.Optional(Type.Integer({ minimum: 0 })),
 });
-export const ExecResult = Type.Object({
+/** Bytes of each output stream a synchronous exec keeps unless the scheduler names another cap. */
+export const EXEC_MAX_OUTPUT_BYTES = 1024 * 1024;
+
+/**
+ * What a finished exec gives back: the one output shape of the API's answer (scheduler
+ * guest-schemas.ts), the agent's reply and the runtime driver's outcome (camelCase there).
+ */
+export const ExecOutput = Type.Object({
   exit_code: Type.Integer(),
   stdout: Type.String(),
   stderr: Type.String(),
-  stdout_truncated: Type.Optional(Type.Boolean()),
-  stderr_truncated: Type.Optional(Type.Boolean()),
+  stdout_truncated: Type.Boolean({ description: 'stdout was longer than 1 MiB; its first 1 MiB is returned' }),
+  stderr_truncated: Type.Boolean({ description: 'stderr was longer than 1 MiB; its first 1 MiB is returned' }),
+});
+/** On the link the truncation flags are optional: agents before 1.1 do not send them. */
+export const ExecResult = Type.Object({
+  ...ExecOutput.properties,
+  stdout_truncated: Type.Optional(ExecOutput.properties.stdout_truncated),
+  stderr_truncated: Type.Optional(ExecOutput.properties.stderr_truncated),
 });
 
 /** Process ids: `setup` (the first-boot script) or `prc_` plus 24 base-32 characters. */
-export const PROCESS_ID_PATTERN = '^(setup|prc_[0-9a-v]{24})$';
-const ProcessId = Type.String({ pattern: PROCESS_ID_PATTERN });
+export const PROCESS_ID_SOURCE = '(setup|prc_[0-9a-v]{24})';
+export const PROCESS_ID_PATTERN = `^${PROCESS_ID_SOURCE}$`;
+export const PROCESS_ID = new RegExp(PROCESS_ID_PATTERN);
+export const ProcessId = Type.String({ pattern: PROCESS_ID_PATTERN });
 /** Guest paths on the link: absolute and normalized by the scheduler; the agent re-checks. */
 const GuestPath = Type.String({ minLength: 1, maxLength: 4096, pattern: '^/' });
 
@@ -43,7 +58,10 @@ export const ProcessResult = Type.Object({
   stderr_tail: Type.String(),
 });
 
-const FileType = Type.Union([Type.Literal('file'), Type.Literal('directory'), Type.Literal('symlink'), Type.Literal('other')]);
+/** The kinds of file a stat or a listing reports, on the link and in the API. */
+export const FILE_TYPES = ['file', 'directory', 'symlink', 'other'] as const;
+export const FileType = Type.Union(FILE_TYPES.map((type) => Type.Literal(type)));
+export type FileType = Static<typeof FileType>;
 
 /** Answered with a download of `length` bytes after the reply. */
 export const FileReadPayload = Type.Object({

@@ -6,7 +6,7 @@ import { createHash } from 'node:crypto';
 import { readdir, readFile } from 'node:fs/promises';
 import { expect } from 'vitest';
 import type { FileRead } from '../../agent/src/runtime/driver.js';
-import { detectCriu } from '../../agent/src/runtime/sandbox/criu.js';
+import { detectCriu } from '../../agent/src/runtime/sandbox/host/criu.js';
 
 export const isRoot = process.getuid?.() === 0;
 

@@ -63,6 +63,14 @@ export function api(base: string, key: string) {
   };
 }
 
+/** The admin token tests start schedulers with (`CANTO_ADMIN_TOKEN`, at least 32 characters). */
+export const TEST_ADMIN_TOKEN = 'test-admin-token-0123456789abcdefghijklmnop';
+
+/** Calls a scheduler's admin API (`/admin/v1`): `api` with the admin token as the bearer. */
+export function adminApi(base: string, token = TEST_ADMIN_TOKEN) {
+  return api(base, token);
+}
+
 /** A response's status, headers, text and (when it parses) JSON body. */
 export async function readResponse(res: Response) {
   const text = await res.text();

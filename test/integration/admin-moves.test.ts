@@ -7,24 +7,16 @@
  * drain that could not finish is refused up front and changes nothing.
  */
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { api, mintKey, readResponse, startTestScheduler, until, type TestScheduler } from '../helpers/scheduler.js';
+import { adminApi, api, mintKey, startTestScheduler, TEST_ADMIN_TOKEN, until, type TestScheduler } from '../helpers/scheduler.js';
 import { startFakeAgent, type TestAgent } from '../helpers/agent.js';
 import { expectProblem } from '../helpers/problem.js';
 import { connectDatabase } from '../../scheduler/src/store/db.js';
 
-const ADMIN_TOKEN = 'test-admin-token-moves-0123456789abcdefghij';
 
 let s: TestScheduler;
 let call: ReturnType<typeof api>;
+let admin: ReturnType<typeof api>;
 const agents: TestAgent[] = [];
-
-function admin(method: string, path: string, body?: unknown) {
-  return fetch(s.url + path, {
-    method,
-    headers: { authorization: `Bearer ${ADMIN_TOKEN}`, ...(body === undefined ? {} : { 'content-type': 'application/json' }) },
-    body: body === undefined ? undefined : JSON.stringify(body),
-  }).then(readResponse);
-}
 
 async function settled(operationId: string): Promise<any> {
   return until(async () => {
@@ -52,8 +44,9 @@ async function readFile(id: string, path: string): Promise<string> {
 }
 
 beforeAll(async () => {
-  s = await startTestScheduler({ CANTO_ADMIN_TOKEN: ADMIN_TOKEN, CANTO_HEARTBEAT_MS: '200' });
+  s = await startTestScheduler({ CANTO_ADMIN_TOKEN: TEST_ADMIN_TOKEN, CANTO_HEARTBEAT_MS: '200' });
   call = api(s.url, await mintKey(s.databaseUrl, 'movers'));
+  admin = adminApi(s.url);
   for (let i = 0; i < 3; i++) agents.push(await startFakeAgent(s.url));
 });
 

@@ -13,7 +13,8 @@ import { afterEach, describe, expect, it } from 'vitest';
 import WebSocket, { WebSocketServer } from 'ws';
 import { WithDownload } from '../../shared/src/byte-stream.js';
 import { AgentFailure } from '../../shared/src/protocol.js';
-import { RpcPeer, STREAM_WINDOW_BYTES } from '../../shared/src/rpc.js';
+import { RpcPeer } from '../../shared/src/rpc.js';
+import { STREAM_WINDOW_BYTES } from '../../shared/src/rpc-streams.js';
 import { until } from '../helpers/wait.js';
 
 const sha = (b: Uint8Array) => createHash('sha256').update(b).digest('hex');

@@ -19,7 +19,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { newId } from '../../shared/src/ids.js';
 import { portLinkLine } from '../../shared/src/port-link.js';
 import { PortGateway } from '../../agent/src/ports/gateway.js';
-import { forwarderProgram } from '../../agent/src/runtime/sandbox/guest-ports-perl.js';
+import { forwarderProgram } from '../../agent/src/runtime/sandbox/ports/guest-ports-perl.js';
 import { createSandboxDriver, type SandboxDriver } from '../../agent/src/runtime/sandbox/index.js';
 import { failure } from '../helpers/agent-failure.js';
 import { hostProcesses, isAlive, isRoot, median, parentPid } from '../helpers/sandbox.js';

@@ -15,8 +15,8 @@ import sharp from 'sharp';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { newId } from '../../shared/src/ids.js';
 import type { DisplaySize, Screenshot, ScreenshotSpec } from '../../agent/src/runtime/driver.js';
-import { guestHelperProgram } from '../../agent/src/runtime/sandbox/guest-helper.js';
-import { desktopPaths } from '../../agent/src/runtime/sandbox/layout.js';
+import { guestHelperProgram } from '../../agent/src/runtime/sandbox/guest/guest-helper.js';
+import { desktopPaths } from '../../agent/src/runtime/sandbox/host/layout.js';
 import {
   captureScreenshot,
   FRAMEBUFFER_FILE,
@@ -24,7 +24,7 @@ import {
   PNG_FAST,
   toRgb,
   type XwdLayout,
-} from '../../agent/src/runtime/sandbox/screenshot.js';
+} from '../../agent/src/runtime/sandbox/computer-use/screenshot.js';
 import { createSandboxDriver, type SandboxDriver } from '../../agent/src/runtime/sandbox/index.js';
 import { failure } from '../helpers/agent-failure.js';
 import { isRoot } from '../helpers/sandbox.js';

@@ -5,22 +5,14 @@
  * that one. Fake agents over real websockets on a real scheduler and database.
  */
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { api, mintKey, readResponse, startTestScheduler, until, type TestScheduler } from '../helpers/scheduler.js';
+import { adminApi, api, mintKey, startTestScheduler, TEST_ADMIN_TOKEN, until, type TestScheduler } from '../helpers/scheduler.js';
 import { startFakeAgent, type TestAgent } from '../helpers/agent.js';
 
-const ADMIN_TOKEN = 'test-admin-token-stale-0123456789abcdefghij';
 
 let s: TestScheduler;
 let call: ReturnType<typeof api>;
+let admin: ReturnType<typeof api>;
 const agents: TestAgent[] = [];
-
-function admin(method: string, path: string, body?: unknown) {
-  return fetch(s.url + path, {
-    method,
-    headers: { authorization: `Bearer ${ADMIN_TOKEN}`, ...(body === undefined ? {} : { 'content-type': 'application/json' }) },
-    body: body === undefined ? undefined : JSON.stringify(body),
-  }).then(readResponse);
-}
 
 /** Whether the host's current driver holds the desktop (the agent in `agents` for that host id). */
 async function holds(agent: TestAgent, desktopId: string): Promise<boolean> {
@@ -29,8 +21,9 @@ async function holds(agent: TestAgent, desktopId: string): Promise<boolean> {
 }
 
 beforeAll(async () => {
-  s = await startTestScheduler({ CANTO_ADMIN_TOKEN: ADMIN_TOKEN, CANTO_HEARTBEAT_MS: '200' });
+  s = await startTestScheduler({ CANTO_ADMIN_TOKEN: TEST_ADMIN_TOKEN, CANTO_HEARTBEAT_MS: '200' });
   call = api(s.url, await mintKey(s.databaseUrl, 'stale'));
+  admin = adminApi(s.url);
   // A delay on every lifecycle call leaves time to take the source away between commit and cleanup.
   for (let i = 0; i < 2; i++) agents.push(await startFakeAgent(s.url, { delayMs: 300 }));
 });

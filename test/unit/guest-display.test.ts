@@ -1,6 +1,6 @@
 /** Parsing the X server's geometry from `xrandr --current` (agent/src/runtime/sandbox/guest-display.ts). */
 import { describe, expect, it } from 'vitest';
-import { parseCurrent } from '../../agent/src/runtime/sandbox/guest-display.js';
+import { parseCurrent } from '../../agent/src/runtime/sandbox/computer-use/guest-display.js';
 
 describe('parseCurrent', () => {
   it('reads the current size from the Screen line', () => {

@@ -7,7 +7,7 @@ import { mkdtempSync, openSync, readFileSync, rmSync, writeFileSync } from 'node
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterAll, afterEach, describe, expect, it } from 'vitest';
-import { BatchedWriter, HandedFd, parseHandedFile } from '../../agent/src/runtime/sandbox/guest-handoff.js';
+import { BatchedWriter, HandedFd, parseHandedFile } from '../../agent/src/runtime/sandbox/guest/guest-handoff.js';
 
 describe('handoff writer', () => {
   const dir = mkdtempSync(join(tmpdir(), 'canto-handoff-writer-'));

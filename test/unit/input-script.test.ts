@@ -1,9 +1,10 @@
 /**
- * The input batch script (agent/src/runtime/sandbox/guest-input.ts), run by the real /bin/sh with
- * a stand-in xdotool that records its argv: what xdotool would receive is checked word for word,
- * so the quoting is tested by the shell that parses it, not by reading the script. Stand-ins for
- * xmodmap and xprop keep a small keymap and the root property in files, so the binder of off-map
- * characters runs for real (awk, flock) against a keymap the test controls.
+ * The input batch script (agent/src/runtime/sandbox/computer-use/guest-input.ts), run by the real
+ * /bin/sh with a stand-in xdotool that records its argv: what xdotool would receive is checked
+ * word for word, so the quoting is tested by the shell that parses it, not by reading the script.
+ * Stand-ins for xmodmap and xprop keep a small keymap and the root property in files, so the
+ * binder of off-map characters runs for real (awk, flock) against a keymap the test controls. Its
+ * pure parts (quoting, typed text, cursor, timeout) are input-parts.test.ts.
  */
 import { spawnSync } from 'node:child_process';
 import { chmodSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
@@ -14,85 +15,10 @@ import { INPUT_LIMITS, type InputAction } from '../../shared/src/computer-use.js
 import { AgentFailure } from '../../shared/src/protocol.js';
 import type { ExecOutcome, ExecSpec } from '../../agent/src/runtime/driver.js';
 import {
-  inputScript,
-  inputTimeoutMs,
-  KEYMAP_LOCK,
-  MAX_TIMEOUT_MS,
-  parseCursor,
-  runInput,
-  SEGMENT_CHARS,
-  shellQuote,
-  typedText,
-  typingSegments,
-} from '../../agent/src/runtime/sandbox/guest-input.js';
+  inputScript, inputTimeoutMs, KEYMAP_LOCK, runInput, SEGMENT_CHARS, shellQuote, typedText, typingSegments,
+} from '../../agent/src/runtime/sandbox/computer-use/guest-input.js';
 import { failure } from '../helpers/agent-failure.js';
-
-const NASTY = [
-  '',
-  "it's",
-  "'''",
-  "'x'x'",
-  '$(touch /tmp/pwned) `id` ${HOME} $HOME',
-  'back\\slash\\\\ and \\n',
-  'line1\nline2\r\n\ttab',
-  '-starts-with-dash',
-  '--',
-  '"double" \'single\'',
-  'é€日本語 😀 \u00a0',
-  '* ? [a] ~ # ; & | < > ( ) { } !',
-];
-
-describe('shellQuote', () => {
-  it('gives back every string exactly through /bin/sh', () => {
-    for (const s of NASTY) {
-      const out = spawnSync('/bin/sh', ['-c', `printf %s ${shellQuote(s)}`], { encoding: 'utf8' });
-      expect(out.stdout, JSON.stringify(s)).toBe(s);
-    }
-  });
-
-  it('escapes a run of quotes once', () => {
-    expect(shellQuote("it's")).toBe(`'it'\\''s'`);
-    expect(shellQuote("'''")).toBe(`''\\'\\'\\'''`);
-    expect(shellQuote('plain')).toBe(`'plain'`);
-  });
-});
-
-describe('typedText', () => {
-  it('turns every line break into one carriage return (xdotool types it as Return)', () => {
-    expect(typedText('a\nb\r\nc\rd\n\ne')).toBe('a\rb\rc\rd\r\re');
-    expect(typedText('no breaks')).toBe('no breaks');
-  });
-});
-
-describe('parseCursor', () => {
-  it('reads X and Y from getmouselocation --shell', () => {
-    expect(parseCursor('X=10\nY=768\nSCREEN=0\nWINDOW=1234\n')).toEqual({ x: 10, y: 768 });
-    expect(parseCursor('X=0\nY=0\n')).toEqual({ x: 0, y: 0 });
-  });
-
-  it('gives null without both coordinates', () => {
-    expect(parseCursor('')).toBeNull();
-    expect(parseCursor('X=10\n')).toBeNull();
-    expect(parseCursor("Error: Can't open display: :0\n")).toBeNull();
-    expect(parseCursor('WINDOW=X=1\nY=2\n')).toBeNull();
-  });
-});
-
-describe('inputTimeoutMs', () => {
-  it('adds waits and typing to a base and caps the total', () => {
-    const empty = inputTimeoutMs([]);
-    expect(empty).toBeGreaterThanOrEqual(5_000);
-    const waits = inputTimeoutMs([{ type: 'wait', ms: 5000 }, { type: 'wait', ms: 3000 }]);
-    expect(waits - empty).toBeGreaterThanOrEqual(8000);
-    // Characters, not bytes: 100 three-byte characters at 40 ms each.
-    const typed = inputTimeoutMs([{ type: 'type', text: '日'.repeat(100), delay_ms: 40 }]);
-    expect(typed - empty).toBeGreaterThanOrEqual(4000);
-    expect(typed - empty).toBeLessThan(8000);
-    expect(inputTimeoutMs([{ type: 'type', text: 'x'.repeat(8192), delay_ms: 500 }])).toBe(MAX_TIMEOUT_MS);
-    // Binding off-map characters takes time of its own, per segment.
-    expect(inputTimeoutMs([{ type: 'type', text: 'é'.repeat(10) }])).toBeGreaterThan(inputTimeoutMs([{ type: 'type', text: 'e'.repeat(10) }]));
-  });
-});
+import { NASTY } from '../helpers/nasty-text.js';
 
 /**
  * Stand-ins that append one record each to a log, NUL-separated fields ending in \x01: xdotool

@@ -12,16 +12,9 @@ import { AgentFailure } from '../../shared/src/protocol.js';
 import type { VncSession } from '../../agent/src/runtime/driver.js';
 import { StreamGateway, type StreamGatewayOptions } from '../../agent/src/stream/gateway.js';
 import { MAX_VIEW_CLAIMS } from '../../agent/src/stream/tickets.js';
+import { until } from '../helpers/wait.js';
 
 const GREETING = 'RFB 003.008\n';
-
-async function until(check: () => boolean, what: string, timeoutMs = 5_000): Promise<void> {
-  const deadline = Date.now() + timeoutMs;
-  while (!check()) {
-    if (Date.now() > deadline) throw new Error(`timed out waiting for ${what}`);
-    await new Promise((r) => setTimeout(r, 5));
-  }
-}
 
 /** A VNC "server" in the test process: greets, then echoes. */
 class FakeServer implements VncSession {
@@ -75,7 +68,7 @@ class Client {
   }
 
   async waitFor(text: string): Promise<void> {
-    await until(() => this.data.includes(text), `client to receive ${JSON.stringify(text)}`);
+    await until(() => this.data.includes(text), 5_000, `client to receive ${JSON.stringify(text)}`);
   }
 
   /** Resolves with everything received once the gateway has closed the connection. */
@@ -170,7 +163,7 @@ describe('stream gateway', () => {
   it('refuses an expired ticket', async () => {
     const gw = await start({ ticketTtlMs: 50 });
     const grant = gw.grant('dsk_a', 'view');
-    await until(() => Date.now() > grant.expiresAt.getTime() + 5, 'the ticket to expire');
+    await until(() => Date.now() > grant.expiresAt.getTime() + 5, 5_000, 'the ticket to expire');
     const client = await Client.dial(gw.port, `${grant.ticket}\n`);
     expect(await client.closedWith()).toBe('ERR expired_ticket\n');
     expect(servers).toHaveLength(0);
@@ -221,7 +214,7 @@ describe('stream gateway', () => {
     await client.waitFor(GREETING);
     expect(gw.controlHeld('dsk_a')).toBe(true);
     client.socket.destroy();
-    await until(() => !gw.controlHeld('dsk_a'), 'the control claim to be released');
+    await until(() => !gw.controlHeld('dsk_a'), 5_000, 'the control claim to be released');
     await servers[0]?.closed;
     expect(gw.grant('dsk_a', 'control').ticket).toMatch(/^stk_/);
   });
@@ -230,7 +223,7 @@ describe('stream gateway', () => {
     const gw = await start({ ticketTtlMs: 50 });
     gw.grant('dsk_a', 'control');
     expect(gw.controlHeld('dsk_a')).toBe(true);
-    await until(() => !gw.controlHeld('dsk_a'), 'the unused control ticket to expire');
+    await until(() => !gw.controlHeld('dsk_a'), 5_000, 'the unused control ticket to expire');
     expect(() => gw.grant('dsk_a', 'control')).not.toThrow();
   });
 
@@ -239,10 +232,10 @@ describe('stream gateway', () => {
     const grant = gw.grant('dsk_a', 'control');
     const client = await Client.dial(gw.port, `${grant.ticket}\n`);
     await client.waitFor(GREETING);
-    await until(() => Date.now() > grant.expiresAt.getTime() + 20, 'the ticket lifetime to pass');
+    await until(() => Date.now() > grant.expiresAt.getTime() + 20, 5_000, 'the ticket lifetime to pass');
     expect(gw.controlHeld('dsk_a')).toBe(true);
     client.socket.destroy();
-    await until(() => !gw.controlHeld('dsk_a'), 'the control claim to be released');
+    await until(() => !gw.controlHeld('dsk_a'), 5_000, 'the control claim to be released');
   });
 
   it('caps view claims per desktop', async () => {
@@ -264,7 +257,7 @@ describe('stream gateway', () => {
     gw.release('dsk_a');
     expect(gw.controlHeld('dsk_a')).toBe(false);
     await Promise.all([control.ended, view.ended]);
-    await until(() => servers.filter((s) => s.desktopId === 'dsk_a').length === 2, 'both servers');
+    await until(() => servers.filter((s) => s.desktopId === 'dsk_a').length === 2, 5_000, 'both servers');
     await Promise.all(servers.filter((s) => s.desktopId === 'dsk_a').map((s) => s.closed));
 
     const late = await Client.dial(gw.port, `${unused}\n`);
@@ -280,12 +273,12 @@ describe('stream gateway', () => {
     openFailure = new AgentFailure('not_running', 'desktop dsk_a is not running', false);
     const stopped = await Client.dial(gw.port, `${gw.grant('dsk_a', 'control').ticket}\n`);
     expect(await stopped.closedWith()).toBe('ERR not_running\n');
-    await until(() => !gw.controlHeld('dsk_a'), 'the control claim to be released');
+    await until(() => !gw.controlHeld('dsk_a'), 5_000, 'the control claim to be released');
 
     openFailure = new AgentFailure('runtime_error', 'x11vnc exploded', true);
     const broken = await Client.dial(gw.port, `${gw.grant('dsk_a', 'control').ticket}\n`);
     expect(await broken.closedWith()).toBe('ERR unavailable\n');
-    await until(() => !gw.controlHeld('dsk_a'), 'the control claim to be released');
+    await until(() => !gw.controlHeld('dsk_a'), 5_000, 'the control claim to be released');
   });
 
   it('ends the connection when the server exits', async () => {
@@ -295,7 +288,7 @@ describe('stream gateway', () => {
     servers[0]?.output.write('bye');
     servers[0]?.exit();
     expect(await client.closedWith()).toBe(`${GREETING}bye`);
-    await until(() => !gw.controlHeld('dsk_a'), 'the control claim to be released');
+    await until(() => !gw.controlHeld('dsk_a'), 5_000, 'the control claim to be released');
   });
 
   it('close ends every session and refuses new grants', async () => {

@@ -12,8 +12,8 @@ import { join } from 'node:path';
 import { Readable } from 'node:stream';
 import { pipeline } from 'node:stream/promises';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { desktopUnitMembers } from '../../agent/src/runtime/sandbox/sandbox-transfer.js';
-import { tarStream, untar } from '../../agent/src/runtime/sandbox/unit-tar.js';
+import { desktopUnitMembers } from '../../agent/src/runtime/sandbox/host/sandbox-transfer.js';
+import { tarStream, untar } from '../../agent/src/runtime/sandbox/host/unit-tar.js';
 import { digestOf } from '../../agent/src/transfer/digests.js';
 
 const isRoot = process.getuid?.() === 0;

@@ -11,7 +11,7 @@ import { join } from 'node:path';
 import sharp from 'sharp';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import type { DisplaySize, ScreenshotSpec } from '../../agent/src/runtime/driver.js';
-import { captureScreenshot, FRAMEBUFFER_FILE, toRgb } from '../../agent/src/runtime/sandbox/screenshot.js';
+import { captureScreenshot, FRAMEBUFFER_FILE, toRgb } from '../../agent/src/runtime/sandbox/computer-use/screenshot.js';
 import { failure } from '../helpers/agent-failure.js';
 
 type Rgb = readonly [number, number, number];

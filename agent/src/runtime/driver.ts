@@ -9,7 +9,14 @@
 import type { Duplex } from 'node:stream';
 import type { Tier } from '../../../shared/src/tiers.js';
 import type { InputAction } from '../../../shared/src/computer-use.js';
-import type { ScreenRegion } from '../../../shared/src/guest-commands.js';
+import type { Static } from '@sinclair/typebox';
+import type { CamelKeys } from '../../../shared/src/camel-case.js';
+import type { DesktopRef } from '../../../shared/src/desktop-ref.js';
+import type {
+  DirListResult, DisplayResult, ExecOutput, ExecPayload, FileReadPayload, FileReadResult, FileStatResult, FileType,
+  FileWritePayload, InputResult, ProcessResult, ScreenRegion, ScreenshotPayload, ScreenshotResult, SpawnPayload,
+  TerminalGrantPayload,
+} from '../../../shared/src/guest-commands.js';
 import type { DesktopTransfer } from './transfer.js';
 
 export type { ScreenRegion };
@@ -40,113 +47,61 @@ export interface StartSpec {
   readonly firstBoot: FirstBootSpec | null;
 }
 
-export interface ExecSpec {
-  readonly command: string;
-  readonly timeoutMs: number;
-  /** Bytes kept of each of stdout and stderr; the rest is read and dropped. */
-  readonly maxOutputBytes: number;
-}
+/*
+ * Request and response shapes of guest operations and computer use: the agent protocol's
+ * (shared/src/guest-commands.ts) in camelCase, without the desktop reference the driver gets as
+ * an argument. The fields are documented there.
+ */
+type Ref = keyof typeof DesktopRef;
+/** A protocol payload as the driver takes it. */
+type SpecOf<P> = CamelKeys<Omit<P, Ref>>;
 
-export interface ExecOutcome {
-  readonly exitCode: number;
-  readonly stdout: string;
-  readonly stderr: string;
-  /** True when the stream had more than `maxOutputBytes` bytes. */
-  readonly stdoutTruncated: boolean;
-  readonly stderrTruncated: boolean;
-}
-
-export interface DetachedSpec {
-  /** `prc_…` for client processes; `setup` is the driver's own. */
-  readonly processId: string;
-  readonly command: string;
-}
-
-export interface ProcessStatus {
-  readonly status: 'running' | 'exited' | 'lost';
-  /** Set only when `status` is `exited`. */
-  readonly exitCode: number | null;
-  readonly stdoutTail: string;
-  readonly stderrTail: string;
-}
+/** `maxOutputBytes` is always set: the command table supplies the default cap. */
+export type ExecSpec = SpecOf<Required<Static<typeof ExecPayload>>>;
+/** The truncation flags are always set by a driver (optional only on the link, for old agents). */
+export type ExecOutcome = CamelKeys<Static<typeof ExecOutput>>;
+/** `processId`: `prc_…` for client processes; `setup` is the driver's own. */
+export type DetachedSpec = SpecOf<Static<typeof SpawnPayload>>;
+/** `exitCode` is set only when `status` is `exited`. */
+export type ProcessStatus = CamelKeys<Omit<Static<typeof ProcessResult>, 'found'>>;
 
 /** A guest path: absolute, normalized (no `.`/`..`/empty segments, no NUL), `/` for the root. */
 export type GuestPath = string;
 
-export interface FileReadSpec {
-  readonly path: GuestPath;
-  /** null: the whole file, refused with `too_large` above `maxWholeBytes`. */
-  readonly offset: number | null;
-  /** Window length; only with an offset. */
-  readonly length: number;
-  readonly maxWholeBytes: number;
-}
+/**
+ * `offset` null reads the whole file, refused with `too_large` above `maxWholeBytes`; `length`
+ * is the window's length, only with an offset.
+ */
+export type FileReadSpec = SpecOf<Static<typeof FileReadPayload>>;
 
-export interface FileRead {
-  /** Total size of the file. */
-  readonly size: number;
-  /** Bytes `body` will yield. */
-  readonly length: number;
-  /** True when the window reaches the end of the file. */
-  readonly eof: boolean;
-  readonly body: AsyncIterable<Buffer>;
-}
+/** `size` is the whole file's, `length` the bytes `body` will yield; `eof` when the window reaches the end. */
+export type FileRead = CamelKeys<Static<typeof FileReadResult>> & { readonly body: AsyncIterable<Buffer> };
 
-export interface FileWriteSpec {
-  readonly path: GuestPath;
-  /** null replaces the file; a number appends, accepted only when the file's size equals it. */
-  readonly appendAt: number | null;
-}
+/** `appendAt` null replaces the file; a number appends, accepted only when the file's size equals it. */
+export type FileWriteSpec = SpecOf<Static<typeof FileWritePayload>>;
 
-export type FileType = 'file' | 'directory' | 'symlink' | 'other';
+export type { FileType };
 
-export interface FileStat {
-  readonly fileType: FileType;
-  readonly sizeBytes: number;
-  /** ISO 8601. */
-  readonly modifiedAt: string;
-  /** Permission bits as octal text, e.g. `644`. */
-  readonly mode: string;
-}
+/** `modifiedAt` is ISO 8601; `mode` the permission bits as octal text, e.g. `644`. */
+export type FileStat = CamelKeys<Static<typeof FileStatResult>>;
 
-export interface DirEntry {
-  readonly name: string;
-  readonly fileType: FileType;
-  readonly sizeBytes: number;
-  readonly modifiedAt: string;
-}
+/** Direct children sorted by name in byte order, at most the limit asked. */
+export type DirListing = CamelKeys<Static<typeof DirListResult>>;
+export type DirEntry = DirListing['entries'][number];
 
-export interface DirListing {
-  /** Direct children sorted by name in byte order, at most `limit`. */
-  readonly entries: DirEntry[];
-  readonly truncated: boolean;
-}
+export type DisplaySize = Readonly<Static<typeof DisplayResult>>;
 
-export interface DisplaySize {
-  readonly width: number;
-  readonly height: number;
-}
+/**
+ * `region` in screen pixels, clamped to the current screen (null: the whole screen);
+ * `scalePercent` 1-100 of the cropped size (null keeps it); a PNG over `maxBytes` fails with
+ * `too_large`.
+ */
+export type ScreenshotSpec = SpecOf<Static<typeof ScreenshotPayload>>;
 
-export interface ScreenshotSpec {
-  /** Screen pixels; clamped to the current screen. Null captures the whole screen. */
-  readonly region: ScreenRegion | null;
-  /** 1-100: downscale percent of the (cropped) size. Null keeps the size. */
-  readonly scalePercent: number | null;
-  /** A PNG over this many bytes fails with `too_large`. */
-  readonly maxBytes: number;
-}
+/** The image's size is after the crop and the scale. */
+export type Screenshot = Omit<CamelKeys<Static<typeof ScreenshotResult>>, 'png'> & { readonly png: Buffer };
 
-export interface Screenshot {
-  readonly png: Buffer;
-  /** The image's size: after the crop and the scale. */
-  readonly width: number;
-  readonly height: number;
-}
-
-export interface CursorPosition {
-  readonly x: number;
-  readonly y: number;
-}
+export type CursorPosition = Readonly<Static<typeof InputResult>>;
 
 /**
  * A VNC (RFB) server speaking to one client through a pair of pipes: what the client sends goes
@@ -161,13 +116,8 @@ export interface VncSession {
   close(): void;
 }
 
-/** A terminal's size and program. */
-export interface TerminalSpec {
-  readonly cols: number;
-  readonly rows: number;
-  /** Run by `/bin/sh -c` instead of a login shell; the session ends when it exits. */
-  readonly command: string | null;
-}
+/** A terminal's size and program; `command` is run by `/bin/sh -c` instead of a login shell, and the session ends when it exits. */
+export type TerminalSpec = SpecOf<Static<typeof TerminalGrantPayload>>;
 
 /**
  * A program on a pseudo-terminal inside a desktop, for one terminal client. It ends when the

@@ -115,7 +115,7 @@ export class StreamGateway {
   /** Issues a single-use ticket; `control_claimed` or `too_large` when the claim cannot be had. */
   grant(desktopId: string, claim: StreamClaim): StreamGrant {
     if (this.listener.closing) throw new AgentFailure('runtime_error', 'the stream gateway is closed', true);
-    const { ticket, expiresAt } = this.book.issue(desktopId, claim);
+    const { ticket, expiresAt } = this.book.issue({ desktopId, claim });
     this.options.log('stream ticket granted', { desktopId, claim, expiresAt: new Date(expiresAt).toISOString() });
     return { ticket, expiresAt: new Date(expiresAt), host: this.options.advertiseHost, port: this.port };
   }
@@ -127,7 +127,7 @@ export class StreamGateway {
   grantTerminal(desktopId: string, generation: number, spec: TerminalSpec): StreamGrant {
     if (this.listener.closing) throw new AgentFailure('runtime_error', 'the stream gateway is closed', true);
     if (this.options.openTerminal === undefined) throw new AgentFailure('unsupported', 'this host has no terminals', false);
-    const { ticket, expiresAt } = this.terminals.issue(desktopId, generation, spec);
+    const { ticket, expiresAt } = this.terminals.issue({ desktopId, generation, spec });
     this.options.log('terminal ticket granted', { desktopId, generation, expiresAt: new Date(expiresAt).toISOString() });
     return { ticket, expiresAt: new Date(expiresAt), host: this.options.advertiseHost, port: this.port };
   }

@@ -7,6 +7,7 @@ import { Type, type Static } from '@sinclair/typebox';
 import { idPattern } from '../../../shared/src/ids.js';
 import { INPUT_LIMITS, InputAction, STREAM_CLAIMS } from '../../../shared/src/computer-use.js';
 import { TERMINAL_SIZE } from '../../../shared/src/terminal-protocol.js';
+import { ExecOutput, FileType, ProcessId } from '../../../shared/src/guest-commands.js';
 import { CLOSED, DIGITS, NO_NUL } from '../api/schemas.js';
 
 /* ------------------------------------------------------------------ guest operations */
@@ -23,22 +24,13 @@ export const ExecBody = Type.Object(
 );
 export type ExecBody = Static<typeof ExecBody>;
 
-export const ExecResponse = Type.Object(
-  {
-    exit_code: Type.Integer(),
-    stdout: Type.String(),
-    stderr: Type.String(),
-    stdout_truncated: Type.Boolean({ description: 'stdout was longer than 1 MiB; its first 1 MiB is returned' }),
-    stderr_truncated: Type.Boolean({ description: 'stderr was longer than 1 MiB; its first 1 MiB is returned' }),
-  },
-  { $id: 'ExecResponse' },
-);
+export const ExecResponse = Type.Object({ ...ExecOutput.properties }, { $id: 'ExecResponse' });
 
 export const ExecDetachedResponse = Type.Object({ process_id: Type.String() }, { $id: 'ExecDetachedResponse' });
 
 export const ProcessParams = Type.Object({
   id: Type.String({ pattern: idPattern('desktop') }),
-  process_id: Type.String({ pattern: '^(setup|prc_[0-9a-v]{24})$' }),
+  process_id: ProcessId,
 });
 
 
@@ -56,8 +48,6 @@ export const ProcessStatusResponse = Type.Object(
   },
   { $id: 'ProcessStatusResponse' },
 );
-
-export const FileType = Type.Union([Type.Literal('file'), Type.Literal('directory'), Type.Literal('symlink'), Type.Literal('other')]);
 
 export const FileStatJson = Type.Object(
   {

@@ -21,12 +21,13 @@ import { getDesktop } from '../store/desktops.js';
 import type { DesktopState } from '../store/rows.js';
 import type { NotifiedCache } from '../store/notified-cache.js';
 import { formatHostPort } from '../../../shared/src/host-port.js';
+import { EXEC_MAX_OUTPUT_BYTES } from '../../../shared/src/guest-commands.js';
 
 /** Synchronous exec: the default and ceiling (docs/api.md §4.3) for `timeout_secs`. */
 export const EXEC_DEFAULT_TIMEOUT_SECS = 60;
 export const EXEC_MAX_TIMEOUT_SECS = 300;
 /** Bytes of stdout and of stderr a synchronous exec returns; the rest is dropped (docs/decisions.md). */
-export const EXEC_MAX_OUTPUT_BYTES = 1024 * 1024;
+export { EXEC_MAX_OUTPUT_BYTES };
 /** docs/api.md §8: a chunk written, a window read, a whole file read. */
 export const FILE_CHUNK_MAX_BYTES = 8 * 1024 * 1024;
 export const DIR_LIST_MAX_ENTRIES = 2000;

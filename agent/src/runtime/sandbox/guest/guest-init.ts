@@ -1,0 +1,131 @@
+/**
+ * What a desktop is, as bubblewrap sees it: the namespaces, the pivoted root, and the guest init.
+ *
+ * The root is bwrap's own tmpfs holding only mountpoints and the merged-/usr symlinks, remounted
+ * read-only; `/usr` and `/etc` are read-only binds of the host's; `/root /home /tmp /var` are binds
+ * of the desktop's disk; `/dev`, `/proc`, `/run` and `/dev/shm` are the guest's own. This is the
+ * shape CRIU can dump and restore: every bind mount is declared external at dump time under a
+ * stable key (never a host path), and mapped back to a host path at restore time, so the image
+ * names no desktop-specific host path and can be restored under another desktop's directories.
+ *
+ * The guest init is a small POSIX shell script (agent/guest/init.sh) running as pid 1 in its own session (CRIU refuses
+ * a session leader outside the pid namespace). It reopens its stdio inside the guest (CRIU cannot
+ * dump an fd pointing at a host mount), starts Xvfb at its maximum size and waits for it through
+ * `-displayfd`, shrinks the screen to the default size with xrandr, starts openbox and waits until
+ * it manages the screen, reports `ready` on fd 4 and then only reaps orphans.
+ */
+import { existsSync } from 'node:fs';
+import { join } from 'node:path';
+import { guestFile } from './guest-programs.js';
+import {
+  DISK_DIRS,
+  GUEST_FB_DIR,
+  HOST_RO_DIRS,
+  ROOT_SYMLINKS,
+  type DesktopPaths,
+} from '../host/layout.js';
+
+export const MAX_SCREEN = '2560x1600';
+export const DEFAULT_SCREEN = '1024x768';
+
+export const GUEST_PATH = '/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin';
+
+/** The environment every guest process starts from (init and exec). */
+export const GUEST_ENV: Readonly<Record<string, string>> = {
+  PATH: GUEST_PATH,
+  HOME: '/root',
+  USER: 'root',
+  LOGNAME: 'root',
+  SHELL: '/bin/sh',
+  LANG: 'C.UTF-8',
+  DISPLAY: ':0',
+};
+
+/**
+ * Capabilities guest processes keep. The guest is root without a user namespace, so the full set
+ * would let it remount the read-only binds, mknod the host's disk or open_by_handle_at its way out.
+ * This is Docker's default set without CAP_MKNOD: enough for package tools, chown, setuid daemons.
+ */
+export const GUEST_CAPS = [
+  'chown', 'dac_override', 'fowner', 'fsetid', 'kill', 'setgid', 'setuid', 'setpcap',
+  'setfcap', 'net_bind_service', 'net_raw', 'sys_chroot', 'audit_write',
+] as const;
+
+/** `setpriv` down to the guest's bounding set: the prefix of anything that runs guest code. */
+export const GUEST_CAPS_ONLY: readonly string[] = [
+  '/usr/bin/setpriv', `--bounding-set=-all,${GUEST_CAPS.map((c) => `+${c}`).join(',')}`,
+];
+
+/**
+ * nsenter into every namespace of the guest init (its pid namespace too) and its root. The time
+ * namespace matters after a restore: CRIU restores a desktop into a time namespace of its own
+ * (its clocks continue where they stopped), and a process that entered without it would be the
+ * one task of the next snapshot in another time namespace, which CRIU cannot restore
+ * ("Can't restore sub-task in NS"): the desktop would then wake cold.
+ */
+export function nsenterArgv(nsenterPath: string, initPid: number, workdir = '/'): string[] {
+  return [nsenterPath, '-t', String(initPid), '-m', '-u', '-i', '-n', '-p', '-T', '-r', `--wdns=${workdir}`];
+}
+
+/** Mountpoints that are created inside guest-owned mounts (not in the root skeleton). */
+export const NESTED_MOUNTPOINTS = ['/dev', '/proc', '/run'] as const;
+
+/**
+ * Host secrets inside the shared read-only `/etc`: each is covered by a read-only bind of
+ * `/dev/null`, so a guest (root inside its namespaces) reads an empty file instead of the host's
+ * password hashes.
+ */
+export const MASKED_HOST_FILES = ['/etc/shadow', '/etc/shadow-', '/etc/gshadow', '/etc/gshadow-'] as const;
+/** Host secret directories inside `/etc`, covered by an empty tmpfs. */
+export const MASKED_HOST_DIRS = ['/etc/ssl/private'] as const;
+
+/** Guest mountpoint → host path for every bind mount of a desktop, for CRIU's externals. */
+export function bindMounts(paths: DesktopPaths): Map<string, string> {
+  const m = new Map<string, string>();
+  for (const d of HOST_RO_DIRS) m.set(d, d);
+  for (const f of MASKED_HOST_FILES) m.set(f, '/dev/null');
+  for (const d of DISK_DIRS) m.set(`/${d}`, join(paths.disk, d));
+  m.set(GUEST_FB_DIR, paths.fb);
+  return m;
+}
+
+/** bwrap --dev binds single device nodes from the host's /dev; they map back to the same path. */
+export function hostPathForGuestMount(paths: DesktopPaths, guestPath: string): string | null {
+  const known = bindMounts(paths).get(guestPath);
+  if (known !== undefined) return known;
+  if (/^\/dev\/[a-z]+$/.test(guestPath)) return guestPath;
+  return null;
+}
+
+export function hostnameFor(desktopId: string): string {
+  return desktopId.replace(/_/g, '-');
+}
+
+/** bwrap's argv. The info fd (3) reports the guest init's host pid; fd 4 carries `ready`. */
+export function bwrapArgs(paths: DesktopPaths, desktopId: string): string[] {
+  const args = [
+    '--unshare-pid', '--unshare-ipc', '--unshare-net', '--unshare-uts',
+    '--hostname', hostnameFor(desktopId),
+  ];
+  for (const d of HOST_RO_DIRS) args.push('--ro-bind', d, d);
+  for (const f of MASKED_HOST_FILES) if (existsSync(f)) args.push('--ro-bind', '/dev/null', f);
+  for (const d of MASKED_HOST_DIRS) if (existsSync(d)) args.push('--tmpfs', d, '--remount-ro', d);
+  for (const [name, target] of ROOT_SYMLINKS) args.push('--symlink', target, `/${name}`);
+  for (const d of DISK_DIRS) args.push('--bind', join(paths.disk, d), `/${d}`);
+  args.push(
+    '--dev', '/dev',
+    '--tmpfs', '/dev/shm',
+    '--proc', '/proc',
+    '--tmpfs', '/run',
+    '--bind', paths.fb, GUEST_FB_DIR,
+    '--remount-ro', '/',
+    '--chdir', '/root',
+    '--cap-drop', 'ALL',
+    ...GUEST_CAPS.flatMap((c) => ['--cap-add', `CAP_${c.toUpperCase()}`]),
+    '--as-pid-1',
+    '--new-session',
+    '--info-fd', '3',
+    '/bin/sh', '-c', guestFile('init.sh'), 'canto-init', MAX_SCREEN, DEFAULT_SCREEN, GUEST_FB_DIR,
+  );
+  return args;
+}

@@ -1,0 +1,85 @@
+/**
+ * Cold boot: start bubblewrap detached (its own session, no pipe the agent must keep open beyond
+ * the handshake) so the desktop survives the agent. The handshake has two parts: bwrap's info fd
+ * reports the guest init's host pid, and the init script writes `ready` on fd 4 once Xvfb answers
+ * and the screen has its default size. Both are pipes the agent drops right after reading.
+ */
+import { spawn } from 'node:child_process';
+import { closeSync, openSync } from 'node:fs';
+import { join } from 'node:path';
+import type { Readable } from 'node:stream';
+import { AgentFailure } from '../../../../../shared/src/protocol.js';
+import { joinArgv } from './cgroups.js';
+import { bwrapArgs, GUEST_ENV } from '../guest/guest-init.js';
+import { procStat, signal } from './host-procs.js';
+import type { DesktopPaths } from './layout.js';
+
+export interface InitProcess {
+  readonly pid: number;
+  readonly startTime: string;
+}
+
+const BOOT_TIMEOUT_MS = 15_000;
+
+/** Reads a stream until it ends or `done(text)` says enough; resolves with what was read. */
+function readUntil(stream: Readable, done: (text: string) => boolean): Promise<string> {
+  return new Promise((resolve) => {
+    let text = '';
+    const finish = () => {
+      stream.removeAllListeners('data');
+      stream.destroy();
+      resolve(text);
+    };
+    stream.on('data', (chunk: Buffer) => {
+      text += chunk.toString('utf8');
+      if (done(text)) finish();
+    });
+    stream.on('end', finish);
+    stream.on('error', finish);
+  });
+}
+
+export async function coldBoot(
+  paths: DesktopPaths,
+  desktopId: string,
+  bwrapPath: string,
+): Promise<InitProcess> {
+  const log = openSync(join(paths.run, 'boot.log'), 'a');
+  let child;
+  try {
+    child = spawn('/bin/sh', [...joinArgv(desktopId), bwrapPath, ...bwrapArgs(paths, desktopId)], {
+      detached: true,
+      env: { ...GUEST_ENV },
+      stdio: ['ignore', log, log, 'pipe', 'pipe'],
+    });
+  } finally {
+    closeSync(log);
+  }
+  child.unref();
+  const info = child.stdio[3] as Readable;
+  const ready = child.stdio[4] as Readable;
+  const timer = setTimeout(() => {
+    info.destroy();
+    ready.destroy();
+  }, BOOT_TIMEOUT_MS);
+  try {
+    const [infoText, readyText] = await Promise.all([
+      readUntil(info, (t) => /"child-pid":\s*\d+[\s\S]*}/.test(t)),
+      readUntil(ready, (t) => t.includes('\n')),
+    ]);
+    const pid = Number(/"child-pid":\s*(\d+)/.exec(infoText)?.[1] ?? Number.NaN);
+    if (!Number.isInteger(pid) || readyText.trim() !== 'ready') {
+      if (Number.isInteger(pid)) signal(pid, 'SIGKILL');
+      throw new AgentFailure(
+        'runtime_error',
+        `desktop ${desktopId} failed to boot (${readyText.trim() || 'no ready signal'}); see ${paths.run}/boot.log and disk/var/log/canto/init.log`,
+        true,
+      );
+    }
+    const st = await procStat(pid);
+    if (st === null) throw new AgentFailure('runtime_error', `desktop ${desktopId} init exited during boot`, true);
+    return { pid, startTime: st.startTime };
+  } finally {
+    clearTimeout(timer);
+  }
+}

@@ -1,0 +1,235 @@
+/**
+ * Memory snapshots with CRIU 4.x.
+ *
+ * Dump: `criu dump -t <guest init>` kills the tree after writing the images. Every bind mount of
+ * the guest is passed as `--external mnt[<guest path>]:<key>`; the keys (stored beside the images
+ * in externals.json) are derived from guest paths only, so images carry no host paths.
+ *
+ * Restore: into fresh namespaces (never in place), with `--root` pointing at the empty skeleton
+ * and each key mapped to the desktop's host directory. CRIU reparents the restored tree to its own
+ * parent when it detaches, so the restore runs under a small keeper process that marks itself a
+ * child subreaper (prctl PR_SET_CHILD_SUBREAPER), reports CRIU's exit code on stdout, then stays
+ * as the reaper of the restored init — detached from the agent, so desktops outlive it. Perl is
+ * used for the keeper because it is always present on Debian and can call prctl directly.
+ */
+import { spawn } from 'node:child_process';
+import { access, constants, mkdir, mkdtemp, readFile, rm, stat, writeFile } from 'node:fs/promises';
+import { tmpdir } from 'node:os';
+import { delimiter, dirname, join } from 'node:path';
+import type { Readable } from 'node:stream';
+import { execa } from 'execa';
+import { joinArgv } from './cgroups.js';
+import { procStat } from './host-procs.js';
+import type { DesktopPaths } from './layout.js';
+import { hostPathForGuestMount } from '../guest/guest-init.js';
+import { guestFile, perlProgram } from '../guest/guest-programs.js';
+import type { InitProcess } from './cold-boot.js';
+
+export interface CriuInfo {
+  readonly path: string;
+  readonly version: string;
+}
+
+/**
+ * `--tcp-close`: a guest TCP connection that is open, or closed by one side only, at dump time
+ * (one the port forwarder brought in, killed just before the dump, leaves the guest's end in
+ * CLOSE_WAIT; or two guest apps talking over loopback) makes CRIU refuse the dump ("Connected TCP
+ * socket, consider using --tcp-established"). With the flag the dump succeeds and the restore
+ * gives such sockets back closed: the app sees its connection end, as after a network drop, and
+ * its listening sockets work as before. A dump made with it refuses to restore without it ("Need
+ * to set the --tcp-close options"), so it is on both; images dumped without it restore with it.
+ * `--tcp-established` would keep loopback connections alive, but needs the network locked during
+ * the dump, which `--network-lock skip` turns off, and a peer that is gone (the forwarder's) would
+ * only reset later.
+ */
+const COMMON_FLAGS = ['--network-lock', 'skip', '--manage-cgroups=ignore', '--file-locks', '--tcp-close'];
+
+/**
+ * Finds a CRIU 4.x that passes `criu check` and can really dump; null means memory snapshots are
+ * unavailable, and `log` is told why.
+ */
+export async function detectCriu(criuPath: string | undefined, log: (msg: string, fields?: object) => void = () => {}): Promise<CriuInfo | null> {
+  const candidates = criuPath
+    ? [criuPath]
+    : [
+        ...(process.env.PATH ?? '').split(delimiter).filter(Boolean).map((d) => join(d, 'criu')),
+        '/usr/local/sbin/criu',
+        '/usr/sbin/criu',
+      ];
+  for (const path of candidates) {
+    try {
+      await access(path, constants.X_OK);
+    } catch {
+      continue;
+    }
+    const version = await execa(path, ['--version'], { reject: false, timeout: 10_000 });
+    const match = /Version:\s*(\d+)\.(\S+)/.exec(version.stdout);
+    if (!match || Number(match[1]) < 4) continue;
+    const check = await execa(path, ['check'], { reject: false, timeout: 30_000, all: true });
+    if (check.exitCode !== 0) continue;
+    const problem = await dumpProbe(path);
+    if (problem !== null) {
+      log('memory snapshots are off: CRIU cannot dump on this host', { criu: path, problem });
+      return null;
+    }
+    return { path, version: `${match[1]}.${match[2]}` };
+  }
+  return null;
+}
+
+/** Where a host's dump probe result is kept until the next boot. */
+export const DUMP_PROBE_CACHE = '/run/canto/criu-probe.json';
+const DUMP_PROBE_TIMEOUT_MS = 5_000;
+
+/**
+ * `criu check` passing does not mean a dump finishes: on some hosts (seen on a virtual AMD Zen 5
+ * machine, kernel 6.18) the task never stops at the exit of the parasite's rt_sigreturn, and
+ * `criu dump` waits for it for ever, leaving the desktop's processes stopped under ptrace. So one
+ * throwaway process is dumped, with a deadline, before snapshots are offered. The answer holds
+ * until the next boot or another CRIU binary: it is kept in /run, keyed by both.
+ *
+ * Returns null when the dump worked, else what went wrong.
+ */
+async function dumpProbe(criuPath: string): Promise<string | null> {
+  const binary = await stat(criuPath);
+  const bootId = (await readFile('/proc/sys/kernel/random/boot_id', 'utf8').catch(() => '')).trim();
+  const key = `${bootId} ${criuPath} ${binary.size} ${binary.mtimeMs}`;
+  try {
+    const cached = JSON.parse(await readFile(DUMP_PROBE_CACHE, 'utf8')) as { key?: string; problem?: string | null };
+    if (cached.key === key && cached.problem !== undefined) return cached.problem;
+  } catch {
+    // No answer kept yet (or an unreadable one): probe.
+  }
+  const problem = await probeOnce(criuPath);
+  await mkdir(dirname(DUMP_PROBE_CACHE), { recursive: true })
+    .then(() => writeFile(DUMP_PROBE_CACHE, JSON.stringify({ key, problem })))
+    .catch(() => {});
+  return problem;
+}
+
+async function probeOnce(criuPath: string): Promise<string | null> {
+  const dir = await mkdtemp(join(tmpdir(), 'canto-criu-probe-'));
+  // A session leader with no open files: nothing about it needs options to dump.
+  const victim = spawn('setsid', ['perl', '-e', 'close STDIN; close STDOUT; close STDERR; sleep 60'], { stdio: 'ignore' });
+  try {
+    if (victim.pid === undefined) return 'could not start the probe process';
+    const result = await execa(criuPath, ['dump', '-t', String(victim.pid), '-D', dir, '-o', join(dir, 'dump.log'), '--leave-running'], {
+      reject: false,
+      timeout: DUMP_PROBE_TIMEOUT_MS,
+      killSignal: 'SIGKILL',
+    });
+    if (result.timedOut) return `a test dump did not finish within ${DUMP_PROBE_TIMEOUT_MS} ms`;
+    if (result.exitCode !== 0) return `a test dump failed (${result.exitCode}): ${await logTail(join(dir, 'dump.log'))}`;
+    return null;
+  } finally {
+    victim.kill('SIGKILL');
+    await rm(dir, { recursive: true, force: true });
+  }
+}
+
+interface External {
+  readonly guestPath: string;
+  readonly key: string;
+}
+
+/** Bind mounts of the running guest, from the kernel's mountinfo of its init. */
+async function guestBindMounts(initPid: number, paths: DesktopPaths): Promise<External[]> {
+  const text = await readFile(`/proc/${initPid}/mountinfo`, 'utf8');
+  const out: External[] = [];
+  for (const line of text.split('\n')) {
+    const fields = line.split(' ');
+    const sep = fields.indexOf('-');
+    const mountpoint = fields[4];
+    const fstype = fields[sep + 1];
+    if (sep < 0 || mountpoint === undefined || fstype === undefined) continue;
+    // The root mount is CRIU's --root at restore time, not an external bind.
+    if (mountpoint === '/') continue;
+    if (['tmpfs', 'proc', 'devpts', 'mqueue', 'sysfs'].includes(fstype)) continue;
+    if (hostPathForGuestMount(paths, mountpoint) === null) {
+      throw new Error(`unexpected mount ${mountpoint} (${fstype}) in the guest`);
+    }
+    out.push({ guestPath: mountpoint, key: `m${mountpoint.replace(/\//g, '-')}` });
+  }
+  return out;
+}
+
+async function logTail(path: string): Promise<string> {
+  const text = await readFile(path, 'utf8').catch(() => '');
+  return text
+    .split('\n')
+    .filter((l) => l.includes('Error'))
+    .slice(-4)
+    .join(' | ');
+}
+
+/** Dumps the guest into `paths.snapshotTmp` (which the caller renames). Throws with CRIU's errors. */
+export async function dump(criu: CriuInfo, paths: DesktopPaths, init: InitProcess): Promise<void> {
+  await rm(paths.snapshotTmp, { recursive: true, force: true });
+  await mkdir(paths.snapshotTmp, { recursive: true });
+  const externals = await guestBindMounts(init.pid, paths);
+  await writeFile(join(paths.snapshotTmp, 'externals.json'), JSON.stringify(externals));
+  const logPath = join(paths.run, 'criu-dump.log');
+  const args = ['dump', '-t', String(init.pid), '-D', paths.snapshotTmp, '-o', logPath, ...COMMON_FLAGS];
+  for (const e of externals) args.push('--external', `mnt[${e.guestPath}]:${e.key}`);
+  // Its own process group: a Ctrl-C at the terminal of `canto up` (which hibernates desktops as
+  // it stops) must not abort the dump it is waiting for.
+  const result = await execa(criu.path, args, { reject: false, timeout: 60_000, detached: true });
+  if (result.exitCode !== 0) {
+    throw new Error(`criu dump failed (${result.exitCode}): ${await logTail(logPath)}`);
+  }
+}
+
+/** The keeper (agent/guest/criu-keeper.pl): subreaper, runs CRIU, prints `criu-exit N`, then reaps. */
+export function criuKeeperProgram(): string {
+  return perlProgram([guestFile('criu-keeper.pl')]);
+}
+
+/** Restores `paths.snapshot` into fresh namespaces inside the desktop's cgroups. */
+export async function restore(
+  criu: CriuInfo,
+  paths: DesktopPaths,
+  desktopId: string,
+  skeleton: string,
+): Promise<InitProcess> {
+  const externals = JSON.parse(await readFile(join(paths.snapshot, 'externals.json'), 'utf8')) as External[];
+  const pidfile = join(paths.run, 'restore.pid');
+  const logPath = join(paths.run, 'criu-restore.log');
+  await rm(pidfile, { force: true });
+  const args = [
+    'restore', '-d', '-D', paths.snapshot, '-o', logPath, '--pidfile', pidfile,
+    '--root', skeleton, ...COMMON_FLAGS,
+  ];
+  for (const e of externals) {
+    const host = hostPathForGuestMount(paths, e.guestPath);
+    if (host === null) throw new Error(`snapshot names unknown mount ${e.guestPath}`);
+    args.push('--external', `mnt[${e.key}]:${host}`);
+  }
+  const child = spawn('/bin/sh', [...joinArgv(desktopId), 'perl', '-e', criuKeeperProgram(), '--', criu.path, ...args], {
+    detached: true,
+    stdio: ['ignore', 'pipe', 'ignore'],
+    env: { PATH: '/usr/sbin:/usr/bin:/sbin:/bin' },
+  });
+  child.unref();
+  const line = await new Promise<string>((resolve) => {
+    let text = '';
+    const out = child.stdout as Readable;
+    const finish = () => {
+      out.destroy();
+      resolve(text);
+    };
+    out.on('data', (c: Buffer) => {
+      text += c.toString('utf8');
+      if (text.includes('\n')) finish();
+    });
+    out.on('end', finish);
+    out.on('error', finish);
+  });
+  const code = /criu-exit (\d+)/.exec(line)?.[1];
+  if (code !== '0') {
+    throw new Error(`criu restore failed (${code ?? 'keeper died'}): ${await logTail(logPath)}`);
+  }
+  const pid = Number((await readFile(pidfile, 'utf8')).trim());
+  const st = await procStat(pid);
+  if (st === null) throw new Error('restored init is not running');
+  return { pid, startTime: st.startTime };
+}

@@ -1,0 +1,52 @@
+/**
+ * First boot: the env file and the setup script, applied at most once per disk.
+ *
+ * Everything is written from inside the guest (through exec, or the guest helper for the setup
+ * script), with the content on stdin, so no host-side write ever follows a path the guest
+ * controls. The driver's marker lives outside the guest-visible tree and is written after the env
+ * file and before the script starts: a crash in between may leave the script unstarted, but it
+ * can never run twice.
+ *
+ * The setup script runs as the detached process `setup` (see guest-processes.ts).
+ */
+import { writeFile } from 'node:fs/promises';
+import { AgentFailure } from '../../../../../shared/src/protocol.js';
+import type { ExecOutcome, FirstBootSpec } from '../../driver.js';
+
+export interface FirstBootSteps {
+  /** Runs WRITE_ENV_COMMAND in the guest with `content` on stdin. */
+  writeEnv(content: string): Promise<ExecOutcome>;
+  /** Starts the setup script as the detached process `setup`. */
+  startSetup(script: string): Promise<void>;
+  /** The driver's marker, outside the guest-visible tree. */
+  markerPath: string;
+  log(msg: string, fields?: object): void;
+}
+
+/**
+ * Writes the env file, then the marker, then starts the setup script: a crash between the marker
+ * and the script leaves the script unstarted, but it never runs twice.
+ */
+export async function applyFirstBoot(steps: FirstBootSteps, spec: FirstBootSpec): Promise<void> {
+  const env = await steps.writeEnv(renderEnvFile(spec.env));
+  if (env.exitCode !== 0) {
+    throw new AgentFailure('runtime_error', `writing the env file failed: ${env.stderr.trim()}`, true);
+  }
+  await writeFile(steps.markerPath, new Date().toISOString());
+  if (spec.setupScript !== null) {
+    await steps.startSetup(spec.setupScript).catch((err: unknown) => steps.log('setup script could not be started', { error: String(err) }));
+  }
+}
+
+/** `export KEY='value'` with POSIX single-quote escaping (`'` becomes `'\''`). */
+export function renderEnvFile(env: Readonly<Record<string, string>>): string {
+  return Object.entries(env)
+    .map(([key, value]) => {
+      if (!/^[A-Za-z_][A-Za-z0-9_]*$/.test(key)) throw new Error(`invalid env key ${JSON.stringify(key)}`);
+      return `export ${key}='${value.replace(/'/g, `'\\''`)}'\n`;
+    })
+    .join('');
+}
+
+export const WRITE_ENV_COMMAND =
+  'umask 077 && mkdir -p /root/.canto && cat > /root/.canto/.env.tmp && chmod 600 /root/.canto/.env.tmp && mv -f /root/.canto/.env.tmp /root/.canto/env';

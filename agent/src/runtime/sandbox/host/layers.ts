@@ -1,0 +1,200 @@
+/**
+ * Copy-on-write disks for forks. A desktop's disk starts as a plain directory, `disk/`. Forking
+ * freezes it: the directory is renamed into the host's layer store (`<stateDir>/layers/<id>`,
+ * read-only from then on), and the source and every fork get an overlay mounted at their own
+ * `disk/` whose lower layers are that frozen one (and whatever the source already stood on) and
+ * whose upper layer is a fresh, empty `upper/`. Nothing is copied, so a fork costs the same with
+ * 1 GiB on the disk as with nothing, and the guest still sees the same paths: the sandbox binds
+ * `disk/root` and friends whether `disk/` is a directory or an overlay.
+ *
+ *   <stateDir>/layers/<layerId>/      frozen layers, shared by every desktop whose chain names them
+ *   <desktop>/layers.json             {"lower": [topmost layer id, ..., bottom]}; absent: plain disk
+ *   <desktop>/upper/, work/           the overlay's writable layer and its work directory
+ *   <desktop>/disk/                   the plain disk, or the overlay's mountpoint
+ *
+ * A layer is removed when the last desktop whose chain names it is destroyed, so destroying a
+ * source never breaks its forks. The overlay stays mounted across hibernation (nothing holds it
+ * then) and is mounted again on the next start after a host reboot; it is unmounted only to
+ * freeze the upper layer or to destroy the desktop.
+ *
+ * Freezing is crash-safe: the new chain is written to `layers.next.json` first, the rename into
+ * the store follows, and `layers.next.json` replaces `layers.json` last; a freeze found half done
+ * is completed by `recoverFreeze` before anything else touches the desktop.
+ */
+import { execFile } from 'node:child_process';
+import { copyFile, link, mkdir, readdir, readFile, rename, rm, writeFile } from 'node:fs/promises';
+import { join } from 'node:path';
+import { promisify } from 'node:util';
+import { newId } from '../../../../../shared/src/ids.js';
+import { KeyedMutex } from './keyed-mutex.js';
+import { exists, readJson, type DesktopPaths } from './layout.js';
+
+const run = promisify(execFile);
+
+interface Chain {
+  /** Layer ids, topmost first. */
+  readonly lower: string[];
+}
+
+export function layersDir(stateDir: string): string {
+  return join(stateDir, 'layers');
+}
+
+function chainFile(paths: DesktopPaths): string {
+  return join(paths.dir, 'layers.json');
+}
+
+function nextChainFile(paths: DesktopPaths): string {
+  return join(paths.dir, 'layers.next.json');
+}
+
+async function writeChain(path: string, chain: Chain): Promise<void> {
+  await writeFile(`${path}.tmp`, JSON.stringify(chain));
+  await rename(`${path}.tmp`, path);
+}
+
+export async function readChain(paths: DesktopPaths): Promise<Chain | null> {
+  const chain = await readJson<Chain>(chainFile(paths));
+  return chain && Array.isArray(chain.lower) && chain.lower.length > 0 ? chain : null;
+}
+
+/** Whether `dir` is a mountpoint, from the kernel's mount table. */
+export async function isMounted(dir: string): Promise<boolean> {
+  const table = await readFile('/proc/self/mountinfo', 'utf8');
+  // Field 5 is the mountpoint, with spaces and backslashes octal-escaped.
+  const escaped = dir.replace(/\\/g, '\\134').replace(/ /g, '\\040');
+  return table.split('\n').some((line) => line.split(' ')[4] === escaped);
+}
+
+async function unmount(dir: string): Promise<void> {
+  // Lazy: a guest that is gone may leave its namespace's reference behind for a moment.
+  if (await isMounted(dir)) await run('umount', ['-l', dir]);
+}
+
+/** Mounts the desktop's overlay at `disk/` if it stands on layers and is not mounted yet. */
+export async function mountDisk(stateDir: string, paths: DesktopPaths): Promise<void> {
+  await recoverFreeze(stateDir, paths);
+  const chain = await readChain(paths);
+  if (chain === null || (await isMounted(paths.disk))) return;
+  const upper = join(paths.dir, 'upper');
+  const work = join(paths.dir, 'work');
+  await mkdir(upper, { recursive: true });
+  // The work directory must be empty of a previous mount's leftovers.
+  await rm(work, { recursive: true, force: true });
+  await mkdir(work, { recursive: true });
+  await mkdir(paths.disk, { recursive: true });
+  const lowerdir = chain.lower.map((id) => join(layersDir(stateDir), id)).join(':');
+  await run('mount', ['-t', 'overlay', 'overlay', '-o', `lowerdir=${lowerdir},upperdir=${upper},workdir=${work}`, paths.disk]);
+}
+
+/**
+ * Freezes the desktop's writable layer into the store and returns its new chain; the desktop
+ * gets a fresh upper layer on its next mount. The desktop must be stopped.
+ */
+export async function freeze(stateDir: string, paths: DesktopPaths): Promise<Chain> {
+  await recoverFreeze(stateDir, paths);
+  const current = await readChain(paths);
+  // Nothing written since the last freeze (a repeated fork command): the chain is the same.
+  if (current !== null && (await readdir(join(paths.dir, 'upper')).catch(() => [])).length === 0) return current;
+  await mkdir(layersDir(stateDir), { recursive: true });
+  const layer = newId('layer');
+  const next: Chain = { lower: [layer, ...(current?.lower ?? [])] };
+  await writeChain(nextChainFile(paths), next);
+  if (current === null) {
+    await rename(paths.disk, join(layersDir(stateDir), layer));
+  } else {
+    await unmount(paths.disk);
+    await rename(join(paths.dir, 'upper'), join(layersDir(stateDir), layer));
+  }
+  await rename(nextChainFile(paths), chainFile(paths));
+  return next;
+}
+
+/** Completes a freeze an agent crash interrupted (see the module comment). */
+export async function recoverFreeze(stateDir: string, paths: DesktopPaths): Promise<void> {
+  const next = await readJson<Chain>(nextChainFile(paths));
+  if (next === null) return;
+  const layer = join(layersDir(stateDir), next.lower[0] ?? '');
+  const current = await readChain(paths);
+  const source = current === null ? paths.disk : join(paths.dir, 'upper');
+  if (!(await exists(layer))) {
+    if (current !== null) await unmount(paths.disk);
+    if (await exists(source)) await rename(source, layer);
+  }
+  await rename(nextChainFile(paths), chainFile(paths));
+}
+
+/**
+ * Creates a fork's directory from a frozen source: the same chain, an empty upper layer, hard
+ * links to the source's snapshot images (CRIU only reads them; each desktop later removes its
+ * own names), and a copy of the framebuffer file (Xvfb maps it shared, so each fork needs its
+ * own). Built under a temporary name and renamed into place, so a fork exists whole or not at all.
+ */
+export async function createFork(source: DesktopPaths, fork: DesktopPaths, chain: Chain, markers: readonly string[]): Promise<void> {
+  const tmp = `${fork.dir}.tmp`;
+  await rm(tmp, { recursive: true, force: true });
+  const at = (p: string) => join(tmp, p.slice(fork.dir.length + 1));
+  for (const d of [fork.disk, join(fork.dir, 'upper'), fork.fb, fork.run]) await mkdir(at(d), { recursive: true });
+  await writeChain(at(chainFile(fork)), chain);
+  if (await exists(source.snapshot)) {
+    await mkdir(at(fork.snapshot));
+    for (const name of await readdir(source.snapshot)) await link(join(source.snapshot, name), join(at(fork.snapshot), name));
+  }
+  for (const name of await readdir(source.fb).catch(() => [] as string[])) await copyFile(join(source.fb, name), join(at(fork.fb), name));
+  for (const marker of markers) {
+    const from = join(source.dir, marker);
+    if (await exists(from)) await copyFile(from, join(tmp, marker));
+  }
+  await rename(tmp, fork.dir);
+}
+
+/** Unmounts a desktop's overlay before its directory is removed. */
+export async function releaseDisk(paths: DesktopPaths): Promise<void> {
+  await unmount(paths.disk);
+}
+
+/**
+ * Where a desktop being moved here is unpacked before it is installed (sandbox-transfer.ts): its
+ * chain there already counts, so a layer an import found held and did not fetch is not collected
+ * from under it.
+ */
+export function stagedChainFile(stateDir: string, desktopId: string): string {
+  return join(stateDir, 'incoming', desktopId, 'x', 'desktop', 'layers.json');
+}
+
+const storeLocks = new Map<string, KeyedMutex>();
+
+/**
+ * Runs `fn` while no other collection or import installs into the state dir's layer store: an
+ * import checks that the layers it counted on are still there and renames its own in, and a
+ * collection must not decide from a listing taken in between.
+ */
+export function withLayerStore<T>(stateDir: string, fn: () => Promise<T>): Promise<T> {
+  let lock = storeLocks.get(stateDir);
+  if (lock === undefined) storeLocks.set(stateDir, (lock = new KeyedMutex()));
+  return lock.run('layers', fn);
+}
+
+/** Removes layers no remaining desktop (nor a desktop being imported) stands on. */
+export function collectLayers(stateDir: string, desktopsDir: string): Promise<number> {
+  return withLayerStore(stateDir, async () => {
+    const inUse = new Set<string>();
+    for (const name of await readdir(desktopsDir).catch(() => [] as string[])) {
+      for (const file of ['layers.json', 'layers.next.json']) {
+        const chain = await readJson<Chain>(join(desktopsDir, name, file));
+        for (const id of chain?.lower ?? []) inUse.add(id);
+      }
+    }
+    for (const name of await readdir(join(stateDir, 'incoming')).catch(() => [] as string[])) {
+      const chain = await readJson<Chain>(stagedChainFile(stateDir, name));
+      for (const id of chain?.lower ?? []) inUse.add(id);
+    }
+    let removed = 0;
+    for (const id of await readdir(layersDir(stateDir)).catch(() => [] as string[])) {
+      if (inUse.has(id)) continue;
+      await rm(join(layersDir(stateDir), id), { recursive: true, force: true, maxRetries: 3 });
+      removed++;
+    }
+    return removed;
+  });
+}

@@ -1,0 +1,354 @@
+/**
+ * The sandbox driver's lifecycle half (docs/architecture.md): prepare, start, hibernate, destroy,
+ * fork and list desktops, each a bubblewrap sandbox whose state lives on disk (sandbox-driver.ts
+ * has the whole picture). Lifecycle calls on one desktop are serialized by a keyed mutex.
+ *
+ * Guest operations run concurrently with each other, outside the mutex. Hibernate and destroy
+ * therefore fence the desktop first (new operations get `not_running`), give file operations a
+ * short grace, and kill whatever is still in flight before CRIU dumps or the guest is killed;
+ * hibernate also kills the detached processes, which docs/api.md §3.2 says do not survive it.
+ * The sessions that lead out of the guest (VNC, terminals, port forwarders) and the warm servers
+ * kept for guest operations (warm-pool.ts) are closed right after that drain, and whenever a
+ * desktop starts they are dropped with the init they belong to.
+ */
+import { readdir, rename, rm } from 'node:fs/promises';
+import { AgentFailure } from '../../../../shared/src/protocol.js';
+import type { Tier } from '../../../../shared/src/tiers.js';
+import type { DesktopLifecycle, DesktopStatus, ExecOutcome, RuntimeCapabilities, StartSpec } from '../driver.js';
+import { applyTier, drainAndRemove, removeIfEmpty } from './host/cgroups.js';
+import { coldBoot, type InitProcess } from './host/cold-boot.js';
+import { dump, restore, type CriuInfo } from './host/criu.js';
+import { applyFirstBoot, WRITE_ENV_COMMAND } from './host/first-boot.js';
+import { reapplyRecordedDisplay } from './computer-use/guest-display.js';
+import type { VncSessions } from './computer-use/guest-vnc.js';
+import type { TerminalSessions } from './guest/guest-terminal.js';
+import type { GuestPorts } from './ports/guest-ports.js';
+import { guestExec, MAX_OUTPUT_BYTES } from './guest/guest-exec.js';
+import { NESTED_MOUNTPOINTS } from './guest/guest-init.js';
+import type { GuestOperations } from './guest/guest-ops.js';
+import { killGuestDetached, spawnGuestProcess } from './guest/guest-processes.js';
+import { isSameProcess, signal, waitFor } from './host/host-procs.js';
+import type { KeyedMutex } from './host/keyed-mutex.js';
+import { collectLayers, createFork, freeze, mountDisk, releaseDisk } from './host/layers.js';
+import {
+  assertDesktopId,
+  desktopPaths,
+  desktopsDir,
+  ensureDisk,
+  ensureSkeleton,
+  exists,
+  hasDisk,
+  readJson,
+  removeTree,
+  writeFileAtomic,
+  type DesktopPaths,
+} from './host/layout.js';
+
+/** Grace for a desktop's processes to leave its cgroups after a dump or a kill. */
+const DRAIN_MS = 3_000;
+/** Timeout of the driver's own guest commands (first boot, responsiveness probe). */
+const INTERNAL_EXEC_MS = 30_000;
+/** How long hibernate lets in-flight file operations finish before killing them. */
+const FILE_OP_GRACE_MS = 5_000;
+
+/** The guest init recorded for the desktop, if that process is still alive. */
+export async function runningInit(paths: DesktopPaths): Promise<InitProcess | null> {
+  const init = await readJson<InitProcess>(paths.initFile);
+  if (init === null || !Number.isInteger(init.pid)) return null;
+  return (await isSameProcess(init.pid, init.startTime)) ? init : null;
+}
+
+/** What the lifecycle uses of the rest of the driver. */
+export interface LifecycleParts {
+  readonly stateDir: string;
+  readonly criu: CriuInfo | null;
+  readonly tools: { readonly bwrap: string; readonly nsenter: string };
+  readonly mutex: KeyedMutex;
+  readonly guest: GuestOperations;
+  readonly vnc: VncSessions;
+  readonly terminals: TerminalSessions;
+  readonly ports: GuestPorts;
+  readonly log: (msg: string, fields?: object) => void;
+}
+
+export class SandboxLifecycle implements Omit<DesktopLifecycle, 'close'> {
+  private readonly stateDir: string;
+  private readonly criu: CriuInfo | null;
+  private readonly tools: { readonly bwrap: string; readonly nsenter: string };
+  private readonly mutex: KeyedMutex;
+  private readonly guest: GuestOperations;
+  private readonly vnc: VncSessions;
+  private readonly terminals: TerminalSessions;
+  private readonly ports: GuestPorts;
+  private readonly log: (msg: string, fields?: object) => void;
+
+  constructor(parts: LifecycleParts) {
+    ({
+      stateDir: this.stateDir, criu: this.criu, tools: this.tools, mutex: this.mutex, guest: this.guest,
+      vnc: this.vnc, terminals: this.terminals, ports: this.ports, log: this.log,
+    } = parts);
+  }
+
+  capabilities(): RuntimeCapabilities {
+    return { runtime: 'sandbox', memorySnapshots: this.criu !== null, computerUse: true };
+  }
+
+  async prepare(desktopId: string, _tier: Tier): Promise<void> {
+    const paths = desktopPaths(this.stateDir, desktopId);
+    await this.mutex.run(desktopId, () => ensureDisk(paths));
+  }
+
+  async start(spec: StartSpec): Promise<{ restored: boolean }> {
+    const paths = desktopPaths(this.stateDir, spec.desktopId);
+    return this.mutex.run(spec.desktopId, async () => {
+      await ensureDisk(paths);
+      // A forked desktop's disk is an overlay on shared layers (layers.ts); a host reboot unmounts it.
+      await mountDisk(this.stateDir, paths);
+      await ensureSkeleton(paths.rootfs, NESTED_MOUNTPOINTS);
+      let restored = false;
+      let init = await runningInit(paths);
+      if (init === null) {
+        const t0 = performance.now();
+        // Warm servers of a previous init are dead or about to be: a new init gets its own.
+        await this.guest.reset(spec.desktopId);
+        // So does the port forwarder, which would otherwise hold the old network namespace.
+        await this.ports.closeAll(spec.desktopId);
+        await rm(paths.snapshotTmp, { recursive: true, force: true });
+        // Leftovers of a desktop whose init died (or of a restore the agent crashed during) would
+        // otherwise run beside the new guest: kill them, and start from fresh groups.
+        await drainAndRemove(spec.desktopId, 0);
+        await applyTier(spec.desktopId, spec.tier);
+        if (await exists(paths.snapshot)) init = await this.tryRestore(paths, spec.desktopId);
+        restored = init !== null;
+        if (init === null) {
+          await applyTier(spec.desktopId, spec.tier); // again: a failed restore removed the groups
+          init = await coldBoot(paths, spec.desktopId, this.tools.bwrap);
+          await writeFileAtomic(paths.initFile, JSON.stringify(init));
+          const booted = init;
+          const unset = await reapplyRecordedDisplay((e) => this.execIn(spec.desktopId, booted, e.command, e.timeoutMs), paths.displayFile);
+          if (unset !== null) this.log('could not set the display size again after a cold boot', { desktopId: spec.desktopId, error: unset });
+        }
+        // The images describe memory that no longer matches the disk once the guest has run.
+        if (restored) await rm(paths.snapshot, { recursive: true, force: true });
+        this.log('desktop started', { desktopId: spec.desktopId, restored, ms: Math.round(performance.now() - t0) });
+      }
+      if (spec.firstBoot !== null && !(await exists(paths.firstBootMarker))) {
+        await applyFirstBoot(
+          {
+            writeEnv: (content) => this.execIn(spec.desktopId, init, WRITE_ENV_COMMAND, INTERNAL_EXEC_MS, content),
+            startSetup: (script) => spawnGuestProcess(this.guest.target(spec.desktopId, init), { processId: 'setup', command: script }),
+            markerPath: paths.firstBootMarker,
+            log: (msg, fields) => this.log(msg, { desktopId: spec.desktopId, ...fields }),
+          },
+          spec.firstBoot,
+        );
+      }
+      return { restored };
+    });
+  }
+
+  async hibernate(desktopId: string, options: { readonly keepDetached?: boolean } = {}): Promise<{ snapshot: boolean }> {
+    const paths = desktopPaths(this.stateDir, desktopId);
+    return this.fenced(desktopId, async () => {
+      if (!(await hasDisk(paths))) {
+        await this.guest.reset(desktopId);
+        return { snapshot: false };
+      }
+      const init = await runningInit(paths);
+      if (init === null) {
+        await this.guest.reset(desktopId);
+        await this.ports.closeAll(desktopId);
+        return { snapshot: await exists(paths.snapshot) };
+      }
+      const t0 = performance.now();
+      await this.guest.inFlight.drain(desktopId, FILE_OP_GRACE_MS);
+      // A VNC server's pipes and a terminal's pty lead out of the guest: CRIU cannot dump them.
+      await this.vnc.closeAll(desktopId);
+      await this.terminals.closeAll(desktopId);
+      // The port forwarder is outside the dumped tree but holds the guest's network namespace and
+      // connections into it; the guest's ends of those are dumped closed (criu.ts, --tcp-close).
+      await this.ports.closeAll(desktopId);
+      // A warm server inside the guest would break the dump (its children serve no operation now).
+      await this.guest.reset(desktopId);
+      // A move keeps them in the snapshot; if the dump fails, the cold stop below ends them anyway.
+      if (!(options.keepDetached === true && this.criu !== null)) await this.killDetached(desktopId, init);
+      if (this.criu !== null) {
+        try {
+          await dump(this.criu, paths, init);
+          await rename(paths.snapshotTmp, paths.snapshot);
+          await rm(paths.initFile, { force: true });
+          await drainAndRemove(desktopId, DRAIN_MS);
+          this.log('desktop hibernated', { desktopId, snapshot: true, ms: Math.round(performance.now() - t0) });
+          return { snapshot: true };
+        } catch (err) {
+          // A desktop that cannot be dumped must still stop (metering, drain): fall back to a cold
+          // stop and keep the disk. CRIU resumes the tree when a dump fails.
+          this.log('memory snapshot failed; cold stop instead', { desktopId, error: String(err) });
+          await rm(paths.snapshotTmp, { recursive: true, force: true });
+        }
+      }
+      await this.stopProcesses(paths, desktopId, init);
+      this.log('desktop hibernated', { desktopId, snapshot: false, ms: Math.round(performance.now() - t0) });
+      return { snapshot: false };
+    });
+  }
+
+  async destroy(desktopId: string): Promise<void> {
+    const paths = desktopPaths(this.stateDir, desktopId);
+    await this.fenced(desktopId, async () => {
+      // No grace: whatever a file operation would finish is about to be deleted.
+      await this.guest.inFlight.drain(desktopId, 0);
+      await this.vnc.closeAll(desktopId);
+      await this.terminals.closeAll(desktopId);
+      await this.ports.closeAll(desktopId);
+      await this.guest.reset(desktopId);
+      const init = await runningInit(paths);
+      if (init !== null) await this.stopProcesses(paths, desktopId, init);
+      else await removeIfEmpty(desktopId);
+      await releaseDisk(paths);
+      await removeTree(paths.dir);
+      const freed = await collectLayers(this.stateDir, desktopsDir(this.stateDir));
+      if (freed > 0) this.log('disk layers no desktop stands on any more were removed', { desktopId, count: freed });
+    });
+  }
+
+  /**
+   * Forks a stopped desktop on this host (layers.ts): its writable layer is frozen into a shared
+   * read-only one, and each fork gets an empty writable layer over it, hard links to the memory
+   * snapshot and its own framebuffer file. Forks that exist already are kept.
+   */
+  async fork(sourceId: string, forkIds: readonly string[]): Promise<{ snapshot: boolean }> {
+    const source = desktopPaths(this.stateDir, sourceId);
+    const forks = forkIds.map((id) => desktopPaths(this.stateDir, id));
+    if (forkIds.includes(sourceId)) throw new AgentFailure('bad_request', 'a desktop cannot be its own fork', false);
+    return this.mutex.run(sourceId, async () => {
+      if (!(await hasDisk(source))) throw new AgentFailure('not_found', `unknown desktop ${sourceId}`, false);
+      if ((await runningInit(source)) !== null) {
+        throw new AgentFailure('runtime_error', `desktop ${sourceId} is running; only a stopped desktop can be forked`, false);
+      }
+      const snapshot = await exists(source.snapshot);
+      const missing: DesktopPaths[] = [];
+      for (const f of forks) if (!(await hasDisk(f))) missing.push(f);
+      if (missing.length === 0) return { snapshot };
+      const t0 = performance.now();
+      const chain = await freeze(this.stateDir, source);
+      for (const f of missing) {
+        const id = f.dir.slice(f.dir.lastIndexOf('/') + 1);
+        await this.mutex.run(id, () => createFork(source, f, chain, ['first-boot-done', '.ready', 'display.json']));
+      }
+      this.log('desktop forked', { desktopId: sourceId, forks: missing.length, snapshot, ms: Math.round(performance.now() - t0) });
+      return { snapshot };
+    });
+  }
+
+  async list(): Promise<DesktopStatus[]> {
+    let names: string[];
+    try {
+      names = await readdir(desktopsDir(this.stateDir));
+    } catch {
+      return [];
+    }
+    const out: DesktopStatus[] = [];
+    for (const desktopId of names.sort()) {
+      try {
+        assertDesktopId(desktopId);
+      } catch {
+        continue;
+      }
+      const paths = desktopPaths(this.stateDir, desktopId);
+      if (!(await hasDisk(paths))) continue;
+      out.push({
+        desktopId,
+        running: (await runningInit(paths)) !== null,
+        hasSnapshot: await exists(paths.snapshot),
+      });
+    }
+    return out;
+  }
+
+  /* ---------------------------------------------------------------- internals */
+
+  /** Runs a stop under the mutex with the desktop fenced: no guest operation starts meanwhile. */
+  private async fenced<T>(desktopId: string, fn: () => Promise<T>): Promise<T> {
+    const release = this.guest.inFlight.fence(desktopId);
+    try {
+      return await this.mutex.run(desktopId, fn);
+    } finally {
+      release();
+    }
+  }
+
+  /**
+   * docs/api.md §3.2: detached processes do not survive hibernation. Killed before the snapshot (and before a
+   * cold stop), they read as `lost` afterwards. A failure is logged and does not block the stop.
+   */
+  private async killDetached(desktopId: string, init: InitProcess): Promise<void> {
+    try {
+      const n = await killGuestDetached(this.guest.target(desktopId, init));
+      if (n > 0) this.log('detached processes killed', { desktopId, count: n });
+    } catch (err) {
+      this.log('could not kill detached processes', { desktopId, error: String(err) });
+    }
+  }
+
+  /** Restores the snapshot; on failure sets the images aside (for inspection) and returns null. */
+  private async tryRestore(paths: DesktopPaths, desktopId: string): Promise<InitProcess | null> {
+    const aside = `${paths.snapshot}.failed-${Date.now()}`;
+    if (this.criu === null) {
+      this.log('snapshot present but memory snapshots are off; booting cold', { desktopId });
+      await rename(paths.snapshot, aside);
+      return null;
+    }
+    let init: InitProcess | null = null;
+    try {
+      init = await restore(this.criu, paths, desktopId, paths.rootfs);
+      // Recorded at once, so an agent restart from here on adopts this guest instead of
+      // restoring a second copy.
+      await writeFileAtomic(paths.initFile, JSON.stringify(init));
+      // CRIU binds --root read-write. The skeleton is the desktop's own (so nothing written there
+      // in the instant before this reaches another desktop); make the root read-only again as a
+      // cold boot has it, and check responsiveness (X answers, exec works) in the same command.
+      const probe = await this.execIn(
+        desktopId, init, 'mount -o remount,bind,ro / && xrandr --current >/dev/null', INTERNAL_EXEC_MS, undefined, true,
+      );
+      if (probe.exitCode !== 0) throw new Error(`restored desktop does not answer: ${probe.stderr.trim()}`);
+      return init;
+    } catch (err) {
+      this.log('restore failed; booting cold, images kept aside', { desktopId, aside, error: String(err) });
+      if (init !== null) await this.stopProcesses(paths, desktopId, init);
+      await rename(paths.snapshot, aside).catch(() => undefined);
+      return null;
+    }
+  }
+
+  /** Kills the guest (SIGKILL to its init ends the whole pid namespace) and its cgroups. */
+  private async stopProcesses(paths: DesktopPaths, desktopId: string, init: InitProcess): Promise<void> {
+    signal(init.pid, 'SIGKILL');
+    await waitFor(async () => !(await isSameProcess(init.pid, init.startTime)), DRAIN_MS);
+    await rm(paths.initFile, { force: true });
+    if (!(await drainAndRemove(desktopId, DRAIN_MS))) {
+      this.log('cgroups could not be removed', { desktopId });
+    }
+  }
+
+  /** The driver's own commands: they run under the mutex, so no stop can overlap them. */
+  private execIn(
+    desktopId: string,
+    init: InitProcess,
+    command: string,
+    timeoutMs: number,
+    stdin?: string,
+    privileged = false,
+  ): Promise<ExecOutcome> {
+    return guestExec({
+      desktopId,
+      privileged,
+      initPid: init.pid,
+      nsenterPath: this.tools.nsenter,
+      command,
+      timeoutMs,
+      maxOutputBytes: MAX_OUTPUT_BYTES,
+      ...(stdin === undefined ? {} : { stdin }),
+    });
+  }
+}

@@ -1,0 +1,101 @@
+/**
+ * Schema migrations read from their SQL files (scheduler/src/store/migrations/): on an empty
+ * database they apply in order under the ids and names databases already record (so a database
+ * migrated before the files existed upgrades with nothing to do), a second run applies nothing,
+ * and the built CLI finds the files it was shipped with (dist/migrations/).
+ */
+import { execFile } from 'node:child_process';
+import { randomBytes } from 'node:crypto';
+import { existsSync } from 'node:fs';
+import { join } from 'node:path';
+import { promisify } from 'node:util';
+import { afterAll, describe, expect, inject, it } from 'vitest';
+import { connectDatabase } from '../../scheduler/src/store/db.js';
+import { migrate, schemaProblem } from '../../scheduler/src/store/migrations.js';
+import { freshDatabaseUrl } from '../helpers/db.js';
+
+const CLI = join(import.meta.dirname, '..', '..', 'dist', 'cli.js');
+
+/** What every database records: ids and names must never change once shipped. */
+const SHIPPED = [
+  { id: 1, name: 'foundation' },
+  { id: 2, name: 'forks' },
+  { id: 3, name: 'webhooks' },
+  { id: 4, name: 'ports' },
+  { id: 5, name: 'change notifications' },
+  { id: 6, name: 'fleet' },
+  { id: 7, name: 'api key management' },
+  { id: 8, name: 'moves and drains' },
+];
+
+const made: string[] = [];
+const adminUrl = () => inject('pgUrl').replace('/canto_template?', '/postgres?');
+
+/** An empty database, dropped after the file. */
+async function emptyDatabaseUrl(): Promise<string> {
+  const name = `m_${randomBytes(6).toString('hex')}`;
+  const admin = connectDatabase(adminUrl(), { max: 1 });
+  try {
+    await admin.unsafe(`CREATE DATABASE ${name}`);
+  } finally {
+    await admin.end();
+  }
+  made.push(name);
+  return inject('pgUrl').replace('/canto_template?', `/${name}?`);
+}
+
+async function recorded(url: string): Promise<Array<{ id: number; name: string }>> {
+  const sql = connectDatabase(url, { max: 1 });
+  try {
+    return [...(await sql<Array<{ id: number; name: string }>>`SELECT id, name FROM schema_migrations ORDER BY id`)];
+  } finally {
+    await sql.end();
+  }
+}
+
+afterAll(async () => {
+  const admin = connectDatabase(adminUrl(), { max: 1 });
+  try {
+    for (const name of made) await admin.unsafe(`DROP DATABASE IF EXISTS ${name} WITH (FORCE)`);
+  } finally {
+    await admin.end();
+  }
+});
+
+describe('migrations', () => {
+  it('apply in order on an empty database, under the ids and names already shipped, and only once', async () => {
+    const url = await emptyDatabaseUrl();
+    const sql = connectDatabase(url, { max: 1 });
+    try {
+      expect(await migrate(sql)).toBe(SHIPPED.length);
+      expect(await schemaProblem(sql)).toBeNull();
+      expect(await migrate(sql)).toBe(0);
+      // The schema is really there: a table of the first migration, a column of the last.
+      const [column] = await sql<Array<{ n: number }>>`
+        SELECT count(*)::int AS n FROM information_schema.columns WHERE table_name = 'hosts' AND column_name = 'transfer_address'`;
+      expect(column!.n).toBe(1);
+    } finally {
+      await sql.end();
+    }
+    expect(await recorded(url)).toEqual(SHIPPED);
+  });
+
+  it('find nothing to do on a database of the template every test clones', async () => {
+    const url = await freshDatabaseUrl();
+    made.push(new URL(url).pathname.slice(1));
+    const sql = connectDatabase(url, { max: 1 });
+    try {
+      expect(await migrate(sql)).toBe(0);
+    } finally {
+      await sql.end();
+    }
+    expect(await recorded(url)).toEqual(SHIPPED);
+  });
+
+  it('are found by the built CLI, which migrates the database it is pointed at', async () => {
+    expect(existsSync(CLI), 'dist/cli.js is missing: run `npx tsup` (npm test does)').toBe(true);
+    const url = await emptyDatabaseUrl();
+    await promisify(execFile)(process.execPath, [CLI, 'status', '--json', '--database-url', url], { timeout: 60_000 });
+    expect(await recorded(url)).toEqual(SHIPPED);
+  }, 90_000);
+});
