@@ -16,6 +16,9 @@ export default tseslint.config(
       // import-x resolves nothing and no-cycle silently checks nothing
       // (test/unit/lint-cycle.test.ts proves it fires).
       'import-x/extensions': ['.ts', '.js', '.mjs'],
+      // One lint run resolves each import once: the default 30 s cache lifetime made a long run
+      // resolve everything again.
+      'import-x/cache': { lifetime: Infinity },
       'import-x/resolver-next': [
         createNodeResolver({ extensions: ['.ts', '.js', '.mjs', '.json'], extensionAlias: { '.js': ['.ts', '.js'] } }),
       ],
@@ -24,7 +27,9 @@ export default tseslint.config(
       '@typescript-eslint/no-floating-promises': 'error',
       '@typescript-eslint/no-misused-promises': ['error', { checksVoidReturn: false }],
       '@typescript-eslint/no-unused-vars': ['error', { argsIgnorePattern: '^_', varsIgnorePattern: '^_' }],
-      'import-x/no-cycle': 'error',
+      // npm packages never import our files, so no cycle of ours passes through them: not walking
+      // their dependency trees cut the rule from about 70 s to 8 s per run.
+      'import-x/no-cycle': ['error', { ignoreExternal: true }],
     },
   },
   {

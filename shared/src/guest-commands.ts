@@ -30,6 +30,7 @@ export const ExecOutput = Type.Object({
   stdout_truncated: Type.Boolean({ description: 'stdout was longer than 1 MiB; its first 1 MiB is returned' }),
   stderr_truncated: Type.Boolean({ description: 'stderr was longer than 1 MiB; its first 1 MiB is returned' }),
 });
+export type ExecOutput = Static<typeof ExecOutput>;
 /** On the link the truncation flags are optional: agents before 1.1 do not send them. */
 export const ExecResult = Type.Object({
   ...ExecOutput.properties,

@@ -21,7 +21,7 @@ import { getDesktop } from '../store/desktops.js';
 import type { DesktopState } from '../store/rows.js';
 import type { NotifiedCache } from '../store/notified-cache.js';
 import { formatHostPort } from '../../../shared/src/host-port.js';
-import { EXEC_MAX_OUTPUT_BYTES } from '../../../shared/src/guest-commands.js';
+import { EXEC_MAX_OUTPUT_BYTES, type ExecOutput } from '../../../shared/src/guest-commands.js';
 
 /** Synchronous exec: the default and ceiling (docs/api.md §4.3) for `timeout_secs`. */
 export const EXEC_DEFAULT_TIMEOUT_SECS = 60;
@@ -116,7 +116,7 @@ export class GuestService {
     this.log = logger.child({ component: 'guest' });
   }
 
-  async exec(orgId: string, desktopId: string, req: ExecRequest) {
+  async exec(orgId: string, desktopId: string, req: ExecRequest): Promise<ExecOutput> {
     const target = await this.target(orgId, desktopId);
     const timeoutMs = clampExecTimeoutSecs(req.timeoutSecs) * 1000;
     const out = await this.run(target, 'guest.exec', {
