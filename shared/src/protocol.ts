@@ -33,6 +33,8 @@
  *   1.9 — terminal.grant (a pty inside the desktop over a WebSocket on the stream gateway,
  *         shared/src/terminal-protocol.ts); stream.grant result `websocket`: the gateway also
  *         takes stream tickets as WebSockets (RFB for browsers).
+ *   1.10 — desktop.export `listing: 'sized'`: units listed by size (and `version`) without a
+ *         hash, the hash coming as each fetch's trailer (shared/src/transfer.ts).
  *
  * Every desktop command carries the desktop's `generation`. The agent remembers the highest
  * generation it has seen per desktop and refuses an older one with `stale_generation`: after a
@@ -51,7 +53,7 @@ import {
   ScreenshotResult, SpawnPayload, SpawnResult, StreamGrantPayload, StreamGrantResult, TerminalGrantPayload, TerminalGrantResult,
 } from './guest-commands.js';
 
-export const PROTOCOL_VERSION = '1.9';
+export const PROTOCOL_VERSION = '1.10';
 export const WIRE_VERSION = 1;
 
 /** True when `version` is `major.minor` or later (a version that does not parse is not). */

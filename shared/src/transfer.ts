@@ -9,7 +9,10 @@
  *
  *   1. `desktop.export` to the source: it checks the desktop is stopped there and grants a ticket
  *      (a bearer secret, bound to the desktop and its generation, valid `ttl_ms`, usable for every
- *      request of this copy) and answers where its transfer server listens and the units.
+ *      request of this copy) and answers where its transfer server listens and the units. A
+ *      sized listing (1.10) gives each unit's size without reading it (tar counts a stream it
+ *      writes to /dev/null without reading file data) and leaves the hash to the fetch's
+ *      trailer: the bytes are read once per move instead of twice.
  *   2. `desktop.import` to the target: it fetches `GET {url}/v1/transfer/{desktop_id}/units`
  *      and then each unit it does not already hold (`GET …/units/{unit}?offset=N` resumes a
  *      partial one; the answer's `x-canto-sha256` trailer is the whole unit's hash), verifies
@@ -34,12 +37,30 @@ export const TransferUnit = Type.Object({
   id: Type.String({ pattern: UNIT_ID_PATTERN }),
   /** Size of the unit's tar stream in bytes. */
   bytes: Type.Integer({ minimum: 0 }),
-  /** sha256 of the unit's tar stream, hex. */
-  sha256: Type.String({ pattern: '^[0-9a-f]{64}$' }),
+  /**
+   * sha256 of the unit's tar stream, hex. Absent from a sized listing (1.10), where the hash
+   * comes only as the trailer of the unit's fetch.
+   */
+  sha256: Type.Optional(Type.String({ pattern: '^[0-9a-f]{64}$' })),
+  /**
+   * Which contents the listing describes (1.10): the same id and version always mean the same
+   * bytes, so an importer may keep what it fetched of a unit while its version stays.
+   */
+  version: Type.Optional(Type.String({ minLength: 1, maxLength: 200 })),
 });
 export type TransferUnit = Static<typeof TransferUnit>;
 
-export const ExportPayload = Type.Object({ ...DesktopRef, ...LeaderEpoch, ttl_ms: Type.Integer({ minimum: 1000, maximum: 86_400_000 }) });
+export const ExportPayload = Type.Object({
+  ...DesktopRef,
+  ...LeaderEpoch,
+  ttl_ms: Type.Integer({ minimum: 1000, maximum: 86_400_000 }),
+  /**
+   * `sized` (1.10): list units by size only, without hashing them first; their fetches carry the
+   * hash as a trailer. Sent only when both agents speak 1.10. Default `hashed`.
+   */
+  listing: Type.Optional(Type.Union([Type.Literal('hashed'), Type.Literal('sized')])),
+});
+export type ListingMode = 'hashed' | 'sized';
 export const ExportResult = Type.Object({
   /** `http://host:port` of the source's transfer server. */
   url: Type.String({ minLength: 1 }),

@@ -10,7 +10,7 @@ import { join } from 'node:path';
 import { newId } from '../../shared/src/ids.js';
 import { startMoveHost } from '../helpers/move-hosts.js';
 
-type Message = { type: 'setup'; mib: number } | { type: 'export' } | { type: 'copy'; to: string } | { type: 'close' };
+type Message = { type: 'setup'; mib: number } | { type: 'export'; listing: 'hashed' | 'sized' } | { type: 'copy'; to: string } | { type: 'close' };
 
 const host = await startMoveHost(process.argv[2]!);
 const id = newId('desktop');
@@ -30,7 +30,7 @@ async function handle(m: Message): Promise<unknown> {
     }
     case 'export': {
       const t0 = performance.now();
-      const result = await host.handlers.handle('desktop.export', { desktop_id: id, generation: ++generation, ttl_ms: 600_000 });
+      const result = await host.handlers.handle('desktop.export', { desktop_id: id, generation: ++generation, ttl_ms: 600_000, listing: m.listing });
       return { result, generation, ms: performance.now() - t0 };
     }
     case 'copy': {

@@ -4,7 +4,7 @@
  * Covers the protocol around the bytes: tickets, refusals, progress, resume after a broken
  * connection, a corrupted byte, idempotent import and abort.
  */
-import { mkdtemp, readdir, rm, stat } from 'node:fs/promises';
+import { mkdir, mkdtemp, readdir, rm, stat, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { randomBytes } from 'node:crypto';
@@ -70,8 +70,8 @@ async function stoppedDesktop(h: Host, id = D): Promise<void> {
   await h.handlers.handle('desktop.hibernate', { desktop_id: id, generation: 3, operation_id: 'op_2' });
 }
 
-const exportFrom = (h: Host, generation = 4, id = D) =>
-  h.handlers.handle('desktop.export', { desktop_id: id, generation, ttl_ms: 60_000 }) as Promise<ExportResult>;
+const exportFrom = (h: Host, generation = 4, id = D, listing?: 'hashed' | 'sized') =>
+  h.handlers.handle('desktop.export', { desktop_id: id, generation, ttl_ms: 60_000, ...(listing ? { listing } : {}) }) as Promise<ExportResult>;
 
 function importInto(h: Host, exp: { url: string; ticket: string }, notify?: (type: string, payload: unknown) => void, generation = 4) {
   const payload = { desktop_id: D, generation, tier: 'default', source: { url: exp.url, ticket: exp.ticket } };
@@ -217,5 +217,85 @@ describe('moving a fake desktop between two agents', () => {
     expect((await pending).message).toMatch(/cancelled/);
     await slow.abortImport(D);
     expect(await readdir(join(b.dir, 'incoming'))).toEqual([]);
+  });
+});
+
+describe('a sized listing (protocol 1.10)', () => {
+  it('lists sizes and versions without hashes, the same sizes a hashed listing gives, and moves the desktop', async () => {
+    const [a, b] = [await host(), await host()];
+    await stoppedDesktop(a);
+    const hashed = await exportFrom(a, 4, D, 'hashed');
+    const sized = await exportFrom(a, 4, D, 'sized');
+    expect(sized.units).toEqual([{ id: 'desktop', bytes: hashed.units[0]!.bytes, version: `${D}@4` }]);
+    expect(sized.total_bytes).toBe(hashed.total_bytes);
+    // The units route lists as the ticket's export did.
+    expect(((await (await fetchUnits(a.server.url, sized.ticket)).json()) as ExportResult).units[0]).not.toHaveProperty('sha256');
+    expect(((await (await fetchUnits(a.server.url, hashed.ticket)).json()) as ExportResult).units[0]).toHaveProperty('sha256');
+
+    expect(await importInto(b, sized)).toEqual({ fetched_bytes: sized.total_bytes, resumed_bytes: 0, units: 1 });
+    await b.handlers.handle('desktop.start', { desktop_id: D, generation: 5, operation_id: 'op_3', tier: 'default', first_boot: null });
+    expect(b.driver.desktops.get(D)?.files.get('/root/big')?.equals(BIG)).toBe(true);
+  });
+
+  it('resumes after broken connections and checks the whole unit against the trailer', async () => {
+    const [a, b] = [await host(), await host()];
+    await stoppedDesktop(a);
+    const exp = await exportFrom(a, 4, D, 'sized');
+    const cut = await startTransferProxy(a.server.url, { cutAfter: 700_000, times: 2, match: '/units/desktop' });
+    proxies.push(cut);
+    expect((await importInto(b, { url: cut.url, ticket: exp.ticket })).fetched_bytes).toBe(exp.total_bytes);
+    expect(cut.spoiled()).toBe(2);
+    expect(b.driver.desktops.get(D)?.files.get('/root/big')?.equals(BIG)).toBe(true);
+
+    // A flipped byte: no listed hash to compare with, but the trailer's differs.
+    const c = await host();
+    const flip = await startTransferProxy(a.server.url, { flipBodyByte: 200_000, match: '/units/desktop' });
+    proxies.push(flip);
+    const err = await failure(importInto(c, { url: flip.url, ticket: exp.ticket }));
+    expect(err).toMatchObject({ code: 'runtime_error', retryable: true });
+    expect(err.message).toMatch(/sha256/);
+    expect(c.driver.desktops.has(D)).toBe(false);
+    expect((await importInto(c, { url: flip.url, ticket: exp.ticket })).fetched_bytes).toBe(exp.total_bytes);
+  });
+
+  it('verifies a unit found whole in staging (not yet marked done) by the trailer of its empty rest', async () => {
+    const [a, b] = [await host(), await host()];
+    await stoppedDesktop(a);
+    const exp = await exportFrom(a, 4, D, 'sized');
+    const whole = Buffer.from(await (await fetch(`${a.server.url}/v1/transfer/${D}/units/desktop`, { headers: { authorization: `Bearer ${exp.ticket}` } })).arrayBuffer());
+    expect(whole.length).toBe(exp.total_bytes);
+    const staging = join(b.dir, 'incoming', D);
+    const listing = JSON.stringify({ units: exp.units, total_bytes: exp.total_bytes });
+    const stage = async (bytes: Buffer) => {
+      await mkdir(staging, { recursive: true });
+      await writeFile(join(staging, 'listing.json'), listing);
+      await writeFile(join(staging, 'desktop.part'), bytes);
+    };
+    const spoiled = Buffer.from(whole);
+    spoiled[1000] = spoiled[1000]! ^ 0xff;
+    await stage(spoiled);
+    expect((await failure(importInto(b, exp))).message).toMatch(/sha256/);
+    await stage(whole);
+    expect(await importInto(b, exp)).toEqual({ fetched_bytes: 0, resumed_bytes: exp.total_bytes, units: 1 });
+    expect(b.driver.desktops.get(D)?.files.get('/root/big')?.equals(BIG)).toBe(true);
+  });
+
+  it('forgets what was staged of a unit whose version changed (a later export of a changed desktop)', async () => {
+    const [a, b] = [await host(), await host()];
+    await stoppedDesktop(a);
+    const first = await exportFrom(a, 4, D, 'sized');
+    const often = await startTransferProxy(a.server.url, { cutAfter: 1_000_000, times: 3, match: '/units/desktop' });
+    proxies.push(often);
+    await failure(importInto(b, { url: often.url, ticket: first.ticket }));
+    expect((await stat(join(b.dir, 'incoming', D, 'desktop.part'))).size).toBeGreaterThan(0);
+    // The desktop runs and changes on the source, then is exported again at a new generation.
+    await a.handlers.handle('desktop.start', { desktop_id: D, generation: 5, operation_id: 'op_7', tier: 'small', first_boot: null });
+    await a.driver.writeFile(D, { path: '/root/note', appendAt: null }, (async function* () { yield Buffer.from('HELLO'); })());
+    await a.handlers.handle('desktop.hibernate', { desktop_id: D, generation: 6, operation_id: 'op_8' });
+    const second = await exportFrom(a, 6, D, 'sized');
+    expect(second.units[0]!.version).toBe(`${D}@6`);
+    const result = await importInto(b, second, undefined, 7);
+    expect(result).toEqual({ fetched_bytes: second.total_bytes, resumed_bytes: 0, units: 1 });
+    expect(b.driver.desktops.get(D)?.files.get('/root/note')?.toString()).toBe('HELLO');
   });
 });

@@ -5,7 +5,7 @@
  * `trusted.*` xattrs intact. The parts that make device nodes and trusted xattrs need root.
  */
 import { execFileSync } from 'node:child_process';
-import { createHash } from 'node:crypto';
+import { createHash, randomBytes } from 'node:crypto';
 import { link, lstat, mkdir, mkdtemp, open, readlink, rm, stat, symlink, truncate, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
@@ -13,7 +13,7 @@ import { Readable } from 'node:stream';
 import { pipeline } from 'node:stream/promises';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { desktopUnitMembers } from '../../agent/src/runtime/sandbox/host/sandbox-transfer.js';
-import { tarStream, untar } from '../../agent/src/runtime/sandbox/host/unit-tar.js';
+import { tarSize, tarStream, untar } from '../../agent/src/runtime/sandbox/host/unit-tar.js';
 import { digestOf } from '../../agent/src/transfer/digests.js';
 
 const isRoot = process.getuid?.() === 0;
@@ -114,6 +114,25 @@ describe('unit tar streams', () => {
       expect(wh.isCharacterDevice() && wh.rdev === 0).toBe(true);
       expect(getXattr(join(dst, 'd', 'sub'), 'trusted.overlay.opaque')).toBe('y');
     }
+  });
+
+  it('are measured to the byte without being read (the sized listing)', async () => {
+    const src = join(dir, 'src'); // the tree of the test above: links, holes, whiteouts, xattrs
+    const tree = join(dir, 'sized');
+    await mkdir(join(tree, 'many'), { recursive: true });
+    for (let i = 0; i < 300; i++) await writeFile(join(tree, 'many', `f${i}`), Buffer.alloc(i * 37, i));
+    await writeFile(join(tree, 'random'), randomBytes(3 << 20));
+    // Data, a hole, data again, and a hole at the end: the sparse map shapes the headers.
+    await writeFile(join(tree, 'holes'), randomBytes(70_000));
+    const fh = await open(join(tree, 'holes'), 'r+');
+    await fh.write(randomBytes(5000), 0, 5000, 9 << 20);
+    await fh.close();
+    await truncate(join(tree, 'holes'), 20 << 20);
+    await writeFile(join(tree, 'x'.repeat(200)), 'a name longer than ustar holds');
+    for (const [root, members] of [[src, ['.']], [tree, ['.']], [tree, ['random', 'many']]] as const) {
+      expect(await tarSize(root, members)).toBe((await digestOf(tarStream(root, members))).bytes);
+    }
+    await expect(tarSize(join(dir, 'missing'), ['.'])).rejects.toThrow(/tar --totals failed/);
   });
 
   it('fail loudly rather than end early when tar fails, and reject a corrupt stream', async () => {

@@ -72,6 +72,13 @@ export class FakeTransfer implements DesktopTransfer {
     return { body: Readable.from([Buffer.from(JSON.stringify(image))]), done: Promise.resolve() };
   }
 
+  /** The image is in memory: its length is what a sized listing needs. */
+  async size(desktopId: string, unitId: string): Promise<number> {
+    let bytes = 0;
+    for await (const chunk of (await this.read(desktopId, unitId)).body) bytes += (chunk as Buffer).length;
+    return bytes;
+  }
+
   async holds(): Promise<boolean> {
     return false;
   }

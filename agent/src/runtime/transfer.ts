@@ -77,6 +77,11 @@ export interface DesktopTransfer {
   units(desktopId: string): Promise<string[]>;
   /** A fresh stream of the unit from its first byte. */
   read(desktopId: string, unitId: string): Promise<UnitStream>;
+  /**
+   * The exact length of `read`'s stream, found without reading the unit's data; absent when the
+   * driver cannot (the source then lists by hashing, one full pass).
+   */
+  size?(desktopId: string, unitId: string): Promise<number>;
   /** True when this host already holds the unit (a layer; never `desktop`). */
   holds(unitId: string): Promise<boolean>;
   /** Where an import of the desktop keeps its files, on the same filesystem as the installed ones. */

@@ -36,6 +36,8 @@ export async function digestOf(stream: UnitStream): Promise<UnitDigest> {
 
 export class UnitDigests {
   private readonly pending = new Map<string, Promise<UnitDigest>>();
+  /** Sizes alone (a sized listing), by the same keys. */
+  private readonly sizes = new Map<string, Promise<number>>();
 
   static key(desktopId: string, generation: number, unitId: string): string {
     return unitId === DESKTOP_UNIT ? `${desktopId}@${generation}` : unitId;
@@ -55,13 +57,29 @@ export class UnitDigests {
     return entry;
   }
 
+  /** The unit's size, from memory or by `count()` once. */
+  size(key: string, count: () => Promise<number>): Promise<number> {
+    let entry = this.sizes.get(key);
+    if (entry === undefined) {
+      entry = count();
+      this.sizes.set(key, entry);
+      entry.catch(() => {
+        if (this.sizes.get(key) === entry) this.sizes.delete(key);
+      });
+    }
+    return entry;
+  }
+
   /** Forgets one digest (the stream turned out different from it). */
   drop(key: string): void {
     this.pending.delete(key);
+    this.sizes.delete(key);
   }
 
   /** Forgets the desktop's own unit at every generation. */
   forget(desktopId: string): void {
-    for (const key of this.pending.keys()) if (key.startsWith(`${desktopId}@`)) this.pending.delete(key);
+    for (const map of [this.pending, this.sizes]) {
+      for (const key of map.keys()) if (key.startsWith(`${desktopId}@`)) map.delete(key);
+    }
   }
 }

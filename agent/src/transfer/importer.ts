@@ -140,9 +140,13 @@ async function forgetChangedUnits(staging: string, listing: Listing): Promise<vo
   } catch {
     // no earlier attempt
   }
-  const now = new Map(listing.units.map((u) => [u.id, u.sha256]));
+  // A unit is the same while its hash (hashed listings) or its version and size (sized ones) are.
+  const identity = (u: TransferUnit) => `${u.sha256 ?? ''}/${u.version ?? ''}/${u.bytes}`;
+  const now = new Map(listing.units.map((u) => [u.id, identity(u)]));
   for (const unit of previous?.units ?? []) {
-    if (now.get(unit.id) === unit.sha256) continue;
+    if (unit.sha256 === undefined && unit.version === undefined) {
+      // Nothing names what it held: start over.
+    } else if (now.get(unit.id) === identity(unit)) continue;
     const { part, done } = unitFiles(staging, unit.id);
     await rm(part, { force: true });
     await rm(done, { force: true });

@@ -12,7 +12,7 @@
 import { AgentFailure, parseMessage } from '../../../shared/src/protocol.js';
 import type { Tier } from '../../../shared/src/tiers.js';
 import {
-  ExportPayload, ImportAbortPayload, ImportPayload, type ExportResult, type ImportProgressPayload, type ImportResult,
+  ExportPayload, ImportAbortPayload, ImportPayload, type ExportResult, type ImportProgressPayload, type ImportResult, type ListingMode,
 } from '../../../shared/src/transfer.js';
 import type { RuntimeDriver } from '../runtime/driver.js';
 import type { DesktopTransfer } from '../runtime/transfer.js';
@@ -58,7 +58,7 @@ export class DesktopMoves {
       switch (type) {
         case 'desktop.export': {
           const p = parseMessage(ExportPayload, raw, `${type} payload`);
-          return run.lifecycle(p, () => this.exportDesktop(p.desktop_id, p.generation, p.ttl_ms));
+          return run.lifecycle(p, () => this.exportDesktop(p.desktop_id, p.generation, p.ttl_ms, p.listing ?? 'hashed'));
         }
         case 'desktop.import': {
           const p = parseMessage(ImportPayload, raw, `${type} payload`);
@@ -82,7 +82,7 @@ export class DesktopMoves {
     }
   }
 
-  async exportDesktop(desktopId: string, generation: number, ttlMs: number): Promise<ExportResult> {
+  async exportDesktop(desktopId: string, generation: number, ttlMs: number, listing: ListingMode = 'hashed'): Promise<ExportResult> {
     const transfer = this.transfer();
     if (this.deps.source === null || this.deps.url === null) {
       throw new AgentFailure('unsupported', 'the transfer server is turned off on this host', false);
@@ -90,7 +90,7 @@ export class DesktopMoves {
     const here = await transfer.inspect(desktopId);
     if (!here.held) throw new AgentFailure('not_found', `no disk for ${desktopId} on this host`, false);
     if (here.running) throw new AgentFailure('conflict', `${desktopId} is running on this host; hibernate it first`, false);
-    const { ticket, units, total_bytes } = await this.deps.source.exportDesktop(desktopId, generation, ttlMs);
+    const { ticket, units, total_bytes } = await this.deps.source.exportDesktop(desktopId, generation, ttlMs, listing);
     return { url: this.deps.url, ticket, units, total_bytes };
   }
 

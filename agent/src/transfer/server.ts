@@ -17,7 +17,7 @@ import { createServer, type IncomingMessage, type Server, type ServerResponse } 
 import type { AddressInfo } from 'node:net';
 import { formatHost } from '../../../shared/src/host-port.js';
 import { AgentFailure } from '../../../shared/src/protocol.js';
-import { SHA256_TRAILER } from '../../../shared/src/transfer.js';
+import { SHA256_TRAILER, type ListingMode } from '../../../shared/src/transfer.js';
 import type { TransferSource } from './source.js';
 import type { TransferTickets } from './tickets.js';
 
@@ -96,9 +96,9 @@ export class TransferServer {
       const route = ROUTE.exec(url.pathname);
       if (route === null) throw new Refusal(404, 'no such route');
       const desktopId = route[1]!;
-      const generation = this.admit(req, desktopId);
+      const { generation, listing: mode } = this.admit(req, desktopId);
       if (route[2] === undefined) {
-        const listing = await this.options.source.listing(desktopId, generation);
+        const listing = await this.options.source.listing(desktopId, generation, mode);
         const body = JSON.stringify(listing);
         res.writeHead(200, { 'content-type': 'application/json', 'cache-control': 'no-store', 'content-length': Buffer.byteLength(body) });
         res.end(body);
@@ -106,14 +106,14 @@ export class TransferServer {
       }
       const raw = url.searchParams.get('offset') ?? '0';
       if (!OFFSET.test(raw)) throw new Refusal(400, 'offset must be a whole number of bytes');
-      await this.sendUnit(res, desktopId, generation, route[2], Number(raw));
+      await this.sendUnit(res, desktopId, generation, route[2], Number(raw), mode);
     } catch (err) {
       this.refuse(req, res, err);
     }
   }
 
-  /** Checks the ticket and the desktop's generation here; answers the ticket's generation. */
-  private admit(req: IncomingMessage, desktopId: string): number {
+  /** Checks the ticket and the desktop's generation here; answers the ticket's generation and listing. */
+  private admit(req: IncomingMessage, desktopId: string): { generation: number; listing: ListingMode } {
     const header = req.headers.authorization;
     const presented = header === undefined ? null : (/^Bearer (\S+)$/.exec(header)?.[1] ?? '');
     const check = this.options.tickets.check(presented, desktopId);
@@ -124,12 +124,12 @@ export class TransferServer {
     if (held !== undefined && held > check.generation) {
       throw new Refusal(409, `the desktop has changed since it was exported (generation ${held} > ${check.generation}); export it again`);
     }
-    return check.generation;
+    return { generation: check.generation, listing: check.listing };
   }
 
-  private async sendUnit(res: ServerResponse, desktopId: string, generation: number, unitId: string, offset: number): Promise<void> {
+  private async sendUnit(res: ServerResponse, desktopId: string, generation: number, unitId: string, offset: number, mode: ListingMode): Promise<void> {
     const started = performance.now();
-    const unit = await this.options.source.openUnit(desktopId, generation, unitId, offset);
+    const unit = await this.options.source.openUnit(desktopId, generation, unitId, offset, mode);
     res.writeHead(200, {
       'content-type': 'application/octet-stream',
       'cache-control': 'no-store',

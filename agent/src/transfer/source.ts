@@ -16,7 +16,7 @@
 import { createHash } from 'node:crypto';
 import type { Readable, Writable } from 'node:stream';
 import { AgentFailure } from '../../../shared/src/protocol.js';
-import type { TransferUnit } from '../../../shared/src/transfer.js';
+import type { ListingMode, TransferUnit } from '../../../shared/src/transfer.js';
 import type { DesktopTransfer, UnitStream } from '../runtime/transfer.js';
 import { UnitDigests } from './digests.js';
 import type { TransferTickets } from './tickets.js';
@@ -54,17 +54,26 @@ export class TransferSource {
   }
 
   /** Lists a stopped desktop's units and grants a ticket for them. */
-  async exportDesktop(desktopId: string, generation: number, ttlMs: number): Promise<Listing & { ticket: string }> {
-    const listing = await this.listing(desktopId, generation);
-    const { ticket } = this.deps.tickets.issue(desktopId, generation, ttlMs);
+  async exportDesktop(desktopId: string, generation: number, ttlMs: number, mode: ListingMode = 'hashed'): Promise<Listing & { ticket: string }> {
+    const listing = await this.listing(desktopId, generation, mode);
+    const { ticket } = this.deps.tickets.issue(desktopId, generation, ttlMs, this.sized(mode) ? 'sized' : 'hashed');
     return { ...listing, ticket };
   }
 
-  /** The desktop's units with sizes and hashes; `not_found` or `conflict` when it cannot be sent. */
-  async listing(desktopId: string, generation: number): Promise<Listing> {
+  /**
+   * The desktop's units; `not_found` or `conflict` when it cannot be sent. Hashed: with sizes and
+   * hashes, one full pass over each unit (kept until the desktop changes). Sized, when the driver
+   * can count a unit without reading it: sizes and versions only, the hash coming as the trailer
+   * of each fetch.
+   */
+  async listing(desktopId: string, generation: number, mode: ListingMode = 'hashed'): Promise<Listing> {
     const units: TransferUnit[] = [];
     for (const id of await this.deps.transfer.units(desktopId)) {
       const key = UnitDigests.key(desktopId, generation, id);
+      if (this.sized(mode)) {
+        units.push({ id, bytes: await this.sizeOf(desktopId, id, key), version: key });
+        continue;
+      }
       const digest = await this.digests.get(key, () => this.deps.transfer.read(desktopId, id));
       units.push({ id, bytes: digest.bytes, sha256: digest.sha256 });
     }
@@ -75,11 +84,15 @@ export class TransferSource {
    * Starts sending a unit from `offset`. `not_found` for a unit the desktop does not have,
    * `conflict` while it runs, `too_large` for an offset past the unit's end.
    */
-  async openUnit(desktopId: string, generation: number, unitId: string, offset: number): Promise<OutgoingUnit> {
+  async openUnit(desktopId: string, generation: number, unitId: string, offset: number, mode: ListingMode = 'hashed'): Promise<OutgoingUnit> {
     const units = await this.deps.transfer.units(desktopId);
     if (!units.includes(unitId)) throw new AgentFailure('not_found', `${desktopId} has no unit ${unitId}`, false);
     const key = UnitDigests.key(desktopId, generation, unitId);
-    const expected = await this.digests.get(key, () => this.deps.transfer.read(desktopId, unitId));
+    // A hashed listing's digest is at hand; under a sized one the size is enough here, and the
+    // hash is what this fetch produces.
+    const expected = this.sized(mode)
+      ? { bytes: await this.sizeOf(desktopId, unitId, key), sha256: null }
+      : await this.digests.get(key, () => this.deps.transfer.read(desktopId, unitId));
     if (offset > expected.bytes) throw new AgentFailure('too_large', `offset ${offset} is past the unit's ${expected.bytes} bytes`, false);
     const stream = await this.deps.transfer.read(desktopId, unitId);
     this.track(desktopId, stream.body);
@@ -88,7 +101,7 @@ export class TransferSource {
       send: async (out) => {
         try {
           const sha256 = await pump(stream, out, offset);
-          if (sha256 !== expected.sha256) {
+          if (expected.sha256 !== null && sha256 !== expected.sha256) {
             // Not what the listing promised: the next export must look again.
             this.digests.drop(key);
             this.deps.log('a unit stream differs from its listed hash', { desktopId, unit: unitId });
@@ -99,6 +112,14 @@ export class TransferSource {
         }
       },
     };
+  }
+
+  private sized(mode: ListingMode): boolean {
+    return mode === 'sized' && this.deps.transfer.size !== undefined;
+  }
+
+  private sizeOf(desktopId: string, unitId: string, key: string): Promise<number> {
+    return this.digests.size(key, () => this.deps.transfer.size!(desktopId, unitId));
   }
 
   /** The desktop may change: forget its digests and cut the streams being sent of it. */

@@ -10,6 +10,7 @@
  * holder was sent by the scheduler, but not for this one.
  */
 import { createHash, randomBytes, timingSafeEqual } from 'node:crypto';
+import type { ListingMode } from '../../../shared/src/transfer.js';
 
 const TICKET_FORMAT = /^ttk_[A-Za-z0-9_-]{43}$/;
 
@@ -18,10 +19,12 @@ interface Ticket {
   readonly desktopId: string;
   readonly generation: number;
   readonly expiresAt: number;
+  /** How the export listed the units: the units route lists them the same way. */
+  readonly listing: ListingMode;
 }
 
 export type TicketCheck =
-  | { readonly ok: true; readonly generation: number }
+  | { readonly ok: true; readonly generation: number; readonly listing: ListingMode }
   | { readonly ok: false; readonly status: 401 | 404; readonly detail: string };
 
 function hashOf(ticket: string): Buffer {
@@ -33,12 +36,12 @@ export class TransferTickets {
 
   constructor(private readonly now: () => number = Date.now) {}
 
-  issue(desktopId: string, generation: number, ttlMs: number): { ticket: string; expiresAt: number } {
+  issue(desktopId: string, generation: number, ttlMs: number, listing: ListingMode = 'hashed'): { ticket: string; expiresAt: number } {
     this.prune();
     const ticket = `ttk_${randomBytes(32).toString('base64url')}`;
     const hash = hashOf(ticket);
     const expiresAt = this.now() + ttlMs;
-    this.tickets.set(hash.toString('hex'), { hash, desktopId, generation, expiresAt });
+    this.tickets.set(hash.toString('hex'), { hash, desktopId, generation, expiresAt, listing });
     return { ticket, expiresAt };
   }
 
@@ -56,7 +59,7 @@ export class TransferTickets {
       return { ok: false, status: 401, detail: 'the transfer ticket is unknown or expired' };
     }
     if (found.desktopId !== desktopId) return { ok: false, status: 404, detail: 'no such desktop for this ticket' };
-    return { ok: true, generation: found.generation };
+    return { ok: true, generation: found.generation, listing: found.listing };
   }
 
   /** Drops every ticket of the desktop (it is destroyed here). */

@@ -8,7 +8,8 @@
  * goes on receiving. A later command finding a partial spool (the agent restarted, the scheduler
  * sent the import again) replays the spool into a fresh unpacking, then fetches the rest.
  *
- * The hash of the whole stream must equal the listing's, and the source's trailer when one came.
+ * The hash of the whole stream must equal the listing's, and the source's trailer when one came
+ * (under a sized listing, which names no hash, the trailer alone).
  * If not, or if the unpacking fails (a corrupt stream is the likely cause), the spool and the
  * unpacked files are dropped and the command fails retryable: the next try starts that unit over.
  * A unit done is marked `<unit>.done` (its spool is no longer needed) so it is never fetched again.
@@ -90,9 +91,19 @@ export async function fetchUnit(options: UnitFetchOptions, unit: TransferUnit): 
         });
       }
     }
+    // A sized listing names no hash: the source's trailer is the only word on the bytes. A spool
+    // found whole (the agent stopped before marking it done) has no trailer yet: the empty rest
+    // of the unit brings one, the hash of the whole stream as the source produces it now.
+    if (unit.sha256 === undefined && trailer === null) {
+      trailer = await fetchRest(options, unit, spool.held, () => {
+        throw new BadUnit(`the source sent more of ${unit.id} than listed`);
+      });
+    }
+    const expected = unit.sha256 ?? trailer;
     const digest = spool.digest();
-    if (digest !== unit.sha256 || (trailer !== null && trailer !== unit.sha256)) {
-      throw new BadUnit(`sha256 of ${unit.id} does not match (got ${digest.slice(0, 12)}…, listed ${unit.sha256.slice(0, 12)}…)`);
+    if (expected === null || digest !== expected || (trailer !== null && trailer !== expected)) {
+      const said = expected === null ? 'no hash came with it' : `expected ${expected.slice(0, 12)}…`;
+      throw new BadUnit(`sha256 of ${unit.id} does not match (got ${digest.slice(0, 12)}…, ${said})`);
     }
     sink.input.end();
     try {

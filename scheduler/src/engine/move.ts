@@ -157,7 +157,9 @@ function targetGeneration(d: DesktopRow): number {
 
 async function copy(deps: StepDeps, op: OperationRow, d: DesktopRow, p: MoveParams): Promise<MoveParams> {
   const ref = { desktop_id: d.id, generation: d.generation };
-  const exported = await command(deps, p.source_host_id, 'desktop.export', { ...ref, ttl_ms: TICKET_TTL_MS });
+  // A sized listing (1.10) reads the desktop once instead of twice; both ends must know it.
+  const sized = deps.agents.speaks(p.source_host_id, 1, 10) && deps.agents.speaks(p.target_host_id!, 1, 10);
+  const exported = await command(deps, p.source_host_id, 'desktop.export', { ...ref, ttl_ms: TICKET_TTL_MS, ...(sized ? { listing: 'sized' as const } : {}) });
   const timeoutMs = deps.agentCommandTimeoutMs + Math.ceil((exported.total_bytes / MIN_COPY_BYTES_PER_SEC) * 1000);
   const imported = await command(
     deps,

@@ -27,7 +27,7 @@ import { isSameProcess } from './host-procs.js';
 import type { KeyedMutex } from './keyed-mutex.js';
 import { collectLayers, layersDir, readChain, recoverFreeze, releaseDisk, stagedChainFile, withLayerStore } from './layers.js';
 import { assertDesktopId, desktopPaths, desktopsDir, exists, hasDisk, readJson, removeTree, type DesktopPaths } from './layout.js';
-import { tarStream, untar } from './unit-tar.js';
+import { tarSize, tarStream, untar } from './unit-tar.js';
 
 /** Members of a desktop directory that move with it, in byte order (tar's `--sort=name`). */
 const PLAIN_MEMBERS = ['.ready', 'disk', 'display.json', 'fb', 'first-boot-done', 'snapshot'];
@@ -82,6 +82,14 @@ export class SandboxTransfer implements DesktopTransfer {
     const layer = this.layerDir(unitId);
     if (!(await exists(layer))) throw new AgentFailure('not_found', `no ${unitId} on this host`, false);
     return tarStream(layer, ['.']);
+  }
+
+  async size(desktopId: string, unitId: string): Promise<number> {
+    const paths = desktopPaths(this.stateDir, desktopId);
+    if (unitId === DESKTOP_UNIT) return tarSize(paths.dir, await desktopUnitMembers(paths.dir));
+    const layer = this.layerDir(unitId);
+    if (!(await exists(layer))) throw new AgentFailure('not_found', `no ${unitId} on this host`, false);
+    return tarSize(layer, ['.']);
   }
 
   async holds(unitId: string): Promise<boolean> {

@@ -72,6 +72,31 @@ export function tarStream(dir: string, members: readonly string[]): UnitStream {
 }
 
 /**
+ * The exact length of `tarStream(dir, members)`, without reading file data: GNU tar writing to
+ * /dev/null only walks the tree (it still finds the holes of sparse files, which shape the
+ * headers) and `--totals` reports the archive's size. Measured at a few milliseconds for a tree
+ * whose stream takes hundreds, so a move's listing no longer reads every byte before the copy.
+ */
+export function tarSize(dir: string, members: readonly string[]): Promise<number> {
+  return new Promise((resolve, reject) => {
+    const child = spawn('tar', ['--create', '--file=/dev/null', '--totals', ...CREATE_FLAGS, '-C', dir, '--', ...members], {
+      env: TAR_ENV,
+      stdio: ['ignore', 'ignore', 'pipe'],
+    });
+    let stderr = '';
+    child.stderr.on('data', (chunk: Buffer) => {
+      stderr = (stderr + chunk.toString('utf8')).slice(-STDERR_KEEP);
+    });
+    child.once('error', reject);
+    child.once('close', (code, signal) => {
+      const total = /Total bytes written: (\d+)/.exec(stderr)?.[1];
+      if (code === 0 && total !== undefined) resolve(Number(total));
+      else reject(new Error(`tar --totals failed (${code ?? signal}): ${lastLine(stderr)}`));
+    });
+  });
+}
+
+/**
  * Extracts a tar stream written to the sink's input into `dir` (which must exist). Writes go
  * straight into tar's stdin, with no stream in between: this is the hot path of an import.
  */
