@@ -108,7 +108,11 @@ describe.skipIf(!isRoot)("the console's live screen and terminal in headless Chr
 
   it('shows the screen view-only, and passes typed keys to the desktop only with the control claim', async () => {
     // A white terminal at the top left whose program writes every line typed into it to a file.
-    const started = await call('POST', `/v1/desktops/${id}/exec`, { command: `xterm -geometry 80x24+0+0 -bg white -fg black -e sh -c 'cat > ${TYPED}'`, detached: true });
+    // Its cursor is drawn the same focused or not (alwaysHighlight): without a window manager the
+    // focus follows the pointer, which the control connection may move, and a hollow cursor
+    // turning solid changed a few hundred pixels with nothing typed.
+    const xterm = `xterm -xrm 'XTerm*alwaysHighlight: true' -geometry 80x24+0+0 -bg white -fg black`;
+    const started = await call('POST', `/v1/desktops/${id}/exec`, { command: `${xterm} -e sh -c 'cat > ${TYPED}'`, detached: true });
     expect(started.status, started.text).toBe(202);
     const mapped = await call('POST', `/v1/desktops/${id}/exec`, { command: 'xdotool search --sync --onlyvisible --class xterm', timeout_secs: 20 });
     expect(mapped.json.exit_code, mapped.text).toBe(0);
