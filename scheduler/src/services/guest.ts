@@ -22,6 +22,8 @@ import type { DesktopState } from '../store/rows.js';
 import type { NotifiedCache } from '../store/notified-cache.js';
 import { formatHostPort } from '../../../shared/src/host-port.js';
 import { EXEC_MAX_OUTPUT_BYTES, type ExecOutput } from '../../../shared/src/guest-commands.js';
+import type { Static } from '@sinclair/typebox';
+import type { ProcessStatusResponse } from '../api/guest-schemas.js';
 
 /** Synchronous exec: the default and ceiling (docs/api.md §4.3) for `timeout_secs`. */
 export const EXEC_DEFAULT_TIMEOUT_SECS = 60;
@@ -61,13 +63,8 @@ export interface ExecRequest {
   readonly timeoutSecs: number | null | undefined;
 }
 
-export interface ProcessStatusJson {
-  process_id: string;
-  status: 'running' | 'exited' | 'lost';
-  exit_code: number;
-  stdout_tail: string;
-  stderr_tail: string;
-}
+/** `GET …/processes/{id}`'s answer, typed by its schema. */
+export type ProcessStatusJson = Static<typeof ProcessStatusResponse>;
 
 /** docs/api.md §4.3: default 60, clamped to 300, never rejected. Below one second counts as one. */
 export function clampExecTimeoutSecs(value: number | null | undefined): number {

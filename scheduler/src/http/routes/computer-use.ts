@@ -8,7 +8,7 @@ import { Type } from '@sinclair/typebox';
 import type { App, AppDeps } from '../route-types.js';
 import { errorResponses } from '../error-responses.js';
 import { DesktopIdParams } from '../../api/schemas.js';
-import { InputBody, InputResponse, ScreenshotBody, StreamBody, StreamTicketResponse } from '../guest-schemas.js';
+import { InputBody, InputResponse, ScreenshotBody, StreamBody, StreamTicketResponse } from '../../api/guest-schemas.js';
 
 const screenshotResponse = {
   description: 'The PNG (`encoding: binary`, the default), or JSON with the PNG in base64 (`encoding: base64`)',

@@ -3,7 +3,7 @@ import { Type } from '@sinclair/typebox';
 import type { App, AppDeps } from '../route-types.js';
 import { errorResponses } from '../error-responses.js';
 import { DesktopIdParams } from '../../api/schemas.js';
-import { DisplayBody, DisplayResponse } from '../guest-schemas.js';
+import { DisplayBody, DisplayResponse } from '../../api/guest-schemas.js';
 
 export function registerDisplayRoutes(app: App, deps: AppDeps): void {
   app.get(

@@ -5,7 +5,7 @@ import { errorResponses } from '../error-responses.js';
 import { errors } from '../../errors.js';
 import { clampTailBytes } from '../../services/guest.js';
 import { DesktopIdParams } from '../../api/schemas.js';
-import { ExecBody, ExecDetachedResponse, ExecResponse, ProcessParams, ProcessQuery, ProcessStatusResponse } from '../guest-schemas.js';
+import { ExecBody, ExecDetachedResponse, ExecResponse, ProcessParams, ProcessQuery, ProcessStatusResponse } from '../../api/guest-schemas.js';
 
 export function registerExecRoutes(app: App, deps: AppDeps): void {
   app.post(

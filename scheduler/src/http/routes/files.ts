@@ -15,7 +15,7 @@ import { errorResponses } from '../error-responses.js';
 import { errors } from '../../errors.js';
 import { FILE_CHUNK_MAX_BYTES } from '../../services/guest.js';
 import { apiPath, guestPath } from '../guest-paths.js';
-import { FileDeleteQuery, FileReadQuery, FileStatJson, FileWriteQuery, GuestPathParams, ListDirResponse } from '../guest-schemas.js';
+import { FileDeleteQuery, FileReadQuery, FileStatJson, FileWriteQuery, GuestPathParams, ListDirResponse } from '../../api/guest-schemas.js';
 
 const octetStream = {
   description: 'The file, or the requested window of it',

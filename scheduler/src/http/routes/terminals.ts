@@ -9,7 +9,7 @@ import { TERMINAL_SIZE, WS_CLOSE } from '../../../../shared/src/terminal-protoco
 import type { App, AppDeps } from '../route-types.js';
 import { errorResponses } from '../error-responses.js';
 import { DesktopIdParams } from '../../api/schemas.js';
-import { TerminalBody, TerminalTicketResponse } from '../guest-schemas.js';
+import { TerminalBody, TerminalTicketResponse } from '../../api/guest-schemas.js';
 
 /** Per desktop, unused tickets and open terminals together (agent/src/stream/terminal-tickets.ts). */
 const MAX_TERMINALS = 8;

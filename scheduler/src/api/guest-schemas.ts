@@ -8,7 +8,7 @@ import { idPattern } from '../../../shared/src/ids.js';
 import { INPUT_LIMITS, InputAction, STREAM_CLAIMS } from '../../../shared/src/computer-use.js';
 import { TERMINAL_SIZE } from '../../../shared/src/terminal-protocol.js';
 import { ExecOutput, FileType, ProcessId } from '../../../shared/src/guest-commands.js';
-import { CLOSED, DIGITS, NO_NUL } from '../api/schemas.js';
+import { CLOSED, DIGITS, NO_NUL } from './schemas.js';
 
 /* ------------------------------------------------------------------ guest operations */
 
