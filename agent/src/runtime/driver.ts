@@ -17,6 +17,7 @@ import type {
   FileWritePayload, InputResult, ProcessResult, ScreenRegion, ScreenshotPayload, ScreenshotResult, SpawnPayload,
   TerminalGrantPayload,
 } from '../../../shared/src/guest-commands.js';
+import type { FirstBoot, StartPayload } from '../../../shared/src/protocol.js';
 import type { DesktopTransfer } from './transfer.js';
 
 export type { ScreenRegion };
@@ -30,22 +31,22 @@ export interface RuntimeCapabilities {
   readonly computerUse: boolean;
 }
 
-export interface FirstBootSpec {
-  /** Written as `KEY=value` lines (shell-quoted) to `/root/.canto/env` in the guest. */
-  readonly env: Readonly<Record<string, string>>;
-  /** Run once, detached, under process id `setup`; null when the desktop has none. */
-  readonly setupScript: string | null;
-}
+/**
+ * The protocol's first-boot settings (shared/src/protocol.ts `FirstBoot`) in camelCase: `env` is
+ * written as `KEY=value` lines (shell-quoted) to `/root/.canto/env` in the guest; `setupScript`
+ * runs once, detached, under process id `setup` (null when the desktop has none).
+ */
+export type FirstBootSpec = CamelKeys<FirstBoot>;
 
-export interface StartSpec {
-  readonly desktopId: string;
-  readonly tier: Tier;
-  /**
-   * Given until the desktop's first successful wake. The driver applies it at most once per
-   * desktop disk (it keeps its own marker on the disk), even if the command is repeated.
-   */
+/**
+ * `desktop.start` as the driver sees it: the protocol's payload in camelCase, without the fencing
+ * fields the agent checks before the driver runs. `firstBoot` is given until the desktop's first
+ * successful wake; the driver applies it at most once per desktop disk (it keeps its own marker
+ * on the disk), even if the command is repeated.
+ */
+export type StartSpec = Omit<CamelKeys<Omit<Static<typeof StartPayload>, 'generation' | 'leader_epoch' | 'operation_id'>>, 'firstBoot'> & {
   readonly firstBoot: FirstBootSpec | null;
-}
+};
 
 /*
  * Request and response shapes of guest operations and computer use: the agent protocol's
