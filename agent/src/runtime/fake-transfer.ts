@@ -58,6 +58,11 @@ export class FakeTransfer implements DesktopTransfer {
   }
 
   async read(desktopId: string, unitId: string): Promise<UnitStream> {
+    return { body: Readable.from([this.image(desktopId, unitId)]), done: Promise.resolve() };
+  }
+
+  /** The unit's bytes: the desktop as JSON. */
+  private image(desktopId: string, unitId: string): Buffer {
     const desktop = this.desktops.get(desktopId);
     if (desktop === undefined || unitId !== DESKTOP_UNIT) throw new AgentFailure('not_found', `no ${unitId} of ${desktopId} on this host`, false);
     const image: Image = {
@@ -69,14 +74,12 @@ export class FakeTransfer implements DesktopTransfer {
       files: [...desktop.files].sort(([a], [b]) => (a < b ? -1 : a > b ? 1 : 0)).map(([path, bytes]) => [path, bytes.toString('base64')]),
       processes: [...desktop.processes].sort(([a], [b]) => (a < b ? -1 : a > b ? 1 : 0)),
     };
-    return { body: Readable.from([Buffer.from(JSON.stringify(image))]), done: Promise.resolve() };
+    return Buffer.from(JSON.stringify(image));
   }
 
   /** The image is in memory: its length is what a sized listing needs. */
   async size(desktopId: string, unitId: string): Promise<number> {
-    let bytes = 0;
-    for await (const chunk of (await this.read(desktopId, unitId)).body) bytes += (chunk as Buffer).length;
-    return bytes;
+    return this.image(desktopId, unitId).length;
   }
 
   async holds(): Promise<boolean> {
