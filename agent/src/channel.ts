@@ -43,6 +43,11 @@ export interface StartAgentOptions {
   readonly config: AgentConfig;
   readonly driver: RuntimeDriver;
   readonly logger: Logger;
+  /**
+   * The protocol version said in hello, when not this build's: how tests stand for an agent of an
+   * older release next to current ones (the scheduler then uses only what that version knows).
+   */
+  readonly announceProtocol?: string;
 }
 
 /** Starts dialing the scheduler and returns at once; use `waitConnected` to wait for the hello. */
@@ -73,6 +78,7 @@ export async function startAgent(options: StartAgentOptions): Promise<AgentHandl
   const handlers = new CommandHandlers({ driver: options.driver, generations, logger: options.logger, stream, leaderEpochs: epochs, metrics, moves });
   const links = new SchedulerLinks({
     config: options.config, driver: options.driver, identity, generations, handlers, epochs, ports, transfer, logger: options.logger,
+    announceProtocol: options.announceProtocol,
   });
   let probes: ProbeServer | null = null;
   if (options.config.metricsListen !== null) {

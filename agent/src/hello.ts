@@ -18,14 +18,16 @@ export interface HelloSources {
   readonly ingress: { readonly host: string; readonly port: number } | null;
   /** The transfer server's address (1.8); null when it is turned off. */
   readonly transfer?: { readonly host: string; readonly port: number } | null;
+  /** The version to announce; this build's PROTOCOL_VERSION unless told otherwise. */
+  readonly protocol?: string;
 }
 
 export async function buildHello(sources: HelloSources): Promise<HelloPayload> {
-  const { driver, identity, generations, ingress, transfer = null } = sources;
+  const { driver, identity, generations, ingress, transfer = null, protocol = PROTOCOL_VERSION } = sources;
   const capabilities = driver.capabilities();
   const desktops = await driver.list();
   return {
-    protocol: PROTOCOL_VERSION,
+    protocol,
     host_id: identity.hostId,
     agent_instance_id: identity.agentInstanceId,
     hostname: hostname(),

@@ -77,6 +77,8 @@ export interface SchedulerLinksOptions {
   /** The transfer server (transfer/server.ts); null when it is turned off. */
   readonly transfer?: { readonly port: number } | null;
   readonly logger: Logger;
+  /** The protocol version said in hello when not this build's (channel.ts `StartAgentOptions`). */
+  readonly announceProtocol?: string;
 }
 
 /** A URL the agent dials: a seed, a replica's advertised URL, or both. */
@@ -273,7 +275,7 @@ export class SchedulerLinks {
       const at = (listener: { port: number } | null) => (listener === null ? null : { host: config.address, port: listener.port });
       const hello = parseMessage(
         HelloPayload,
-        await buildHello({ driver, identity, generations, ingress: at(ports), transfer: at(transfer) }),
+        await buildHello({ driver, identity, generations, ingress: at(ports), transfer: at(transfer), protocol: this.options.announceProtocol }),
         'hello payload',
       );
       const reply = parseMessage(HelloResult, await peer.request('hello', hello, HELLO_TIMEOUT_MS), 'hello reply');

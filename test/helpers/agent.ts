@@ -36,6 +36,8 @@ export interface FakeAgentOptions {
    * and the desktops its driver held.
    */
   again?: { stateDir: string; driver: FakeDriver };
+  /** Say this protocol version in hello: an agent of an older release (gives a driver of our own). */
+  protocol?: string;
 }
 
 export async function startFakeAgent(schedulerUrl: string, options: FakeAgentOptions = {}): Promise<TestAgent> {
@@ -60,10 +62,10 @@ export async function startFakeAgent(schedulerUrl: string, options: FakeAgentOpt
     // A closed driver stays closed: a new one over the same desktops, as a host's disk outlives its agent.
     driver = new FakeDriver({ delayMs: options.delayMs ?? 0 });
     for (const [id, desktop] of options.again.driver.desktops) driver.desktops.set(id, desktop);
-    handle = await startAgent({ config, driver, logger });
-  } else if (options.delayMs !== undefined || options.computerUse === false) {
+    handle = await startAgent({ config, driver, logger, announceProtocol: options.protocol });
+  } else if (options.delayMs !== undefined || options.computerUse === false || options.protocol !== undefined) {
     driver = new FakeDriver({ delayMs: options.delayMs ?? 0, computerUse: options.computerUse ?? true });
-    handle = await startAgent({ config, driver, logger });
+    handle = await startAgent({ config, driver, logger, announceProtocol: options.protocol });
   } else {
     handle = await runAgent(config, { handleSignals: false, logger });
   }

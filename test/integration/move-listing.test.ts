@@ -1,7 +1,8 @@
 /**
  * How the scheduler asks for a move's listing (engine/move.ts, protocol 1.10): between agents that
- * both speak 1.10 the source lists its units by size and reads each once, for the copy; a hashed
- * listing would read every unit once more, to hash it, before the first byte moved.
+ * both speak 1.10 the source lists its units by size and reads each once, for the copy; when
+ * either agent is older, the listing is hashed, which reads every unit once more before the
+ * first byte moves (the older agent would not know a listing without hashes).
  */
 import { afterAll, beforeAll, expect, it } from 'vitest';
 import { adminApi, api, mintKey, startTestScheduler, TEST_ADMIN_TOKEN, until, type TestScheduler } from '../helpers/scheduler.js';
@@ -12,8 +13,6 @@ const agents: TestAgent[] = [];
 
 beforeAll(async () => {
   s = await startTestScheduler({ CANTO_ADMIN_TOKEN: TEST_ADMIN_TOKEN, CANTO_HEARTBEAT_MS: '200' });
-  // A driver of our own (delayMs), so the test can watch what the transfer reads.
-  for (let i = 0; i < 2; i++) agents.push(await startFakeAgent(s.url, { delayMs: 0 }));
 });
 
 afterAll(async () => {
@@ -21,9 +20,19 @@ afterAll(async () => {
   await s?.close();
 });
 
-it('lists units by size between agents of 1.10, so the source reads the desktop once', async () => {
+/**
+ * Moves a new desktop from one agent to the other and answers how often the source's transfer
+ * read and counted units. Agents of our own driver (delayMs), so the test can watch the transfer.
+ */
+async function moveBetween(protocols: [string | undefined, string | undefined]): Promise<{ reads: number; sizes: number }> {
+  for (const agent of agents.splice(0)) await agent.stop();
+  for (const protocol of protocols) agents.push(await startFakeAgent(s.url, { delayMs: 0, protocol }));
   const call = api(s.url, await mintKey(s.databaseUrl, 'listing'));
   const admin = adminApi(s.url);
+  await until(async () => {
+    const hosts = (await admin('GET', '/admin/v1/hosts')).json.hosts as Array<{ id: string; state: string }>;
+    return agents.every((a) => hosts.some((h) => h.id === a.hostId && h.state === 'ready'));
+  }, 10_000, 'both hosts ready');
   const id = (await call('POST', '/v1/desktops', { tier: 'small' })).json.id as string;
   expect((await call('POST', `/v1/desktops/${id}/wake?wait=true`)).status).toBe(200);
   const hostId = (await call('GET', `/v1/desktops/${id}`)).json.host_id as string;
@@ -48,6 +57,17 @@ it('lists units by size between agents of 1.10, so the source reads the desktop 
     return o.state === 'succeeded' || o.state === 'failed' ? o : null;
   }, 20_000, 'the move to settle');
   expect(op.state, JSON.stringify(op.error)).toBe('succeeded');
+  expect((await call('GET', `/v1/desktops/${id}`)).json.host_id).not.toBe(hostId);
+  return seen;
+}
+
+it('lists units by size between agents of 1.10, so the source reads the desktop once', async () => {
   // One unit (the fake desktop): counted once, read once for the copy, never hashed beforehand.
-  expect(seen).toEqual({ reads: 1, sizes: 1 });
+  expect(await moveBetween([undefined, undefined])).toEqual({ reads: 1, sizes: 1 });
+});
+
+it('lists units with their hashes when either agent is older than 1.10', async () => {
+  // Read once to hash it for the listing, once more for the copy; never counted alone.
+  expect(await moveBetween(['1.9', undefined])).toEqual({ reads: 2, sizes: 0 });
+  expect(await moveBetween([undefined, '1.9'])).toEqual({ reads: 2, sizes: 0 });
 });
