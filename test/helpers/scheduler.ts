@@ -63,6 +63,14 @@ export function api(base: string, key: string) {
   };
 }
 
+/** A small desktop of the caller's org, created and woken; throws unless the wake succeeded. */
+export async function awakeDesktop(call: ReturnType<typeof api>): Promise<string> {
+  const created = await call('POST', '/v1/desktops', { tier: 'small' });
+  const woke = await call('POST', `/v1/desktops/${created.json.id}/wake?wait=true`);
+  if (woke.json?.state !== 'succeeded') throw new Error(`the wake did not succeed: ${woke.status} ${woke.text}`);
+  return created.json.id as string;
+}
+
 /** The admin token tests start schedulers with (`CANTO_ADMIN_TOKEN`, at least 32 characters). */
 export const TEST_ADMIN_TOKEN = 'test-admin-token-0123456789abcdefghijklmnop';
 

@@ -7,7 +7,7 @@
  */
 import sharp from 'sharp';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { api, mintKey, startTestScheduler, type TestScheduler } from '../helpers/scheduler.js';
+import { api, mintKey, startTestScheduler, type TestScheduler, awakeDesktop } from '../helpers/scheduler.js';
 import { startFakeAgent, type TestAgent } from '../helpers/agent.js';
 import { expectProblem } from '../helpers/problem.js';
 
@@ -29,13 +29,6 @@ afterAll(async () => {
   await agent?.stop();
   await s?.close();
 });
-
-async function awakeDesktop(c: ReturnType<typeof api>): Promise<string> {
-  const created = await c('POST', '/v1/desktops', { tier: 'small' });
-  const woke = await c('POST', `/v1/desktops/${created.json.id}/wake?wait=true`);
-  expect(woke.json.state).toBe('succeeded');
-  return created.json.id;
-}
 
 async function shoot(desktopId: string, body?: unknown): Promise<Response> {
   return fetch(`${s.url}/v1/desktops/${desktopId}/screenshot`, {

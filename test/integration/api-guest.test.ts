@@ -6,7 +6,7 @@
  */
 import { createHash, randomBytes } from 'node:crypto';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { api, mintKey, startTestScheduler, type TestScheduler } from '../helpers/scheduler.js';
+import { api, mintKey, startTestScheduler, type TestScheduler, awakeDesktop } from '../helpers/scheduler.js';
 import { startFakeAgent, type TestAgent } from '../helpers/agent.js';
 import { expectProblem } from '../helpers/problem.js';
 
@@ -30,20 +30,13 @@ afterAll(async () => {
   await s?.close();
 });
 
-async function awakeDesktop(): Promise<string> {
-  const created = await call('POST', '/v1/desktops', { tier: 'small' });
-  const woke = await call('POST', `/v1/desktops/${created.json.id}/wake?wait=true`);
-  expect(woke.json.state).toBe('succeeded');
-  return created.json.id;
-}
-
 async function put(path: string, body: Uint8Array) {
   return fetch(s.url + path, { method: 'PUT', headers: { authorization: `Bearer ${key}` }, body });
 }
 
 describe('guest routes over the fake runtime', () => {
   it('streams a file up and down the agent link byte for byte', async () => {
-    const id = await awakeDesktop();
+    const id = await awakeDesktop(call);
     const data = randomBytes(8 * MiB);
     expect((await put(`/v1/desktops/${id}/files/root/blob`, data)).status).toBe(204);
     const whole = await fetch(`${s.url}/v1/desktops/${id}/files/root/blob`, { headers: { authorization: `Bearer ${key}` } });
@@ -57,7 +50,7 @@ describe('guest routes over the fake runtime', () => {
   });
 
   it('runs exec and detached exec', async () => {
-    const id = await awakeDesktop();
+    const id = await awakeDesktop(call);
     const sync = await call('POST', `/v1/desktops/${id}/exec`, { command: 'echo hi' });
     expect(sync.json).toEqual({ exit_code: 0, stdout: 'hi\n', stderr: '', stdout_truncated: false, stderr_truncated: false });
     const detached = await call('POST', `/v1/desktops/${id}/exec`, { command: 'exit 5', detached: true });
@@ -67,7 +60,7 @@ describe('guest routes over the fake runtime', () => {
   });
 
   it('reads and resizes the display within 640-2560 x 480-1600, and keeps the size across a memory snapshot', async () => {
-    const id = await awakeDesktop();
+    const id = await awakeDesktop(call);
     expect((await call('GET', `/v1/desktops/${id}/display`)).json).toEqual({ width: 1024, height: 768 });
     const put = await call('PUT', `/v1/desktops/${id}/display`, { width: 1280, height: 800 });
     expect(put.status, put.text).toBe(200);
@@ -90,7 +83,7 @@ describe('guest routes over the fake runtime', () => {
   });
 
   it('answers 413 for a declared body over 8 MiB and 400 for bad paths, without guest work', async () => {
-    const id = await awakeDesktop();
+    const id = await awakeDesktop(call);
     const big = await put(`/v1/desktops/${id}/files/root/big`, Buffer.alloc(8 * MiB + 1));
     expect(big.status).toBe(413);
     expect(big.headers.get('content-type')).toMatch(/^application\/problem\+json/);
@@ -104,7 +97,7 @@ describe('guest routes over the fake runtime', () => {
   });
 
   it('answers 503 at once when the host has no link', async () => {
-    const id = await awakeDesktop();
+    const id = await awakeDesktop(call);
     await agent.stop();
     const t0 = performance.now();
     const res = await call('POST', `/v1/desktops/${id}/exec`, { command: 'true' });
