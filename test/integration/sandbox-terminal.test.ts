@@ -8,14 +8,11 @@
  * over a WebSocket gives the handshake and a framebuffer for view and control claims, and only
  * control moves the pointer. Needs root.
  */
-import { mkdtemp, rm } from 'node:fs/promises';
-import { tmpdir } from 'node:os';
-import { join } from 'node:path';
 import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
-import { newId } from '../../shared/src/ids.js';
 import { WS_CLOSE } from '../../shared/src/terminal-protocol.js';
 import { createSandboxDriver, type SandboxDriver } from '../../agent/src/runtime/sandbox/index.js';
-import { StreamGateway } from '../../agent/src/stream/gateway.js';
+import type { StreamGateway } from '../../agent/src/stream/gateway.js';
+import { startStreamDesktop, type StreamDesktop } from '../helpers/stream-desktop.js';
 import { MAX_TERMINALS } from '../../agent/src/stream/terminal-tickets.js';
 import { hostProcesses, isRoot, memorySnapshotsHere } from '../helpers/sandbox.js';
 import { until } from '../helpers/scheduler.js';
@@ -24,7 +21,7 @@ import { openTerminal, rfbOverWebSocket } from '../helpers/terminal.js';
 if (!isRoot) console.warn('sandbox terminal tests skipped: they need root (namespaces, cgroups, CRIU)');
 
 describe.skipIf(!isRoot)('sandbox terminals and the WebSocket stream', () => {
-  let base: string;
+  let world: StreamDesktop | undefined;
   let driver: SandboxDriver;
   let gateway: StreamGateway;
   let id: string;
@@ -47,30 +44,18 @@ describe.skipIf(!isRoot)('sandbox terminals and the WebSocket stream', () => {
   }
 
   beforeAll(async () => {
-    base = await mkdtemp(join(tmpdir(), 'canto-terminal-test-'));
-    driver = await createSandboxDriver({ stateDir: join(base, 'state') });
-    id = newId('desktop');
-    await driver.prepare(id, 'small');
-    await driver.start({ desktopId: id, tier: 'small', firstBoot: null });
-    gateway = await StreamGateway.start({
-      listenHost: '127.0.0.1',
-      port: 0,
-      advertiseHost: '127.0.0.1',
-      open: (desktopId, viewOnly) => driver.openVnc(desktopId, viewOnly),
-      openTerminal: (desktopId, spec) => driver.openTerminal(desktopId, spec),
+    world = await startStreamDesktop('canto-terminal-test-', (d) => ({
+      openTerminal: (desktopId, spec) => d.openTerminal(desktopId, spec),
       generationOf: () => generation,
-      log: () => undefined,
-    });
+    }));
+    ({ driver, gateway, id } = world);
   }, 60_000);
 
   // Every test's terminals and tickets end with it.
   afterEach(() => gateway.release(id));
 
   afterAll(async () => {
-    await gateway?.close();
-    await driver?.destroy(id).catch(() => undefined);
-    await driver?.close();
-    if (base) await rm(base, { recursive: true, force: true });
+    await world?.close();
   });
 
   it('runs a shell in the desktop: output, resize, and the exit status', async () => {
@@ -185,7 +170,7 @@ describe.skipIf(!isRoot)('sandbox terminals and the WebSocket stream', () => {
     // holds the pty's master, so its shell lives on unknown to the second.
     const earlier = await driver.openTerminal(id, { cols: 80, rows: 24, command: 'sleep 4245' });
     await until(async () => (await marked('4245')).length > 0, 10_000, 'the earlier terminal');
-    const restarted = await createSandboxDriver({ stateDir: join(base, 'state') });
+    const restarted = await createSandboxDriver({ stateDir: world!.stateDir });
     try {
       const { snapshot } = await restarted.hibernate(id);
       expect(await marked('4245')).toEqual([]);

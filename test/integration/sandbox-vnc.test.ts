@@ -8,14 +8,11 @@
  * handshake timings are printed for the docs.
  */
 import { connect, type Socket } from 'node:net';
-import { mkdtemp, rm } from 'node:fs/promises';
-import { tmpdir } from 'node:os';
-import { join } from 'node:path';
 import { createConnection, type Rect, type RfbClient } from 'rfb2';
 import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
-import { newId } from '../../shared/src/ids.js';
-import { createSandboxDriver, type SandboxDriver } from '../../agent/src/runtime/sandbox/index.js';
+import type { SandboxDriver } from '../../agent/src/runtime/sandbox/index.js';
 import { StreamGateway } from '../../agent/src/stream/gateway.js';
+import { startStreamDesktop, type StreamDesktop } from '../helpers/stream-desktop.js';
 import { hostProcesses, isRoot, median } from '../helpers/sandbox.js';
 import { until } from '../helpers/scheduler.js';
 
@@ -89,7 +86,7 @@ async function refusal(port: number, line: string): Promise<string> {
 }
 
 describe.skipIf(!isRoot)('sandbox VNC stream', () => {
-  let base: string;
+  let world: StreamDesktop | undefined;
   let driver: SandboxDriver;
   let gateway: StreamGateway;
   let id: string;
@@ -122,18 +119,8 @@ describe.skipIf(!isRoot)('sandbox VNC stream', () => {
   const servers = () => hostProcesses((args) => args[0] === '/usr/bin/x11vnc' && args.includes(id));
 
   beforeAll(async () => {
-    base = await mkdtemp(join(tmpdir(), 'canto-vnc-test-'));
-    driver = await createSandboxDriver({ stateDir: join(base, 'state') });
-    id = newId('desktop');
-    await driver.prepare(id, 'small');
-    await driver.start({ desktopId: id, tier: 'small', firstBoot: null });
-    gateway = await StreamGateway.start({
-      listenHost: '127.0.0.1',
-      port: 0,
-      advertiseHost: '127.0.0.1',
-      open: (desktopId, viewOnly) => driver.openVnc(desktopId, viewOnly),
-      log: () => undefined,
-    });
+    world = await startStreamDesktop('canto-vnc-test-');
+    ({ driver, gateway, id } = world);
   });
 
   // Every session ends with its test, and its server with it.
@@ -143,10 +130,7 @@ describe.skipIf(!isRoot)('sandbox VNC stream', () => {
   });
 
   afterAll(async () => {
-    await gateway?.close();
-    if (id) await driver?.destroy(id);
-    await driver?.close();
-    if (base) await rm(base, { recursive: true, force: true });
+    await world?.close();
     console.log(
       'sandbox VNC timings (ms):',
       JSON.stringify({
