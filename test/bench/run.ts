@@ -117,7 +117,7 @@ async function main(): Promise<void> {
       await driver.close();
       const snapshots = driver.capabilities().memorySnapshots ? 'CRIU' : 'cold stop (no CRIU)';
       table(`Lifecycle latency (ms, ${RUNS} runs each, hibernate = ${snapshots}); baseline = sandbox driver alone`, [
-        ['create → awake (cold boot)', median(cold), median(dCold), 'ms', '< 1000 ms', cold],
+        ['create → awake (cold boot)', median(cold), median(dCold), 'ms', '< 300 ms, p99 < 500 ms', cold],
         ['hibernate', median(hibernate), median(dHib), 'ms', '< 300 ms', hibernate],
         ['wake from snapshot', median(wake), median(dWake), 'ms', '< 250 ms', wake],
       ]);
