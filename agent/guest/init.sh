@@ -1,16 +1,24 @@
 # shellcheck shell=sh
 # The guest init, pid 1 of a desktop (see agent/src/runtime/sandbox/guest-init.ts):
-#   sh -c INIT canto-init <largest screen> <default screen> <framebuffer dir>
-# It reopens its stdio inside the guest (CRIU cannot dump an fd pointing at a host mount), starts
+#   sh -c INIT canto-init <largest screen> <default screen> <framebuffer dir> <env-on-fd5 or ->
+# It reopens its stdio inside the guest (CRIU cannot dump an fd pointing at a host mount), writes
+# the env file a first boot hands it on fd 5 (host/first-boot.ts writes the same file), starts
 # Xvfb at the largest size and waits for it through -displayfd, shrinks the screen to the default
 # size, starts openbox and waits until it manages the screen, reports `ready` on fd 4 and then only
 # reaps orphans.
-max_screen=$1 default_screen=$2 fb_dir=$3
+max_screen=$1 default_screen=$2 fb_dir=$3 env_fd=$4
 exec 3>&- </dev/null >/dev/null 2>&1
 mkdir -p /var/log/canto /run/canto /run/lock /tmp/.X11-unix
 chmod 1777 /tmp/.X11-unix
 exec >>/var/log/canto/init.log 2>&1
 echo "canto init: boot $(date -u +%FT%TZ)"
+if [ "$env_fd" = env-on-fd5 ]; then
+  if ! (umask 077 && mkdir -p /root/.canto && cat <&5 >/root/.canto/.env.tmp && chmod 600 /root/.canto/.env.tmp &&
+    mv -f /root/.canto/.env.tmp /root/.canto/env); then
+    echo "writing the env file failed" >&4; exit 1
+  fi
+  exec 5<&-
+fi
 rm -f /tmp/.X0-lock /tmp/.X11-unix/X0 /run/canto/xready
 mkfifo /run/canto/xready
 Xvfb :0 -screen 0 "$max_screen"x24 -noreset -extension GLX -nolisten tcp -fbdir "$fb_dir" -displayfd 5 5>/run/canto/xready 4>&- &
@@ -20,11 +28,12 @@ if [ -z "$display" ]; then echo "Xvfb failed" >&4; exit 1; fi
 xrandr --output screen --off --fb "$default_screen" 4>&- || xrandr --fb "$default_screen" 4>&-
 openbox 4>&- &
 # Ready once the window manager is: a window mapped while openbox is still starting can stay
-# unmapped for good. _NET_WORKAREA is among the last things it sets up. At most about 3 s.
+# unmapped for good. _NET_WORKAREA is among the last things it sets up. At most about 3 s. Openbox
+# takes 50-150 ms here: a fine poll answers within 10 ms of it instead of up to 50.
 i=0
 until xprop -root _NET_WORKAREA 2>/dev/null | grep -q '='; do
-  i=$((i + 1)); [ $i -ge 60 ] && { echo "openbox is slow to start"; break; }
-  sleep 0.05
+  i=$((i + 1)); [ $i -ge 200 ] && { echo "openbox is slow to start"; break; }
+  sleep 0.01
 done
 echo ready >&4
 exec 4>&-

@@ -4,6 +4,7 @@
  * Every desktop created here is destroyed in afterAll, and timings are printed for the docs.
  */
 import { execFile } from 'node:child_process';
+import { createHash } from 'node:crypto';
 import { promisify } from 'node:util';
 import { mkdtemp, readFile, rm, stat, writeFile } from 'node:fs/promises';
 import { hostname, tmpdir } from 'node:os';
@@ -164,6 +165,35 @@ describe.skipIf(!isRoot)('sandbox driver', () => {
     await driver.hibernate(id);
     await driver.start({ desktopId: id, tier: 'small', firstBoot });
     expect(await sh(driver, id, 'cat /root/setup-runs')).toBe('ran');
+  });
+
+  it('writes an env file larger than a pipe holds at boot, and one pending on a running desktop through exec', async () => {
+    // Rendered, every quote becomes four characters: well past the 64 KiB a pipe buffers.
+    const big = `'${"x'".repeat(30_000)}`;
+    const id = track(newId('desktop'));
+    await driver.prepare(id, 'small');
+    await driver.start({ desktopId: id, tier: 'small', firstBoot: { env: { BIG: big }, setupScript: null } });
+    expect(await sh(driver, id, '. /root/.canto/env && printf %s "$BIG" | sha256sum')).toBe(`${createHash('sha256').update(big).digest('hex')}  -`);
+    expect(await sh(driver, id, 'ls -A /root/.canto')).toBe('env');
+
+    // Started without a first boot (an agent that crashed before it), then asked again while
+    // running: no boot to carry the file, so it is written through exec.
+    const late = track(newId('desktop'));
+    await driver.prepare(late, 'small');
+    await driver.start({ desktopId: late, tier: 'small', firstBoot: null });
+    expect(await sh(driver, late, 'test -e /root/.canto/env || echo none')).toBe('none');
+    await driver.start({ desktopId: late, tier: 'small', firstBoot: { env: { LATE: 'yes' }, setupScript: null } });
+    expect(await sh(driver, late, '. /root/.canto/env && printf %s "$LATE"')).toBe('yes');
+  });
+
+  it('fails a first boot whose env file cannot be written, saying so', async () => {
+    const id = track(newId('desktop'));
+    await driver.prepare(id, 'small');
+    // A file where the env file's directory goes: the init's mkdir fails.
+    await writeFile(join(stateDir, 'desktops', id, 'disk', 'root', '.canto'), 'in the way');
+    const err = await driver.start({ desktopId: id, tier: 'small', firstBoot: { env: { A: 'b' }, setupScript: null } }).catch((e: unknown) => e);
+    expect(err).toBeInstanceOf(AgentFailure);
+    expect((err as AgentFailure).message).toContain('writing the env file failed');
   });
 
   it('exec reports timeouts, unknown and stopped desktops, and bad ids', async () => {

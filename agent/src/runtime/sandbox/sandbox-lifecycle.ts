@@ -18,7 +18,7 @@ import type { DesktopLifecycle, DesktopStatus, ExecOutcome, RuntimeCapabilities,
 import { applyTier, drainAndRemove, removeIfEmpty } from './host/cgroups.js';
 import { coldBoot, type InitProcess } from './host/cold-boot.js';
 import { dump, restore, type CriuInfo } from './host/criu.js';
-import { applyFirstBoot, WRITE_ENV_COMMAND } from './host/first-boot.js';
+import { applyFirstBoot, renderEnvFile, WRITE_ENV_COMMAND } from './host/first-boot.js';
 import { reapplyRecordedDisplay } from './computer-use/guest-display.js';
 import type { VncSessions } from './computer-use/guest-vnc.js';
 import type { TerminalSessions } from './guest/guest-terminal.js';
@@ -106,6 +106,10 @@ export class SandboxLifecycle implements Omit<DesktopLifecycle, 'close'> {
       await mountDisk(this.stateDir, paths);
       await ensureSkeleton(paths.rootfs, NESTED_MOUNTPOINTS);
       let restored = false;
+      // A first boot hands the env file to the init, which writes it before Xvfb starts: the
+      // same file an exec would write afterwards, without a cold guest process on the way.
+      const firstBoot = spec.firstBoot !== null && !(await exists(paths.firstBootMarker)) ? spec.firstBoot : null;
+      let envAtBoot = false;
       let init = await runningInit(paths);
       if (init === null) {
         const t0 = performance.now();
@@ -122,7 +126,9 @@ export class SandboxLifecycle implements Omit<DesktopLifecycle, 'close'> {
         restored = init !== null;
         if (init === null) {
           await applyTier(spec.desktopId, spec.tier); // again: a failed restore removed the groups
-          init = await coldBoot(paths, spec.desktopId, this.tools.bwrap);
+          const envFile = firstBoot === null ? null : renderEnvFile(firstBoot.env);
+          init = await coldBoot(paths, spec.desktopId, this.tools.bwrap, envFile);
+          envAtBoot = envFile !== null;
           await writeFileAtomic(paths.initFile, JSON.stringify(init));
           const booted = init;
           const unset = await reapplyRecordedDisplay((e) => this.execIn(spec.desktopId, booted, e.command, e.timeoutMs), paths.displayFile);
@@ -132,15 +138,15 @@ export class SandboxLifecycle implements Omit<DesktopLifecycle, 'close'> {
         if (restored) await rm(paths.snapshot, { recursive: true, force: true });
         this.log('desktop started', { desktopId: spec.desktopId, restored, ms: Math.round(performance.now() - t0) });
       }
-      if (spec.firstBoot !== null && !(await exists(paths.firstBootMarker))) {
+      if (firstBoot !== null) {
         await applyFirstBoot(
           {
-            writeEnv: (content) => this.execIn(spec.desktopId, init, WRITE_ENV_COMMAND, INTERNAL_EXEC_MS, content),
+            writeEnv: envAtBoot ? null : (content) => this.execIn(spec.desktopId, init, WRITE_ENV_COMMAND, INTERNAL_EXEC_MS, content),
             startSetup: (script) => spawnGuestProcess(this.guest.target(spec.desktopId, init), { processId: 'setup', command: script }),
             markerPath: paths.firstBootMarker,
             log: (msg, fields) => this.log(msg, { desktopId: spec.desktopId, ...fields }),
           },
-          spec.firstBoot,
+          firstBoot,
         );
       }
       return { restored };

@@ -101,8 +101,11 @@ export function hostnameFor(desktopId: string): string {
   return desktopId.replace(/_/g, '-');
 }
 
-/** bwrap's argv. The info fd (3) reports the guest init's host pid; fd 4 carries `ready`. */
-export function bwrapArgs(paths: DesktopPaths, desktopId: string): string[] {
+/**
+ * bwrap's argv. The info fd (3) reports the guest init's host pid; fd 4 carries `ready`; with
+ * `envOnFd5`, fd 5 carries the env file the init writes before anything else (a first boot).
+ */
+export function bwrapArgs(paths: DesktopPaths, desktopId: string, envOnFd5 = false): string[] {
   const args = [
     '--unshare-pid', '--unshare-ipc', '--unshare-net', '--unshare-uts',
     '--hostname', hostnameFor(desktopId),
@@ -125,7 +128,7 @@ export function bwrapArgs(paths: DesktopPaths, desktopId: string): string[] {
     '--as-pid-1',
     '--new-session',
     '--info-fd', '3',
-    '/bin/sh', '-c', guestFile('init.sh'), 'canto-init', MAX_SCREEN, DEFAULT_SCREEN, GUEST_FB_DIR,
+    '/bin/sh', '-c', guestFile('init.sh'), 'canto-init', MAX_SCREEN, DEFAULT_SCREEN, GUEST_FB_DIR, envOnFd5 ? 'env-on-fd5' : '-',
   );
   return args;
 }

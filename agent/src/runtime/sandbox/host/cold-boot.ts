@@ -3,11 +3,15 @@
  * the handshake) so the desktop survives the agent. The handshake has two parts: bwrap's info fd
  * reports the guest init's host pid, and the init script writes `ready` on fd 4 once Xvfb answers
  * and the screen has its default size. Both are pipes the agent drops right after reading.
+ *
+ * A first boot also hands the init the desktop's env file on fd 5, which it writes into the guest
+ * before starting Xvfb (first-boot.ts): the content never touches a host path, and the first
+ * boot needs no exec of its own.
  */
 import { spawn } from 'node:child_process';
 import { closeSync, openSync } from 'node:fs';
 import { join } from 'node:path';
-import type { Readable } from 'node:stream';
+import type { Readable, Writable } from 'node:stream';
 import { AgentFailure } from '../../../../../shared/src/protocol.js';
 import { joinArgv } from './cgroups.js';
 import { bwrapArgs, GUEST_ENV } from '../guest/guest-init.js';
@@ -43,19 +47,26 @@ export async function coldBoot(
   paths: DesktopPaths,
   desktopId: string,
   bwrapPath: string,
+  envFile: string | null = null,
 ): Promise<InitProcess> {
   const log = openSync(join(paths.run, 'boot.log'), 'a');
   let child;
   try {
-    child = spawn('/bin/sh', [...joinArgv(desktopId), bwrapPath, ...bwrapArgs(paths, desktopId)], {
+    child = spawn('/bin/sh', [...joinArgv(desktopId), bwrapPath, ...bwrapArgs(paths, desktopId, envFile !== null)], {
       detached: true,
       env: { ...GUEST_ENV },
-      stdio: ['ignore', log, log, 'pipe', 'pipe'],
+      stdio: ['ignore', log, log, 'pipe', 'pipe', envFile === null ? 'ignore' : 'pipe'],
     });
   } finally {
     closeSync(log);
   }
   child.unref();
+  if (envFile !== null) {
+    // An init that fails before reading it closes the pipe: its boot fails below, not the write.
+    const env = child.stdio.at(5) as Writable;
+    env.on('error', () => {});
+    env.end(envFile);
+  }
   const info = child.stdio[3] as Readable;
   const ready = child.stdio[4] as Readable;
   const timer = setTimeout(() => {

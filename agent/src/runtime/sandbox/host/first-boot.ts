@@ -1,9 +1,9 @@
 /**
  * First boot: the env file and the setup script, applied at most once per disk.
  *
- * Everything is written from inside the guest (through exec, or the guest helper for the setup
- * script), with the content on stdin, so no host-side write ever follows a path the guest
- * controls. The driver's marker lives outside the guest-visible tree and is written after the env
+ * Everything is written from inside the guest (by the init at a cold boot, else through exec; the
+ * setup script through the guest helper), with the content on a pipe, so no host-side write ever
+ * follows a path the guest controls. The driver's marker lives outside the guest-visible tree and is written after the env
  * file and before the script starts: a crash in between may leave the script unstarted, but it
  * can never run twice.
  *
@@ -14,8 +14,11 @@ import { AgentFailure } from '../../../../../shared/src/protocol.js';
 import type { ExecOutcome, FirstBootSpec } from '../../driver.js';
 
 export interface FirstBootSteps {
-  /** Runs WRITE_ENV_COMMAND in the guest with `content` on stdin. */
-  writeEnv(content: string): Promise<ExecOutcome>;
+  /**
+   * Runs WRITE_ENV_COMMAND in the guest with `content` on stdin; null when the boot already wrote
+   * the file (the init does, before Xvfb starts, when it is handed the content: cold-boot.ts).
+   */
+  writeEnv: ((content: string) => Promise<ExecOutcome>) | null;
   /** Starts the setup script as the detached process `setup`. */
   startSetup(script: string): Promise<void>;
   /** The driver's marker, outside the guest-visible tree. */
@@ -28,9 +31,11 @@ export interface FirstBootSteps {
  * and the script leaves the script unstarted, but it never runs twice.
  */
 export async function applyFirstBoot(steps: FirstBootSteps, spec: FirstBootSpec): Promise<void> {
-  const env = await steps.writeEnv(renderEnvFile(spec.env));
-  if (env.exitCode !== 0) {
-    throw new AgentFailure('runtime_error', `writing the env file failed: ${env.stderr.trim()}`, true);
+  if (steps.writeEnv !== null) {
+    const env = await steps.writeEnv(renderEnvFile(spec.env));
+    if (env.exitCode !== 0) {
+      throw new AgentFailure('runtime_error', `writing the env file failed: ${env.stderr.trim()}`, true);
+    }
   }
   await writeFile(steps.markerPath, new Date().toISOString());
   if (spec.setupScript !== null) {
