@@ -228,6 +228,10 @@ describe.skipIf(!isRoot)('sandbox driver', () => {
     await sh(driver, id, `nohup sh -c 'i=0; while :; do i=$((i+1)); echo $i > /root/counter; sleep 0.02; done' >/dev/null 2>&1 &`);
     const counter = async () => Number(await sh(driver, id, 'cat /root/counter 2>/dev/null || echo 0'));
     await until(async () => (await counter()) > 0);
+    // A server on loopback: its listening socket can only be restored once 127.0.0.1 is back.
+    await sh(driver, id, `perl -MIO::Socket::INET -e '$s = IO::Socket::INET->new(LocalAddr => "127.0.0.1:7007", Listen => 5) or die; while ($c = $s->accept) { print $c "pong\\n"; close $c }' >/dev/null 2>&1 &`);
+    const ping = 'perl -MIO::Socket::INET -e \'$c = IO::Socket::INET->new("127.0.0.1:7007") or die "connect: $!"; print scalar <$c>\'';
+    await until(async () => (await driver.exec(id, { command: ping, timeoutMs: 5_000, maxOutputBytes: 100 })).stdout === 'pong\n');
 
     // Started after the first restore: it must be restored by the second one too.
     let between: string | null = null;
@@ -248,6 +252,8 @@ describe.skipIf(!isRoot)('sandbox driver', () => {
       if (between !== null) expect(await sh(driver, id, `ps -o args= -p ${between}`)).toBe('sleep 2000');
       await until(async () => (await counter()) > before + 2);
       expect(await sh(driver, id, 'xdotool getdisplaygeometry')).toBe('1024 768');
+      expect(await sh(driver, id, ping)).toBe('pong');
+      expect(await sh(driver, id, 'ip -o addr show dev lo | grep -c -e "inet 127.0.0.1/8" -e "inet6 ::1/128"')).toBe('2');
       expect(await sh(driver, id, 'touch /canto-probe 2>&1 || echo read-only')).toContain('read-only');
       expect(await driver.start({ desktopId: id, tier: 'small', firstBoot: null })).toEqual({ restored: false });
       between ??= await sh(driver, id, 'sleep 2000 >/dev/null 2>&1 & echo $!');
