@@ -8,7 +8,7 @@
 import { spawn } from 'node:child_process';
 import { randomBytes } from 'node:crypto';
 import { readFileSync, statSync } from 'node:fs';
-import { mkdtemp, readFile, rm, writeFile } from 'node:fs/promises';
+import { mkdtemp, readdir, readFile, readlink, rm, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
@@ -70,6 +70,30 @@ describe.skipIf(!isRoot)('sandbox file handoff', () => {
     expect(await sh(`sha256sum < ${hostFile} | cut -d' ' -f1`)).toBe(sha256(data));
     // Nothing of the upload's temporaries is left behind.
     expect(await sh('ls -A /root/ho')).toBe('link\nplain.bin\nproc-link');
+  });
+
+  it('frees a replaced file once the write has answered: nothing in the desktop keeps it open', async () => {
+    /** Descriptors of the desktop's processes (helpers included) on the file, old content or new. */
+    const holders = async () => {
+      const found: string[] = [];
+      const procs = await readFile(`/sys/fs/cgroup/pids/canto/${id}/cgroup.procs`, 'utf8');
+      for (const pid of procs.split('\n').filter(Boolean)) {
+        for (const fd of await readdir(`/proc/${pid}/fd`).catch(() => [] as string[])) {
+          const target = await readlink(`/proc/${pid}/fd/${fd}`).catch(() => '');
+          if (target.includes('replaced.bin')) found.push(`${pid}: ${target}`);
+        }
+      }
+      return found;
+    };
+    const second = randomBytes(3 * 1024 * 1024 + 1);
+    await driver.writeFile(id, { path: '/root/ho/replaced.bin', appendAt: null }, chunks(randomBytes(2 * 1024 * 1024)));
+    await driver.writeFile(id, { path: '/root/ho/replaced.bin', appendAt: null }, chunks(second));
+    // The scan sees a helper's descriptor: a read's helper holds the file until its body is read.
+    const read = await driver.readFile(id, { path: '/root/ho/replaced.bin', offset: null, length: 0, maxWholeBytes: 8 << 20 });
+    expect((await holders()).length).toBeGreaterThan(0);
+    expect(sha256(await drain(read))).toBe(sha256(second));
+    // The writer held the old content only until it exited, after its answer; the reader is gone too.
+    await until(async () => (await holders()).length === 0, 10_000, 'the replaced content to be released');
   });
 
   it('opens only a regular file, named exactly, held inside the desktop below the call', async () => {
