@@ -91,6 +91,22 @@ describe.skipIf(!isRoot)('files through the API, on a real sandbox desktop', () 
       expect(meta.json.sizeBytes).toBe(data.length);
     });
 
+    it('replaces an 8 MiB file and reads it back whole and in an odd window, byte-identical', async () => {
+      for (const seed of [1, 2]) {
+        const data = Buffer.alloc(8 * MiB);
+        for (let i = 0; i < data.length; i += 4) data.writeUInt32LE((i * 2654435761 + seed) >>> 0, i);
+        const put = await raw('PUT', file('root/big/eight.bin'), data);
+        expect(put.status, put.text).toBe(204);
+        const whole = await raw('GET', file('root/big/eight.bin'));
+        expect(whole.status).toBe(200);
+        expect(sha256(whole.bytes), `seed ${seed}`).toBe(sha256(data));
+        const [from, length] = [3 * MiB + 7, 4 * MiB + 1];
+        const window = await raw('GET', file('root/big/eight.bin', `?offset=${from}&length=${length}`));
+        expect(window.headers.get('x-svc-eof')).toBe('false');
+        expect(sha256(window.bytes)).toBe(sha256(data.subarray(from, from + length)));
+      }
+    });
+
     it('guards appends: 409 with currentSize when the size differs, 400 without offset', async () => {
       expect((await raw('PUT', file('root/log.txt', '?append=true&offset=0'), Buffer.from('one\n'))).status).toBe(204);
       const stale = await raw('PUT', file('root/log.txt', '?append=true&offset=0'), Buffer.from('one\n'));

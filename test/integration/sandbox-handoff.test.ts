@@ -3,12 +3,14 @@
  * and replacing writes move through the agent's own descriptor of the guest's file, land in the
  * guest (through guest symlinks too), and the agent opens a guest descriptor only when it is a
  * regular file, named exactly (device and inode), held by a process inside the desktop and below
- * the call's own process.
+ * the call's own process. A read moves several pieces in order (one read ahead), and a file that
+ * shrinks under it ends the body short; a replaced file's old content is let go once the write
+ * has answered.
  */
 import { spawn } from 'node:child_process';
 import { randomBytes } from 'node:crypto';
 import { readFileSync, statSync } from 'node:fs';
-import { mkdtemp, readFile, rm, writeFile } from 'node:fs/promises';
+import { mkdtemp, readdir, readFile, readlink, rm, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
@@ -70,6 +72,51 @@ describe.skipIf(!isRoot)('sandbox file handoff', () => {
     expect(await sh(`sha256sum < ${hostFile} | cut -d' ' -f1`)).toBe(sha256(data));
     // Nothing of the upload's temporaries is left behind.
     expect(await sh('ls -A /root/ho')).toBe('link\nplain.bin\nproc-link');
+  });
+
+  it('reads a window over several pieces byte-exact, and a file that shrinks under a read ends short', async () => {
+    const data = randomBytes(5 * 1024 * 1024 + 3);
+    await driver.writeFile(id, { path: '/root/ho/pieces.bin', appendAt: null }, chunks(data));
+    const whole = await driver.readFile(id, { path: '/root/ho/pieces.bin', offset: null, length: 0, maxWholeBytes: 8 << 20 });
+    expect(sha256(await drain(whole))).toBe(sha256(data));
+    const [from, length] = [777, 4 * 1024 * 1024 + 11];
+    const window = await driver.readFile(id, { path: '/root/ho/pieces.bin', offset: from, length, maxWholeBytes: 0 });
+    expect(window.length).toBe(length);
+    expect(sha256(await drain(window))).toBe(sha256(data.subarray(from, from + length)));
+
+    // Truncated after the first piece: the pieces still to come find the end of the file.
+    const read = await driver.readFile(id, { path: '/root/ho/pieces.bin', offset: null, length: 0, maxWholeBytes: 8 << 20 });
+    const it = read.body[Symbol.asyncIterator]();
+    expect((await it.next()).done).toBe(false);
+    await sh('truncate -s 1000 /root/ho/pieces.bin');
+    const rest = (async () => {
+      for (let step = await it.next(); !step.done; step = await it.next());
+    })();
+    await expect(rest).rejects.toThrow(/file ended early/);
+  });
+
+  it('frees a replaced file once the write has answered: nothing in the desktop keeps it open', async () => {
+    /** Descriptors of the desktop's processes (helpers included) on the file, old content or new. */
+    const holders = async () => {
+      const found: string[] = [];
+      const procs = await readFile(`/sys/fs/cgroup/pids/canto/${id}/cgroup.procs`, 'utf8');
+      for (const pid of procs.split('\n').filter(Boolean)) {
+        for (const fd of await readdir(`/proc/${pid}/fd`).catch(() => [] as string[])) {
+          const target = await readlink(`/proc/${pid}/fd/${fd}`).catch(() => '');
+          if (target.includes('replaced.bin')) found.push(`${pid}: ${target}`);
+        }
+      }
+      return found;
+    };
+    const second = randomBytes(3 * 1024 * 1024 + 1);
+    await driver.writeFile(id, { path: '/root/ho/replaced.bin', appendAt: null }, chunks(randomBytes(2 * 1024 * 1024)));
+    await driver.writeFile(id, { path: '/root/ho/replaced.bin', appendAt: null }, chunks(second));
+    // The scan sees a helper's descriptor: a read's helper holds the file until its body is read.
+    const read = await driver.readFile(id, { path: '/root/ho/replaced.bin', offset: null, length: 0, maxWholeBytes: 8 << 20 });
+    expect((await holders()).length).toBeGreaterThan(0);
+    expect(sha256(await drain(read))).toBe(sha256(second));
+    // The writer held the old content only until it exited, after its answer; the reader is gone too.
+    await until(async () => (await holders()).length === 0, 10_000, 'the replaced content to be released');
   });
 
   it('opens only a regular file, named exactly, held inside the desktop below the call', async () => {

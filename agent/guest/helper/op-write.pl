@@ -44,6 +44,11 @@ if ($at eq '-') {
     my $anon = '/proc/self/fd/' . fileno($fh);
     syscall(SYS_linkat, -100, $anon, -100, $tmp, 0x400) == 0 or oserr('cannot write', 1);
   }
+  # The replaced content is freed when its last reference goes, inside rename(2) unless something
+  # still holds it: for a large file that is milliseconds of page-cache and block release. Held
+  # here, it is freed when this helper exits, after the answer is on its way.
+  my $old;
+  sysopen($old, $target, O_RDONLY_NB) if @st;
   rename($tmp, $target) or do { my $err = $!; unlink($tmp); $! = $err; oserr('cannot write', 1); };
   out("OK\n");
 } else {

@@ -5,8 +5,9 @@
  *
  * Streaming: a read returns as soon as the helper has opened the file and reported its size; the
  * body then flows from the helper's stdout as the consumer pulls it, or, from 128 KiB on, from the
- * agent's own descriptor of the helper's file (guest-handoff.ts). A replacing write is handed off
- * the same way: the agent writes into the helper's anonymous temporary and the helper commits it.
+ * agent's own descriptor of the helper's file (guest-handoff.ts), in 1 MiB pieces with the next
+ * one read while the last is sent. A replacing write is handed off the same way: the agent writes
+ * into the helper's anonymous temporary and the helper commits it.
  * An append is sent to the helper one chunk at a time, each written only after the previous one
  * has drained, so the agent never holds more than the chunk it was given. Names are bytes in the
  * guest and strings here: they are decoded as UTF-8, and a name that is not valid UTF-8 comes out
@@ -30,8 +31,11 @@ const BODY_IDLE_MS = 60_000;
  * is cheaper than the agent's extra checks and open.
  */
 export const HANDOFF_READ_MIN_BYTES = 128 * 1024;
-/** A handed-off read moves the file in pieces of this size. */
-const HANDOFF_PIECE_BYTES = 256 * 1024;
+/**
+ * A handed-off read moves the file in pieces of this size: each costs a thread-pool round trip
+ * and a link message, so fewer are cheaper, while the link and the response still overlap.
+ */
+const HANDOFF_PIECE_BYTES = 1024 * 1024;
 /** A listing reply: 2000 entries of at most 255-byte names fit many times over. */
 const MAX_LISTING_BYTES = 64 * 1024 * 1024;
 
@@ -147,18 +151,35 @@ function handedBody(call: GuestCall, file: HandedFile, from: number, length: num
   call.holdUntilKilled(async () => close());
   call.arm(BODY_IDLE_MS);
   async function* pieces(): AsyncGenerator<Buffer> {
+    const end = from + length;
     let at = from;
     let complete = false;
-    try {
-      while (at < from + length) {
-        if (closed || call.isFinished) throw call.shortBody();
-        const want = Math.min(HANDOFF_PIECE_BYTES, from + length - at);
-        const buffer = Buffer.allocUnsafe(want);
-        const bytesRead = await handle.read(buffer, at);
+    // One piece is read ahead while the consumer sends the last one: the file's reads (a
+    // thread-pool round trip each) overlap the link's sends instead of alternating with them.
+    let ahead: Promise<Buffer> | null = null;
+    const readPiece = async (): Promise<Buffer> => {
+      if (closed || call.isFinished) throw call.shortBody();
+      const want = Math.min(HANDOFF_PIECE_BYTES, end - at);
+      const buffer = Buffer.allocUnsafe(want);
+      const start = at;
+      at += want;
+      for (let got = 0; got < want; ) {
+        const bytesRead = await handle.read(buffer.subarray(got), start + got);
+        // The file shrank under the read: the consumer gets a short body.
         if (bytesRead === 0) throw call.shortBody();
-        at += bytesRead;
-        call.arm(BODY_IDLE_MS);
-        yield bytesRead === want ? buffer : buffer.subarray(0, bytesRead);
+        got += bytesRead;
+      }
+      call.arm(BODY_IDLE_MS);
+      return buffer;
+    };
+    try {
+      if (length > 0) ahead = readPiece();
+      while (ahead !== null) {
+        const piece = await ahead;
+        ahead = at < end ? readPiece() : null;
+        // A read ahead that fails while its piece is still being sent is seen at the next turn.
+        ahead?.catch(() => undefined);
+        yield piece;
       }
       complete = true;
     } finally {
