@@ -71,7 +71,7 @@ export interface LifecycleParts {
   readonly log: (msg: string, fields?: object) => void;
 }
 
-export class SandboxLifecycle implements Omit<DesktopLifecycle, 'close'> {
+export class SandboxLifecycle implements Omit<DesktopLifecycle, 'close' | 'usage'> {
   private readonly stateDir: string;
   private readonly criu: CriuInfo | null;
   private readonly tools: { readonly bwrap: string; readonly nsenter: string };
