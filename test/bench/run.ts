@@ -64,8 +64,6 @@ async function main(): Promise<void> {
     port: await freePort(),
     extra: {
       CANTO_LOG_LEVEL: 'warn', CANTO_INGRESS_BASE_URL: 'http://apps.canto.test', CANTO_INGRESS_LISTEN: `127.0.0.1:${ingressPort}`,
-      // Room for the 30 small desktops awake at once of the parallel section (the default allows 8 here).
-      CANTO_CPU_OVERCOMMIT: '40', CANTO_MEMORY_OVERCOMMIT: '8',
     },
   });
   const agent = startAgentProcess(scheduler.url, join(dir, 'agent'), { CANTO_LOG_LEVEL: 'warn' });
