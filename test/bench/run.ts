@@ -5,7 +5,8 @@
  * lifecycle baselines are the sandbox driver's own calls (what the runtime costs without the API,
  * database and agent link). API reads are in api.ts; guest operations in guest-ops.ts;
  * terminals and the browser stream in terminal.ts; moving a desktop between two agents in
- * move.ts; moves and drains through the whole service in drain.ts.
+ * move.ts; moves and drains through the whole service in drain.ts; 1,000 idle desktops on one
+ * host in density.ts (opt-in: `CANTO_BENCH_DENSITY=1000`).
  */
 import { execFileSync } from 'node:child_process';
 import { chmodSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs';
@@ -27,6 +28,7 @@ import { benchIngress } from './ingress.js';
 import { benchFailover } from './failover.js';
 import { benchMove } from './move.js';
 import { benchDrain } from './drain.js';
+import { benchDensity } from './density.js';
 import { median, printSummary, summary, table, timed } from './stats.js';
 import { freePort, startAgentProcess, startSchedulerProcess } from '../helpers/processes.js';
 
@@ -36,6 +38,8 @@ const JSON_OUT = ((i) => (i >= 0 ? process.argv[i + 1] : undefined))(process.arg
 /** `CANTO_BENCH_ONLY=ingress,computer-use` runs only those sections; unset runs them all. */
 const ONLY = process.env.CANTO_BENCH_ONLY?.split(',').map((s) => s.trim()).filter(Boolean) ?? [];
 const want = (section: string) => ONLY.length === 0 || ONLY.includes(section);
+/** `CANTO_BENCH_DENSITY=1000`: the density section with that many desktops; it takes minutes, so only when asked. */
+const DENSITY = Number(process.env.CANTO_BENCH_DENSITY ?? 0);
 
 /** Until the agent has said hello (its host is ready). */
 async function waitForHost(databaseUrl: string): Promise<void> {
@@ -139,6 +143,9 @@ async function main(): Promise<void> {
     if (want('failover')) await benchFailover({ databaseUrl: pg.url, stateDir: join(dir, 'failover-agent'), runs: RUNS });
     if (want('move')) await benchMove({ runs: RUNS });
     if (want('drain')) await benchDrain({ databaseUrl: pg.url, stateDir: join(dir, 'drain-agents'), runs: RUNS });
+    if (want('density') && DENSITY > 0) {
+      await benchDensity({ schedulerUrl: scheduler.url, apiKey: key, agentPid: agent.proc.pid!, schedulerPid: scheduler.proc.pid!, count: DENSITY });
+    }
   } finally {
     await agent.kill('SIGTERM');
     for (const state of [join(dir, 'agent', 'runtime'), join(dir, 'failover-agent', 'runtime')]) {
