@@ -190,6 +190,11 @@ export interface DesktopLifecycle {
   /** Desktops this host holds a disk for. */
   list(): Promise<DesktopStatus[]>;
   /**
+   * One desktop as `list` would show it, null when this host holds no disk for it, without
+   * visiting the others: a command about one desktop must not cost more with every desktop held.
+   */
+  status(desktopId: string): Promise<DesktopStatus | null>;
+  /**
    * How many desktops run and the memory they use, read in a few calls whatever their number
    * (the heartbeat reads it every interval, so it must not visit each desktop).
    */

@@ -287,6 +287,11 @@ export class FakeDriver implements RuntimeDriver {
     return [...this.desktops].map(([desktopId, d]) => ({ desktopId, running: d.running, hasSnapshot: d.hasSnapshot }));
   }
 
+  async status(desktopId: string): Promise<DesktopStatus | null> {
+    const d = this.desktops.get(desktopId);
+    return d === undefined ? null : { desktopId, running: d.running, hasSnapshot: d.hasSnapshot };
+  }
+
   /** Each running fake desktop counts `memoryBytesPerDesktop` (0 unless a test sets it). */
   async usage(): Promise<DesktopUsage> {
     const running = [...this.desktops.values()].filter((d) => d.running).length;

@@ -211,6 +211,10 @@ export class SandboxDriver implements RuntimeDriver {
     return this.lifecycle.list();
   }
 
+  status(desktopId: string): Promise<DesktopStatus | null> {
+    return this.lifecycle.status(desktopId);
+  }
+
   usage(): Promise<DesktopUsage> {
     return desktopUsage(desktopsDir(this.stateDir));
   }

@@ -255,15 +255,16 @@ export class SandboxLifecycle implements Omit<DesktopLifecycle, 'close' | 'usage
       } catch {
         continue;
       }
-      const paths = desktopPaths(this.stateDir, desktopId);
-      if (!(await hasDisk(paths))) continue;
-      out.push({
-        desktopId,
-        running: (await runningInit(paths)) !== null,
-        hasSnapshot: await exists(paths.snapshot),
-      });
+      const status = await this.status(desktopId);
+      if (status !== null) out.push(status);
     }
     return out;
+  }
+
+  async status(desktopId: string): Promise<DesktopStatus | null> {
+    const paths = desktopPaths(this.stateDir, desktopId);
+    if (!(await hasDisk(paths))) return null;
+    return { desktopId, running: (await runningInit(paths)) !== null, hasSnapshot: await exists(paths.snapshot) };
   }
 
   /* ---------------------------------------------------------------- internals */
