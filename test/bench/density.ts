@@ -20,6 +20,8 @@ export interface DensityBenchContext {
   readonly agentPid: number;
   readonly schedulerPid: number;
   readonly count: number;
+  /** The scheduler's and the agent's output so far (printed when a desktop did not wake). */
+  output(): string;
 }
 
 const PARALLEL = Number(process.env.CANTO_BENCH_DENSITY_PARALLEL ?? 8);
@@ -133,7 +135,10 @@ export async function benchDensity(ctx: DensityBenchContext): Promise<void> {
     });
     const fillS = (performance.now() - started) / 1000;
     process.stderr.write('\n');
-    if (failures.length > 0) console.log(`density: ${failures.length} of ${n} desktops did not wake; first: ${failures[0]}; last: ${failures.at(-1)}`);
+    if (failures.length > 0) {
+      console.log(`density: ${failures.length} of ${n} desktops did not wake; first: ${failures[0]}; last: ${failures.at(-1)}`);
+      console.log(`density: the scheduler's and the agent's last output:\n${ctx.output().slice(-6000)}`);
+    }
     const awake = wakes.length;
     await new Promise((r) => setTimeout(r, SETTLE_MS));
 

@@ -144,7 +144,10 @@ async function main(): Promise<void> {
     if (want('move')) await benchMove({ runs: RUNS });
     if (want('drain')) await benchDrain({ databaseUrl: pg.url, stateDir: join(dir, 'drain-agents'), runs: RUNS });
     if (want('density') && DENSITY > 0) {
-      await benchDensity({ schedulerUrl: scheduler.url, apiKey: key, agentPid: agent.proc.pid!, schedulerPid: scheduler.proc.pid!, count: DENSITY });
+      await benchDensity({
+        schedulerUrl: scheduler.url, apiKey: key, agentPid: agent.proc.pid!, schedulerPid: scheduler.proc.pid!, count: DENSITY,
+        output: () => `--- scheduler\n${scheduler.output().slice(-3000)}\n--- agent\n${agent.output().slice(-3000)}`,
+      });
     }
   } finally {
     await agent.kill('SIGTERM');
