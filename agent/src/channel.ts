@@ -12,6 +12,7 @@ import { StreamGateway } from './stream/gateway.js';
 import { fencePortLine } from './ports/fence.js';
 import { PortGateway } from './ports/gateway.js';
 import { loadHostIdentity } from './host-identity.js';
+import { ProcHostMeter, type HostMeter } from './host-meter.js';
 import type { RuntimeDriver } from './runtime/driver.js';
 import { LeaderEpochs } from './leader-epochs.js';
 import { SchedulerLinks } from './scheduler-links.js';
@@ -48,6 +49,8 @@ export interface StartAgentOptions {
    * older release next to current ones (the scheduler then uses only what that version knows).
    */
   readonly announceProtocol?: string;
+  /** What heartbeats report of the host's use; the machine's own (/proc and the driver) unless given. */
+  readonly meter?: HostMeter;
 }
 
 /** Starts dialing the scheduler and returns at once; use `waitConnected` to wait for the hello. */
@@ -78,7 +81,7 @@ export async function startAgent(options: StartAgentOptions): Promise<AgentHandl
   const handlers = new CommandHandlers({ driver: options.driver, generations, logger: options.logger, stream, leaderEpochs: epochs, metrics, moves });
   const links = new SchedulerLinks({
     config: options.config, driver: options.driver, identity, generations, handlers, epochs, ports, transfer, logger: options.logger,
-    announceProtocol: options.announceProtocol,
+    announceProtocol: options.announceProtocol, meter: options.meter ?? new ProcHostMeter(options.driver),
   });
   let probes: ProbeServer | null = null;
   if (options.config.metricsListen !== null) {

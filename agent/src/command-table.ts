@@ -111,7 +111,7 @@ export function commandTable(k: CommandKit): CommandTable {
     },
     'desktop.inspect': (p) =>
       k.queued(p.desktop_id, async () => {
-        const held = (await driver.list()).find((d) => d.desktopId === p.desktop_id);
+        const held = await driver.status(p.desktop_id);
         return { running: held?.running ?? false, has_snapshot: held?.hasSnapshot ?? false };
       }),
     'desktop.export': move('desktop.export'),

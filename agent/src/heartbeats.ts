@@ -1,20 +1,21 @@
 /**
- * Heartbeats on every scheduler link, from one timer: each interval the number of running
- * desktops is read once, whatever the number of replicas, and every link gets a heartbeat
- * notification and a websocket ping. A replica that has stopped answering pings (nothing heard for
+ * Heartbeats on every scheduler link, from one timer: each interval the host's use (running
+ * desktops, memory, CPU: host-meter.ts) is read once, whatever the number of replicas, and every
+ * link gets a heartbeat notification and a websocket ping. A replica that has stopped answering pings (nothing heard for
  * five intervals, and at least five seconds) is dropped: a half-open TCP connection would
  * otherwise look linked for ever. The schedulers judge the host by these heartbeats.
  *
- * A beat never waits for the count: listing desktops is a round of file-system calls, which queue
- * behind every other file operation of the agent (a move's copy, an upload) in libuv's small
- * thread pool and took seconds under load, long enough for the schedulers to read a healthy host
- * as silent. Each beat carries the last count; a new one is read in the background.
+ * A beat never waits for the measure: reading it is file-system calls, which queue behind every
+ * other file operation of the agent (a move's copy, an upload) in libuv's small thread pool and
+ * took seconds under load, long enough for the schedulers to read a healthy host as silent. Each
+ * beat carries the last measure; a new one is read in the background. The measure never lists
+ * desktops one by one (it once did, every second, which grew with the number of idle desktops).
  */
 import type WebSocket from 'ws';
 import type { Logger } from '../../shared/src/log.js';
 import { HeartbeatPayload, parseMessage } from '../../shared/src/protocol.js';
 import type { RpcPeer } from '../../shared/src/rpc.js';
-import type { DesktopLifecycle } from './runtime/driver.js';
+import type { HostMeasure, HostMeter } from './host-meter.js';
 
 const SILENT_REPLICA_MS = 5_000;
 
@@ -29,14 +30,16 @@ export interface BeatingLink {
 
 export class Heartbeats {
   private timer: NodeJS.Timeout | null = null;
-  private counting = false;
-  private running = 0;
+  private measuring = false;
+  private last: HostMeasure | null = null;
   private intervalMs = 1_000;
 
   constructor(
-    private readonly driver: Pick<DesktopLifecycle, 'list'>,
+    private readonly meter: HostMeter,
     private readonly links: () => BeatingLink[],
     private readonly log: Logger,
+    /** Whether beats carry the measured use (protocol 1.11), or only the running count. */
+    private readonly withMeasured = true,
   ) {}
 
   /** Starts beating every `intervalMs` (the first caller's interval wins); beats `first` at once. */
@@ -45,8 +48,8 @@ export class Heartbeats {
       this.intervalMs = intervalMs;
       this.timer = setInterval(() => this.tick(), intervalMs);
     }
-    this.beat(first, this.running);
-    await this.recount();
+    this.beat(first, this.last);
+    await this.measure();
   }
 
   stop(): void {
@@ -55,24 +58,24 @@ export class Heartbeats {
   }
 
   private tick(): void {
-    for (const link of this.links()) this.beat(link, this.running);
-    void this.recount();
+    for (const link of this.links()) this.beat(link, this.last);
+    void this.measure();
   }
 
-  /** Reads the running count for the next beats; one read at a time. */
-  private async recount(): Promise<void> {
-    if (this.counting) return;
-    this.counting = true;
+  /** Reads the host's use for the next beats; one read at a time. */
+  private async measure(): Promise<void> {
+    if (this.measuring) return;
+    this.measuring = true;
     try {
-      this.running = (await this.driver.list()).filter((d) => d.running).length;
+      this.last = await this.meter.read();
     } catch (err) {
-      this.log.warn({ message: err instanceof Error ? err.message : String(err) }, 'could not list desktops for the heartbeat');
+      this.log.warn({ message: err instanceof Error ? err.message : String(err) }, 'could not measure the host for the heartbeat');
     } finally {
-      this.counting = false;
+      this.measuring = false;
     }
   }
 
-  private beat(link: BeatingLink, running: number): void {
+  private beat(link: BeatingLink, last: HostMeasure | null): void {
     const peer = link.peer;
     if (peer === null || !peer.isOpen) return;
     if (Date.now() - link.lastSeenAt > Math.max(5 * this.intervalMs, SILENT_REPLICA_MS)) {
@@ -82,7 +85,9 @@ export class Heartbeats {
     }
     try {
       link.ws.ping();
-      peer.notify('heartbeat', parseMessage(HeartbeatPayload, { running_desktops: running }, 'heartbeat'));
+      const payload = last === null ? { running_desktops: 0 }
+        : this.withMeasured ? { running_desktops: last.running, measured: last.measured } : { running_desktops: last.running };
+      peer.notify('heartbeat', parseMessage(HeartbeatPayload, payload, 'heartbeat'));
     } catch (err) {
       this.log.warn({ message: err instanceof Error ? err.message : String(err) }, 'heartbeat failed');
     }

@@ -14,7 +14,7 @@ import type { DesktopLifecycle } from './runtime/driver.js';
 export interface FenceDeps {
   readonly queue: DesktopQueue;
   readonly generations: GenerationStore;
-  readonly driver: Pick<DesktopLifecycle, 'list' | 'hibernate'>;
+  readonly driver: Pick<DesktopLifecycle, 'status' | 'hibernate'>;
   /** Closes the desktop's streams, which cannot be snapshotted. */
   releaseStreams(desktopId: string): void;
   readonly log: Logger;
@@ -33,7 +33,7 @@ export async function applyFence(deps: FenceDeps, entries: readonly FenceEntry[]
             if (err instanceof AgentFailure && err.code === 'stale_generation') return;
             throw err;
           }
-          const held = (await deps.driver.list()).find((d) => d.desktopId === entry.desktop_id);
+          const held = await deps.driver.status(entry.desktop_id);
           if (!held?.running) return;
           deps.releaseStreams(entry.desktop_id);
           const { snapshot } = await deps.driver.hibernate(entry.desktop_id);

@@ -50,6 +50,7 @@ import type { PortGateway } from './ports/gateway.js';
 import type { RuntimeDriver } from './runtime/driver.js';
 import { buildHello } from './hello.js';
 import { Heartbeats, type BeatingLink } from './heartbeats.js';
+import type { HostMeter } from './host-meter.js';
 
 export const AGENT_SOCKET_PATH = '/internal/agents/ws';
 const HANDSHAKE_TIMEOUT_MS = 10_000;
@@ -79,6 +80,8 @@ export interface SchedulerLinksOptions {
   readonly logger: Logger;
   /** The protocol version said in hello when not this build's (channel.ts `StartAgentOptions`). */
   readonly announceProtocol?: string;
+  /** What the heartbeats report of the host's use (host-meter.ts). */
+  readonly meter: HostMeter;
 }
 
 /** A URL the agent dials: a seed, a replica's advertised URL, or both. */
@@ -127,7 +130,9 @@ export class SchedulerLinks {
   constructor(private readonly options: SchedulerLinksOptions) {
     this.log = options.logger.child({ component: 'agent-channel', host_id: options.identity.hostId });
     this.heartbeatMs = options.config.heartbeatMs;
-    this.heartbeats = new Heartbeats(options.driver, () => this.readyConnections().map((c) => this.beating(c)), this.log);
+    // An agent standing for an older release reports no measured use, as that release did not.
+    const measured = options.announceProtocol === undefined || protocolAtLeast(options.announceProtocol, 1, 11);
+    this.heartbeats = new Heartbeats(options.meter, () => this.readyConnections().map((c) => this.beating(c)), this.log, measured);
     for (const url of options.config.schedulerUrls) this.target(agentSocketUrl(url)).seed = true;
   }
 

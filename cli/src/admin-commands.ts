@@ -56,7 +56,7 @@ export function registerAdminCommands(program: Command, env: NodeJS.ProcessEnv):
   adminCommand(hosts, 'list', 'list hosts: state, schedulable, capacity and use, desktops', async (admin, opts) => {
     const answer = unwrap(await admin.api.GET('/admin/v1/hosts'));
     if (opts.json) return json(answer);
-    out(table(answer.hosts.map(hostRow), ['ID', 'HOSTNAME', 'STATUS', 'RUNTIME', 'SCHEDULABLE', 'DESKTOPS', 'VCPU', 'MEMORY', 'SLOTS', 'LAST HEARD']));
+    out(table(answer.hosts.map(hostRow), ['ID', 'HOSTNAME', 'STATUS', 'RUNTIME', 'SCHEDULABLE', 'DESKTOPS', 'VCPU', 'MEMORY', 'FREE MEMORY', 'ROOM', 'SLOTS', 'LAST HEARD']));
   });
   adminCommand<[string]>(hosts, 'show', 'one host in detail', async (admin, opts, id) => {
     const host = unwrap(await admin.api.GET('/admin/v1/hosts/{host_id}', { params: { path: { host_id: id } } }));
@@ -174,8 +174,10 @@ function hostRow(h: AdminHost): Record<string, string> {
     RUNTIME: `${h.agent.runtime}${h.agent.memory_snapshots ? '+snapshots' : ''}`,
     SCHEDULABLE: h.schedulable ? 'yes' : 'no',
     DESKTOPS: `${h.desktops.total} (${h.desktops.awake} awake)`,
-    VCPU: `${h.used.vcpus}/${h.capacity.vcpus}`,
-    MEMORY: `${gib(h.used.memory_mb)}/${gib(h.capacity.memory_mb)} GiB`,
+    VCPU: h.capacity.vcpus === null ? `${h.used.vcpus}` : `${h.used.vcpus}/${h.capacity.vcpus}`,
+    MEMORY: h.capacity.memory_mb === null ? `${gib(h.used.memory_mb)} GiB` : `${gib(h.used.memory_mb)}/${gib(h.capacity.memory_mb)} GiB`,
+    'FREE MEMORY': h.measured === null ? '-' : `${gib(h.measured.memory_available_mb)} GiB`,
+    ROOM: `${h.memory.room_desktops}`,
     SLOTS: `${h.used.slots}/${h.capacity.slots}`,
     'LAST HEARD': ago(h.last_heartbeat_at),
   };
@@ -192,8 +194,13 @@ function describeHost(h: AdminHost): string {
     ['Schedulable', h.schedulable ? 'yes' : 'no'],
     ['Agent', `protocol ${h.agent.protocol}, runtime ${h.agent.runtime}, memory snapshots ${h.agent.memory_snapshots ? 'yes' : 'no'}`],
     ['Last heard', `${h.last_heartbeat_at} (${ago(h.last_heartbeat_at)})`],
-    ['vCPU', `${h.used.vcpus} of ${h.capacity.vcpus} committed (${h.reported.vcpus} reported)`],
-    ['Memory', `${h.used.memory_mb} of ${h.capacity.memory_mb} MiB committed (${h.reported.memory_mb} reported)`],
+    ['vCPU', `${h.used.vcpus} ${h.capacity.vcpus === null ? '' : `of ${h.capacity.vcpus} `}committed by tier (${h.reported.vcpus} reported)`],
+    ['Memory', `${h.used.memory_mb} ${h.capacity.memory_mb === null ? '' : `of ${h.capacity.memory_mb} `}MiB committed by tier (${h.reported.memory_mb} reported)`],
+    ['Measured', h.measured === null
+      ? 'not reported yet (agents before protocol 1.11 never do)'
+      : `${h.measured.memory_available_mb} MiB available, ${h.measured.desktops_memory_mb} MiB in desktops, ${h.measured.running_desktops} running, ` +
+        `CPU ${Math.round(h.measured.cpu_busy * 100)}% busy (${ago(h.measured.at)})`],
+    ['Room', `${h.memory.room_mb} MiB above its ${h.memory.reserve_mb} MiB reserve: ${h.memory.room_desktops} more desktops by measured memory`],
     ['Slots', `${h.used.slots} of ${h.capacity.slots} held`],
     ['Desktops', h.desktops.total === 0 ? 'none' : `${states.map((s) => `${h.desktops[s]} ${s}`).join(', ')} (${h.desktops.total} in all)`],
     ['Drain', h.drain ? describeDrain(h) : 'none'],

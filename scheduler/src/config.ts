@@ -116,12 +116,27 @@ export interface SchedulerConfig {
    * fails with `no_capacity`. Default 30000.
    */
   readonly capacityWaitMs: number;
-  /** `CANTO_CPU_OVERCOMMIT`, `CANTO_MEMORY_OVERCOMMIT`: placement multipliers on host capacity. Defaults 8 and 2. */
-  readonly cpuOvercommit: number;
-  readonly memoryOvercommit: number;
+  /** How placement judges a host's room (scheduler/src/placement/feasible.ts). */
+  readonly placement: {
+    /**
+     * `CANTO_CPU_OVERCOMMIT`, `CANTO_MEMORY_OVERCOMMIT`: nominal caps, multipliers on a host's
+     * reported CPU and memory that the running desktops' tier sizes must fit in. 0 (the default)
+     * is no cap: measured memory decides.
+     */
+    readonly cpuOvercommit: number;
+    readonly memoryOvercommit: number;
+    /** `CANTO_MEMORY_RESERVE_PERCENT`: share of a host's memory placement keeps free, by measured use. Default 10. */
+    readonly memoryReservePercent: number;
+    /**
+     * `CANTO_DESKTOP_EXPECTED_MB`: memory counted for a desktop its host's last measure does not
+     * show yet (just placed or woken), and for every running desktop of a host that reports no
+     * measure, in MiB. Default 256.
+     */
+    readonly desktopExpectedMb: number;
+  };
   /**
    * `CANTO_HOST_SLOTS`: storage slots per host. Every placed desktop holds its tier's slots
-   * (small 1, default 2, large 4) awake or hibernated; placement and fork need free ones. Default 128.
+   * (small 1, default 2, large 4) awake or hibernated; placement and fork need free ones. Default 2048.
    */
   readonly hostSlots: number;
   /** `CANTO_DEFAULT_IMAGE`: image_version of desktops created without one. Default `debian-12`. */
@@ -143,11 +158,19 @@ function int(env: Env, name: string, fallback: number, min = 0): number {
   return Number(raw);
 }
 
-function num(env: Env, name: string, fallback: number): number {
+function num(env: Env, name: string, fallback: number, zeroAllowed = false): number {
   const raw = env[name];
   if (raw === undefined || raw === '') return fallback;
   const value = Number(raw);
-  if (!Number.isFinite(value) || value <= 0) throw new Error(`${name} must be a positive number, got "${raw}"`);
+  if (!Number.isFinite(value) || value < 0 || (value === 0 && !zeroAllowed)) {
+    throw new Error(`${name} must be a ${zeroAllowed ? 'non-negative' : 'positive'} number, got "${raw}"`);
+  }
+  return value;
+}
+
+function percent(env: Env, name: string, fallback: number): number {
+  const value = num(env, name, fallback, true);
+  if (value >= 100) throw new Error(`${name} must be below 100, got "${env[name]}"`);
   return value;
 }
 
@@ -199,9 +222,13 @@ export function loadSchedulerConfig(env: Env): SchedulerConfig {
     hostFailureGraceMs: int(env, 'CANTO_HOST_FAILURE_GRACE_MS', 60_000, 100),
     operationDeadlineMs: int(env, 'CANTO_OPERATION_DEADLINE_MS', 300_000, 1_000),
     capacityWaitMs: int(env, 'CANTO_CAPACITY_WAIT_MS', 30_000, 0),
-    cpuOvercommit: num(env, 'CANTO_CPU_OVERCOMMIT', 8),
-    memoryOvercommit: num(env, 'CANTO_MEMORY_OVERCOMMIT', 2),
-    hostSlots: int(env, 'CANTO_HOST_SLOTS', 128, 1),
+    placement: Object.freeze({
+      cpuOvercommit: num(env, 'CANTO_CPU_OVERCOMMIT', 0, true),
+      memoryOvercommit: num(env, 'CANTO_MEMORY_OVERCOMMIT', 0, true),
+      memoryReservePercent: percent(env, 'CANTO_MEMORY_RESERVE_PERCENT', 10),
+      desktopExpectedMb: int(env, 'CANTO_DESKTOP_EXPECTED_MB', 256, 1),
+    }),
+    hostSlots: int(env, 'CANTO_HOST_SLOTS', 2048, 1),
     defaultImageVersion: env.CANTO_DEFAULT_IMAGE || 'debian-12',
     webhooks: loadWebhookSettings(env),
     ingress: loadIngressSettings(env),

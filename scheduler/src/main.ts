@@ -101,7 +101,7 @@ export async function startScheduler(config: SchedulerConfig, logger?: Logger): 
     logger: log,
     agentCommandTimeoutMs: config.agentCommandTimeoutMs,
     hostWaitMs: config.hostWaitMs,
-    overcommit: { cpu: config.cpuOvercommit, memory: config.memoryOvercommit },
+    placement: config.placement,
     hostSlots: config.hostSlots,
     pollMs: config.enginePollMs,
     operationDeadlineMs: config.operationDeadlineMs,
@@ -167,7 +167,7 @@ export async function startScheduler(config: SchedulerConfig, logger?: Logger): 
       }
     },
   });
-  const fleetNumbers = { linked: (id: string) => agents.isConnected(id), overcommit: { cpu: config.cpuOvercommit, memory: config.memoryOvercommit }, hostSlots: config.hostSlots };
+  const fleetNumbers = { linked: (id: string) => agents.isConnected(id), placement: config.placement, hostSlots: config.hostSlots };
   await registerAdminApi(app, {
     service: new AdminService({ sql, keys, ...fleetNumbers }),
     moves: new MoveService({ sql, ...fleetNumbers }),

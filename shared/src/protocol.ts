@@ -35,6 +35,8 @@
  *         takes stream tickets as WebSockets (RFB for browsers).
  *   1.10 — desktop.export `listing: 'sized'`: units listed by size (and `version`) without a
  *         hash, the hash coming as each fetch's trailer (shared/src/transfer.ts).
+ *   1.11 — heartbeat `measured`: what the host uses now (available memory, memory of its desktops'
+ *         cgroups, CPU busy), for placement by measured use (scheduler/src/placement/).
  *
  * Every desktop command carries the desktop's `generation`. The agent remembers the highest
  * generation it has seen per desktop and refuses an older one with `stale_generation`: after a
@@ -53,7 +55,7 @@ import {
   ScreenshotResult, SpawnPayload, SpawnResult, StreamGrantPayload, StreamGrantResult, TerminalGrantPayload, TerminalGrantResult,
 } from './guest-commands.js';
 
-export const PROTOCOL_VERSION = '1.10';
+export const PROTOCOL_VERSION = '1.11';
 export const WIRE_VERSION = 1;
 
 /** True when `version` is `major.minor` or later (a version that does not parse is not). */
@@ -153,7 +155,23 @@ export const HelloResult = Type.Object({
 });
 export type HelloResult = Static<typeof HelloResult>;
 
-export const HeartbeatPayload = Type.Object({ running_desktops: Type.Integer({ minimum: 0 }) });
+/**
+ * 1.11: the host's use as measured when the heartbeat left, read without visiting each desktop.
+ * `desktops_memory_mb` is the memory charged to the machine's desktop cgroups (every agent on one
+ * machine reports the same figure); `cpu_busy` is the fraction of all cores busy since the last read.
+ */
+export const MeasuredUse = Type.Object({
+  memory_available_mb: Type.Integer({ minimum: 0 }),
+  desktops_memory_mb: Type.Integer({ minimum: 0 }),
+  cpu_busy: Type.Number({ minimum: 0, maximum: 1 }),
+});
+export type MeasuredUse = Static<typeof MeasuredUse>;
+
+export const HeartbeatPayload = Type.Object({
+  running_desktops: Type.Integer({ minimum: 0 }),
+  /** 1.11; absent until the agent has read it once, and from older agents. */
+  measured: Type.Optional(MeasuredUse),
+});
 export type HeartbeatPayload = Static<typeof HeartbeatPayload>;
 
 /** 1.7 (agent → scheduler): the hello's fence is done; the host may take work. */

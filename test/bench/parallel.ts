@@ -3,7 +3,7 @@
  * one wake; 30 cold creates + wakes at once are all awake in < 5 s). Through the API, on one host:
  * each wake's own latency when 10 are asked at once against a wake alone (the baseline), and for
  * 30 desktops created and woken at once, the time until the last is awake against one cold
- * create + wake alone. The bench's scheduler raises the overcommit so 30 small desktops fit.
+ * create + wake alone. Placement by measured memory lets the 30 small desktops fit with default settings.
  */
 import { median, percentile, table, timed } from './stats.js';
 

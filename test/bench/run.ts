@@ -5,7 +5,8 @@
  * lifecycle baselines are the sandbox driver's own calls (what the runtime costs without the API,
  * database and agent link). API reads are in api.ts; guest operations in guest-ops.ts;
  * terminals and the browser stream in terminal.ts; moving a desktop between two agents in
- * move.ts; moves and drains through the whole service in drain.ts.
+ * move.ts; moves and drains through the whole service in drain.ts; 1,000 idle desktops on one
+ * host in density.ts (opt-in: `CANTO_BENCH_DENSITY=1000`).
  */
 import { execFileSync } from 'node:child_process';
 import { chmodSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs';
@@ -27,6 +28,7 @@ import { benchIngress } from './ingress.js';
 import { benchFailover } from './failover.js';
 import { benchMove } from './move.js';
 import { benchDrain } from './drain.js';
+import { benchDensity } from './density.js';
 import { median, printSummary, summary, table, timed } from './stats.js';
 import { freePort, startAgentProcess, startSchedulerProcess } from '../helpers/processes.js';
 
@@ -36,6 +38,8 @@ const JSON_OUT = ((i) => (i >= 0 ? process.argv[i + 1] : undefined))(process.arg
 /** `CANTO_BENCH_ONLY=ingress,computer-use` runs only those sections; unset runs them all. */
 const ONLY = process.env.CANTO_BENCH_ONLY?.split(',').map((s) => s.trim()).filter(Boolean) ?? [];
 const want = (section: string) => ONLY.length === 0 || ONLY.includes(section);
+/** `CANTO_BENCH_DENSITY=1000`: the density section with that many desktops; it takes minutes, so only when asked. */
+const DENSITY = Number(process.env.CANTO_BENCH_DENSITY ?? 0);
 
 /** Until the agent has said hello (its host is ready). */
 async function waitForHost(databaseUrl: string): Promise<void> {
@@ -64,8 +68,6 @@ async function main(): Promise<void> {
     port: await freePort(),
     extra: {
       CANTO_LOG_LEVEL: 'warn', CANTO_INGRESS_BASE_URL: 'http://apps.canto.test', CANTO_INGRESS_LISTEN: `127.0.0.1:${ingressPort}`,
-      // Room for the 30 small desktops awake at once of the parallel section (the default allows 8 here).
-      CANTO_CPU_OVERCOMMIT: '40', CANTO_MEMORY_OVERCOMMIT: '8',
     },
   });
   const agent = startAgentProcess(scheduler.url, join(dir, 'agent'), { CANTO_LOG_LEVEL: 'warn' });
@@ -141,6 +143,12 @@ async function main(): Promise<void> {
     if (want('failover')) await benchFailover({ databaseUrl: pg.url, stateDir: join(dir, 'failover-agent'), runs: RUNS });
     if (want('move')) await benchMove({ runs: RUNS });
     if (want('drain')) await benchDrain({ databaseUrl: pg.url, stateDir: join(dir, 'drain-agents'), runs: RUNS });
+    if (want('density') && DENSITY > 0) {
+      await benchDensity({
+        schedulerUrl: scheduler.url, apiKey: key, agentPid: agent.proc.pid!, schedulerPid: scheduler.proc.pid!, count: DENSITY,
+        output: () => `--- scheduler\n${scheduler.output().slice(-3000)}\n--- agent\n${agent.output().slice(-3000)}`,
+      });
+    }
   } finally {
     await agent.kill('SIGTERM');
     for (const state of [join(dir, 'agent', 'runtime'), join(dir, 'failover-agent', 'runtime')]) {

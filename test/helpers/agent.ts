@@ -10,6 +10,7 @@ import { startAgent, type AgentHandle } from '../../agent/src/channel.js';
 import { loadAgentConfig } from '../../agent/src/config.js';
 import { runAgent } from '../../agent/src/main.js';
 import { FakeDriver } from '../../agent/src/runtime/fake.js';
+import type { HostMeter } from '../../agent/src/host-meter.js';
 import { silentLogger } from '../../shared/src/log.js';
 import { JOIN_TOKEN } from './scheduler.js';
 
@@ -38,6 +39,8 @@ export interface FakeAgentOptions {
   again?: { stateDir: string; driver: FakeDriver };
   /** Say this protocol version in hello: an agent of an older release (gives a driver of our own). */
   protocol?: string;
+  /** What heartbeats report of the host's use, instead of this machine's (gives a driver of our own). */
+  meter?: (driver: FakeDriver) => HostMeter;
 }
 
 export async function startFakeAgent(schedulerUrl: string, options: FakeAgentOptions = {}): Promise<TestAgent> {
@@ -62,10 +65,10 @@ export async function startFakeAgent(schedulerUrl: string, options: FakeAgentOpt
     // A closed driver stays closed: a new one over the same desktops, as a host's disk outlives its agent.
     driver = new FakeDriver({ delayMs: options.delayMs ?? 0 });
     for (const [id, desktop] of options.again.driver.desktops) driver.desktops.set(id, desktop);
-    handle = await startAgent({ config, driver, logger, announceProtocol: options.protocol });
-  } else if (options.delayMs !== undefined || options.computerUse === false || options.protocol !== undefined) {
+    handle = await startAgent({ config, driver, logger, announceProtocol: options.protocol, meter: options.meter?.(driver) });
+  } else if (options.delayMs !== undefined || options.computerUse === false || options.protocol !== undefined || options.meter !== undefined) {
     driver = new FakeDriver({ delayMs: options.delayMs ?? 0, computerUse: options.computerUse ?? true });
-    handle = await startAgent({ config, driver, logger, announceProtocol: options.protocol });
+    handle = await startAgent({ config, driver, logger, announceProtocol: options.protocol, meter: options.meter?.(driver) });
   } else {
     handle = await runAgent(config, { handleSignals: false, logger });
   }

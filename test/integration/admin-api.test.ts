@@ -134,8 +134,15 @@ describe('hosts', () => {
         used: { vcpus: 0, memory_mb: 0, slots: 0 },
         desktops: { provisioning: 0, waking: 0, awake: 0, hibernating: 0, hibernated: 0, total: 0 },
       });
-      // Placement's limits: reported capacity times the default overcommit (8 CPU, 2 memory), 128 slots.
-      expect(h.capacity).toEqual({ vcpus: h.reported.vcpus * 8, memory_mb: h.reported.memory_mb * 2, slots: 128 });
+      // Placement's nominal limits: no CPU or memory cap by default (overcommit 0), 2048 slots.
+      expect(h.capacity).toEqual({ vcpus: null, memory_mb: null, slots: 2048 });
+      // What the agent measured, and the memory placement keeps free (10 % of the reported memory).
+      await until(async () => (await admin()('GET', `/admin/v1/hosts/${h.id}`)).json.measured !== null, 10_000, 'a measured heartbeat');
+      const measured = (await admin()('GET', `/admin/v1/hosts/${h.id}`)).json;
+      expect(measured.measured).toMatchObject({ running_desktops: 0, desktops_memory_mb: 0, memory_available_mb: expect.any(Number), cpu_busy: expect.any(Number) });
+      expect(measured.measured.memory_available_mb).toBeGreaterThan(0);
+      expect(measured.memory.reserve_mb).toBe(Math.ceil(h.reported.memory_mb / 10));
+      expect(measured.memory.room_mb).toBe(Math.max(0, measured.measured.memory_available_mb - measured.memory.reserve_mb));
       expect(Date.parse(h.last_heartbeat_at)).toBeGreaterThan(Date.now() - 60_000);
       expect(typeof h.hostname).toBe('string');
     }

@@ -57,8 +57,10 @@ describe('canto hosts', () => {
   it('lists hosts as a table from a data directory, and as JSON with the token from the environment', async () => {
     const listed = await withDir(['hosts', 'list']);
     expect(listed.code, listed.stderr).toBe(0);
-    expect(listed.stdout).toMatch(/^ID\s+HOSTNAME\s+STATUS\s+RUNTIME\s+SCHEDULABLE\s+DESKTOPS\s+VCPU\s+MEMORY\s+SLOTS\s+LAST HEARD\n/);
-    expect(listed.stdout).toMatch(new RegExp(`${agent.hostId}\\s+\\S+\\s+ready\\s+fake\\S*\\s+yes\\s+0 \\(0 awake\\)\\s+0/\\d+\\s+0\\.0/\\S+ GiB\\s+0/128`));
+    expect(listed.stdout).toMatch(/^ID\s+HOSTNAME\s+STATUS\s+RUNTIME\s+SCHEDULABLE\s+DESKTOPS\s+VCPU\s+MEMORY\s+FREE MEMORY\s+ROOM\s+SLOTS\s+LAST HEARD\n/);
+    // No nominal CPU or memory cap by default: only what is committed; free memory as measured,
+    // and how many more desktops that memory admits.
+    expect(listed.stdout).toMatch(new RegExp(`${agent.hostId}\\s+\\S+\\s+ready\\s+fake\\S*\\s+yes\\s+0 \\(0 awake\\)\\s+0\\s+0\\.0 GiB\\s+(-|[\\d.]+ GiB)\\s+\\d+\\s+0/2048`));
     const json = JSON.parse((await withEnv(['hosts', 'list', '--json'])).stdout);
     expect(json.hosts).toEqual([expect.objectContaining({ id: agent.hostId, state: 'ready', schedulable: true })]);
   });
@@ -67,7 +69,8 @@ describe('canto hosts', () => {
     const shown = await withDir(['hosts', 'show', agent.hostId]);
     expect(shown.stdout).toMatch(/^ID\s+host_/);
     expect(shown.stdout).toMatch(/Schedulable\s+yes/);
-    expect(shown.stdout).toMatch(/Slots\s+0 of 128 held/);
+    expect(shown.stdout).toMatch(/Slots\s+0 of 2048 held/);
+    expect(shown.stdout).toMatch(/Room\s+\d+ MiB above its \d+ MiB reserve: \d+ more desktops by measured memory/);
     expect((await withDir(['hosts', 'cordon', agent.hostId])).stdout).toBe(`host ${agent.hostId} cordoned: no new desktop is placed on it\n`);
     const cordoned = JSON.parse((await withEnv(['hosts', 'cordon', agent.hostId, '--json'])).stdout);
     expect(cordoned).toMatchObject({ cordoned: true, schedulable: false });

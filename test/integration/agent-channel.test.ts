@@ -237,7 +237,13 @@ describe('agent channel', () => {
     const handle = await start();
     await handle.waitConnected(5000);
     await waitFor(() => server.heartbeats.length >= 5, 'five heartbeats');
+    // The first beat leaves before the host was first measured; later ones carry the measure.
     expect(server.heartbeats[0]).toEqual({ running_desktops: 0 });
+    expect(server.heartbeats.at(-1)).toEqual({
+      running_desktops: 0,
+      measured: { memory_available_mb: expect.any(Number), desktops_memory_mb: 0, cpu_busy: expect.any(Number) },
+    });
+    expect(server.heartbeats.at(-1)!.measured!.memory_available_mb).toBeGreaterThan(0);
   });
 
   it('reconnects with backoff after the scheduler drops the socket, as the same instance', async () => {

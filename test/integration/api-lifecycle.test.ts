@@ -299,7 +299,7 @@ describe('?wait=true bounds', () => {
       const op = await c('GET', `/v1/operations/${res.json.operation_id}`);
       expect(op.json.error).toEqual({
         code: 'no_capacity',
-        message: 'no host has room for a small desktop: 1 schedulable, each at its CPU, memory or storage-slot limit',
+        message: 'no host has room for a small desktop: 1 schedulable, 1 out of storage slots',
       });
       expect((await getDesktop(c, second)).state).toBe('provisioning');
     } finally {

@@ -315,8 +315,13 @@ await d.close();
       await cold.start({ desktopId: id, tier: 'small', firstBoot: null });
       await sh(cold, id, 'echo kept > /root/hello.txt; sleep 1001 >/dev/null 2>&1 &');
       expect(await sh(cold, id, 'ps -eo args= | grep -c "^sleep 1001$" || true')).toBe('1');
+      // What heartbeats report: this driver's running desktops, and the machine's desktop memory.
+      const usage = await cold.usage();
+      expect(usage.running).toBe(1);
+      expect(usage.memoryBytes).toBeGreaterThanOrEqual(Number(await readFile(`/sys/fs/cgroup/memory/canto/${id}/memory.usage_in_bytes`, 'utf8')));
       const hib = await timed('hibernate (cold stop)', () => cold.hibernate(id));
       expect(hib).toEqual({ snapshot: false });
+      expect((await cold.usage()).running).toBe(0);
       expect(await cold.list()).toEqual([{ desktopId: id, running: false, hasSnapshot: false }]);
       expect(await cold.start({ desktopId: id, tier: 'small', firstBoot: null })).toEqual({ restored: false });
       expect(await sh(cold, id, 'cat /root/hello.txt')).toBe('kept');

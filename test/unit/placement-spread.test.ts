@@ -4,13 +4,16 @@
  * while earlier ones are still in flight count those too.
  */
 import { describe, expect, it } from 'vitest';
-import type { HostCandidate } from '../../scheduler/src/placement/feasible.js';
+import type { HostCandidate, PlacementPolicy } from '../../scheduler/src/placement/feasible.js';
 import { hostUse, rankHosts } from '../../scheduler/src/placement/rank.js';
 import { selectHost } from '../../scheduler/src/placement/select.js';
 import { PlacementReservations } from '../../scheduler/src/placement/reservations.js';
 import { TIER_SPECS, type Tier } from '../../shared/src/tiers.js';
 
-const overcommit = { cpu: 8, memory: 2 };
+/** Nominal caps at these overcommits; measured memory at its defaults (10 % reserve, 256 MiB expected). */
+const nominal = (cpu: number, memory: number): PlacementPolicy => ({ cpuOvercommit: cpu, memoryOvercommit: memory, memoryReservePercent: 10, desktopExpectedMb: 256 });
+
+const overcommit = nominal(8, 2);
 const host = (id: string, over: Partial<HostCandidate> = {}): HostCandidate => ({
   id,
   connected: true,
@@ -20,6 +23,8 @@ const host = (id: string, over: Partial<HostCandidate> = {}): HostCandidate => (
   memoryMb: 16384,
   committedVcpus: 0,
   committedMemoryMb: 0,
+  committedDesktops: 0,
+  measured: null,
   slots: 128,
   slotsUsed: 0,
   ...over,
@@ -86,13 +91,14 @@ describe('placements in flight', () => {
     const pick = (hosts: HostCandidate[]) => ((seen = hosts), 'a');
     await ledger.choose({ desktopId: 'd1', tier: 'default', running: true }, async () => ({ hosts: [host('a')], placed: new Set() }), pick);
     await ledger.choose({ desktopId: 'd2', tier: 'small', running: false }, async () => ({ hosts: [host('a')], placed: new Set() }), pick);
-    expect(seen[0]).toMatchObject({ slotsUsed: 2, committedVcpus: 4, committedMemoryMb: 8192 });
+    expect(seen[0]).toMatchObject({ slotsUsed: 2, committedVcpus: 4, committedMemoryMb: 8192, committedDesktops: 1 });
     // d1 committed: the database's numbers include it, the ledger adds only d2.
     await ledger.choose({ desktopId: 'd3', tier: 'small', running: false }, async (inFlight) => {
       expect(inFlight.sort()).toEqual(['d1', 'd2']);
       return { hosts: [host('a', { slotsUsed: 2 })], placed: new Set(['d1']) };
     }, pick);
-    expect(seen[0]).toMatchObject({ slotsUsed: 3, committedVcpus: 0 });
+    // …but d1 is waking, not yet awake: it still weighs on measured memory from its reservation.
+    expect(seen[0]).toMatchObject({ slotsUsed: 3, committedVcpus: 0, committedDesktops: 1 });
   });
 
   it('counts a placement that commits after the read began and is released before it ended', async () => {

@@ -1,8 +1,11 @@
 /** Placement pipeline: feasibility (status, link, cordon, capacity with overcommit), ranking, selection. */
 import { describe, expect, it } from 'vitest';
-import { feasibleHosts, hasSlots, type HostCandidate } from '../../scheduler/src/placement/feasible.js';
+import { feasibleHosts, hasSlots, type HostCandidate, type PlacementPolicy } from '../../scheduler/src/placement/feasible.js';
 import { rankHosts } from '../../scheduler/src/placement/rank.js';
 import { selectHost } from '../../scheduler/src/placement/select.js';
+
+/** Nominal caps at these overcommits; measured memory at its defaults (10 % reserve, 256 MiB expected). */
+const nominal = (cpu: number, memory: number): PlacementPolicy => ({ cpuOvercommit: cpu, memoryOvercommit: memory, memoryReservePercent: 10, desktopExpectedMb: 256 });
 
 const host = (id: string, over: Partial<HostCandidate> = {}): HostCandidate => ({
   id,
@@ -13,11 +16,13 @@ const host = (id: string, over: Partial<HostCandidate> = {}): HostCandidate => (
   memoryMb: 8192,
   committedVcpus: 0,
   committedMemoryMb: 0,
+  committedDesktops: 0,
+  measured: null,
   slots: 64,
   slotsUsed: 0,
   ...over,
 });
-const none = { cpu: 1, memory: 1 };
+const none = nominal(1, 1);
 
 describe('placement', () => {
   it('drops hosts that are disconnected, down or cordoned', () => {
@@ -40,10 +45,10 @@ describe('placement', () => {
     expect(feasibleHosts([host('a')], 'small', none)).toHaveLength(1);
     expect(feasibleHosts([host('a', { committedVcpus: 2 })], 'small', none)).toHaveLength(0);
     // …and four with 4× CPU overcommit, as long as memory (8 GiB × 2 = 16 GiB) holds.
-    expect(feasibleHosts([host('a', { committedVcpus: 6, committedMemoryMb: 12288 })], 'small', { cpu: 4, memory: 2 })).toHaveLength(1);
-    expect(feasibleHosts([host('a', { committedVcpus: 6, committedMemoryMb: 12289 })], 'small', { cpu: 4, memory: 2 })).toHaveLength(0);
+    expect(feasibleHosts([host('a', { committedVcpus: 6, committedMemoryMb: 12288 })], 'small', nominal(4, 2))).toHaveLength(1);
+    expect(feasibleHosts([host('a', { committedVcpus: 6, committedMemoryMb: 12289 })], 'small', nominal(4, 2))).toHaveLength(0);
     // large = 8 vCPU never fits a 2-vCPU host at 2× CPU overcommit.
-    expect(feasibleHosts([host('a')], 'large', { cpu: 2, memory: 8 })).toHaveLength(0);
+    expect(feasibleHosts([host('a')], 'large', nominal(2, 8))).toHaveLength(0);
   });
 
   it('ranks by the busier resource, least loaded first, ties by id', () => {
@@ -57,7 +62,7 @@ describe('placement', () => {
   });
 
   it('selects the best feasible host, or none', () => {
-    const overcommit = { cpu: 8, memory: 2 };
+    const overcommit = nominal(8, 2);
     expect(selectHost([host('x', { committedVcpus: 8 }), host('y')], 'default', overcommit)).toBe('y');
     expect(selectHost([host('x', { connected: false })], 'default', overcommit)).toBeNull();
   });

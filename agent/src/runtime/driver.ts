@@ -154,6 +154,12 @@ export interface TerminalSession {
  */
 export type GuestConnection = Duplex;
 
+export interface DesktopUsage {
+  readonly running: number;
+  /** Memory charged to the desktops (their cgroups), in bytes. */
+  readonly memoryBytes: number;
+}
+
 export interface DesktopStatus {
   readonly desktopId: string;
   readonly running: boolean;
@@ -183,6 +189,16 @@ export interface DesktopLifecycle {
   fork(sourceId: string, forkIds: readonly string[]): Promise<{ snapshot: boolean }>;
   /** Desktops this host holds a disk for. */
   list(): Promise<DesktopStatus[]>;
+  /**
+   * One desktop as `list` would show it, null when this host holds no disk for it, without
+   * visiting the others: a command about one desktop must not cost more with every desktop held.
+   */
+  status(desktopId: string): Promise<DesktopStatus | null>;
+  /**
+   * How many desktops run and the memory they use, read in a few calls whatever their number
+   * (the heartbeat reads it every interval, so it must not visit each desktop).
+   */
+  usage(): Promise<DesktopUsage>;
   /** Releases driver resources; running desktops keep running. */
   close(): Promise<void>;
 }

@@ -23,6 +23,7 @@ import type { Tier } from '../../../shared/src/tiers.js';
 import type {
   CursorPosition,
   DesktopStatus,
+  DesktopUsage,
   DetachedSpec,
   DisplaySize,
   DirListing,
@@ -81,6 +82,8 @@ export class FakeDriver implements RuntimeDriver {
   /** `"<method>:begin <id>"` and `"<method>:end <id>"`, in order. */
   readonly events: string[] = [];
   closed = false;
+  /** What `usage()` charges each running desktop; a test sets it to stand for a loaded host. */
+  memoryBytesPerDesktop = 0;
   private readonly delayMs: number;
   private readonly memorySnapshots: boolean;
   private readonly computerUse: boolean;
@@ -282,6 +285,17 @@ export class FakeDriver implements RuntimeDriver {
 
   async list(): Promise<DesktopStatus[]> {
     return [...this.desktops].map(([desktopId, d]) => ({ desktopId, running: d.running, hasSnapshot: d.hasSnapshot }));
+  }
+
+  async status(desktopId: string): Promise<DesktopStatus | null> {
+    const d = this.desktops.get(desktopId);
+    return d === undefined ? null : { desktopId, running: d.running, hasSnapshot: d.hasSnapshot };
+  }
+
+  /** Each running fake desktop counts `memoryBytesPerDesktop` (0 unless a test sets it). */
+  async usage(): Promise<DesktopUsage> {
+    const running = [...this.desktops.values()].filter((d) => d.running).length;
+    return { running, memoryBytes: running * this.memoryBytesPerDesktop };
   }
 
   async close(): Promise<void> {

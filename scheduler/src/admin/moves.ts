@@ -16,7 +16,7 @@ import { drainCounts, insertMove, operationById, startDrain } from '../store/mov
 import type { HostRow, OperationRow } from '../store/rows.js';
 import { hostCandidates } from '../placement/candidates.js';
 import { selectHost } from '../placement/select.js';
-import type { HostCandidate, Overcommit } from '../placement/feasible.js';
+import type { HostCandidate, PlacementPolicy } from '../placement/feasible.js';
 import { ApiError, errors } from '../errors.js';
 import { hostById } from './store.js';
 
@@ -68,7 +68,7 @@ export type DrainJson = Static<typeof DrainJson>;
 export interface MoveServiceDeps {
   sql: Sql;
   linked(hostId: string): boolean;
-  overcommit: Overcommit;
+  placement: PlacementPolicy;
   hostSlots: number;
 }
 
@@ -152,11 +152,12 @@ export class MoveService {
     let placed = 0;
     for (const d of held) {
       const running = d.state === 'awake' || d.state === 'waking';
-      // An awake desktop needs CPU and memory on its target; a hibernated one only a slot.
+      // An awake desktop needs its tier's CPU and memory on its target; a hibernated one a slot (on
+      // a host not short of measured memory, as every placement).
       const chosen = selectHost(
         fleet.map((h) => (running ? h : { ...h, committedVcpus: 0, committedMemoryMb: 0 })),
         d.tier,
-        this.deps.overcommit,
+        this.deps.placement,
       );
       if (chosen === null) break;
       const spec = TIER_SPECS[d.tier];
@@ -166,6 +167,7 @@ export class MoveService {
           slotsUsed: h.slotsUsed + spec.slots,
           committedVcpus: h.committedVcpus + (running ? spec.vcpus : 0),
           committedMemoryMb: h.committedMemoryMb + (running ? spec.memoryMb : 0),
+          committedDesktops: h.committedDesktops + (running ? 1 : 0),
         });
       placed++;
     }

@@ -47,8 +47,36 @@ export const AdminHostJson = Type.Object({
     { vcpus: Type.Integer({ minimum: 0 }), memory_mb: Type.Integer({ minimum: 0 }) },
     { description: 'The capacity the agent reported' },
   ),
-  capacity: Resources('What placement may commit: reported CPU and memory times their overcommit, and CANTO_HOST_SLOTS'),
+  capacity: Type.Object(
+    {
+      vcpus: Type.Union([Type.Number({ minimum: 0 }), Type.Null()], { description: 'Reported vCPUs times CANTO_CPU_OVERCOMMIT; null when that is 0 (no nominal cap, the default)' }),
+      memory_mb: Type.Union([Type.Number({ minimum: 0 }), Type.Null()], { description: 'Reported memory times CANTO_MEMORY_OVERCOMMIT; null when that is 0 (no nominal cap, the default)' }),
+      slots: Type.Integer({ minimum: 0 }),
+    },
+    { description: 'Nominal limits placement applies: tier sizes of running desktops within reported capacity times the overcommit, and CANTO_HOST_SLOTS' },
+  ),
   used: Resources('What is committed: CPU and memory of desktops running or about to, slots of every desktop placed here'),
+  measured: Type.Union(
+    [
+      Type.Object({
+        at: Type.String({ format: 'date-time', description: 'When it was recorded' }),
+        running_desktops: Type.Integer({ minimum: 0, description: 'Desktops running on the host' }),
+        memory_available_mb: Type.Integer({ minimum: 0, description: "The host's available memory (MemAvailable)" }),
+        desktops_memory_mb: Type.Integer({ minimum: 0, description: "Memory charged to the machine's desktop cgroups" }),
+        cpu_busy: Type.Number({ minimum: 0, maximum: 1, description: 'Fraction of all cores busy over the last heartbeat interval' }),
+      }),
+      Type.Null(),
+    ],
+    { description: "The host's use as its agent last measured it (heartbeats); null until it reports one (agents before protocol 1.11)" },
+  ),
+  memory: Type.Object(
+    {
+      reserve_mb: Type.Integer({ minimum: 0, description: 'Memory placement keeps free: CANTO_MEMORY_RESERVE_PERCENT of the reported memory' }),
+      room_mb: Type.Integer({ minimum: 0, description: 'Memory new desktops may still take: available memory, less CANTO_DESKTOP_EXPECTED_MB for each desktop the measure does not show yet, less the reserve' }),
+      room_desktops: Type.Integer({ minimum: 0, description: 'How many more desktops placement would admit by memory: room_mb over CANTO_DESKTOP_EXPECTED_MB' }),
+    },
+    { description: 'Placement by measured memory: a host takes a desktop while room_desktops is at least 1' },
+  ),
   desktops: HostDesktopCounts,
   drain: DrainJson,
 });

@@ -14,7 +14,7 @@ import type { KeyService, ApiKeyJson } from '../services/keys.js';
 import { hostCandidates } from '../placement/candidates.js';
 import { cancelDrain } from '../store/moves.js';
 import { drainJson } from './moves.js';
-import type { Overcommit } from '../placement/feasible.js';
+import { memoryReserveMb, memoryRoomMb, type PlacementPolicy } from '../placement/feasible.js';
 import { errors } from '../errors.js';
 import { desktopStatesByHost, hostById, insertOrg, listOrgSummaries, orgExists, removeHost, setHostCordoned, type OrgSummaryRow } from './store.js';
 import type { AdminHostJson, AdminOrgJson, HostDesktopCounts } from './schemas.js';
@@ -24,7 +24,7 @@ export interface AdminServiceDeps {
   keys: KeyService;
   /** Whether this replica's link to the host's agent is up. */
   linked(hostId: string): boolean;
-  overcommit: Overcommit;
+  placement: PlacementPolicy;
   /** Storage slots every host offers (CANTO_HOST_SLOTS). */
   hostSlots: number;
 }
@@ -100,7 +100,7 @@ export class AdminService {
   }
 
   private async hostsJson(rows: readonly HostRow[], hostId?: string): Promise<AdminHostJson[]> {
-    const { sql, overcommit, hostSlots } = this.deps;
+    const { sql, placement, hostSlots } = this.deps;
     const [load, slots, states] = await Promise.all([committedLoad(sql), slotsUsed(sql, hostId), desktopStatesByHost(sql, hostId)]);
     const candidates = hostCandidates(rows, load, slots, { isConnected: (id) => this.deps.linked(id), hostSlots });
     const drains = await Promise.all(rows.map((h) => drainJson(sql, h)));
@@ -127,8 +127,24 @@ export class AdminService {
         last_heartbeat_at: h.last_seen_at.toISOString(),
         registered_at: h.created_at.toISOString(),
         reported: { vcpus: h.vcpus, memory_mb: h.memory_mb },
-        capacity: { vcpus: c.vcpus * overcommit.cpu, memory_mb: c.memoryMb * overcommit.memory, slots: c.slots },
+        capacity: {
+          vcpus: placement.cpuOvercommit > 0 ? c.vcpus * placement.cpuOvercommit : null,
+          memory_mb: placement.memoryOvercommit > 0 ? c.memoryMb * placement.memoryOvercommit : null,
+          slots: c.slots,
+        },
         used: { vcpus: c.committedVcpus, memory_mb: c.committedMemoryMb, slots: c.slotsUsed },
+        measured: h.measured_at === null ? null : {
+          at: h.measured_at.toISOString(),
+          running_desktops: h.running_desktops ?? 0,
+          memory_available_mb: h.memory_available_mb ?? 0,
+          desktops_memory_mb: h.desktops_memory_mb ?? 0,
+          cpu_busy: h.cpu_busy ?? 0,
+        },
+        memory: {
+          reserve_mb: memoryReserveMb(c, placement),
+          room_mb: Math.max(0, memoryRoomMb(c, placement)),
+          room_desktops: Math.max(0, Math.floor(memoryRoomMb(c, placement) / placement.desktopExpectedMb)),
+        },
         desktops,
         drain: drains[i]!,
       };

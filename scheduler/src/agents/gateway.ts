@@ -308,11 +308,11 @@ export class AgentGateway {
     });
 
     peer.handle('heartbeat', async (raw) => {
-      parseMessage(HeartbeatPayload, raw, 'heartbeat');
+      const beat = parseMessage(HeartbeatPayload, raw, 'heartbeat');
       heard();
       // A quarter interval: the replicas' heartbeats of one beat land together, and one write does,
       // while the record stays within a quarter interval of the last heartbeat for host health.
-      if (hostId && link && this.links.get(hostId) === link) await touchHost(this.deps.sql, hostId, link.ready, this.deps.heartbeatMs / 4);
+      if (hostId && link && this.links.get(hostId) === link) await touchHost(this.deps.sql, hostId, link.ready, this.deps.heartbeatMs / 4, beat);
     });
 
     peer.onClose(() => {

@@ -107,7 +107,7 @@ async function plan(deps: StepDeps, op: OperationRow, d: DesktopRow, p: MovePara
   if (d.state !== 'awake' && d.state !== 'hibernated') throw new StepFailure('conflict', `desktop is ${d.state}; only awake and hibernated desktops move`);
   if (d.host_id !== p.source_host_id) throw new StepFailure('conflict', 'the desktop is no longer on the host it was to move from');
   const target = p.requested_host_id ?? (await chooseTarget(deps, d));
-  if (!target) throw new NoCapacity(noCapacityMessage(d.tier, (await readFleet(deps, [])).hosts.filter((h) => h.id !== d.host_id), 'other host'));
+  if (!target) throw new NoCapacity(noCapacityMessage(d.tier, (await readFleet(deps, [])).hosts.filter((h) => h.id !== d.host_id), deps.placement, 'other host'));
   if (target === p.source_host_id) throw new StepFailure('bad_target', 'the desktop is already on that host');
   if (!deps.agents.speaks(target, 1, 8) || !deps.agents.speaks(p.source_host_id, 1, 8)) {
     deps.placements.release(d.id);
@@ -127,7 +127,7 @@ async function chooseTarget(deps: StepDeps, d: DesktopRow): Promise<string | nul
       const fleet = await readFleet(deps, inFlight);
       return { placed: fleet.placed, hosts: fleet.hosts.filter((h) => h.id !== d.host_id) };
     },
-    (candidates) => selectHost(candidates, d.tier, deps.overcommit),
+    (candidates) => selectHost(candidates, d.tier, deps.placement),
   );
 }
 

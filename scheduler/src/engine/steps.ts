@@ -19,7 +19,8 @@ import type { SecretBox } from '../crypto/secret-box.js';
 import { selectHost } from '../placement/select.js';
 import { hostCandidates } from '../placement/candidates.js';
 import type { FleetView, PlacementReservations } from '../placement/reservations.js';
-import type { HostCandidate } from '../placement/feasible.js';
+import { limitReached, memoryRoomMb, type HostCandidate, type PlacementPolicy } from '../placement/feasible.js';
+import type { Tier } from '../../../shared/src/tiers.js';
 
 export interface StepDeps {
   sql: Sql;
@@ -32,7 +33,7 @@ export interface StepDeps {
   leading(): boolean;
   agentCommandTimeoutMs: number;
   hostWaitMs: number;
-  overcommit: { cpu: number; memory: number };
+  placement: PlacementPolicy;
   hostSlots: number;
   /** Placements chosen but not yet committed, which count against their hosts meanwhile. */
   placements: PlacementReservations;
@@ -61,13 +62,23 @@ export class NoCapacity extends Error {
 }
 
 /** Why nothing has room, in a sentence an API client can act on (no host ids). */
-export function noCapacityMessage(tier: string, hosts: readonly HostCandidate[], what = 'host'): string {
+export function noCapacityMessage(tier: Tier, hosts: readonly HostCandidate[], policy: PlacementPolicy, what = 'host'): string {
   const ready = hosts.filter((h) => h.connected && h.ready);
   const schedulable = ready.filter((h) => !h.cordoned);
   if (schedulable.length === 0) {
     return ready.length === 0 ? `no ${what} is up to take a ${tier} desktop` : `every ${what} that is up is cordoned or draining`;
   }
-  return `no ${what} has room for a ${tier} desktop: ${schedulable.length} schedulable, each at its CPU, memory or storage-slot limit`;
+  const at = { memory: 0, nominal: 0, slots: 0 };
+  for (const h of schedulable) {
+    const limit = limitReached(h, tier, policy);
+    if (limit !== null) at[limit] += 1;
+  }
+  const reasons = [
+    at.memory > 0 ? `${at.memory} short of memory (its measured use and one more desktop would leave less than its ${policy.memoryReservePercent}% reserve free)` : null,
+    at.nominal > 0 ? `${at.nominal} at the nominal CPU or memory cap for running desktops` : null,
+    at.slots > 0 ? `${at.slots} out of storage slots` : null,
+  ].filter((r) => r !== null);
+  return `no ${what} has room for a ${tier} desktop: ${schedulable.length} schedulable, ${reasons.join(', ') || 'each at a limit'}`;
 }
 
 async function settle(tx: Sql, deps: StepDeps, op: OperationRow, result: Record<string, unknown>): Promise<void> {
@@ -121,7 +132,7 @@ async function loadDesktop(deps: StepDeps, id: string): Promise<DesktopRow> {
 export async function provision(deps: StepDeps, desktop: DesktopRow): Promise<string> {
   if (desktop.host_id) return desktop.host_id;
   const hostId = await pickHost(deps, desktop);
-  if (!hostId) throw new NoCapacity(noCapacityMessage(desktop.tier, (await readFleet(deps, [])).hosts));
+  if (!hostId) throw new NoCapacity(noCapacityMessage(desktop.tier, (await readFleet(deps, [])).hosts, deps.placement));
   try {
     await command(deps, hostId, 'desktop.prepare', { desktop_id: desktop.id, generation: desktop.generation, tier: desktop.tier });
     await inTransaction(deps.sql, async (tx) => {
@@ -145,7 +156,7 @@ async function pickHost(deps: StepDeps, desktop: DesktopRow): Promise<string | n
   return deps.placements.choose(
     request,
     (inFlight) => readFleet(deps, inFlight),
-    (candidates) => selectHost(candidates, desktop.tier, deps.overcommit),
+    (candidates) => selectHost(candidates, desktop.tier, deps.placement),
   );
 }
 
@@ -165,10 +176,38 @@ export function readFleet(deps: StepDeps, inFlight: string[]): Promise<FleetView
 }
 
 export async function wake(deps: StepDeps, op: OperationRow): Promise<void> {
-  let d = await loadDesktop(deps, op.desktop_id);
+  const d = await loadDesktop(deps, op.desktop_id);
   if (d.state !== 'waking') throw new StepFailure('conflict', `desktop is ${d.state}, not waking`);
   const hostId = await connectedHost(deps, await provision(deps, d));
-  d = await loadDesktop(deps, op.desktop_id);
+  await admitWake(deps, d, hostId);
+  try {
+    await start(deps, op, hostId);
+  } finally {
+    deps.placements.release(d.id);
+  }
+}
+
+/**
+ * Whether the desktop's host has the memory to wake it now, by its measured use (placement/
+ * feasible.ts `memoryRoomMb`); the admission holds a reservation on the host until the desktop is
+ * awake. Its CPU and memory tier sizes were weighed when it was placed (nominal caps), not here.
+ */
+async function admitWake(deps: StepDeps, d: DesktopRow, hostId: string): Promise<void> {
+  const admitted = await deps.placements.choose(
+    { desktopId: d.id, tier: d.tier, running: true },
+    (inFlight) => readFleet(deps, inFlight),
+    (candidates) => {
+      const host = candidates.find((h) => h.id === hostId);
+      return host !== undefined && memoryRoomMb(host, deps.placement) >= deps.placement.desktopExpectedMb ? hostId : null;
+    },
+  );
+  if (admitted === null) {
+    throw new NoCapacity(`the desktop's host has no memory to wake it now: its measured use and one more desktop would leave less than its ${deps.placement.memoryReservePercent}% reserve free`);
+  }
+}
+
+async function start(deps: StepDeps, op: OperationRow, hostId: string): Promise<void> {
+  const d = await loadDesktop(deps, op.desktop_id);
   const firstBoot = d.first_woken_at
     ? null
     : {

@@ -29,7 +29,9 @@ export function sharedSettings(config: SchedulerConfig): Record<string, string |
     host_down_ms: config.hostDownMs,
     host_failure_grace_ms: config.hostFailureGraceMs,
     host_slots: config.hostSlots,
-    cpu_overcommit: config.cpuOvercommit,
-    memory_overcommit: config.memoryOvercommit,
+    cpu_overcommit: config.placement.cpuOvercommit,
+    memory_overcommit: config.placement.memoryOvercommit,
+    memory_reserve_percent: config.placement.memoryReservePercent,
+    desktop_expected_mb: config.placement.desktopExpectedMb,
   };
 }

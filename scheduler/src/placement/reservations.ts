@@ -8,6 +8,12 @@
  *
  * Only the leader places, so what is in flight lives in its memory; a new leader starts with none
  * in flight, because the old one's unfinished placements are in no database row and are redone.
+ *
+ * A wake is admitted the same way, on the host the desktop is placed on (steps.ts `admitWake`):
+ * its reservation holds from the admission until the desktop is awake, and counts against the
+ * host's measured memory meanwhile. Waking desktops not yet admitted count nowhere, so a burst of
+ * wakes larger than a host's room admits as many as fit and the rest wait for room, instead of
+ * every one of them counting the others and none going ahead.
  */
 import { TIER_SPECS, type Tier } from '../../../shared/src/tiers.js';
 import type { HostCandidate } from './feasible.js';
@@ -66,9 +72,13 @@ export class PlacementReservations {
 
 /** The host as the database shows it plus the reservations on it the database does not show yet. */
 function withHeld(h: HostCandidate, held: ReadonlyArray<PlacementRequest & { hostId: string }>, placed: ReadonlySet<string>): HostCandidate {
-  let { committedVcpus, committedMemoryMb, slotsUsed } = h;
+  let { committedVcpus, committedMemoryMb, committedDesktops, slotsUsed } = h;
   for (const r of held) {
-    if (r.hostId !== h.id || placed.has(r.desktopId)) continue;
+    if (r.hostId !== h.id) continue;
+    // A running desktop weighs on measured memory from its reservation until it is awake (the
+    // database counts a waking desktop there only once it is awake: store/hosts.ts committedLoad).
+    if (r.running) committedDesktops += 1;
+    if (placed.has(r.desktopId)) continue;
     const spec = TIER_SPECS[r.tier];
     slotsUsed += spec.slots;
     if (r.running) {
@@ -76,5 +86,5 @@ function withHeld(h: HostCandidate, held: ReadonlyArray<PlacementRequest & { hos
       committedMemoryMb += spec.memoryMb;
     }
   }
-  return { ...h, committedVcpus, committedMemoryMb, slotsUsed };
+  return { ...h, committedVcpus, committedMemoryMb, committedDesktops, slotsUsed };
 }

@@ -2,6 +2,7 @@
 import type { Sql } from './db.js';
 import { TIER_SPECS } from '../../../shared/src/tiers.js';
 import type { HostRow } from './rows.js';
+import type { HeartbeatPayload } from '../../../shared/src/protocol.js';
 
 export interface HostHello {
   id: string;
@@ -35,6 +36,7 @@ export async function upsertHost(sql: Sql, h: HostHello, readyNow: boolean): Pro
       memory_mb = EXCLUDED.memory_mb, ingress_address = EXCLUDED.ingress_address, transfer_address = EXCLUDED.transfer_address,
       previous_seen_at = CASE WHEN hosts.agent_instance_id <> EXCLUDED.agent_instance_id THEN hosts.last_seen_at ELSE hosts.previous_seen_at END,
       status = CASE WHEN ${readyNow} THEN 'ready' ELSE hosts.status END,
+      measured_at = NULL, running_desktops = NULL, memory_available_mb = NULL, desktops_memory_mb = NULL, cpu_busy = NULL,
       last_seen_at = now()`;
 }
 
@@ -45,11 +47,16 @@ export async function markHostReady(sql: Sql, hostId: string): Promise<void> {
 
 /**
  * A heartbeat heard by this replica. Every replica records them, so one that takes over knows
- * the fleet; a heartbeat another replica recorded within `skipMs` makes this one a read.
+ * the fleet; a heartbeat another replica recorded within `skipMs` makes this one a read (the
+ * measured use it carries is then the one just recorded, within `skipMs`). A heartbeat without a
+ * measure (an agent older than 1.11, or one that has not read it yet) leaves the last one.
  */
-export async function touchHost(sql: Sql, hostId: string, ready: boolean, skipMs: number): Promise<void> {
+export async function touchHost(sql: Sql, hostId: string, ready: boolean, skipMs: number, beat: HeartbeatPayload): Promise<void> {
+  const m = beat.measured;
   await sql`
     UPDATE hosts SET last_seen_at = now(), status = CASE WHEN ${ready} THEN 'ready' ELSE status END
+      ${m === undefined ? sql`` : sql`, measured_at = now(), running_desktops = ${beat.running_desktops}, memory_available_mb = ${m.memory_available_mb},
+        desktops_memory_mb = ${m.desktops_memory_mb}, cpu_busy = ${m.cpu_busy}`}
     WHERE id = ${hostId} AND (last_seen_at < now() - make_interval(secs => ${skipMs / 1000}) OR (${ready} AND status <> 'ready'))`;
 }
 
@@ -65,10 +72,14 @@ export async function listHosts(sql: Sql): Promise<HostRow[]> {
   return sql<HostRow[]>`SELECT * FROM hosts ORDER BY created_at, id`;
 }
 
-/** Resources committed on each host by desktops that are running or about to run. */
-export async function committedLoad(sql: Sql): Promise<Array<{ host_id: string; tier: string; count: number }>> {
-  return sql<Array<{ host_id: string; tier: string; count: number }>>`
-    SELECT host_id, tier, count(*)::int AS count FROM desktops
+/**
+ * Resources committed on each host by desktops that are running or about to run; `started` of
+ * them are awake or hibernating (a waking one counts against measured memory only once its wake
+ * was admitted: placement/reservations.ts).
+ */
+export async function committedLoad(sql: Sql): Promise<Array<{ host_id: string; tier: string; count: number; started: number }>> {
+  return sql<Array<{ host_id: string; tier: string; count: number; started: number }>>`
+    SELECT host_id, tier, count(*)::int AS count, (count(*) FILTER (WHERE state <> 'waking'))::int AS started FROM desktops
     WHERE host_id IS NOT NULL AND state IN ('waking', 'awake', 'hibernating')
     GROUP BY host_id, tier`;
 }

@@ -80,5 +80,11 @@ export interface HostRow {
   drain_parallel: number | null;
   drain_finished_at: Date | null;
   drain_error: string | null;
+  /** The agent's last measured use (protocol 1.11 heartbeats); null until it reports one. */
+  measured_at: Date | null;
+  running_desktops: number | null;
+  memory_available_mb: number | null;
+  desktops_memory_mb: number | null;
+  cpu_busy: number | null;
   created_at: Date;
 }

@@ -368,11 +368,13 @@ export interface operations {
                                 /** @description Its runtime driver (`sandbox`, `fake`, …) */
                                 runtime: string;
                             };
-                            /** @description What placement may commit: reported CPU and memory times their overcommit, and CANTO_HOST_SLOTS */
+                            /** @description Nominal limits placement applies: tier sizes of running desktops within reported capacity times the overcommit, and CANTO_HOST_SLOTS */
                             capacity: {
-                                memory_mb: number;
+                                /** @description Reported memory times CANTO_MEMORY_OVERCOMMIT; null when that is 0 (no nominal cap, the default) */
+                                memory_mb: number | null;
                                 slots: number;
-                                vcpus: number;
+                                /** @description Reported vCPUs times CANTO_CPU_OVERCOMMIT; null when that is 0 (no nominal cap, the default) */
+                                vcpus: number | null;
                             };
                             /** @description A cordoned host gets no new desktops; those on it stay */
                             cordoned: boolean;
@@ -415,6 +417,31 @@ export interface operations {
                             last_heartbeat_at: string;
                             /** @description Whether the agent's link to the replica that answered is up */
                             linked: boolean;
+                            /** @description The host's use as its agent last measured it (heartbeats); null until it reports one (agents before protocol 1.11) */
+                            measured: {
+                                /**
+                                 * Format: date-time
+                                 * @description When it was recorded
+                                 */
+                                at: string;
+                                /** @description Fraction of all cores busy over the last heartbeat interval */
+                                cpu_busy: number;
+                                /** @description Memory charged to the machine's desktop cgroups */
+                                desktops_memory_mb: number;
+                                /** @description The host's available memory (MemAvailable) */
+                                memory_available_mb: number;
+                                /** @description Desktops running on the host */
+                                running_desktops: number;
+                            } | null;
+                            /** @description Placement by measured memory: a host takes a desktop while room_desktops is at least 1 */
+                            memory: {
+                                /** @description Memory placement keeps free: CANTO_MEMORY_RESERVE_PERCENT of the reported memory */
+                                reserve_mb: number;
+                                /** @description How many more desktops placement would admit by memory: room_mb over CANTO_DESKTOP_EXPECTED_MB */
+                                room_desktops: number;
+                                /** @description Memory new desktops may still take: available memory, less CANTO_DESKTOP_EXPECTED_MB for each desktop the measure does not show yet, less the reserve */
+                                room_mb: number;
+                            };
                             /** Format: date-time */
                             registered_at: string;
                             /** @description The capacity the agent reported */
@@ -507,11 +534,13 @@ export interface operations {
                             /** @description Its runtime driver (`sandbox`, `fake`, …) */
                             runtime: string;
                         };
-                        /** @description What placement may commit: reported CPU and memory times their overcommit, and CANTO_HOST_SLOTS */
+                        /** @description Nominal limits placement applies: tier sizes of running desktops within reported capacity times the overcommit, and CANTO_HOST_SLOTS */
                         capacity: {
-                            memory_mb: number;
+                            /** @description Reported memory times CANTO_MEMORY_OVERCOMMIT; null when that is 0 (no nominal cap, the default) */
+                            memory_mb: number | null;
                             slots: number;
-                            vcpus: number;
+                            /** @description Reported vCPUs times CANTO_CPU_OVERCOMMIT; null when that is 0 (no nominal cap, the default) */
+                            vcpus: number | null;
                         };
                         /** @description A cordoned host gets no new desktops; those on it stay */
                         cordoned: boolean;
@@ -554,6 +583,31 @@ export interface operations {
                         last_heartbeat_at: string;
                         /** @description Whether the agent's link to the replica that answered is up */
                         linked: boolean;
+                        /** @description The host's use as its agent last measured it (heartbeats); null until it reports one (agents before protocol 1.11) */
+                        measured: {
+                            /**
+                             * Format: date-time
+                             * @description When it was recorded
+                             */
+                            at: string;
+                            /** @description Fraction of all cores busy over the last heartbeat interval */
+                            cpu_busy: number;
+                            /** @description Memory charged to the machine's desktop cgroups */
+                            desktops_memory_mb: number;
+                            /** @description The host's available memory (MemAvailable) */
+                            memory_available_mb: number;
+                            /** @description Desktops running on the host */
+                            running_desktops: number;
+                        } | null;
+                        /** @description Placement by measured memory: a host takes a desktop while room_desktops is at least 1 */
+                        memory: {
+                            /** @description Memory placement keeps free: CANTO_MEMORY_RESERVE_PERCENT of the reported memory */
+                            reserve_mb: number;
+                            /** @description How many more desktops placement would admit by memory: room_mb over CANTO_DESKTOP_EXPECTED_MB */
+                            room_desktops: number;
+                            /** @description Memory new desktops may still take: available memory, less CANTO_DESKTOP_EXPECTED_MB for each desktop the measure does not show yet, less the reserve */
+                            room_mb: number;
+                        };
                         /** Format: date-time */
                         registered_at: string;
                         /** @description The capacity the agent reported */
@@ -735,11 +789,13 @@ export interface operations {
                             /** @description Its runtime driver (`sandbox`, `fake`, …) */
                             runtime: string;
                         };
-                        /** @description What placement may commit: reported CPU and memory times their overcommit, and CANTO_HOST_SLOTS */
+                        /** @description Nominal limits placement applies: tier sizes of running desktops within reported capacity times the overcommit, and CANTO_HOST_SLOTS */
                         capacity: {
-                            memory_mb: number;
+                            /** @description Reported memory times CANTO_MEMORY_OVERCOMMIT; null when that is 0 (no nominal cap, the default) */
+                            memory_mb: number | null;
                             slots: number;
-                            vcpus: number;
+                            /** @description Reported vCPUs times CANTO_CPU_OVERCOMMIT; null when that is 0 (no nominal cap, the default) */
+                            vcpus: number | null;
                         };
                         /** @description A cordoned host gets no new desktops; those on it stay */
                         cordoned: boolean;
@@ -782,6 +838,31 @@ export interface operations {
                         last_heartbeat_at: string;
                         /** @description Whether the agent's link to the replica that answered is up */
                         linked: boolean;
+                        /** @description The host's use as its agent last measured it (heartbeats); null until it reports one (agents before protocol 1.11) */
+                        measured: {
+                            /**
+                             * Format: date-time
+                             * @description When it was recorded
+                             */
+                            at: string;
+                            /** @description Fraction of all cores busy over the last heartbeat interval */
+                            cpu_busy: number;
+                            /** @description Memory charged to the machine's desktop cgroups */
+                            desktops_memory_mb: number;
+                            /** @description The host's available memory (MemAvailable) */
+                            memory_available_mb: number;
+                            /** @description Desktops running on the host */
+                            running_desktops: number;
+                        } | null;
+                        /** @description Placement by measured memory: a host takes a desktop while room_desktops is at least 1 */
+                        memory: {
+                            /** @description Memory placement keeps free: CANTO_MEMORY_RESERVE_PERCENT of the reported memory */
+                            reserve_mb: number;
+                            /** @description How many more desktops placement would admit by memory: room_mb over CANTO_DESKTOP_EXPECTED_MB */
+                            room_desktops: number;
+                            /** @description Memory new desktops may still take: available memory, less CANTO_DESKTOP_EXPECTED_MB for each desktop the measure does not show yet, less the reserve */
+                            room_mb: number;
+                        };
                         /** Format: date-time */
                         registered_at: string;
                         /** @description The capacity the agent reported */
@@ -889,11 +970,13 @@ export interface operations {
                             /** @description Its runtime driver (`sandbox`, `fake`, …) */
                             runtime: string;
                         };
-                        /** @description What placement may commit: reported CPU and memory times their overcommit, and CANTO_HOST_SLOTS */
+                        /** @description Nominal limits placement applies: tier sizes of running desktops within reported capacity times the overcommit, and CANTO_HOST_SLOTS */
                         capacity: {
-                            memory_mb: number;
+                            /** @description Reported memory times CANTO_MEMORY_OVERCOMMIT; null when that is 0 (no nominal cap, the default) */
+                            memory_mb: number | null;
                             slots: number;
-                            vcpus: number;
+                            /** @description Reported vCPUs times CANTO_CPU_OVERCOMMIT; null when that is 0 (no nominal cap, the default) */
+                            vcpus: number | null;
                         };
                         /** @description A cordoned host gets no new desktops; those on it stay */
                         cordoned: boolean;
@@ -936,6 +1019,31 @@ export interface operations {
                         last_heartbeat_at: string;
                         /** @description Whether the agent's link to the replica that answered is up */
                         linked: boolean;
+                        /** @description The host's use as its agent last measured it (heartbeats); null until it reports one (agents before protocol 1.11) */
+                        measured: {
+                            /**
+                             * Format: date-time
+                             * @description When it was recorded
+                             */
+                            at: string;
+                            /** @description Fraction of all cores busy over the last heartbeat interval */
+                            cpu_busy: number;
+                            /** @description Memory charged to the machine's desktop cgroups */
+                            desktops_memory_mb: number;
+                            /** @description The host's available memory (MemAvailable) */
+                            memory_available_mb: number;
+                            /** @description Desktops running on the host */
+                            running_desktops: number;
+                        } | null;
+                        /** @description Placement by measured memory: a host takes a desktop while room_desktops is at least 1 */
+                        memory: {
+                            /** @description Memory placement keeps free: CANTO_MEMORY_RESERVE_PERCENT of the reported memory */
+                            reserve_mb: number;
+                            /** @description How many more desktops placement would admit by memory: room_mb over CANTO_DESKTOP_EXPECTED_MB */
+                            room_desktops: number;
+                            /** @description Memory new desktops may still take: available memory, less CANTO_DESKTOP_EXPECTED_MB for each desktop the measure does not show yet, less the reserve */
+                            room_mb: number;
+                        };
                         /** Format: date-time */
                         registered_at: string;
                         /** @description The capacity the agent reported */
@@ -1049,11 +1157,13 @@ export interface operations {
                             /** @description Its runtime driver (`sandbox`, `fake`, …) */
                             runtime: string;
                         };
-                        /** @description What placement may commit: reported CPU and memory times their overcommit, and CANTO_HOST_SLOTS */
+                        /** @description Nominal limits placement applies: tier sizes of running desktops within reported capacity times the overcommit, and CANTO_HOST_SLOTS */
                         capacity: {
-                            memory_mb: number;
+                            /** @description Reported memory times CANTO_MEMORY_OVERCOMMIT; null when that is 0 (no nominal cap, the default) */
+                            memory_mb: number | null;
                             slots: number;
-                            vcpus: number;
+                            /** @description Reported vCPUs times CANTO_CPU_OVERCOMMIT; null when that is 0 (no nominal cap, the default) */
+                            vcpus: number | null;
                         };
                         /** @description A cordoned host gets no new desktops; those on it stay */
                         cordoned: boolean;
@@ -1096,6 +1206,31 @@ export interface operations {
                         last_heartbeat_at: string;
                         /** @description Whether the agent's link to the replica that answered is up */
                         linked: boolean;
+                        /** @description The host's use as its agent last measured it (heartbeats); null until it reports one (agents before protocol 1.11) */
+                        measured: {
+                            /**
+                             * Format: date-time
+                             * @description When it was recorded
+                             */
+                            at: string;
+                            /** @description Fraction of all cores busy over the last heartbeat interval */
+                            cpu_busy: number;
+                            /** @description Memory charged to the machine's desktop cgroups */
+                            desktops_memory_mb: number;
+                            /** @description The host's available memory (MemAvailable) */
+                            memory_available_mb: number;
+                            /** @description Desktops running on the host */
+                            running_desktops: number;
+                        } | null;
+                        /** @description Placement by measured memory: a host takes a desktop while room_desktops is at least 1 */
+                        memory: {
+                            /** @description Memory placement keeps free: CANTO_MEMORY_RESERVE_PERCENT of the reported memory */
+                            reserve_mb: number;
+                            /** @description How many more desktops placement would admit by memory: room_mb over CANTO_DESKTOP_EXPECTED_MB */
+                            room_desktops: number;
+                            /** @description Memory new desktops may still take: available memory, less CANTO_DESKTOP_EXPECTED_MB for each desktop the measure does not show yet, less the reserve */
+                            room_mb: number;
+                        };
                         /** Format: date-time */
                         registered_at: string;
                         /** @description The capacity the agent reported */

@@ -19,6 +19,7 @@ import type { Tier } from '../../../../shared/src/tiers.js';
 import type { InputAction } from '../../../../shared/src/computer-use.js';
 import type {
   DesktopStatus,
+  DesktopUsage,
   DetachedSpec,
   CursorPosition,
   DirListing,
@@ -51,7 +52,8 @@ import { GuestPorts } from './ports/guest-ports.js';
 import { GuestOperations } from './guest/guest-ops.js';
 import { KeyedMutex } from './host/keyed-mutex.js';
 import { SandboxTransfer } from './host/sandbox-transfer.js';
-import { desktopPaths } from './host/layout.js';
+import { desktopPaths, desktopsDir } from './host/layout.js';
+import { desktopUsage } from './host/cgroups.js';
 import { runningInit, SandboxLifecycle } from './sandbox-lifecycle.js';
 
 export interface SandboxDriverOptions {
@@ -207,6 +209,14 @@ export class SandboxDriver implements RuntimeDriver {
 
   list(): Promise<DesktopStatus[]> {
     return this.lifecycle.list();
+  }
+
+  status(desktopId: string): Promise<DesktopStatus | null> {
+    return this.lifecycle.status(desktopId);
+  }
+
+  usage(): Promise<DesktopUsage> {
+    return desktopUsage(desktopsDir(this.stateDir));
   }
 
   async close(): Promise<void> {

@@ -71,7 +71,7 @@ export interface LifecycleParts {
   readonly log: (msg: string, fields?: object) => void;
 }
 
-export class SandboxLifecycle implements Omit<DesktopLifecycle, 'close'> {
+export class SandboxLifecycle implements Omit<DesktopLifecycle, 'close' | 'usage'> {
   private readonly stateDir: string;
   private readonly criu: CriuInfo | null;
   private readonly tools: { readonly bwrap: string; readonly nsenter: string };
@@ -261,15 +261,16 @@ export class SandboxLifecycle implements Omit<DesktopLifecycle, 'close'> {
       } catch {
         continue;
       }
-      const paths = desktopPaths(this.stateDir, desktopId);
-      if (!(await hasDisk(paths))) continue;
-      out.push({
-        desktopId,
-        running: (await runningInit(paths)) !== null,
-        hasSnapshot: await exists(paths.snapshot),
-      });
+      const status = await this.status(desktopId);
+      if (status !== null) out.push(status);
     }
     return out;
+  }
+
+  async status(desktopId: string): Promise<DesktopStatus | null> {
+    const paths = desktopPaths(this.stateDir, desktopId);
+    if (!(await hasDisk(paths))) return null;
+    return { desktopId, running: (await runningInit(paths)) !== null, hasSnapshot: await exists(paths.snapshot) };
   }
 
   /* ---------------------------------------------------------------- internals */

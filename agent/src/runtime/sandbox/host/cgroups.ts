@@ -5,7 +5,7 @@
  * for warm servers and exec's relay too), so every process of a desktop — bwrap, CRIU's restored tree, exec'd commands — is
  * inside the groups from its first instruction and no fork can race past the limits.
  */
-import { mkdir, readFile, rmdir, writeFile } from 'node:fs/promises';
+import { mkdir, readdir, readFile, rmdir, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { TIER_SPECS, type Tier } from '../../../../../shared/src/tiers.js';
 import { AgentFailure } from '../../../../../shared/src/protocol.js';
@@ -31,6 +31,23 @@ export function cgroupDirs(desktopId: string): string[] {
 export function joinArgv(desktopId: string): string[] {
   const dirs = cgroupDirs(desktopId);
   return ['-c', guestFile('cgroup-join.sh'), 'canto-join', String(dirs.length), ...dirs];
+}
+
+/**
+ * The running desktops among those under `desktopsDir`, and the memory of every desktop on the
+ * machine, in three reads whatever their number: a desktop runs while its groups exist (made by
+ * `applyTier` at start, removed once its processes are gone), and the parent `canto` memory group
+ * is charged for all of its children (cgroup v1 memory is hierarchical on this kernel). The
+ * memory is the machine's: several agents on one machine (tests) each report the same total.
+ */
+export async function desktopUsage(desktopsDir: string): Promise<{ running: number; memoryBytes: number }> {
+  const [held, groups, usage] = await Promise.all([
+    readdir(desktopsDir).catch(() => [] as string[]),
+    readdir(join(CGROUP_ROOT, 'pids', 'canto')).catch(() => [] as string[]),
+    readFile(join(CGROUP_ROOT, 'memory', 'canto', 'memory.usage_in_bytes'), 'utf8').catch(() => '0'),
+  ]);
+  const running = new Set(groups);
+  return { running: held.filter((id) => running.has(id)).length, memoryBytes: Number(usage.trim()) || 0 };
 }
 
 /** Creates the groups (idempotent) and writes the tier's limits. */
