@@ -6,7 +6,8 @@
  * guest would. Every case ends comparing the target's tree with the source's at the stop:
  * content, modes, owners, mtimes (directories too), xattrs, holes, hard links.
  */
-import { execFileSync } from 'node:child_process';
+import { execFileSync, spawn } from 'node:child_process';
+import { once } from 'node:events';
 import { createHash } from 'node:crypto';
 import { appendFileSync, existsSync, chmodSync, chownSync, linkSync, mkdirSync, mkdtempSync, renameSync, rmSync, truncateSync, unlinkSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
@@ -15,6 +16,7 @@ import { afterEach, describe, expect, it } from 'vitest';
 import { GenerationStore } from '../../agent/src/generations.js';
 import type { RuntimeDriver } from '../../agent/src/runtime/driver.js';
 import { KeyedMutex } from '../../agent/src/runtime/sandbox/host/keyed-mutex.js';
+import { scanCold, sharedWritableMaps } from '../../agent/src/runtime/sandbox/host/precopy-files.js';
 import { SandboxTransfer } from '../../agent/src/runtime/sandbox/host/sandbox-transfer.js';
 import { DesktopMoves } from '../../agent/src/transfer/moves.js';
 import { TransferServer } from '../../agent/src/transfer/server.js';
@@ -24,6 +26,11 @@ import type { TransferUnit } from '../../shared/src/transfer.js';
 import { until } from '../helpers/wait.js';
 
 const isRoot = process.getuid?.() === 0;
+/** Maps the file named shared and writable, says so, and holds the mapping until stdin closes. */
+const MAPPER = `
+import mmap, sys
+f = open(sys.argv[1], 'r+b'); m = mmap.mmap(f.fileno(), 0, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+print('mapped', flush=True); sys.stdin.read()`;
 const D = 'dsk_aaaaaaaaaaaaaaaaaaaaaaaa';
 const KIB = 1024;
 
@@ -190,7 +197,27 @@ describe.skipIf(!isRoot)('pre-copy of a desktop being moved, on real files', () 
     expect(after['root/linked.bin']!.links).toBe(2);
   });
 
-  it('copies whole when the source restarted (its manifest is gone) or the target lost a pre-copied file', async () => {
+  it('pre-copies from the writable layer of an overlay, keeping whiteouts and opaque directories', async () => {
+    const [s, t] = [await host(), await host()];
+    const layer = 'lyr_aaaaaaaaaaaaaaaaaaaaaaaa';
+    mkdirSync(join(s.dir, 'layers', layer, 'root', 'gone'), { recursive: true });
+    writeFileSync(join(s.dir, 'layers', layer, 'root', 'deleted.bin'), bytes(1, 100 * KIB));
+    mkdirSync(join(desktopDir(s), 'upper', 'root', 'gone'), { recursive: true });
+    writeFileSync(join(desktopDir(s), '.ready'), '');
+    writeFileSync(join(desktopDir(s), 'layers.json'), JSON.stringify({ lower: [layer] }));
+    writeFileSync(join(desktopDir(s), 'upper', 'root', 'new.bin'), bytes(2, 300 * KIB));
+    writeFileSync(join(desktopDir(s), 'upper', 'root', 'gone', 'inside.bin'), bytes(3, 300 * KIB));
+    // overlayfs marks: a deleted lower file, and a directory that hides the lower one's contents.
+    execFileSync('mknod', [join(desktopDir(s), 'upper', 'root', 'deleted.bin'), 'c', '0', '0']);
+    execFileSync('python3', ['-c', `import os; os.setxattr(${JSON.stringify(join(desktopDir(s), 'upper', 'root', 'gone'))}, 'trusted.overlay.opaque', b'y')`]);
+    const pc = await precopy(s, t, 2);
+    const { unit } = await copyAfterStop(s, t, pc.precopy_id);
+    expect(unit.reuse?.paths.sort()).toEqual(['upper/root/gone/inside.bin', 'upper/root/new.bin']);
+    expect(tree(join(t.dir, 'desktops', D, 'upper'))).toEqual(tree(join(desktopDir(s), 'upper')));
+    expect(tree(join(t.dir, 'layers', layer))).toEqual(tree(join(s.dir, 'layers', layer)));
+  });
+
+  it('copies whole when the source restarted: its list of pre-copied files is gone', async () => {
     const [s, t] = [await host(), await host()];
     desktopOn(s);
     const pc = await precopy(s, t, 4);
@@ -215,6 +242,25 @@ describe.skipIf(!isRoot)('pre-copy of a desktop being moved, on real files', () 
     const again = await t.moves.importDesktop(spec);
     expect(again.fetched_bytes).toBeGreaterThan(1200 * KIB);
     expectSameTree(s, t);
+  });
+
+  it('leaves out a file a process maps shared and writable', async () => {
+    const s = await host();
+    desktopOn(s);
+    const mapper = spawn('python3', ['-c', MAPPER, disk(s, 'root', 'docs', 'f0.bin')], { stdio: ['pipe', 'pipe', 'inherit'] });
+    try {
+      await until(() => mapper.stdout.read() !== null, 10_000, 'the mapping');
+      const mapped = await sharedWritableMaps([mapper.pid!]);
+      const later = { coldMs: 0, minBytes: 64 * KIB, now: Date.now() + 1000 };
+      const picked = (await scanCold(desktopDir(s), ['disk'], { ...later, mapped })).map((e) => e.path);
+      expect(picked).toEqual([1, 2, 3].map((i) => `disk/root/docs/f${i}.bin`));
+      // Without the mapping it would have been picked.
+      const unmapped = await scanCold(desktopDir(s), ['disk'], { ...later, mapped: { inodes: new Set(), paths: new Set() } });
+      expect(unmapped).toHaveLength(4);
+    } finally {
+      mapper.stdin.end();
+      await once(mapper, 'exit');
+    }
   });
 
   it('drops the pre-copy with the staging when the move is rolled back', async () => {

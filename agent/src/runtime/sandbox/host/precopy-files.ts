@@ -27,8 +27,8 @@ export interface ScanOptions {
   readonly coldMs: number;
   /** Files smaller than this are left to the stop. */
   readonly minBytes: number;
-  /** Inode numbers some process of the desktop maps shared and writable. */
-  readonly mappedInodes: ReadonlySet<string>;
+  /** What some process of the desktop maps shared and writable (`sharedWritableMaps`). */
+  readonly mapped: SharedWritableMaps;
   /** Wall clock in ms (tests move it). */
   readonly now?: number;
 }
@@ -60,7 +60,7 @@ export async function scanCold(dir: string, roots: readonly string[], options: S
         continue;
       }
       if (!st.isFile() || st.nlink !== 1n || st.size < BigInt(options.minBytes) || st.ctimeNs >= coldBefore) continue;
-      if (/[\n\\]/.test(path) || options.mappedInodes.has(String(st.ino))) continue;
+      if (/[\n\\]/.test(path) || options.mapped.inodes.has(String(st.ino)) || options.mapped.paths.has(guestPath(path))) continue;
       found.push({ path, identity: identityOf(st) });
     }
   };
@@ -78,18 +78,36 @@ export async function identify(dir: string, paths: readonly string[]): Promise<A
   );
 }
 
-/** Inode numbers mapped shared and writable by any of `pids` (from `/proc/<pid>/maps`). */
-export async function sharedWritableInodes(pids: readonly number[]): Promise<Set<string>> {
+export interface SharedWritableMaps {
+  /** Inode numbers as the processes see them. */
+  readonly inodes: ReadonlySet<string>;
+  /** Paths as the guest sees them (`/root/…`). */
+  readonly paths: ReadonlySet<string>;
+}
+
+/**
+ * What `pids` map shared and writable (from `/proc/<pid>/maps`), by inode and by path: through an
+ * overlay a copied-up file may show its lower file's inode number, so the path is checked too.
+ */
+export async function sharedWritableMaps(pids: readonly number[]): Promise<SharedWritableMaps> {
   const inodes = new Set<string>();
+  const paths = new Set<string>();
   for (const pid of pids) {
     const maps = await readFile(`/proc/${pid}/maps`, 'utf8').catch(() => '');
     for (const line of maps.split('\n')) {
       // address perms offset dev inode [path]; perms like "rw-s"
-      const [, perms, , , inode] = line.split(/\s+/, 5);
-      if (perms !== undefined && perms[1] === 'w' && perms[3] === 's' && inode !== undefined && inode !== '0') inodes.add(inode);
+      const m = /^\S+\s+(\S{4})\s+\S+\s+\S+\s+(\d+)\s*(.*)$/.exec(line);
+      if (m === null || m[1]![1] !== 'w' || m[1]![3] !== 's' || m[2] === '0') continue;
+      inodes.add(m[2]!);
+      if (m[3]!.startsWith('/')) paths.add(m[3]!.replace(/ \(deleted\)$/, ''));
     }
   }
-  return inodes;
+  return { inodes, paths };
+}
+
+/** Where the guest sees a member of its writable layer: `disk/root/x` and `upper/root/x` are `/root/x`. */
+function guestPath(member: string): string {
+  return member.slice(member.indexOf('/'));
 }
 
 /**

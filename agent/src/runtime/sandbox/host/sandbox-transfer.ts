@@ -34,7 +34,7 @@ import type { KeyedMutex } from './keyed-mutex.js';
 import { collectLayers, layersDir, readChain, recoverFreeze, releaseDisk, stagedChainFile, withLayerStore } from './layers.js';
 import { assertDesktopId, desktopPaths, desktopsDir, exists, hasDisk, readJson, removeTree, type DesktopPaths } from './layout.js';
 import { cgroupPids } from './cgroups.js';
-import { identify, linkPrecopied, scanCold, sharedWritableInodes } from './precopy-files.js';
+import { identify, linkPrecopied, scanCold, sharedWritableMaps } from './precopy-files.js';
 import { fileListStream, tarSize, tarStream, untar } from './unit-tar.js';
 
 /** A pre-copy picks files whose ctime is at least this old (precopy-files.ts: clock ticks). */
@@ -134,8 +134,8 @@ export class SandboxTransfer implements DesktopTransfer {
       if (!(await hasDisk(paths))) throw new AgentFailure('not_found', `no disk for ${desktopId} on this host`, false);
       // The writable layer as the unit names it: `upper/` under an overlay (never the mounted `disk/`).
       const roots = (await exists(join(paths.dir, 'layers.json'))) ? ['upper'] : ['disk'];
-      const mappedInodes = await sharedWritableInodes(await cgroupPids(desktopId));
-      return scanCold(paths.dir, roots, { coldMs: PRECOPY_COLD_MS, minBytes: PRECOPY_MIN_BYTES, mappedInodes });
+      const mapped = await sharedWritableMaps(await cgroupPids(desktopId));
+      return scanCold(paths.dir, roots, { coldMs: PRECOPY_COLD_MS, minBytes: PRECOPY_MIN_BYTES, mapped });
     },
     read: (desktopId, files) => fileListStream(desktopPaths(this.stateDir, desktopId).dir, files),
     identify: (desktopId, files) => identify(desktopPaths(this.stateDir, desktopId).dir, files),
