@@ -33,8 +33,9 @@ export interface ScanOptions {
   readonly now?: number;
 }
 
-/** Bounds a scan: a desktop with millions of files is copied at its stop as before. */
+/** Bound a scan: past them, the rest of a desktop with millions of files is copied at its stop as before. */
 const MAX_ENTRIES = 100_000;
+const MAX_VISITED = 1_000_000;
 
 /**
  * The cold files worth sending ahead under `roots` (directories relative to `dir`: the writable
@@ -43,6 +44,7 @@ const MAX_ENTRIES = 100_000;
 export async function scanCold(dir: string, roots: readonly string[], options: ScanOptions): Promise<PrecopyEntry[]> {
   const coldBefore = BigInt(Math.floor((options.now ?? Date.now()) - options.coldMs)) * 1_000_000n;
   const found: PrecopyEntry[] = [];
+  let visited = 0;
   const walk = async (rel: string): Promise<void> => {
     let names: string[];
     try {
@@ -51,7 +53,7 @@ export async function scanCold(dir: string, roots: readonly string[], options: S
       return; // gone meanwhile, or not readable: nothing of it is picked
     }
     for (const name of names.sort(byteOrder)) {
-      if (found.length >= MAX_ENTRIES) return;
+      if (found.length >= MAX_ENTRIES || ++visited > MAX_VISITED) return;
       const path = `${rel}/${name}`;
       const st = await lstat(join(dir, path), { bigint: true }).catch(() => null);
       if (st === null) continue;
