@@ -13,7 +13,7 @@ import { WithDownload } from '../../shared/src/byte-stream.js';
 import { EXEC_MAX_OUTPUT_BYTES } from '../../shared/src/guest-commands.js';
 import type { FenceKind, GenerationStore } from './generations.js';
 import type { RuntimeDriver } from './runtime/driver.js';
-import type { DesktopMoves } from './transfer/moves.js';
+import type { DesktopMoves, MoveCommand } from './transfer/moves.js';
 import type { StreamClaim } from '../../shared/src/computer-use.js';
 import type { RequestContext } from '../../shared/src/rpc.js';
 import type { TerminalSpec } from './runtime/driver.js';
@@ -67,7 +67,7 @@ const refuse = (code: AgentFailure['code'], message: string) => Promise.reject(n
 
 export function commandTable(k: CommandKit): CommandTable {
   const { driver, generations, moves } = k;
-  const move = (type: 'desktop.export' | 'desktop.import' | 'desktop.import.abort') =>
+  const move = (type: MoveCommand) =>
     (p: CommandPayload<typeof type>, context: CommandContext) =>
       moves.command(type, p, { lifecycle: (cmd, work) => k.lifecycle(type, cmd, 'command', work), current: (cmd) => k.current(cmd), notify: context.notify }) as Promise<never>;
   return {
@@ -117,6 +117,8 @@ export function commandTable(k: CommandKit): CommandTable {
     'desktop.export': move('desktop.export'),
     'desktop.import': move('desktop.import'),
     'desktop.import.abort': move('desktop.import.abort'),
+    'desktop.precopy.export': move('desktop.precopy.export'),
+    'desktop.precopy.import': move('desktop.precopy.import'),
     'guest.exec': (p) =>
       k.exclusive('guest.exec', p, async () => {
         const out = await driver.exec(p.desktop_id, {

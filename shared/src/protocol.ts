@@ -37,6 +37,9 @@
  *         hash, the hash coming as each fetch's trailer (shared/src/transfer.ts).
  *   1.11 — heartbeat `measured`: what the host uses now (available memory, memory of its desktops'
  *         cgroups, CPU busy), for placement by measured use (scheduler/src/placement/).
+ *   1.12 — desktop.precopy.export, desktop.precopy.import: an awake desktop's cold files copied
+ *         to the target before it stops (shared/src/precopy.ts); the transfer server's
+ *         `precopy` route and `?reuse=`, and a listed unit's `reuse`.
  *
  * Every desktop command carries the desktop's `generation`. The agent remembers the highest
  * generation it has seen per desktop and refuses an older one with `stale_generation`: after a
@@ -47,6 +50,7 @@ import { Type, type Static, type TSchema } from '@sinclair/typebox';
 import { TypeCompiler } from '@sinclair/typebox/compiler';
 import { DesktopRef } from './desktop-ref.js';
 import { ExportPayload, ExportResult, ImportAbortPayload, ImportAbortResult, ImportPayload, ImportResult } from './transfer.js';
+import { PrecopyExportPayload, PrecopyExportResult, PrecopyImportPayload, PrecopyImportResult } from './precopy.js';
 import { TierSchema } from './tiers.js';
 import {
   DirListPayload, DirListResult, DisplayGetPayload, DisplayResult, DisplaySetPayload, ExecPayload, ExecResult,
@@ -55,7 +59,7 @@ import {
   ScreenshotResult, SpawnPayload, SpawnResult, StreamGrantPayload, StreamGrantResult, TerminalGrantPayload, TerminalGrantResult,
 } from './guest-commands.js';
 
-export const PROTOCOL_VERSION = '1.11';
+export const PROTOCOL_VERSION = '1.12';
 export const WIRE_VERSION = 1;
 
 /** True when `version` is `major.minor` or later (a version that does not parse is not). */
@@ -270,6 +274,8 @@ export const AGENT_COMMANDS = {
   'desktop.export': { payload: ExportPayload, result: ExportResult },
   'desktop.import': { payload: ImportPayload, result: ImportResult },
   'desktop.import.abort': { payload: ImportAbortPayload, result: ImportAbortResult },
+  'desktop.precopy.export': { payload: PrecopyExportPayload, result: PrecopyExportResult },
+  'desktop.precopy.import': { payload: PrecopyImportPayload, result: PrecopyImportResult },
 } as const;
 
 export type AgentCommand = keyof typeof AGENT_COMMANDS;

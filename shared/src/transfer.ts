@@ -26,6 +26,7 @@
  */
 import { Type, type Static } from '@sinclair/typebox';
 import { DesktopRef } from './desktop-ref.js';
+import { UnitReuse } from './precopy.js';
 import { TierSchema } from './tiers.js';
 
 const LeaderEpoch = { leader_epoch: Type.Optional(Type.Integer({ minimum: 0 })) };
@@ -47,6 +48,8 @@ export const TransferUnit = Type.Object({
    * bytes, so an importer may keep what it fetched of a unit while its version stays.
    */
   version: Type.Optional(Type.String({ minLength: 1, maxLength: 200 })),
+  /** The files of a pre-copy this unit leaves out (1.12, shared/src/precopy.ts). */
+  reuse: Type.Optional(UnitReuse),
 });
 export type TransferUnit = Static<typeof TransferUnit>;
 

@@ -61,6 +61,7 @@ export async function benchDrain(options: DrainBenchOptions): Promise<void> {
     const moveDowntime: number[] = [];
     const restartDowntime: number[] = [];
     const phases: Array<Record<string, number>> = [];
+    const bytes: Array<Record<string, number>> = [];
     for (let i = 0; i < runs; i++) {
       const id = await client.awakeDesktop();
       // 100 MiB in files of 8 MiB, the API's largest single write.
@@ -72,7 +73,9 @@ export async function benchDrain(options: DrainBenchOptions): Promise<void> {
       }));
       moveDowntime.push(await readGap(client, id, async () => {
         const op = (await client.admin('POST', `/admin/v1/desktops/${id}/move`, {})) as { id: string };
-        phases.push((await client.settled(op.id)).phase_ms ?? {});
+        const result = await client.settled(op.id);
+        phases.push(result.phase_ms ?? {});
+        bytes.push({ total: result.total_bytes ?? 0, 'fetched after the stop': result.fetched_bytes ?? 0, 'pre-copied': result.precopied_bytes ?? 0 });
       }));
       await client.api('POST', `/v1/desktops/${id}/destroy?wait=true`);
     }
@@ -106,6 +109,8 @@ export async function benchDrain(options: DrainBenchOptions): Promise<void> {
     // Where a move's time goes, by the phase each step reaches (scheduler/src/engine/move.ts).
     const names = [...new Set(phases.flatMap((p) => Object.keys(p)))];
     console.log(`move phases, median ms: ${names.map((n) => `${n} ${median(phases.map((p) => p[n] ?? 0)).toFixed(0)}`).join(', ')}`);
+    // With a pre-copy (protocol 1.11) most of the written files go before the stop.
+    console.log(`move bytes, median MiB: ${Object.keys(bytes[0] ?? {}).map((k) => `${k} ${(median(bytes.map((b) => b[k]!)) / MIB).toFixed(1)}`).join(', ')}`);
   } finally {
     for (const child of children.reverse()) await child.kill('SIGTERM').catch(() => undefined);
   }
@@ -197,10 +202,11 @@ class Client {
   }
 
   /** Waits for the move to settle; answers its result (phase_ms: where its time went). */
-  async settled(operationId: string): Promise<{ phase_ms?: Record<string, number> }> {
+  async settled(operationId: string): Promise<{ phase_ms?: Record<string, number>; total_bytes?: number; fetched_bytes?: number; precopied_bytes?: number }> {
     const op = await until(async () => {
       const o = (await this.admin('GET', `/admin/v1/operations/${operationId}`)) as {
-        state: string; error: { message: string } | null; result: { phase_ms?: Record<string, number> } | null;
+        state: string; error: { message: string } | null;
+        result: { phase_ms?: Record<string, number>; total_bytes?: number; fetched_bytes?: number; precopied_bytes?: number } | null;
       };
       return o.state === 'succeeded' || o.state === 'failed' ? o : null;
     }, 120_000, 'the move');

@@ -2,7 +2,9 @@
  * How the scheduler asks for a move's listing (engine/move.ts, protocol 1.10): between agents that
  * both speak 1.10 the source lists its units by size and reads each once, for the copy; when
  * either agent is older, the listing is hashed, which reads every unit once more before the
- * first byte moves (the older agent would not know a listing without hashes).
+ * first byte moves (the older agent would not know a listing without hashes). Between agents
+ * that both speak 1.12 an awake desktop is pre-copied first (shared/src/precopy.ts); with an
+ * older agent on either side, it is not.
  */
 import { afterAll, beforeAll, expect, it } from 'vitest';
 import { adminApi, api, mintKey, startTestScheduler, TEST_ADMIN_TOKEN, until, type TestScheduler } from '../helpers/scheduler.js';
@@ -24,7 +26,7 @@ afterAll(async () => {
  * Moves a new desktop from one agent to the other and answers how often the source's transfer
  * read and counted units. Agents of our own driver (delayMs), so the test can watch the transfer.
  */
-async function moveBetween(protocols: [string | undefined, string | undefined]): Promise<{ reads: number; sizes: number }> {
+async function moveBetween(protocols: [string | undefined, string | undefined]): Promise<{ reads: number; sizes: number; precopies: number }> {
   for (const agent of agents.splice(0)) await agent.stop();
   for (const protocol of protocols) agents.push(await startFakeAgent(s.url, { delayMs: 0, protocol }));
   const call = api(s.url, await mintKey(s.databaseUrl, 'listing'));
@@ -38,7 +40,13 @@ async function moveBetween(protocols: [string | undefined, string | undefined]):
   const hostId = (await call('GET', `/v1/desktops/${id}`)).json.host_id as string;
   const source = agents.find((a) => a.hostId === hostId)!;
   const transfer = source.driver!.transfer!;
-  const seen = { reads: 0, sizes: 0 };
+  const seen = { reads: 0, sizes: 0, precopies: 0 };
+  // The fake runtime has no pre-copy of its own: one that picks no file, counting its scans.
+  const scan = async () => {
+    seen.precopies++;
+    return [];
+  };
+  Object.assign(transfer, { precopy: { scan } });
   const read = transfer.read.bind(transfer);
   const size = transfer.size!.bind(transfer);
   transfer.read = (desktopId, unitId) => {
@@ -58,16 +66,23 @@ async function moveBetween(protocols: [string | undefined, string | undefined]):
   }, 20_000, 'the move to settle');
   expect(op.state, JSON.stringify(op.error)).toBe('succeeded');
   expect((await call('GET', `/v1/desktops/${id}`)).json.host_id).not.toBe(hostId);
+  // The phase shows for operators (and the bench) exactly when a pre-copy ran.
+  expect(op.result.phase_ms.precopied !== undefined).toBe(seen.precopies > 0);
   return seen;
 }
 
 it('lists units by size between agents of 1.10, so the source reads the desktop once', async () => {
   // One unit (the fake desktop): counted once, read once for the copy, never hashed beforehand.
-  expect(await moveBetween([undefined, undefined])).toEqual({ reads: 1, sizes: 1 });
+  expect(await moveBetween([undefined, undefined])).toEqual({ reads: 1, sizes: 1, precopies: 1 });
 });
 
 it('lists units with their hashes when either agent is older than 1.10', async () => {
   // Read once to hash it for the listing, once more for the copy; never counted alone.
-  expect(await moveBetween(['1.9', undefined])).toEqual({ reads: 2, sizes: 0 });
-  expect(await moveBetween([undefined, '1.9'])).toEqual({ reads: 2, sizes: 0 });
+  expect(await moveBetween(['1.9', undefined])).toEqual({ reads: 2, sizes: 0, precopies: 0 });
+  expect(await moveBetween([undefined, '1.9'])).toEqual({ reads: 2, sizes: 0, precopies: 0 });
+});
+
+it('pre-copies an awake desktop only when both agents speak 1.12', async () => {
+  expect((await moveBetween(['1.11', undefined])).precopies).toBe(0);
+  expect((await moveBetween([undefined, '1.11'])).precopies).toBe(0);
 });

@@ -12,6 +12,11 @@
  * Target: `unpack` each fetched unit into the staging directory, then `install` them all at once.
  * An installed copy carries an import record until it first starts (`started`); only such a copy
  * is removed by `discard`, so a rollback can never delete a desktop that ran here.
+ *
+ * Pre-copy (1.12), optional as `precopy`: while the desktop still runs, the source picks cold
+ * files of its writable layer and streams them; the target unpacks them into staging. At the
+ * stop the `desktop` unit is read without those still unchanged (`read`'s `leaveOut`), and the
+ * target's `unpack` puts the pre-copied ones in place first (`reuse`).
  */
 import type { Readable, Writable } from 'node:stream';
 import type { Tier } from '../../../shared/src/tiers.js';
@@ -75,21 +80,28 @@ export interface DesktopTransfer {
    * when it is not here, `conflict` when it runs.
    */
   units(desktopId: string): Promise<string[]>;
-  /** A fresh stream of the unit from its first byte. */
-  read(desktopId: string, unitId: string): Promise<UnitStream>;
+  /**
+   * A fresh stream of the unit from its first byte; of the `desktop` unit, less the files named
+   * in `leaveOut` (member names from `precopy.scan`).
+   */
+  read(desktopId: string, unitId: string, leaveOut?: readonly string[]): Promise<UnitStream>;
   /**
    * The exact length of `read`'s stream, found without reading the unit's data; absent when the
    * driver cannot (the source then lists by hashing, one full pass).
    */
-  size?(desktopId: string, unitId: string): Promise<number>;
+  size?(desktopId: string, unitId: string, leaveOut?: readonly string[]): Promise<number>;
   /** True when this host already holds the unit (a layer; never `desktop`). */
   holds(unitId: string): Promise<boolean>;
   /** Where an import of the desktop keeps its files, on the same filesystem as the installed ones. */
   stagingDir(desktopId: string): string;
   /** Layers a unpacked `desktop` unit in staging stands on, topmost first (none for a plain disk). */
   stagedChain(desktopId: string): Promise<string[]>;
-  /** Starts unpacking a unit into staging, replacing an earlier unpack of it. */
-  unpack(desktopId: string, unitId: string): Promise<UnitSink>;
+  /**
+   * Starts unpacking a unit into staging, replacing an earlier unpack of it. `reuse`: files of
+   * the unpacked pre-copy that the unit leaves out, put in place first (`runtime_error`,
+   * retryable, when one is missing).
+   */
+  unpack(desktopId: string, unitId: string, reuse?: readonly string[]): Promise<UnitSink>;
   /**
    * Moves the unpacked units into place, layers before the desktop, each with one rename, and
    * removes staging. Fails (retryable) when a layer it counted on is gone meanwhile.
@@ -102,4 +114,40 @@ export interface DesktopTransfer {
    * copy (layers nothing else stands on go with it). `conflict` when it runs.
    */
   discard(desktopId: string): Promise<void>;
+  /** Copying cold files of a running desktop ahead of its stop; absent when the driver cannot. */
+  readonly precopy?: PrecopyFiles;
+}
+
+/** What must not change between a pre-copy's first look at a file and the desktop's stop. */
+export interface FileIdentity {
+  readonly ino: string;
+  readonly size: number;
+  readonly ctimeNs: string;
+  readonly mtimeNs: string;
+}
+
+export interface PrecopyEntry {
+  /** A member name of the `desktop` unit (relative to the desktop's directory). */
+  readonly path: string;
+  readonly identity: FileIdentity;
+}
+
+export interface PrecopyFiles {
+  /** The desktop's files worth sending ahead now, with their identities; it may be running. */
+  scan(desktopId: string): Promise<PrecopyEntry[]>;
+  /** A stream of exactly these files, in the unit format; files that vanish are skipped. */
+  read(desktopId: string, paths: readonly string[]): UnitStream;
+  /** Each file's identity now; null when it is gone or no longer a lone regular file. */
+  identify(desktopId: string, paths: readonly string[]): Promise<Array<FileIdentity | null>>;
+  /** Starts unpacking a pre-copy stream into staging, replacing an earlier one. */
+  unpack(desktopId: string): Promise<UnitSink>;
+  /** Whether the unpacked pre-copy in staging holds every one of these files. */
+  holds(desktopId: string, paths: readonly string[]): Promise<boolean>;
+  /** Removes what staging holds of a pre-copy. */
+  drop(desktopId: string): Promise<void>;
+}
+
+/** Whether a file is still what a pre-copy read: same inode, size, ctime and mtime. */
+export function sameIdentity(now: FileIdentity | null, then: FileIdentity): boolean {
+  return now !== null && now.ino === then.ino && now.size === then.size && now.ctimeNs === then.ctimeNs && now.mtimeNs === then.mtimeNs;
 }

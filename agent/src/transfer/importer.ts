@@ -8,6 +8,12 @@
  * command left it (unit-fetch.ts). The listing of the previous attempt is kept in staging; a unit
  * whose hash changed since (the desktop was exported again after it ran) starts over.
  *
+ * A pre-copy held whole in staging for this generation (precopy-import.ts) is named in the
+ * listing's request (`?reuse=`); the `desktop` unit then comes without the files the source says
+ * are unchanged since, and its unpacking links the pre-copied ones into place first. Should any
+ * of them be missing here, the pre-copy is dropped and the command fails retryable: the next
+ * try fetches the unit whole.
+ *
  * Idempotent: a desktop installed by an import of the same generation answers at once. A copy
  * installed by an earlier import that never started here is replaced; any other copy (one that
  * ran here) is a `conflict`, as is a desktop running here.
@@ -20,6 +26,7 @@ import type { Tier } from '../../../shared/src/tiers.js';
 import { TransferUnit, type ImportProgressPayload, type ImportResult } from '../../../shared/src/transfer.js';
 import { DESKTOP_UNIT, layerUnit, type DesktopTransfer } from '../runtime/transfer.js';
 import { classify, getJson, TransientFetchError } from './client.js';
+import { dropPrecopy, heldPrecopy } from './precopy-import.js';
 import { fetchUnit, unitFiles } from './unit-fetch.js';
 
 const Listing = Type.Object({ units: Type.Array(TransferUnit, { minItems: 1 }), total_bytes: Type.Integer({ minimum: 0 }) });
@@ -60,7 +67,9 @@ export async function importDesktop(options: ImportOptions, spec: ImportSpec): P
   }
 
   const base = spec.source.url.replace(/\/+$/, '');
-  const listing = await fetchListing(options, `${base}/v1/transfer/${encodeURIComponent(spec.desktopId)}/units`, spec.source.ticket);
+  const precopyId = await heldPrecopy(transfer, spec.desktopId, spec.generation);
+  const query = precopyId === null ? '' : `?reuse=${precopyId}`;
+  const listing = await fetchListing(options, `${base}/v1/transfer/${encodeURIComponent(spec.desktopId)}/units${query}`, spec.source.ticket);
   const staging = transfer.stagingDir(spec.desktopId);
   await mkdir(staging, { recursive: true });
   await forgetChangedUnits(staging, listing);
@@ -69,11 +78,16 @@ export async function importDesktop(options: ImportOptions, spec: ImportSpec): P
   const units = new Map(listing.units.map((u) => [u.id, u]));
   const desktop = units.get(DESKTOP_UNIT);
   if (desktop === undefined) throw new AgentFailure('runtime_error', 'the source listed no desktop unit', false);
+  if (desktop.reuse !== undefined && (desktop.reuse.precopy_id !== precopyId || !(await transfer.precopy!.holds(spec.desktopId, desktop.reuse.paths)))) {
+    await dropPrecopy(transfer, spec.desktopId);
+    throw new AgentFailure('runtime_error', 'the pre-copied files the source left out are not all here; the desktop is fetched whole on the next try', true);
+  }
   const fetchOptions = {
     transfer,
     desktopId: spec.desktopId,
     url: base,
     ticket: spec.source.ticket,
+    reuse: precopyId,
     signal: options.signal,
     onBytes: (n: number) => progress.add(n),
     ...(options.retries === undefined ? {} : { retries: options.retries }),

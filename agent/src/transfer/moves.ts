@@ -1,22 +1,26 @@
 /**
- * The agent's three move commands (`desktop.export`, `desktop.import`, `desktop.import.abort`)
- * and what the other lifecycle commands must tell the move machinery. The handlers (handlers.ts)
+ * The agent's move commands (`desktop.export`, `desktop.import`, `desktop.import.abort`, and
+ * from 1.12 `desktop.precopy.export` and `desktop.precopy.import`) and what the other lifecycle commands must tell the move machinery. The handlers (handlers.ts)
  * validate, queue and fence each command as any lifecycle command; this file does the work.
  *
  * - A desktop that starts, forks or is destroyed here may change: its kept digests are dropped
  *   and the streams being sent of it are cut (source.ts). A start also ends its life as an
  *   imported copy: from then on an abort keeps it.
  * - An import runs inside its desktop's queue; an abort or a destroy of that desktop cancels it
- *   first (they would otherwise wait behind a copy nobody wants any more).
+ *   first (they would otherwise wait behind a copy nobody wants any more). So does a pre-copy's
+ *   import on the target; the source's side of a pre-copy only picks files in the queue, and its
+ *   stream goes out from the transfer server while the desktop runs on.
  */
 import { AgentFailure, parseMessage } from '../../../shared/src/protocol.js';
 import type { Tier } from '../../../shared/src/tiers.js';
 import {
   ExportPayload, ImportAbortPayload, ImportPayload, type ExportResult, type ImportProgressPayload, type ImportResult, type ListingMode,
 } from '../../../shared/src/transfer.js';
+import { PrecopyExportPayload, PrecopyImportPayload, type PrecopyExportResult, type PrecopyImportResult } from '../../../shared/src/precopy.js';
 import type { RuntimeDriver } from '../runtime/driver.js';
 import type { DesktopTransfer } from '../runtime/transfer.js';
 import { importDesktop } from './importer.js';
+import { importPrecopy } from './precopy-import.js';
 import type { TransferSource } from './source.js';
 
 export interface MovesDeps {
@@ -47,13 +51,15 @@ export interface CommandRunner {
   notify: ((type: string, payload: unknown) => void) | undefined;
 }
 
+export type MoveCommand = 'desktop.export' | 'desktop.import' | 'desktop.import.abort' | 'desktop.precopy.export' | 'desktop.precopy.import';
+
 export class DesktopMoves {
   private readonly imports = new Map<string, AbortController>();
 
   constructor(private readonly deps: MovesDeps) {}
 
   /** Validates and runs one of the three move commands. */
-  command(type: 'desktop.export' | 'desktop.import' | 'desktop.import.abort', raw: unknown, run: CommandRunner): Promise<unknown> {
+  command(type: MoveCommand, raw: unknown, run: CommandRunner): Promise<unknown> {
     try {
       switch (type) {
         case 'desktop.export': {
@@ -66,6 +72,15 @@ export class DesktopMoves {
           const progress = notify && ((payload: ImportProgressPayload) => notify('desktop.import.progress', payload));
           const spec = { desktopId: p.desktop_id, generation: p.generation, tier: p.tier, source: p.source };
           return run.lifecycle(p, () => this.importDesktop(spec, progress));
+        }
+        case 'desktop.precopy.export': {
+          const p = parseMessage(PrecopyExportPayload, raw, `${type} payload`);
+          return run.lifecycle(p, () => this.exportPrecopy(p.desktop_id, p.generation, p.ttl_ms));
+        }
+        case 'desktop.precopy.import': {
+          const p = parseMessage(PrecopyImportPayload, raw, `${type} payload`);
+          const spec = { desktopId: p.desktop_id, generation: p.generation, precopyId: p.precopy_id, source: p.source };
+          return run.lifecycle(p, () => this.importPrecopy(spec));
         }
         case 'desktop.import.abort': {
           const p = parseMessage(ImportAbortPayload, raw, `${type} payload`);
@@ -92,6 +107,27 @@ export class DesktopMoves {
     if (here.running) throw new AgentFailure('conflict', `${desktopId} is running on this host; hibernate it first`, false);
     const { ticket, units, total_bytes } = await this.deps.source.exportDesktop(desktopId, generation, ttlMs, listing);
     return { url: this.deps.url, ticket, units, total_bytes };
+  }
+
+  async exportPrecopy(desktopId: string, generation: number, ttlMs: number): Promise<PrecopyExportResult> {
+    const transfer = this.transfer();
+    if (this.deps.source === null || this.deps.url === null) {
+      throw new AgentFailure('unsupported', 'the transfer server is turned off on this host', false);
+    }
+    if (!(await transfer.inspect(desktopId)).held) throw new AgentFailure('not_found', `no disk for ${desktopId} on this host`, false);
+    const { ticket, id, files, bytes } = await this.deps.source.exportPrecopy(desktopId, generation, ttlMs);
+    return { url: this.deps.url, ticket, precopy_id: id, files, bytes };
+  }
+
+  async importPrecopy(spec: { desktopId: string; generation: number; precopyId: string; source: { url: string; ticket: string } }): Promise<PrecopyImportResult> {
+    const transfer = this.transfer();
+    const cancel = new AbortController();
+    this.imports.set(spec.desktopId, cancel);
+    try {
+      return await importPrecopy({ transfer, signal: cancel.signal, log: this.deps.log }, spec);
+    } finally {
+      if (this.imports.get(spec.desktopId) === cancel) this.imports.delete(spec.desktopId);
+    }
   }
 
   async importDesktop(

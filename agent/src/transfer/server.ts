@@ -7,6 +7,11 @@
  *   GET /v1/transfer/{desktop_id}/units/{unit}?offset=N
  *       → the unit's stream from byte N, chunked, with trailer `x-canto-sha256`: the sha256 of
  *         the whole stream from byte 0 (source.ts)
+ *   GET /v1/transfer/{desktop_id}/precopy/{precopy_id}   (1.12)
+ *       → the pre-copy's stream, from its start, with the same trailer (precopy-source.ts)
+ *
+ * Both unit routes take `?reuse={precopy_id}` (1.12): the target holds that pre-copy, and the
+ * `desktop` unit may leave its unchanged files out (shared/src/precopy.ts).
  *
  * Refusals are small `application/problem+json` bodies: 401 without a good ticket, 404 for a
  * ticket of another desktop or a unit it lacks, 409 while the desktop runs or once it has moved
@@ -17,6 +22,7 @@ import { createServer, type IncomingMessage, type Server, type ServerResponse } 
 import type { AddressInfo } from 'node:net';
 import { formatHost } from '../../../shared/src/host-port.js';
 import { AgentFailure } from '../../../shared/src/protocol.js';
+import { PRECOPY_ID_PATTERN } from '../../../shared/src/precopy.js';
 import { SHA256_TRAILER, type ListingMode } from '../../../shared/src/transfer.js';
 import type { TransferSource } from './source.js';
 import type { TransferTickets } from './tickets.js';
@@ -35,7 +41,9 @@ export interface TransferServerOptions {
 }
 
 const ROUTE = /^\/v1\/transfer\/([A-Za-z0-9_-]{1,64})\/units(?:\/([A-Za-z0-9_-]{1,80}))?$/;
+const PRECOPY_ROUTE = /^\/v1\/transfer\/([A-Za-z0-9_-]{1,64})\/precopy\/(pc_[A-Za-z0-9_-]{16,64})$/;
 const OFFSET = /^\d{1,15}$/;
+const REUSE = new RegExp(PRECOPY_ID_PATTERN);
 
 /** What an AgentFailure from the source is answered with. */
 const STATUS: Partial<Record<AgentFailure['code'], number>> = { not_found: 404, bad_request: 404, conflict: 409, too_large: 416 };
@@ -93,12 +101,20 @@ export class TransferServer {
     try {
       if (req.method !== 'GET') throw new Refusal(405, 'only GET is served here');
       const url = new URL(req.url ?? '/', 'http://transfer');
+      const precopy = PRECOPY_ROUTE.exec(url.pathname);
+      if (precopy !== null) {
+        const { generation } = this.admit(req, precopy[1]!);
+        await this.sendPrecopy(res, precopy[1]!, generation, precopy[2]!);
+        return;
+      }
       const route = ROUTE.exec(url.pathname);
       if (route === null) throw new Refusal(404, 'no such route');
       const desktopId = route[1]!;
       const { generation, listing: mode } = this.admit(req, desktopId);
+      const reuse = url.searchParams.get('reuse');
+      if (reuse !== null && !REUSE.test(reuse)) throw new Refusal(400, 'reuse must name a pre-copy');
       if (route[2] === undefined) {
-        const listing = await this.options.source.listing(desktopId, generation, mode);
+        const listing = await this.options.source.listing(desktopId, generation, mode, reuse);
         const body = JSON.stringify(listing);
         res.writeHead(200, { 'content-type': 'application/json', 'cache-control': 'no-store', 'content-length': Buffer.byteLength(body) });
         res.end(body);
@@ -106,7 +122,7 @@ export class TransferServer {
       }
       const raw = url.searchParams.get('offset') ?? '0';
       if (!OFFSET.test(raw)) throw new Refusal(400, 'offset must be a whole number of bytes');
-      await this.sendUnit(res, desktopId, generation, route[2], Number(raw), mode);
+      await this.sendUnit(res, desktopId, generation, route[2], Number(raw), mode, reuse);
     } catch (err) {
       this.refuse(req, res, err);
     }
@@ -127,9 +143,11 @@ export class TransferServer {
     return { generation: check.generation, listing: check.listing };
   }
 
-  private async sendUnit(res: ServerResponse, desktopId: string, generation: number, unitId: string, offset: number, mode: ListingMode): Promise<void> {
+  private async sendUnit(
+    res: ServerResponse, desktopId: string, generation: number, unitId: string, offset: number, mode: ListingMode, reuse: string | null,
+  ): Promise<void> {
     const started = performance.now();
-    const unit = await this.options.source.openUnit(desktopId, generation, unitId, offset, mode);
+    const unit = await this.options.source.openUnit(desktopId, generation, unitId, offset, mode, reuse);
     res.writeHead(200, {
       'content-type': 'application/octet-stream',
       'cache-control': 'no-store',
@@ -146,6 +164,22 @@ export class TransferServer {
       // Headers are out: the only way to say so is to cut the stream, which the receiver resumes.
       res.destroy();
       this.options.log('unit stream cut', { ...fields, sent: res.socket?.bytesWritten, error: err instanceof Error ? err.message : String(err) });
+    }
+  }
+
+  /** A pre-copy has no length known ahead (its files may shrink as they are read): chunked. */
+  private async sendPrecopy(res: ServerResponse, desktopId: string, generation: number, id: string): Promise<void> {
+    const { source } = this.options;
+    if (!source.precopies.knows(desktopId, generation, id)) throw new Refusal(404, 'no such pre-copy here');
+    const started = performance.now();
+    res.writeHead(200, { 'content-type': 'application/octet-stream', 'cache-control': 'no-store', trailer: SHA256_TRAILER });
+    try {
+      res.addTrailers({ [SHA256_TRAILER]: await source.sendPrecopy(desktopId, generation, id, res) });
+      res.end();
+      this.options.log('pre-copy sent', { desktopId, bytes: res.socket?.bytesWritten, ms: Math.round(performance.now() - started) });
+    } catch (err) {
+      res.destroy();
+      this.options.log('pre-copy stream cut', { desktopId, error: err instanceof Error ? err.message : String(err) });
     }
   }
 

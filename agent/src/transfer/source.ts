@@ -12,13 +12,18 @@
  *
  * A desktop that starts (or forks, or is destroyed) here is `invalidate`d: its kept digests go and
  * the streams being sent of it are cut. Requests made after that see it running and are refused.
+ *
+ * Asked with a pre-copy id (`reuse`, 1.12) that it knows, a sized listing lists the `desktop`
+ * unit without the pre-copied files still unchanged, names them, and versions the unit by the
+ * id: a target that resumes a unit resumes the same bytes (precopy-source.ts).
  */
-import { createHash } from 'node:crypto';
 import type { Readable, Writable } from 'node:stream';
 import { AgentFailure } from '../../../shared/src/protocol.js';
 import type { ListingMode, TransferUnit } from '../../../shared/src/transfer.js';
-import type { DesktopTransfer, UnitStream } from '../runtime/transfer.js';
+import { DESKTOP_UNIT, type DesktopTransfer } from '../runtime/transfer.js';
 import { UnitDigests } from './digests.js';
+import { PrecopySource } from './precopy-source.js';
+import { pump } from './pump.js';
 import type { TransferTickets } from './tickets.js';
 
 export interface TransferSourceDeps {
@@ -48,9 +53,27 @@ export interface OutgoingUnit {
 export class TransferSource {
   private readonly digests: UnitDigests;
   private readonly active = new Map<string, Set<Readable>>();
+  readonly precopies: PrecopySource;
 
   constructor(private readonly deps: TransferSourceDeps) {
     this.digests = deps.digests ?? new UnitDigests();
+    this.precopies = new PrecopySource(deps.transfer);
+  }
+
+  /** Picks the files of a (running) desktop to send ahead and grants a ticket for them. */
+  async exportPrecopy(desktopId: string, generation: number, ttlMs: number): Promise<{ ticket: string; id: string; files: number; bytes: number }> {
+    const picked = await this.precopies.begin(desktopId, generation);
+    const { ticket } = this.deps.tickets.issue(desktopId, generation, ttlMs, 'sized');
+    return { ...picked, ticket };
+  }
+
+  /** Streams pre-copy `id` into `out`; its streams are cut as the unit streams are. */
+  sendPrecopy(desktopId: string, generation: number, id: string, out: Writable): Promise<string> {
+    return this.precopies.send(desktopId, generation, id, out, (stop) => {
+      const handle = { destroy: stop } as unknown as Readable;
+      this.track(desktopId, handle);
+      return () => this.untrack(desktopId, handle);
+    });
   }
 
   /** Lists a stopped desktop's units and grants a ticket for them. */
@@ -66,14 +89,18 @@ export class TransferSource {
    * can count a unit without reading it: sizes and versions only, the hash coming as the trailer
    * of each fetch.
    */
-  async listing(desktopId: string, generation: number, mode: ListingMode = 'hashed'): Promise<Listing> {
+  async listing(desktopId: string, generation: number, mode: ListingMode = 'hashed', reuse: string | null = null): Promise<Listing> {
     const units: TransferUnit[] = [];
     for (const id of await this.deps.transfer.units(desktopId)) {
-      const key = UnitDigests.key(desktopId, generation, id);
       if (this.sized(mode)) {
-        units.push({ id, bytes: await this.sizeOf(desktopId, id, key), version: key });
+        const left = await this.leftOut(desktopId, generation, id, reuse);
+        const key = UnitDigests.key(desktopId, generation, id) + (left === null ? '' : `/${left.id}`);
+        units.push({
+          id, bytes: await this.sizeOf(desktopId, id, key, left?.paths), version: key, ...(left === null ? {} : { reuse: { precopy_id: left.id, paths: [...left.paths] } }),
+        });
         continue;
       }
+      const key = UnitDigests.key(desktopId, generation, id);
       const digest = await this.digests.get(key, () => this.deps.transfer.read(desktopId, id));
       units.push({ id, bytes: digest.bytes, sha256: digest.sha256 });
     }
@@ -84,17 +111,20 @@ export class TransferSource {
    * Starts sending a unit from `offset`. `not_found` for a unit the desktop does not have,
    * `conflict` while it runs, `too_large` for an offset past the unit's end.
    */
-  async openUnit(desktopId: string, generation: number, unitId: string, offset: number, mode: ListingMode = 'hashed'): Promise<OutgoingUnit> {
+  async openUnit(
+    desktopId: string, generation: number, unitId: string, offset: number, mode: ListingMode = 'hashed', reuse: string | null = null,
+  ): Promise<OutgoingUnit> {
     const units = await this.deps.transfer.units(desktopId);
     if (!units.includes(unitId)) throw new AgentFailure('not_found', `${desktopId} has no unit ${unitId}`, false);
-    const key = UnitDigests.key(desktopId, generation, unitId);
+    const left = this.sized(mode) ? await this.leftOut(desktopId, generation, unitId, reuse) : null;
+    const key = UnitDigests.key(desktopId, generation, unitId) + (left === null ? '' : `/${left.id}`);
     // A hashed listing's digest is at hand; under a sized one the size is enough here, and the
     // hash is what this fetch produces.
     const expected = this.sized(mode)
-      ? { bytes: await this.sizeOf(desktopId, unitId, key), sha256: null }
+      ? { bytes: await this.sizeOf(desktopId, unitId, key, left?.paths), sha256: null }
       : await this.digests.get(key, () => this.deps.transfer.read(desktopId, unitId));
     if (offset > expected.bytes) throw new AgentFailure('too_large', `offset ${offset} is past the unit's ${expected.bytes} bytes`, false);
-    const stream = await this.deps.transfer.read(desktopId, unitId);
+    const stream = await this.deps.transfer.read(desktopId, unitId, left?.paths);
     this.track(desktopId, stream.body);
     return {
       bytes: expected.bytes,
@@ -118,13 +148,21 @@ export class TransferSource {
     return mode === 'sized' && this.deps.transfer.size !== undefined;
   }
 
-  private sizeOf(desktopId: string, unitId: string, key: string): Promise<number> {
-    return this.digests.size(key, () => this.deps.transfer.size!(desktopId, unitId));
+  private sizeOf(desktopId: string, unitId: string, key: string, leaveOut?: readonly string[]): Promise<number> {
+    return this.digests.size(key, () => this.deps.transfer.size!(desktopId, unitId, leaveOut));
   }
 
-  /** The desktop may change: forget its digests and cut the streams being sent of it. */
+  /** What of the unit a pre-copy lets it leave out; null when nothing (the unit goes whole). */
+  private async leftOut(desktopId: string, generation: number, unitId: string, reuse: string | null): Promise<{ id: string; paths: readonly string[] } | null> {
+    if (reuse === null || unitId !== DESKTOP_UNIT) return null;
+    const paths = await this.precopies.reusable(desktopId, generation, reuse);
+    return paths === null ? null : { id: reuse, paths };
+  }
+
+  /** The desktop may change: forget its digests and pre-copy and cut the streams being sent of it. */
   invalidate(desktopId: string): void {
     this.digests.forget(desktopId);
+    this.precopies.forget(desktopId);
     for (const body of this.active.get(desktopId) ?? []) body.destroy(new Error(`${desktopId} changed on the source`));
   }
 
@@ -143,51 +181,4 @@ export class TransferSource {
     const set = this.active.get(desktopId);
     if (set?.delete(body) && set.size === 0) this.active.delete(desktopId);
   }
-}
-
-/**
- * Hashes every byte of the stream and writes those from `offset` on into `out`. 'data' events
- * and a pause on a full `out`, rather than a chain of streams: this is the hot path of a move.
- */
-function pump(stream: UnitStream, out: Writable, offset: number): Promise<string> {
-  const { body } = stream;
-  const hash = createHash('sha256');
-  let skip = offset;
-  return new Promise<string>((resolve, reject) => {
-    let settled = false;
-    const fail = (err: Error) => {
-      if (settled) return;
-      settled = true;
-      body.destroy();
-      reject(err);
-    };
-    body.on('data', (chunk: Buffer) => {
-      hash.update(chunk);
-      let piece = chunk;
-      if (skip > 0) {
-        if (skip >= chunk.length) {
-          skip -= chunk.length;
-          return;
-        }
-        piece = chunk.subarray(skip);
-        skip = 0;
-      }
-      if (!out.write(piece)) {
-        body.pause();
-        out.once('drain', () => body.resume());
-      }
-    });
-    body.once('end', () => {
-      stream.done.then(() => {
-        if (settled) return;
-        settled = true;
-        resolve(hash.digest('hex'));
-      }, fail);
-    });
-    body.once('error', fail);
-    body.once('close', () => {
-      if (!body.readableEnded) fail(new Error('the unit stream was cut'));
-    });
-    out.once('close', () => fail(new Error('the receiver went away')));
-  });
 }

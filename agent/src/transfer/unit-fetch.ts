@@ -31,6 +31,8 @@ export interface UnitFetchOptions {
   /** `http://host:port` of the source's transfer server. */
   readonly url: string;
   readonly ticket: string;
+  /** The pre-copy this host holds (`?reuse=` on every request), or null. */
+  readonly reuse?: string | null;
   /** Told of every byte fetched from the network. */
   readonly onBytes: (n: number) => void;
   readonly signal: AbortSignal;
@@ -63,7 +65,7 @@ export async function fetchUnit(options: UnitFetchOptions, unit: TransferUnit): 
     await rm(part, { force: true });
     resumed = 0;
   }
-  const sink = await options.transfer.unpack(options.desktopId, unit.id);
+  const sink = await options.transfer.unpack(options.desktopId, unit.id, unit.reuse?.paths);
   const spool = new Spool(await open(part, 'a'), sink);
   let trailer: string | null = null;
   try {
@@ -261,7 +263,8 @@ async function fetchRest(
   offset: number,
   onChunk: (chunk: Buffer) => Promise<void> | null,
 ): Promise<string | null> {
-  const path = `/v1/transfer/${encodeURIComponent(options.desktopId)}/units/${encodeURIComponent(unit.id)}?offset=${offset}`;
+  const reuse = options.reuse === null || options.reuse === undefined ? '' : `&reuse=${options.reuse}`;
+  const path = `/v1/transfer/${encodeURIComponent(options.desktopId)}/units/${encodeURIComponent(unit.id)}?offset=${offset}${reuse}`;
   const res = await get(`${options.url.replace(/\/+$/, '')}${path}`, {
     ticket: options.ticket,
     idleTimeoutMs: options.idleTimeoutMs ?? 30_000,

@@ -28,7 +28,7 @@ export const AdminOperationJson = Type.Object({
   org_id: Type.String(),
   reason: Type.String({ description: '`admin` (asked for by an operator) or `drain`' }),
   phase: Type.Union([Type.String(), Type.Null()], {
-    description: 'Of a move: accepted, planned (target chosen), stopped, copied, committed (the desktop is on the target), started',
+    description: 'Of a move: accepted, planned (target chosen), precopied (cold files copied while it runs), stopped, copied, committed (the desktop is on the target), started',
   }),
   source_host_id: Type.Union([Type.String(), Type.Null()]),
   target_host_id: Type.Union([Type.String(), Type.Null()]),

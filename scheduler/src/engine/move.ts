@@ -5,11 +5,17 @@
  *
  *   accepted → planned    the target is chosen (or the one asked for is checked) and the desktop
  *                         marked moving: guest calls answer 503 with Retry-After from here on
- *   planned  → stopped    an awake desktop is hibernated on the source, memory kept where the
+ *                         (with a pre-copy, only from the stop: it keeps working meanwhile)
+ *   planned → precopied   (1.12, awake desktops) while the desktop runs, its cold files are
+ *                         copied to the target (shared/src/precopy.ts); best effort: a pre-copy
+ *                         that fails leaves everything to the copy after the stop
+ *   planned/precopied → stopped
+ *                         an awake desktop is hibernated on the source, memory kept where the
  *                         host can; its database state stays `awake` and its meter open, so the
  *                         move is billed and timed as if nothing happened
  *   stopped  → copied     the source exports (a ticket), the target imports agent to agent,
- *                         sha256-verified and resumable
+ *                         sha256-verified and resumable; pre-copied files still unchanged stay
+ *                         out of the copy
  *   copied   → committed  one transaction: the desktop's host is the target, its generation
  *                         bumped, the moving mark cleared; the source copy still exists
  *   committed → started   an awake desktop is started on the target (restored from memory)
@@ -29,7 +35,7 @@ import type { DesktopRow, OperationRow } from '../store/rows.js';
 import { selectHost } from '../placement/select.js';
 import { command, LeaseLost, NoCapacity, noCapacityMessage, readFleet, StepFailure, type StepDeps } from './steps.js';
 
-export type MovePhase = 'accepted' | 'planned' | 'stopped' | 'copied' | 'committed' | 'started';
+export type MovePhase = 'accepted' | 'planned' | 'precopied' | 'stopped' | 'copied' | 'committed' | 'started';
 
 /** What a move operation keeps in `params`, growing as its phases pass. */
 export interface MoveParams {
@@ -45,6 +51,10 @@ export interface MoveParams {
   stopped_at?: string;
   started_at?: string;
   memory_snapshot?: boolean;
+  /** Whether the move pre-copies (decided at the plan: both agents speak 1.12, the desktop is awake). */
+  precopy?: boolean;
+  /** Bytes the pre-copy fetched while the desktop ran (0 when it failed or found nothing). */
+  precopied_bytes?: number;
   total_bytes?: number;
   fetched_bytes?: number;
   resumed_bytes?: number;
@@ -71,7 +81,8 @@ export async function move(deps: StepDeps, op: OperationRow): Promise<void> {
   phaseStarts.set(op, performance.now());
   const d = await loadDesktop(deps.sql, op.desktop_id);
   if (p.phase === 'accepted') p = await plan(deps, op, d, p);
-  if (p.phase === 'planned') p = await stop(deps, op, d, p);
+  if (p.phase === 'planned' && p.precopy === true) p = await precopy(deps, op, d, p);
+  if (p.phase === 'planned' || p.phase === 'precopied') p = await stop(deps, op, d, p);
   if (p.phase === 'stopped') p = await copy(deps, op, d, p);
   if (p.phase === 'copied') p = await commit(deps, op, d, p);
   if (p.phase === 'committed') p = await startOnTarget(deps, op, p);
@@ -113,10 +124,38 @@ async function plan(deps: StepDeps, op: OperationRow, d: DesktopRow, p: MovePara
     deps.placements.release(d.id);
     throw new StepFailure('unsupported', 'both hosts need an agent that speaks protocol 1.8 to move desktops');
   }
+  // A pre-copy reads the desktop while it runs: it keeps answering until the stop marks it.
+  const precopies = d.state === 'awake' && deps.agents.speaks(target, 1, 12) && deps.agents.speaks(p.source_host_id, 1, 12);
   return inTransaction(deps.sql, async (tx) => {
-    await tx`UPDATE desktops SET moving_operation_id = ${op.id} WHERE id = ${d.id}`;
-    return advance(tx, op, { ...p, phase: 'planned', target_host_id: target, was_awake: d.state === 'awake' }, deps.fence);
+    if (!precopies) await tx`UPDATE desktops SET moving_operation_id = ${op.id} WHERE id = ${d.id}`;
+    return advance(tx, op, { ...p, phase: 'planned', target_host_id: target, was_awake: d.state === 'awake', precopy: precopies }, deps.fence);
   });
+}
+
+/**
+ * Copies the running desktop's cold files to the target. Any failure but a lost lease is only
+ * logged: the copy after the stop then takes everything, as without a pre-copy.
+ */
+async function precopy(deps: StepDeps, op: OperationRow, d: DesktopRow, p: MoveParams): Promise<MoveParams> {
+  let fetched = 0;
+  try {
+    const exported = await command(deps, p.source_host_id, 'desktop.precopy.export', { desktop_id: d.id, generation: d.generation, ttl_ms: TICKET_TTL_MS });
+    if (exported.files > 0) {
+      const timeoutMs = deps.agentCommandTimeoutMs + Math.ceil((exported.bytes / MIN_COPY_BYTES_PER_SEC) * 1000);
+      const imported = await command(
+        deps,
+        p.target_host_id!,
+        'desktop.precopy.import',
+        { desktop_id: d.id, generation: targetGeneration(d), precopy_id: exported.precopy_id, source: { url: exported.url, ticket: exported.ticket } },
+        timeoutMs,
+      );
+      fetched = imported.fetched_bytes;
+    }
+  } catch (err) {
+    if (err instanceof LeaseLost) throw err;
+    deps.logger.warn({ err, desktopId: d.id }, 'move: the pre-copy failed; everything is copied after the stop');
+  }
+  return advance(deps.sql, op, { ...p, phase: 'precopied', precopied_bytes: fetched }, deps.fence);
 }
 
 /** Placement for a move: the usual pipeline, the source left out, in-flight moves counted. */
@@ -135,6 +174,8 @@ async function stop(deps: StepDeps, op: OperationRow, d: DesktopRow, p: MovePara
   let snapshot = false;
   // Downtime starts as the hibernate does: from here the desktop stops answering.
   const stopping = new Date();
+  // Marked moving here when a pre-copy let the desktop run until now (the update is idempotent).
+  if (p.precopy === true) await deps.sql`UPDATE desktops SET moving_operation_id = ${op.id} WHERE id = ${d.id}`;
   if (p.was_awake) {
     // Its detached processes are part of its memory: they go on after the restore on the target.
     const stopped = await command(deps, p.source_host_id, 'desktop.hibernate', {
@@ -236,6 +277,7 @@ async function finish(deps: StepDeps, op: OperationRow, p: MoveParams): Promise<
         result: {
           generation: d.generation, source_host_id: p.source_host_id, target_host_id: p.target_host_id, was_awake: p.was_awake ?? false,
           memory_snapshot: p.memory_snapshot ?? false, total_bytes: p.total_bytes ?? 0, fetched_bytes: p.fetched_bytes ?? 0,
+          ...(p.precopy === true ? { precopied_bytes: p.precopied_bytes ?? 0 } : {}),
           downtime_ms: downtimeMs, source_cleaned: sourceCleaned,
           phase_ms: { ...p.phase_ms, finished: phaseTook(op) },
         },

@@ -88,7 +88,7 @@ async function settle(tx: Sql, deps: StepDeps, op: OperationRow, result: Record<
 /** Lifecycle commands that carry the leader's epoch (the agent refuses an older term's). */
 type FencedCommand =
   | 'desktop.prepare' | 'desktop.start' | 'desktop.hibernate' | 'desktop.destroy' | 'desktop.fork'
-  | 'desktop.export' | 'desktop.import' | 'desktop.import.abort';
+  | 'desktop.export' | 'desktop.import' | 'desktop.import.abort' | 'desktop.precopy.export' | 'desktop.precopy.import';
 
 /**
  * Sends a lifecycle command in this engine's term. A replica that no longer leads sends nothing:

@@ -265,7 +265,7 @@ export interface operations {
                         /** @description `move` for what this API starts; any operation can be read */
                         kind: string;
                         org_id: string;
-                        /** @description Of a move: accepted, planned (target chosen), stopped, copied, committed (the desktop is on the target), started */
+                        /** @description Of a move: accepted, planned (target chosen), precopied (cold files copied while it runs), stopped, copied, committed (the desktop is on the target), started */
                         phase: string | null;
                         /** @description `admin` (asked for by an operator) or `drain` */
                         reason: string;
@@ -1354,7 +1354,7 @@ export interface operations {
                         /** @description `move` for what this API starts; any operation can be read */
                         kind: string;
                         org_id: string;
-                        /** @description Of a move: accepted, planned (target chosen), stopped, copied, committed (the desktop is on the target), started */
+                        /** @description Of a move: accepted, planned (target chosen), precopied (cold files copied while it runs), stopped, copied, committed (the desktop is on the target), started */
                         phase: string | null;
                         /** @description `admin` (asked for by an operator) or `drain` */
                         reason: string;

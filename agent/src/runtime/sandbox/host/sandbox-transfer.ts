@@ -17,17 +17,30 @@
  * filesystem: a crash leaves the desktop either absent (staging still there, the import resumes)
  * or whole. `imported.json` marks a copy that has not started here; only such a copy may be
  * discarded by a rolled-back move.
+ *
+ * A pre-copy (precopy-files.ts) reads cold files of the writable layer while the desktop runs
+ * and unpacks them on the target into `<stateDir>/incoming/<id>/pre/`; the `desktop` unit then
+ * leaves out those unchanged since, and its unpacking starts by linking them into place.
  */
 import { mkdir, readdir, rename, rm, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { AgentFailure } from '../../../../../shared/src/protocol.js';
-import { DESKTOP_UNIT, layerUnit, type DesktopTransfer, type HeldDesktop, type ImportRecord, type InstallSpec, type UnitSink, type UnitStream } from '../../transfer.js';
+import {
+  DESKTOP_UNIT, layerUnit, type DesktopTransfer, type HeldDesktop, type ImportRecord, type InstallSpec, type PrecopyFiles, type UnitSink, type UnitStream,
+} from '../../transfer.js';
 import type { InitProcess } from './cold-boot.js';
 import { isSameProcess } from './host-procs.js';
 import type { KeyedMutex } from './keyed-mutex.js';
 import { collectLayers, layersDir, readChain, recoverFreeze, releaseDisk, stagedChainFile, withLayerStore } from './layers.js';
 import { assertDesktopId, desktopPaths, desktopsDir, exists, hasDisk, readJson, removeTree, type DesktopPaths } from './layout.js';
-import { tarSize, tarStream, untar } from './unit-tar.js';
+import { cgroupPids } from './cgroups.js';
+import { identify, linkPrecopied, scanCold, sharedWritableMaps } from './precopy-files.js';
+import { fileListStream, tarSize, tarStream, untar } from './unit-tar.js';
+
+/** A pre-copy picks files whose ctime is at least this old (precopy-files.ts: clock ticks). */
+const PRECOPY_COLD_MS = 200;
+/** …and at least this large: smaller ones cost more in requests than they save. */
+const PRECOPY_MIN_BYTES = 64 * 1024;
 
 /** Members of a desktop directory that move with it, in byte order (tar's `--sort=name`). */
 const PLAIN_MEMBERS = ['.ready', 'disk', 'display.json', 'fb', 'first-boot-done', 'snapshot'];
@@ -76,17 +89,17 @@ export class SandboxTransfer implements DesktopTransfer {
     });
   }
 
-  async read(desktopId: string, unitId: string): Promise<UnitStream> {
+  async read(desktopId: string, unitId: string, leaveOut: readonly string[] = []): Promise<UnitStream> {
     const paths = desktopPaths(this.stateDir, desktopId);
-    if (unitId === DESKTOP_UNIT) return tarStream(paths.dir, await desktopUnitMembers(paths.dir));
+    if (unitId === DESKTOP_UNIT) return tarStream(paths.dir, await desktopUnitMembers(paths.dir), leaveOut);
     const layer = this.layerDir(unitId);
     if (!(await exists(layer))) throw new AgentFailure('not_found', `no ${unitId} on this host`, false);
     return tarStream(layer, ['.']);
   }
 
-  async size(desktopId: string, unitId: string): Promise<number> {
+  async size(desktopId: string, unitId: string, leaveOut: readonly string[] = []): Promise<number> {
     const paths = desktopPaths(this.stateDir, desktopId);
-    if (unitId === DESKTOP_UNIT) return tarSize(paths.dir, await desktopUnitMembers(paths.dir));
+    if (unitId === DESKTOP_UNIT) return tarSize(paths.dir, await desktopUnitMembers(paths.dir), leaveOut);
     const layer = this.layerDir(unitId);
     if (!(await exists(layer))) throw new AgentFailure('not_found', `no ${unitId} on this host`, false);
     return tarSize(layer, ['.']);
@@ -106,12 +119,44 @@ export class SandboxTransfer implements DesktopTransfer {
     return (await readJson<{ lower?: string[] }>(stagedChainFile(this.stateDir, desktopId)))?.lower ?? [];
   }
 
-  async unpack(desktopId: string, unitId: string): Promise<UnitSink> {
+  async unpack(desktopId: string, unitId: string, reuse: readonly string[] = []): Promise<UnitSink> {
     if (unitId !== DESKTOP_UNIT) this.layerDir(unitId); // checks the id
     const dest = join(this.stagingDir(desktopId), 'x', unitId);
     await rm(dest, { recursive: true, force: true });
     await mkdir(dest, { recursive: true });
+    if (reuse.length > 0) await linkPrecopied(this.preDir(desktopId), dest, reuse);
     return untar(dest);
+  }
+
+  readonly precopy: PrecopyFiles = {
+    scan: async (desktopId) => {
+      const paths = desktopPaths(this.stateDir, desktopId);
+      if (!(await hasDisk(paths))) throw new AgentFailure('not_found', `no disk for ${desktopId} on this host`, false);
+      // The writable layer as the unit names it: `upper/` under an overlay (never the mounted `disk/`).
+      const roots = (await exists(join(paths.dir, 'layers.json'))) ? ['upper'] : ['disk'];
+      const mapped = await sharedWritableMaps(await cgroupPids(desktopId));
+      return scanCold(paths.dir, roots, { coldMs: PRECOPY_COLD_MS, minBytes: PRECOPY_MIN_BYTES, mapped });
+    },
+    read: (desktopId, files) => fileListStream(desktopPaths(this.stateDir, desktopId).dir, files),
+    identify: (desktopId, files) => identify(desktopPaths(this.stateDir, desktopId).dir, files),
+    unpack: async (desktopId) => {
+      const dest = this.preDir(desktopId);
+      await rm(dest, { recursive: true, force: true });
+      await mkdir(dest, { recursive: true });
+      return untar(dest);
+    },
+    holds: async (desktopId, files) => {
+      const pre = this.preDir(desktopId);
+      for (const file of files) if (!(await exists(join(pre, file)))) return false;
+      return true;
+    },
+    drop: async (desktopId) => {
+      await removeTree(this.preDir(desktopId));
+    },
+  };
+
+  private preDir(desktopId: string): string {
+    return join(this.stagingDir(desktopId), 'pre');
   }
 
   install(desktopId: string, spec: InstallSpec): Promise<void> {

@@ -18,7 +18,8 @@
  * Records are 64 KiB (`-b 128`) instead of tar's 10 KiB, the size of a pipe's buffer: tar then
  * writes a pipe-full at a time, which more than doubles the throughput of a stream here.
  */
-import { spawn } from 'node:child_process';
+import { spawn, type ChildProcessByStdio } from 'node:child_process';
+import type { Readable, Writable } from 'node:stream';
 import type { UnitSink, UnitStream } from '../../transfer.js';
 
 const RECORD_BLOCKS = '128';
@@ -43,15 +44,54 @@ const TAR_ENV = { LC_ALL: 'C', PATH: '/usr/sbin:/usr/bin:/sbin:/bin' };
 const STDERR_KEEP = 2000;
 
 /**
- * The tar stream of `members` (paths relative to `dir`, given in byte order): tar's own stdout,
- * with no stream in between (this is the hot path of a move), and `done`, which says whether tar
- * exited 0. Destroying the body kills tar.
+ * Files under the members that a stream leaves out (pre-copied ones, transfer/precopy-source.ts):
+ * exact member names, matched whole (`--anchored`) and literally (`--no-wildcards`), read from
+ * tar's stdin so that no list is too long for a command line. Names with a newline or a
+ * backslash are never left out (precopy-files.ts does not pick them), as tar would unquote them.
  */
-export function tarStream(dir: string, members: readonly string[]): UnitStream {
-  const child = spawn('tar', ['--create', '--file=-', ...CREATE_FLAGS, '-C', dir, '--', ...members], {
+function excludeArgs(leaveOut: readonly string[]): string[] {
+  return leaveOut.length === 0 ? [] : ['--anchored', '--no-wildcards', '--exclude-from=-'];
+}
+
+function feed(stdin: Writable, leaveOut: readonly string[]): void {
+  stdin.on('error', () => undefined);
+  stdin.end(leaveOut.map((name) => `${name}\n`).join(''));
+}
+
+/**
+ * The tar stream of `members` (paths relative to `dir`, given in byte order) less the files in
+ * `leaveOut`: tar's own stdout, with no stream in between (this is the hot path of a move), and
+ * `done`, which says whether tar exited 0. Destroying the body kills tar.
+ */
+export function tarStream(dir: string, members: readonly string[], leaveOut: readonly string[] = []): UnitStream {
+  const child = spawn('tar', ['--create', '--file=-', ...CREATE_FLAGS, ...excludeArgs(leaveOut), '-C', dir, '--', ...members], {
     env: TAR_ENV,
-    stdio: ['ignore', 'pipe', 'pipe'],
+    stdio: ['pipe', 'pipe', 'pipe'],
   });
+  feed(child.stdin, leaveOut);
+  return produced(child, 'tar --create', false);
+}
+
+/**
+ * A tar stream of exactly the regular files `files` (paths relative to `dir`, no directories),
+ * in the unit format, for a pre-copy while the desktop runs. Files change and vanish meanwhile:
+ * tar then stores what it could (it never writes more of a file than the size it first saw) and
+ * exits 1, which is not a failure here; the pre-copy compares every file's identity afterwards
+ * and keeps only those unchanged.
+ */
+export function fileListStream(dir: string, files: readonly string[]): UnitStream {
+  const child = spawn(
+    'tar',
+    ['--create', '--file=-', ...CREATE_FLAGS, '--ignore-failed-read', '--warning=no-file-changed', '--warning=no-file-removed', '--no-recursion',
+      '-C', dir, '--null', '--verbatim-files-from', '--files-from=-'],
+    { env: TAR_ENV, stdio: ['pipe', 'pipe', 'pipe'] },
+  );
+  child.stdin.on('error', () => undefined);
+  child.stdin.end(files.map((name) => `${name}\0`).join(''));
+  return produced(child, 'tar --create', true);
+}
+
+function produced(child: ChildProcessByStdio<Writable, Readable, Readable>, what: string, changesAllowed: boolean): UnitStream {
   let stderr = '';
   child.stderr.on('data', (chunk: Buffer) => {
     stderr = (stderr + chunk.toString('utf8')).slice(-STDERR_KEEP);
@@ -59,8 +99,8 @@ export function tarStream(dir: string, members: readonly string[]): UnitStream {
   const done = new Promise<void>((resolve, reject) => {
     child.once('error', reject);
     child.once('close', (code, signal) => {
-      if (code === 0) resolve();
-      else reject(new Error(`tar --create failed (${code ?? signal}): ${lastLine(stderr)}`));
+      if (code === 0 || (changesAllowed && code === 1)) resolve();
+      else reject(new Error(`${what} failed (${code ?? signal}): ${lastLine(stderr)}`));
     });
   });
   done.catch(() => undefined);
@@ -77,12 +117,13 @@ export function tarStream(dir: string, members: readonly string[]): UnitStream {
  * headers) and `--totals` reports the archive's size. Measured at a few milliseconds for a tree
  * whose stream takes hundreds, so a move's listing no longer reads every byte before the copy.
  */
-export function tarSize(dir: string, members: readonly string[]): Promise<number> {
+export function tarSize(dir: string, members: readonly string[], leaveOut: readonly string[] = []): Promise<number> {
   return new Promise((resolve, reject) => {
-    const child = spawn('tar', ['--create', '--file=/dev/null', '--totals', ...CREATE_FLAGS, '-C', dir, '--', ...members], {
+    const child = spawn('tar', ['--create', '--file=/dev/null', '--totals', ...CREATE_FLAGS, ...excludeArgs(leaveOut), '-C', dir, '--', ...members], {
       env: TAR_ENV,
-      stdio: ['ignore', 'ignore', 'pipe'],
+      stdio: ['pipe', 'ignore', 'pipe'],
     });
+    feed(child.stdin, leaveOut);
     let stderr = '';
     child.stderr.on('data', (chunk: Buffer) => {
       stderr = (stderr + chunk.toString('utf8')).slice(-STDERR_KEEP);

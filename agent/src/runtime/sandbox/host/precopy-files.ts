@@ -1,0 +1,142 @@
+/**
+ * Which files of a running desktop's writable layer may be copied ahead of its stop, and how the
+ * pre-copy later tells whether one is still what was copied (transfer/precopy-source.ts).
+ *
+ * A file's identity is its inode number, size, ctime and mtime, in nanoseconds. The kernel sets
+ * ctime on every change of a file's data or metadata (write, truncate, chmod, chown, xattr,
+ * rename, link) and nothing inside a desktop can set it back: a file whose identity is the same
+ * before it was read and at the desktop's stop held the same bytes and metadata all along.
+ * Timestamps are coarse, though (a clock tick of up to 10 ms): a second write within the tick
+ * of the first leaves ctime alone. So only *cold* files are picked, whose ctime is further in
+ * the past than any tick: a write after the first look must then move it.
+ *
+ * Left out too: files with other names (a change through another link moves the shared ctime,
+ * but the other name would travel in the unit as a link to a file left out of it), files any
+ * process of the desktop maps shared and writable (stores into such a mapping reach the file
+ * without a write, and mark it changed only when the page is first written after writeback),
+ * small files (not worth a second request), and names tar would unquote (a newline or a
+ * backslash): they go with the stopped desktop as before.
+ */
+import { link, lstat, mkdir, readdir, readFile } from 'node:fs/promises';
+import { dirname, join } from 'node:path';
+import { AgentFailure } from '../../../../../shared/src/protocol.js';
+import type { FileIdentity, PrecopyEntry } from '../../transfer.js';
+
+export interface ScanOptions {
+  /** Files whose ctime is younger than this are left to the stop. */
+  readonly coldMs: number;
+  /** Files smaller than this are left to the stop. */
+  readonly minBytes: number;
+  /** What some process of the desktop maps shared and writable (`sharedWritableMaps`). */
+  readonly mapped: SharedWritableMaps;
+  /** Wall clock in ms (tests move it). */
+  readonly now?: number;
+}
+
+/** Bound a scan: past them, the rest of a desktop with millions of files is copied at its stop as before. */
+const MAX_ENTRIES = 100_000;
+const MAX_VISITED = 1_000_000;
+
+/**
+ * The cold files worth sending ahead under `roots` (directories relative to `dir`: the writable
+ * layer), in byte order of their names, the order tar would list them in.
+ */
+export async function scanCold(dir: string, roots: readonly string[], options: ScanOptions): Promise<PrecopyEntry[]> {
+  const coldBefore = BigInt(Math.floor((options.now ?? Date.now()) - options.coldMs)) * 1_000_000n;
+  const found: PrecopyEntry[] = [];
+  let visited = 0;
+  const walk = async (rel: string): Promise<void> => {
+    let names: string[];
+    try {
+      names = await readdir(join(dir, rel));
+    } catch {
+      return; // gone meanwhile, or not readable: nothing of it is picked
+    }
+    for (const name of names.sort(byteOrder)) {
+      if (found.length >= MAX_ENTRIES || ++visited > MAX_VISITED) return;
+      const path = `${rel}/${name}`;
+      const st = await lstat(join(dir, path), { bigint: true }).catch(() => null);
+      if (st === null) continue;
+      if (st.isDirectory()) {
+        await walk(path);
+        continue;
+      }
+      if (!st.isFile() || st.nlink !== 1n || st.size < BigInt(options.minBytes) || st.ctimeNs >= coldBefore) continue;
+      if (/[\n\\]/.test(path) || options.mapped.inodes.has(String(st.ino)) || options.mapped.paths.has(guestPath(path))) continue;
+      found.push({ path, identity: identityOf(st) });
+    }
+  };
+  for (const root of roots) await walk(root);
+  return found;
+}
+
+/** Each file's identity now (null when it is gone or no longer a lone regular file). */
+export async function identify(dir: string, paths: readonly string[]): Promise<Array<FileIdentity | null>> {
+  return Promise.all(
+    paths.map(async (path) => {
+      const st = await lstat(join(dir, path), { bigint: true }).catch(() => null);
+      return st !== null && st.isFile() && st.nlink === 1n ? identityOf(st) : null;
+    }),
+  );
+}
+
+export interface SharedWritableMaps {
+  /** Inode numbers as the processes see them. */
+  readonly inodes: ReadonlySet<string>;
+  /** Paths as the guest sees them (`/root/…`). */
+  readonly paths: ReadonlySet<string>;
+}
+
+/**
+ * What `pids` map shared and writable (from `/proc/<pid>/maps`), by inode and by path: through an
+ * overlay a copied-up file may show its lower file's inode number, so the path is checked too.
+ */
+export async function sharedWritableMaps(pids: readonly number[]): Promise<SharedWritableMaps> {
+  const inodes = new Set<string>();
+  const paths = new Set<string>();
+  for (const pid of pids) {
+    const maps = await readFile(`/proc/${pid}/maps`, 'utf8').catch(() => '');
+    for (const line of maps.split('\n')) {
+      // address perms offset dev inode [path]; perms like "rw-s"
+      const m = /^\S+\s+(\S{4})\s+\S+\s+\S+\s+(\d+)\s*(.*)$/.exec(line);
+      if (m === null || m[1]![1] !== 'w' || m[1]![3] !== 's' || m[2] === '0') continue;
+      inodes.add(m[2]!);
+      if (m[3]!.startsWith('/')) paths.add(m[3]!.replace(/ \(deleted\)$/, ''));
+    }
+  }
+  return { inodes, paths };
+}
+
+/** Where the guest sees a member of its writable layer: `disk/root/x` and `upper/root/x` are `/root/x`. */
+function guestPath(member: string): string {
+  return member.slice(member.indexOf('/'));
+}
+
+/**
+ * Puts the pre-copied `paths` (relative, under `preDir`) into `dest` as hard links, before the
+ * rest of the unit is unpacked there: tar then creates the other files around them and sets the
+ * directories' owners, modes, xattrs and mtimes last, as it does for any directory. The link
+ * keeps the pre-copied inode (owner, mode, xattrs, mtime, holes); staging goes at the install,
+ * which leaves the file with one name again. `runtime_error` (retryable) when one is missing.
+ */
+export async function linkPrecopied(preDir: string, dest: string, paths: readonly string[]): Promise<void> {
+  for (const path of paths) {
+    if (path.startsWith('/') || path.split('/').some((part) => part === '..' || part === '.' || part === '')) {
+      throw new AgentFailure('runtime_error', `the source named a pre-copied file outside the desktop: ${JSON.stringify(path)}`, false);
+    }
+    await mkdir(join(dest, dirname(path)), { recursive: true });
+    try {
+      await link(join(preDir, path), join(dest, path));
+    } catch (err) {
+      throw new AgentFailure('runtime_error', `a pre-copied file is missing here (${(err as NodeJS.ErrnoException).code ?? String(err)}); it is fetched whole on the next try`, true);
+    }
+  }
+}
+
+function identityOf(st: { ino: bigint; size: bigint; ctimeNs: bigint; mtimeNs: bigint }): FileIdentity {
+  return { ino: String(st.ino), size: Number(st.size), ctimeNs: String(st.ctimeNs), mtimeNs: String(st.mtimeNs) };
+}
+
+function byteOrder(a: string, b: string): number {
+  return Buffer.compare(Buffer.from(a), Buffer.from(b));
+}
