@@ -109,7 +109,7 @@ export async function benchDrain(options: DrainBenchOptions): Promise<void> {
     // Where a move's time goes, by the phase each step reaches (scheduler/src/engine/move.ts).
     const names = [...new Set(phases.flatMap((p) => Object.keys(p)))];
     console.log(`move phases, median ms: ${names.map((n) => `${n} ${median(phases.map((p) => p[n] ?? 0)).toFixed(0)}`).join(', ')}`);
-    // With a pre-copy (protocol 1.11) most of the written files go before the stop.
+    // With a pre-copy (protocol 1.12) most of the written files go before the stop.
     console.log(`move bytes, median MiB: ${Object.keys(bytes[0] ?? {}).map((k) => `${k} ${(median(bytes.map((b) => b[k]!)) / MIB).toFixed(1)}`).join(', ')}`);
   } finally {
     for (const child of children.reverse()) await child.kill('SIGTERM').catch(() => undefined);

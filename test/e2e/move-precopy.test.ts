@@ -1,5 +1,5 @@
 /**
- * A move with a pre-copy (protocol 1.11), end to end on the real runtime: a `canto scheduler`
+ * A move with a pre-copy (protocol 1.12), end to end on the real runtime: a `canto scheduler`
  * process and two `canto agent` processes (source S, target T). An awake desktop holds 100 MiB
  * in ten files and runs a detached process that appends a numbered line to one of the first five
  * every 100 ms, round robin: while the source pre-copies, those are hot or change as they are
