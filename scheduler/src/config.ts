@@ -5,7 +5,7 @@
  */
 import { randomUUID } from 'node:crypto';
 import { isIP } from 'node:net';
-import { hostname } from 'node:os';
+import { availableParallelism, hostname } from 'node:os';
 import { formatHostPort, parseHostPort } from '../../shared/src/host-port.js';
 
 export interface JwtSettings {
@@ -68,6 +68,19 @@ export interface SchedulerConfig {
   /** `CANTO_LISTEN`: HOST:PORT for the HTTP API and the agent link. Default `127.0.0.1:8080`. */
   readonly listenHost: string;
   readonly listenPort: number;
+  /**
+   * `CANTO_WORKERS`: scheduler processes sharing the listeners, each a replica of its own
+   * (scheduler/src/cluster/). `1` runs the scheduler in this process. Default: the CPU cores.
+   */
+  readonly workers: number;
+  /**
+   * `CANTO_AGENT_LISTEN`: HOST:PORT of a listener that takes agent links only; worker `i` (from 1)
+   * listens on PORT + i - 1, or on a port of its own when PORT is 0. Null (unset): agents link
+   * over the API listener, and with several workers each takes a port of its own on the API host.
+   */
+  readonly agentListen: { readonly host: string; readonly port: number } | null;
+  /** `CANTO_DB_POOL_MAX`: database connections for queries, shared out among the workers. Default 20. */
+  readonly databasePoolMax: number;
   /** `CANTO_SECRET_KEY`: base64 (or hex) 32-byte key sealing desktop env/setup_script. Required. */
   readonly secretKey: string;
   /** `CANTO_JOIN_TOKEN`: the token agents present to join. Unset: no agent can join. */
@@ -176,10 +189,18 @@ export function loadSchedulerConfig(env: Env): SchedulerConfig {
   // Two heartbeats missed and a quarter of one more: 2.25 s by default.
   const hostDownMs = int(env, 'CANTO_HOST_DOWN_MS', heartbeatMs * 2 + Math.round(heartbeatMs / 4), 1);
   if (hostDownMs <= heartbeatMs) throw new Error(`CANTO_HOST_DOWN_MS (${hostDownMs}) must be longer than CANTO_HEARTBEAT_MS (${heartbeatMs})`);
+  const workers = int(env, 'CANTO_WORKERS', Math.max(1, availableParallelism()), 1);
+  const agentListen = env.CANTO_AGENT_LISTEN ? parseListen(env.CANTO_AGENT_LISTEN) : null;
+  if (agentListen && agentListen.port !== 0 && agentListen.port + workers - 1 > 65_535) {
+    throw new Error(`CANTO_AGENT_LISTEN port ${agentListen.port} leaves no room for ${workers} workers (ports ${agentListen.port}..${agentListen.port + workers - 1})`);
+  }
   return Object.freeze({
     databaseUrl,
     listenHost: listen.host,
     listenPort: listen.port,
+    workers,
+    agentListen: agentListen && Object.freeze(agentListen),
+    databasePoolMax: int(env, 'CANTO_DB_POOL_MAX', 20, 1),
     secretKey,
     joinToken: env.CANTO_JOIN_TOKEN || null,
     adminToken: loadAdminToken(env),

@@ -67,6 +67,8 @@ export async function startSchedulerProcess(opts: SchedulerProcessEnv): Promise<
     CANTO_LEASE_RENEW_MS: '300',
     CANTO_ENGINE_POLL_MS: '100',
     CANTO_LOG_LEVEL: 'info',
+    // One process, as tests that kill or signal "the scheduler" mean it; tests of the cluster set more.
+    CANTO_WORKERS: '1',
     ...opts.extra,
   });
   const url = `http://127.0.0.1:${opts.port}`;
