@@ -11,8 +11,10 @@
  * back the leader lease its predecessor held at once. A worker that dies before it ever served
  * fails the start (a wrong database URL should stop `canto scheduler`, not loop).
  *
- * A stop is forwarded: SIGTERM to every worker, each of which stops as a single scheduler does;
- * the ones still running when `STOP_BUDGET_MS` is up are killed. Metrics scrapes, which reach
+ * A stop is the primary's: it sends SIGTERM to every worker, each of which stops as a single
+ * scheduler does, and kills the ones still running when `STOP_BUDGET_MS` is up. Workers ignore
+ * SIGINT, which a terminal's Ctrl-C sends to the whole process group, so the primary decides
+ * what happens first (`canto up` hibernates desktops while the scheduler still runs). Metrics scrapes, which reach
  * whichever worker the connection went to, are answered for all workers: that worker asks the
  * primary, which gathers and merges every worker's registry (prom-client's AggregatorRegistry).
  */
@@ -34,6 +36,8 @@ export interface ClusterOptions {
   /** Settings the workers load their configuration from, on top of this process's environment. */
   readonly env: Readonly<Record<string, string | undefined>>;
   readonly logger: Logger;
+  /** Where workers write their logs: this process's stdout (default), or its stderr (`canto up` keeps stdout for its banner). */
+  readonly workerStdout?: 'stdout' | 'stderr';
 }
 
 export interface RunningCluster {
@@ -59,6 +63,7 @@ export async function startSchedulerCluster(options: ClusterOptions): Promise<Ru
   const { config } = options;
   const log = options.logger.child({ component: 'cluster' });
   const aggregator = new AggregatorRegistry();
+  cluster.setupPrimary({ stdio: ['ignore', options.workerStdout === 'stderr' ? 2 : 1, 2, 'ipc'] });
   const slots: Slot[] = Array.from({ length: config.workers }, (_, i) => ({
     index: i + 1, worker: null, ready: null, startedAt: 0, everReady: false, delayMs: RESTART_MIN_MS, restart: null,
   }));

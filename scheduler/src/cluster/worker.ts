@@ -2,7 +2,7 @@
  * One worker of a clustered scheduler (primary.ts): a whole replica in a process of its own, with
  * the configuration every worker loads and what worker-config.ts makes of it for this index. It
  * tells the primary once it serves, answers metrics scrapes with every worker's metrics (asking
- * the primary, which merges them), and stops on SIGTERM or SIGINT as a single scheduler does.
+ * the primary, which merges them), and stops on SIGTERM as a single scheduler does.
  *
  * A worker whose primary is gone exits at once: `node:cluster` ends a worker whose IPC channel
  * closes unexpectedly. Its lease and registry row then age out, as after any crash.
@@ -20,6 +20,9 @@ const METRICS_WAIT_MS = 6_000;
 
 export async function runSchedulerWorker(env: Readonly<Record<string, string | undefined>>, index: number): Promise<void> {
   const send = (message: ClusterMessage) => process.send?.(message);
+  // A terminal's Ctrl-C (SIGINT) reaches every process of the group, and is the primary's to act
+  // on: `canto up` hibernates desktops first, through the workers.
+  process.on('SIGINT', () => {});
   // First, before anything can fail slowly: the primary's metric requests are answered from the
   // start, and a worker still starting reads as one with no agent linked yet (not as absent,
   // which would let the other workers' figures stand for the process).
@@ -52,8 +55,7 @@ export async function runSchedulerWorker(env: Readonly<Record<string, string | u
     send({ type: 'canto:metrics-request', id });
   }));
 
-  // The primary forwards its stop as SIGTERM, and a terminal's Ctrl-C reaches every process of
-  // the group: the first signal stops, later ones are left to the primary, which keeps the budget.
+  // The primary stops workers with SIGTERM; a second one changes nothing (the primary keeps the budget).
   let stopping = false;
   const onSignal = () => {
     if (stopping) return;
@@ -64,7 +66,6 @@ export async function runSchedulerWorker(env: Readonly<Record<string, string | u
       () => process.exit(1),
     );
   };
-  process.on('SIGINT', onSignal);
   process.on('SIGTERM', onSignal);
   send({ type: 'canto:ready', replicaId: config.replicaId, url: scheduler.url, advertisedUrl: scheduler.advertisedUrl, ingressUrl: scheduler.ingressUrl });
 }
