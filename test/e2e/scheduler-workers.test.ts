@@ -11,16 +11,20 @@
  * - kill -9 of a worker: the API keeps answering through the other, the primary starts a new
  *   worker under the same replica id, and the agent links to it again.
  * - SIGTERM of the primary: it exits 0 and leaves no process of its tree behind.
+ * - A worker that cannot start (its agent port is taken) fails the start: exit 1, naming the worker and the cause.
  */
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { existsSync, mkdtempSync, rmSync } from 'node:fs';
+import { execFile } from 'node:child_process';
 import { request } from 'node:http';
+import { createServer } from 'node:net';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import WebSocket from 'ws';
 import { REPLICA_HEADER } from '../../shared/src/protocol.js';
 import { connectDatabase, type Sql } from '../../scheduler/src/store/db.js';
 import { createSandboxDriver } from '../../agent/src/runtime/sandbox/index.js';
+import { generateSecretKey } from '../../scheduler/src/crypto/secret-box.js';
 import { freshDatabaseUrl } from '../helpers/db.js';
 import { JOIN_TOKEN, mintKey, until } from '../helpers/scheduler.js';
 import { freePort, processTree, startAgentProcess, startSchedulerProcess, type Child } from '../helpers/processes.js';
@@ -87,9 +91,11 @@ describe.skipIf(!isRoot)('scheduler with two workers', () => {
   const children: Child[] = [];
   let stateDir: string;
   let sql: Sql;
+  let databaseUrlForFailure: string;
 
-  beforeAll(() => {
+  beforeAll(async () => {
     stateDir = mkdtempSync(join(tmpdir(), 'canto-workers-'));
+    databaseUrlForFailure = await freshDatabaseUrl();
   });
 
   afterAll(async () => {
@@ -187,5 +193,32 @@ describe.skipIf(!isRoot)('scheduler with two workers', () => {
     expect((await sql`SELECT id FROM replicas`).length).toBe(0);
     // The logs name the worker each line came from.
     expect(scheduler.output()).toMatch(/"worker":2/);
+  }, 180_000);
+
+  it('fails the start when a worker cannot start', async () => {
+    const held = createServer();
+    await new Promise<void>((resolve) => held.listen(0, '127.0.0.1', resolve));
+    const heldPort = (held.address() as { port: number }).port;
+    try {
+      const result = await new Promise<{ code: number | null; output: string }>((resolve) => {
+        const child = execFile(process.execPath, [join(import.meta.dirname, '..', '..', 'dist', 'cli.js'), 'scheduler'], {
+          env: {
+            PATH: process.env.PATH ?? '/usr/bin:/bin',
+            DATABASE_URL: databaseUrlForFailure,
+            CANTO_SECRET_KEY: generateSecretKey(),
+            CANTO_LISTEN: '127.0.0.1:0',
+            CANTO_WORKERS: '2',
+            // Worker 1's agent port is taken.
+            CANTO_AGENT_LISTEN: `127.0.0.1:${heldPort}`,
+          },
+          timeout: 60_000,
+        }, (err, stdout, stderr) => resolve({ code: child.exitCode ?? (err as { code?: number } | null)?.code ?? null, output: stdout + stderr }));
+      });
+      expect(result.code, result.output).toBe(1);
+      expect(result.output).toContain('worker 1 exited before it served');
+      expect(result.output).toContain('EADDRINUSE');
+    } finally {
+      held.close();
+    }
   });
 });

@@ -108,8 +108,9 @@ export async function startSchedulerCluster(options: ClusterOptions): Promise<Ru
     slot.worker = null;
     slot.ready = null;
     if (stopping) return;
-    if (!slot.everReady) {
-      failStart?.(new Error(`scheduler worker ${slot.index} exited before it served (code ${code}, signal ${signal}); its log says why`));
+    if (!slot.everReady && failStart) {
+      failStart(new Error(`scheduler worker ${slot.index} exited before it served (code ${code}, signal ${signal}); its log says why`));
+      return;
     }
     if (Date.now() - slot.startedAt >= RESTART_RESET_MS) slot.delayMs = RESTART_MIN_MS;
     log.error({ worker: slot.index, pid: worker.process.pid, code, signal, restart_in_ms: slot.delayMs }, 'worker died; starting it again');
