@@ -96,8 +96,9 @@ export interface SchedulerConfig {
   readonly replicaId: string;
   /**
    * `CANTO_ADVERTISE_URL`: the base URL agents (and `canto status`) reach this replica at.
-   * Default: `http://<listen host>:<port>`, with the machine's host name for a wildcard address.
-   * Null until the listener's port is known (main.ts fills it in for port 0).
+   * Default: `http://<listen host>:<port>`, with the machine's host name for a wildcard address,
+   * or with an agent-link listener (`agentListen`) its address. Null when unset: main.ts derives
+   * it from the listener agents use once its port is known.
    */
   readonly advertiseUrl: string | null;
   /** `CANTO_LEASE_TTL_MS`: leader lease lifetime. Default 2500. */
@@ -206,7 +207,7 @@ export function loadSchedulerConfig(env: Env): SchedulerConfig {
     adminToken: loadAdminToken(env),
     jwt: jwt && Object.freeze(jwt),
     replicaId: env.CANTO_REPLICA_ID || `sched-${randomUUID().slice(0, 8)}`,
-    advertiseUrl: parseAdvertiseUrl(env.CANTO_ADVERTISE_URL, listen),
+    advertiseUrl: parseAdvertiseUrl(env.CANTO_ADVERTISE_URL),
     leaseTtlMs,
     leaseRenewMs: int(env, 'CANTO_LEASE_RENEW_MS', Math.min(500, Math.floor(leaseTtlMs / 3)), 100),
     waitCapMs: int(env, 'CANTO_WAIT_CAP_MS', 120_000, 1),
@@ -230,11 +231,8 @@ export function loadSchedulerConfig(env: Env): SchedulerConfig {
   });
 }
 
-/**
- * The URL agents dial this replica at: `CANTO_ADVERTISE_URL`, else built from the listen
- * address (a wildcard address stands for the machine's host name); null while the port is 0.
- */
-function parseAdvertiseUrl(raw: string | undefined, listen: { host: string; port: number }): string | null {
+/** The URL agents dial this replica at, as `CANTO_ADVERTISE_URL` gives it; null when unset. */
+function parseAdvertiseUrl(raw: string | undefined): string | null {
   const value = raw?.trim();
   if (value) {
     let url: URL;
@@ -248,7 +246,7 @@ function parseAdvertiseUrl(raw: string | undefined, listen: { host: string; port
     }
     return url.toString().replace(/\/+$/, '');
   }
-  return listen.port === 0 ? null : advertisedUrlFor(listen.host, listen.port);
+  return null;
 }
 
 /** `http://host:port` for a listener; a wildcard address stands for the machine's host name. */

@@ -42,6 +42,11 @@ describe('scheduler worker settings', () => {
     expect(workerConfig(anyPort, 2).agentListen).toEqual({ host: '127.0.0.1', port: 0 });
   });
 
+  it('leave the advertised URL to the listener agents use unless CANTO_ADVERTISE_URL names one', () => {
+    expect(loadSchedulerConfig({ ...base, CANTO_LISTEN: '127.0.0.1:8080', CANTO_AGENT_LISTEN: '10.0.0.5:9100' }).advertiseUrl).toBeNull();
+    expect(loadSchedulerConfig({ ...base, CANTO_ADVERTISE_URL: 'https://sched-a.example:8443/' }).advertiseUrl).toBe('https://sched-a.example:8443');
+  });
+
   it('keep a few connections per worker however small the pool', () => {
     const config = loadSchedulerConfig({ ...base, CANTO_WORKERS: '8', CANTO_DB_POOL_MAX: '4' });
     expect(workerConfig(config, 8).databasePoolMax).toBe(2);
