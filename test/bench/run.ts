@@ -73,6 +73,9 @@ async function main(): Promise<void> {
       // Room for the 30 small desktops awake at once of the parallel section (the default allows 8 here).
       CANTO_CPU_OVERCOMMIT: '40', CANTO_MEMORY_OVERCOMMIT: '8',
     },
+  }).catch(async (err: unknown) => {
+    await pg.stop();
+    throw err;
   });
   const agent = startAgentProcess(scheduler.url, join(dir, 'agent'), { CANTO_LOG_LEVEL: 'warn' });
   const sql = connectDatabase(pg.url, { max: 1 });

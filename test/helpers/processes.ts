@@ -72,10 +72,16 @@ export async function startSchedulerProcess(opts: SchedulerProcessEnv): Promise<
     ...opts.extra,
   });
   const url = `http://127.0.0.1:${opts.port}`;
-  await until(async () => {
-    if (child.proc.exitCode !== null) throw new Error(`scheduler exited:\n${child.output()}`);
-    return fetch(`${url}/v1/openapi.json`).then((r) => r.ok, () => false);
-  }, 30_000, 'scheduler to listen');
+  try {
+    await until(async () => {
+      if (child.proc.exitCode !== null) throw new Error(`scheduler exited:\n${child.output()}`);
+      return fetch(`${url}/v1/openapi.json`).then((r) => r.ok, () => false);
+    }, 30_000, 'scheduler to listen');
+  } catch (err) {
+    // Not left running for nobody (its workers, if any, exit with it).
+    await child.kill('SIGKILL');
+    throw err;
+  }
   return Object.assign(child, { url });
 }
 
