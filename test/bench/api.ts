@@ -50,13 +50,16 @@ export async function benchApi(o: ApiBenchOptions): Promise<void> {
   const open: number[] = [];
   const bareOpen: number[] = [];
   const singleOpen: number[] = [];
+  // Scheduler CPU per request (all workers'): what a read costs whatever else the machine runs.
+  const cpu: number[] = [];
+  const singleCpu: number[] = [];
   try {
     const rounds = Math.max(1, Math.min(o.runs, 3));
     for (let i = 0; i < rounds; i++) {
       const closed = { connections: CONNECTIONS, durationMs: SECONDS * 1000 };
       bareRps.push(checked(await runLoad({ url: bareUrl, headers: {}, ...closed })).rps);
-      rps.push(checked(await runLoad({ url: apiUrl, headers: auth, ...closed })).rps);
-      singleRps.push(checked(await runLoad({ url: singleUrl, headers: auth, ...closed })).rps);
+      rps.push(await cpuMeasured(o.schedulerUrl, cpu, () => runLoad({ url: apiUrl, headers: auth, ...closed })));
+      singleRps.push(await cpuMeasured(o.singleWorkerUrl, singleCpu, () => runLoad({ url: singleUrl, headers: auth, ...closed })));
       const offered = { ...closed, rate: OFFERED };
       bareOpen.push(...checked(await runLoad({ url: bareUrl, headers: {}, ...offered })).latencies);
       open.push(...checked(await runLoad({ url: apiUrl, headers: auth, ...offered })).latencies);
@@ -74,6 +77,9 @@ export async function benchApi(o: ApiBenchOptions): Promise<void> {
     [`GET /v1/desktops/{id} at ${OFFERED} req/s offered, p50, 1 worker`, median(singleOpen), median(bareOpen), 'ms', '(comparison)', singleOpen],
   ]);
   console.log(`p99 at ${OFFERED} req/s offered: ${w} ${percentile(open, 99).toFixed(1)} ms, 1 worker ${percentile(singleOpen, 99).toFixed(1)} ms, bare ${percentile(bareOpen, 99).toFixed(1)} ms`);
+  table('Scheduler CPU per API read (closed loop, process_cpu_seconds_total of every worker); baseline = 1 worker', [
+    [`GET /v1/desktops/{id}, ${w}`, median(cpu), median(singleCpu), 'ms', '(comparison)', cpu],
+  ]);
 
   // A list of 1,000 desktops, made in the database (placement does not matter to a read).
   const sql = connectDatabase(o.databaseUrl, { max: 1 });
@@ -99,6 +105,22 @@ export async function benchApi(o: ApiBenchOptions): Promise<void> {
   table('API list (1,000 desktops in the org); baseline = GET of one desktop', [
     ['GET /v1/desktops', median(list), median(one), 'ms', '< 20 ms', list],
   ]);
+}
+
+/** Runs a closed loop, records the scheduler's CPU ms per request into `into`, and returns req/s. */
+async function cpuMeasured(base: string, into: number[], load: () => Promise<{ errors: number; requests: number; rps: number }>): Promise<number> {
+  const before = await cpuSeconds(base);
+  const result = checked(await load());
+  into.push(((await cpuSeconds(base)) - before) * 1000 / result.requests);
+  return result.rps;
+}
+
+/** `process_cpu_seconds_total` from the scheduler's `/metrics` (summed over its workers). */
+async function cpuSeconds(base: string): Promise<number> {
+  const text = await (await fetch(`${base}/metrics`)).text();
+  const line = text.split('\n').find((l) => l.startsWith('process_cpu_seconds_total '));
+  if (!line) throw new Error('the scheduler reports no process_cpu_seconds_total');
+  return Number(line.split(' ')[1]);
 }
 
 function checked<T extends { errors: number; requests: number }>(r: T): T {
