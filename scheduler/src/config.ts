@@ -5,7 +5,7 @@
  */
 import { randomUUID } from 'node:crypto';
 import { isIP } from 'node:net';
-import { hostname } from 'node:os';
+import { availableParallelism, hostname } from 'node:os';
 import { formatHostPort, parseHostPort } from '../../shared/src/host-port.js';
 
 export interface JwtSettings {
@@ -70,8 +70,7 @@ export interface SchedulerConfig {
   readonly listenPort: number;
   /**
    * `CANTO_WORKERS`: scheduler processes sharing the listeners, each a replica of its own
-   * (scheduler/src/cluster/). `1` runs the scheduler in this process. Default 1 (measured:
-   * docs/decisions.md).
+   * (scheduler/src/cluster/). `1` runs the scheduler in this process. Default: the CPU cores.
    */
   readonly workers: number;
   /**
@@ -191,7 +190,7 @@ export function loadSchedulerConfig(env: Env): SchedulerConfig {
   // Two heartbeats missed and a quarter of one more: 2.25 s by default.
   const hostDownMs = int(env, 'CANTO_HOST_DOWN_MS', heartbeatMs * 2 + Math.round(heartbeatMs / 4), 1);
   if (hostDownMs <= heartbeatMs) throw new Error(`CANTO_HOST_DOWN_MS (${hostDownMs}) must be longer than CANTO_HEARTBEAT_MS (${heartbeatMs})`);
-  const workers = int(env, 'CANTO_WORKERS', 1, 1);
+  const workers = int(env, 'CANTO_WORKERS', Math.max(1, availableParallelism()), 1);
   const agentListen = env.CANTO_AGENT_LISTEN ? parseListen(env.CANTO_AGENT_LISTEN) : null;
   if (agentListen && agentListen.port !== 0 && agentListen.port + workers - 1 > 65_535) {
     throw new Error(`CANTO_AGENT_LISTEN port ${agentListen.port} leaves no room for ${workers} workers (ports ${agentListen.port}..${agentListen.port + workers - 1})`);

@@ -5,9 +5,9 @@
  * body of the same size, driven by the same load generator in the same run: what one HTTP round
  * trip costs on this machine.
  *
- * The scheduler under test runs `CANTO_BENCH_WORKERS` workers (one per core by default); a
- * second scheduler with one worker, on the same database, is driven in the same rounds, so the
- * table shows what the workers buy.
+ * The scheduler under test runs as in production (`CANTO_WORKERS` workers, one per core by
+ * default); a second scheduler with one worker, on the same database, is driven in the same
+ * rounds, so the table shows what the workers buy.
  */
 import { createServer } from 'node:http';
 import { connectDatabase } from '../../scheduler/src/store/db.js';

@@ -32,7 +32,7 @@ import { median, printSummary, summary, table, timed } from './stats.js';
 import { freePort, startAgentProcess, startSchedulerProcess } from '../helpers/processes.js';
 
 const RUNS = Number(process.env.CANTO_BENCH_RUNS ?? 10);
-/** The scheduler's worker processes (`CANTO_WORKERS`): one per core unless set, against one worker in the API section. */
+/** The scheduler's worker processes (`CANTO_WORKERS`); the production default, one per core, unless set. */
 const WORKERS = Number(process.env.CANTO_BENCH_WORKERS ?? availableParallelism());
 /** `npm run bench -- --json FILE` also writes the summary as JSON, for tracking figures over time. */
 const JSON_OUT = ((i) => (i >= 0 ? process.argv[i + 1] : undefined))(process.argv.indexOf('--json'));

@@ -2,6 +2,7 @@
  * The cluster settings (`CANTO_WORKERS`, `CANTO_AGENT_LISTEN`, `CANTO_DB_POOL_MAX`) and what each
  * worker makes of them: a replica id of its own, a share of the pool, an agent port of its own.
  */
+import { availableParallelism } from 'node:os';
 import { describe, expect, it } from 'vitest';
 import { loadSchedulerConfig } from '../../scheduler/src/config.js';
 import { workerConfig, workerIndexFrom } from '../../scheduler/src/cluster/worker-config.js';
@@ -9,9 +10,9 @@ import { workerConfig, workerIndexFrom } from '../../scheduler/src/cluster/worke
 const base = { DATABASE_URL: 'postgres://x/y', CANTO_SECRET_KEY: 'k', CANTO_REPLICA_ID: 'sched' };
 
 describe('scheduler worker settings', () => {
-  it('default to one process, agent links over the API listener, and a pool of 20', () => {
+  it('default to one worker per core, agent links over the API listener, and a pool of 20', () => {
     const config = loadSchedulerConfig(base);
-    expect(config.workers).toBe(1);
+    expect(config.workers).toBe(availableParallelism());
     expect(config.agentListen).toBeNull();
     expect(config.databasePoolMax).toBe(20);
   });
