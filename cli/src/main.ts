@@ -3,10 +3,15 @@
  * settings the environment can give, and calls one start-up function; configuration is parsed
  * once, here.
  */
+import cluster from 'node:cluster';
 import { readFileSync } from 'node:fs';
 import { Command, Option } from 'commander';
 import { loadSchedulerConfig } from '../../scheduler/src/config.js';
 import { startScheduler, STOP_BUDGET_MS } from '../../scheduler/src/main.js';
+import { startSchedulerCluster } from '../../scheduler/src/cluster/primary.js';
+import { runSchedulerWorker } from '../../scheduler/src/cluster/worker.js';
+import { workerIndexFrom } from '../../scheduler/src/cluster/worker-config.js';
+import { createRootLogger } from '../../shared/src/log.js';
 import { connectDatabase, type Sql } from '../../scheduler/src/store/db.js';
 import { migrate } from '../../scheduler/src/store/migrations.js';
 import { loadAgentConfig } from '../../agent/src/config.js';
@@ -42,8 +47,12 @@ program
   .option('--listen <host:port>', 'API listen address (CANTO_LISTEN)')
   .action(async (opts: { listen?: string }) => {
     tuneHeapForStreaming();
-    const config = loadSchedulerConfig({ ...env, ...(opts.listen ? { CANTO_LISTEN: opts.listen } : {}) });
-    const scheduler = await startScheduler(config);
+    const settings = { ...env, ...(opts.listen ? { CANTO_LISTEN: opts.listen } : {}) };
+    const config = loadSchedulerConfig(settings);
+    // Several workers: this process is only their primary (scheduler/src/cluster/primary.ts).
+    const scheduler = config.workers > 1
+      ? await startSchedulerCluster({ config, env: settings, logger: createRootLogger({ level: config.logLevel, name: 'canto-scheduler' }) })
+      : await startScheduler(config);
     // The handler stays installed for the whole stop: removing it while a signal is delivered
     // would leave another library's listener (execa's signal-exit) to re-raise it and kill us.
     let stopping = false;
@@ -160,7 +169,15 @@ program
     process.stdout.write(opts.json ? `${JSON.stringify(status, null, 2)}\n` : formatFleetStatus(status));
   });
 
-program.parseAsync(process.argv).catch((err: unknown) => {
+// A scheduler worker runs this same program (node:cluster forks it with the primary's
+// arguments): it is a worker by its index, whatever the command line says.
+const workerIndex = cluster.isWorker ? workerIndexFrom(env) : null;
+const run = async () => {
+  if (workerIndex === null) return program.parseAsync(process.argv);
+  tuneHeapForStreaming();
+  return runSchedulerWorker(env, workerIndex);
+};
+run().catch((err: unknown) => {
   process.stderr.write(`canto: ${err instanceof Error ? err.message : String(err)}\n`);
   process.exit(1);
 });

@@ -4,6 +4,10 @@
  * `--hosts N`, each a host of its own, to try cordon, drain and moves on one machine). Prints the
  * API base URL and, on the first start, a bootstrap API key for the org `default`.
  *
+ * The scheduler is one process unless `CANTO_WORKERS` asks for more (then this process is also
+ * their cluster primary, scheduler/src/cluster/primary.ts): one person trying Canto gains nothing
+ * from a second worker, which costs memory and start-up time on the machine the desktops run on.
+ *
  * One `canto up` per data directory: a lock file (`canto-up.pid`) names the running one; a lock
  * left by a process that is gone (kill -9, a crash) is taken over, along with any PostgreSQL
  * server it left running (scheduler/src/pg/embedded.ts).
@@ -18,7 +22,9 @@
 import { join } from 'node:path';
 import { createRootLogger, type Logger } from '../../shared/src/log.js';
 import { loadSchedulerConfig } from '../../scheduler/src/config.js';
-import { startScheduler, type RunningScheduler } from '../../scheduler/src/main.js';
+import { startScheduler } from '../../scheduler/src/main.js';
+import { startSchedulerCluster } from '../../scheduler/src/cluster/primary.js';
+import { LifecycleService } from '../../scheduler/src/services/lifecycle.js';
 import { startEmbeddedPostgres } from '../../scheduler/src/pg/embedded.js';
 import { connectDatabase } from '../../scheduler/src/store/db.js';
 import { createApiKey } from '../../scheduler/src/services/keys.js';
@@ -87,7 +93,8 @@ export async function up(options: UpOptions, env: NodeJS.ProcessEnv): Promise<vo
   process.on('SIGINT', onSignal);
   process.on('SIGTERM', onSignal);
 
-  let scheduler: RunningScheduler;
+  let scheduler: { readonly url: string; readonly ingressUrl: string | null; close(): Promise<void> };
+  let lifecycle: LifecycleService;
   let databaseUrl: string;
   try {
     const secrets = loadOrCreateSecrets(options.dataDir);
@@ -95,23 +102,30 @@ export async function up(options: UpOptions, env: NodeJS.ProcessEnv): Promise<vo
     stops.push(() => pg.stop());
     databaseUrl = pg.url;
     const ingressBaseUrl = env.CANTO_INGRESS_BASE_URL || LOCAL_INGRESS_BASE_URL;
-    scheduler = await startScheduler(
-      loadSchedulerConfig({
-        ...env,
-        DATABASE_URL: pg.url,
-        CANTO_SECRET_KEY: env.CANTO_SECRET_KEY || secrets.secret_key,
-        CANTO_JOIN_TOKEN: env.CANTO_JOIN_TOKEN || secrets.join_token,
-        CANTO_ADMIN_TOKEN: env.CANTO_ADMIN_TOKEN || secrets.admin_token,
-        CANTO_LISTEN: options.listen,
-        // One replica per data directory (the lock sees to it): a stable name lets a restart after
-        // a crash take the lease back at once instead of waiting out the dead one's TTL.
-        CANTO_REPLICA_ID: env.CANTO_REPLICA_ID || 'up',
-        CANTO_INGRESS_BASE_URL: ingressBaseUrl,
-        CANTO_INGRESS_LISTEN: env.CANTO_INGRESS_LISTEN || '127.0.0.1:8081',
-      }),
-      logger,
-    );
+    const settings = {
+      ...env,
+      DATABASE_URL: pg.url,
+      CANTO_SECRET_KEY: env.CANTO_SECRET_KEY || secrets.secret_key,
+      CANTO_JOIN_TOKEN: env.CANTO_JOIN_TOKEN || secrets.join_token,
+      CANTO_ADMIN_TOKEN: env.CANTO_ADMIN_TOKEN || secrets.admin_token,
+      CANTO_LISTEN: options.listen,
+      // One replica per data directory (the lock sees to it): a stable name lets a restart after
+      // a crash take the lease back at once instead of waiting out the dead one's TTL.
+      CANTO_REPLICA_ID: env.CANTO_REPLICA_ID || 'up',
+      CANTO_INGRESS_BASE_URL: ingressBaseUrl,
+      CANTO_INGRESS_LISTEN: env.CANTO_INGRESS_LISTEN || '127.0.0.1:8081',
+      CANTO_WORKERS: env.CANTO_WORKERS || '1',
+    };
+    const config = loadSchedulerConfig(settings);
+    scheduler = config.workers > 1
+      // Workers log to stderr too: stdout is this process's, for the banner.
+      ? await startSchedulerCluster({ config, env: settings, logger, workerStdout: 'stderr' })
+      : await startScheduler(config, logger);
     stops.push(() => scheduler.close());
+    // The stop's hibernations are requested here, whichever process runs the scheduler.
+    const lifecycleSql = connectDatabase(pg.url, { max: 2 });
+    stops.push(() => lifecycleSql.end({ timeout: 1 }));
+    lifecycle = new LifecycleService(lifecycleSql, config.hostSlots);
     recordApiUrl(options.dataDir, scheduler.url);
     const bootstrapKey = await firstStartKey(pg.url);
     const agents = [];
@@ -138,7 +152,7 @@ export async function up(options: UpOptions, env: NodeJS.ProcessEnv): Promise<vo
     const begin = () => {
       onSignalWhileRunning = null;
       say('\nStopping Canto…');
-      void hibernateAll(scheduler, databaseUrl, () => signals > 1, say, logger)
+      void hibernateAll(lifecycle, databaseUrl, () => signals > 1, say, logger)
         .then(stopAll)
         .then(resolve);
     };
@@ -156,7 +170,7 @@ export async function up(options: UpOptions, env: NodeJS.ProcessEnv): Promise<vo
  * HIBERNATE_ON_STOP_MS. `?wait=true` requests still open are answered when the scheduler stops.
  */
 async function hibernateAll(
-  scheduler: RunningScheduler,
+  lifecycle: LifecycleService,
   databaseUrl: string,
   skip: () => boolean,
   say: (line: string) => void,
@@ -180,7 +194,7 @@ async function hibernateAll(
       const fresh = awake.filter((x) => !x.open && !requested.has(x.id));
       for (const d of fresh) {
         requested.add(d.id);
-        await scheduler.lifecycle.request(d.org_id, d.id, 'hibernate', { expectedGeneration: null, idempotencyKey: null, reason: 'shutdown' }).catch((err: unknown) => {
+        await lifecycle.request(d.org_id, d.id, 'hibernate', { expectedGeneration: null, idempotencyKey: null, reason: 'shutdown' }).catch((err: unknown) => {
           // 409: it changed state meanwhile; the next round sees it as it is.
           if (!(err instanceof ApiError)) throw err;
         });

@@ -5,7 +5,7 @@
  */
 import { randomUUID } from 'node:crypto';
 import { isIP } from 'node:net';
-import { hostname } from 'node:os';
+import { availableParallelism, hostname } from 'node:os';
 import { formatHostPort, parseHostPort } from '../../shared/src/host-port.js';
 
 export interface JwtSettings {
@@ -68,6 +68,19 @@ export interface SchedulerConfig {
   /** `CANTO_LISTEN`: HOST:PORT for the HTTP API and the agent link. Default `127.0.0.1:8080`. */
   readonly listenHost: string;
   readonly listenPort: number;
+  /**
+   * `CANTO_WORKERS`: scheduler processes sharing the listeners, each a replica of its own
+   * (scheduler/src/cluster/). `1` runs the scheduler in this process. Default: the CPU cores.
+   */
+  readonly workers: number;
+  /**
+   * `CANTO_AGENT_LISTEN`: HOST:PORT of a listener that takes agent links only; worker `i` (from 1)
+   * listens on PORT + i - 1, or on a port of its own when PORT is 0. Null (unset): agents link
+   * over the API listener, and with several workers each takes a port of its own on the API host.
+   */
+  readonly agentListen: { readonly host: string; readonly port: number } | null;
+  /** `CANTO_DB_POOL_MAX`: database connections for queries, shared out among the workers. Default 20. */
+  readonly databasePoolMax: number;
   /** `CANTO_SECRET_KEY`: base64 (or hex) 32-byte key sealing desktop env/setup_script. Required. */
   readonly secretKey: string;
   /** `CANTO_JOIN_TOKEN`: the token agents present to join. Unset: no agent can join. */
@@ -83,8 +96,9 @@ export interface SchedulerConfig {
   readonly replicaId: string;
   /**
    * `CANTO_ADVERTISE_URL`: the base URL agents (and `canto status`) reach this replica at.
-   * Default: `http://<listen host>:<port>`, with the machine's host name for a wildcard address.
-   * Null until the listener's port is known (main.ts fills it in for port 0).
+   * Default: `http://<listen host>:<port>`, with the machine's host name for a wildcard address,
+   * or with an agent-link listener (`agentListen`) its address. Null when unset: main.ts derives
+   * it from the listener agents use once its port is known.
    */
   readonly advertiseUrl: string | null;
   /** `CANTO_LEASE_TTL_MS`: leader lease lifetime. Default 2500. */
@@ -199,16 +213,24 @@ export function loadSchedulerConfig(env: Env): SchedulerConfig {
   // Two heartbeats missed and a quarter of one more: 2.25 s by default.
   const hostDownMs = int(env, 'CANTO_HOST_DOWN_MS', heartbeatMs * 2 + Math.round(heartbeatMs / 4), 1);
   if (hostDownMs <= heartbeatMs) throw new Error(`CANTO_HOST_DOWN_MS (${hostDownMs}) must be longer than CANTO_HEARTBEAT_MS (${heartbeatMs})`);
+  const workers = int(env, 'CANTO_WORKERS', Math.max(1, availableParallelism()), 1);
+  const agentListen = env.CANTO_AGENT_LISTEN ? parseListen(env.CANTO_AGENT_LISTEN) : null;
+  if (agentListen && agentListen.port !== 0 && agentListen.port + workers - 1 > 65_535) {
+    throw new Error(`CANTO_AGENT_LISTEN port ${agentListen.port} leaves no room for ${workers} workers (ports ${agentListen.port}..${agentListen.port + workers - 1})`);
+  }
   return Object.freeze({
     databaseUrl,
     listenHost: listen.host,
     listenPort: listen.port,
+    workers,
+    agentListen: agentListen && Object.freeze(agentListen),
+    databasePoolMax: int(env, 'CANTO_DB_POOL_MAX', 20, 1),
     secretKey,
     joinToken: env.CANTO_JOIN_TOKEN || null,
     adminToken: loadAdminToken(env),
     jwt: jwt && Object.freeze(jwt),
     replicaId: env.CANTO_REPLICA_ID || `sched-${randomUUID().slice(0, 8)}`,
-    advertiseUrl: parseAdvertiseUrl(env.CANTO_ADVERTISE_URL, listen),
+    advertiseUrl: parseAdvertiseUrl(env.CANTO_ADVERTISE_URL),
     leaseTtlMs,
     leaseRenewMs: int(env, 'CANTO_LEASE_RENEW_MS', Math.min(500, Math.floor(leaseTtlMs / 3)), 100),
     waitCapMs: int(env, 'CANTO_WAIT_CAP_MS', 120_000, 1),
@@ -236,11 +258,8 @@ export function loadSchedulerConfig(env: Env): SchedulerConfig {
   });
 }
 
-/**
- * The URL agents dial this replica at: `CANTO_ADVERTISE_URL`, else built from the listen
- * address (a wildcard address stands for the machine's host name); null while the port is 0.
- */
-function parseAdvertiseUrl(raw: string | undefined, listen: { host: string; port: number }): string | null {
+/** The URL agents dial this replica at, as `CANTO_ADVERTISE_URL` gives it; null when unset. */
+function parseAdvertiseUrl(raw: string | undefined): string | null {
   const value = raw?.trim();
   if (value) {
     let url: URL;
@@ -254,7 +273,7 @@ function parseAdvertiseUrl(raw: string | undefined, listen: { host: string; port
     }
     return url.toString().replace(/\/+$/, '');
   }
-  return listen.port === 0 ? null : advertisedUrlFor(listen.host, listen.port);
+  return null;
 }
 
 /** `http://host:port` for a listener; a wildcard address stands for the machine's host name. */

@@ -7,6 +7,8 @@
  * the webhook dispatcher. A stopping replica hands the lease over first, answers its waits,
  * gives requests in flight a moment, and is gone within `STOP_BUDGET_MS`.
  */
+import { createServer, type Server } from 'node:http';
+import type { AddressInfo } from 'node:net';
 import { createRootLogger, type Logger } from '../../shared/src/log.js';
 import { CANTO_VERSION } from '../../shared/src/version.js';
 import { advertisedUrlFor, type SchedulerConfig } from './config.js';
@@ -62,12 +64,15 @@ export interface RunningScheduler {
   close(): Promise<void>;
 }
 
-export async function startScheduler(config: SchedulerConfig, logger?: Logger): Promise<RunningScheduler> {
+/**
+ * `metrics`: the registry to record into, when the caller needs it before the scheduler serves
+ * (a cluster worker answers the primary's scrapes from the start, cluster/worker.ts).
+ */
+export async function startScheduler(config: SchedulerConfig, logger?: Logger, metrics = new SchedulerMetrics()): Promise<RunningScheduler> {
   const log = logger ?? createRootLogger({ level: config.logLevel, name: 'canto-scheduler' });
-  const sql = connectDatabase(config.databaseUrl, { max: 20 });
+  const sql = connectDatabase(config.databaseUrl, { max: config.databasePoolMax });
   await migrate(sql);
   const secrets = createSecretBox(parseSecretKey(config.secretKey));
-  const metrics = new SchedulerMetrics();
 
   let registry: ReplicaRegistry | null = null;
   let leadership: Leadership | null = null;
@@ -175,6 +180,10 @@ export async function startScheduler(config: SchedulerConfig, logger?: Logger): 
     logger: log,
   });
   agents.attach(app.server);
+  // Agent links only (worker-config.ts): a bare server with the gateway's upgrade and a 404 for
+  // anything else, so the API is served where it always was and nowhere more.
+  const agentServer = config.agentListen && createServer((_req, res) => res.writeHead(404, { 'content-type': 'text/plain' }).end('agent links only\n'));
+  if (agentServer) agents.attach(agentServer);
   // Requests in flight, so a stop closes the agent links (failing their guest calls) only once
   // they are answered or out of time.
   let inFlight = 0;
@@ -197,6 +206,7 @@ export async function startScheduler(config: SchedulerConfig, logger?: Logger): 
         });
   const abandon = async () => {
     agents.stop();
+    agentServer?.close();
     await app.close();
     await stopListening();
     await waiter.stop();
@@ -205,6 +215,7 @@ export async function startScheduler(config: SchedulerConfig, logger?: Logger): 
   let ingress: PortIngress | null = null;
   try {
     await app.listen({ host: config.listenHost, port: config.listenPort });
+    if (agentServer && config.agentListen) await listenExclusive(agentServer, config.agentListen);
     ingress = config.ingress && (await PortIngress.start({ settings: config.ingress, ports, portLinkSecret: config.secretKey, logger: log }));
   } catch (err) {
     await abandon();
@@ -213,7 +224,9 @@ export async function startScheduler(config: SchedulerConfig, logger?: Logger): 
   const address = app.server.address();
   const port = typeof address === 'object' && address ? address.port : config.listenPort;
   const url = advertisedUrlFor(config.listenHost === '0.0.0.0' || config.listenHost === '::' ? '127.0.0.1' : config.listenHost, port);
-  const advertisedUrl = config.advertiseUrl ?? advertisedUrlFor(config.listenHost, port);
+  const advertisedUrl = agentServer && config.agentListen
+    ? agentLinkUrl(config.advertiseUrl, config.agentListen.host, (agentServer.address() as AddressInfo).port)
+    : config.advertiseUrl ?? advertisedUrlFor(config.listenHost, port);
   registry = new ReplicaRegistry({
     sql,
     self: { id: config.replicaId, url: advertisedUrl, version: CANTO_VERSION, settings: sharedSettings(config) },
@@ -257,9 +270,13 @@ export async function startScheduler(config: SchedulerConfig, logger?: Logger): 
         await registry.stop();
         // New requests get 503 from here; those in flight get a moment before their links go.
         const closed = app.close();
+        agentServer?.close();
         await requestsDone(DRAIN_MS);
         agents.stop();
-        const force = setTimeout(() => app.server.closeAllConnections(), Math.max(0, STOP_BUDGET_MS - 1_000 - (Date.now() - started)));
+        const force = setTimeout(() => {
+          app.server.closeAllConnections();
+          agentServer?.closeAllConnections();
+        }, Math.max(0, STOP_BUDGET_MS - 1_000 - (Date.now() - started)));
         await closed;
         clearTimeout(force);
         await ingress?.close();
@@ -270,4 +287,30 @@ export async function startScheduler(config: SchedulerConfig, logger?: Logger): 
       return closing;
     },
   };
+}
+
+/**
+ * Listens on a port of this process's own even in a cluster worker (where a plain listen would
+ * share the port among all workers through the primary): the agent that dials it must reach
+ * exactly this replica.
+ */
+function listenExclusive(server: Server, address: { host: string; port: number }): Promise<void> {
+  return new Promise((resolve, reject) => {
+    server.once('error', reject);
+    server.listen({ host: address.host, port: address.port, exclusive: true }, () => {
+      server.off('error', reject);
+      resolve();
+    });
+  });
+}
+
+/**
+ * The URL agents reach an agent-link listener at: `CANTO_ADVERTISE_URL` (its scheme, host and
+ * path) with the listener's port, else the listener's own address.
+ */
+function agentLinkUrl(advertise: string | null, host: string, port: number): string {
+  if (advertise === null) return advertisedUrlFor(host, port);
+  const url = new URL(advertise);
+  url.port = String(port);
+  return url.toString().replace(/\/+$/, '');
 }

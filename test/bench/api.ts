@@ -4,6 +4,10 @@
  * with 1,000 desktops < 20 ms). The baseline is a bare `node:http` server answering a fixed JSON
  * body of the same size, driven by the same load generator in the same run: what one HTTP round
  * trip costs on this machine.
+ *
+ * The scheduler under test runs as in production (`CANTO_WORKERS` workers, one per core by
+ * default); a second scheduler with one worker, on the same database, is driven in the same
+ * rounds, so the table shows what the workers buy.
  */
 import { createServer } from 'node:http';
 import { connectDatabase } from '../../scheduler/src/store/db.js';
@@ -14,6 +18,10 @@ import { median, percentile, table, timed } from './stats.js';
 
 export interface ApiBenchOptions {
   schedulerUrl: string;
+  /** Worker processes of the scheduler at `schedulerUrl`. */
+  workers: number;
+  /** A scheduler with one worker on the same database, for comparison. */
+  singleWorkerUrl: string;
   databaseUrl: string;
   apiKey: string;
   runs: number;
@@ -30,6 +38,7 @@ export async function benchApi(o: ApiBenchOptions): Promise<void> {
   });
   const desktop = (await created.json()) as { id: string };
   const apiUrl = `${o.schedulerUrl}/v1/desktops/${desktop.id}`;
+  const singleUrl = `${o.singleWorkerUrl}/v1/desktops/${desktop.id}`;
   const body = JSON.stringify(await (await fetch(apiUrl, { headers: auth })).json());
   const bare = createServer((_req, res) => res.writeHead(200, { 'content-type': 'application/json', 'content-length': Buffer.byteLength(body) }).end(body));
   await new Promise<void>((r) => bare.listen(0, '127.0.0.1', r));
@@ -37,27 +46,40 @@ export async function benchApi(o: ApiBenchOptions): Promise<void> {
 
   const rps: number[] = [];
   const bareRps: number[] = [];
+  const singleRps: number[] = [];
   const open: number[] = [];
   const bareOpen: number[] = [];
+  const singleOpen: number[] = [];
+  // Scheduler CPU per request (all workers'): what a read costs whatever else the machine runs.
+  const cpu: number[] = [];
+  const singleCpu: number[] = [];
   try {
     const rounds = Math.max(1, Math.min(o.runs, 3));
     for (let i = 0; i < rounds; i++) {
       const closed = { connections: CONNECTIONS, durationMs: SECONDS * 1000 };
       bareRps.push(checked(await runLoad({ url: bareUrl, headers: {}, ...closed })).rps);
-      rps.push(checked(await runLoad({ url: apiUrl, headers: auth, ...closed })).rps);
+      rps.push(await cpuMeasured(o.schedulerUrl, cpu, () => runLoad({ url: apiUrl, headers: auth, ...closed })));
+      singleRps.push(await cpuMeasured(o.singleWorkerUrl, singleCpu, () => runLoad({ url: singleUrl, headers: auth, ...closed })));
       const offered = { ...closed, rate: OFFERED };
       bareOpen.push(...checked(await runLoad({ url: bareUrl, headers: {}, ...offered })).latencies);
       open.push(...checked(await runLoad({ url: apiUrl, headers: auth, ...offered })).latencies);
+      singleOpen.push(...checked(await runLoad({ url: singleUrl, headers: auth, ...offered })).latencies);
       process.stderr.write(`api load round ${i + 1}/${rounds}\r`);
     }
   } finally {
     bare.close();
   }
+  const w = `${o.workers} worker${o.workers === 1 ? '' : 's'}`;
   table(`API reads (${CONNECTIONS} keep-alive connections, ${SECONDS} s per round); baseline = bare node:http, same body`, [
-    ['GET /v1/desktops/{id}, closed loop', median(rps), median(bareRps), 'req/s', '≥ 10000 req/s', rps],
-    [`GET /v1/desktops/{id} at ${OFFERED} req/s offered, p50`, median(open), median(bareOpen), 'ms', 'p99 < 20 ms', open],
+    [`GET /v1/desktops/{id}, closed loop, ${w}`, median(rps), median(bareRps), 'req/s', '≥ 10000 req/s', rps],
+    ['GET /v1/desktops/{id}, closed loop, 1 worker', median(singleRps), median(bareRps), 'req/s', '(comparison)', singleRps],
+    [`GET /v1/desktops/{id} at ${OFFERED} req/s offered, p50, ${w}`, median(open), median(bareOpen), 'ms', 'p99 < 20 ms', open],
+    [`GET /v1/desktops/{id} at ${OFFERED} req/s offered, p50, 1 worker`, median(singleOpen), median(bareOpen), 'ms', '(comparison)', singleOpen],
   ]);
-  console.log(`p99 at ${OFFERED} req/s offered: API ${percentile(open, 99).toFixed(1)} ms, bare ${percentile(bareOpen, 99).toFixed(1)} ms`);
+  console.log(`p99 at ${OFFERED} req/s offered: ${w} ${percentile(open, 99).toFixed(1)} ms, 1 worker ${percentile(singleOpen, 99).toFixed(1)} ms, bare ${percentile(bareOpen, 99).toFixed(1)} ms`);
+  table('Scheduler CPU per API read (closed loop, process_cpu_seconds_total of every worker); baseline = 1 worker', [
+    [`GET /v1/desktops/{id}, ${w}`, median(cpu), median(singleCpu), 'ms', '(comparison)', cpu],
+  ]);
 
   // A list of 1,000 desktops, made in the database (placement does not matter to a read).
   const sql = connectDatabase(o.databaseUrl, { max: 1 });
@@ -83,6 +105,22 @@ export async function benchApi(o: ApiBenchOptions): Promise<void> {
   table('API list (1,000 desktops in the org); baseline = GET of one desktop', [
     ['GET /v1/desktops', median(list), median(one), 'ms', '< 20 ms', list],
   ]);
+}
+
+/** Runs a closed loop, records the scheduler's CPU ms per request into `into`, and returns req/s. */
+async function cpuMeasured(base: string, into: number[], load: () => Promise<{ errors: number; requests: number; rps: number }>): Promise<number> {
+  const before = await cpuSeconds(base);
+  const result = checked(await load());
+  into.push(((await cpuSeconds(base)) - before) * 1000 / result.requests);
+  return result.rps;
+}
+
+/** `process_cpu_seconds_total` from the scheduler's `/metrics` (summed over its workers). */
+async function cpuSeconds(base: string): Promise<number> {
+  const text = await (await fetch(`${base}/metrics`)).text();
+  const line = text.split('\n').find((l) => l.startsWith('process_cpu_seconds_total '));
+  if (!line) throw new Error('the scheduler reports no process_cpu_seconds_total');
+  return Number(line.split(' ')[1]);
 }
 
 function checked<T extends { errors: number; requests: number }>(r: T): T {

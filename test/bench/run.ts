@@ -10,13 +10,14 @@
  */
 import { execFileSync } from 'node:child_process';
 import { chmodSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs';
-import { cpus, tmpdir, totalmem } from 'node:os';
+import { availableParallelism, cpus, tmpdir, totalmem } from 'node:os';
 import { join } from 'node:path';
 import { startEmbeddedPostgres } from '../../scheduler/src/pg/embedded.js';
 import { connectDatabase } from '../../scheduler/src/store/db.js';
 import { createApiKey } from '../../scheduler/src/services/keys.js';
 import { createSandboxDriver } from '../../agent/src/runtime/sandbox/index.js';
 import { newId } from '../../shared/src/ids.js';
+import { generateSecretKey } from '../../scheduler/src/crypto/secret-box.js';
 import { benchApi } from './api.js';
 import { benchGuestOps } from './guest-ops.js';
 import { benchFork } from './fork.js';
@@ -33,6 +34,8 @@ import { median, printSummary, summary, table, timed } from './stats.js';
 import { freePort, startAgentProcess, startSchedulerProcess } from '../helpers/processes.js';
 
 const RUNS = Number(process.env.CANTO_BENCH_RUNS ?? 10);
+/** The scheduler's worker processes (`CANTO_WORKERS`); the production default, one per core, unless set. */
+const WORKERS = Number(process.env.CANTO_BENCH_WORKERS ?? availableParallelism());
 /** `npm run bench -- --json FILE` also writes the summary as JSON, for tracking figures over time. */
 const JSON_OUT = ((i) => (i >= 0 ? process.argv[i + 1] : undefined))(process.argv.indexOf('--json'));
 /** `CANTO_BENCH_ONLY=ingress,computer-use` runs only those sections; unset runs them all. */
@@ -63,12 +66,18 @@ async function main(): Promise<void> {
   // The production shape: the scheduler and the agent are processes of their own (the built
   // CLI), and this process is only the client and the baseline.
   const ingressPort = await freePort();
+  const secretKey = generateSecretKey();
   const scheduler = await startSchedulerProcess({
     databaseUrl: pg.url,
     port: await freePort(),
+    secretKey,
     extra: {
+      CANTO_WORKERS: String(WORKERS),
       CANTO_LOG_LEVEL: 'warn', CANTO_INGRESS_BASE_URL: 'http://apps.canto.test', CANTO_INGRESS_LISTEN: `127.0.0.1:${ingressPort}`,
     },
+  }).catch(async (err: unknown) => {
+    await pg.stop();
+    throw err;
   });
   const agent = startAgentProcess(scheduler.url, join(dir, 'agent'), { CANTO_LOG_LEVEL: 'warn' });
   const sql = connectDatabase(pg.url, { max: 1 });
@@ -124,7 +133,15 @@ async function main(): Promise<void> {
         ['wake from snapshot', median(wake), median(dWake), 'ms', '< 250 ms', wake],
       ]);
     }
-    if (want('api')) await benchApi({ schedulerUrl: scheduler.url, databaseUrl: pg.url, apiKey: key, runs: RUNS });
+    if (want('api')) {
+      // One worker beside the production shape, on the same database, for the comparison.
+      const single = await startSchedulerProcess({ databaseUrl: pg.url, port: await freePort(), secretKey, extra: { CANTO_LOG_LEVEL: 'warn', CANTO_WORKERS: '1' } });
+      try {
+        await benchApi({ schedulerUrl: scheduler.url, workers: WORKERS, singleWorkerUrl: single.url, databaseUrl: pg.url, apiKey: key, runs: RUNS });
+      } finally {
+        await single.kill('SIGTERM');
+      }
+    }
     if (want('guest-ops')) await benchGuestOps({ schedulerUrl: scheduler.url, apiKey: key, runtimeDir: join(dir, 'agent', 'runtime'), runs: RUNS });
     if (want('parallel')) await benchParallel({ schedulerUrl: scheduler.url, apiKey: key, runs: RUNS });
     if (want('fork')) await benchFork({ schedulerUrl: scheduler.url, apiKey: key, runs: RUNS });

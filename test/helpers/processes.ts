@@ -67,13 +67,21 @@ export async function startSchedulerProcess(opts: SchedulerProcessEnv): Promise<
     CANTO_LEASE_RENEW_MS: '300',
     CANTO_ENGINE_POLL_MS: '100',
     CANTO_LOG_LEVEL: 'info',
+    // One process, as tests that kill or signal "the scheduler" mean it; tests of the cluster set more.
+    CANTO_WORKERS: '1',
     ...opts.extra,
   });
   const url = `http://127.0.0.1:${opts.port}`;
-  await until(async () => {
-    if (child.proc.exitCode !== null) throw new Error(`scheduler exited:\n${child.output()}`);
-    return fetch(`${url}/v1/openapi.json`).then((r) => r.ok, () => false);
-  }, 30_000, 'scheduler to listen');
+  try {
+    await until(async () => {
+      if (child.proc.exitCode !== null) throw new Error(`scheduler exited:\n${child.output()}`);
+      return fetch(`${url}/v1/openapi.json`).then((r) => r.ok, () => false);
+    }, 30_000, 'scheduler to listen');
+  } catch (err) {
+    // Not left running for nobody (its workers, if any, exit with it).
+    await child.kill('SIGKILL');
+    throw err;
+  }
   return Object.assign(child, { url });
 }
 

@@ -9,9 +9,14 @@
  *   operations, hosts by status, the webhook backlog. A scrape that cannot reach the database
  *   leaves those out rather than failing.
  *
+ * With several workers (scheduler/src/cluster/), a scrape of any worker answers for the whole
+ * process: the cluster primary gathers every worker's registry and merges them, each metric by its
+ * aggregator — counters and histograms add up, figures read from the database are taken once, and
+ * the per-replica gauges say what an operator asks of the process (see each one's `aggregator`).
+ *
  * docs/operators.md lists every metric.
  */
-import { collectDefaultMetrics, Counter, Gauge, Histogram, Registry } from 'prom-client';
+import { collectDefaultMetrics, Counter, Gauge, Histogram, Registry, type Aggregator } from 'prom-client';
 import type { Sql } from '../store/db.js';
 import { REPLICA_LIVE_MS } from '../fleet/registry.js';
 
@@ -29,6 +34,7 @@ export class SchedulerMetrics {
   readonly operationDuration: Histogram<'kind' | 'outcome'>;
   readonly hostsDown: Counter;
   private sources: MetricsSources | null = null;
+  private aggregate: (() => Promise<string>) | null = null;
 
   constructor() {
     const registers = [this.registry];
@@ -58,9 +64,11 @@ export class SchedulerMetrics {
       help: 'Hosts this replica found silent and marked down (as leader)',
       registers,
     });
-    this.processGauge('canto_agent_links', 'Agents linked to this replica and not silent', (src) => src.agentLinks());
-    this.processGauge('canto_leader', '1 while this replica holds the leader lease', (src) => (src.isLeader() ? 1 : 0));
-    this.processGauge('canto_lease_epoch', 'The leader lease epoch this replica last led in (grows with every new leader term)', (src) => src.leaseEpoch());
+    // Across workers: the agents linked to every worker (what guest operations through any of
+    // them need), whether any worker leads, and the latest epoch one led in.
+    this.processGauge('canto_agent_links', 'Agents linked to this replica and not silent (with several workers: to every worker)', 'min', (src) => src.agentLinks());
+    this.processGauge('canto_leader', '1 while this replica (one of its workers) holds the leader lease', 'max', (src) => (src.isLeader() ? 1 : 0));
+    this.processGauge('canto_lease_epoch', 'The leader lease epoch this replica last led in (grows with every new leader term)', 'max', (src) => src.leaseEpoch());
     this.databaseGauge('canto_desktops', 'Desktops by state (destroyed ones excluded)', ['state'], (sql) =>
       sql`SELECT state, count(*)::int AS n FROM desktops WHERE state <> 'destroyed' GROUP BY state`);
     this.databaseGauge('canto_operations_open', 'Pending and running operations by kind and state', ['kind', 'state'], (sql) =>
@@ -85,18 +93,24 @@ export class SchedulerMetrics {
     this.operationDuration.observe({ kind, outcome }, Math.max(0, (Date.now() - createdAt.getTime()) / 1000));
   }
 
+  /** Scrapes answer with `read()` from now on: the whole cluster's metrics, merged by the primary. */
+  aggregateWith(read: () => Promise<string>): void {
+    this.aggregate = read;
+  }
+
   async text(): Promise<string> {
-    return this.registry.metrics();
+    return this.aggregate ? this.aggregate() : this.registry.metrics();
   }
 
   get contentType(): string {
     return this.registry.contentType;
   }
 
-  private processGauge(name: string, help: string, read: (sources: MetricsSources) => number): void {
+  private processGauge(name: string, help: string, aggregator: Aggregator, read: (sources: MetricsSources) => number): void {
     const gauge: Gauge = new Gauge({
       name,
       help,
+      aggregator,
       registers: [this.registry],
       collect: () => {
         if (this.sources) gauge.set(read(this.sources));
@@ -114,6 +128,8 @@ export class SchedulerMetrics {
       name,
       help,
       labelNames,
+      // The same rows on every worker: one worker's reading stands for the process.
+      aggregator: 'first',
       registers: [this.registry],
       collect: async () => {
         if (!this.sources) return;
