@@ -26,6 +26,7 @@ const SHIPPED = [
   { id: 6, name: 'fleet' },
   { id: 7, name: 'api key management' },
   { id: 8, name: 'moves and drains' },
+  { id: 9, name: 'measured use' },
 ];
 
 const made: string[] = [];
