@@ -45,6 +45,7 @@ import type {
   VncSession,
 } from './driver.js';
 import { FakeTransfer } from './fake-transfer.js';
+import { runFakeCommand, type FakeCommandResult } from './fake-commands.js';
 import { clampRegion, scaledSize } from './screen-geometry.js';
 
 export interface FakeDesktop {
@@ -257,30 +258,9 @@ export class FakeDriver implements RuntimeDriver {
     return { entries, truncated: names.length > limit };
   }
 
-  private async run(desktopId: string, spec: Pick<ExecSpec, 'command' | 'timeoutMs'>): Promise<{ exitCode: number; stdout: string; stderr: string }> {
+  private async run(desktopId: string, spec: Pick<ExecSpec, 'command' | 'timeoutMs'>): Promise<FakeCommandResult> {
     this.running(desktopId);
-    const [name = '', ...args] = spec.command.trim().split(/\s+/);
-    switch (name) {
-      case 'true':
-        return { exitCode: 0, stdout: '', stderr: '' };
-      case 'false':
-        return { exitCode: 1, stdout: '', stderr: '' };
-      case 'exit':
-        return { exitCode: Number.parseInt(args[0] ?? '0', 10) || 0, stdout: '', stderr: '' };
-      case 'echo':
-        return { exitCode: 0, stdout: `${args.join(' ')}\n`, stderr: '' };
-      case 'sleep': {
-        const ms = Number(args[0] ?? '0') * 1000;
-        if (ms > spec.timeoutMs) {
-          await this.pause(spec.timeoutMs);
-          throw new AgentFailure('timeout', `command timed out after ${spec.timeoutMs} ms`, false);
-        }
-        await this.pause(ms);
-        return { exitCode: 0, stdout: '', stderr: '' };
-      }
-      default:
-        return { exitCode: 127, stdout: '', stderr: `sh: ${name}: not found\n` };
-    }
+    return runFakeCommand(spec.command, spec.timeoutMs, (ms) => this.pause(ms));
   }
 
   async list(): Promise<DesktopStatus[]> {
