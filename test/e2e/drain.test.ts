@@ -10,14 +10,13 @@
 import { afterAll, describe, expect, it } from 'vitest';
 import { spawn, type ChildProcess } from 'node:child_process';
 import { createHash, randomBytes } from 'node:crypto';
-import { existsSync, mkdtempSync, rmSync } from 'node:fs';
+import { mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { createSandboxDriver } from '../../agent/src/runtime/sandbox/index.js';
 import { HOST_ID_FILE } from '../../agent/src/host-identity.js';
 import { crashTree, freePort, startAgentProcess, type Child } from '../helpers/processes.js';
 import { api, JOIN_TOKEN, until } from '../helpers/scheduler.js';
-import { memorySnapshotsHere } from '../helpers/sandbox.js';
+import { destroyLeftDesktops, memorySnapshotsHere } from '../helpers/sandbox.js';
 
 const CLI = join(import.meta.dirname, '..', '..', 'dist', 'cli.js');
 const isRoot = process.getuid?.() === 0;
@@ -50,12 +49,7 @@ describe.skipIf(!isRoot)('draining a host of three on one machine', () => {
     }
     for (const a of agents) await a.kill('SIGKILL');
     if (up && up.exitCode === null) crashTree(up.pid!);
-    for (const dir of [join(dataDir, 'agent', 'runtime'), join(stateB, 'runtime'), join(stateC, 'runtime')]) {
-      if (!existsSync(dir)) continue;
-      const cleaner = await createSandboxDriver({ stateDir: dir });
-      for (const d of await cleaner.list()) await cleaner.destroy(d.desktopId);
-      await cleaner.close();
-    }
+    for (const dir of [join(dataDir, 'agent', 'runtime'), join(stateB, 'runtime'), join(stateC, 'runtime')]) await destroyLeftDesktops(dir);
     rmSync(dataDir, { recursive: true, force: true });
   }, 120_000);
 

@@ -18,14 +18,13 @@ import { existsSync, mkdtempSync, readFileSync, rmSync, statSync } from 'node:fs
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { randomBytes } from 'node:crypto';
-import { createSandboxDriver } from '../../agent/src/runtime/sandbox/index.js';
 import { HOST_ID_FILE } from '../../agent/src/host-identity.js';
 import { generateSecretKey } from '../../scheduler/src/crypto/secret-box.js';
 import { connectDatabase } from '../../scheduler/src/store/db.js';
 import { freshDatabaseUrl } from '../helpers/db.js';
 import { api, mintKey, readResponse, until } from '../helpers/scheduler.js';
 import { crashTree, freePort, startAgentProcess, startSchedulerProcess, type Child } from '../helpers/processes.js';
-import { memorySnapshotsHere } from '../helpers/sandbox.js';
+import { destroyLeftDesktops, memorySnapshotsHere } from '../helpers/sandbox.js';
 
 const isRoot = process.getuid?.() === 0;
 const ADMIN_TOKEN = `test-admin-${randomBytes(16).toString('hex')}`;
@@ -117,13 +116,7 @@ describe.skipIf(!isRoot)('a move interrupted by a crash', () => {
     await sql?.end();
     for (const a of Object.values(agents)) await a?.kill('SIGKILL');
     for (const r of replicas) await r.kill('SIGKILL');
-    for (const state of Object.values(stateOf)) {
-      const runtime = join(state, 'runtime');
-      if (!existsSync(runtime)) continue;
-      const cleaner = await createSandboxDriver({ stateDir: runtime });
-      for (const d of await cleaner.list()) await cleaner.destroy(d.desktopId);
-      await cleaner.close();
-    }
+    for (const state of Object.values(stateOf)) await destroyLeftDesktops(join(state, 'runtime'));
     rmSync(dir, { recursive: true, force: true });
   }, 120_000);
 

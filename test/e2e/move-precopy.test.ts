@@ -17,13 +17,12 @@ import { existsSync, mkdtempSync, readFileSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { randomBytes } from 'node:crypto';
-import { createSandboxDriver } from '../../agent/src/runtime/sandbox/index.js';
 import { HOST_ID_FILE } from '../../agent/src/host-identity.js';
 import { generateSecretKey } from '../../scheduler/src/crypto/secret-box.js';
 import { freshDatabaseUrl } from '../helpers/db.js';
 import { api, mintKey, readResponse, until } from '../helpers/scheduler.js';
 import { freePort, startAgentProcess, startSchedulerProcess, type Child } from '../helpers/processes.js';
-import { memorySnapshotsHere } from '../helpers/sandbox.js';
+import { destroyLeftDesktops, memorySnapshotsHere } from '../helpers/sandbox.js';
 
 const isRoot = process.getuid?.() === 0;
 const ADMIN_TOKEN = `test-admin-${randomBytes(16).toString('hex')}`;
@@ -80,13 +79,7 @@ describe.skipIf(!isRoot)('a move that pre-copies an awake desktop', () => {
 
   afterAll(async () => {
     for (const c of children.reverse()) await c.kill('SIGKILL');
-    for (const state of Object.values(stateOf)) {
-      const runtime = join(state, 'runtime');
-      if (!existsSync(runtime)) continue;
-      const cleaner = await createSandboxDriver({ stateDir: runtime });
-      for (const d of await cleaner.list()) await cleaner.destroy(d.desktopId);
-      await cleaner.close();
-    }
+    for (const state of Object.values(stateOf)) await destroyLeftDesktops(join(state, 'runtime'));
     rmSync(dir, { recursive: true, force: true });
   }, 120_000);
 

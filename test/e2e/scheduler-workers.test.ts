@@ -14,7 +14,7 @@
  * - A worker that cannot start (its agent port is taken) fails the start: exit 1, naming the worker and the cause.
  */
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { existsSync, mkdtempSync, rmSync } from 'node:fs';
+import { mkdtempSync, rmSync } from 'node:fs';
 import { execFile } from 'node:child_process';
 import { request } from 'node:http';
 import { createServer } from 'node:net';
@@ -23,7 +23,7 @@ import { join } from 'node:path';
 import WebSocket from 'ws';
 import { REPLICA_HEADER } from '../../shared/src/protocol.js';
 import { connectDatabase, type Sql } from '../../scheduler/src/store/db.js';
-import { createSandboxDriver } from '../../agent/src/runtime/sandbox/index.js';
+import { destroyLeftDesktops } from '../helpers/sandbox.js';
 import { generateSecretKey } from '../../scheduler/src/crypto/secret-box.js';
 import { freshDatabaseUrl } from '../helpers/db.js';
 import { JOIN_TOKEN, mintKey, until } from '../helpers/scheduler.js';
@@ -101,11 +101,7 @@ describe.skipIf(!isRoot)('scheduler with two workers', () => {
   afterAll(async () => {
     for (const c of children.reverse()) await c.kill('SIGTERM');
     await sql?.end();
-    if (existsSync(join(stateDir, 'runtime'))) {
-      const cleaner = await createSandboxDriver({ stateDir: join(stateDir, 'runtime') });
-      for (const d of await cleaner.list()) await cleaner.destroy(d.desktopId);
-      await cleaner.close();
-    }
+    await destroyLeftDesktops(join(stateDir, 'runtime'));
     rmSync(stateDir, { recursive: true, force: true });
   });
 

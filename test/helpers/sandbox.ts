@@ -2,6 +2,7 @@
  * Helpers of the sandbox integration tests: file bodies, the host's view of processes, and
  * per-test timings printed for the docs. These tests need root (namespaces, cgroups, CRIU) and skip without it.
  */
+import { existsSync } from 'node:fs';
 import { createHash } from 'node:crypto';
 import { readdir, readFile } from 'node:fs/promises';
 import { expect } from 'vitest';
@@ -84,4 +85,16 @@ export function stopwatch(): {
     }
   }
   return { timings, timed };
+}
+
+/**
+ * Destroys every desktop a sandbox runtime directory still holds (a test's agents may be killed
+ * before they could), so no guest outlives the test. A directory that was never made is skipped.
+ */
+export async function destroyLeftDesktops(runtimeDir: string): Promise<void> {
+  if (!existsSync(runtimeDir)) return;
+  const { createSandboxDriver } = await import('../../agent/src/runtime/sandbox/index.js');
+  const cleaner = await createSandboxDriver({ stateDir: runtimeDir });
+  for (const d of await cleaner.list()) await cleaner.destroy(d.desktopId);
+  await cleaner.close();
 }
