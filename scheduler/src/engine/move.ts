@@ -76,6 +76,11 @@ const TICKET_TTL_MS = 3_600_000;
 /** The slowest copy rate an import is given time for, on top of the usual command timeout. */
 const MIN_COPY_BYTES_PER_SEC = 20 * 1024 * 1024;
 
+/** How long an agent may take to fetch `bytes`: the command timeout plus the slowest copy allowed. */
+function copyTimeoutMs(deps: StepDeps, bytes: number): number {
+  return deps.agentCommandTimeoutMs + Math.ceil((bytes / MIN_COPY_BYTES_PER_SEC) * 1000);
+}
+
 export async function move(deps: StepDeps, op: OperationRow): Promise<void> {
   let p = op.params as unknown as MoveParams;
   phaseStarts.set(op, performance.now());
@@ -141,13 +146,12 @@ async function precopy(deps: StepDeps, op: OperationRow, d: DesktopRow, p: MoveP
   try {
     const exported = await command(deps, p.source_host_id, 'desktop.precopy.export', { desktop_id: d.id, generation: d.generation, ttl_ms: TICKET_TTL_MS });
     if (exported.files > 0) {
-      const timeoutMs = deps.agentCommandTimeoutMs + Math.ceil((exported.bytes / MIN_COPY_BYTES_PER_SEC) * 1000);
       const imported = await command(
         deps,
         p.target_host_id!,
         'desktop.precopy.import',
         { desktop_id: d.id, generation: targetGeneration(d), precopy_id: exported.precopy_id, source: { url: exported.url, ticket: exported.ticket } },
-        timeoutMs,
+        copyTimeoutMs(deps, exported.bytes),
       );
       fetched = imported.fetched_bytes;
     }
@@ -201,13 +205,12 @@ async function copy(deps: StepDeps, op: OperationRow, d: DesktopRow, p: MovePara
   // A sized listing (1.10) reads the desktop once instead of twice; both ends must know it.
   const sized = deps.agents.speaks(p.source_host_id, 1, 10) && deps.agents.speaks(p.target_host_id!, 1, 10);
   const exported = await command(deps, p.source_host_id, 'desktop.export', { ...ref, ttl_ms: TICKET_TTL_MS, ...(sized ? { listing: 'sized' as const } : {}) });
-  const timeoutMs = deps.agentCommandTimeoutMs + Math.ceil((exported.total_bytes / MIN_COPY_BYTES_PER_SEC) * 1000);
   const imported = await command(
     deps,
     p.target_host_id!,
     'desktop.import',
     { desktop_id: d.id, generation: targetGeneration(d), tier: d.tier, source: { url: exported.url, ticket: exported.ticket } },
-    timeoutMs,
+    copyTimeoutMs(deps, exported.total_bytes),
   );
   return advance(
     deps.sql,
