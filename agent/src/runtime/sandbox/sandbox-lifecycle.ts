@@ -12,6 +12,7 @@
  * desktop starts they are dropped with the init they belong to.
  */
 import { readdir, rename, rm } from 'node:fs/promises';
+import { join } from 'node:path';
 import { AgentFailure } from '../../../../shared/src/protocol.js';
 import type { Tier } from '../../../../shared/src/tiers.js';
 import type { DesktopLifecycle, DesktopStatus, ExecOutcome, RuntimeCapabilities, StartSpec } from '../driver.js';
@@ -27,8 +28,10 @@ import { guestExec, MAX_OUTPUT_BYTES } from './guest/guest-exec.js';
 import { NESTED_MOUNTPOINTS } from './guest/guest-init.js';
 import type { GuestOperations } from './guest/guest-ops.js';
 import { killGuestDetached, spawnGuestProcess } from './guest/guest-processes.js';
+import { FRAMEBUFFER_FILE } from './computer-use/screenshot.js';
 import { isSameProcess, signal, waitFor } from './host/host-procs.js';
 import type { KeyedMutex } from './host/keyed-mutex.js';
+import { digHoles } from './host/sparse.js';
 import { collectLayers, createFork, freeze, mountDisk, releaseDisk } from './host/layers.js';
 import {
   assertDesktopId,
@@ -184,6 +187,10 @@ export class SandboxLifecycle implements Omit<DesktopLifecycle, 'close' | 'usage
           await rename(paths.snapshotTmp, paths.snapshot);
           await rm(paths.initFile, { force: true });
           await drainAndRemove(desktopId, DRAIN_MS);
+          // Xvfb is gone with the dump: nothing maps its framebuffer file now (host/sparse.ts).
+          await digHoles(join(paths.fb, FRAMEBUFFER_FILE)).catch((err: unknown) => {
+            this.log('the framebuffer file keeps its zeros', { desktopId, error: String(err) });
+          });
           this.log('desktop hibernated', { desktopId, snapshot: true, ms: Math.round(performance.now() - t0) });
           return { snapshot: true };
         } catch (err) {

@@ -27,6 +27,7 @@ import { join } from 'node:path';
 import { promisify } from 'node:util';
 import { newId } from '../../../../../shared/src/ids.js';
 import { KeyedMutex } from './keyed-mutex.js';
+import { copySparse } from './sparse.js';
 import { exists, readJson, type DesktopPaths } from './layout.js';
 
 const run = promisify(execFile);
@@ -140,7 +141,7 @@ export async function createFork(source: DesktopPaths, fork: DesktopPaths, chain
     await mkdir(at(fork.snapshot));
     for (const name of await readdir(source.snapshot)) await link(join(source.snapshot, name), join(at(fork.snapshot), name));
   }
-  for (const name of await readdir(source.fb).catch(() => [] as string[])) await copyFile(join(source.fb, name), join(at(fork.fb), name));
+  for (const name of await readdir(source.fb).catch(() => [] as string[])) await copySparse(join(source.fb, name), join(at(fork.fb), name));
   for (const marker of markers) {
     const from = join(source.dir, marker);
     if (await exists(from)) await copyFile(from, join(tmp, marker));

@@ -1,0 +1,65 @@
+/**
+ * A stopped desktop's framebuffer file without its zeros.
+ *
+ * Xvfb maps a file the size of its largest screen (2560x1600: 16 MiB) and paints all of it as it
+ * starts, so every file block is allocated, while a screen at the default 1024x768 uses 3 MiB of
+ * it and a dark desktop's pixels are zeros. Kept as written, each hibernated desktop held 16 MiB
+ * of disk, each fork wrote a 16 MiB copy, and each move of an awake desktop copied 16 MiB after
+ * the desktop stopped (two thirds of what it copied then). Once the dump has ended Xvfb, the
+ * file's zero blocks become holes: reads still give zeros, CRIU maps the same file on restore,
+ * and the transfer's tar (`--sparse`) and fork copies carry only the rest.
+ *
+ * Only ever done to a file no process maps: a write landing between the check of a block and
+ * its punch would be lost.
+ */
+import { execa } from 'execa';
+import { open } from 'node:fs/promises';
+
+/** Zero blocks of at least this size become holes (the file system's block). */
+const BLOCK = 4096;
+/** Read at once while copying. */
+const CHUNK = 1 << 20;
+const ZEROS = Buffer.alloc(BLOCK);
+
+/** Turns the zero blocks of `file` into holes (util-linux `fallocate --dig-holes`). */
+export async function digHoles(file: string): Promise<void> {
+  const result = await execa('fallocate', ['--dig-holes', file], { reject: false, timeout: 30_000, env: { PATH: '/usr/bin:/bin:/usr/sbin:/sbin' } });
+  if (result.exitCode !== 0) throw new Error(`fallocate --dig-holes failed (${result.exitCode}): ${result.stderr.slice(0, 500)}`);
+}
+
+/**
+ * Copies `from` to a new file `to`, writing only blocks that are not all zeros: the copy has
+ * holes where the source has holes or zeros. Fails if `to` exists.
+ */
+export async function copySparse(from: string, to: string): Promise<void> {
+  const src = await open(from, 'r');
+  try {
+    const dst = await open(to, 'wx', (await src.stat()).mode & 0o7777);
+    try {
+      const buf = Buffer.allocUnsafe(CHUNK);
+      let position = 0;
+      for (;;) {
+        const { bytesRead } = await src.read(buf, 0, CHUNK, position);
+        if (bytesRead === 0) break;
+        // Runs of non-zero blocks are written whole; a short last block counts as non-zero.
+        let start = -1;
+        for (let at = 0; at < bytesRead; at += BLOCK) {
+          const end = Math.min(at + BLOCK, bytesRead);
+          const zero = end - at === BLOCK && buf.compare(ZEROS, 0, BLOCK, at, end) === 0;
+          if (!zero && start < 0) start = at;
+          if (zero && start >= 0) {
+            await dst.write(buf, start, at - start, position + start);
+            start = -1;
+          }
+        }
+        if (start >= 0) await dst.write(buf, start, bytesRead - start, position + start);
+        position += bytesRead;
+      }
+      await dst.truncate(position);
+    } finally {
+      await dst.close();
+    }
+  } finally {
+    await src.close();
+  }
+}
