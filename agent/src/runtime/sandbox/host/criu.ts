@@ -19,6 +19,7 @@ import { delimiter, dirname, join } from 'node:path';
 import type { Readable } from 'node:stream';
 import { execa } from 'execa';
 import { joinArgv } from './cgroups.js';
+import { ensureKdatCache, KDAT_FILE } from './criu-kdat.js';
 import { procStat } from './host-procs.js';
 import type { DesktopPaths } from './layout.js';
 import { hostPathForGuestMount } from '../guest/guest-init.js';
@@ -72,6 +73,9 @@ export async function detectCriu(criuPath: string | undefined, log: (msg: string
       log('memory snapshots are off: CRIU cannot dump on this host', { criu: path, problem });
       return null;
     }
+    const kdat = await ensureKdatCache(path);
+    if (kdat === 'made') log('CRIU kernel facts cached for this boot', { file: KDAT_FILE });
+    else if (typeof kdat === 'object') log('CRIU probes the kernel on every run: its kernel facts could not be cached', { problem: kdat.failed });
     return { path, version: `${match[1]}.${match[2]}` };
   }
   return null;
