@@ -4,16 +4,17 @@
  * a 1024x768 screen, hibernated, forked and woken, showing the same screen each time.
  */
 import { createHash } from 'node:crypto';
-import { chmod, mkdtemp, open, readFile, rm, stat } from 'node:fs/promises';
+import { chmod, mkdtemp, open, readdir, readFile, rm, stat, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { newId } from '../../shared/src/ids.js';
 import { FRAMEBUFFER_FILE } from '../../agent/src/runtime/sandbox/computer-use/screenshot.js';
 import { desktopPaths } from '../../agent/src/runtime/sandbox/host/layout.js';
-import { copySparse, digHoles } from '../../agent/src/runtime/sandbox/host/sparse.js';
+import { compactFile, copySparse } from '../../agent/src/runtime/sandbox/host/sparse.js';
 import { createSandboxDriver, type SandboxDriver } from '../../agent/src/runtime/sandbox/index.js';
 import { destroyLeftDesktops, isRoot, memorySnapshotsHere } from '../helpers/sandbox.js';
+import { until } from '../helpers/scheduler.js';
 
 const MiB = 1 << 20;
 const sha256 = async (file: string) => createHash('sha256').update(await readFile(file)).digest('hex');
@@ -44,7 +45,10 @@ describe('framebuffer files without their zeros', () => {
     const before = await sha256(file);
     expect(await allocated(file)).toBeGreaterThanOrEqual(8 * MiB);
 
-    await digHoles(file);
+    // What a crash in the middle of an earlier compaction left.
+    await writeFile(`${file}.sparse`, 'half a copy');
+    await compactFile(file);
+    expect(await readdir(dir)).toEqual(['fb']);
     expect(await sha256(file)).toBe(before);
     expect((await stat(file)).size).toBe(size);
     expect(await allocated(file)).toBeLessThan(64 * 1024);
@@ -96,9 +100,11 @@ describe.skipIf(!snapshots)("a hibernated desktop's framebuffer", () => {
     expect(await allocated(fbOf(id))).toBeGreaterThanOrEqual(size - MiB);
 
     expect(await driver.hibernate(id)).toEqual({ snapshot: true });
+    // Compacted right after the hibernate has answered.
+    await until(async () => (await allocated(fbOf(id))) < 8 * MiB, 5_000, 'the framebuffer file compacted');
     expect((await stat(fbOf(id))).size).toBe(size);
-    expect(await allocated(fbOf(id))).toBeLessThan(8 * MiB);
     const content = await sha256(fbOf(id));
+    expect(await readdir(desktopPaths(base, id).fb)).toEqual([FRAMEBUFFER_FILE]);
 
     const fork = newId('desktop');
     expect(await driver.fork(id, [fork])).toEqual({ snapshot: true });
@@ -112,5 +118,20 @@ describe.skipIf(!snapshots)("a hibernated desktop's framebuffer", () => {
       await sh(desktop, 'xsetroot -solid "#0000ff"');
       expect((await screen(desktop)).equals(shown)).toBe(false);
     }
+  });
+
+  it('leaves the file as it is when the desktop wakes right after its hibernate, and compacts it at the next', async () => {
+    const id = newId('desktop');
+    await driver.prepare(id, 'small');
+    await driver.start({ desktopId: id, tier: 'small', firstBoot: null });
+    expect(await driver.hibernate(id)).toEqual({ snapshot: true });
+    // The wake stops the compaction just begun rather than wait for it.
+    expect(await driver.start({ desktopId: id, tier: 'small', firstBoot: null })).toEqual({ restored: true });
+    expect(await readdir(desktopPaths(base, id).fb)).toEqual([FRAMEBUFFER_FILE]);
+    expect(await allocated(fbOf(id))).toBeGreaterThan(15 * MiB);
+    expect(await sh(id, 'xdotool getdisplaygeometry')).toBe('1024 768');
+
+    expect(await driver.hibernate(id)).toEqual({ snapshot: true });
+    await until(async () => (await allocated(fbOf(id))) < MiB, 5_000, 'the framebuffer file compacted');
   });
 });

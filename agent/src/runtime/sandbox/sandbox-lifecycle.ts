@@ -16,7 +16,7 @@ import { join } from 'node:path';
 import { AgentFailure } from '../../../../shared/src/protocol.js';
 import type { Tier } from '../../../../shared/src/tiers.js';
 import type { DesktopLifecycle, DesktopStatus, ExecOutcome, RuntimeCapabilities, StartSpec } from '../driver.js';
-import { applyTier, drainAndRemove, removeIfEmpty } from './host/cgroups.js';
+import { applyTier, cgroupPids, drainAndRemove, removeIfEmpty } from './host/cgroups.js';
 import { coldBoot, type InitProcess } from './host/cold-boot.js';
 import { dump, restore, type CriuInfo } from './host/criu.js';
 import { applyFirstBoot, renderEnvFile, WRITE_ENV_COMMAND } from './host/first-boot.js';
@@ -27,11 +27,12 @@ import type { GuestPorts } from './ports/guest-ports.js';
 import { guestExec, MAX_OUTPUT_BYTES } from './guest/guest-exec.js';
 import { NESTED_MOUNTPOINTS } from './guest/guest-init.js';
 import type { GuestOperations } from './guest/guest-ops.js';
+import { isDetachedRunner } from './guest/guest-helper.js';
 import { killGuestDetached, spawnGuestProcess } from './guest/guest-processes.js';
 import { FRAMEBUFFER_FILE } from './computer-use/screenshot.js';
-import { isSameProcess, signal, waitFor } from './host/host-procs.js';
+import { commandLine, isSameProcess, signal, waitFor } from './host/host-procs.js';
 import type { KeyedMutex } from './host/keyed-mutex.js';
-import { digHoles } from './host/sparse.js';
+import { compactFile } from './host/sparse.js';
 import { collectLayers, createFork, freeze, mountDisk, releaseDisk } from './host/layers.js';
 import {
   assertDesktopId,
@@ -84,6 +85,8 @@ export class SandboxLifecycle implements Omit<DesktopLifecycle, 'close' | 'usage
   private readonly terminals: TerminalSessions;
   private readonly ports: GuestPorts;
   private readonly log: (msg: string, fields?: object) => void;
+  /** Framebuffer compactions queued or under way, by desktop (`compactFramebufferNext`). */
+  private readonly compactions = new Map<string, AbortController>();
 
   constructor(parts: LifecycleParts) {
     ({
@@ -103,6 +106,7 @@ export class SandboxLifecycle implements Omit<DesktopLifecycle, 'close' | 'usage
 
   async start(spec: StartSpec): Promise<{ restored: boolean }> {
     const paths = desktopPaths(this.stateDir, spec.desktopId);
+    this.compactions.get(spec.desktopId)?.abort();
     return this.mutex.run(spec.desktopId, async () => {
       await ensureDisk(paths);
       // A forked desktop's disk is an overlay on shared layers (layers.ts); a host reboot unmounts it.
@@ -187,10 +191,7 @@ export class SandboxLifecycle implements Omit<DesktopLifecycle, 'close' | 'usage
           await rename(paths.snapshotTmp, paths.snapshot);
           await rm(paths.initFile, { force: true });
           await drainAndRemove(desktopId, DRAIN_MS);
-          // Xvfb is gone with the dump: nothing maps its framebuffer file now (host/sparse.ts).
-          await digHoles(join(paths.fb, FRAMEBUFFER_FILE)).catch((err: unknown) => {
-            this.log('the framebuffer file keeps its zeros', { desktopId, error: String(err) });
-          });
+          this.compactFramebufferNext(desktopId, paths);
           this.log('desktop hibernated', { desktopId, snapshot: true, ms: Math.round(performance.now() - t0) });
           return { snapshot: true };
         } catch (err) {
@@ -208,6 +209,7 @@ export class SandboxLifecycle implements Omit<DesktopLifecycle, 'close' | 'usage
 
   async destroy(desktopId: string): Promise<void> {
     const paths = desktopPaths(this.stateDir, desktopId);
+    this.compactions.get(desktopId)?.abort();
     await this.fenced(desktopId, async () => {
       // No grace: whatever a file operation would finish is about to be deleted.
       await this.guest.inFlight.drain(desktopId, 0);
@@ -293,11 +295,36 @@ export class SandboxLifecycle implements Omit<DesktopLifecycle, 'close' | 'usage
   }
 
   /**
+   * Xvfb is gone with the dump, so nothing maps the framebuffer file: its zeros become holes
+   * (host/sparse.ts) in the desktop's next turn of the mutex, after the hibernate has answered
+   * (≈30 ms it need not wait for). A fork or an export waits for it and copies less; a start or
+   * a destroy stops it (the file is then left as it is, and compacted at the next hibernate).
+   */
+  private compactFramebufferNext(desktopId: string, paths: DesktopPaths): void {
+    const stop = new AbortController();
+    this.compactions.get(desktopId)?.abort();
+    this.compactions.set(desktopId, stop);
+    void this.mutex.run(desktopId, async () => {
+      try {
+        if (stop.signal.aborted || !(await hasDisk(paths)) || (await runningInit(paths)) !== null) return;
+        await compactFile(join(paths.fb, FRAMEBUFFER_FILE), stop.signal);
+      } catch (err) {
+        if (!stop.signal.aborted) this.log('the framebuffer file keeps its zeros', { desktopId, error: String(err) });
+      } finally {
+        if (this.compactions.get(desktopId) === stop) this.compactions.delete(desktopId);
+      }
+    });
+  }
+
+  /**
    * docs/api.md §3.2: detached processes do not survive hibernation. Killed before the snapshot (and before a
    * cold stop), they read as `lost` afterwards. A failure is logged and does not block the stop.
    */
   private async killDetached(desktopId: string, init: InitProcess): Promise<void> {
     try {
+      // The guest call starts a helper cold (≈30 ms, a tenth of a hibernate): only when a runner
+      // is alive, as the host sees the desktop's processes.
+      if (!(await anyDetachedRunner(desktopId))) return;
       const n = await killGuestDetached(this.guest.target(desktopId, init));
       if (n > 0) this.log('detached processes killed', { desktopId, count: n });
     } catch (err) {
@@ -365,4 +392,13 @@ export class SandboxLifecycle implements Omit<DesktopLifecycle, 'close' | 'usage
       ...(stdin === undefined ? {} : { stdin }),
     });
   }
+}
+
+/** Whether any process of the desktop's groups runs a detached process's runner. */
+async function anyDetachedRunner(desktopId: string): Promise<boolean> {
+  for (const pid of await cgroupPids(desktopId)) {
+    const args = await commandLine(pid);
+    if (args !== null && isDetachedRunner(args)) return true;
+  }
+  return false;
 }

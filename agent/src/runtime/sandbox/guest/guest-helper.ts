@@ -74,6 +74,14 @@ const RUNNER =
   'echo $? >"$0/.exit_code.tmp" && mv -f "$0/.exit_code.tmp" "$0/exit_code"';
 
 /**
+ * Whether a process's command line (from /proc, split at NULs) is a detached process's runner.
+ * A guest program can pretend to be one; the host only uses this to skip work when none runs.
+ */
+export function isDetachedRunner(args: readonly string[]): boolean {
+  return args.length === 4 && args[0] === '/bin/sh' && args[1] === '-c' && args[2] === RUNNER;
+}
+
+/**
  * Each operation's sections (agent/guest/helper/*.pl), in order: shared routines, then its body. A
  * cold helper gets only its own, because Perl compiles the whole program on every start and
  * compile time grows with its length; a warm helper compiles everything once, before it is needed.

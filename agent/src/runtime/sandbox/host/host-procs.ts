@@ -39,6 +39,16 @@ function parseStat(pid: number, text: string): ProcStat | null {
   };
 }
 
+/** The process's arguments (/proc/PID/cmdline split at NULs), or null when it is gone. */
+export async function commandLine(pid: number): Promise<string[] | null> {
+  try {
+    const raw = await readFile(`/proc/${pid}/cmdline`, 'utf8');
+    return raw.endsWith('\0') ? raw.slice(0, -1).split('\0') : raw.split('\0');
+  } catch {
+    return null;
+  }
+}
+
 export async function isSameProcess(pid: number, startTime: string): Promise<boolean> {
   const st = await procStat(pid);
   return st !== null && st.startTime === startTime;

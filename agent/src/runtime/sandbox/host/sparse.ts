@@ -6,32 +6,45 @@
  * it and a dark desktop's pixels are zeros. Kept as written, each hibernated desktop held 16 MiB
  * of disk, each fork wrote a 16 MiB copy, and each move of an awake desktop copied 16 MiB after
  * the desktop stopped (two thirds of what it copied then). Once the dump has ended Xvfb, the
- * file's zero blocks become holes: reads still give zeros, CRIU maps the same file on restore,
+ * file's zero blocks become holes: reads still give zeros, CRIU maps the file by its path on restore,
  * and the transfer's tar (`--sparse`) and fork copies carry only the rest.
  *
- * Only ever done to a file no process maps: a write landing between the check of a block and
- * its punch would be lost.
+ * Only ever done to a file no process maps: a process mapping it would go on writing to the
+ * file replaced.
  */
-import { execa } from 'execa';
-import { open } from 'node:fs/promises';
+import { open, rename, rm } from 'node:fs/promises';
 
 /** Zero blocks of at least this size become holes (the file system's block). */
 const BLOCK = 4096;
 /** Read at once while copying. */
-const CHUNK = 1 << 20;
+const CHUNK = 4 << 20;
 const ZEROS = Buffer.alloc(BLOCK);
 
-/** Turns the zero blocks of `file` into holes (util-linux `fallocate --dig-holes`). */
-export async function digHoles(file: string): Promise<void> {
-  const result = await execa('fallocate', ['--dig-holes', file], { reject: false, timeout: 30_000, env: { PATH: '/usr/bin:/bin:/usr/sbin:/sbin' } });
-  if (result.exitCode !== 0) throw new Error(`fallocate --dig-holes failed (${result.exitCode}): ${result.stderr.slice(0, 500)}`);
+/**
+ * Replaces `file` with a copy whose zero blocks are holes. A copy rather than punching holes in
+ * place (util-linux `fallocate --dig-holes`): that reads the file 4 KiB at a time and syncs it,
+ * 35–70 ms for a framebuffer here, while the copy reads it in large pieces and the replaced
+ * file's pages are simply dropped, unwritten.
+ */
+export async function compactFile(file: string, signal?: AbortSignal): Promise<void> {
+  const tmp = `${file}.sparse`;
+  await rm(tmp, { force: true });
+  try {
+    await copySparse(file, tmp, signal);
+    signal?.throwIfAborted();
+    await rename(tmp, file);
+  } catch (err) {
+    await rm(tmp, { force: true });
+    throw err;
+  }
 }
 
 /**
  * Copies `from` to a new file `to`, writing only blocks that are not all zeros: the copy has
- * holes where the source has holes or zeros. Fails if `to` exists.
+ * holes where the source has holes or zeros. Fails if `to` exists; stops between reads once
+ * `signal` is aborted.
  */
-export async function copySparse(from: string, to: string): Promise<void> {
+export async function copySparse(from: string, to: string, signal?: AbortSignal): Promise<void> {
   const src = await open(from, 'r');
   try {
     const dst = await open(to, 'wx', (await src.stat()).mode & 0o7777);
@@ -39,6 +52,7 @@ export async function copySparse(from: string, to: string): Promise<void> {
       const buf = Buffer.allocUnsafe(CHUNK);
       let position = 0;
       for (;;) {
+        signal?.throwIfAborted();
         const { bytesRead } = await src.read(buf, 0, CHUNK, position);
         if (bytesRead === 0) break;
         // Runs of non-zero blocks are written whole; a short last block counts as non-zero.
