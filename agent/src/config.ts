@@ -33,6 +33,8 @@ export interface AgentConfig {
   readonly runtime: AgentRuntime;
   /** Keep memory on hibernate (CRIU). Default true; false forces a cold stop. */
   readonly memorySnapshots: boolean;
+  /** New desktops start as clones of a pre-booted template (sandbox runtime with CRIU). */
+  readonly goldenTemplates: boolean;
   /** Heartbeat interval in ms when the scheduler does not set one. Default 1000. */
   readonly heartbeatMs: number;
   /** First reconnect delay in ms; doubles per failed attempt. Default 100. */
@@ -116,6 +118,7 @@ export function loadAgentConfig(env: Env, flags: AgentFlags = {}): AgentConfig {
     stateDir: pick(flags.stateDir, 'CANTO_AGENT_STATE_DIR') ?? '/var/lib/canto-agent',
     runtime,
     memorySnapshots: parseBoolean(env, 'CANTO_AGENT_MEMORY_SNAPSHOTS', true),
+    goldenTemplates: parseBoolean(env, 'CANTO_AGENT_GOLDEN_TEMPLATES', true),
     heartbeatMs: parseMs(env, 'CANTO_AGENT_HEARTBEAT_MS', 1000),
     reconnectMinMs,
     reconnectMaxMs,

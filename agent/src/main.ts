@@ -89,6 +89,7 @@ async function createDriver(config: AgentConfig, logger: Logger): Promise<Runtim
   return await createSandboxDriver({
     stateDir: join(config.stateDir, 'runtime'),
     memorySnapshots: config.memorySnapshots,
+    goldenTemplates: config.goldenTemplates,
     log: (msg: string, fields?: object) => runtimeLog.info(fields ?? {}, msg),
   });
 }

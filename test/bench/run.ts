@@ -32,6 +32,7 @@ import { benchDrain } from './drain.js';
 import { benchDensity } from './density.js';
 import { median, printSummary, summary, table, timed } from './stats.js';
 import { freePort, startAgentProcess, startSchedulerProcess } from '../helpers/processes.js';
+import { destroyLeftDesktops } from '../helpers/sandbox.js';
 
 const RUNS = Number(process.env.CANTO_BENCH_RUNS ?? 10);
 /** The scheduler's worker processes (`CANTO_WORKERS`); the production default, one per core, unless set. */
@@ -128,7 +129,7 @@ async function main(): Promise<void> {
       await driver.close();
       const snapshots = driver.capabilities().memorySnapshots ? 'CRIU' : 'cold stop (no CRIU)';
       table(`Lifecycle latency (ms, ${RUNS} runs each, hibernate = ${snapshots}); baseline = sandbox driver alone`, [
-        ['create → awake (cold boot)', median(cold), median(dCold), 'ms', '< 300 ms, p99 < 500 ms', cold],
+        ['create → awake (first wake; baseline a cold boot)', median(cold), median(dCold), 'ms', '< 300 ms, p99 < 500 ms', cold],
         ['hibernate', median(hibernate), median(dHib), 'ms', '< 300 ms', hibernate],
         ['wake from snapshot', median(wake), median(dWake), 'ms', '< 250 ms', wake],
       ]);
@@ -168,11 +169,7 @@ async function main(): Promise<void> {
     }
   } finally {
     await agent.kill('SIGTERM');
-    for (const state of [join(dir, 'agent', 'runtime'), join(dir, 'failover-agent', 'runtime')]) {
-      const cleaner = await createSandboxDriver({ stateDir: state });
-      for (const d of await cleaner.list()) await cleaner.destroy(d.desktopId);
-      await cleaner.close();
-    }
+    for (const state of [join(dir, 'agent', 'runtime'), join(dir, 'failover-agent', 'runtime')]) await destroyLeftDesktops(state);
     await scheduler.kill('SIGTERM');
     await pg.stop();
     rmSync(dir, { recursive: true, force: true });

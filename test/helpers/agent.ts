@@ -13,6 +13,7 @@ import { FakeDriver } from '../../agent/src/runtime/fake.js';
 import type { HostMeter } from '../../agent/src/host-meter.js';
 import { silentLogger } from '../../shared/src/log.js';
 import { JOIN_TOKEN } from './scheduler.js';
+import { destroyLeftDesktops } from './sandbox.js';
 
 export interface TestAgent extends AgentHandle {
   /** Present when the agent was started with a driver of our own (`delayMs`, `again`). */
@@ -98,9 +99,13 @@ export interface SandboxAgent extends AgentHandle {
  * desktops outlive their agent by design, so a test that failed midway would otherwise leave
  * them running.
  */
-export async function startSandboxAgent(schedulerUrl: string, existingStateDir?: string): Promise<SandboxAgent> {
+export async function startSandboxAgent(
+  schedulerUrl: string, existingStateDir?: string, options: { goldenTemplates?: boolean } = {},
+): Promise<SandboxAgent> {
   const stateDir = existingStateDir ?? mkdtempSync(join(tmpdir(), 'canto-sandbox-agent-'));
   const config = loadAgentConfig({
+    // Off unless asked: most tests pin what a first boot does (golden-templates tests turn it on).
+    CANTO_AGENT_GOLDEN_TEMPLATES: options.goldenTemplates === true ? 'true' : 'false',
     CANTO_SCHEDULER_URL: schedulerUrl,
     CANTO_AGENT_TOKEN: JOIN_TOKEN,
     CANTO_AGENT_STATE_DIR: stateDir,
@@ -121,10 +126,7 @@ export async function startSandboxAgent(schedulerUrl: string, existingStateDir?:
     halt: () => handle.stop(),
     async stop() {
       await handle.stop();
-      const { createSandboxDriver } = await import('../../agent/src/runtime/sandbox/index.js');
-      const cleaner = await createSandboxDriver({ stateDir: join(stateDir, 'runtime') });
-      for (const d of await cleaner.list()) await cleaner.destroy(d.desktopId);
-      await cleaner.close();
+      await destroyLeftDesktops(join(stateDir, 'runtime'));
       rmSync(stateDir, { recursive: true, force: true });
     },
   };

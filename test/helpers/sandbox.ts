@@ -94,7 +94,9 @@ export function stopwatch(): {
 export async function destroyLeftDesktops(runtimeDir: string): Promise<void> {
   if (!existsSync(runtimeDir)) return;
   const { createSandboxDriver } = await import('../../agent/src/runtime/sandbox/index.js');
+  const { templateIds } = await import('../../agent/src/runtime/sandbox/host/golden.js');
   const cleaner = await createSandboxDriver({ stateDir: runtimeDir });
-  for (const d of await cleaner.list()) await cleaner.destroy(d.desktopId);
+  // Golden templates are desktops too, hidden from list(); one being built may be running.
+  for (const id of [...(await cleaner.list()).map((d) => d.desktopId), ...(await templateIds(runtimeDir))]) await cleaner.destroy(id);
   await cleaner.close();
 }

@@ -50,6 +50,7 @@ import { VncSessions } from './computer-use/guest-vnc.js';
 import { TerminalSessions } from './guest/guest-terminal.js';
 import { GuestPorts } from './ports/guest-ports.js';
 import { GuestOperations } from './guest/guest-ops.js';
+import { GoldenTemplates } from './host/golden.js';
 import { KeyedMutex } from './host/keyed-mutex.js';
 import { SandboxTransfer } from './host/sandbox-transfer.js';
 import { desktopPaths, desktopsDir } from './host/layout.js';
@@ -63,6 +64,11 @@ export interface SandboxDriverOptions {
   readonly criuPath?: string;
   /** false forces cold stops even when CRIU works. Default true. */
   readonly memorySnapshots?: boolean;
+  /**
+   * New desktops are clones of a golden template (host/golden.ts) and their first wake is a
+   * restore, where CRIU works. Default false here; the agent turns it on (CANTO_AGENT_GOLDEN_TEMPLATES).
+   */
+  readonly goldenTemplates?: boolean;
   readonly log?: (msg: string, fields?: object) => void;
 }
 
@@ -75,6 +81,7 @@ export class SandboxDriver implements RuntimeDriver {
   private readonly terminals: TerminalSessions;
   private readonly ports: GuestPorts;
   private readonly lifecycle: SandboxLifecycle;
+  private golden: GoldenTemplates | null = null;
   private readonly log: (msg: string, fields?: object) => void;
 
   private constructor(
@@ -119,7 +126,12 @@ export class SandboxDriver implements RuntimeDriver {
     ]);
     const criu = options.memorySnapshots === false ? null : await detectCriu(options.criuPath, options.log);
     const driver = new SandboxDriver(stateDir, criu, { bwrap, nsenter }, options.log);
-    driver.log('sandbox driver ready', { stateDir, criu: criu?.path ?? null, criuVersion: criu?.version ?? null });
+    if (options.goldenTemplates === true && criu !== null) {
+      const golden = await GoldenTemplates.open(stateDir, criu, driver.lifecycle, driver.log);
+      driver.golden = golden;
+      driver.lifecycle.restoreFailed = (desktopId) => golden.cloneFailed(desktopId);
+    }
+    driver.log('sandbox driver ready', { stateDir, criu: criu?.path ?? null, criuVersion: criu?.version ?? null, goldenTemplates: driver.golden !== null });
     return driver;
   }
 
@@ -128,7 +140,7 @@ export class SandboxDriver implements RuntimeDriver {
   }
 
   prepare(desktopId: string, tier: Tier): Promise<void> {
-    return this.lifecycle.prepare(desktopId, tier);
+    return this.golden === null ? this.lifecycle.prepare(desktopId, tier) : this.golden.prepare(desktopId, tier);
   }
 
   start(spec: StartSpec): Promise<{ restored: boolean }> {
@@ -220,6 +232,8 @@ export class SandboxDriver implements RuntimeDriver {
   }
 
   async close(): Promise<void> {
+    // A template being built is hibernated first: none is left running, hidden from list().
+    await this.golden?.close();
     // VNC sessions are the agent's: their clients are gone with it.
     await this.vnc.close();
     await this.terminals.close();

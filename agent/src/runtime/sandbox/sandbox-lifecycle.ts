@@ -16,36 +16,27 @@ import { join } from 'node:path';
 import { AgentFailure } from '../../../../shared/src/protocol.js';
 import type { Tier } from '../../../../shared/src/tiers.js';
 import type { DesktopLifecycle, DesktopStatus, ExecOutcome, RuntimeCapabilities, StartSpec } from '../driver.js';
-import { applyTier, cgroupPids, drainAndRemove, removeIfEmpty } from './host/cgroups.js';
+import { applyTier, drainAndRemove, removeIfEmpty } from './host/cgroups.js';
 import { coldBoot, type InitProcess } from './host/cold-boot.js';
 import { dump, restore, type CriuInfo } from './host/criu.js';
 import { applyFirstBoot, renderEnvFile, WRITE_ENV_COMMAND } from './host/first-boot.js';
+import { writeCloneEnv } from './host/golden.js';
 import { reapplyRecordedDisplay } from './computer-use/guest-display.js';
 import type { VncSessions } from './computer-use/guest-vnc.js';
 import type { TerminalSessions } from './guest/guest-terminal.js';
 import type { GuestPorts } from './ports/guest-ports.js';
 import { guestExec, MAX_OUTPUT_BYTES } from './guest/guest-exec.js';
-import { NESTED_MOUNTPOINTS } from './guest/guest-init.js';
+import { hostnameFor, NESTED_MOUNTPOINTS } from './guest/guest-init.js';
 import type { GuestOperations } from './guest/guest-ops.js';
-import { isDetachedRunner } from './guest/guest-helper.js';
-import { killGuestDetached, spawnGuestProcess } from './guest/guest-processes.js';
+import { anyDetachedRunner, killGuestDetached, spawnGuestProcess } from './guest/guest-processes.js';
 import { FRAMEBUFFER_FILE } from './computer-use/screenshot.js';
-import { commandLine, isSameProcess, signal, waitFor } from './host/host-procs.js';
+import { isSameProcess, signal, waitFor } from './host/host-procs.js';
 import type { KeyedMutex } from './host/keyed-mutex.js';
 import { compactFile } from './host/sparse.js';
 import { collectLayers, createFork, freeze, mountDisk, releaseDisk } from './host/layers.js';
 import {
-  assertDesktopId,
-  desktopPaths,
-  desktopsDir,
-  ensureDisk,
-  ensureSkeleton,
-  exists,
-  hasDisk,
-  readJson,
-  removeTree,
-  writeFileAtomic,
-  type DesktopPaths,
+  assertDesktopId, desktopPaths, desktopsDir, ensureDisk, ensureSkeleton, exists, hasDisk, readJson, removeTree,
+  TEMPLATE_CLONE_FILE, TEMPLATE_FILE, writeFileAtomic, type DesktopPaths,
 } from './host/layout.js';
 
 /** Grace for a desktop's processes to leave its cgroups after a dump or a kill. */
@@ -85,6 +76,8 @@ export class SandboxLifecycle implements Omit<DesktopLifecycle, 'close' | 'usage
   private readonly terminals: TerminalSessions;
   private readonly ports: GuestPorts;
   private readonly log: (msg: string, fields?: object) => void;
+  /** Told when a snapshot could not be restored (the desktop then boots cold): host/golden.ts. */
+  restoreFailed: ((desktopId: string) => Promise<void>) | null = null;
   /** Framebuffer compactions queued or under way, by desktop (`compactFramebufferNext`). */
   private readonly compactions = new Map<string, AbortController>();
 
@@ -129,7 +122,10 @@ export class SandboxLifecycle implements Omit<DesktopLifecycle, 'close' | 'usage
         // otherwise run beside the new guest: kill them, and start from fresh groups.
         await drainAndRemove(spec.desktopId, 0);
         await applyTier(spec.desktopId, spec.tier);
-        if (await exists(paths.snapshot)) init = await this.tryRestore(paths, spec.desktopId);
+        if (await exists(paths.snapshot)) {
+          envAtBoot = firstBoot !== null && (await writeCloneEnv(paths, firstBoot.env));
+          init = await this.tryRestore(paths, spec.desktopId);
+        }
         restored = init !== null;
         if (init === null) {
           await applyTier(spec.desktopId, spec.tier); // again: a failed restore removed the groups
@@ -143,6 +139,7 @@ export class SandboxLifecycle implements Omit<DesktopLifecycle, 'close' | 'usage
         }
         // The images describe memory that no longer matches the disk once the guest has run.
         if (restored) await rm(paths.snapshot, { recursive: true, force: true });
+        await rm(join(paths.dir, TEMPLATE_CLONE_FILE), { force: true });
         this.log('desktop started', { desktopId: spec.desktopId, restored, ms: Math.round(performance.now() - t0) });
       }
       if (firstBoot !== null) {
@@ -249,7 +246,7 @@ export class SandboxLifecycle implements Omit<DesktopLifecycle, 'close' | 'usage
       const chain = await freeze(this.stateDir, source);
       for (const f of missing) {
         const id = f.dir.slice(f.dir.lastIndexOf('/') + 1);
-        await this.mutex.run(id, () => createFork(source, f, chain, ['first-boot-done', '.ready', 'display.json']));
+        await this.mutex.run(id, () => createFork(source, f, chain, ['first-boot-done', '.ready', 'display.json', TEMPLATE_CLONE_FILE]));
       }
       this.log('desktop forked', { desktopId: sourceId, forks: missing.length, snapshot, ms: Math.round(performance.now() - t0) });
       return { snapshot };
@@ -270,6 +267,7 @@ export class SandboxLifecycle implements Omit<DesktopLifecycle, 'close' | 'usage
       } catch {
         continue;
       }
+      if (await exists(join(desktopsDir(this.stateDir), desktopId, TEMPLATE_FILE))) continue;
       const status = await this.status(desktopId);
       if (status !== null) out.push(status);
     }
@@ -295,10 +293,9 @@ export class SandboxLifecycle implements Omit<DesktopLifecycle, 'close' | 'usage
   }
 
   /**
-   * Xvfb is gone with the dump, so nothing maps the framebuffer file: its zeros become holes
-   * (host/sparse.ts) in the desktop's next turn of the mutex, after the hibernate has answered
-   * (≈30 ms it need not wait for). A fork or an export waits for it and copies less; a start or
-   * a destroy stops it (the file is then left as it is, and compacted at the next hibernate).
+   * Xvfb is gone with the dump: the framebuffer file's zeros become holes (host/sparse.ts) in the
+   * desktop's next turn of the mutex, after the hibernate has answered (≈30 ms it need not wait
+   * for). A fork or an export waits for it and copies less; a start or a destroy stops it.
    */
   private compactFramebufferNext(desktopId: string, paths: DesktopPaths): void {
     const stop = new AbortController();
@@ -322,8 +319,7 @@ export class SandboxLifecycle implements Omit<DesktopLifecycle, 'close' | 'usage
    */
   private async killDetached(desktopId: string, init: InitProcess): Promise<void> {
     try {
-      // The guest call starts a helper cold (≈30 ms, a tenth of a hibernate): only when a runner
-      // is alive, as the host sees the desktop's processes.
+      // The call starts a helper cold (≈30 ms, a tenth of a hibernate): only when a runner lives.
       if (!(await anyDetachedRunner(desktopId))) return;
       const n = await killGuestDetached(this.guest.target(desktopId, init));
       if (n > 0) this.log('detached processes killed', { desktopId, count: n });
@@ -348,9 +344,10 @@ export class SandboxLifecycle implements Omit<DesktopLifecycle, 'close' | 'usage
       await writeFileAtomic(paths.initFile, JSON.stringify(init));
       // CRIU binds --root read-write. The skeleton is the desktop's own (so nothing written there
       // in the instant before this reaches another desktop); make the root read-only again as a
-      // cold boot has it, and check responsiveness (X answers, exec works) in the same command.
+      // cold boot has it, give the guest this desktop's hostname (a fork or a template's clone
+      // restores its source's), and check responsiveness (X answers, exec works), in one command.
       const probe = await this.execIn(
-        desktopId, init, 'mount -o remount,bind,ro / && xrandr --current >/dev/null', INTERNAL_EXEC_MS, undefined, true,
+        desktopId, init, `mount -o remount,bind,ro / && hostname ${hostnameFor(desktopId)} && xrandr --current >/dev/null`, INTERNAL_EXEC_MS, undefined, true,
       );
       if (probe.exitCode !== 0) throw new Error(`restored desktop does not answer: ${probe.stderr.trim()}`);
       return init;
@@ -358,6 +355,7 @@ export class SandboxLifecycle implements Omit<DesktopLifecycle, 'close' | 'usage
       this.log('restore failed; booting cold, images kept aside', { desktopId, aside, error: String(err) });
       if (init !== null) await this.stopProcesses(paths, desktopId, init);
       await rename(paths.snapshot, aside).catch(() => undefined);
+      await this.restoreFailed?.(desktopId);
       return null;
     }
   }
@@ -392,13 +390,4 @@ export class SandboxLifecycle implements Omit<DesktopLifecycle, 'close' | 'usage
       ...(stdin === undefined ? {} : { stdin }),
     });
   }
-}
-
-/** Whether any process of the desktop's groups runs a detached process's runner. */
-async function anyDetachedRunner(desktopId: string): Promise<boolean> {
-  for (const pid of await cgroupPids(desktopId)) {
-    const args = await commandLine(pid);
-    if (args !== null && isDetachedRunner(args)) return true;
-  }
-  return false;
 }

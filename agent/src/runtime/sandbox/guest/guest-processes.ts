@@ -14,6 +14,9 @@ import { AgentFailure } from '../../../../../shared/src/protocol.js';
 import type { DetachedSpec, ProcessStatus } from '../../driver.js';
 import { GuestCall, type GuestTarget } from './guest-call.js';
 import { PROCESS_ID } from '../../../../../shared/src/guest-commands.js';
+import { cgroupPids } from '../host/cgroups.js';
+import { commandLine } from '../host/host-procs.js';
+import { isDetachedRunner } from './guest-helper.js';
 
 const CALL_MS = 30_000;
 /** Upper bound of a tail the driver reads, whatever the caller asks (the API caps at 512 KiB). */
@@ -76,4 +79,13 @@ export async function killGuestDetached(target: GuestTarget): Promise<number> {
   const [n] = await call.status();
   if (n === undefined || !/^[0-9]+$/.test(n)) throw malformed();
   return Number(n);
+}
+
+/** Whether any process of the desktop's groups runs a detached process's runner (seen from the host). */
+export async function anyDetachedRunner(desktopId: string): Promise<boolean> {
+  for (const pid of await cgroupPids(desktopId)) {
+    const args = await commandLine(pid);
+    if (args !== null && isDetachedRunner(args)) return true;
+  }
+  return false;
 }

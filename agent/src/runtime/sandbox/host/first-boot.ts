@@ -9,7 +9,8 @@
  *
  * The setup script runs as the detached process `setup` (see guest-processes.ts).
  */
-import { writeFile } from 'node:fs/promises';
+import { chmod, mkdir, rename, writeFile } from 'node:fs/promises';
+import { join } from 'node:path';
 import { AgentFailure } from '../../../../../shared/src/protocol.js';
 import type { ExecOutcome, FirstBootSpec } from '../../driver.js';
 
@@ -55,3 +56,18 @@ export function renderEnvFile(env: Readonly<Record<string, string>>): string {
 
 export const WRITE_ENV_COMMAND =
   'umask 077 && mkdir -p /root/.canto && cat > /root/.canto/.env.tmp && chmod 600 /root/.canto/.env.tmp && mv -f /root/.canto/.env.tmp /root/.canto/env';
+
+/**
+ * Writes the env file from the host into a desktop's mounted disk, as WRITE_ENV_COMMAND would in
+ * the guest. Only for a disk no user code has run on yet (a golden template's clone before its
+ * first wake: host/golden.ts), so nothing on the way can be a link a guest planted; a cold guest
+ * process for it cost ≈50 ms of that first wake.
+ */
+export async function writeEnvOnFreshDisk(disk: string, content: string): Promise<void> {
+  const dir = join(disk, 'root', '.canto');
+  await mkdir(dir, { recursive: true, mode: 0o700 });
+  const tmp = join(dir, '.env.tmp');
+  await writeFile(tmp, content, { mode: 0o600, flag: 'w' });
+  await chmod(tmp, 0o600);
+  await rename(tmp, join(dir, 'env'));
+}

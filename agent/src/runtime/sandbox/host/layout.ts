@@ -58,6 +58,11 @@ export interface DesktopPaths {
   readonly displayFile: string;
 }
 
+/** Marks a golden template's directory (host/golden.ts): not a desktop the scheduler knows. */
+export const TEMPLATE_FILE = 'template.json';
+/** In a desktop made from a golden template, until its first start: the template's id. */
+export const TEMPLATE_CLONE_FILE = 'template-clone';
+
 export function desktopsDir(stateDir: string): string {
   return join(stateDir, 'desktops');
 }

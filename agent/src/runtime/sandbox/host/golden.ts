@@ -1,0 +1,192 @@
+/**
+ * Golden templates: a new desktop's first wake restores a desktop session booted once per host,
+ * instead of booting its own.
+ *
+ * For the boot it stands for (the guest init, the screen sizes, the X server's and window
+ * manager's binaries, the CRIU binary: the template's key), the agent boots one hidden desktop,
+ * lets its session come up and hibernates it with memory. A new desktop is then made as a fork of
+ * it (layers.ts): the template's disk frozen into a shared read-only layer under an empty writable
+ * layer of the desktop's own, hard links to the memory images (CRIU only reads them), and its own
+ * copy of the framebuffer file. Its first wake restores that snapshot, gives the guest its own
+ * hostname (after every restore, sandbox-lifecycle.ts) and applies its first boot (env file,
+ * setup script) through guest calls, as for a desktop already running when its first boot is
+ * applied. Clones share nothing writable with the template or with each other.
+ *
+ * A template lives among the desktops, marked by `template.json`, which hides it from `list()`
+ * (the scheduler never hears of it) and keeps its layer from being collected. It is built when the
+ * driver starts and whenever a new desktop finds none; a creation that finds one being built waits
+ * for it, one that finds none possible (no CRIU, a failed build) gets an empty disk and boots cold.
+ * A template whose key is not the current one, or that never finished, is destroyed at start. A
+ * clone whose first restore fails (a library under the template changed, say) boots cold, and the
+ * template is dropped and built again for the next.
+ */
+import { createHash } from 'node:crypto';
+import { mkdir, readdir, readFile, stat, writeFile } from 'node:fs/promises';
+import { join } from 'node:path';
+import { newId } from '../../../../../shared/src/ids.js';
+import type { Tier } from '../../../../../shared/src/tiers.js';
+import { DEFAULT_SCREEN, MAX_SCREEN } from '../guest/guest-init.js';
+import { guestFile } from '../guest/guest-programs.js';
+import type { CriuInfo } from './criu.js';
+import { renderEnvFile, writeEnvOnFreshDisk } from './first-boot.js';
+import { desktopPaths, desktopsDir, exists, hasDisk, readJson, TEMPLATE_CLONE_FILE, TEMPLATE_FILE, type DesktopPaths } from './layout.js';
+
+/** What the templates need of the lifecycle (sandbox-lifecycle.ts). */
+export interface TemplateLifecycle {
+  prepare(desktopId: string, tier: Tier): Promise<void>;
+  start(spec: { desktopId: string; tier: Tier; firstBoot: null }): Promise<{ restored: boolean }>;
+  hibernate(desktopId: string): Promise<{ snapshot: boolean }>;
+  fork(sourceId: string, forkIds: readonly string[]): Promise<{ snapshot: boolean }>;
+  destroy(desktopId: string): Promise<void>;
+}
+
+interface TemplateRecord {
+  readonly key: string;
+  readonly state: 'building' | 'ready';
+}
+
+/** Binaries whose processes are in the template's memory: a change means another template. */
+const SESSION_BINARIES = ['/bin/sh', '/usr/bin/Xvfb', '/usr/bin/openbox', '/usr/bin/sleep'];
+
+export class GoldenTemplates {
+  private current: string | null = null;
+  private building: Promise<string | null> | null = null;
+  private closed = false;
+
+  private constructor(
+    private readonly stateDir: string,
+    private readonly key: string,
+    private readonly lifecycle: TemplateLifecycle,
+    private readonly log: (msg: string, fields?: object) => void,
+  ) {}
+
+  /** Finds the current template, destroys the others, and starts building one if there is none. */
+  static async open(stateDir: string, criu: CriuInfo, lifecycle: TemplateLifecycle, log: (msg: string, fields?: object) => void): Promise<GoldenTemplates> {
+    const templates = new GoldenTemplates(stateDir, await templateKey(criu), lifecycle, log);
+    for (const { id, record } of await templates.found()) {
+      if (record?.state === 'ready' && record.key === templates.key && templates.current === null) templates.current = id;
+      else await templates.drop(id, 'not the current template');
+    }
+    if (templates.current === null) void templates.ready();
+    return templates;
+  }
+
+  /**
+   * Makes a new desktop's disk: a clone of the template when there is (or can be) one, else an
+   * empty disk. A desktop that has a disk already is left as it is.
+   */
+  async prepare(desktopId: string, tier: Tier): Promise<void> {
+    if (!(await hasDisk(desktopPaths(this.stateDir, desktopId)))) {
+      const template = await this.ready();
+      if (template !== null) {
+        try {
+          await this.lifecycle.fork(template, [desktopId]);
+          return;
+        } catch (err) {
+          this.log('cloning the template failed; the desktop boots cold', { desktopId, template, error: String(err) });
+        }
+      }
+    }
+    await this.lifecycle.prepare(desktopId, tier);
+  }
+
+  /** A clone's first restore failed: the template goes, and the next creation builds another. */
+  async cloneFailed(desktopId: string): Promise<void> {
+    const template = await readFile(join(desktopPaths(this.stateDir, desktopId).dir, TEMPLATE_CLONE_FILE), 'utf8').catch(() => null);
+    if (template === null || template !== this.current) return;
+    this.current = null;
+    await this.drop(template, `the restore of its clone ${desktopId} failed`);
+  }
+
+  /** Waits for a template being built (none is left running). */
+  async close(): Promise<void> {
+    this.closed = true;
+    await this.building;
+  }
+
+  /** The template's id, built first if there is none; null when none can be had now. */
+  private ready(): Promise<string | null> {
+    if (this.current !== null) return Promise.resolve(this.current);
+    if (this.closed) return Promise.resolve(null);
+    this.building ??= this.build().finally(() => {
+      this.building = null;
+    });
+    return this.building;
+  }
+
+  private async build(): Promise<string | null> {
+    const id = newId('desktop');
+    const paths = desktopPaths(this.stateDir, id);
+    const t0 = performance.now();
+    try {
+      // Marked first: whatever a crash leaves of it is a template, hidden, destroyed at start.
+      await mkdir(paths.dir, { recursive: true });
+      await this.mark(id, 'building');
+      await this.lifecycle.prepare(id, 'small');
+      await this.lifecycle.start({ desktopId: id, tier: 'small', firstBoot: null });
+      const { snapshot } = await this.lifecycle.hibernate(id);
+      if (!snapshot) throw new Error('its memory could not be snapshotted');
+      // Clones carry the template's id (createFork copies the file), for `cloneFailed`.
+      await writeFile(join(paths.dir, TEMPLATE_CLONE_FILE), id);
+      await this.mark(id, 'ready');
+      this.current = id;
+      this.log('desktop template built', { template: id, ms: Math.round(performance.now() - t0) });
+      return id;
+    } catch (err) {
+      this.log('no desktop template: new desktops boot cold', { error: String(err) });
+      await this.drop(id, 'its build failed');
+      return null;
+    }
+  }
+
+  private mark(id: string, state: TemplateRecord['state']): Promise<void> {
+    return writeFile(join(desktopPaths(this.stateDir, id).dir, TEMPLATE_FILE), JSON.stringify({ key: this.key, state } satisfies TemplateRecord));
+  }
+
+  private async found(): Promise<Array<{ id: string; record: TemplateRecord | null }>> {
+    const out: Array<{ id: string; record: TemplateRecord | null }> = [];
+    for (const id of await templateIds(this.stateDir)) {
+      out.push({ id, record: await readJson<TemplateRecord>(join(desktopsDir(this.stateDir), id, TEMPLATE_FILE)) });
+    }
+    return out;
+  }
+
+  private async drop(id: string, why: string): Promise<void> {
+    try {
+      await this.lifecycle.destroy(id);
+      this.log('desktop template removed', { template: id, why });
+    } catch (err) {
+      this.log('a desktop template could not be removed', { template: id, why, error: String(err) });
+    }
+  }
+}
+
+/**
+ * Before a template clone's first wake (it has run nothing of its own yet), writes its env file
+ * into its disk from the host, sparing the wake a cold guest process; false if not a clone.
+ */
+export async function writeCloneEnv(paths: DesktopPaths, env: Readonly<Record<string, string>>): Promise<boolean> {
+  if (!(await exists(join(paths.dir, TEMPLATE_CLONE_FILE)))) return false;
+  await writeEnvOnFreshDisk(paths.disk, renderEnvFile(env));
+  return true;
+}
+
+/** The templates under a driver's state directory, whatever their state (for cleaning up). */
+export async function templateIds(stateDir: string): Promise<string[]> {
+  const out: string[] = [];
+  for (const name of await readdir(desktopsDir(stateDir)).catch(() => [] as string[])) {
+    if (await exists(join(desktopsDir(stateDir), name, TEMPLATE_FILE))) out.push(name);
+  }
+  return out;
+}
+
+/** What a template stands for: a change to any of it makes the current template another one. */
+async function templateKey(criu: CriuInfo): Promise<string> {
+  const hash = createHash('sha256');
+  hash.update(guestFile('init.sh')).update(`\0${MAX_SCREEN}\0${DEFAULT_SCREEN}\0${criu.path}\0${criu.version}`);
+  for (const binary of SESSION_BINARIES) {
+    const st = await stat(binary).catch(() => null);
+    hash.update(`\0${binary}\0${st?.size ?? -1}\0${st?.mtimeMs ?? -1}`);
+  }
+  return hash.digest('hex').slice(0, 32);
+}
