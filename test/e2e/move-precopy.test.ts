@@ -112,7 +112,9 @@ describe.skipIf(!isRoot)('a move that pre-copies an awake desktop', () => {
     // At least the five cold files went ahead, and the copy after the stop left them out.
     const coldBytes = (FILES - HOT) * FILE_MIB * 1024 * 1024;
     expect(op.result.precopied_bytes).toBeGreaterThan(coldBytes);
-    expect(op.result.fetched_bytes).toBeLessThan(op.result.total_bytes - coldBytes);
+    // Tar streams come in 64 KiB records: leaving out 50 MiB and their headers shortens the
+    // stream by exactly 50 MiB or by one record more, depending on where the padding falls.
+    expect(op.result.fetched_bytes).toBeLessThanOrEqual(op.result.total_bytes - coldBytes);
 
     const d = (await call('GET', `/v1/desktops/${id}`)).json;
     expect(d.host_id).toBe(hostIds.T);

@@ -14,6 +14,7 @@ describe('loadAgentConfig', () => {
       stateDir: '/var/lib/canto-agent',
       runtime: 'sandbox',
       memorySnapshots: true,
+      goldenTemplates: true,
       heartbeatMs: 1000,
       reconnectMinMs: 100,
       reconnectMaxMs: 2_000,
