@@ -1,10 +1,18 @@
 #!/bin/sh
-# CRIU's action script at a restore (agent/src/runtime/sandbox/host/criu.ts). Restores run with
-# `--empty-ns net`: CRIU makes the guest's network namespace empty instead of replaying its links,
-# addresses, routes and firewall tables through `ip` and `iptables-restore` (a third of a wake's
-# time here). A guest has no CAP_NET_ADMIN, so its namespace never holds more than loopback:
-# bringing `lo` up gives back 127.0.0.1 and ::1 before CRIU restores the sockets bound to them.
-# CRIU runs the script at every stage; setup-namespaces comes once the namespaces exist and
-# before any process or socket is restored in them.
-[ "$CRTOOLS_SCRIPT_ACTION" = setup-namespaces ] || exit 0
-exec nsenter -t "$CRTOOLS_INIT_PID" -n ip link set lo up
+# CRIU's action script at a restore (agent/src/runtime/sandbox/host/criu.ts), run at every stage.
+# - setup-namespaces (once the namespaces exist, before any process or socket is restored in
+#   them): restores run with `--empty-ns net`, so CRIU makes the guest's network namespace empty
+#   instead of replaying its links, addresses, routes and firewall tables through `ip` and
+#   `iptables-restore` (a third of a wake's time here). A guest has no CAP_NET_ADMIN, so its
+#   namespace never holds more than loopback: bringing `lo` up gives back 127.0.0.1 and ::1
+#   before CRIU restores the sockets bound to them.
+# - post-restore (every process restored, none resumed yet): CRIU binds `--root` read-write, so
+#   the guest's root is made read-only again as a cold boot has it, and the guest gets its own
+#   desktop's hostname (the images hold the hostname of the desktop they were dumped from: a fork's
+#   or a template's source). Done here, the guest never runs a moment without either.
+case "$CRTOOLS_SCRIPT_ACTION" in
+setup-namespaces) exec nsenter -t "$CRTOOLS_INIT_PID" -n ip link set lo up ;;
+post-restore)
+  exec nsenter -t "$CRTOOLS_INIT_PID" -m -u /bin/sh -c 'mount -o remount,bind,ro / && hostname "$1"' canto-post-restore "$CANTO_GUEST_HOSTNAME" ;;
+esac
+exit 0

@@ -26,7 +26,7 @@ import type { VncSessions } from './computer-use/guest-vnc.js';
 import type { TerminalSessions } from './guest/guest-terminal.js';
 import type { GuestPorts } from './ports/guest-ports.js';
 import { guestExec, MAX_OUTPUT_BYTES } from './guest/guest-exec.js';
-import { hostnameFor, NESTED_MOUNTPOINTS } from './guest/guest-init.js';
+import { NESTED_MOUNTPOINTS } from './guest/guest-init.js';
 import type { GuestOperations } from './guest/guest-ops.js';
 import { anyDetachedRunner, killGuestDetached, spawnGuestProcess } from './guest/guest-processes.js';
 import { FRAMEBUFFER_FILE } from './computer-use/screenshot.js';
@@ -342,13 +342,10 @@ export class SandboxLifecycle implements Omit<DesktopLifecycle, 'close' | 'usage
       // Recorded at once, so an agent restart from here on adopts this guest instead of
       // restoring a second copy.
       await writeFileAtomic(paths.initFile, JSON.stringify(init));
-      // CRIU binds --root read-write. The skeleton is the desktop's own (so nothing written there
-      // in the instant before this reaches another desktop); make the root read-only again as a
-      // cold boot has it, give the guest this desktop's hostname (a fork or a template's clone
-      // restores its source's), and check responsiveness (X answers, exec works), in one command.
-      const probe = await this.execIn(
-        desktopId, init, `mount -o remount,bind,ro / && hostname ${hostnameFor(desktopId)} && xrandr --current >/dev/null`, INTERNAL_EXEC_MS, undefined, true,
-      );
+      // The root is read-only again and the hostname the desktop's own (the restore's action
+      // script, agent/guest/criu-restore-net.sh, before any process resumed); what is left to
+      // check is that the desktop answers: X does, and a command runs.
+      const probe = await this.execIn(desktopId, init, 'xrandr --current >/dev/null', INTERNAL_EXEC_MS);
       if (probe.exitCode !== 0) throw new Error(`restored desktop does not answer: ${probe.stderr.trim()}`);
       return init;
     } catch (err) {

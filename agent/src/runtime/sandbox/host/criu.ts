@@ -22,7 +22,7 @@ import { joinArgv } from './cgroups.js';
 import { ensureKdatCache, KDAT_FILE } from './criu-kdat.js';
 import { procStat } from './host-procs.js';
 import type { DesktopPaths } from './layout.js';
-import { hostPathForGuestMount } from '../guest/guest-init.js';
+import { hostnameFor, hostPathForGuestMount } from '../guest/guest-init.js';
 import { guestFile, perlProgram } from '../guest/guest-programs.js';
 import type { InitProcess } from './cold-boot.js';
 
@@ -216,7 +216,8 @@ export async function restore(
   const child = spawn('/bin/sh', [...joinArgv(desktopId), 'perl', '-e', criuKeeperProgram(), '--', criu.path, ...args], {
     detached: true,
     stdio: ['ignore', 'pipe', 'ignore'],
-    env: { PATH: '/usr/sbin:/usr/bin:/sbin:/bin' },
+    // The action script's post-restore stage gives the guest this hostname.
+    env: { PATH: '/usr/sbin:/usr/bin:/sbin:/bin', CANTO_GUEST_HOSTNAME: hostnameFor(desktopId) },
   });
   child.unref();
   const line = await new Promise<string>((resolve) => {
