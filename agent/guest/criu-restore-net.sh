@@ -13,6 +13,7 @@
 case "$CRTOOLS_SCRIPT_ACTION" in
 setup-namespaces) exec nsenter -t "$CRTOOLS_INIT_PID" -n ip link set lo up ;;
 post-restore)
+  # shellcheck disable=SC2016 # $1 is expanded by the shell inside the guest's namespaces
   exec nsenter -t "$CRTOOLS_INIT_PID" -m -u /bin/sh -c 'mount -o remount,bind,ro / && hostname "$1"' canto-post-restore "$CANTO_GUEST_HOSTNAME" ;;
 esac
 exit 0
