@@ -48,9 +48,13 @@ interface TemplateRecord {
 /** Binaries whose processes are in the template's memory: a change means another template. */
 const SESSION_BINARIES = ['/bin/sh', '/usr/bin/Xvfb', '/usr/bin/openbox', '/usr/bin/sleep'];
 
+/** After a build that failed, creations boot cold this long before another build is tried. */
+const RETRY_BUILD_MS = 5 * 60_000;
+
 export class GoldenTemplates {
   private current: string | null = null;
   private building: Promise<string | null> | null = null;
+  private failedAt = -Infinity;
   private closed = false;
 
   private constructor(
@@ -107,7 +111,8 @@ export class GoldenTemplates {
   /** The template's id, built first if there is none; null when none can be had now. */
   private ready(): Promise<string | null> {
     if (this.current !== null) return Promise.resolve(this.current);
-    if (this.closed) return Promise.resolve(null);
+    // A host where a template cannot be built does not pay for another try at every creation.
+    if (this.closed || performance.now() - this.failedAt < RETRY_BUILD_MS) return Promise.resolve(null);
     this.building ??= this.build().finally(() => {
       this.building = null;
     });
@@ -133,7 +138,8 @@ export class GoldenTemplates {
       this.log('desktop template built', { template: id, ms: Math.round(performance.now() - t0) });
       return id;
     } catch (err) {
-      this.log('no desktop template: new desktops boot cold', { error: String(err) });
+      this.failedAt = performance.now();
+      this.log('no desktop template: new desktops boot cold', { error: String(err), retryInMs: RETRY_BUILD_MS });
       await this.drop(id, 'its build failed');
       return null;
     }
