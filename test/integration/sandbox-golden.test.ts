@@ -35,6 +35,8 @@ describe.skipIf(!snapshots)('golden templates', () => {
     base = await mkdtemp(join(tmpdir(), 'canto-golden-'));
     golden = await createSandboxDriver({ stateDir: goldenDir(), goldenTemplates: true });
     plain = await createSandboxDriver({ stateDir: join(base, 'plain') });
+    // Built when the driver starts; a creation before it is ready boots cold instead of waiting.
+    expect(await golden.templateReady()).toBe(true);
   });
   afterAll(async () => {
     await golden?.close();
@@ -118,6 +120,8 @@ describe.skipIf(!snapshots)('golden templates', () => {
     expect(view).toMatchObject({ setup: 'hello world', hostname: true, display: '1024 768', session: 'Xvfb\nopenbox' });
     expect(await templateIds(goldenDir())).not.toContain(template);
 
+    // Another is built at once, for the next creation.
+    expect(await golden.templateReady()).toBe(true);
     const next = await create(golden);
     expect(next.restored).toBe(true);
     const [rebuilt] = await templateIds(goldenDir());

@@ -139,6 +139,11 @@ export class SandboxDriver implements RuntimeDriver {
     return this.lifecycle.capabilities();
   }
 
+  /** Whether a golden template is ready for new desktops, once any being built is done. */
+  async templateReady(): Promise<boolean> {
+    return (await this.golden?.whenReady()) != null;
+  }
+
   prepare(desktopId: string, tier: Tier): Promise<void> {
     return this.golden === null ? this.lifecycle.prepare(desktopId, tier) : this.golden.prepare(desktopId, tier);
   }

@@ -14,8 +14,8 @@
  *
  * A template lives among the desktops, marked by `template.json`, which hides it from `list()`
  * (the scheduler never hears of it) and keeps its layer from being collected. It is built when the
- * driver starts and whenever a new desktop finds none; a creation that finds one being built waits
- * for it, one that finds none possible (no CRIU, a failed build) gets an empty disk and boots cold.
+ * driver starts and whenever a new desktop finds none; a creation that finds none ready gets an
+ * empty disk and boots cold (it never waits for a build).
  * A template whose key is not the current one, or that never finished, is destroyed at start. A
  * clone whose first restore fails (a library under the template changed, say) boots cold, and the
  * template is dropped and built again for the next.
@@ -71,17 +71,19 @@ export class GoldenTemplates {
       if (record?.state === 'ready' && record.key === templates.key && templates.current === null) templates.current = id;
       else await templates.drop(id, 'not the current template');
     }
-    if (templates.current === null) void templates.ready();
+    templates.buildIfMissing();
     return templates;
   }
 
   /**
-   * Makes a new desktop's disk: a clone of the template when there is (or can be) one, else an
-   * empty disk. A desktop that has a disk already is left as it is.
+   * Makes a new desktop's disk: a clone of the template when there is one, else an empty disk
+   * (and the template is built meanwhile, for the next). A creation never waits for a build: it
+   * boots cold as fast as it would without templates. A desktop that has a disk is left as it is.
    */
   async prepare(desktopId: string, tier: Tier): Promise<void> {
     if (!(await hasDisk(desktopPaths(this.stateDir, desktopId)))) {
-      const template = await this.ready();
+      const template = this.current;
+      this.buildIfMissing();
       if (template !== null) {
         try {
           await this.lifecycle.fork(template, [desktopId]);
@@ -94,12 +96,13 @@ export class GoldenTemplates {
     await this.lifecycle.prepare(desktopId, tier);
   }
 
-  /** A clone's first restore failed: the template goes, and the next creation builds another. */
+  /** A clone's first restore failed: the template goes, and another is built for the next. */
   async cloneFailed(desktopId: string): Promise<void> {
     const template = await readFile(join(desktopPaths(this.stateDir, desktopId).dir, TEMPLATE_CLONE_FILE), 'utf8').catch(() => null);
     if (template === null || template !== this.current) return;
     this.current = null;
     await this.drop(template, `the restore of its clone ${desktopId} failed`);
+    this.buildIfMissing();
   }
 
   /** Waits for a template being built (none is left running). */
@@ -108,15 +111,19 @@ export class GoldenTemplates {
     await this.building;
   }
 
-  /** The template's id, built first if there is none; null when none can be had now. */
-  private ready(): Promise<string | null> {
-    if (this.current !== null) return Promise.resolve(this.current);
+  /** The template being built, or one that is (or was just) ready; null when none is coming. */
+  whenReady(): Promise<string | null> {
+    return this.building ?? Promise.resolve(this.current);
+  }
+
+  /** Starts building a template in the background unless there is one, or one is being built. */
+  private buildIfMissing(): void {
+    if (this.current !== null || this.building !== null || this.closed) return;
     // A host where a template cannot be built does not pay for another try at every creation.
-    if (this.closed || performance.now() - this.failedAt < RETRY_BUILD_MS) return Promise.resolve(null);
-    this.building ??= this.build().finally(() => {
+    if (performance.now() - this.failedAt < RETRY_BUILD_MS) return;
+    this.building = this.build().finally(() => {
       this.building = null;
     });
-    return this.building;
   }
 
   private async build(): Promise<string | null> {
