@@ -120,22 +120,27 @@ export function relay(req: IncomingMessage, res: ServerResponse, link: Socket, h
       }
       return true;
     };
+    // The body read from one chunk of the link, handed on after it: an answer that arrives whole
+    // (most do) goes out with `res.end`, head and body in one write.
+    const pieces: Buffer[] = [];
+    const onBody = (body: Buffer) => void pieces.push(body);
     const onLinkData = (chunk: Buffer) => {
       let step;
       try {
-        step = reader.push(chunk, onHead, (body) => {
-          if (!res.write(body)) {
-            link.pause();
-            res.once('drain', resumeLink);
-          }
-        });
+        step = reader.push(chunk, onHead, onBody);
       } catch (err) {
         return settle({ kind: 'failed', error: err as Error });
       }
       if (settled) return;
+      const body = pieces.length === 0 ? null : pieces.length === 1 ? pieces[0]! : Buffer.concat(pieces);
+      pieces.length = 0;
       if (step === 'complete') {
-        res.end();
+        if (body === null) res.end();
+        else res.end(body);
         settle({ kind: 'done', reusable: reader.keepAlive && sentAll && !reader.extraBytes });
+      } else if (body !== null && !res.write(body)) {
+        link.pause();
+        res.once('drain', resumeLink);
       }
     };
     const onLinkEnd = () => {
