@@ -209,6 +209,49 @@ describe('the ingress relay', () => {
     c.socket.destroy();
   });
 
+  it('streams a large chunked answer through, with backpressure, whole', async () => {
+    const piece = Buffer.alloc(64 * 1024, 'c');
+    const pieces = 80; // 5 MiB
+    handler = (link, req, res) => {
+      req.resume();
+      let sent = 0;
+      const pump = () => {
+        while (sent < pieces) {
+          sent++;
+          if (!res.write(piece)) return void res.once('drain', pump);
+        }
+        res.end();
+      };
+      pump();
+    };
+    const c = new Client();
+    c.socket.write(get('/big'));
+    const [answer] = await c.answers(1);
+    expect(answer!.headers['transfer-encoding']).toBe('chunked');
+    expect(answer!.body.length).toBe(piece.length * pieces);
+    expect(answer!.body).toBe('c'.repeat(piece.length * pieces));
+    c.socket.destroy();
+  });
+
+  it('does not reuse a link the app answered before the request body had all been sent', async () => {
+    handler = (link, req, res) => {
+      // Answers at once, reading nothing: the link still has the rest of the body in flight.
+      res.setHeader('x-link', String(link));
+      res.end('too early');
+    };
+    const c = new Client();
+    c.socket.write(`POST / HTTP/1.1\r\nHost: ${HOST}\r\nX-Svc-Token: ${TOKEN}\r\nContent-Length: 10\r\n\r\nfirst`);
+    const [early] = await c.answers(1);
+    expect(early!.body).toBe('too early');
+    c.socket.write('-rest');
+    handler = echoHandler;
+    c.socket.write(get('/after'));
+    const [, after] = await c.answers(2);
+    expect(seen(after!).url).toBe('/after');
+    expect(seen(after!).link).toBeGreaterThan(Number(early!.headers['x-link']));
+    c.socket.destroy();
+  });
+
   it('keeps Connection to each side: the client\'s close closes only its connection, the app\'s only the link', async () => {
     const c = new Client();
     c.socket.write(get('/', 'Connection: close\r\n'));
