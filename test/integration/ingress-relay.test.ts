@@ -252,6 +252,32 @@ describe('the ingress relay', () => {
     c.socket.destroy();
   });
 
+  it('sends a bodiless request again on a new link, not on another idle one, when the app closed the reused link', async () => {
+    // Two links left idle: two requests in flight at once.
+    handler = (link, req, res) => {
+      req.resume();
+      setTimeout(() => res.end(JSON.stringify({ link })), 30);
+    };
+    const c = new Client();
+    c.socket.write(get('/1') + get('/2'));
+    const warm = (await c.answers(2)).map((a) => seen(a).link);
+    expect(new Set(warm).size).toBe(2);
+    const tried: number[] = [];
+    // The app has dropped both idle links: a request on either meets a close.
+    handler = (link, req, res) => {
+      tried.push(link);
+      if (warm.includes(link)) return void req.socket.destroy();
+      req.resume();
+      res.end(JSON.stringify({ link }));
+    };
+    c.socket.write(get('/3'));
+    const [, , third] = await c.answers(3);
+    expect(third!.status).toBe(200);
+    expect(seen(third!).link).toBeGreaterThan(Math.max(...warm));
+    expect(tried).toEqual([warm.at(-1), seen(third!).link]);
+    c.socket.destroy();
+  });
+
   it('keeps Connection to each side: the client\'s close closes only its connection, the app\'s only the link', async () => {
     const c = new Client();
     c.socket.write(get('/', 'Connection: close\r\n'));

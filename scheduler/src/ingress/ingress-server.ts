@@ -132,7 +132,8 @@ export class PortIngress {
     for (let attempt = 0; ; attempt++) {
       let link;
       try {
-        link = await pool.acquire();
+        // A retry goes on a new link: another idle one may have been closed by the app just as well.
+        link = await pool.acquire(attempt > 0);
       } catch (err) {
         return this.failed(res, err, route);
       }

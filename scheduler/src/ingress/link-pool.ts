@@ -36,9 +36,9 @@ export class LinkPool {
 
   constructor(private readonly open: () => Promise<Socket>) {}
 
-  /** An idle link, or a new one (rejects with the dial's PortLinkError). */
-  async acquire(): Promise<Link> {
-    for (;;) {
+  /** An idle link, or a new one (rejects with the dial's PortLinkError); only a new one if `fresh`. */
+  async acquire(fresh = false): Promise<Link> {
+    while (!fresh) {
       const held = this.idle.pop();
       if (held === undefined) break;
       this.unidle(held);
