@@ -43,6 +43,12 @@ describe.each([false, true])('reading an answer (one byte at a time: %s)', (byte
     expect(r.reader.keepAlive).toBe(true);
   });
 
+  it('keeps a Transfer-Encoding with codings besides chunked, for the client\'s side to chunk again', () => {
+    const r = read('HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip, chunked\r\n\r\n3\r\nabc\r\n0\r\n\r\n', { bytewise });
+    expect(r.head?.headers).toEqual(['Transfer-Encoding', 'gzip, chunked']);
+    expect(r.body).toBe('abc');
+  });
+
   it('reads to the link\'s end when nothing delimits the body, and the link is not reused', () => {
     const r = read('HTTP/1.0 200 OK\r\nContent-Type: text/plain\r\n\r\nuntil the end', { bytewise });
     expect(r.step).toBe('more');

@@ -170,7 +170,12 @@ export class ResponseReader {
         length = Number(value);
       }
       if (HOP_BY_HOP.has(lower)) {
-        if (lower === 'transfer-encoding') chunked = /(^|,)\s*chunked\s*$/i.test(value);
+        if (lower === 'transfer-encoding') {
+          chunked = /(^|,)\s*chunked\s*$/i.test(value);
+          // Other codings (`gzip, chunked`) stay on the body once the chunks are undone: the client
+          // is told, and Node's server chunks again under the same header.
+          if (chunked && value.trim().toLowerCase() !== 'chunked') headers.push(name, value);
+        }
         if (lower === 'connection') {
           const tokens = value.toLowerCase().split(',').map((t) => t.trim());
           if (tokens.includes('close')) close = true;
