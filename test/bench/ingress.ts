@@ -2,7 +2,9 @@
  * Port ingress benchmark: HTTP requests to an app inside a desktop through the scheduler's
  * ingress (Host routing, token check, port link to the agent, the desktop's forwarder), against
  * the same requests sent straight into the guest port from this process through the sandbox
- * driver's forwarder — what the path costs without the ingress and the agent's gateway.
+ * driver's forwarder — what the path costs without the ingress and the agent's gateway. The
+ * kept-alive figures are measured after a warm-up of each path (steady state, not the first
+ * requests a freshly started process serves).
  */
 import { readFileSync } from 'node:fs';
 import { request } from 'node:http';
@@ -132,6 +134,11 @@ export async function benchIngress(ctx: IngressBenchContext): Promise<void> {
       lat.push(await timed(() => viaIngress(ingress, host, token)));
       latDirect.push(await timed(() => direct(openDirect)));
     }
+    // Warm-up, both paths alike: the ingress (every scheduler worker: connections spread over
+    // them) and the agent run their relay code optimised, as they do once they have served a
+    // few thousand requests, rather than the interpreter's first few hundred.
+    await throughputKept(viaIngressKept);
+    await throughputKept(directKept);
     const kept = await sequentialKept(viaIngressKept);
     const keptDirect = await sequentialKept(directKept);
     const rps: number[] = [];

@@ -3,12 +3,13 @@
  * `{port}-{desktop_id}.{domain}`. Each request (and WebSocket upgrade) is admitted in order —
  * the host names an exposure (else 404, the same answer for ever after a delete), the token of a
  * private exposure matches (else 401), the desktop is awake on a host that is up with a port
- * gateway (else 503 with Retry-After) — and is then proxied, streaming both ways, over a port
- * link opened to that host's agent (port-link-client.ts). The agent's refusals map to statuses
+ * gateway (else 503 with Retry-After) — and is then relayed, streaming both ways, over a port
+ * link to that host's agent (port-link-client.ts): plain requests by hand (http-relay.ts), on
+ * links kept alive per guest port (link-pool.ts), WebSocket upgrades through the proxy library
+ * on a link of their own. The agent's refusals map to statuses
  * here: `not_running` and `unavailable` are 503 (retry), `refused` is 502 (nothing listens in the
- * guest), anything else 502. Links to agents are kept alive and reused by later requests to the
- * same guest port (port-link-client.ts); a request without a body that fails on a reused link,
- * before any answer, is sent once more on a fresh one.
+ * guest), anything else 502. A request without a body that fails on a reused link, before any
+ * answer, is sent once more on a fresh one.
  *
  * The ingress reads exposures, desktops and hosts from PostgreSQL and dials agents directly, so
  * it works on every replica, not only on the leader that holds the agent links.
@@ -23,7 +24,9 @@ import type { IngressSettings } from '../config.js';
 import { ApiError, errors, problem } from '../errors.js';
 import { isBound, type PortRoute } from '../services/ports.js';
 import { parseExposureHost } from '../services/exposure-host.js';
-import { dialPortLink, PortLinkAgent, PortLinkError } from './port-link-client.js';
+import { dialPortLink, PortLinkError } from './port-link-client.js';
+import { LinkPool } from './link-pool.js';
+import { hasBody, relay, requestHead } from './http-relay.js';
 import { presentedToken, stripToken, tokenMatches } from './port-token.js';
 import { keyOf, RouteCache } from './route-cache.js';
 import { answerClientError, answerUnroutable, MISSING_HOST } from '../http/client-errors.js';
@@ -51,6 +54,7 @@ const HEADERS_TIMEOUT_MS = 60_000;
 export class PortIngress {
   private readonly log: Logger;
   private readonly routes: RouteCache;
+  /** For WebSocket upgrades only: plain requests are relayed by http-relay.ts. */
   private readonly proxy = new ProxyServer({ xfwd: true, ws: true });
   /** Client sockets carrying traffic of an exposure, closed when the exposure is deleted. */
   private readonly open = new Map<string, Set<Duplex>>();
@@ -58,7 +62,7 @@ export class PortIngress {
   private readonly sockets = new Set<Duplex>();
   private readonly unsubscribe: () => void;
   /** Kept-alive links, one agent per exposure, for the host and generation it was made for. */
-  private readonly links = new Map<string, { hostId: string; address: string; generation: number; agent: PortLinkAgent }>();
+  private readonly links = new Map<string, { hostId: string; address: string; generation: number; pool: LinkPool }>();
 
   private constructor(
     private readonly deps: IngressDeps,
@@ -69,17 +73,6 @@ export class PortIngress {
     this.unsubscribe = deps.ports.onChange((desktopId, port) => this.exposureChanged(desktopId, port));
     // Errors are handled per call; this only keeps a stray one from being thrown.
     this.proxy.on('error', (err) => this.log.debug({ err }, 'proxy error'));
-    this.proxy.on('proxyReq', (proxyReq, req) => {
-      (req as Forwarded)[REUSED_LINK] = proxyReq.reusedSocket;
-    });
-    // The app's `Connection` concerns the link, not the client's connection: the client gets
-    // back what it asked for (or HTTP's default when it asked nothing).
-    this.proxy.on('proxyRes', (proxyRes, req) => {
-      delete proxyRes.headers['keep-alive'];
-      const asked = (req as Forwarded)[CLIENT_CONNECTION];
-      if (asked === undefined) delete proxyRes.headers.connection;
-      else proxyRes.headers.connection = asked;
-    });
   }
 
   static async start(deps: IngressDeps): Promise<PortIngress> {
@@ -121,7 +114,7 @@ export class PortIngress {
     this.server.closeAllConnections();
     await closed;
     this.routes.clear();
-    for (const link of this.links.values()) link.agent.destroy();
+    for (const link of this.links.values()) link.pool.destroy();
     this.links.clear();
   }
 
@@ -133,25 +126,37 @@ export class PortIngress {
       return this.answer(res, this.asApiError(err));
     }
     this.hold(route, req.socket);
-    // Hop-by-hop headers (RFC 9110 §7.6.1) stay on this side: a client's `Connection: close`
-    // must not close the kept-alive link to the app.
-    (req as Forwarded)[CLIENT_CONNECTION] = req.headers.connection;
-    delete req.headers.connection;
-    delete req.headers['keep-alive'];
-    this.forward(req, res, route, true);
-  }
-
-  private forward(req: IncomingMessage, res: ServerResponse, route: PortRoute, mayRetry: boolean): void {
-    this.proxy.web(req, res, { target: LINK_TARGET, agent: this.linkAgent(route) }, (err) => {
+    const head = requestHead(req);
+    const connection = req.headers.connection;
+    const pool = this.linkPool(route);
+    for (let attempt = 0; ; attempt++) {
+      let link;
+      try {
+        // A retry goes on a new link: another idle one may have been closed by the app just as well.
+        link = await pool.acquire(attempt > 0);
+      } catch (err) {
+        return this.failed(res, err, route);
+      }
+      if (res.destroyed) return pool.discard(link.socket);
+      const result = await relay(req, res, link.socket, head, connection);
+      if (result.kind === 'done') {
+        if (result.reusable) pool.release(link.socket);
+        else pool.discard(link.socket);
+        return;
+      }
+      pool.discard(link.socket);
       // A kept-alive link the guest app closed as it was reused: nothing reached the app's
       // handler, and a request without a body can go again as it came.
-      if (mayRetry && (req as Forwarded)[REUSED_LINK] && !res.headersSent && !hasBody(req) && !req.socket.destroyed) {
-        return this.forward(req, res, route, false);
-      }
-      const failure = this.linkFailure(err, route);
-      if (res.headersSent) res.destroy();
-      else this.answer(res, failure);
-    });
+      if (attempt === 0 && link.reused && !res.headersSent && !hasBody(req) && !req.socket.destroyed) continue;
+      return this.failed(res, result.error, route);
+    }
+  }
+
+  /** Answers a request whose link failed, or cuts its answer off if it had begun. */
+  private failed(res: ServerResponse, err: unknown, route: PortRoute): void {
+    const failure = this.linkFailure(err, route);
+    if (res.headersSent) res.destroy();
+    else this.answer(res, failure);
   }
 
   private async upgrade(req: IncomingMessage, socket: Duplex, head: Buffer): Promise<void> {
@@ -162,7 +167,7 @@ export class PortIngress {
       return rejectUpgrade(socket, this.asApiError(err));
     }
     this.hold(route, socket);
-    this.proxy.ws(req, socket, head, { target: LINK_TARGET, agent: this.linkAgent(route) }, (err) => {
+    this.proxy.ws(req, socket, head, { target: LINK_TARGET, agent: this.linkPool(route).upgradeAgent() }, (err) => {
       const failure = this.linkFailure(err, route);
       // Before the 101 nothing has been written, and the client can still be told why.
       if ((socket as Socket).bytesWritten === 0) rejectUpgrade(socket, failure);
@@ -184,19 +189,19 @@ export class PortIngress {
   }
 
   /** The exposure's kept-alive links; new ones when the desktop moved, woke again or changed host. */
-  private linkAgent(route: PortRoute): PortLinkAgent {
+  private linkPool(route: PortRoute): LinkPool {
     // isBound: a bound route has a host and a gateway address.
     const hostId = route.host_id!;
     const address = route.ingress_address!;
     const key = keyOf(route.desktop_id, route.port);
     const held = this.links.get(key);
-    if (held && held.hostId === hostId && held.address === address && held.generation === route.generation) return held.agent;
-    if (held) retire(held.agent);
+    if (held && held.hostId === hostId && held.address === address && held.generation === route.generation) return held.pool;
+    if (held) held.pool.retire();
     const secret = portLinkKey(this.deps.portLinkSecret, hostId);
     const target = { desktopId: route.desktop_id, generation: route.generation, port: route.port };
-    const agent = new PortLinkAgent(() => dialPortLink(secret, address, target));
-    this.links.set(key, { hostId, address, generation: route.generation, agent });
-    return agent;
+    const pool = new LinkPool(() => dialPortLink(secret, address, target));
+    this.links.set(key, { hostId, address, generation: route.generation, pool });
+    return pool;
   }
 
   /** The answer for a failed proxy attempt; the cached route and idle links are dropped, they may be stale. */
@@ -206,7 +211,7 @@ export class PortIngress {
     const held = this.links.get(key);
     if (held) {
       this.links.delete(key);
-      retire(held.agent);
+      held.pool.retire();
     }
     if (err instanceof PortLinkError) {
       this.log.info({ desktopId: route.desktop_id, port: route.port, reason: err.reason, message: err.message }, 'port link failed');
@@ -261,26 +266,11 @@ export class PortIngress {
   private exposureChanged(desktopId: string, port: number): void {
     this.routes.forget(desktopId, port);
     const key = keyOf(desktopId, port);
-    this.links.get(key)?.agent.destroy();
+    this.links.get(key)?.pool.destroy();
     this.links.delete(key);
     for (const socket of this.open.get(key) ?? []) socket.destroy();
     this.open.delete(key);
   }
-}
-
-/** Set on a request by the proxy's `proxyReq` event: whether it went out on a reused link. */
-const REUSED_LINK = Symbol('reusedLink');
-/** The client's own `Connection` header, kept from the upstream request. */
-const CLIENT_CONNECTION = Symbol('clientConnection');
-type Forwarded = IncomingMessage & { [REUSED_LINK]?: boolean; [CLIENT_CONNECTION]?: string };
-
-function hasBody(req: IncomingMessage): boolean {
-  return req.headers['transfer-encoding'] !== undefined || (req.headers['content-length'] !== undefined && req.headers['content-length'] !== '0');
-}
-
-/** Closes an agent's idle links; links in use finish their request and then idle out. */
-function retire(agent: PortLinkAgent): void {
-  for (const sockets of Object.values(agent.freeSockets)) for (const socket of sockets ?? []) socket.destroy();
 }
 
 /** Answers an upgrade request that will not be proxied, on its raw socket. */

@@ -1,9 +1,9 @@
 /**
  * The ingress's end of the port link (shared/src/port-link.ts): dial the agent's port gateway,
  * send the signed opening line, read the one-line answer, and hand over the socket, which from
- * then on carries raw bytes to and from the guest port. `PortLinkAgent` makes such a socket the
- * connection of an ordinary `http.request`, which is how the proxy library uses it for plain
- * requests and WebSocket upgrades alike.
+ * then on carries raw bytes to and from the guest port. Plain requests take such sockets from a
+ * pool of kept-alive links (link-pool.ts); `PortLinkAgent` makes one the connection of an
+ * ordinary `http.request`, which is how the proxy library uses it for WebSocket upgrades.
  */
 import { Agent, type ClientRequestArgs } from 'node:http';
 import { connect, type Socket } from 'node:net';
@@ -16,10 +16,8 @@ const DIAL_TIMEOUT_MS = 10_000;
 /** `ERR unavailable\n` is the longest answer; anything longer is not the port link. */
 const MAX_ANSWER_BYTES = 64;
 const REFUSALS: readonly PortLinkRefusal[] = ['unauthorized', 'not_running', 'refused', 'unavailable'];
-/** An idle kept-alive link is closed after this long. */
+/** An idle kept-alive link is closed after this long (link-pool.ts). */
 export const IDLE_LINK_MS = 1_000;
-/** Idle links kept per guest port. */
-const MAX_IDLE_LINKS = 32;
 
 export class PortLinkError extends Error {
   constructor(
@@ -98,16 +96,12 @@ export function dialPortLink(secret: string, address: string, target: PortTarget
 }
 
 /**
- * An `http.Agent` whose connections are port links to one guest port of one desktop generation.
- * Links are kept alive between requests, as a reverse proxy keeps its upstream connections: a
- * new link costs a TCP handshake, a signed line and the agent's answer, which measured several
- * times the rest of a proxied request. A link idle for `IDLE_LINK_MS` is closed, shorter than
- * common servers' keep-alive timeouts (2 s and up), so the guest app rarely closes one just as
- * it is reused; a request that meets such a close is sent again (ingress-server.ts).
+ * An `http.Agent` whose connections are port links to one guest port of one desktop generation,
+ * each used once: it carries WebSocket upgrades, and an upgraded link belongs to its WebSocket.
  */
 export class PortLinkAgent extends Agent {
   constructor(private readonly open: () => Promise<Socket>) {
-    super({ keepAlive: true, timeout: IDLE_LINK_MS, maxFreeSockets: MAX_IDLE_LINKS });
+    super({ keepAlive: false });
   }
 
   override createConnection(_options: ClientRequestArgs, callback?: (err: Error | null, stream: Duplex) => void): Duplex | null | undefined {
