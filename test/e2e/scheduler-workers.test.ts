@@ -17,7 +17,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { mkdtempSync, rmSync } from 'node:fs';
 import { execFile } from 'node:child_process';
 import { request } from 'node:http';
-import { createServer } from 'node:net';
+import { createServer, type Server } from 'node:net';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import WebSocket from 'ws';
@@ -192,9 +192,9 @@ describe.skipIf(!isRoot)('scheduler with two workers', () => {
   }, 180_000);
 
   it('fails the start when a worker cannot start', async () => {
-    const held = createServer();
-    await new Promise<void>((resolve) => held.listen(0, '127.0.0.1', resolve));
-    const heldPort = (held.address() as { port: number }).port;
+    // Worker 1 listens for agents on the base port, worker 2 on the next. Below 32768, where the
+    // kernel hands out no ports to outgoing connections, so that the next one stays free.
+    const { held, heldPort } = await holdPortWithFreeNext();
     try {
       const result = await new Promise<{ code: number | null; output: string }>((resolve) => {
         const child = execFile(process.execPath, [join(import.meta.dirname, '..', '..', 'dist', 'cli.js'), 'scheduler'], {
@@ -218,3 +218,24 @@ describe.skipIf(!isRoot)('scheduler with two workers', () => {
     }
   });
 });
+
+/** A server holding a port below 32768 whose next port is free. */
+async function holdPortWithFreeNext(): Promise<{ held: Server; heldPort: number }> {
+  const listen = (port: number) =>
+    new Promise<Server | null>((resolve) => {
+      const server = createServer();
+      server.once('error', () => resolve(null));
+      server.listen(port, '127.0.0.1', () => resolve(server));
+    });
+  for (;;) {
+    const port = 20_000 + Math.floor(Math.random() * 12_000);
+    const held = await listen(port);
+    if (held === null) continue;
+    const next = await listen(port + 1);
+    if (next !== null) {
+      await new Promise<void>((resolve) => next.close(() => resolve()));
+      return { held, heldPort: port };
+    }
+    held.close();
+  }
+}
