@@ -343,7 +343,7 @@ export class SandboxLifecycle implements Omit<DesktopLifecycle, 'close' | 'usage
       // restoring a second copy.
       await writeFileAtomic(paths.initFile, JSON.stringify(init));
       // The root is read-only again and the hostname the desktop's own (the restore's action
-      // script, agent/guest/criu-restore-net.sh, before any process resumed); what is left to
+      // script, agent/guest/criu-restore-action.sh, before any process resumed); what is left to
       // check is that the desktop answers: X does, and a command runs.
       const probe = await this.execIn(desktopId, init, 'xrandr --current >/dev/null', INTERNAL_EXEC_MS);
       if (probe.exitCode !== 0) throw new Error(`restored desktop does not answer: ${probe.stderr.trim()}`);

@@ -208,11 +208,12 @@ export async function restore(
     if (host === null) throw new Error(`snapshot names unknown mount ${e.guestPath}`);
     args.push('--external', `mnt[${e.key}]:${host}`);
   }
-  // The guest's network namespace is made empty and only its loopback brought up (the script says
-  // why). Dumps keep the full namespace, so their images restore the same way on any agent.
-  const netScript = join(paths.run, 'criu-restore-net.sh');
-  await writeFile(netScript, guestFile('criu-restore-net.sh'), { mode: 0o700 });
-  args.push('--empty-ns', 'net', '--action-script', netScript);
+  // The guest's network namespace is made empty and only its loopback brought up, and its root
+  // made read-only and hostname set before it resumes (the action script says why). Dumps keep
+  // the full namespace, so their images restore the same way on any agent.
+  const actionScript = join(paths.run, 'criu-restore-action.sh');
+  await writeFile(actionScript, guestFile('criu-restore-action.sh'), { mode: 0o700 });
+  args.push('--empty-ns', 'net', '--action-script', actionScript);
   const child = spawn('/bin/sh', [...joinArgv(desktopId), 'perl', '-e', criuKeeperProgram(), '--', criu.path, ...args], {
     detached: true,
     stdio: ['ignore', 'pipe', 'ignore'],
