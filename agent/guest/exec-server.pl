@@ -6,9 +6,8 @@ prefork('canto-exec', WARM_IDLE, EINTR);
 my $head = take_from(\*STDIN, 9) // exit 0;
 exit 0 unless $head =~ /^([0-9a-f]{8})\n$/;
 my $command = take_from(\*STDIN, hex $1) // exit 0;
-# A write blocked on a full socket is interrupted by SIGCHLD (the handler above) when the command
-# exits, which it often does right after its last output: that is retried, or the frame (often
-# the command's last words on stderr) would be lost.
+# A write interrupted by a signal is retried, or the frame (often the command's last words on
+# stderr) would be lost.
 sub frame {
   my ($tag, $data) = @_;
   my $s = $tag . sprintf('%08x', length $data) . $data;
@@ -51,8 +50,6 @@ sub kill_command {
 pipe(my $in_r, my $in_w) or exit 1;
 pipe(my $out_r, my $out_w) or exit 1;
 pipe(my $err_r, my $err_w) or exit 1;
-pipe(my $sig_r, my $sig_w) or exit 1;
-$SIG{CHLD} = sub { syswrite($sig_w, '.'); };
 # "Started" goes out before the fork: a child that dies after it (killed by the guest or a stop)
 # then reads as "may have run", never as "did not run", so the agent never runs the command twice.
 frame('s', '');
@@ -62,22 +59,27 @@ if ($pid == 0) {
   $SIG{PIPE} = 'DEFAULT';
   syscall(SYS_setsid);
   open(STDIN, '<&', $in_r); open(STDOUT, '>&', $out_w); open(STDERR, '>&', $err_w);
-  close($_) for ($in_r, $in_w, $out_r, $out_w, $err_r, $err_w, $sig_r, $sig_w);
+  close($_) for ($in_r, $in_w, $out_r, $out_w, $err_r, $err_w);
   # Where a cold exec starts (nsenter --wdns): a command sees the same directory either way.
   chdir('/root') or chdir('/');
   exec { '/bin/sh' } '/bin/sh', '-c', WITH_ENV, $command;
   exit 127;
 }
 close($_) for ($in_r, $in_w, $out_w, $err_w);
+# The command's exit wakes the select below through a pidfd, readable once the shell has exited. Not
+# through a SIGCHLD handler: Perl runs handlers between its own steps, so a signal that lands just
+# before select(2) is handled only after select returns, which can be never once the pipes have
+# ended (the command closed them and then exited). Without pidfds (Linux before 5.3) the wait polls.
+my $pidfd = syscall(SYS_pidfd_open, $pid, 0);
 my %open = (fileno($out_r) => [$out_r, 'o'], fileno($err_r) => [$err_r, 'e']);
 my ($watch, $status, $grace) = (1);
 for (;;) {
   my $rin = '';
-  vec($rin, $_, 1) = 1 for (keys %open, fileno($sig_r));
+  vec($rin, $_, 1) = 1 for keys %open;
+  vec($rin, $pidfd, 1) = 1 if $pidfd >= 0 && !defined $status;
   vec($rin, 0, 1) = 1 if $watch;
-  my $ready = select(my $rout = $rin, undef, undef, defined $status ? 0.02 : undef);
+  my $ready = select(my $rout = $rin, undef, undef, defined $status || $pidfd < 0 ? 0.02 : undef);
   if ($ready > 0) {
-    sysread($sig_r, my $junk, 64) if vec($rout, fileno($sig_r), 1);
     if ($watch && vec($rout, 0, 1)) {
       my $got = sysread(STDIN, my $said, 64);
       if ($got && index($said, 'k') >= 0) { kill_command($pid); waitpid($pid, 0); exit 0; }

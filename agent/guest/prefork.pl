@@ -53,8 +53,10 @@ sub prefork {
     return 1;
   };
   for (1 .. $idle) { return if $fork->(); }
-  # A child's exit wakes the select below through this pipe; a signal alone could come just
-  # before it and be missed.
+  # A child's exit wakes the select below through this pipe. Perl runs the handler between its own
+  # steps, so the exit of one that lands just before select(2) is seen at the next wake (a child
+  # taken, another exit): an idle child the guest killed is replaced late at worst, and an
+  # operation that finds none waiting runs cold and has the server replaced (warm-pool.ts).
   $SIG{CHLD} = sub { syswrite($sig_w, '.'); };
   syswrite(STDOUT, "ready\n");
   for (;;) {
