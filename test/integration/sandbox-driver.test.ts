@@ -79,8 +79,11 @@ describe.skipIf(!isRoot)('sandbox driver', () => {
 
   it('boots cold into its own namespaces with a 1024x768 display', async () => {
     const id = await bootCold();
+    // The first command runs cold (it starts the warm exec server), later ones warm: both in /root.
+    expect(await sh(driver, id, 'pwd')).toBe('/root');
     expect(await sh(driver, id, 'echo hello')).toBe('hello');
     expect(await sh(driver, id, 'id -u')).toBe('0');
+    await until(async () => (await sh(driver, id, 'ps -o comm= -p $PPID')) === 'canto-exec', 10_000, 'a warm exec');
     expect(await sh(driver, id, 'pwd')).toBe('/root');
     const guestHost = await sh(driver, id, 'hostname');
     expect(guestHost).toBe(id.replace('_', '-'));

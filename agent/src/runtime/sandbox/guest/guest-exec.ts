@@ -123,7 +123,7 @@ function coldRun(opts: GuestExecOptions, limit: number): Run {
     '/bin/sh',
     [
       ...joinArgv(opts.desktopId), '/usr/bin/perl', '-e', execRelay(), '--',
-      ...nsenterArgv(opts.nsenterPath, opts.initPid),
+      ...nsenterArgv(opts.nsenterPath, opts.initPid, '/root'),
       ...(opts.privileged ? [] : GUEST_CAPS_ONLY),
       '/usr/bin/setsid', '/bin/sh', '-c',
       ...(opts.sourceEnv ? [WITH_ENV, opts.command] : [opts.command]),
