@@ -18,7 +18,10 @@
  * empty disk and boots cold (it never waits for a build).
  * A template whose key is not the current one, or that never finished, is destroyed at start. A
  * clone whose first restore fails (a library under the template changed, say) boots cold, and the
- * template is dropped and built again for the next.
+ * template is dropped and built again for the next; when a clone of that new template fails too
+ * (within the retry period), clones cannot be restored on this host for now, and creations boot
+ * cold for the retry period, as after a failed build, instead of paying a build and a failed
+ * restore each.
  */
 import { createHash } from 'node:crypto';
 import { mkdir, readdir, readFile, stat, writeFile } from 'node:fs/promises';
@@ -55,6 +58,8 @@ export class GoldenTemplates {
   private current: string | null = null;
   private building: Promise<string | null> | null = null;
   private failedAt = -Infinity;
+  /** When a clone's restore last failed. */
+  private cloneFailedAt = -Infinity;
   private closed = false;
 
   private constructor(
@@ -96,12 +101,21 @@ export class GoldenTemplates {
     await this.lifecycle.prepare(desktopId, tier);
   }
 
-  /** A clone's first restore failed: the template goes, and another is built for the next. */
+  /**
+   * A clone's first restore failed: the template goes, and another is built for the next, unless
+   * a clone failed shortly before too (then the next build waits out the retry period).
+   */
   async cloneFailed(desktopId: string): Promise<void> {
     const template = await readFile(join(desktopPaths(this.stateDir, desktopId).dir, TEMPLATE_CLONE_FILE), 'utf8').catch(() => null);
     if (template === null || template !== this.current) return;
     this.current = null;
     await this.drop(template, `the restore of its clone ${desktopId} failed`);
+    const now = performance.now();
+    if (now - this.cloneFailedAt < RETRY_BUILD_MS) {
+      this.failedAt = now;
+      this.log('clones of a fresh desktop template fail to restore too: new desktops boot cold', { retryInMs: RETRY_BUILD_MS });
+    }
+    this.cloneFailedAt = now;
     this.buildIfMissing();
   }
 
