@@ -17,6 +17,7 @@ import type { RuntimeDriver } from './runtime/driver.js';
 import { LeaderEpochs } from './leader-epochs.js';
 import { SchedulerLinks } from './scheduler-links.js';
 import { AgentMetrics, startProbeServer, type ProbeServer } from './observability.js';
+import { LifecycleSlots } from './lifecycle-slots.js';
 import { DesktopMoves } from './transfer/moves.js';
 import { TransferServer } from './transfer/server.js';
 import { TransferSource } from './transfer/source.js';
@@ -78,7 +79,8 @@ export async function startAgent(options: StartAgentOptions): Promise<AgentHandl
   const epochs = new LeaderEpochs();
   const metrics = new AgentMetrics();
   const moves = new DesktopMoves({ driver: options.driver, source: transfer?.source ?? null, url: transfer?.url ?? null, log });
-  const handlers = new CommandHandlers({ driver: options.driver, generations, logger: options.logger, stream, leaderEpochs: epochs, metrics, moves });
+  const slots = new LifecycleSlots(options.config.lifecycleSlots);
+  const handlers = new CommandHandlers({ driver: options.driver, generations, logger: options.logger, stream, leaderEpochs: epochs, metrics, moves, slots });
   const links = new SchedulerLinks({
     config: options.config, driver: options.driver, identity, generations, handlers, epochs, ports, transfer, logger: options.logger,
     announceProtocol: options.announceProtocol, meter: options.meter ?? new ProcHostMeter(options.driver),
@@ -90,6 +92,7 @@ export async function startAgent(options: StartAgentOptions): Promise<AgentHandl
         linkedReplicas: () => links.linkedReplicas(),
         leaderEpoch: () => epochs.current,
         driver: options.driver,
+        slots,
       });
     } catch (err) {
       await stream?.close();

@@ -11,6 +11,7 @@
 
 import { hostname } from 'node:os';
 import { parseHostPort } from '../../shared/src/host-port.js';
+import { defaultLifecycleSlots } from './lifecycle-slots.js';
 
 export type AgentRuntime = 'sandbox' | 'fake';
 
@@ -35,6 +36,8 @@ export interface AgentConfig {
   readonly memorySnapshots: boolean;
   /** New desktops start as clones of a pre-booted template (sandbox runtime with CRIU). */
   readonly goldenTemplates: boolean;
+  /** Starts, hibernates and forks run at once on this host (lifecycle-slots.ts); 0 = no bound. Default four per core. */
+  readonly lifecycleSlots: number;
   /** Heartbeat interval in ms when the scheduler does not set one. Default 1000. */
   readonly heartbeatMs: number;
   /** First reconnect delay in ms; doubles per failed attempt. Default 100. */
@@ -119,6 +122,7 @@ export function loadAgentConfig(env: Env, flags: AgentFlags = {}): AgentConfig {
     runtime,
     memorySnapshots: parseBoolean(env, 'CANTO_AGENT_MEMORY_SNAPSHOTS', true),
     goldenTemplates: parseBoolean(env, 'CANTO_AGENT_GOLDEN_TEMPLATES', true),
+    lifecycleSlots: parseCount(env, 'CANTO_AGENT_LIFECYCLE_CONCURRENCY', defaultLifecycleSlots()),
     heartbeatMs: parseMs(env, 'CANTO_AGENT_HEARTBEAT_MS', 1000),
     reconnectMinMs,
     reconnectMaxMs,
@@ -171,6 +175,16 @@ function parseMs(env: Env, name: string, fallback: number): number {
   const value = Number(raw);
   if (!Number.isInteger(value) || value <= 0) {
     throw new Error(`agent config: ${name} must be a positive integer number of milliseconds, got "${raw}"`);
+  }
+  return value;
+}
+
+function parseCount(env: Env, name: string, fallback: number): number {
+  const raw = env[name]?.trim();
+  if (raw === undefined || raw === '') return fallback;
+  const value = Number(raw);
+  if (!/^[0-9]+$/.test(raw) || !Number.isSafeInteger(value)) {
+    throw new Error(`agent config: ${name} must be a whole number (0 for no bound), got "${raw}"`);
   }
   return value;
 }

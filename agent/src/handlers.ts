@@ -33,6 +33,7 @@ import type { FenceKind, GenerationStore } from './generations.js';
 import type { RuntimeDriver } from './runtime/driver.js';
 import { LeaderEpochs } from './leader-epochs.js';
 import { DesktopQueue } from './desktop-queue.js';
+import { defaultLifecycleSlots, LifecycleSlots } from './lifecycle-slots.js';
 import { applyFence } from './hello-fence.js';
 import { DesktopMoves } from './transfer/moves.js';
 import { commandTable, type CommandContext, type CommandHandler, type CommandTable, type StreamAccess } from './command-table.js';
@@ -51,7 +52,12 @@ export interface HandlerDeps {
   readonly metrics?: { observeCommand(command: string, outcome: string, seconds: number): void; observeRefusal(code: string): void };
   /** Moves between hosts (transfer/moves.ts); without one, imports work and exports are `unsupported`. */
   readonly moves?: DesktopMoves;
+  /** The host's bound on starts, hibernates and forks at once (lifecycle-slots.ts); four per core when absent. */
+  readonly slots?: LifecycleSlots;
 }
+
+/** The lifecycle commands that take one of the host's slots: the ones that cost CPU. */
+const SLOTTED: ReadonlySet<AgentCommand> = new Set(['desktop.start', 'desktop.hibernate', 'desktop.fork']);
 
 
 interface DesktopCommand {
@@ -72,6 +78,7 @@ export class CommandHandlers {
   private readonly epochs: LeaderEpochs;
   private readonly metrics: HandlerDeps['metrics'] | null;
   private readonly queue = new DesktopQueue();
+  private readonly slots: LifecycleSlots;
   private readonly moves: DesktopMoves;
   private readonly table: CommandTable;
 
@@ -82,6 +89,7 @@ export class CommandHandlers {
     this.stream = deps.stream ?? null;
     this.epochs = deps.leaderEpochs ?? new LeaderEpochs();
     this.metrics = deps.metrics ?? null;
+    this.slots = deps.slots ?? new LifecycleSlots(defaultLifecycleSlots());
     this.moves = deps.moves ?? new DesktopMoves({ driver: deps.driver, source: null, url: null, log: () => undefined });
     this.table = commandTable({
       driver: this.driver,
@@ -179,15 +187,17 @@ export class CommandHandlers {
     return (cmd.leader_epoch ?? Infinity) >= this.epochs.current && (this.generations.get(cmd.desktop_id) ?? 0) <= cmd.generation;
   }
 
-  /** Queues a fenced lifecycle command behind earlier ones for the same desktop. */
+  /**
+   * Queues a fenced lifecycle command behind earlier ones for the same desktop; a CPU-heavy one
+   * then waits for a host slot too, and is fenced once it has it.
+   */
   private lifecycle<T>(type: AgentCommand, cmd: DesktopCommand, fence: FenceKind, work: () => Promise<T>): Promise<T> {
-    return this.queue.run(cmd.desktop_id, () =>
-      this.guarded(type, cmd, async () => {
-        this.epochs.admit(cmd.leader_epoch);
-        await this.generations.check(cmd.desktop_id, cmd.generation, fence);
-        return work();
-      }),
-    );
+    const fenced = async () => {
+      this.epochs.admit(cmd.leader_epoch);
+      await this.generations.check(cmd.desktop_id, cmd.generation, fence);
+      return work();
+    };
+    return this.queue.run(cmd.desktop_id, () => this.guarded(type, cmd, SLOTTED.has(type) ? () => this.slots.run(fenced) : fenced));
   }
 
   /** Logs the outcome and turns unexpected errors into short, non-retryable `runtime_error`s. */

@@ -8,11 +8,13 @@ import { createServer, type Server } from 'node:http';
 import type { AddressInfo } from 'node:net';
 import { collectDefaultMetrics, Counter, Gauge, Histogram, Registry } from 'prom-client';
 import type { DesktopLifecycle } from './runtime/driver.js';
+import type { LifecycleSlots } from './lifecycle-slots.js';
 
 export interface AgentProbeSources {
   linkedReplicas(): string[];
   leaderEpoch(): number;
   readonly driver: Pick<DesktopLifecycle, 'list'>;
+  readonly slots?: Pick<LifecycleSlots, 'running' | 'queued' | 'limit'>;
 }
 
 export class AgentMetrics {
@@ -51,6 +53,27 @@ export class AgentMetrics {
       registers,
       collect: () => {
         if (this.sources) epoch.set(this.sources.leaderEpoch());
+      },
+    });
+    const slotted: Gauge<'state'> = new Gauge({
+      name: 'canto_agent_lifecycle_commands',
+      help: 'Starts, hibernates and forks holding one of the host\'s slots (running) or waiting for one (waiting)',
+      labelNames: ['state'],
+      registers,
+      collect: () => {
+        const slots = this.sources?.slots;
+        if (slots === undefined) return;
+        slotted.set({ state: 'running' }, slots.running);
+        slotted.set({ state: 'waiting' }, slots.queued);
+      },
+    });
+    const slotLimit: Gauge = new Gauge({
+      name: 'canto_agent_lifecycle_slots',
+      help: 'Starts, hibernates and forks this host runs at once (CANTO_AGENT_LIFECYCLE_CONCURRENCY; 0 = no bound)',
+      registers,
+      collect: () => {
+        const slots = this.sources?.slots;
+        if (slots !== undefined) slotLimit.set(slots.limit);
       },
     });
     const desktops: Gauge<'running'> = new Gauge({

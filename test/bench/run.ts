@@ -6,7 +6,9 @@
  * database and agent link). API reads are in api.ts; guest operations in guest-ops.ts;
  * terminals and the browser stream in terminal.ts; moving a desktop between two agents in
  * move.ts; moves and drains through the whole service in drain.ts; 1,000 idle desktops on one
- * host in density.ts (opt-in: `CANTO_BENCH_DENSITY=1000`).
+ * host in density.ts (opt-in: `CANTO_BENCH_DENSITY=1000`). `CANTO_AGENT_*` settings in the
+ * bench's environment reach its agent (e.g. `CANTO_AGENT_LIFECYCLE_CONCURRENCY=0` to run without
+ * the host's lifecycle bound).
  */
 import { execFileSync } from 'node:child_process';
 import { chmodSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs';
@@ -80,7 +82,8 @@ async function main(): Promise<void> {
     await pg.stop();
     throw err;
   });
-  const agent = startAgentProcess(scheduler.url, join(dir, 'agent'), { CANTO_LOG_LEVEL: 'warn' });
+  const agentSettings = Object.entries(process.env).filter((e): e is [string, string] => e[0].startsWith('CANTO_AGENT_') && e[1] !== undefined);
+  const agent = startAgentProcess(scheduler.url, join(dir, 'agent'), { ...Object.fromEntries(agentSettings), CANTO_LOG_LEVEL: 'warn' });
   const sql = connectDatabase(pg.url, { max: 1 });
   const key = (await createApiKey(sql, 'bench')).key;
   await sql.end();

@@ -1,4 +1,4 @@
-import { hostname } from 'node:os';
+import { availableParallelism, hostname } from 'node:os';
 import { describe, expect, it } from 'vitest';
 import { agentSocketUrl } from '../../agent/src/channel.js';
 import { loadAgentConfig } from '../../agent/src/config.js';
@@ -15,6 +15,7 @@ describe('loadAgentConfig', () => {
       runtime: 'sandbox',
       memorySnapshots: true,
       goldenTemplates: true,
+      lifecycleSlots: Math.max(4, 4 * availableParallelism()),
       heartbeatMs: 1000,
       reconnectMinMs: 100,
       reconnectMaxMs: 2_000,
@@ -40,6 +41,12 @@ describe('loadAgentConfig', () => {
     expect(loadAgentConfig({ ...base, CANTO_AGENT_TRANSFER_LISTEN: 'off' }).transferListen).toBeNull();
     expect(loadAgentConfig({ ...base, CANTO_AGENT_TRANSFER_LISTEN: '10.0.0.5:0' }).transferListen).toEqual({ host: '10.0.0.5', port: 0 });
     expect(() => loadAgentConfig({ ...base, CANTO_AGENT_TRANSFER_LISTEN: '7013' })).toThrow(/CANTO_AGENT_TRANSFER_LISTEN/);
+  });
+
+  it('takes the lifecycle bound as a whole number, 0 for none', () => {
+    const slots = (value: string) => loadAgentConfig({ ...base, CANTO_AGENT_LIFECYCLE_CONCURRENCY: value }).lifecycleSlots;
+    expect([slots('3'), slots('0'), slots(' 12 ')]).toEqual([3, 0, 12]);
+    for (const bad of ['-1', '1.5', 'many', '1e3']) expect(() => slots(bad), bad).toThrow(/CANTO_AGENT_LIFECYCLE_CONCURRENCY/);
   });
 
   it('prefers flags over the environment', () => {

@@ -4,6 +4,8 @@ import { join } from 'node:path';
 import { afterEach, beforeEach, describe, expect, it } from 'vitest';
 import { GenerationStore } from '../../agent/src/generations.js';
 import { CommandHandlers } from '../../agent/src/handlers.js';
+import { LifecycleSlots } from '../../agent/src/lifecycle-slots.js';
+import { AgentMetrics } from '../../agent/src/observability.js';
 import type { RuntimeDriver } from '../../agent/src/runtime/driver.js';
 import { FakeDriver } from '../../agent/src/runtime/fake.js';
 import { silentLogger } from '../../shared/src/log.js';
@@ -14,9 +16,9 @@ let dir: string;
 let driver: FakeDriver;
 let handlers: CommandHandlers;
 
-async function setup(driverOverride?: RuntimeDriver): Promise<void> {
+async function setup(driverOverride?: RuntimeDriver, slots?: LifecycleSlots): Promise<void> {
   const generations = await GenerationStore.open(dir);
-  handlers = new CommandHandlers({ driver: driverOverride ?? driver, generations, logger: silentLogger() });
+  handlers = new CommandHandlers({ driver: driverOverride ?? driver, generations, logger: silentLogger(), ...(slots ? { slots } : {}) });
 }
 
 beforeEach(async () => {
@@ -168,6 +170,41 @@ describe('command handlers', () => {
     expect(forD).toEqual([`start:begin ${D}`, `start:end ${D}`, `hibernate:begin ${D}`, `hibernate:end ${D}`, `start:begin ${D}`, `start:end ${D}`]);
     // The other desktop did not wait behind the first one's queue.
     expect(driver.events.indexOf(`start:begin ${E}`)).toBeLessThan(driver.events.indexOf(`start:end ${D}`));
+  });
+
+  it("runs starts, hibernates and forks of different desktops at most the host's slots at once, in arrival order", async () => {
+    driver = new FakeDriver({ delayMs: 40 });
+    const slots = new LifecycleSlots(2);
+    await setup(undefined, slots);
+    const metrics = new AgentMetrics();
+    metrics.attach({ linkedReplicas: () => [], leaderEpoch: () => 0, driver, slots });
+    const ids = Array.from({ length: 6 }, (_, i) => `dsk_${String(i).repeat(24)}`);
+    await Promise.all(ids.map((id) => handlers.handle('desktop.prepare', prepare(1, id))));
+    driver.events.length = 0;
+    const starts = ids.map((id) => handlers.handle('desktop.start', start(2, null, id)));
+    // While four wait, the cheap and freeing commands pass: a prepare and a destroy of others.
+    await new Promise((resolve) => setTimeout(resolve, 10));
+    expect(await metrics.registry.getSingleMetricAsString('canto_agent_lifecycle_commands')).toMatch(/state="running"} 2\n[^]*state="waiting"} 4/);
+    const other = 'dsk_ffffffffffffffffffffffff';
+    await handlers.handle('desktop.prepare', prepare(1, other));
+    await handlers.handle('desktop.destroy', op(2, other));
+    expect(await Promise.all(starts)).toEqual(ids.map(() => ({ restored: false })));
+    expect(driver.events.indexOf(`destroy:end ${other}`)).toBeLessThan(driver.events.indexOf(`start:end ${ids[5]}`));
+    let running = 0;
+    let most = 0;
+    for (const e of driver.events.filter((e) => e.startsWith('start:'))) {
+      running += e.startsWith('start:begin') ? 1 : -1;
+      most = Math.max(most, running);
+    }
+    expect(most).toBe(2);
+    expect(driver.events.filter((e) => e.startsWith('start:begin')).map((e) => e.split(' ')[1])).toEqual(ids);
+    expect([slots.running, slots.queued]).toEqual([0, 0]);
+
+    // A hibernate waits for a slot like a start; with no bound (0) all run at once.
+    await setup(undefined, new LifecycleSlots(0));
+    driver.events.length = 0;
+    await Promise.all(ids.map((id) => handlers.handle('desktop.hibernate', op(3, id))));
+    expect(driver.events.slice(0, 6).every((e) => e.startsWith('hibernate:begin'))).toBe(true);
   });
 
   it('a failed command does not block the queue behind it', async () => {
