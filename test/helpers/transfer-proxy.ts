@@ -1,7 +1,8 @@
 /**
  * A TCP proxy in front of a transfer server that spoils the first answers passing through it:
  * it cuts a connection after so many response bytes, or flips one byte of a response's body, so
- * tests see an importer resume or reject a unit over real sockets.
+ * tests see an importer resume or reject a unit over real sockets. It also records when each
+ * request came and when its connection ended, so tests see which fetches overlapped.
  */
 import { createServer, connect, type Server, type Socket } from 'node:net';
 
@@ -16,10 +17,19 @@ export interface ProxyPlan {
   readonly match?: string;
 }
 
+/** One connection through the proxy: its request line, and when it opened and closed (ms). */
+export interface Exchange {
+  request: string;
+  readonly opened: number;
+  closed: number | null;
+}
+
 export interface TransferProxy {
   readonly url: string;
   /** Connections spoiled so far. */
   spoiled(): number;
+  /** Every connection so far, in the order they opened. */
+  exchanges(): readonly Exchange[];
   close(): Promise<void>;
 }
 
@@ -27,6 +37,7 @@ export async function startTransferProxy(target: string, plan: ProxyPlan): Promi
   const upstream = new URL(target);
   let spoiled = 0;
   const sockets = new Set<Socket>();
+  const exchanges: Exchange[] = [];
   const server: Server = createServer((client) => {
     const up = connect({ host: upstream.hostname, port: Number(upstream.port) });
     sockets.add(client).add(up);
@@ -37,8 +48,11 @@ export async function startTransferProxy(target: string, plan: ProxyPlan): Promi
     let seen = 0;
     let bodyStart = -1;
     let head = Buffer.alloc(0);
+    const exchange: Exchange = { request: '', opened: performance.now(), closed: null };
+    exchanges.push(exchange);
+    client.once('close', () => (exchange.closed ??= performance.now()));
     client.on('data', (chunk: Buffer) => {
-      if (requestLine === '') requestLine = chunk.toString('latin1').split('\r\n', 1)[0] ?? '';
+      if (requestLine === '') requestLine = exchange.request = chunk.toString('latin1').split('\r\n', 1)[0] ?? '';
       up.write(chunk);
     });
     up.on('data', (raw: Buffer) => {
@@ -78,6 +92,7 @@ export async function startTransferProxy(target: string, plan: ProxyPlan): Promi
   return {
     url: `http://127.0.0.1:${port}`,
     spoiled: () => spoiled,
+    exchanges: () => exchanges,
     close: () =>
       new Promise<void>((resolve) => {
         for (const s of sockets) s.destroy();

@@ -107,6 +107,11 @@ describe.skipIf(!isRoot)('moving sandbox desktops between two agents', () => {
     const result = await importInto(b, f1, { url: cut.url, ticket: f1Export.ticket });
     expect(cut.spoiled()).toBe(1);
     expect(result).toEqual({ fetched_bytes: f1Export.total_bytes, resumed_bytes: 0, units: 2 });
+    // The layer, not yet on B, came alongside the desktop unit, not after it.
+    const fetches = cut.exchanges().filter((e) => e.request.includes('/units/'));
+    const layerFetch = fetches.find((e) => e.request.includes('/units/layer-'))!;
+    const lastDesktopFetch = fetches.filter((e) => e.request.includes('/units/desktop')).at(-1)!;
+    expect(layerFetch.opened).toBeLessThan(lastDesktopFetch.closed!);
     expect(await readdir(join(b.state, 'runtime', 'incoming'))).toEqual([]);
 
     // Faithful: the copy on B gives the very same unit streams (and is stopped, so exportable).

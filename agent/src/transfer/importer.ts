@@ -2,9 +2,12 @@
  * `desktop.import` on the target host: fetch a stopped desktop's units from the source's transfer
  * server into staging, verify them, and install them (shared/src/transfer.ts).
  *
- * The desktop's own unit comes first: once unpacked, its layer chain is known, and from then on
- * the layers it names count as in use here (layers.ts does not collect them), so a layer this host
- * already holds (a fork moved before) can be skipped safely. Each unit resumes where an earlier
+ * The desktop's own unit is unpacked before any layer is skipped: once it is, its layer chain is
+ * known, and from then on the layers it names count as in use here (layers.ts does not collect
+ * them), so a layer this host already holds (a fork moved before) can be skipped safely. Layers
+ * this host does not hold are fetched alongside it, since they come whatever the chain says (and
+ * a layer under a desktop that was running is often the whole of a move's wait after the stop:
+ * a golden template's layer, say). Each unit resumes where an earlier
  * command left it (unit-fetch.ts). The listing of the previous attempt is kept in staging; a unit
  * whose hash changed since (the desktop was exported again after it ran) starts over.
  *
@@ -104,13 +107,34 @@ export async function importDesktop(options: ImportOptions, spec: ImportSpec): P
     unpacked.push(unit.id);
   };
 
-  await take(desktop);
-  const chain = (await transfer.stagedChain(spec.desktopId)).map(layerUnit);
-  if (chain.length !== units.size - 1 || chain.some((id) => !units.has(id))) {
-    throw new AgentFailure('runtime_error', `the source's listing does not match the layers ${spec.desktopId} stands on`, false);
+  // Layers not here now are fetched at once; a layer here now waits for the check after the
+  // desktop unit (it could be collected before that unit names it).
+  const early = new Map<string, Promise<void>>();
+  for (const unit of listing.units) {
+    if (unit.id === DESKTOP_UNIT || (await transfer.holds(unit.id))) continue;
+    const fetching = take(unit);
+    // Handled here so that a failure while the desktop unit is still coming is not unhandled;
+    // it is thrown below.
+    fetching.catch(() => undefined);
+    early.set(unit.id, fetching);
   }
+  let chain: string[];
+  try {
+    await take(desktop);
+    chain = (await transfer.stagedChain(spec.desktopId)).map(layerUnit);
+    if (chain.length !== units.size - 1 || chain.some((id) => !units.has(id))) {
+      throw new AgentFailure('runtime_error', `the source's listing does not match the layers ${spec.desktopId} stands on`, false);
+    }
+  } catch (err) {
+    // No fetch is left running behind a failed command (the next attempt resumes what they got).
+    await Promise.allSettled(early.values());
+    throw err;
+  }
+  const failed = (await Promise.allSettled(early.values())).find((r) => r.status === 'rejected');
+  if (failed !== undefined) throw failed.reason;
   for (const id of chain) {
     const unit = units.get(id)!;
+    if (early.has(id)) continue;
     if (await transfer.holds(id)) {
       // Already here (layers never change): counted as held, not fetched.
       resumed += unit.bytes;
