@@ -6,16 +6,14 @@
  * The port gateway here is a stand-in that checks the signed opening line and then serves HTTP
  * itself, numbering its links, so the test sees exactly which link carried what.
  */
-import { createServer as createHttpServer, request, type IncomingMessage, type ServerResponse } from 'node:http';
-import { createServer as createTcpServer, type Server as TcpServer, type Socket } from 'node:net';
+import { request } from 'node:http';
 import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
 import { newId } from '../../shared/src/ids.js';
-import { portLinkKey, verifyPortLinkLine, type PortTarget } from '../../shared/src/port-link.js';
 import { generateSecretKey } from '../../scheduler/src/crypto/secret-box.js';
-import { PortIngress } from '../../scheduler/src/ingress/ingress-server.js';
+import type { PortIngress } from '../../scheduler/src/ingress/ingress-server.js';
 import { IDLE_LINK_MS } from '../../scheduler/src/ingress/port-link-client.js';
 import type { PortRoute } from '../../scheduler/src/services/ports.js';
-import { createRootLogger } from '../../shared/src/log.js';
+import { oneRouteIngress, startStandInGateway, type LinkHandler, type StandInGateway } from '../helpers/port-gateway-stand-in.js';
 import { until } from '../helpers/wait.js';
 
 const SECRET = generateSecretKey();
@@ -23,84 +21,29 @@ const HOST_ID = newId('host');
 const DOMAIN = 'apps.test';
 const PORT = 8000;
 
-/** A port gateway that serves HTTP on each link itself; `handler` answers, knowing the link's number. */
-interface StandIn {
-  address: string;
-  links: number;
-  open: Set<Socket>;
-  targets: PortTarget[];
-  handler: (link: number, req: IncomingMessage, res: ServerResponse) => void;
-  close(): Promise<void>;
-}
+/** The app's default: answers the number of the link that carried the request. */
+const answerLink: LinkHandler = (link, req, res) => {
+  req.resume();
+  req.on('end', () => res.end(JSON.stringify({ link })));
+};
 
-async function startStandIn(): Promise<StandIn> {
-  const http = createHttpServer((req, res) => state.handler((req.socket as Socket & { link: number }).link, req, res));
-  const state: StandIn = {
-    address: '',
-    links: 0,
-    open: new Set(),
-    targets: [],
-    handler: (link, req, res) => {
-      req.resume();
-      req.on('end', () => res.end(JSON.stringify({ link })));
-    },
-    async close() {
-      for (const s of state.open) s.destroy();
-      await new Promise((r) => tcp.close(r));
-    },
-  };
-  const key = portLinkKey(SECRET, HOST_ID);
-  const tcp: TcpServer = createTcpServer((socket) => {
-    state.open.add(socket);
-    socket.on('close', () => state.open.delete(socket));
-    socket.on('error', () => {});
-    let buffered = Buffer.alloc(0);
-    const onData = (chunk: Buffer) => {
-      buffered = Buffer.concat([buffered, chunk]);
-      const newline = buffered.indexOf(0x0a);
-      if (newline < 0) return;
-      socket.off('data', onData);
-      const target = verifyPortLinkLine(key, buffered.subarray(0, newline).toString('latin1'));
-      if (!target) return void socket.end('ERR unauthorized\n');
-      state.targets.push(target);
-      (socket as Socket & { link: number }).link = ++state.links;
-      socket.write('OK\n');
-      const rest = buffered.subarray(newline + 1);
-      if (rest.length > 0) socket.unshift(rest);
-      http.emit('connection', socket);
-    };
-    socket.on('data', onData);
-  });
-  await new Promise<void>((r) => tcp.listen(0, '127.0.0.1', r));
-  state.address = `127.0.0.1:${(tcp.address() as { port: number }).port}`;
-  return state;
-}
-
-let gateway: StandIn;
+let gateway: StandInGateway;
 let ingress: PortIngress;
 let route: PortRoute;
 const desktopId = newId('desktop');
 
 beforeAll(async () => {
-  gateway = await startStandIn();
+  gateway = await startStandInGateway(SECRET, HOST_ID, answerLink);
   route = {
     id: newId('port'), org_id: newId('org'), desktop_id: desktopId, port: PORT, public: true, token_hash: null,
     created_at: new Date(), desktop_state: 'awake', generation: 3, host_id: HOST_ID, host_status: 'ready',
     ingress_address: gateway.address,
   };
-  ingress = await PortIngress.start({
-    settings: { scheme: 'http', domain: DOMAIN, urlPort: null, listenHost: '127.0.0.1', listenPort: 0 },
-    ports: { route: async (id, port) => (id === desktopId && port === PORT ? { ...route } : null), onChange: () => () => {} },
-    portLinkSecret: SECRET,
-    logger: createRootLogger({ level: 'silent', name: 'test' }),
-  });
+  ingress = await oneRouteIngress(route, SECRET, DOMAIN);
 });
 
 afterEach(() => {
-  gateway.handler = (link, req, res) => {
-    req.resume();
-    req.on('end', () => res.end(JSON.stringify({ link })));
-  };
+  gateway.handler = answerLink;
 });
 
 afterAll(async () => {

@@ -7,14 +7,12 @@
  * the link's number, so the test sees which link carried what. Clients are raw TCP sockets, so
  * every byte the ingress sends back is visible.
  */
-import { createServer as createHttpServer, type IncomingMessage, type ServerResponse } from 'node:http';
-import { connect, createServer as createTcpServer, type Server as TcpServer, type Socket } from 'node:net';
+import { connect, type Socket } from 'node:net';
 import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
 import { newId } from '../../shared/src/ids.js';
-import { portLinkKey, verifyPortLinkLine } from '../../shared/src/port-link.js';
 import { generateSecretKey, hashToken } from '../../scheduler/src/crypto/secret-box.js';
-import { PortIngress } from '../../scheduler/src/ingress/ingress-server.js';
-import { createRootLogger } from '../../shared/src/log.js';
+import type { PortIngress } from '../../scheduler/src/ingress/ingress-server.js';
+import { oneRouteIngress, startStandInGateway, type LinkHandler, type StandInGateway } from '../helpers/port-gateway-stand-in.js';
 import { until } from '../helpers/wait.js';
 
 const SECRET = generateSecretKey();
@@ -25,11 +23,8 @@ const desktopId = newId('desktop');
 const HOST = `${PORT}-${desktopId}.${DOMAIN}`;
 const TOKEN = 'svc_pt_right';
 
-type Linked = Socket & { link: number };
-/** What the app does with a request: by default, answers what it saw as JSON. */
-type Handler = (link: number, req: IncomingMessage, res: ServerResponse) => void;
-
-const echoHandler: Handler = (link, req, res) => {
+/** The app's default: answers what it saw, as JSON. */
+const echoHandler: LinkHandler = (link, req, res) => {
   const parts: Buffer[] = [];
   req.on('data', (c: Buffer) => parts.push(c));
   req.on('end', () => {
@@ -39,62 +34,28 @@ const echoHandler: Handler = (link, req, res) => {
   });
 };
 
-let handler: Handler = echoHandler;
-/** When set, a link's bytes go here instead of to the HTTP app. */
-let raw: ((socket: Linked) => void) | null = null;
-let links = 0;
-const open = new Set<Socket>();
-let tcp: TcpServer;
+let gateway: StandInGateway;
 let ingress: PortIngress;
 
 beforeAll(async () => {
-  const app = createHttpServer((req, res) => handler((req.socket as Linked).link, req, res));
-  const key = portLinkKey(SECRET, HOST_ID);
-  tcp = createTcpServer((socket) => {
-    open.add(socket);
-    socket.on('close', () => open.delete(socket));
-    socket.on('error', () => {});
-    let buffered = Buffer.alloc(0);
-    const onData = (chunk: Buffer) => {
-      buffered = Buffer.concat([buffered, chunk]);
-      const newline = buffered.indexOf(0x0a);
-      if (newline < 0) return;
-      socket.off('data', onData);
-      if (!verifyPortLinkLine(key, buffered.subarray(0, newline).toString('latin1'))) return void socket.end('ERR unauthorized\n');
-      (socket as Linked).link = ++links;
-      socket.write('OK\n');
-      const rest = buffered.subarray(newline + 1);
-      if (rest.length > 0) socket.unshift(rest);
-      if (raw) raw(socket as Linked);
-      else app.emit('connection', socket);
-    };
-    socket.on('data', onData);
-  });
-  await new Promise<void>((r) => tcp.listen(0, '127.0.0.1', r));
-  const address = `127.0.0.1:${(tcp.address() as { port: number }).port}`;
-  const route = {
+  gateway = await startStandInGateway(SECRET, HOST_ID, echoHandler);
+  ingress = await oneRouteIngress({
     id: newId('port'), org_id: newId('org'), desktop_id: desktopId, port: PORT, public: false, token_hash: hashToken(TOKEN),
-    created_at: new Date(), desktop_state: 'awake' as const, generation: 1, host_id: HOST_ID, host_status: 'ready' as const,
-    ingress_address: address,
-  };
-  ingress = await PortIngress.start({
-    settings: { scheme: 'http', domain: DOMAIN, urlPort: null, listenHost: '127.0.0.1', listenPort: 0 },
-    ports: { route: async (id, port) => (id === desktopId && port === PORT ? { ...route } : null), onChange: () => () => {} },
-    portLinkSecret: SECRET,
-    logger: createRootLogger({ level: 'silent', name: 'test' }),
-  });
+    created_at: new Date(), desktop_state: 'awake', generation: 1, host_id: HOST_ID, host_status: 'ready',
+    ingress_address: gateway.address,
+  }, SECRET, DOMAIN);
 });
 
 afterEach(() => {
-  handler = echoHandler;
-  raw = null;
+  gateway.handler = echoHandler;
+  gateway.raw = null;
   // Links the test's app kept would carry its handler into the next test.
-  for (const s of open) s.destroy();
+  for (const s of gateway.open) s.destroy();
 });
 
 afterAll(async () => {
   await ingress?.close();
-  await new Promise((r) => tcp?.close(r));
+  await gateway?.close();
 });
 
 /** A raw client connection to the ingress that collects everything it is sent. */
@@ -180,7 +141,7 @@ describe('the ingress relay', () => {
   it('sends a chunked request body on as chunks, and the app gets it whole', async () => {
     const c = new Client();
     c.socket.write(`POST /up HTTP/1.1\r\nHost: ${HOST}\r\nX-Svc-Token: ${TOKEN}\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n`);
-    await until(() => open.size > 0, 5_000, 'the link');
+    await until(() => gateway.open.size > 0, 5_000, 'the link');
     c.socket.write('7\r\n, world\r\n0\r\n\r\n');
     const [answer] = await c.answers(1);
     expect(answer!.status).toBe(200);
@@ -190,7 +151,7 @@ describe('the ingress relay', () => {
   });
 
   it('passes chunked answers on as the client\'s connection frames them, pipelined ones in order', async () => {
-    handler = (link, req, res) => {
+    gateway.handler = (link, req, res) => {
       req.resume();
       res.setHeader('x-link', String(link));
       res.write(`${req.url} `);
@@ -212,7 +173,7 @@ describe('the ingress relay', () => {
   it('streams a large chunked answer through, with backpressure, whole', async () => {
     const piece = Buffer.alloc(64 * 1024, 'c');
     const pieces = 80; // 5 MiB
-    handler = (link, req, res) => {
+    gateway.handler = (link, req, res) => {
       req.resume();
       let sent = 0;
       const pump = () => {
@@ -234,7 +195,7 @@ describe('the ingress relay', () => {
   });
 
   it('does not reuse a link the app answered before the request body had all been sent', async () => {
-    handler = (link, req, res) => {
+    gateway.handler = (link, req, res) => {
       // Answers at once, reading nothing: the link still has the rest of the body in flight.
       res.setHeader('x-link', String(link));
       res.end('too early');
@@ -244,7 +205,7 @@ describe('the ingress relay', () => {
     const [early] = await c.answers(1);
     expect(early!.body).toBe('too early');
     c.socket.write('-rest');
-    handler = echoHandler;
+    gateway.handler = echoHandler;
     c.socket.write(get('/after'));
     const [, after] = await c.answers(2);
     expect(seen(after!).url).toBe('/after');
@@ -254,7 +215,7 @@ describe('the ingress relay', () => {
 
   it('sends a bodiless request again on a new link, not on another idle one, when the app closed the reused link', async () => {
     // Two links left idle: two requests in flight at once.
-    handler = (link, req, res) => {
+    gateway.handler = (link, req, res) => {
       req.resume();
       setTimeout(() => res.end(JSON.stringify({ link })), 30);
     };
@@ -264,7 +225,7 @@ describe('the ingress relay', () => {
     expect(new Set(warm).size).toBe(2);
     const tried: number[] = [];
     // The app has dropped both idle links: a request on either meets a close.
-    handler = (link, req, res) => {
+    gateway.handler = (link, req, res) => {
       tried.push(link);
       if (warm.includes(link)) return void req.socket.destroy();
       req.resume();
@@ -286,7 +247,7 @@ describe('the ingress relay', () => {
     expect(seen(first!).headers.connection).not.toBe('close');
     await until(() => c.ended, 5_000, 'the client connection to close');
 
-    handler = (link, req, res) => {
+    gateway.handler = (link, req, res) => {
       req.resume();
       res.setHeader('connection', 'close');
       res.end(JSON.stringify({ link }));
@@ -317,7 +278,7 @@ describe('the ingress relay', () => {
   });
 
   it('relays HEAD without waiting for a body, and reuses the link', async () => {
-    handler = (link, req, res) => {
+    gateway.handler = (link, req, res) => {
       res.writeHead(200, { 'content-length': '1000', 'x-link': String(link) });
       res.end();
     };
@@ -345,14 +306,14 @@ describe('the ingress relay', () => {
   });
 
   it('answers 502 when the app closes the link before answering, or answers something that is not HTTP', async () => {
-    raw = (socket) => socket.once('data', () => socket.destroy());
+    gateway.raw = (socket) => socket.once('data', () => socket.destroy());
     const c = new Client();
     c.socket.write(`POST / HTTP/1.1\r\nHost: ${HOST}\r\nX-Svc-Token: ${TOKEN}\r\nContent-Length: 2\r\n\r\nhi`);
     const [closed] = await c.answers(1);
     expect(closed!.status).toBe(502);
     expect(closed!.headers['content-type']).toBe('application/problem+json');
 
-    raw = (socket) => socket.once('data', () => socket.end('SSH-2.0-OpenSSH_9.6\r\n\r\n'));
+    gateway.raw = (socket) => socket.once('data', () => socket.end('SSH-2.0-OpenSSH_9.6\r\n\r\n'));
     c.socket.write(get('/'));
     const [, garbled] = await c.answers(2);
     expect(garbled!.status).toBe(502);
@@ -360,7 +321,7 @@ describe('the ingress relay', () => {
   });
 
   it('cuts the client off when the app dies in the middle of its answer', async () => {
-    raw = (socket) => socket.once('data', () => {
+    gateway.raw = (socket) => socket.once('data', () => {
       socket.write('HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\nonly part');
       setTimeout(() => socket.destroy(), 20);
     });
@@ -373,7 +334,7 @@ describe('the ingress relay', () => {
   });
 
   it('ends a body the app delimits by closing, and opens a new link for the next request', async () => {
-    raw = (socket) => socket.once('data', () => socket.end(`HTTP/1.0 200 OK\r\nX-Link: ${socket.link}\r\n\r\nto the end`));
+    gateway.raw = (socket) => socket.once('data', () => socket.end(`HTTP/1.0 200 OK\r\nX-Link: ${socket.link}\r\n\r\nto the end`));
     const c = new Client();
     c.socket.write(get('/'));
     const [first] = await c.answers(1);

@@ -1,0 +1,89 @@
+/**
+ * A stand-in for an agent's port gateway, for tests of the scheduler's ingress: it checks each
+ * link's opening line as the real gateway does (shared/src/port-link.ts), numbers the links, and
+ * then serves HTTP on the link itself (`handler`), or hands the link's bytes to `raw` when a test
+ * plays a non-HTTP app. `oneRouteIngress` starts an ingress that knows exactly one port route.
+ */
+import { createServer as createHttpServer, type IncomingMessage, type ServerResponse } from 'node:http';
+import { createServer as createTcpServer, type Server as TcpServer, type Socket } from 'node:net';
+import { portLinkKey, verifyPortLinkLine, type PortTarget } from '../../shared/src/port-link.js';
+import { createRootLogger } from '../../shared/src/log.js';
+import { PortIngress } from '../../scheduler/src/ingress/ingress-server.js';
+import type { PortRoute } from '../../scheduler/src/services/ports.js';
+
+/** A link's socket, with the number the stand-in gave it. */
+export type Linked = Socket & { link: number };
+/** What the app does with a request, knowing which link carried it. */
+export type LinkHandler = (link: number, req: IncomingMessage, res: ServerResponse) => void;
+
+export interface StandInGateway {
+  /** `host:port` the ingress dials. */
+  readonly address: string;
+  /** Links accepted so far. */
+  readonly links: number;
+  /** Links open now. */
+  readonly open: Set<Socket>;
+  /** What each accepted link asked for, in order. */
+  readonly targets: PortTarget[];
+  handler: LinkHandler;
+  /** When set, a link's bytes go here instead of to the HTTP app. */
+  raw: ((socket: Linked) => void) | null;
+  close(): Promise<void>;
+}
+
+export async function startStandInGateway(secret: string, hostId: string, handler: LinkHandler): Promise<StandInGateway> {
+  const http = createHttpServer((req, res) => state.handler((req.socket as Linked).link, req, res));
+  const key = portLinkKey(secret, hostId);
+  let links = 0;
+  const tcp: TcpServer = createTcpServer((socket) => {
+    state.open.add(socket);
+    socket.on('close', () => state.open.delete(socket));
+    socket.on('error', () => {});
+    let buffered = Buffer.alloc(0);
+    const onData = (chunk: Buffer) => {
+      buffered = Buffer.concat([buffered, chunk]);
+      const newline = buffered.indexOf(0x0a);
+      if (newline < 0) return;
+      socket.off('data', onData);
+      const target = verifyPortLinkLine(key, buffered.subarray(0, newline).toString('latin1'));
+      if (!target) return void socket.end('ERR unauthorized\n');
+      state.targets.push(target);
+      (socket as Linked).link = ++links;
+      socket.write('OK\n');
+      const rest = buffered.subarray(newline + 1);
+      if (rest.length > 0) socket.unshift(rest);
+      if (state.raw) state.raw(socket as Linked);
+      else http.emit('connection', socket);
+    };
+    socket.on('data', onData);
+  });
+  await new Promise<void>((resolve) => tcp.listen(0, '127.0.0.1', resolve));
+  const state: StandInGateway = {
+    address: `127.0.0.1:${(tcp.address() as { port: number }).port}`,
+    get links() {
+      return links;
+    },
+    open: new Set(),
+    targets: [],
+    handler,
+    raw: null,
+    async close() {
+      for (const s of state.open) s.destroy();
+      await new Promise((resolve) => tcp.close(resolve));
+    },
+  };
+  return state;
+}
+
+/**
+ * An ingress on a loopback port of its own that knows one route; each lookup answers a copy of
+ * `route` as it is then, so a test may change it (a new generation, say).
+ */
+export function oneRouteIngress(route: PortRoute, secret: string, domain: string): Promise<PortIngress> {
+  return PortIngress.start({
+    settings: { scheme: 'http', domain, urlPort: null, listenHost: '127.0.0.1', listenPort: 0 },
+    ports: { route: async (id, port) => (id === route.desktop_id && port === route.port ? { ...route } : null), onChange: () => () => {} },
+    portLinkSecret: secret,
+    logger: createRootLogger({ level: 'silent', name: 'test' }),
+  });
+}
