@@ -71,14 +71,9 @@ export class ResponseReader {
           if (!onHead(head)) return 'stopped';
           break;
         }
-        case 'length': {
-          const take = Math.min(this.left, buf.length);
-          onBody(take === buf.length ? buf : buf.subarray(0, take));
-          this.left -= take;
-          buf = buf.subarray(take);
-          if (this.left === 0) this.state = 'complete';
+        case 'length':
+          buf = this.counted(buf, onBody, 'complete');
           break;
-        }
         case 'chunk-size': {
           const line = this.line(buf);
           if (line === null) return 'more';
@@ -89,14 +84,9 @@ export class ResponseReader {
           this.state = this.left === 0 ? 'trailers' : 'chunk-data';
           break;
         }
-        case 'chunk-data': {
-          const take = Math.min(this.left, buf.length);
-          onBody(take === buf.length ? buf : buf.subarray(0, take));
-          this.left -= take;
-          buf = buf.subarray(take);
-          if (this.left === 0) this.state = 'chunk-end';
+        case 'chunk-data':
+          buf = this.counted(buf, onBody, 'chunk-end');
           break;
-        }
         case 'chunk-end': {
           if (buf.length < 2) {
             this.pending = buf;
@@ -131,6 +121,15 @@ export class ResponseReader {
   }
 
   /** The line at the start of `buf` without its CRLF, or null (kept pending) until it is whole. */
+  /** Passes on up to `left` bytes of body (a length's or a chunk's); `then` once they are all through. Answers the rest. */
+  private counted(buf: Buffer, onBody: (body: Buffer) => void, then: State): Buffer {
+    const take = Math.min(this.left, buf.length);
+    onBody(take === buf.length ? buf : buf.subarray(0, take));
+    this.left -= take;
+    if (this.left === 0) this.state = then;
+    return buf.subarray(take);
+  }
+
   private line(buf: Buffer): Buffer | null {
     const end = buf.indexOf(CRLF);
     if (end !== -1) return buf.subarray(0, end);
