@@ -40,6 +40,9 @@
  *   1.12 — desktop.precopy.export, desktop.precopy.import: an awake desktop's cold files copied
  *         to the target before it stops (shared/src/precopy.ts); the transfer server's
  *         `precopy` route and `?reuse=`, and a listed unit's `reuse`.
+ *   1.13 — memory snapshots are dumped without the network namespace's contents (restores
+ *         make it empty and bring loopback up); an agent older than 1.13 might restore such a
+ *         snapshot without loopback, so the scheduler moves none to it.
  *
  * Every desktop command carries the desktop's `generation`. The agent remembers the highest
  * generation it has seen per desktop and refuses an older one with `stale_generation`: after a
@@ -59,7 +62,7 @@ import {
   ScreenshotResult, SpawnPayload, SpawnResult, StreamGrantPayload, StreamGrantResult, TerminalGrantPayload, TerminalGrantResult,
 } from './guest-commands.js';
 
-export const PROTOCOL_VERSION = '1.12';
+export const PROTOCOL_VERSION = '1.13';
 export const WIRE_VERSION = 1;
 
 /** True when `version` is `major.minor` or later (a version that does not parse is not). */

@@ -4,7 +4,8 @@
  * either agent is older, the listing is hashed, which reads every unit once more before the
  * first byte moves (the older agent would not know a listing without hashes). Between agents
  * that both speak 1.12 an awake desktop is pre-copied first (shared/src/precopy.ts); with an
- * older agent on either side, it is not.
+ * older agent on either side, it is not. An agent of 1.13 dumps memory snapshots an older one
+ * could not wake: moves from it go to no older agent, asked for or chosen.
  */
 import { afterAll, beforeAll, expect, it } from 'vitest';
 import { adminApi, api, mintKey, startTestScheduler, TEST_ADMIN_TOKEN, until, type TestScheduler } from '../helpers/scheduler.js';
@@ -14,7 +15,8 @@ let s: TestScheduler;
 const agents: TestAgent[] = [];
 
 beforeAll(async () => {
-  s = await startTestScheduler({ CANTO_ADMIN_TOKEN: TEST_ADMIN_TOKEN, CANTO_HEARTBEAT_MS: '200' });
+  // A move that finds no host waits this long for one before it fails.
+  s = await startTestScheduler({ CANTO_ADMIN_TOKEN: TEST_ADMIN_TOKEN, CANTO_HEARTBEAT_MS: '200', CANTO_CAPACITY_WAIT_MS: '500' });
 });
 
 afterAll(async () => {
@@ -78,11 +80,51 @@ it('lists units by size between agents of 1.10, so the source reads the desktop 
 
 it('lists units with their hashes when either agent is older than 1.10', async () => {
   // Read once to hash it for the listing, once more for the copy; never counted alone.
-  expect(await moveBetween(['1.9', undefined])).toEqual({ reads: 2, sizes: 0, precopies: 0 });
-  expect(await moveBetween([undefined, '1.9'])).toEqual({ reads: 2, sizes: 0, precopies: 0 });
+  // (The other agent is older than 1.13 too, so a move may go either way: see the last test.)
+  expect(await moveBetween(['1.9', '1.12'])).toEqual({ reads: 2, sizes: 0, precopies: 0 });
+  expect(await moveBetween(['1.12', '1.9'])).toEqual({ reads: 2, sizes: 0, precopies: 0 });
 });
 
 it('pre-copies an awake desktop only when both agents speak 1.12', async () => {
-  expect((await moveBetween(['1.11', undefined])).precopies).toBe(0);
-  expect((await moveBetween([undefined, '1.11'])).precopies).toBe(0);
+  expect((await moveBetween(['1.11', '1.12'])).precopies).toBe(0);
+  expect((await moveBetween(['1.12', '1.11'])).precopies).toBe(0);
+  expect((await moveBetween(['1.12', '1.12'])).precopies).toBe(1);
+});
+
+it('moves nothing from an agent of 1.13 to an older one, and everything the other way', async () => {
+  for (const agent of agents.splice(0)) await agent.stop();
+  const [current, older] = [await startFakeAgent(s.url), await startFakeAgent(s.url, { protocol: '1.12' })];
+  agents.push(current, older);
+  const call = api(s.url, await mintKey(s.databaseUrl, 'versions'));
+  const admin = adminApi(s.url);
+  await until(async () => {
+    const hosts = (await admin('GET', '/admin/v1/hosts')).json.hosts as Array<{ id: string; state: string }>;
+    return agents.every((a) => hosts.some((h) => h.id === a.hostId && h.state === 'ready'));
+  }, 10_000, 'both hosts ready');
+  // Placement spreads: two desktops, one on each host.
+  const on = new Map<string, string>();
+  for (let i = 0; i < 2; i++) {
+    const id = (await call('POST', '/v1/desktops', { tier: 'small' })).json.id as string;
+    expect((await call('POST', `/v1/desktops/${id}/wake?wait=true`)).status).toBe(200);
+    on.set((await call('GET', `/v1/desktops/${id}`)).json.host_id as string, id);
+  }
+  expect(on.size).toBe(2);
+  const move = async (id: string, body: object) => {
+    const requested = await admin('POST', `/admin/v1/desktops/${id}/move`, body);
+    expect(requested.status, requested.text).toBe(202);
+    return until(async () => {
+      const o = (await admin('GET', `/admin/v1/operations/${requested.json.id}`)).json;
+      return o.state === 'succeeded' || o.state === 'failed' ? o : null;
+    }, 20_000, 'the move to settle');
+  };
+  const fromCurrent = on.get(current.hostId)!;
+  for (const body of [{ host_id: older.hostId }, {}]) {
+    const op = await move(fromCurrent, body);
+    expect(op.state).toBe('failed');
+    expect(JSON.stringify(op.error)).toMatch(body.host_id === undefined ? /no other host is up.*1 more run an agent older than protocol 1\.13/ : /older than protocol 1\.13/);
+    expect((await call('GET', `/v1/desktops/${fromCurrent}`)).json).toMatchObject({ host_id: current.hostId, state: 'awake' });
+  }
+  const op = await move(on.get(older.hostId)!, {});
+  expect(op.state, JSON.stringify(op.error)).toBe('succeeded');
+  expect((await call('GET', `/v1/desktops/${on.get(older.hostId)!}`)).json.host_id).toBe(current.hostId);
 });

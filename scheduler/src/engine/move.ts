@@ -123,11 +123,23 @@ async function plan(deps: StepDeps, op: OperationRow, d: DesktopRow, p: MovePara
   if (d.state !== 'awake' && d.state !== 'hibernated') throw new StepFailure('conflict', `desktop is ${d.state}; only awake and hibernated desktops move`);
   if (d.host_id !== p.source_host_id) throw new StepFailure('conflict', 'the desktop is no longer on the host it was to move from');
   const target = p.requested_host_id ?? (await chooseTarget(deps, d));
-  if (!target) throw new NoCapacity(noCapacityMessage(d.tier, (await readFleet(deps, [])).hosts.filter((h) => h.id !== d.host_id), deps.placement, 'other host'));
+  if (!target) {
+    const others = (await readFleet(deps, [])).hosts.filter((h) => h.id !== d.host_id);
+    const older = deps.agents.speaks(d.host_id!, 1, 13) ? others.filter((h) => h.connected && !deps.agents.speaks(h.id, 1, 13)) : [];
+    const usable = others.filter((h) => !older.includes(h));
+    const left = older.length === 0 ? '' : `; ${older.length} more run an agent older than protocol 1.13, which cannot wake what the source's agent dumps`;
+    throw new NoCapacity(noCapacityMessage(d.tier, usable, deps.placement, 'other host') + left);
+  }
   if (target === p.source_host_id) throw new StepFailure('bad_target', 'the desktop is already on that host');
   if (!deps.agents.speaks(target, 1, 8) || !deps.agents.speaks(p.source_host_id, 1, 8)) {
     deps.placements.release(d.id);
     throw new StepFailure('unsupported', 'both hosts need an agent that speaks protocol 1.8 to move desktops');
+  }
+  // Agents of 1.13 dump memory without the network namespace's contents; an older agent would
+  // restore such a snapshot without loopback.
+  if (deps.agents.speaks(p.source_host_id, 1, 13) && !deps.agents.speaks(target, 1, 13)) {
+    deps.placements.release(d.id);
+    throw new StepFailure('unsupported', `the target host's agent is older than protocol 1.13 and cannot wake memory snapshots the source's agent makes; upgrade it first`);
   }
   // A pre-copy reads the desktop while it runs: it keeps answering until the stop marks it.
   const precopies = d.state === 'awake' && deps.agents.speaks(target, 1, 12) && deps.agents.speaks(p.source_host_id, 1, 12);
@@ -162,13 +174,18 @@ async function precopy(deps: StepDeps, op: OperationRow, d: DesktopRow, p: MoveP
   return advance(deps.sql, op, { ...p, phase: 'precopied', precopied_bytes: fetched }, deps.fence);
 }
 
-/** Placement for a move: the usual pipeline, the source left out, in-flight moves counted. */
+/**
+ * Placement for a move: the usual pipeline, the source left out (and hosts whose agent could not
+ * wake what the source's agent dumps), in-flight moves counted.
+ */
 async function chooseTarget(deps: StepDeps, d: DesktopRow): Promise<string | null> {
+  const newDumps = d.host_id !== null && deps.agents.speaks(d.host_id, 1, 13);
   return deps.placements.choose(
     { desktopId: d.id, tier: d.tier, running: d.state === 'awake' },
     async (inFlight) => {
       const fleet = await readFleet(deps, inFlight);
-      return { placed: fleet.placed, hosts: fleet.hosts.filter((h) => h.id !== d.host_id) };
+      const hosts = fleet.hosts.filter((h) => h.id !== d.host_id && (!newDumps || deps.agents.speaks(h.id, 1, 13)));
+      return { placed: fleet.placed, hosts };
     },
     (candidates) => selectHost(candidates, d.tier, deps.placement),
   );
