@@ -10,10 +10,21 @@
 #   the guest's root is made read-only again as a cold boot has it, and the guest gets its own
 #   desktop's hostname (the images hold the hostname of the desktop they were dumped from: a fork's
 #   or a template's source). Done here, the guest never runs a moment without either.
+# - post-resume (the guest runs again; CRIU waits for this before it exits): the check that the
+#   desktop answers, X taking a client, run as a guest command runs (the guest's namespaces,
+#   root and capabilities; CRIU is inside the desktop's cgroups already). Success is an empty
+#   file at $CANTO_PROBE_FILE on the host, the client's errors go beside it; the agent reads them
+#   once CRIU has exited. Here it costs CRIU's small process a fork, where the agent would pay
+#   for one of its own large heap and a chain of programs to enter the guest.
 case "$CRTOOLS_SCRIPT_ACTION" in
 setup-namespaces) exec nsenter -t "$CRTOOLS_INIT_PID" -n ip link set lo up ;;
 post-restore)
   # shellcheck disable=SC2016 # $1 is expanded by the shell inside the guest's namespaces
   exec nsenter -t "$CRTOOLS_INIT_PID" -m -u /bin/sh -c 'mount -o remount,bind,ro / && hostname "$1"' canto-post-restore "$CANTO_GUEST_HOSTNAME" ;;
+post-resume)
+  if timeout -k 2 "$CANTO_PROBE_SECONDS" nsenter -t "$CRTOOLS_INIT_PID" -m -u -i -n -p -T -r --wdns=/root \
+    setpriv "$CANTO_GUEST_BOUNDING_SET" /usr/bin/env -i DISPLAY=:0 /usr/bin/xrandr --current >/dev/null 2>"$CANTO_PROBE_FILE.err"; then
+    : >"$CANTO_PROBE_FILE"
+  fi ;;
 esac
 exit 0

@@ -6,7 +6,7 @@
 import { execFile } from 'node:child_process';
 import { createHash } from 'node:crypto';
 import { promisify } from 'node:util';
-import { mkdtemp, readFile, rm, stat, writeFile } from 'node:fs/promises';
+import { mkdtemp, readdir, readFile, rm, stat, writeFile } from 'node:fs/promises';
 import { hostname, tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
@@ -83,7 +83,8 @@ describe.skipIf(!isRoot)('sandbox driver', () => {
     expect(await sh(driver, id, 'pwd')).toBe('/root');
     expect(await sh(driver, id, 'echo hello')).toBe('hello');
     expect(await sh(driver, id, 'id -u')).toBe('0');
-    await until(async () => (await sh(driver, id, 'ps -o comm= -p $PPID')) === 'canto-exec', 10_000, 'a warm exec');
+    // A cold command's parent is outside the guest ($PPID 0, which ps refuses): warm is when it is the server.
+    await until(async () => (await sh(driver, id, 'ps -o comm= -p $PPID 2>/dev/null || true')) === 'canto-exec', 10_000, 'a warm exec');
     expect(await sh(driver, id, 'pwd')).toBe('/root');
     const guestHost = await sh(driver, id, 'hostname');
     expect(guestHost).toBe(id.replace('_', '-'));
@@ -135,11 +136,13 @@ describe.skipIf(!isRoot)('sandbox driver', () => {
       expect(out.stdout, command).not.toContain('TOP-SECRET');
     }
     // Read-only binds stay read-only even for the guest's root (no CAP_SYS_ADMIN).
-    for (const command of ['touch /usr/canto-probe', 'touch /etc/canto-probe', 'touch /canto-probe', 'mount -o remount,rw /usr']) {
+    for (const command of ['touch /usr/canto-probe', 'touch /etc/canto-probe', 'touch /canto-probe', 'mount -o remount,rw /usr', 'touch /etc/ssl/private/canto-probe']) {
       const out = await driver.exec(id, { command, timeoutMs: 5_000, maxOutputBytes: 65536 });
       expect(out.exitCode, command).not.toBe(0);
     }
     expect(await pathExists('/usr/canto-probe')).toBe(false);
+    // The masked directory is a read-only view of an empty directory of the desktop's.
+    expect(await readdir(join(stateDir, 'desktops', id, 'empty'))).toEqual([]);
     // The host's password hashes are masked inside the shared /etc.
     const shadow = await driver.exec(id, { command: 'cat /etc/shadow /etc/gshadow', timeoutMs: 5_000, maxOutputBytes: 65536 });
     expect(shadow.stdout).not.toContain('root:');
@@ -244,6 +247,11 @@ describe.skipIf(!isRoot)('sandbox driver', () => {
       const before = await counter();
       const hib = await timed('hibernate (CRIU dump)', () => driver.hibernate(id));
       expect(hib).toEqual({ snapshot: true });
+      // The network namespace is dumped without its contents (criu.ts): no links, addresses,
+      // routes or firewall tables, which restores make anew.
+      const images = await readdir(join(stateDir, 'desktops', id, 'snapshot'));
+      expect(images).toContain('pstree.img');
+      expect(images.filter((f) => /^(netdev|ifaddr|route6?|rule|ip6?tables|nftables)-/.test(f))).toEqual([]);
       expect(await driver.list()).toContainEqual({ desktopId: id, running: false, hasSnapshot: true });
       // Nothing of the desktop runs, and its cgroups are gone.
       expect(await pathExists(`/sys/fs/cgroup/pids/canto/${id}`)).toBe(false);
@@ -275,6 +283,27 @@ describe.skipIf(!isRoot)('sandbox driver', () => {
     expect(await sh(driver, id, 'cat /root/hello.txt')).toBe('survives');
     expect(await driver.list()).toContainEqual({ desktopId: id, running: true, hasSnapshot: false });
     expect(Number(await readFile(`/sys/fs/cgroup/pids/canto/${id}/pids.max`, 'utf8'))).toBe(TIER_SPECS.small.maxPids);
+  });
+
+  it('boots cold instead when a restored desktop does not answer', async (ctx) => {
+    if (!driver.capabilities().memorySnapshots) ctx.skip();
+    const id = await bootCold();
+    await sh(driver, id, 'echo survives > /root/hello.txt');
+    // X gone before the dump: the restore succeeds, but nothing takes an X client afterwards.
+    await sh(driver, id, 'pkill -x Xvfb; while pgrep -x Xvfb >/dev/null; do sleep 0.01; done');
+    const init = JSON.parse(await readFile(join(stateDir, 'desktops', id, 'run', 'init.json'), 'utf8')) as { pid: number };
+    expect(await driver.hibernate(id)).toEqual({ snapshot: true });
+    expect(await driver.start({ desktopId: id, tier: 'small', firstBoot: null })).toEqual({ restored: false });
+    // The restored copy is gone and a fresh boot runs, with the disk and a working display.
+    const now = JSON.parse(await readFile(join(stateDir, 'desktops', id, 'run', 'init.json'), 'utf8')) as { pid: number };
+    expect(now.pid).not.toBe(init.pid);
+    expect(await sh(driver, id, 'cat /root/hello.txt')).toBe('survives');
+    expect(await sh(driver, id, 'xdotool getdisplaygeometry')).toBe('1024 768');
+    expect((await readdir(join(stateDir, 'desktops', id))).some((f) => f.startsWith('snapshot.failed-'))).toBe(true);
+    // The restored copy was stopped before the cold boot.
+    const restoredPid = Number(await readFile(join(stateDir, 'desktops', id, 'run', 'restore.pid'), 'utf8'));
+    expect(restoredPid).toBeGreaterThan(0);
+    expect(await pathExists(`/proc/${restoredPid}`)).toBe(false);
   });
 
   it('a new driver on the same state directory adopts running desktops', async () => {

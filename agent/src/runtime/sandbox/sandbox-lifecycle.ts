@@ -11,7 +11,7 @@
  * kept for guest operations (warm-pool.ts) are closed right after that drain, and whenever a
  * desktop starts they are dropped with the init they belong to.
  */
-import { readdir, rename, rm } from 'node:fs/promises';
+import { mkdir, readdir, rename, rm } from 'node:fs/promises';
 import { join } from 'node:path';
 import { AgentFailure } from '../../../../shared/src/protocol.js';
 import type { Tier } from '../../../../shared/src/tiers.js';
@@ -105,6 +105,7 @@ export class SandboxLifecycle implements Omit<DesktopLifecycle, 'close' | 'usage
       // A forked desktop's disk is an overlay on shared layers (layers.ts); a host reboot unmounts it.
       await mountDisk(this.stateDir, paths);
       await ensureSkeleton(paths.rootfs, NESTED_MOUNTPOINTS);
+      await mkdir(paths.empty, { recursive: true, mode: 0o555 });
       let restored = false;
       // A first boot hands the env file to the init, which writes it before Xvfb starts: the
       // same file an exec would write afterwards, without a cold guest process on the way.
@@ -338,15 +339,15 @@ export class SandboxLifecycle implements Omit<DesktopLifecycle, 'close' | 'usage
     }
     let init: InitProcess | null = null;
     try {
-      init = await restore(this.criu, paths, desktopId, paths.rootfs);
+      const restored = await restore(this.criu, paths, desktopId, paths.rootfs);
+      init = restored.init;
       // Recorded at once, so an agent restart from here on adopts this guest instead of
       // restoring a second copy.
       await writeFileAtomic(paths.initFile, JSON.stringify(init));
-      // The root is read-only again and the hostname the desktop's own (the restore's action
-      // script, agent/guest/criu-restore-action.sh, before any process resumed); what is left to
-      // check is that the desktop answers: X does, and a command runs.
-      const probe = await this.execIn(desktopId, init, 'xrandr --current >/dev/null', INTERNAL_EXEC_MS);
-      if (probe.exitCode !== 0) throw new Error(`restored desktop does not answer: ${probe.stderr.trim()}`);
+      // The root is read-only again, the hostname the desktop's own, and the desktop answered (X
+      // took a client from a command run inside it): the restore's action script did all three
+      // (agent/guest/criu-restore-action.sh).
+      if (!restored.answer.ok) throw new Error(`restored desktop does not answer: ${restored.answer.error}`);
       return init;
     } catch (err) {
       this.log('restore failed; booting cold, images kept aside', { desktopId, aside, error: String(err) });

@@ -51,6 +51,8 @@ export interface DesktopPaths {
   readonly snapshot: string;
   readonly snapshotTmp: string;
   readonly rootfs: string;
+  /** Always empty: what the guest sees, read-only, where a host directory is masked. */
+  readonly empty: string;
   readonly run: string;
   readonly initFile: string;
   readonly firstBootMarker: string;
@@ -77,6 +79,7 @@ export function desktopPaths(stateDir: string, desktopId: string): DesktopPaths 
     snapshot: join(dir, 'snapshot'),
     snapshotTmp: join(dir, 'snapshot.tmp'),
     rootfs: join(dir, 'rootfs'),
+    empty: join(dir, 'empty'),
     run: join(dir, 'run'),
     initFile: join(dir, 'run', 'init.json'),
     firstBootMarker: join(dir, 'first-boot-done'),
