@@ -42,7 +42,9 @@
  *         `precopy` route and `?reuse=`, and a listed unit's `reuse`.
  *   1.13 — memory snapshots are dumped without the network namespace's contents (restores
  *         make it empty and bring loopback up); an agent older than 1.13 might restore such a
- *         snapshot without loopback, so the scheduler moves none to it.
+ *         snapshot without loopback, so the scheduler moves none to it. desktop.export `reuse`:
+ *         the pre-copy the target holds, so the listing counts the desktop unit as the target's
+ *         own listing request will.
  *
  * Every desktop command carries the desktop's `generation`. The agent remembers the highest
  * generation it has seen per desktop and refuses an older one with `stale_generation`: after a

@@ -26,7 +26,7 @@
  */
 import { Type, type Static } from '@sinclair/typebox';
 import { DesktopRef } from './desktop-ref.js';
-import { UnitReuse } from './precopy.js';
+import { PRECOPY_ID_PATTERN, UnitReuse } from './precopy.js';
 import { TierSchema } from './tiers.js';
 
 const LeaderEpoch = { leader_epoch: Type.Optional(Type.Integer({ minimum: 0 })) };
@@ -62,6 +62,12 @@ export const ExportPayload = Type.Object({
    * hash as a trailer. Sent only when both agents speak 1.10. Default `hashed`.
    */
   listing: Type.Optional(Type.Union([Type.Literal('hashed'), Type.Literal('sized')])),
+  /**
+   * (1.13) The pre-copy the target holds: a sized listing counts the `desktop` unit without its
+   * unchanged pre-copied files, as the target's own listing request (`?reuse=`) will ask, so
+   * the unit is counted once, not once whole and once again without them.
+   */
+  reuse: Type.Optional(Type.String({ pattern: PRECOPY_ID_PATTERN })),
 });
 export type ListingMode = 'hashed' | 'sized';
 export const ExportResult = Type.Object({

@@ -141,6 +141,26 @@ describe.skipIf(!isRoot)('pre-copy of a desktop being moved, on real files', () 
     expectSameTree(s, t);
   });
 
+  it('counts the desktop unit once when the export is told of the pre-copy the target holds', async () => {
+    const [s, t] = [await host(), await host()];
+    desktopOn(s);
+    const pc = await precopy(s, t, 4);
+    const counted: Array<readonly string[]> = [];
+    const size = s.transfer.size.bind(s.transfer);
+    s.transfer.size = (desktopId, unitId, leaveOut) => {
+      if (unitId === 'desktop') counted.push(leaveOut ?? []);
+      return size(desktopId, unitId, leaveOut);
+    };
+    const exported = await s.moves.exportDesktop(D, 3, 60_000, 'sized', pc.precopy_id);
+    const imported = await t.moves.importDesktop({ desktopId: D, generation: 4, tier: 'small', source: { url: exported.url, ticket: exported.ticket } });
+    // Counted without the four pre-copied files, once: the import's listing and fetch found the size kept.
+    expect(counted).toHaveLength(1);
+    expect([...counted[0]!].sort()).toEqual([0, 1, 2, 3].map((i) => `disk/root/docs/f${i}.bin`));
+    expect(exported.total_bytes).toBeLessThan(100 * KIB);
+    expect(imported.fetched_bytes).toBe(exported.total_bytes);
+    expectSameTree(s, t);
+  });
+
   it('sends again a file written after the pre-copy, drops one deleted, and moves one renamed to its new name', async () => {
     const [s, t] = [await host(), await host()];
     desktopOn(s);

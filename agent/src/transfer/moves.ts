@@ -64,7 +64,7 @@ export class DesktopMoves {
       switch (type) {
         case 'desktop.export': {
           const p = parseMessage(ExportPayload, raw, `${type} payload`);
-          return run.lifecycle(p, () => this.exportDesktop(p.desktop_id, p.generation, p.ttl_ms, p.listing ?? 'hashed'));
+          return run.lifecycle(p, () => this.exportDesktop(p.desktop_id, p.generation, p.ttl_ms, p.listing ?? 'hashed', p.reuse ?? null));
         }
         case 'desktop.import': {
           const p = parseMessage(ImportPayload, raw, `${type} payload`);
@@ -97,7 +97,7 @@ export class DesktopMoves {
     }
   }
 
-  async exportDesktop(desktopId: string, generation: number, ttlMs: number, listing: ListingMode = 'hashed'): Promise<ExportResult> {
+  async exportDesktop(desktopId: string, generation: number, ttlMs: number, listing: ListingMode = 'hashed', reuse: string | null = null): Promise<ExportResult> {
     const transfer = this.transfer();
     if (this.deps.source === null || this.deps.url === null) {
       throw new AgentFailure('unsupported', 'the transfer server is turned off on this host', false);
@@ -105,7 +105,7 @@ export class DesktopMoves {
     const here = await transfer.inspect(desktopId);
     if (!here.held) throw new AgentFailure('not_found', `no disk for ${desktopId} on this host`, false);
     if (here.running) throw new AgentFailure('conflict', `${desktopId} is running on this host; hibernate it first`, false);
-    const { ticket, units, total_bytes } = await this.deps.source.exportDesktop(desktopId, generation, ttlMs, listing);
+    const { ticket, units, total_bytes } = await this.deps.source.exportDesktop(desktopId, generation, ttlMs, listing, reuse);
     return { url: this.deps.url, ticket, units, total_bytes };
   }
 

@@ -76,9 +76,14 @@ export class TransferSource {
     });
   }
 
-  /** Lists a stopped desktop's units and grants a ticket for them. */
-  async exportDesktop(desktopId: string, generation: number, ttlMs: number, mode: ListingMode = 'hashed'): Promise<Listing & { ticket: string }> {
-    const listing = await this.listing(desktopId, generation, mode);
+  /**
+   * Lists a stopped desktop's units and grants a ticket for them. With `reuse` (a pre-copy the
+   * target holds) the listing is the one the target will ask for, whose sizes are then kept.
+   */
+  async exportDesktop(
+    desktopId: string, generation: number, ttlMs: number, mode: ListingMode = 'hashed', reuse: string | null = null,
+  ): Promise<Listing & { ticket: string }> {
+    const listing = await this.listing(desktopId, generation, mode, reuse);
     const { ticket } = this.deps.tickets.issue(desktopId, generation, ttlMs, this.sized(mode) ? 'sized' : 'hashed');
     return { ...listing, ticket };
   }

@@ -55,6 +55,8 @@ export interface MoveParams {
   precopy?: boolean;
   /** Bytes the pre-copy fetched while the desktop ran (0 when it failed or found nothing). */
   precopied_bytes?: number;
+  /** The pre-copy the target holds, once it fetched one. */
+  precopy_id?: string;
   total_bytes?: number;
   fetched_bytes?: number;
   resumed_bytes?: number;
@@ -155,6 +157,7 @@ async function plan(deps: StepDeps, op: OperationRow, d: DesktopRow, p: MovePara
  */
 async function precopy(deps: StepDeps, op: OperationRow, d: DesktopRow, p: MoveParams): Promise<MoveParams> {
   let fetched = 0;
+  let held: string | undefined;
   try {
     const exported = await command(deps, p.source_host_id, 'desktop.precopy.export', { desktop_id: d.id, generation: d.generation, ttl_ms: TICKET_TTL_MS });
     if (exported.files > 0) {
@@ -166,12 +169,13 @@ async function precopy(deps: StepDeps, op: OperationRow, d: DesktopRow, p: MoveP
         copyTimeoutMs(deps, exported.bytes),
       );
       fetched = imported.fetched_bytes;
+      held = exported.precopy_id;
     }
   } catch (err) {
     if (err instanceof LeaseLost) throw err;
     deps.logger.warn({ err, desktopId: d.id }, 'move: the pre-copy failed; everything is copied after the stop');
   }
-  return advance(deps.sql, op, { ...p, phase: 'precopied', precopied_bytes: fetched }, deps.fence);
+  return advance(deps.sql, op, { ...p, phase: 'precopied', precopied_bytes: fetched, ...(held === undefined ? {} : { precopy_id: held }) }, deps.fence);
 }
 
 /**
@@ -221,7 +225,12 @@ async function copy(deps: StepDeps, op: OperationRow, d: DesktopRow, p: MovePara
   const ref = { desktop_id: d.id, generation: d.generation };
   // A sized listing (1.10) reads the desktop once instead of twice; both ends must know it.
   const sized = deps.agents.speaks(p.source_host_id, 1, 10) && deps.agents.speaks(p.target_host_id!, 1, 10);
-  const exported = await command(deps, p.source_host_id, 'desktop.export', { ...ref, ttl_ms: TICKET_TTL_MS, ...(sized ? { listing: 'sized' as const } : {}) });
+  // Told of the target's pre-copy (1.13), the source counts the desktop unit once, as the
+  // target's listing will ask for it; the pre-copied bytes then count beside the listing's.
+  const reuse = sized && p.precopy_id !== undefined && deps.agents.speaks(p.source_host_id, 1, 13) ? p.precopy_id : undefined;
+  const exported = await command(deps, p.source_host_id, 'desktop.export', {
+    ...ref, ttl_ms: TICKET_TTL_MS, ...(sized ? { listing: 'sized' as const } : {}), ...(reuse === undefined ? {} : { reuse }),
+  });
   const imported = await command(
     deps,
     p.target_host_id!,
@@ -232,7 +241,7 @@ async function copy(deps: StepDeps, op: OperationRow, d: DesktopRow, p: MovePara
   return advance(
     deps.sql,
     op,
-    { ...p, phase: 'copied', total_bytes: exported.total_bytes, fetched_bytes: (p.fetched_bytes ?? 0) + imported.fetched_bytes, resumed_bytes: imported.resumed_bytes },
+    { ...p, phase: 'copied', total_bytes: exported.total_bytes + (reuse === undefined ? 0 : (p.precopied_bytes ?? 0)), fetched_bytes: (p.fetched_bytes ?? 0) + imported.fetched_bytes, resumed_bytes: imported.resumed_bytes },
     deps.fence,
   );
 }
