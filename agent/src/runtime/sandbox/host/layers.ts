@@ -21,9 +21,10 @@
  * the store follows, and `layers.next.json` replaces `layers.json` last; a freeze found half done
  * is completed by `recoverFreeze` before anything else touches the desktop.
  */
-import { execFile } from 'node:child_process';
+import { execFile, spawn } from 'node:child_process';
 import { copyFile, link, mkdir, readdir, readFile, rename, rm, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
+import { setTimeout as sleep } from 'node:timers/promises';
 import { promisify } from 'node:util';
 import { newId } from '../../../../../shared/src/ids.js';
 import { KeyedMutex } from './keyed-mutex.js';
@@ -67,9 +68,34 @@ export async function isMounted(dir: string): Promise<boolean> {
   return table.split('\n').some((line) => line.split(' ')[4] === escaped);
 }
 
+/** How long the detach of an overlay may take before its unmount counts as failed. */
+const DETACH_MS = 10_000;
+
+/**
+ * Unmounts a desktop's overlay, waiting for the detach but not for the sync behind it. As the
+ * last reference to an overlay goes, the kernel syncs its whole upper filesystem: every dirty
+ * page on it, any desktop's (0.4–0.6 s with 100 MB dirty here, whether in this overlay or
+ * elsewhere). Nothing here needs that sync: the files stay in the page cache like any other
+ * write. A lazy unmount (a guest that is gone may leave its namespace's reference behind for a
+ * moment) detaches the mount first and syncs after, in the same call; the mountpoint leaving the
+ * mount table is what this waits for, and `umount` finishes on its own.
+ */
 async function unmount(dir: string): Promise<void> {
-  // Lazy: a guest that is gone may leave its namespace's reference behind for a moment.
-  if (await isMounted(dir)) await run('umount', ['-l', dir]);
+  if (!(await isMounted(dir))) return;
+  const child = spawn('umount', ['-l', dir], { stdio: 'ignore', detached: true });
+  let exit: number | null | undefined;
+  child.once('exit', (code) => (exit = code));
+  child.once('error', () => (exit = -1));
+  child.unref();
+  const deadline = performance.now() + DETACH_MS;
+  while (await isMounted(dir)) {
+    // Done, and mounted still: another mount stacked on the same point (as before, one goes).
+    if (exit === 0) return;
+    if (exit !== undefined || performance.now() > deadline) {
+      throw new Error(`umount -l ${dir} failed${exit === undefined ? ': still mounted' : ` (${exit})`}`);
+    }
+    await sleep(5);
+  }
 }
 
 /** Mounts the desktop's overlay at `disk/` if it stands on layers and is not mounted yet. */
@@ -149,8 +175,14 @@ export async function createFork(source: DesktopPaths, fork: DesktopPaths, chain
   await rename(tmp, fork.dir);
 }
 
-/** Unmounts a desktop's overlay before its directory is removed. */
+/**
+ * Unmounts a desktop's overlay before its directory is removed, its writable layer emptied
+ * first: the layer's dirty pages are then dropped with its files, instead of written out by the
+ * sync the unmount sets off (see unmount), which a removal would otherwise wait for. Nothing
+ * uses the overlay any more, so changing its upper layer beneath it is safe here.
+ */
 export async function releaseDisk(paths: DesktopPaths): Promise<void> {
+  if (await isMounted(paths.disk)) await rm(join(paths.dir, 'upper'), { recursive: true, force: true, maxRetries: 3 });
   await unmount(paths.disk);
 }
 
