@@ -39,6 +39,7 @@ describe.skipIf(!isRoot)('a move that pre-copies an awake desktop', () => {
   let scheduler: Child & { url: string };
   let databaseUrl = '';
   let call: ReturnType<typeof api>;
+  let sourceMetrics = '';
 
   async function admin(method: string, path: string, body?: unknown) {
     const res = await fetch(scheduler.url + path, {
@@ -65,7 +66,10 @@ describe.skipIf(!isRoot)('a move that pre-copies an awake desktop', () => {
       databaseUrl, port: await freePort(), secretKey: generateSecretKey(), extra: { CANTO_ADMIN_TOKEN: ADMIN_TOKEN },
     });
     children.push(scheduler);
-    for (const host of ['S', 'T'] as const) children.push(startAgentProcess(scheduler.url, stateOf[host], { CANTO_LOG_LEVEL: 'warn' }));
+    sourceMetrics = `127.0.0.1:${await freePort()}`;
+    for (const host of ['S', 'T'] as const) {
+      children.push(startAgentProcess(scheduler.url, stateOf[host], { CANTO_LOG_LEVEL: 'warn', ...(host === 'S' ? { CANTO_AGENT_METRICS_LISTEN: sourceMetrics } : {}) }));
+    }
     for (const host of ['S', 'T'] as const) {
       const file = join(stateOf[host], HOST_ID_FILE);
       hostIds[host] = await until(() => (existsSync(file) ? readFileSync(file, 'utf8').trim() || null : null), 20_000, `host id of ${host}`);
@@ -115,6 +119,12 @@ describe.skipIf(!isRoot)('a move that pre-copies an awake desktop', () => {
     // Tar streams come in 64 KiB records: leaving out 50 MiB and their headers shortens the
     // stream by exactly 50 MiB or by one record more, depending on where the padding falls.
     expect(op.result.fetched_bytes).toBeLessThanOrEqual(op.result.total_bytes - coldBytes);
+    // The copy after the stop fetched with the pre-copy's ticket: the source was asked for no
+    // export (its listing was counted once, for the target).
+    const metrics = await (await fetch(`http://${sourceMetrics}/metrics`)).text();
+    const ran = (name: string) => Number(new RegExp(`^canto_agent_command_duration_seconds_count\\{[^}]*command="${name}"[^}]*\\} (\\d+)`, 'm').exec(metrics)?.[1] ?? 0);
+    expect(ran('desktop.precopy.export')).toBe(1);
+    expect(ran('desktop.export')).toBe(0);
 
     const d = (await call('GET', `/v1/desktops/${id}`)).json;
     expect(d.host_id).toBe(hostIds.T);

@@ -19,8 +19,11 @@ export interface GetOptions {
   readonly signal?: AbortSignal;
 }
 
-/** GETs `url`; resolves with a 200 response, whose body the caller reads. */
-export function get(url: string, options: GetOptions): Promise<IncomingMessage> {
+/**
+ * GETs `url`; resolves with a 200 response, whose body the caller reads. `onSent` is told once
+ * the request has gone out (a caller may then do its own work while the source prepares).
+ */
+export function get(url: string, options: GetOptions, onSent?: () => void): Promise<IncomingMessage> {
   return new Promise((resolve, reject) => {
     let parsed: URL;
     try {
@@ -42,6 +45,7 @@ export function get(url: string, options: GetOptions): Promise<IncomingMessage> 
     });
     req.setTimeout(options.idleTimeoutMs, () => req.destroy(new TransientFetchError(`no bytes from the source for ${options.idleTimeoutMs} ms`)));
     req.once('error', (err) => reject(classify(err, options.signal)));
+    if (onSent !== undefined) req.once('finish', onSent);
     req.once('response', (res) => {
       if (res.statusCode === 200) {
         resolve(res);

@@ -22,6 +22,7 @@ import { join } from 'node:path';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { AgentFailure } from '../../../shared/src/protocol.js';
 import { SHA256_TRAILER, type TransferUnit } from '../../../shared/src/transfer.js';
+import type { IncomingMessage } from 'node:http';
 import type { DesktopTransfer, UnitSink } from '../runtime/transfer.js';
 import { classify, get, RangeRefused, TransientFetchError } from './client.js';
 
@@ -65,8 +66,26 @@ export async function fetchUnit(options: UnitFetchOptions, unit: TransferUnit): 
     await rm(part, { force: true });
     resumed = 0;
   }
-  const sink = await options.transfer.unpack(options.desktopId, unit.id, unit.reuse?.paths);
-  const spool = new Spool(await open(part, 'a'), sink);
+  // The first request goes out before the unpacking starts (a process to spawn, pre-copied files
+  // to link): the source starts producing the unit meanwhile.
+  let sent!: () => void;
+  const gone = new Promise<void>((resolve) => (sent = resolve));
+  let early: Promise<IncomingMessage> | null = resumed < unit.bytes ? requestRest(options, unit, resumed, sent) : null;
+  if (early !== null) {
+    early.catch(() => undefined);
+    await Promise.race([gone, early.then(() => undefined, () => undefined)]);
+  }
+  let sink: UnitSink | undefined;
+  let file: FileHandle;
+  try {
+    sink = await options.transfer.unpack(options.desktopId, unit.id, unit.reuse?.paths);
+    file = await open(part, 'a');
+  } catch (err) {
+    void early?.then((res) => res.destroy(), () => undefined);
+    sink?.abort();
+    throw err;
+  }
+  const spool = new Spool(file, sink);
   let trailer: string | null = null;
   try {
     if (resumed > 0) {
@@ -77,7 +96,9 @@ export async function fetchUnit(options: UnitFetchOptions, unit: TransferUnit): 
     let failures = 0;
     while (spool.held < unit.bytes) {
       try {
-        trailer = await fetchRest(options, unit, spool.held, (chunk) => spool.take(chunk, options.onBytes));
+        const response = early ?? requestRest(options, unit, spool.held);
+        early = null;
+        trailer = await readRest(response, unit, spool.held, (chunk) => spool.take(chunk, options.onBytes));
         await spool.flush();
         if (spool.held < unit.bytes) throw new TransientFetchError(`the source ended ${unit.id} at ${spool.held} of ${unit.bytes} bytes`);
       } catch (err) {
@@ -97,7 +118,7 @@ export async function fetchUnit(options: UnitFetchOptions, unit: TransferUnit): 
     // found whole (the agent stopped before marking it done) has no trailer yet: the empty rest
     // of the unit brings one, the hash of the whole stream as the source produces it now.
     if (unit.sha256 === undefined && trailer === null) {
-      trailer = await fetchRest(options, unit, spool.held, () => {
+      trailer = await readRest(requestRest(options, unit, spool.held), unit, spool.held, () => {
         throw new BadUnit(`the source sent more of ${unit.id} than listed`);
       });
     }
@@ -116,6 +137,7 @@ export async function fetchUnit(options: UnitFetchOptions, unit: TransferUnit): 
       throw new BadUnit(`unpacking ${unit.id} failed: ${err instanceof Error ? err.message : String(err)}`);
     }
   } catch (err) {
+    void early?.then((res) => res.destroy(), () => undefined);
     sink.abort();
     await sink.done.catch(() => undefined);
     await spool.close();
@@ -251,25 +273,27 @@ class Spool {
 /** A unit whose bytes are wrong: its spool must go. */
 class BadUnit extends Error {}
 
+/** One request for the unit from `offset` (`onSent`: it has gone out). */
+function requestRest(options: UnitFetchOptions, unit: TransferUnit, offset: number, onSent?: () => void): Promise<IncomingMessage> {
+  const reuse = options.reuse === null || options.reuse === undefined ? '' : `&reuse=${options.reuse}`;
+  const path = `/v1/transfer/${encodeURIComponent(options.desktopId)}/units/${encodeURIComponent(unit.id)}?offset=${offset}${reuse}`;
+  const idleTimeoutMs = options.idleTimeoutMs ?? 30_000;
+  return get(`${options.url.replace(/\/+$/, '')}${path}`, { ticket: options.ticket, idleTimeoutMs, signal: options.signal }, onSent);
+}
+
 /**
- * One request for the unit from `offset`; `onChunk` takes each chunk in order and answers a
- * promise only when the next chunk must wait for it. Resolves with the trailer once the response
- * is complete; rejects when the connection breaks. Reads with 'data' events, not an async
- * iterator: the iterator concatenates what is buffered, a copy of every byte.
+ * Reads the response to a request for the unit from `offset`; `onChunk` takes each chunk in
+ * order and answers a promise only when the next chunk must wait for it. Resolves with the
+ * trailer once the response is complete; rejects when the connection breaks. Reads with 'data'
+ * events, not an async iterator: the iterator concatenates what is buffered, a copy of every byte.
  */
-async function fetchRest(
-  options: UnitFetchOptions,
+async function readRest(
+  response: Promise<IncomingMessage>,
   unit: TransferUnit,
   offset: number,
   onChunk: (chunk: Buffer) => Promise<void> | null,
 ): Promise<string | null> {
-  const reuse = options.reuse === null || options.reuse === undefined ? '' : `&reuse=${options.reuse}`;
-  const path = `/v1/transfer/${encodeURIComponent(options.desktopId)}/units/${encodeURIComponent(unit.id)}?offset=${offset}${reuse}`;
-  const res = await get(`${options.url.replace(/\/+$/, '')}${path}`, {
-    ticket: options.ticket,
-    idleTimeoutMs: options.idleTimeoutMs ?? 30_000,
-    signal: options.signal,
-  });
+  const res = await response;
   let received = offset;
   let waiting: Promise<void> = Promise.resolve();
   await new Promise<void>((resolve, reject) => {

@@ -26,6 +26,7 @@
  * a start that fails there leaves it recorded hibernated (its disk intact) rather than lost.
  */
 import { AgentFailure } from '../../../shared/src/protocol.js';
+import { TIER_SPECS } from '../../../shared/src/tiers.js';
 import { inTransaction, type Sql } from '../store/db.js';
 import { LEADER_LEASE } from '../store/leases.js';
 import { getDesktopById, transition } from '../store/desktops.js';
@@ -72,6 +73,14 @@ export interface MoveParams {
 
 /** When the phase being worked on began, per operation, in this process (see `advance`). */
 const phaseStarts = new WeakMap<OperationRow, number>();
+
+/**
+ * The pre-copy's grant, per operation, kept in this process only (a ticket is a credential, never
+ * stored): the copy after the stop fetches with it instead of asking the source for an export.
+ * A ticket is valid for any number of requests until it expires, bound to the desktop and the
+ * generation, which the stop does not change. A leader that did not run the pre-copy exports.
+ */
+const precopyGrants = new WeakMap<OperationRow, { url: string; ticket: string; bytes: number }>();
 
 /** How long an export ticket lives: a copy interrupted for longer starts with a new one. */
 const TICKET_TTL_MS = 3_600_000;
@@ -170,6 +179,7 @@ async function precopy(deps: StepDeps, op: OperationRow, d: DesktopRow, p: MoveP
       );
       fetched = imported.fetched_bytes;
       held = exported.precopy_id;
+      precopyGrants.set(op, { url: exported.url, ticket: exported.ticket, bytes: exported.bytes });
     }
   } catch (err) {
     if (err instanceof LeaseLost) throw err;
@@ -225,23 +235,42 @@ async function copy(deps: StepDeps, op: OperationRow, d: DesktopRow, p: MovePara
   const ref = { desktop_id: d.id, generation: d.generation };
   // A sized listing (1.10) reads the desktop once instead of twice; both ends must know it.
   const sized = deps.agents.speaks(p.source_host_id, 1, 10) && deps.agents.speaks(p.target_host_id!, 1, 10);
-  // Told of the target's pre-copy (1.13), the source counts the desktop unit once, as the
-  // target's listing will ask for it; the pre-copied bytes then count beside the listing's.
+  // After a pre-copy the target holds, a source of 1.13 lists the desktop unit without the
+  // unchanged pre-copied files, as the target's listing asks (counted once); the pre-copied
+  // bytes then count beside the listing's.
   const reuse = sized && p.precopy_id !== undefined && deps.agents.speaks(p.source_host_id, 1, 13) ? p.precopy_id : undefined;
-  const exported = await command(deps, p.source_host_id, 'desktop.export', {
-    ...ref, ttl_ms: TICKET_TTL_MS, ...(sized ? { listing: 'sized' as const } : {}), ...(reuse === undefined ? {} : { reuse }),
-  });
+  // With the pre-copy's grant at hand, there is nothing to ask the source before the target
+  // fetches: the target's listing request counts the units. Otherwise an export grants a ticket.
+  const grant = reuse === undefined ? undefined : precopyGrants.get(op);
+  let source: { url: string; ticket: string };
+  let timeoutMs: number;
+  if (grant !== undefined) {
+    source = { url: grant.url, ticket: grant.ticket };
+    // What follows the stop is at most the pre-copied files again, the rest of the disk, and memory.
+    timeoutMs = copyTimeoutMs(deps, grant.bytes + TIER_SPECS[d.tier].memoryMb * 1024 * 1024);
+  } else {
+    const exported = await command(deps, p.source_host_id, 'desktop.export', {
+      ...ref, ttl_ms: TICKET_TTL_MS, ...(sized ? { listing: 'sized' as const } : {}), ...(reuse === undefined ? {} : { reuse }),
+    });
+    source = { url: exported.url, ticket: exported.ticket };
+    timeoutMs = copyTimeoutMs(deps, exported.total_bytes);
+  }
   const imported = await command(
     deps,
     p.target_host_id!,
     'desktop.import',
-    { desktop_id: d.id, generation: targetGeneration(d), tier: d.tier, source: { url: exported.url, ticket: exported.ticket } },
-    copyTimeoutMs(deps, exported.total_bytes),
+    { desktop_id: d.id, generation: targetGeneration(d), tier: d.tier, source },
+    timeoutMs,
   );
+  // Every listed byte is either fetched now or held already (an earlier attempt, a shared layer).
+  const listed = imported.fetched_bytes + imported.resumed_bytes;
   return advance(
     deps.sql,
     op,
-    { ...p, phase: 'copied', total_bytes: exported.total_bytes + (reuse === undefined ? 0 : (p.precopied_bytes ?? 0)), fetched_bytes: (p.fetched_bytes ?? 0) + imported.fetched_bytes, resumed_bytes: imported.resumed_bytes },
+    {
+      ...p, phase: 'copied', total_bytes: listed + (reuse === undefined ? 0 : (p.precopied_bytes ?? 0)),
+      fetched_bytes: (p.fetched_bytes ?? 0) + imported.fetched_bytes, resumed_bytes: imported.resumed_bytes,
+    },
     deps.fence,
   );
 }
