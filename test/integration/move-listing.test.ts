@@ -128,3 +128,27 @@ it('moves nothing from an agent of 1.13 to an older one, and everything the othe
   expect(op.state, JSON.stringify(op.error)).toBe('succeeded');
   expect((await call('GET', `/v1/desktops/${on.get(older.hostId)!}`)).json.host_id).toBe(current.hostId);
 });
+
+it('refuses up front a drain that only older agents could take', async () => {
+  for (const agent of agents.splice(0)) await agent.stop();
+  const [current, older] = [await startFakeAgent(s.url), await startFakeAgent(s.url, { protocol: '1.12' })];
+  agents.push(current, older);
+  const call = api(s.url, await mintKey(s.databaseUrl, 'drain-versions'));
+  const admin = adminApi(s.url);
+  await until(async () => {
+    const hosts = (await admin('GET', '/admin/v1/hosts')).json.hosts as Array<{ id: string; state: string }>;
+    return agents.every((a) => hosts.some((h) => h.id === a.hostId && h.state === 'ready'));
+  }, 10_000, 'both hosts ready');
+  expect((await admin('POST', `/admin/v1/hosts/${older.hostId}/cordon`)).status).toBe(200);
+  const id = (await call('POST', '/v1/desktops', { tier: 'small' })).json.id as string;
+  expect((await call('POST', `/v1/desktops/${id}/wake?wait=true`)).status).toBe(200);
+  expect((await admin('POST', `/admin/v1/hosts/${older.hostId}/uncordon`)).status).toBe(200);
+  expect((await call('GET', `/v1/desktops/${id}`)).json.host_id).toBe(current.hostId);
+  const refused = await admin('POST', `/admin/v1/hosts/${current.hostId}/drain`, {});
+  expect(refused.status, refused.text).toBe(409);
+  expect(refused.json.detail, refused.json.detail).toMatch(/1 other hosts run an agent older than protocol 1\.13/);
+  // Nothing changed: the host is not cordoned, and the desktop is where it was.
+  const host = (await admin('GET', `/admin/v1/hosts/${current.hostId}`)).json;
+  expect(host.schedulable).toBe(true);
+  expect((await call('GET', `/v1/desktops/${id}`)).json).toMatchObject({ host_id: current.hostId, state: 'awake' });
+});

@@ -68,6 +68,8 @@ export type DrainJson = Static<typeof DrainJson>;
 export interface MoveServiceDeps {
   sql: Sql;
   linked(hostId: string): boolean;
+  /** Whether the host's agent speaks at least `major.minor` (a move goes to no older agent than 1.13 from one of 1.13). */
+  speaks(hostId: string, major: number, minor: number): boolean;
   placement: PlacementPolicy;
   hostSlots: number;
 }
@@ -147,8 +149,13 @@ export class MoveService {
       ORDER BY (state IN ('awake', 'waking')) DESC, tier DESC`;
     if (held.length === 0) return null;
     const [hosts, load, slots] = await Promise.all([listHosts(sql), committedLoad(sql), slotsUsed(sql)]);
-    let fleet: HostCandidate[] = hostCandidates(hosts, load, slots, { isConnected: (id) => this.deps.linked(id), hostSlots: this.deps.hostSlots })
+    const others = hostCandidates(hosts, load, slots, { isConnected: (id) => this.deps.linked(id), hostSlots: this.deps.hostSlots })
       .filter((h) => h.id !== host.id);
+    // What an agent of 1.13 dumps goes to no older agent (engine/move.ts).
+    const newDumps = this.deps.speaks(host.id, 1, 13);
+    const tooOld = (h: HostCandidate) => newDumps && !this.deps.speaks(h.id, 1, 13);
+    let fleet: HostCandidate[] = others.filter((h) => !tooOld(h));
+    const older = others.filter((h) => h.connected && tooOld(h)).length;
     let placed = 0;
     for (const d of held) {
       const running = d.state === 'awake' || d.state === 'waking';
@@ -172,6 +179,7 @@ export class MoveService {
       placed++;
     }
     if (placed === held.length) return null;
-    return `the other hosts lack capacity: ${held.length - placed} of the ${held.length} desktops on this host would not fit elsewhere (schedulable hosts: ${fleet.filter((h) => h.connected && h.ready && !h.cordoned).length}); nothing was changed`;
+    const passedBy = older === 0 ? '' : `; ${older} other hosts run an agent older than protocol 1.13, which cannot wake what this host's agent dumps: upgrade them first`;
+    return `the other hosts lack capacity: ${held.length - placed} of the ${held.length} desktops on this host would not fit elsewhere (schedulable hosts: ${fleet.filter((h) => h.connected && h.ready && !h.cordoned).length}${passedBy}); nothing was changed`;
   }
 }
