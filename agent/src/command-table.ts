@@ -89,6 +89,8 @@ export function commandTable(k: CommandKit): CommandTable {
         // Stream clients are disconnected (their VNC servers cannot be snapshotted) and lose their claims.
         k.stream?.release(p.desktop_id);
         const { snapshot } = await driver.hibernate(p.desktop_id, { keepDetached: p.keep_detached === true });
+        // Kept detached processes mean a move's stop.
+        if (p.keep_detached === true) moves.stoppedForMove(p.desktop_id, p.generation);
         return { snapshot };
       }),
     // Queued on the source, so no wake can restore (and delete) the snapshot being copied.

@@ -161,6 +161,26 @@ describe.skipIf(!isRoot)('pre-copy of a desktop being moved, on real files', () 
     expectSameTree(s, t);
   });
 
+  it('counts the listing as the desktop stops for a move, so the import fetching with the pre-copy ticket finds it counted', async () => {
+    const [s, t] = [await host(), await host()];
+    desktopOn(s);
+    const pc = (await precopy(s, t, 4)) as { precopy_id: string; url: string; ticket: string };
+    const counted: Array<readonly string[]> = [];
+    const size = s.transfer.size.bind(s.transfer);
+    s.transfer.size = (desktopId, unitId, leaveOut) => {
+      if (unitId === 'desktop') counted.push(leaveOut ?? []);
+      return size(desktopId, unitId, leaveOut);
+    };
+    s.moves.stoppedForMove(D, 3);
+    await until(() => counted.length === 1, 10_000, 'the listing counted');
+    // No export: the target fetches with the pre-copy's ticket, as the scheduler's leader does.
+    const imported = await t.moves.importDesktop({ desktopId: D, generation: 4, tier: 'small', source: { url: pc.url, ticket: pc.ticket } });
+    expect(counted).toHaveLength(1);
+    expect([...counted[0]!].sort()).toEqual([0, 1, 2, 3].map((i) => `disk/root/docs/f${i}.bin`));
+    expect(imported.fetched_bytes).toBeLessThan(100 * KIB);
+    expectSameTree(s, t);
+  });
+
   it('sends again a file written after the pre-copy, drops one deleted, and moves one renamed to its new name', async () => {
     const [s, t] = [await host(), await host()];
     desktopOn(s);

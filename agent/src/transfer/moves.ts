@@ -170,6 +170,14 @@ export class DesktopMoves {
     await this.deps.driver.transfer?.started(desktopId);
   }
 
+  /**
+   * The desktop stopped here for a move: what the target will ask of it first is counted now
+   * (TransferSource.prime), while the scheduler moves on to the import.
+   */
+  stoppedForMove(desktopId: string, generation: number): void {
+    this.deps.source?.prime(desktopId, generation);
+  }
+
   /** The desktop forks here: its own unit changes (its writable layer is frozen). */
   forking(desktopId: string): void {
     this.deps.source?.invalidate(desktopId);

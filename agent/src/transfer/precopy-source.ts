@@ -40,6 +40,12 @@ export class PrecopySource {
     return { id, files: entries.length, bytes: entries.reduce((sum, e) => sum + e.identity.size, 0) };
   }
 
+  /** The pre-copy of the desktop at `generation` that went out whole, or null. */
+  sentId(desktopId: string, generation: number): string | null {
+    const manifest = this.manifests.get(desktopId);
+    return manifest !== undefined && manifest.generation === generation && manifest.sent !== null ? manifest.id : null;
+  }
+
   /** Whether pre-copy `id` of the desktop at `generation` is known here. */
   knows(desktopId: string, generation: number, id: string): boolean {
     const manifest = this.manifests.get(desktopId);

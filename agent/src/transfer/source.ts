@@ -164,6 +164,18 @@ export class TransferSource {
     return paths === null ? null : { id: reuse, paths };
   }
 
+  /**
+   * A desktop just stopped for a move after a pre-copy went out: its listing, as the target
+   * holding that pre-copy will ask for it, is counted now (one pass of `tar` over the unit), while
+   * the scheduler goes on to the import; the target's request then finds the sizes kept. Nothing
+   * happens without such a pre-copy, and a failure here only means the request counts itself.
+   */
+  prime(desktopId: string, generation: number): void {
+    const id = this.precopies.sentId(desktopId, generation);
+    if (id === null || !this.sized('sized')) return;
+    this.listing(desktopId, generation, 'sized', id).catch(() => undefined);
+  }
+
   /** The desktop may change: forget its digests and pre-copy and cut the streams being sent of it. */
   invalidate(desktopId: string): void {
     this.digests.forget(desktopId);
