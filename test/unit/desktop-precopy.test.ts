@@ -83,7 +83,7 @@ function bytes(seed: number, n: number): Buffer {
 }
 
 /** Waits until the source's scan picks exactly `n` files (they must be cold first), and pre-copies them. */
-async function precopy(s: Host, t: Host, n: number): Promise<{ precopy_id: string; files: number }> {
+async function precopy(s: Host, t: Host, n: number): Promise<{ precopy_id: string; files: number; url: string; ticket: string }> {
   await until(async () => (await s.transfer.precopy.scan(D)).length === n, 10_000, `${n} cold files`);
   const exported = await s.moves.exportPrecopy(D, 3, 60_000);
   expect(exported.files).toBe(n);
@@ -164,7 +164,7 @@ describe.skipIf(!isRoot)('pre-copy of a desktop being moved, on real files', () 
   it('counts the listing as the desktop stops for a move, so the import fetching with the pre-copy ticket finds it counted', async () => {
     const [s, t] = [await host(), await host()];
     desktopOn(s);
-    const pc = (await precopy(s, t, 4)) as { precopy_id: string; url: string; ticket: string };
+    const pc = await precopy(s, t, 4);
     const counted: Array<readonly string[]> = [];
     const size = s.transfer.size.bind(s.transfer);
     s.transfer.size = (desktopId, unitId, leaveOut) => {
