@@ -8,6 +8,7 @@ import { LifecycleSlots } from '../../agent/src/lifecycle-slots.js';
 import { AgentMetrics } from '../../agent/src/observability.js';
 import type { RuntimeDriver } from '../../agent/src/runtime/driver.js';
 import { FakeDriver } from '../../agent/src/runtime/fake.js';
+import { DesktopMoves } from '../../agent/src/transfer/moves.js';
 import { silentLogger } from '../../shared/src/log.js';
 import { AGENT_COMMANDS, AgentFailure, type AgentErrorCode } from '../../shared/src/protocol.js';
 import { failure } from '../helpers/agent-failure.js';
@@ -65,6 +66,20 @@ describe('command handlers', () => {
     expect(await handlers.handle('desktop.destroy', op(4))).toEqual({});
     expect(await handlers.handle('desktop.destroy', op(4))).toEqual({}); // idempotent
     expect(driver.desktops.has(D)).toBe(false);
+  });
+
+  it("tells the move side of a move's stop (a hibernate keeping detached processes), and of no other", async () => {
+    const stopped: Array<[string, number]> = [];
+    const moves = new DesktopMoves({ driver, source: null, url: null, log: () => undefined });
+    moves.stoppedForMove = (desktopId, generation) => void stopped.push([desktopId, generation]);
+    handlers = new CommandHandlers({ driver, generations: await GenerationStore.open(dir), logger: silentLogger(), moves });
+    await handlers.handle('desktop.prepare', prepare());
+    await handlers.handle('desktop.start', start(1));
+    await handlers.handle('desktop.hibernate', op(2));
+    expect(stopped).toEqual([]);
+    await handlers.handle('desktop.start', start(3));
+    await handlers.handle('desktop.hibernate', { ...op(3), keep_detached: true });
+    expect(stopped).toEqual([[D, 3]]);
   });
 
   it('applies first boot once even when every wake is cold', async () => {
