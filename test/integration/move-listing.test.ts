@@ -24,19 +24,27 @@ afterAll(async () => {
   await s?.close();
 });
 
-/**
- * Moves a new desktop from one agent to the other and answers how often the source's transfer
- * read and counted units. Agents of our own driver (delayMs), so the test can watch the transfer.
- */
-async function moveBetween(protocols: [string | undefined, string | undefined]): Promise<{ reads: number; sizes: number; precopies: number }> {
+/** Replaces the agents with new ones speaking these protocols (undefined: this build's), once all are ready. */
+async function agentsSpeaking(protocols: Array<string | undefined>): Promise<TestAgent[]> {
   for (const agent of agents.splice(0)) await agent.stop();
+  // Agents of our own driver (delayMs), so a test can watch the transfer.
   for (const protocol of protocols) agents.push(await startFakeAgent(s.url, { delayMs: 0, protocol }));
-  const call = api(s.url, await mintKey(s.databaseUrl, 'listing'));
   const admin = adminApi(s.url);
   await until(async () => {
     const hosts = (await admin('GET', '/admin/v1/hosts')).json.hosts as Array<{ id: string; state: string }>;
     return agents.every((a) => hosts.some((h) => h.id === a.hostId && h.state === 'ready'));
-  }, 10_000, 'both hosts ready');
+  }, 10_000, 'every host ready');
+  return [...agents];
+}
+
+/**
+ * Moves a new desktop from one agent to the other and answers how often the source's transfer
+ * read and counted units.
+ */
+async function moveBetween(protocols: [string | undefined, string | undefined]): Promise<{ reads: number; sizes: number; precopies: number }> {
+  await agentsSpeaking(protocols);
+  const call = api(s.url, await mintKey(s.databaseUrl, 'listing'));
+  const admin = adminApi(s.url);
   const id = (await call('POST', '/v1/desktops', { tier: 'small' })).json.id as string;
   expect((await call('POST', `/v1/desktops/${id}/wake?wait=true`)).status).toBe(200);
   const hostId = (await call('GET', `/v1/desktops/${id}`)).json.host_id as string;
@@ -92,15 +100,9 @@ it('pre-copies an awake desktop only when both agents speak 1.12', async () => {
 });
 
 it('moves nothing from an agent of 1.13 to an older one, and everything the other way', async () => {
-  for (const agent of agents.splice(0)) await agent.stop();
-  const [current, older] = [await startFakeAgent(s.url), await startFakeAgent(s.url, { protocol: '1.12' })];
-  agents.push(current, older);
+  const [current, older] = (await agentsSpeaking([undefined, '1.12'])) as [TestAgent, TestAgent];
   const call = api(s.url, await mintKey(s.databaseUrl, 'versions'));
   const admin = adminApi(s.url);
-  await until(async () => {
-    const hosts = (await admin('GET', '/admin/v1/hosts')).json.hosts as Array<{ id: string; state: string }>;
-    return agents.every((a) => hosts.some((h) => h.id === a.hostId && h.state === 'ready'));
-  }, 10_000, 'both hosts ready');
   // Placement spreads: two desktops, one on each host.
   const on = new Map<string, string>();
   for (let i = 0; i < 2; i++) {
@@ -130,15 +132,9 @@ it('moves nothing from an agent of 1.13 to an older one, and everything the othe
 });
 
 it('refuses up front a drain that only older agents could take', async () => {
-  for (const agent of agents.splice(0)) await agent.stop();
-  const [current, older] = [await startFakeAgent(s.url), await startFakeAgent(s.url, { protocol: '1.12' })];
-  agents.push(current, older);
+  const [current, older] = (await agentsSpeaking([undefined, '1.12'])) as [TestAgent, TestAgent];
   const call = api(s.url, await mintKey(s.databaseUrl, 'drain-versions'));
   const admin = adminApi(s.url);
-  await until(async () => {
-    const hosts = (await admin('GET', '/admin/v1/hosts')).json.hosts as Array<{ id: string; state: string }>;
-    return agents.every((a) => hosts.some((h) => h.id === a.hostId && h.state === 'ready'));
-  }, 10_000, 'both hosts ready');
   expect((await admin('POST', `/admin/v1/hosts/${older.hostId}/cordon`)).status).toBe(200);
   const id = (await call('POST', '/v1/desktops', { tier: 'small' })).json.id as string;
   expect((await call('POST', `/v1/desktops/${id}/wake?wait=true`)).status).toBe(200);

@@ -91,6 +91,17 @@ async function precopy(s: Host, t: Host, n: number): Promise<{ precopy_id: strin
   return exported;
 }
 
+/** Each count of the host's `desktop` unit from now on, as the files it left out. */
+function desktopCounts(h: Host): Array<readonly string[]> {
+  const counted: Array<readonly string[]> = [];
+  const size = h.transfer.size.bind(h.transfer);
+  h.transfer.size = (desktopId, unitId, leaveOut) => {
+    if (unitId === 'desktop') counted.push(leaveOut ?? []);
+    return size(desktopId, unitId, leaveOut);
+  };
+  return counted;
+}
+
 /**
  * The copy after the stop: a sized export, then the import. Answers the bytes fetched, and the
  * `desktop` unit as the source lists it to a target holding pre-copy `precopyId`.
@@ -145,12 +156,7 @@ describe.skipIf(!isRoot)('pre-copy of a desktop being moved, on real files', () 
     const [s, t] = [await host(), await host()];
     desktopOn(s);
     const pc = await precopy(s, t, 4);
-    const counted: Array<readonly string[]> = [];
-    const size = s.transfer.size.bind(s.transfer);
-    s.transfer.size = (desktopId, unitId, leaveOut) => {
-      if (unitId === 'desktop') counted.push(leaveOut ?? []);
-      return size(desktopId, unitId, leaveOut);
-    };
+    const counted = desktopCounts(s);
     const exported = await s.moves.exportDesktop(D, 3, 60_000, 'sized', pc.precopy_id);
     const imported = await t.moves.importDesktop({ desktopId: D, generation: 4, tier: 'small', source: { url: exported.url, ticket: exported.ticket } });
     // Counted without the four pre-copied files, once: the import's listing and fetch found the size kept.
@@ -165,12 +171,7 @@ describe.skipIf(!isRoot)('pre-copy of a desktop being moved, on real files', () 
     const [s, t] = [await host(), await host()];
     desktopOn(s);
     const pc = await precopy(s, t, 4);
-    const counted: Array<readonly string[]> = [];
-    const size = s.transfer.size.bind(s.transfer);
-    s.transfer.size = (desktopId, unitId, leaveOut) => {
-      if (unitId === 'desktop') counted.push(leaveOut ?? []);
-      return size(desktopId, unitId, leaveOut);
-    };
+    const counted = desktopCounts(s);
     s.moves.stoppedForMove(D, 3);
     await until(() => counted.length === 1, 10_000, 'the listing counted');
     // No export: the target fetches with the pre-copy's ticket, as the scheduler's leader does.
