@@ -21,7 +21,7 @@ import { execa } from 'execa';
 import { joinArgv } from './cgroups.js';
 import { ensureKdatCache, KDAT_FILE } from './criu-kdat.js';
 import { procStat } from './host-procs.js';
-import type { DesktopPaths } from './layout.js';
+import { exists, type DesktopPaths } from './layout.js';
 import { GUEST_CAPS_ONLY, hostnameFor, hostPathForGuestMount } from '../guest/guest-init.js';
 import { guestFile, perlProgram } from '../guest/guest-programs.js';
 import type { InitProcess } from './cold-boot.js';
@@ -269,7 +269,7 @@ export async function restore(
   const st = await procStat(pid);
   if (st === null) throw new Error('restored init is not running');
   const init = { pid, startTime: st.startTime };
-  if (await readFile(probeFile).then(() => true, () => false)) return { init, answer: { ok: true } };
+  if (await exists(probeFile)) return { init, answer: { ok: true } };
   const said = (await readFile(`${probeFile}.err`, 'utf8').catch(() => '')).trim().slice(0, 300);
   return { init, answer: { ok: false, error: said === '' ? 'X took no client' : said } };
 }
