@@ -108,26 +108,42 @@ export async function processTree(root: number): Promise<number[]> {
   while (queue.length > 0) {
     const pid = queue.shift() as number;
     tree.push(pid);
-    queue.push(...(await childPids(pid)));
+    queue.push(...childPidsSync(pid));
   }
   return tree;
 }
 
-export async function childPids(pid: number): Promise<number[]> {
-  try {
-    const text = await readFile(`/proc/${pid}/task/${pid}/children`, 'utf8');
-    return text.split(' ').filter(Boolean).map(Number);
-  } catch {
-    return [];
+/**
+ * The children of `pid`. Their `children` file is not a snapshot: each entry is looked up after the
+ * one shown before it, and when that one has been reaped meanwhile the kernel counts its way back
+ * by position in a list that just lost an element, skipping the entry after it (proc(5): reliable
+ * only while the process is stopped). A child that was there all along can therefore be missing
+ * from one read. A read equal to the next one cannot have skipped: the reaped entry it showed
+ * would be absent from the next. So the file is read until two reads agree. Synchronously: procfs
+ * answers from memory (see procStatSync), and a read through the thread pool lets more churn in
+ * between two reads.
+ */
+export function childPidsSync(pid: number): number[] {
+  let last: string | null = null;
+  for (let i = 0; i < CHILDREN_READS; i++) {
+    const text = readOrNull(() => readFileSync(`/proc/${pid}/task/${pid}/children`, 'utf8'));
+    if (text === last || text === null) break;
+    last = text;
   }
+  return (last ?? '').split(' ').filter(Boolean).map(Number);
 }
 
-/** childPids, synchronously (see procStatSync). */
-export function childPidsSync(pid: number): number[] {
+/**
+ * A parent that forks and reaps without pause could keep any two reads apart; past this many the
+ * last read is taken as it is, which is what a single read was.
+ */
+const CHILDREN_READS = 8;
+
+function readOrNull(read: () => string): string | null {
   try {
-    return readFileSync(`/proc/${pid}/task/${pid}/children`, 'utf8').split(' ').filter(Boolean).map(Number);
+    return read();
   } catch {
-    return [];
+    return null;
   }
 }
 
