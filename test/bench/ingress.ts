@@ -4,7 +4,9 @@
  * the same requests sent straight into the guest port from this process through the sandbox
  * driver's forwarder — what the path costs without the ingress and the agent's gateway. The
  * kept-alive figures are measured after a warm-up of each path (steady state, not the first
- * requests a freshly started process serves).
+ * requests a freshly started process serves). A third path, a port link dialled straight to the
+ * agent's gateway from this process, splits the difference between the agent's hop and the
+ * scheduler's.
  */
 import { readFileSync } from 'node:fs';
 import { request } from 'node:http';
@@ -13,6 +15,9 @@ import { createSandboxDriver } from '../../agent/src/runtime/sandbox/index.js';
 import type { Duplex } from 'node:stream';
 import { median, table, timed } from './stats.js';
 import { getRequest, HttpConnection } from './load.js';
+import { connectDatabase } from '../../scheduler/src/store/db.js';
+import { dialPortLink } from '../../scheduler/src/ingress/port-link-client.js';
+import { portLinkKey } from '../../shared/src/port-link.js';
 
 export interface IngressBenchContext {
   readonly schedulerUrl: string;
@@ -21,6 +26,9 @@ export interface IngressBenchContext {
   /** The agent's runtime state directory. */
   readonly runtimeDir: string;
   readonly runs: number;
+  /** For the middle path (the agent's gateway without the ingress): the database and the schedulers' key. */
+  readonly databaseUrl: string;
+  readonly secretKey: string;
 }
 
 const APP_PORT = 8000;
@@ -124,6 +132,13 @@ export async function benchIngress(ctx: IngressBenchContext): Promise<void> {
   // straight into the guest port.
   const ingressUrl = new URL(`/bench?svc_token=${token}`, ingress);
   const viaIngressKept = async () => HttpConnection.dial(ingressUrl, { host });
+  const sql = connectDatabase(ctx.databaseUrl, { max: 1 });
+  const [row] = await sql<Array<{ host_id: string; generation: number; ingress_address: string }>>`
+    select d.host_id, d.generation, h.ingress_address from desktops d join hosts h on h.id = d.host_id where d.id = ${id}`;
+  await sql.end();
+  const linkSecret = portLinkKey(ctx.secretKey, row!.host_id);
+  const target = { desktopId: id, generation: row!.generation, port: APP_PORT };
+  const gatewayKept = async () => new HttpConnection(await dialPortLink(linkSecret, row!.ingress_address, target), getRequest(new URL('http://guest/bench'), {}));
   const directKept = async () => new HttpConnection((await driver.openGuestPort(id, APP_PORT)) as unknown as Duplex, getRequest(new URL('http://guest/bench'), {}));
   try {
     await viaIngress(ingress, host, token);
@@ -141,15 +156,21 @@ export async function benchIngress(ctx: IngressBenchContext): Promise<void> {
     await throughputKept(directKept);
     const kept = await sequentialKept(viaIngressKept);
     const keptDirect = await sequentialKept(directKept);
+    await throughputKept(gatewayKept);
+    const keptGateway = await sequentialKept(gatewayKept);
     const rps: number[] = [];
     const rpsDirect: number[] = [];
+    const rpsGateway: number[] = [];
     for (let i = 0; i < Math.max(3, Math.round(ctx.runs / 2)); i++) {
       rps.push(await throughputKept(viaIngressKept));
       rpsDirect.push(await throughputKept(directKept));
+      rpsGateway.push(await throughputKept(gatewayKept));
     }
     table(`Port ingress: GET to an app in the desktop (${SEQUENTIAL} sequential on one kept-alive connection; ${TOTAL} over ${CONCURRENCY} kept-alive connections); baseline = the guest port opened through the sandbox driver`, [
       ['latency, kept-alive connection', median(kept), median(keptDirect), 'ms', 'adds ≤ 0.3 ms', kept],
       ['throughput, kept-alive connections', median(rps), median(rpsDirect), 'req/s', '≥ 0.8× direct', rps],
+      ['latency, kept-alive, agent gateway without the ingress', median(keptGateway), median(keptDirect), 'ms', '(where the time goes)', keptGateway],
+      ['throughput, kept-alive, agent gateway without the ingress', median(rpsGateway), median(rpsDirect), 'req/s', '(where the time goes)', rpsGateway],
       ['latency, a new connection each', median(lat), median(latDirect), 'ms', 'added latency = the difference', lat],
     ]);
     console.log(`ingress adds ${(median(kept) - median(keptDirect)).toFixed(2)} ms to a request on a kept-alive connection`);

@@ -158,6 +158,8 @@ async function main(): Promise<void> {
         apiKey: key,
         runtimeDir: join(dir, 'agent', 'runtime'),
         runs: RUNS,
+        databaseUrl: pg.url,
+        secretKey,
       });
     }
     if (want('webhooks')) await benchWebhooks({ databaseUrl: pg.url, runs: RUNS });
