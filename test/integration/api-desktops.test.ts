@@ -81,8 +81,15 @@ describe('create, get, list, patch', () => {
     const listed = await acme('GET', '/v1/desktops');
     expect(listed.status).toBe(200);
     expect(Object.keys(listed.json)).toEqual(['desktops']);
+    expect(listed.headers.get('content-type')).toBe(got.headers.get('content-type'));
     const mine = listed.json.desktops.find((d: { id: string }) => d.id === id);
     expect(mine).toEqual(got.json);
+    // The list is kept serialized between calls (services/desktop-list.ts): a change shows at once.
+    const patched = await acme('PATCH', `/v1/desktops/${id}`, { idle_timeout_secs: 42 });
+    expect(patched.status).toBe(200);
+    const relisted = await acme('GET', '/v1/desktops');
+    expect(relisted.json.desktops.find((d: { id: string }) => d.id === id)).toEqual(patched.json);
+    await acme('PATCH', `/v1/desktops/${id}`, { idle_timeout_secs: got.json.idle_timeout_secs });
     for (const text of [got.text, listed.text]) {
       expect(text).not.toContain(ENV_SECRET);
       expect(text).not.toContain('setup-plaintext');

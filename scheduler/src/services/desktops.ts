@@ -10,6 +10,7 @@ import { errors } from '../errors.js';
 import type { CreateDesktopBody, DesktopJson } from '../api/schemas.js';
 import { toDesktopJson } from './json.js';
 import { DesktopReads } from '../store/desktop-reads.js';
+import { DesktopList } from './desktop-list.js';
 import { notifyNewWork } from '../store/operations.js';
 import type { SecretBox } from '../crypto/secret-box.js';
 
@@ -24,9 +25,11 @@ export interface DesktopServiceDeps {
 
 export class DesktopService {
   private readonly reads: DesktopReads;
+  private readonly list: DesktopList;
 
   constructor(private readonly deps: DesktopServiceDeps) {
     this.reads = new DesktopReads(deps.sql);
+    this.list = new DesktopList(deps.sql);
   }
 
   async create(orgId: string, body: CreateDesktopBody, idempotencyKey: string | null): Promise<{ created: boolean; desktop: DesktopJson }> {
@@ -66,8 +69,9 @@ export class DesktopService {
     return { created: true, desktop: toDesktopJson(outcome) };
   }
 
-  async list(orgId: string, state: DesktopState | null): Promise<DesktopJson[]> {
-    return (await store.listDesktopViews(this.deps.sql, orgId, state)).map(toDesktopJson);
+  /** The org's list as `render` writes it, answered from memory while unchanged (desktop-list.ts). */
+  listBody(orgId: string, state: DesktopState | null, render: (desktops: DesktopJson[]) => string): Promise<Buffer> {
+    return this.list.body(orgId, state, render);
   }
 
   /** The API's view of one desktop, read in a batch with the other reads of this turn. */

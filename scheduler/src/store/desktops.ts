@@ -55,6 +55,23 @@ export async function listDesktopViews(sql: Sql, orgId: string, state: DesktopSt
     ORDER BY d.created_at, d.id`;
 }
 
+/**
+ * What `listDesktopViews` would answer, in 64 bits and a count: the sum over its rows of a hash of
+ * each row version's identity (the transaction that wrote it and its place in the table; every
+ * insert and update writes a new version) and of its host's status, the one column of another
+ * table the list shows. Equal fingerprints mean the same list but for a 2^-64 coincidence of
+ * hashes; a rewrite that moves rows (VACUUM FULL) only changes it. Read before the rows it stands
+ * for, so a commit landing in between leaves a fingerprint older than the rows: the next read
+ * then differs and reads the rows again, never the reverse.
+ */
+export async function desktopListFingerprint(sql: Sql, orgId: string, state: DesktopState | null): Promise<string> {
+  const [row] = await sql<Array<{ n: number; sum: string | null }>>`
+    SELECT count(*)::int AS n, sum(hashtextextended(d.xmin::text || d.ctid::text || coalesce(h.status, ''), 0))::text AS sum
+    FROM desktops d LEFT JOIN hosts h ON h.id = d.host_id
+    WHERE d.org_id = ${orgId} ${state ? sql`AND d.state = ${state}` : sql``}`;
+  return `${row!.n}:${row!.sum ?? 0}`;
+}
+
 export async function setIdleTimeout(sql: Sql, orgId: string, id: string, secs: number): Promise<DesktopRow | null> {
   const [row] = await sql<DesktopRow[]>`
     UPDATE desktops SET idle_timeout_secs = ${secs} WHERE id = ${id} AND org_id = ${orgId}

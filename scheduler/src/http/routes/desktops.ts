@@ -29,7 +29,13 @@ export function registerDesktopRoutes(app: App, deps: AppDeps): void {
         response: { 200: Type.Object({ desktops: Type.Array(Type.Ref(DesktopJson)) }), ...errorResponses(400) },
       },
     },
-    async (request) => ({ desktops: await deps.desktops.list(request.orgId, request.query.state ?? null) }),
+    async (request, reply) => {
+      // Rendered by the route's own serializer, so a kept body is byte for byte what it would
+      // write; Fastify sends a Buffer as it is, which the schema's type cannot say.
+      const render = (desktops: DesktopJson[]) => reply.serialize({ desktops }) as string;
+      const body = await deps.desktops.listBody(request.orgId, request.query.state ?? null, render);
+      return reply.header('content-type', 'application/json; charset=utf-8').send(body as unknown as { desktops: DesktopJson[] });
+    },
   );
 
   app.post(

@@ -1,0 +1,131 @@
+/**
+ * The serialized desktop list (services/desktop-list.ts) against a real Postgres: a list nothing
+ * in the database changed is answered from memory, and every change another replica could make
+ * (a desktop's state, a new or removed desktop, its host going down) shows on the very next list.
+ * Another org's list and another state filter never share an answer.
+ */
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { connectDatabase, type Sql } from '../../scheduler/src/store/db.js';
+import { insertDesktop, listDesktopViews } from '../../scheduler/src/store/desktops.js';
+import { ensureOrg } from '../../scheduler/src/store/orgs.js';
+import { DesktopList } from '../../scheduler/src/services/desktop-list.js';
+import { toDesktopJson } from '../../scheduler/src/services/json.js';
+import type { DesktopJson } from '../../scheduler/src/api/schemas.js';
+import type { DesktopState } from '../../scheduler/src/store/rows.js';
+import { newId } from '../../shared/src/ids.js';
+import { freshDatabaseUrl } from '../helpers/db.js';
+
+let sql: Sql;
+
+beforeAll(async () => {
+  sql = connectDatabase(await freshDatabaseUrl(), { max: 4 });
+});
+
+afterAll(async () => {
+  await sql?.end();
+});
+
+/** What the list must say: the rows read fresh, rendered as the route renders them. */
+async function fresh(orgId: string, state: DesktopState | null = null): Promise<string> {
+  return render((await listDesktopViews(sql, orgId, state)).map(toDesktopJson));
+}
+
+const render = (desktops: DesktopJson[]) => JSON.stringify({ desktops });
+
+async function orgWith(name: string, n: number): Promise<{ orgId: string; ids: string[] }> {
+  const orgId = await ensureOrg(sql, `${name}-${newId('org')}`);
+  const ids: string[] = [];
+  for (let i = 0; i < n; i++) {
+    const row = await insertDesktop(sql, {
+      orgId, tier: 'small', imageVersion: 'test', idleTimeoutSecs: 0, billingMode: 'hourly', envSealed: null, setupScriptSealed: null,
+    });
+    ids.push(row.id);
+  }
+  return { orgId, ids };
+}
+
+async function addHost(): Promise<string> {
+  const id = newId('host');
+  await sql`
+    INSERT INTO hosts (id, hostname, agent_instance_id, protocol, runtime, memory_snapshots, vcpus, memory_mb, status, last_seen_at)
+    VALUES (${id}, 'h', 'i', '1.13', 'sandbox', true, 2, 4096, 'ready', now())`;
+  return id;
+}
+
+describe('DesktopList', () => {
+  it('answers an unchanged list from memory, and the same bytes as a fresh read', async () => {
+    const { orgId } = await orgWith('list-same', 5);
+    const list = new DesktopList(sql);
+    const first = await list.body(orgId, null, render);
+    expect(first.toString()).toBe(await fresh(orgId));
+    const second = await list.body(orgId, null, render);
+    expect(second).toBe(first);
+  });
+
+  it('shows at once what another replica changed: a state, a new desktop, a removed one, a host going down', async () => {
+    const { orgId, ids } = await orgWith('list-changes', 3);
+    const list = new DesktopList(sql);
+    const host = await addHost();
+    await list.body(orgId, null, render);
+
+    await sql`UPDATE desktops SET state = 'awake', host_id = ${host}, generation = generation + 1 WHERE id = ${ids[0]!}`;
+    expect((await list.body(orgId, null, render)).toString()).toBe(await fresh(orgId));
+    expect((await list.body(orgId, null, render)).toString()).toContain('"host_status":"ready"');
+
+    await sql`UPDATE hosts SET status = 'down' WHERE id = ${host}`;
+    const afterDown = (await list.body(orgId, null, render)).toString();
+    expect(afterDown).toBe(await fresh(orgId));
+    expect(afterDown).toContain('"host_status":"down"');
+
+    // A heartbeat changes the host's row but nothing the list shows: still answered from memory.
+    const cached = await list.body(orgId, null, render);
+    await sql`UPDATE hosts SET last_seen_at = now() WHERE id = ${host}`;
+    expect(await list.body(orgId, null, render)).toBe(cached);
+
+    const added = await insertDesktop(sql, {
+      orgId, tier: 'small', imageVersion: 'test', idleTimeoutSecs: 0, billingMode: 'hourly', envSealed: null, setupScriptSealed: null,
+    });
+    expect((await list.body(orgId, null, render)).toString()).toContain(added.id);
+
+    await sql`DELETE FROM desktops WHERE id = ${ids[1]!}`;
+    const afterDelete = (await list.body(orgId, null, render)).toString();
+    expect(afterDelete).not.toContain(ids[1]!);
+    expect(afterDelete).toBe(await fresh(orgId));
+
+    // Two changes in one transaction, one of them undone: the row is a new version all the same.
+    await sql.begin(async (tx) => {
+      await tx`UPDATE desktops SET idle_timeout_secs = 60 WHERE id = ${ids[2]!}`;
+      await tx`UPDATE desktops SET idle_timeout_secs = 0, tier = 'default' WHERE id = ${ids[2]!}`;
+    });
+    expect((await list.body(orgId, null, render)).toString()).toBe(await fresh(orgId));
+  });
+
+  it('keeps orgs and state filters apart', async () => {
+    const a = await orgWith('list-a', 2);
+    const b = await orgWith('list-b', 2);
+    await sql`UPDATE desktops SET state = 'hibernated' WHERE id = ${a.ids[0]!}`;
+    const list = new DesktopList(sql);
+    const all = (await list.body(a.orgId, null, render)).toString();
+    const hibernated = (await list.body(a.orgId, 'hibernated', render)).toString();
+    const other = (await list.body(b.orgId, null, render)).toString();
+    expect(all).toBe(await fresh(a.orgId));
+    expect(hibernated).toBe(await fresh(a.orgId, 'hibernated'));
+    expect(JSON.parse(hibernated).desktops).toHaveLength(1);
+    expect(other).toBe(await fresh(b.orgId));
+    for (const id of a.ids) expect(other).not.toContain(id);
+  });
+
+  it('keeps at most its byte budget, dropping the least recently used list', async () => {
+    const a = await orgWith('list-budget-a', 3);
+    const b = await orgWith('list-budget-b', 3);
+    const size = Buffer.byteLength(await fresh(a.orgId));
+    const list = new DesktopList(sql, Math.floor(size * 1.5));
+    const firstA = await list.body(a.orgId, null, render);
+    expect(await list.body(a.orgId, null, render)).toBe(firstA);
+    await list.body(b.orgId, null, render);
+    expect(list.bytes).toBeLessThanOrEqual(Math.floor(size * 1.5));
+    const againA = await list.body(a.orgId, null, render);
+    expect(againA).not.toBe(firstA);
+    expect(againA.equals(firstA)).toBe(true);
+  });
+});
