@@ -6,7 +6,7 @@
  */
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { connectDatabase, type Sql } from '../../scheduler/src/store/db.js';
-import { insertDesktop, listDesktopViews } from '../../scheduler/src/store/desktops.js';
+import { insertDesktop, listDesktopViewsFingerprinted } from '../../scheduler/src/store/desktops.js';
 import { ensureOrg } from '../../scheduler/src/store/orgs.js';
 import { DesktopList } from '../../scheduler/src/services/desktop-list.js';
 import { toDesktopJson } from '../../scheduler/src/services/json.js';
@@ -27,7 +27,7 @@ afterAll(async () => {
 
 /** What the list must say: the rows read fresh, rendered as the route renders them. */
 async function fresh(orgId: string, state: DesktopState | null = null): Promise<string> {
-  return render((await listDesktopViews(sql, orgId, state)).map(toDesktopJson));
+  return render((await listDesktopViewsFingerprinted(sql, orgId, state)).views.map(toDesktopJson));
 }
 
 const render = (desktops: DesktopJson[]) => JSON.stringify({ desktops });
@@ -50,6 +50,27 @@ async function addHost(): Promise<string> {
     INSERT INTO hosts (id, hostname, agent_instance_id, protocol, runtime, memory_snapshots, vcpus, memory_mb, status, last_seen_at)
     VALUES (${id}, 'h', 'i', '1.13', 'sandbox', true, 2, 4096, 'ready', now())`;
   return id;
+}
+
+/**
+ * `sql` that runs `hook` (with the real `sql`) right after the first query that computes list
+ * fingerprints has answered, before the caller sees its answer: a commit landing between the
+ * list's own statements.
+ */
+function committingAfterFingerprint(hook: () => Promise<void>): Sql {
+  let armed = true;
+  return new Proxy(sql, {
+    apply(target, thisArg, args: unknown[]) {
+      const query = Reflect.apply(target, thisArg, args) as PromiseLike<unknown>;
+      const strings = args[0];
+      if (!armed || !Array.isArray(strings) || !strings.join('').includes('count(*)')) return query;
+      armed = false;
+      return { then: (ok: (v: unknown) => unknown, fail: (e: unknown) => unknown) => query.then(async (rows) => {
+        await hook();
+        return rows;
+      }).then(ok, fail) };
+    },
+  });
 }
 
 describe('DesktopList', () => {
@@ -98,6 +119,23 @@ describe('DesktopList', () => {
       await tx`UPDATE desktops SET idle_timeout_secs = 0, tier = 'default' WHERE id = ${ids[2]!}`;
     });
     expect((await list.body(orgId, null, render)).toString()).toBe(await fresh(orgId));
+  });
+
+  it('never keeps rows with a fingerprint older than they are', async () => {
+    const { orgId } = await orgWith('list-race', 2);
+    let added = '';
+    // A desktop is created between the fingerprint and the rows, then destroyed: the list is
+    // back to what the first fingerprint described, and must not answer with the created one.
+    const list = new DesktopList(committingAfterFingerprint(async () => {
+      added = (await insertDesktop(sql, {
+        orgId, tier: 'small', imageVersion: 'test', idleTimeoutSecs: 0, billingMode: 'hourly', envSealed: null, setupScriptSealed: null,
+      })).id;
+    }));
+    expect((await list.body(orgId, null, render)).toString()).toContain(added);
+    await sql`DELETE FROM desktops WHERE id = ${added}`;
+    const after = (await list.body(orgId, null, render)).toString();
+    expect(after).not.toContain(added);
+    expect(after).toBe(await fresh(orgId));
   });
 
   it('keeps orgs and state filters apart', async () => {

@@ -20,7 +20,7 @@ function throwingDeps(error: Error, logger = silentLogger()): AppDeps {
   return {
     logger,
     authenticate: async () => 'org_test',
-    desktops: { list: fail, create: fail, get: fail, patch: fail } as unknown as AppDeps['desktops'],
+    desktops: { listBody: fail, create: fail, get: fail, patch: fail } as unknown as AppDeps['desktops'],
     lifecycle: { request: fail, get: fail } as unknown as AppDeps['lifecycle'],
     waiter: { wait: fail } as unknown as AppDeps['waiter'],
     usage: { report: fail } as unknown as AppDeps['usage'],

@@ -5,12 +5,13 @@
  * fingerprint (store/desktops.ts: a count and a hash sum over the row versions, computed by
  * Postgres over the same rows, no values sent), and when it equals the one the kept body was made
  * with, the kept bytes are the answer. Any change made anywhere, on any replica, is a new row
- * version and so a new fingerprint: nothing here can answer older than the database.
+ * version and so a new fingerprint: nothing here can answer older than the database. Bodies are
+ * kept with the fingerprint of the very rows they were made from (read in one statement).
  *
  * Kept per org and state filter, least recently used first out, within a byte budget per process.
  */
 import type { Sql } from '../store/db.js';
-import { desktopListFingerprint, listDesktopViews } from '../store/desktops.js';
+import { desktopListFingerprint, listDesktopViewsFingerprinted } from '../store/desktops.js';
 import type { DesktopState } from '../store/rows.js';
 import type { DesktopJson } from '../api/schemas.js';
 import { toDesktopJson } from './json.js';
@@ -45,13 +46,15 @@ export class DesktopList {
         return hit.body;
       }
     }
-    const body = Buffer.from(render((await listDesktopViews(this.sql, orgId, state)).map(toDesktopJson)));
+    // Kept with the fingerprint of these rows, read with them: the one above may be older.
+    const read = await listDesktopViewsFingerprinted(this.sql, orgId, state);
+    const body = Buffer.from(render(read.views.map(toDesktopJson)));
     if (body.length <= this.maxBytes) {
       while (this.keptBytes + body.length > this.maxBytes) {
         const [oldest, kept] = this.kept.entries().next().value as [string, Kept];
         this.drop(oldest, kept);
       }
-      this.keep(key, { fingerprint, body });
+      this.keep(key, { fingerprint: read.fingerprint, body });
     }
     return body;
   }

@@ -47,29 +47,46 @@ export async function lockDesktop(sql: Sql, orgId: string, id: string): Promise<
   return row ?? null;
 }
 
-/** An org's desktops as the API lists them: only the columns it shows, oldest first. */
-export async function listDesktopViews(sql: Sql, orgId: string, state: DesktopState | null): Promise<DesktopView[]> {
-  return sql<DesktopView[]>`
-    SELECT ${sql.unsafe(DESKTOP_VIEW_COLUMNS)} FROM desktops d LEFT JOIN hosts h ON h.id = d.host_id
-    WHERE d.org_id = ${orgId} ${state ? sql`AND d.state = ${state}` : sql``}
-    ORDER BY d.created_at, d.id`;
+/**
+ * A fingerprint of an org's desktop list: the number of rows and the sum of a 64-bit hash over
+ * each row version's identity (the transaction that wrote it and its place in the table; every
+ * insert and update writes a new version) and its host's status, the one column of another table
+ * the list shows. Equal fingerprints mean the same list but for a 2^-64 coincidence of hashes;
+ * a rewrite that moves rows (VACUUM FULL) only changes it.
+ */
+const ROW_VERSION = `hashtextextended(d.xmin::text || d.ctid::text || coalesce(h.status, ''), 0)`;
+
+function fingerprintOf(n: number, sum: string | null): string {
+  return `${n}:${sum ?? 0}`;
+}
+
+/** The list's fingerprint (see ROW_VERSION), computed by Postgres: no row leaves the database. */
+export async function desktopListFingerprint(sql: Sql, orgId: string, state: DesktopState | null): Promise<string> {
+  const [row] = await sql<Array<{ n: number; sum: string | null }>>`
+    SELECT count(*)::int AS n, sum(${sql.unsafe(ROW_VERSION)})::text AS sum
+    FROM desktops d LEFT JOIN hosts h ON h.id = d.host_id
+    WHERE d.org_id = ${orgId} ${state ? sql`AND d.state = ${state}` : sql``}`;
+  return fingerprintOf(row!.n, row!.sum);
 }
 
 /**
- * What `listDesktopViews` would answer, in 64 bits and a count: the sum over its rows of a hash of
- * each row version's identity (the transaction that wrote it and its place in the table; every
- * insert and update writes a new version) and of its host's status, the one column of another
- * table the list shows. Equal fingerprints mean the same list but for a 2^-64 coincidence of
- * hashes; a rewrite that moves rows (VACUUM FULL) only changes it. Read before the rows it stands
- * for, so a commit landing in between leaves a fingerprint older than the rows: the next read
- * then differs and reads the rows again, never the reverse.
+ * The org's desktops as the API lists them (with `state`, only those in it), oldest first, with
+ * the fingerprint of those very rows, read in the same statement and so the same snapshot. A
+ * fingerprint read by a statement of its own before the rows could describe an older list than
+ * they are, and that older list can come back (a desktop created, then deleted): its fingerprint
+ * would then vouch for rows that are no longer there.
  */
-export async function desktopListFingerprint(sql: Sql, orgId: string, state: DesktopState | null): Promise<string> {
-  const [row] = await sql<Array<{ n: number; sum: string | null }>>`
-    SELECT count(*)::int AS n, sum(hashtextextended(d.xmin::text || d.ctid::text || coalesce(h.status, ''), 0))::text AS sum
+export async function listDesktopViewsFingerprinted(
+  sql: Sql, orgId: string, state: DesktopState | null,
+): Promise<{ views: DesktopView[]; fingerprint: string }> {
+  const rows = await sql<Array<DesktopView & { list_n: number; list_sum: string | null }>>`
+    SELECT ${sql.unsafe(DESKTOP_VIEW_COLUMNS)},
+      (count(*) OVER ())::int AS list_n, (sum(${sql.unsafe(ROW_VERSION)}) OVER ())::text AS list_sum
     FROM desktops d LEFT JOIN hosts h ON h.id = d.host_id
-    WHERE d.org_id = ${orgId} ${state ? sql`AND d.state = ${state}` : sql``}`;
-  return `${row!.n}:${row!.sum ?? 0}`;
+    WHERE d.org_id = ${orgId} ${state ? sql`AND d.state = ${state}` : sql``}
+    ORDER BY d.created_at, d.id`;
+  const first = rows[0];
+  return { views: rows, fingerprint: first === undefined ? fingerprintOf(0, null) : fingerprintOf(first.list_n, first.list_sum) };
 }
 
 export async function setIdleTimeout(sql: Sql, orgId: string, id: string, secs: number): Promise<DesktopRow | null> {
