@@ -153,6 +153,17 @@ describe('DesktopList', () => {
     for (const id of a.ids) expect(other).not.toContain(id);
   });
 
+  it('counts a list read by concurrent calls once', async () => {
+    const { orgId } = await orgWith('list-concurrent', 3);
+    // Every connection of the pool open, so that the calls' queries run side by side.
+    await Promise.all([1, 2, 3, 4].map(() => sql`SELECT pg_sleep(0.05)`));
+    for (let round = 0; round < 5; round++) {
+      const list = new DesktopList(sql);
+      const bodies = await Promise.all(Array.from({ length: 8 }, () => list.body(orgId, null, render)));
+      expect(list.bytes).toBe(bodies[0]!.length);
+    }
+  });
+
   it('keeps at most its byte budget, dropping the least recently used list', async () => {
     const a = await orgWith('list-budget-a', 3);
     const b = await orgWith('list-budget-b', 3);

@@ -50,7 +50,7 @@ export class DesktopList {
     const read = await listDesktopViewsFingerprinted(this.sql, orgId, state);
     const body = Buffer.from(render(read.views.map(toDesktopJson)));
     if (body.length <= this.maxBytes) {
-      while (this.keptBytes + body.length > this.maxBytes) {
+      while (this.kept.size > 0 && this.keptBytes + body.length > this.maxBytes) {
         const [oldest, kept] = this.kept.entries().next().value as [string, Kept];
         this.drop(oldest, kept);
       }
@@ -64,7 +64,10 @@ export class DesktopList {
     return this.keptBytes;
   }
 
+  /** Keeps `kept` for `key`, in place of a body a concurrent call kept meanwhile. */
   private keep(key: string, kept: Kept): void {
+    const earlier = this.kept.get(key);
+    if (earlier !== undefined) this.drop(key, earlier);
     this.kept.set(key, kept);
     this.keptBytes += kept.body.length;
   }
