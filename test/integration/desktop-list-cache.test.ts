@@ -53,17 +53,17 @@ async function addHost(): Promise<string> {
 }
 
 /**
- * `sql` that runs `hook` (with the real `sql`) right after the first query that computes list
- * fingerprints has answered, before the caller sees its answer: a commit landing between the
- * list's own statements.
+ * `sql` that, once armed, runs `hook` (with the real `sql`) right after the next fingerprint
+ * query (the one without the rows) has answered, before the caller sees its answer: a commit
+ * landing between the list's own statements.
  */
-function committingAfterFingerprint(hook: () => Promise<void>): Sql {
-  let armed = true;
-  return new Proxy(sql, {
+function committingAfterFingerprint(hook: () => Promise<void>): { sql: Sql; arm: () => void } {
+  let armed = false;
+  const proxy = new Proxy(sql, {
     apply(target, thisArg, args: unknown[]) {
       const query = Reflect.apply(target, thisArg, args) as PromiseLike<unknown>;
-      const strings = args[0];
-      if (!armed || !Array.isArray(strings) || !strings.join('').includes('count(*)')) return query;
+      const text = Array.isArray(args[0]) ? args[0].join('') : '';
+      if (!armed || !text.includes('count(*)') || text.includes('OVER')) return query;
       armed = false;
       return { then: (ok: (v: unknown) => unknown, fail: (e: unknown) => unknown) => query.then(async (rows) => {
         await hook();
@@ -71,6 +71,7 @@ function committingAfterFingerprint(hook: () => Promise<void>): Sql {
       }).then(ok, fail) };
     },
   });
+  return { sql: proxy, arm: () => (armed = true) };
 }
 
 describe('DesktopList', () => {
@@ -122,15 +123,20 @@ describe('DesktopList', () => {
   });
 
   it('never keeps rows with a fingerprint older than they are', async () => {
-    const { orgId } = await orgWith('list-race', 2);
+    const { orgId, ids } = await orgWith('list-race', 2);
     let added = '';
-    // A desktop is created between the fingerprint and the rows, then destroyed: the list is
-    // back to what the first fingerprint described, and must not answer with the created one.
-    const list = new DesktopList(committingAfterFingerprint(async () => {
+    // A kept list goes stale; the next read's fingerprint says so, and a desktop is created
+    // between that fingerprint and the rows, then destroyed: the list is back to what that
+    // fingerprint described, and must not answer with the created one.
+    const racing = committingAfterFingerprint(async () => {
       added = (await insertDesktop(sql, {
         orgId, tier: 'small', imageVersion: 'test', idleTimeoutSecs: 0, billingMode: 'hourly', envSealed: null, setupScriptSealed: null,
       })).id;
-    }));
+    });
+    const list = new DesktopList(racing.sql);
+    await list.body(orgId, null, render);
+    await sql`UPDATE desktops SET idle_timeout_secs = 5 WHERE id = ${ids[0]!}`;
+    racing.arm();
     expect((await list.body(orgId, null, render)).toString()).toContain(added);
     await sql`DELETE FROM desktops WHERE id = ${added}`;
     const after = (await list.body(orgId, null, render)).toString();

@@ -37,11 +37,12 @@ export class DesktopList {
   /** The list's body as `render` makes it from the desktops, kept or made now. */
   async body(orgId: string, state: DesktopState | null, render: (desktops: DesktopJson[]) => string): Promise<Buffer> {
     const key = `${orgId}\n${state ?? ''}`;
-    const fingerprint = await desktopListFingerprint(this.sql, orgId, state);
-    const hit = this.kept.get(key);
-    if (hit !== undefined) {
-      this.drop(key, hit);
-      if (hit.fingerprint === fingerprint) {
+    // With nothing kept, the fingerprint could only be thrown away: the rows bring their own.
+    if (this.kept.has(key)) {
+      const fingerprint = await desktopListFingerprint(this.sql, orgId, state);
+      // Looked up after the query: a concurrent call may have replaced or dropped it meanwhile.
+      const hit = this.kept.get(key);
+      if (hit !== undefined && hit.fingerprint === fingerprint) {
         this.keep(key, hit);
         return hit.body;
       }
@@ -64,7 +65,10 @@ export class DesktopList {
     return this.keptBytes;
   }
 
-  /** Keeps `kept` for `key`, in place of a body a concurrent call kept meanwhile. */
+  /**
+   * Keeps `kept` for `key` as the most recently used, in place of what was kept for it (the same
+   * body, or one a concurrent call kept meanwhile).
+   */
   private keep(key: string, kept: Kept): void {
     const earlier = this.kept.get(key);
     if (earlier !== undefined) this.drop(key, earlier);
