@@ -11,7 +11,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { newId } from '../../shared/src/ids.js';
 import { FRAMEBUFFER_FILE } from '../../agent/src/runtime/sandbox/computer-use/screenshot.js';
 import { desktopPaths } from '../../agent/src/runtime/sandbox/host/layout.js';
-import { compactFile, copySparse } from '../../agent/src/runtime/sandbox/host/sparse.js';
+import { compactFile, copySparse, worthCompacting } from '../../agent/src/runtime/sandbox/host/sparse.js';
 import { createSandboxDriver, type SandboxDriver } from '../../agent/src/runtime/sandbox/index.js';
 import { destroyLeftDesktops, isRoot, memorySnapshotsHere } from '../helpers/sandbox.js';
 import { until } from '../helpers/scheduler.js';
@@ -44,6 +44,7 @@ describe('framebuffer files without their zeros', () => {
     await chmod(file, 0o640);
     const before = await sha256(file);
     expect(await allocated(file)).toBeGreaterThanOrEqual(8 * MiB);
+    expect(await worthCompacting(file)).toBe(true);
 
     // What a crash in the middle of an earlier compaction left.
     await writeFile(`${file}.sparse`, 'half a copy');
@@ -52,6 +53,7 @@ describe('framebuffer files without their zeros', () => {
     expect(await sha256(file)).toBe(before);
     expect((await stat(file)).size).toBe(size);
     expect(await allocated(file)).toBeLessThan(64 * 1024);
+    expect(await worthCompacting(file)).toBe(false);
 
     const copy = join(dir, 'copy');
     await copySparse(file, copy);
@@ -120,7 +122,7 @@ describe.skipIf(!snapshots)("a hibernated desktop's framebuffer", () => {
     }
   });
 
-  it('leaves the file as it is when the desktop wakes right after its hibernate, and compacts it at the next', async () => {
+  it('leaves the file as it is when the desktop wakes right after its hibernate, compacts it at the next, and not again once restored', async () => {
     const id = newId('desktop');
     await driver.prepare(id, 'small');
     await driver.start({ desktopId: id, tier: 'small', firstBoot: null });
@@ -133,5 +135,15 @@ describe.skipIf(!snapshots)("a hibernated desktop's framebuffer", () => {
 
     expect(await driver.hibernate(id)).toEqual({ snapshot: true });
     await until(async () => (await allocated(fbOf(id))) < MiB, 5_000, 'the framebuffer file compacted');
+
+    // Restored, the X server allocates only what it draws: the next hibernate finds nothing worth
+    // reading 16 MiB for, and the file stays the one it was (a compaction writes a new one).
+    expect(await driver.start({ desktopId: id, tier: 'small', firstBoot: null })).toEqual({ restored: true });
+    const inode = (await stat(fbOf(id))).ino;
+    expect(await driver.hibernate(id)).toEqual({ snapshot: true });
+    // A fork waits for the desktop's mutex, which a compaction would hold.
+    expect(await driver.fork(id, [newId('desktop')])).toEqual({ snapshot: true });
+    expect((await stat(fbOf(id))).ino).toBe(inode);
+    expect(await allocated(fbOf(id))).toBeLessThan(MiB);
   });
 });

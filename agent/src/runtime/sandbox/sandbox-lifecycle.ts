@@ -32,7 +32,7 @@ import { anyDetachedRunner, killGuestDetached, spawnGuestProcess } from './guest
 import { FRAMEBUFFER_FILE } from './computer-use/screenshot.js';
 import { isSameProcess, signal, waitFor } from './host/host-procs.js';
 import type { KeyedMutex } from './host/keyed-mutex.js';
-import { compactFile } from './host/sparse.js';
+import { compactFile, worthCompacting } from './host/sparse.js';
 import { collectLayers, createFork, freeze, mountDisk, releaseDisk } from './host/layers.js';
 import {
   assertDesktopId, desktopPaths, desktopsDir, ensureDisk, ensureSkeleton, exists, hasDisk, readJson, removeTree,
@@ -173,14 +173,7 @@ export class SandboxLifecycle implements Omit<DesktopLifecycle, 'close' | 'usage
       }
       const t0 = performance.now();
       await this.guest.inFlight.drain(desktopId, FILE_OP_GRACE_MS);
-      // A VNC server's pipes and a terminal's pty lead out of the guest: CRIU cannot dump them.
-      await this.vnc.closeAll(desktopId);
-      await this.terminals.closeAll(desktopId);
-      // The port forwarder is outside the dumped tree but holds the guest's network namespace and
-      // connections into it; the guest's ends of those are dumped closed (criu.ts, --tcp-close).
-      await this.ports.closeAll(desktopId);
-      // A warm server inside the guest would break the dump (its children serve no operation now).
-      await this.guest.reset(desktopId);
+      await this.closeSessions(desktopId);
       // A move keeps them in the snapshot; if the dump fails, the cold stop below ends them anyway.
       if (!(options.keepDetached === true && this.criu !== null)) await this.killDetached(desktopId, init);
       if (this.criu !== null) {
@@ -211,10 +204,7 @@ export class SandboxLifecycle implements Omit<DesktopLifecycle, 'close' | 'usage
     await this.fenced(desktopId, async () => {
       // No grace: whatever a file operation would finish is about to be deleted.
       await this.guest.inFlight.drain(desktopId, 0);
-      await this.vnc.closeAll(desktopId);
-      await this.terminals.closeAll(desktopId);
-      await this.ports.closeAll(desktopId);
-      await this.guest.reset(desktopId);
+      await this.closeSessions(desktopId);
       const init = await runningInit(paths);
       if (init !== null) await this.stopProcesses(paths, desktopId, init);
       else await removeIfEmpty(desktopId);
@@ -283,6 +273,22 @@ export class SandboxLifecycle implements Omit<DesktopLifecycle, 'close' | 'usage
 
   /* ---------------------------------------------------------------- internals */
 
+  /**
+   * Ends what leads into a running guest from the host, all at once (each waits on processes of
+   * its own; one after another they took 10–20 ms of a hibernate): a VNC server's pipes and a
+   * terminal's pty lead out of the guest, which CRIU cannot dump; the port forwarder is outside the
+   * dumped tree but holds the guest's network namespace and connections into it (the guest's ends
+   * of those are dumped closed: criu.ts, --tcp-close); a warm server inside the guest would break
+   * the dump (its children serve no operation now). Throws the first failure once all have ended.
+   */
+  private async closeSessions(desktopId: string): Promise<void> {
+    const ended = await Promise.allSettled([
+      this.vnc.closeAll(desktopId), this.terminals.closeAll(desktopId), this.ports.closeAll(desktopId), this.guest.reset(desktopId),
+    ]);
+    const failed = ended.find((r): r is PromiseRejectedResult => r.status === 'rejected');
+    if (failed !== undefined) throw failed.reason;
+  }
+
   /** Runs a stop under the mutex with the desktop fenced: no guest operation starts meanwhile. */
   private async fenced<T>(desktopId: string, fn: () => Promise<T>): Promise<T> {
     const release = this.guest.inFlight.fence(desktopId);
@@ -296,7 +302,8 @@ export class SandboxLifecycle implements Omit<DesktopLifecycle, 'close' | 'usage
   /**
    * Xvfb is gone with the dump: the framebuffer file's zeros become holes (host/sparse.ts) in the
    * desktop's next turn of the mutex, after the hibernate has answered (≈30 ms it need not wait
-   * for). A fork or an export waits for it and copies less; a start or a destroy stops it.
+   * for), when most of the file is allocated (a boot since the last compaction). A fork or an
+   * export waits for it and copies less; a start or a destroy stops it.
    */
   private compactFramebufferNext(desktopId: string, paths: DesktopPaths): void {
     const stop = new AbortController();
@@ -305,7 +312,9 @@ export class SandboxLifecycle implements Omit<DesktopLifecycle, 'close' | 'usage
     void this.mutex.run(desktopId, async () => {
       try {
         if (stop.signal.aborted || !(await hasDisk(paths)) || (await runningInit(paths)) !== null) return;
-        await compactFile(join(paths.fb, FRAMEBUFFER_FILE), stop.signal);
+        const fb = join(paths.fb, FRAMEBUFFER_FILE);
+        if (!(await worthCompacting(fb))) return;
+        await compactFile(fb, stop.signal);
       } catch (err) {
         if (!stop.signal.aborted) this.log('the framebuffer file keeps its zeros', { desktopId, error: String(err) });
       } finally {
