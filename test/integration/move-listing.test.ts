@@ -78,6 +78,9 @@ async function moveBetween(protocols: [string | undefined, string | undefined]):
   expect((await call('GET', `/v1/desktops/${id}`)).json.host_id).not.toBe(hostId);
   // The phase shows for operators (and the bench) exactly when a pre-copy ran.
   expect(op.result.phase_ms.precopied !== undefined).toBe(seen.precopies > 0);
+  // The copy's time is kept though the phase is written only with the commit.
+  expect(op.result.phase_ms.copied).toBeGreaterThanOrEqual(0);
+  expect(op.result.phase_ms.committed).toBeGreaterThanOrEqual(0);
   return seen;
 }
 

@@ -15,7 +15,9 @@
  *                         move is billed and timed as if nothing happened
  *   stopped  → copied     the source exports (a ticket), the target imports agent to agent,
  *                         sha256-verified and resumable; pre-copied files still unchanged stay
- *                         out of the copy
+ *                         out of the copy. Recorded only with the commit, one write less while
+ *                         the desktop is down: a leader taking over before the commit asks for
+ *                         the copy again, which the target answers from what it holds
  *   copied   → committed  one transaction: the desktop's host is the target, its generation
  *                         bumped, the moving mark cleared; the source copy still exists
  *   committed → started   an awake desktop is started on the target (restored from memory)
@@ -99,9 +101,13 @@ export async function move(deps: StepDeps, op: OperationRow): Promise<void> {
   if (p.phase === 'accepted') p = await plan(deps, op, d, p);
   if (p.phase === 'planned' && p.precopy === true) p = await precopy(deps, op, d, p);
   if (p.phase === 'planned' || p.phase === 'precopied') p = await stop(deps, op, d, p);
+  // The copy is recorded with the commit, in its transaction: a leader that takes over after the
+  // copy copies again, which an import of the same generation answers at once. A move recorded
+  // `copied` by a leader of an earlier version commits as before.
+  let moved: DesktopRow | null = null;
   if (p.phase === 'stopped') p = await copy(deps, op, d, p);
-  if (p.phase === 'copied') p = await commit(deps, op, d, p);
-  if (p.phase === 'committed') p = await startOnTarget(deps, op, p);
+  if (p.phase === 'copied') ({ p, moved } = await commit(deps, op, d, p));
+  if (p.phase === 'committed') p = await startOnTarget(deps, op, p, moved);
   await finish(deps, op, p);
 }
 
@@ -264,31 +270,31 @@ async function copy(deps: StepDeps, op: OperationRow, d: DesktopRow, p: MovePara
   );
   // Every listed byte is either fetched now or held already (an earlier attempt, a shared layer).
   const listed = imported.fetched_bytes + imported.resumed_bytes;
-  return advance(
-    deps.sql,
-    op,
-    {
-      ...p, phase: 'copied', total_bytes: listed + (reuse === undefined ? 0 : (p.precopied_bytes ?? 0)),
-      fetched_bytes: (p.fetched_bytes ?? 0) + imported.fetched_bytes, resumed_bytes: imported.resumed_bytes,
-    },
-    deps.fence,
-  );
-}
-
-async function commit(deps: StepDeps, op: OperationRow, d: DesktopRow, p: MoveParams): Promise<MoveParams> {
-  const next = await inTransaction(deps.sql, async (tx) => {
-    const moved = await transition(tx, d.id, [d.state], d.state, { hostId: p.target_host_id!, expectGeneration: d.generation });
-    if (!moved) throw new StepFailure('conflict', 'the desktop changed while it was being copied');
-    await tx`UPDATE desktops SET moving_operation_id = NULL WHERE id = ${d.id}`;
-    return advance(tx, op, { ...p, phase: 'committed' }, deps.fence);
-  });
-  deps.placements.release(d.id);
+  const next: MoveParams = {
+    ...p, phase: 'copied', total_bytes: listed + (reuse === undefined ? 0 : (p.precopied_bytes ?? 0)),
+    fetched_bytes: (p.fetched_bytes ?? 0) + imported.fetched_bytes, resumed_bytes: imported.resumed_bytes,
+    phase_ms: { ...p.phase_ms, copied: (p.phase_ms?.copied ?? 0) + phaseTook(op) },
+  };
+  // Written by the commit, in its transaction (see `move`).
+  phaseStarts.set(op, performance.now());
   return next;
 }
 
-async function startOnTarget(deps: StepDeps, op: OperationRow, p: MoveParams): Promise<MoveParams> {
+/** The desktop's host becomes the target, its generation bumped and its moving mark cleared. */
+async function commit(deps: StepDeps, op: OperationRow, d: DesktopRow, p: MoveParams): Promise<{ p: MoveParams; moved: DesktopRow }> {
+  const committed = await inTransaction(deps.sql, async (tx) => {
+    const moved = await transition(tx, d.id, [d.state], d.state, { hostId: p.target_host_id!, expectGeneration: d.generation, clearMoving: true });
+    if (!moved) throw new StepFailure('conflict', 'the desktop changed while it was being copied');
+    return { p: await advance(tx, op, { ...p, phase: 'committed' }, deps.fence), moved };
+  });
+  deps.placements.release(d.id);
+  return committed;
+}
+
+/** `moved`: the row the commit wrote, when this leader committed (otherwise it is read). */
+async function startOnTarget(deps: StepDeps, op: OperationRow, p: MoveParams, moved: DesktopRow | null): Promise<MoveParams> {
   if (p.was_awake) {
-    const d = await loadDesktop(deps.sql, op.desktop_id);
+    const d = moved ?? (await loadDesktop(deps.sql, op.desktop_id));
     try {
       await command(deps, p.target_host_id!, 'desktop.start', {
         desktop_id: d.id, generation: d.generation, operation_id: op.id, tier: d.tier, first_boot: null,

@@ -103,6 +103,8 @@ export interface TransitionExtras {
   markDestroyed?: boolean;
   /** Only if the desktop is still at this generation (nothing else moved it meanwhile). */
   expectGeneration?: number;
+  /** Clears the moving mark in the same statement (a move's commit). */
+  clearMoving?: boolean;
 }
 
 /**
@@ -127,7 +129,8 @@ export async function transition(
       created_event_at = CASE WHEN ${extras.markCreatedEvent ?? false} THEN COALESCE(created_event_at, now()) ELSE created_event_at END,
       destroyed_at = CASE WHEN ${extras.markDestroyed ?? false} THEN now() ELSE destroyed_at END,
       env_sealed = CASE WHEN ${extras.markDestroyed ?? false} THEN NULL ELSE env_sealed END,
-      setup_script_sealed = CASE WHEN ${extras.markDestroyed ?? false} THEN NULL ELSE setup_script_sealed END
+      setup_script_sealed = CASE WHEN ${extras.markDestroyed ?? false} THEN NULL ELSE setup_script_sealed END,
+      moving_operation_id = CASE WHEN ${extras.clearMoving ?? false} THEN NULL ELSE moving_operation_id END
     WHERE id = ${id} AND state IN ${sql(from as DesktopState[])}
       ${extras.expectGeneration === undefined ? sql`` : sql`AND generation = ${extras.expectGeneration}`}
     RETURNING *`;
