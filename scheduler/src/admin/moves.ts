@@ -99,7 +99,8 @@ export function operationJson(row: OperationRow): AdminOperationJson {
 
 export async function drainJson(sql: Sql, host: HostRow): Promise<DrainJson> {
   if (!host.drain_requested_at) return null;
-  const counts = await drainCounts(sql, host);
+  // `copying` only paces the drainer; `running` tells an operator what is still under way.
+  const { copying: _copying, ...counts } = await drainCounts(sql, host);
   return {
     state: host.drain_finished_at ? 'drained' : host.drain_error ? 'stopped' : 'draining',
     requested_at: host.drain_requested_at.toISOString(),

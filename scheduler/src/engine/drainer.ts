@@ -1,6 +1,7 @@
 /**
  * Drains, on the leader: a draining host is cordoned, and its desktops are moved off
- * `drain_parallel` at a time, awake ones first, each an ordinary move operation the engine drives
+ * `drain_parallel` at a time (counting moves until they commit: the source's cleanup after a
+ * commit overlaps the next copy), awake ones first, each an ordinary move operation the engine drives
  * (engine/move.ts). The drainer keeps no state of its own: every pass reads the drains, their open
  * moves and the desktops left from the database, so a new leader simply carries on.
  *
@@ -68,7 +69,8 @@ export class Drainer {
       return;
     }
     if (host.status !== 'ready' || !this.deps.isConnected(host.id)) return;
-    const room = (host.drain_parallel ?? 1) - counts.running;
+    // A move that has committed only cleans up on the source now: the next one starts beside it.
+    const room = (host.drain_parallel ?? 1) - counts.copying;
     if (room <= 0) return;
     for (const d of await drainCandidates(this.deps.sql, host.id, room)) {
       const moved = await insertMove(this.deps.sql, d.id, { requestedHostId: null, reason: 'drain', drain: host.drain_requested_at!.toISOString() });

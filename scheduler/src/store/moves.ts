@@ -79,6 +79,11 @@ export interface DrainCounts {
   moved: number;
   failed: number;
   running: number;
+  /**
+   * Of the running ones, those not committed yet: a committed move only removes the source's
+   * copy, which does not hold a place among the drain's parallel moves.
+   */
+  copying: number;
   /** Bytes the drain's settled moves copied, and what its running ones will copy. */
   moved_bytes: number;
   total_bytes: number;
@@ -87,10 +92,11 @@ export interface DrainCounts {
 export async function drainCounts(sql: Sql, host: HostRow): Promise<DrainCounts> {
   const drain = host.drain_requested_at?.toISOString() ?? '';
   const [held] = await sql<Array<{ n: number }>>`SELECT count(*)::int AS n FROM desktops WHERE host_id = ${host.id} AND state <> 'destroyed'`;
-  const [ops] = await sql<Array<{ moved: number; failed: number; running: number; moved_bytes: string; total_bytes: string }>>`
+  const [ops] = await sql<Array<{ moved: number; failed: number; running: number; copying: number; moved_bytes: string; total_bytes: string }>>`
     SELECT count(*) FILTER (WHERE state = 'succeeded')::int AS moved,
            count(*) FILTER (WHERE state = 'failed')::int AS failed,
            count(*) FILTER (WHERE state IN ('pending', 'running'))::int AS running,
+           count(*) FILTER (WHERE state IN ('pending', 'running') AND COALESCE(params->>'phase', '') NOT IN ('committed', 'started'))::int AS copying,
            COALESCE(sum(CASE WHEN state = 'succeeded' THEN (result->>'total_bytes')::bigint
                              WHEN state = 'running' THEN COALESCE((params->>'total_bytes')::bigint, (params->>'copy_done_bytes')::bigint)
                         END), 0) AS moved_bytes,
@@ -101,6 +107,7 @@ export async function drainCounts(sql: Sql, host: HostRow): Promise<DrainCounts>
     moved: ops!.moved,
     failed: ops!.failed,
     running: ops!.running,
+    copying: ops!.copying,
     moved_bytes: Number(ops!.moved_bytes),
     total_bytes: Number(ops!.total_bytes),
   };
