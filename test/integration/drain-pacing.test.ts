@@ -1,22 +1,27 @@
 /**
- * How a drain paces its moves (engine/drainer.ts): `parallel` counts moves until they commit.
- * After the commit a move only removes the source's copy, which may take a while on a busy disk;
- * the next move starts beside that cleanup instead of after it. Real scheduler and database, fake
- * agents over real websockets, the source's destroy slowed down.
+ * How a drain paces its moves (engine/drainer.ts): `parallel` counts a move until its desktop is
+ * on the target, started there if it was awake. What is left of a move then is removing the
+ * source's copy, which may take a while on a busy disk: the next move starts beside it instead of
+ * after it. The start on the target still counts (it is that desktop's downtime). Real scheduler
+ * and database, fake agents over real websockets, the slow steps slowed down by hand.
  */
 import { afterAll, beforeAll, expect, it } from 'vitest';
 import { adminApi, api, mintKey, startTestScheduler, TEST_ADMIN_TOKEN, until, type TestScheduler } from '../helpers/scheduler.js';
 import { startFakeAgent, type TestAgent } from '../helpers/agent.js';
 import { connectDatabase } from '../../scheduler/src/store/db.js';
 
-/** How long the source takes to remove a moved desktop's copy. */
-const CLEANUP_MS = 1_500;
+/** How long the slowed step takes. */
+const SLOW_MS = 1_500;
 
 let s: TestScheduler;
+let call: ReturnType<typeof api>;
+let admin: ReturnType<typeof adminApi>;
 const agents: TestAgent[] = [];
 
 beforeAll(async () => {
   s = await startTestScheduler({ CANTO_ADMIN_TOKEN: TEST_ADMIN_TOKEN, CANTO_HEARTBEAT_MS: '200' });
+  call = api(s.url, await mintKey(s.databaseUrl, 'pacing'));
+  admin = adminApi(s.url);
 });
 
 afterAll(async () => {
@@ -24,27 +29,24 @@ afterAll(async () => {
   await s?.close();
 });
 
-it('starts the next move once the previous one has committed, while the source still cleans up', async () => {
-  const call = api(s.url, await mintKey(s.databaseUrl, 'pacing'));
-  const admin = adminApi(s.url);
-  // Every desktop lands on the source: it is the only host while they are made.
-  const source = await startFakeAgent(s.url, { delayMs: 0 });
-  agents.push(source);
+/** Two desktops on `source` (the only schedulable host while they are made), awake or not. */
+async function twoDesktopsOn(source: TestAgent, awake: boolean): Promise<string[]> {
+  const others = agents.filter((a) => a !== source);
+  for (const a of others) await admin('POST', `/admin/v1/hosts/${a.hostId}/cordon`);
   const ids: string[] = [];
   for (let i = 0; i < 2; i++) {
     const id = (await call('POST', '/v1/desktops', { tier: 'small' })).json.id as string;
     expect((await call('POST', `/v1/desktops/${id}/wake?wait=true`)).status).toBe(200);
-    expect((await call('POST', `/v1/desktops/${id}/hibernate?wait=true`)).status).toBe(200);
+    if (!awake) expect((await call('POST', `/v1/desktops/${id}/hibernate?wait=true`)).status).toBe(200);
+    expect((await call('GET', `/v1/desktops/${id}`)).json.host_id).toBe(source.hostId);
     ids.push(id);
   }
-  agents.push(await startFakeAgent(s.url, { delayMs: 0 }));
-  const driver = source.driver!;
-  const destroy = driver.destroy.bind(driver);
-  driver.destroy = async (desktopId) => {
-    await new Promise((resolve) => setTimeout(resolve, CLEANUP_MS));
-    return destroy(desktopId);
-  };
+  for (const a of others) await admin('POST', `/admin/v1/hosts/${a.hostId}/uncordon`);
+  return ids;
+}
 
+/** Drains `source` one move at a time; answers its moves, oldest first. */
+async function drainOneByOne(source: TestAgent): Promise<Array<{ desktop_id: string; created_at: Date; settled_at: Date; state: string; result: { source_cleaned: boolean } }>> {
   const started = await admin('POST', `/admin/v1/hosts/${source.hostId}/drain`, { parallel: 1 });
   expect(started.status, started.text).toBe(202);
   await until(async () => {
@@ -52,19 +54,57 @@ it('starts the next move once the previous one has committed, while the source s
     if (h.drain?.state === 'stopped') throw new Error(`drain stopped: ${h.drain.error}`);
     return h.drain?.state === 'drained';
   }, 30_000, 'the drain to finish');
-
   const sql = connectDatabase(s.databaseUrl, { max: 1 });
   try {
     const moves = await sql<Array<{ desktop_id: string; created_at: Date; settled_at: Date; state: string; result: { source_cleaned: boolean } }>>`
       SELECT desktop_id, created_at, settled_at, state, result FROM operations
       WHERE kind = 'move' AND params->>'source_host_id' = ${source.hostId} ORDER BY created_at`;
-    expect(moves.map((m) => m.desktop_id).sort()).toEqual([...ids].sort());
     expect(moves.every((m) => m.state === 'succeeded' && m.result.source_cleaned)).toBe(true);
-    // One at a time, yet the second began while the first was still removing its source copy.
-    expect(moves[1]!.created_at.getTime()).toBeLessThan(moves[0]!.settled_at.getTime());
+    return moves;
   } finally {
     await sql.end();
   }
+}
+
+it('starts the next move while the source still removes the copy of the one before', async () => {
+  const source = await startFakeAgent(s.url, { delayMs: 0 });
+  agents.push(source, await startFakeAgent(s.url, { delayMs: 0 }));
+  const ids = await twoDesktopsOn(source, false);
+  const driver = source.driver!;
+  const destroy = driver.destroy.bind(driver);
+  driver.destroy = async (desktopId) => {
+    await new Promise((resolve) => setTimeout(resolve, SLOW_MS));
+    return destroy(desktopId);
+  };
+  const moves = await drainOneByOne(source);
+  expect(moves.map((m) => m.desktop_id).sort()).toEqual([...ids].sort());
+  // One at a time, yet the second began while the first was still removing its source copy.
+  expect(moves[1]!.created_at.getTime()).toBeLessThan(moves[0]!.settled_at.getTime());
   // The drain finished only once every source copy was gone.
   expect(driver.desktops.size).toBe(0);
+});
+
+it('does not start the next move while the one before still starts its desktop on the target', async () => {
+  const source = await startFakeAgent(s.url, { delayMs: 0 });
+  agents.push(source);
+  const ids = await twoDesktopsOn(source, true);
+  // Every host but the source may be the target: each starts slowly, and says when it is done.
+  const startedAt = new Map<string, number>();
+  for (const target of agents.filter((a) => a !== source && a.driver !== null)) {
+    const driver = target.driver!;
+    const start = driver.start.bind(driver);
+    driver.start = async (spec) => {
+      await new Promise((resolve) => setTimeout(resolve, SLOW_MS));
+      const result = await start(spec);
+      startedAt.set(spec.desktopId, Date.now());
+      return result;
+    };
+  }
+  const moves = await drainOneByOne(source);
+  const first = moves[0]!.desktop_id;
+  expect(moves.map((m) => m.desktop_id).sort()).toEqual([...ids].sort());
+  expect(startedAt.has(first)).toBe(true);
+  // The second move was created only once the first desktop ran on its target again.
+  expect(moves[1]!.created_at.getTime()).toBeGreaterThanOrEqual(startedAt.get(first)!);
+  for (const id of ids) expect((await call('GET', `/v1/desktops/${id}`)).json.state).toBe('awake');
 });

@@ -1,7 +1,7 @@
 /**
  * Drains, on the leader: a draining host is cordoned, and its desktops are moved off
- * `drain_parallel` at a time (counting moves until they commit: the source's cleanup after a
- * commit overlaps the next copy), awake ones first, each an ordinary move operation the engine drives
+ * `drain_parallel` at a time (counting a move until its desktop is on the target, awake again if
+ * it was: the removal of the source's copy then overlaps the next move), awake ones first, each an ordinary move operation the engine drives
  * (engine/move.ts). The drainer keeps no state of its own: every pass reads the drains, their open
  * moves and the desktops left from the database, so a new leader simply carries on.
  *
@@ -69,7 +69,7 @@ export class Drainer {
       return;
     }
     if (host.status !== 'ready' || !this.deps.isConnected(host.id)) return;
-    // A move that has committed only cleans up on the source now: the next one starts beside it.
+    // A move whose desktop is on the target only cleans up on the source: the next one starts beside it.
     const room = (host.drain_parallel ?? 1) - counts.copying;
     if (room <= 0) return;
     for (const d of await drainCandidates(this.deps.sql, host.id, room)) {

@@ -80,8 +80,9 @@ export interface DrainCounts {
   failed: number;
   running: number;
   /**
-   * Of the running ones, those not committed yet: a committed move only removes the source's
-   * copy, which does not hold a place among the drain's parallel moves.
+   * Of the running ones, those whose desktop is not on the target yet (committed, and started
+   * there if it was awake): what is left of a move then is removing the source's copy, which does
+   * not hold a place among the drain's parallel moves.
    */
   copying: number;
   /** Bytes the drain's settled moves copied, and what its running ones will copy. */
@@ -96,7 +97,7 @@ export async function drainCounts(sql: Sql, host: HostRow): Promise<DrainCounts>
     SELECT count(*) FILTER (WHERE state = 'succeeded')::int AS moved,
            count(*) FILTER (WHERE state = 'failed')::int AS failed,
            count(*) FILTER (WHERE state IN ('pending', 'running'))::int AS running,
-           count(*) FILTER (WHERE state IN ('pending', 'running') AND COALESCE(params->>'phase', '') NOT IN ('committed', 'started'))::int AS copying,
+           count(*) FILTER (WHERE state IN ('pending', 'running') AND COALESCE(params->>'phase', '') <> 'started')::int AS copying,
            COALESCE(sum(CASE WHEN state = 'succeeded' THEN (result->>'total_bytes')::bigint
                              WHEN state = 'running' THEN COALESCE((params->>'total_bytes')::bigint, (params->>'copy_done_bytes')::bigint)
                         END), 0) AS moved_bytes,
