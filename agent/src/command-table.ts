@@ -79,8 +79,8 @@ export function commandTable(k: CommandKit): CommandTable {
     'desktop.start': (p) => {
       const firstBoot = p.first_boot && { env: p.first_boot.env, setupScript: p.first_boot.setup_script };
       return k.lifecycle('desktop.start', p, 'command', async () => {
-        await moves.starting(p.desktop_id);
-        const { restored } = await driver.start({ desktopId: p.desktop_id, tier: p.tier, firstBoot });
+        const moved = await moves.starting(p.desktop_id);
+        const { restored } = await driver.start({ desktopId: p.desktop_id, tier: p.tier, firstBoot, inUse: moved });
         return { restored };
       });
     },

@@ -8,7 +8,7 @@
  * Both hosts are one machine, whose desktops' cgroups are named by desktop id alone: a source
  * copy is destroyed before its moved copy starts, or the destroy would stop the moved one.
  */
-import { lstat, mkdtemp, readdir, rm, stat } from 'node:fs/promises';
+import { lstat, mkdtemp, readdir, readFile, rm, stat } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
@@ -19,6 +19,7 @@ import { failure } from '../helpers/agent-failure.js';
 import { startMoveHost, type MoveHost as Host } from '../helpers/move-hosts.js';
 import { isRoot } from '../helpers/sandbox.js';
 import { startTransferProxy, type TransferProxy } from '../helpers/transfer-proxy.js';
+import { until } from '../helpers/wait.js';
 
 /** What a guest's /root holds: every entry with its type, link target, link count and hash. */
 const MANIFEST = `cd /root && find . -printf '%y %p %l %n\\n' | sort && find . -type f -exec sha256sum {} + | sort -k2`;
@@ -122,6 +123,12 @@ describe.skipIf(!isRoot)('moving sandbox desktops between two agents', () => {
     await destroy(a, f1);
     expect(await layers(a)).toHaveLength(1); // d and f2 still stand on it
     await start(b, f1);
+    // Its first start since the move: its warm servers come up before any call is made.
+    await until(async () => {
+      const pids = (await readFile(`/sys/fs/cgroup/pids/canto/${f1}/cgroup.procs`, 'utf8').catch(() => '')).split('\n').filter(Boolean);
+      const comms = await Promise.all(pids.map((pid) => readFile(`/proc/${pid}/comm`, 'utf8').catch(() => '')));
+      return comms.some((c) => c.trim() === 'canto-exec') && comms.some((c) => c.startsWith('canto-helper'));
+    }, 10_000, 'the moved desktop\'s warm servers');
     expect(await sh(b, f1, MANIFEST)).toBe(manifest);
     expect(await sh(b, f1, 'ls /root/dir; test ! -e /root/gone && echo gone')).toBe('z\ngone\n');
     expect(Number(await sh(b, f1, 'stat -c %b /root/sparse'))).toBeLessThan(1000); // still sparse

@@ -316,6 +316,22 @@ describe.skipIf(!isRoot)('sandbox driver warm guest servers', () => {
     expect(await warmProcs(other)).toEqual({ file: [], exec: [] });
   });
 
+  it("starts a moved desktop's servers at its first start, before any call", async () => {
+    const moved = newId('desktop');
+    await driver.prepare(moved, 'small');
+    try {
+      // What the command table asks for the first start of a desktop imported here.
+      await driver.start({ desktopId: moved, tier: 'small', firstBoot: null, inUse: true });
+      await until(async () => {
+        const procs = await warmProcs(moved);
+        return procs.file.some((p) => p.server) && procs.exec.some((p) => p.server);
+      }, 10_000, 'both warm servers, with no call made');
+      expect(await execRanWarm(driver, moved)).toBe(true);
+    } finally {
+      await driver.destroy(moved);
+    }
+  });
+
   it('close() kills the servers, and a new driver on the same state works', async () => {
     const before = await warmUp();
     await driver.close();

@@ -46,6 +46,11 @@ export type FirstBootSpec = CamelKeys<FirstBoot>;
  */
 export type StartSpec = Omit<CamelKeys<Omit<Static<typeof StartPayload>, 'generation' | 'leader_epoch' | 'operation_id'>>, 'firstBoot'> & {
   readonly firstBoot: FirstBootSpec | null;
+  /**
+   * The desktop is about to be used: a driver may make its first guest calls fast ahead of them
+   * (the sandbox runtime starts its warm servers). Set for the first start of a desktop moved here.
+   */
+  readonly inUse?: boolean;
 };
 
 /*

@@ -135,8 +135,8 @@ export class FakeTransfer implements DesktopTransfer {
     await rm(staging, { recursive: true, force: true });
   }
 
-  async started(desktopId: string): Promise<void> {
-    this.imported.delete(desktopId);
+  async started(desktopId: string): Promise<boolean> {
+    return this.imported.delete(desktopId);
   }
 
   async discard(desktopId: string): Promise<void> {

@@ -107,8 +107,11 @@ export interface DesktopTransfer {
    * removes staging. Fails (retryable) when a layer it counted on is gone meanwhile.
    */
   install(desktopId: string, spec: InstallSpec): Promise<void>;
-  /** The desktop is about to start here: it is no longer a copy an abort may remove. */
-  started(desktopId: string): Promise<void>;
+  /**
+   * The desktop is about to start here: it is no longer a copy an abort may remove. Answers
+   * whether it was such a copy (the first start of a desktop moved here).
+   */
+  started(desktopId: string): Promise<boolean>;
   /**
    * Removes the desktop's staging and, when its copy came by import and never started here, the
    * copy (layers nothing else stands on go with it). `conflict` when it runs.

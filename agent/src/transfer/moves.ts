@@ -164,10 +164,13 @@ export class DesktopMoves {
     this.imports.get(desktopId)?.abort();
   }
 
-  /** The desktop starts here: see the module comment. */
-  async starting(desktopId: string): Promise<void> {
+  /**
+   * The desktop starts here: see the module comment. Answers whether it starts here for the first
+   * time since it was moved here.
+   */
+  async starting(desktopId: string): Promise<boolean> {
     this.deps.source?.invalidate(desktopId);
-    await this.deps.driver.transfer?.started(desktopId);
+    return (await this.deps.driver.transfer?.started(desktopId)) ?? false;
   }
 
   /**

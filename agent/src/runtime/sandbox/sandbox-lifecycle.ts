@@ -154,6 +154,8 @@ export class SandboxLifecycle implements Omit<DesktopLifecycle, 'close' | 'usage
           firstBoot,
         );
       }
+      // Once the answer has gone out (a spawn holds the agent's event loop for a fork's time).
+      if (spec.inUse === true) setImmediate((ready: InitProcess) => this.guest.prewarm(spec.desktopId, ready), init);
       return { restored };
     });
   }
@@ -274,12 +276,11 @@ export class SandboxLifecycle implements Omit<DesktopLifecycle, 'close' | 'usage
   /* ---------------------------------------------------------------- internals */
 
   /**
-   * Ends what leads into a running guest from the host, all at once (each waits on processes of
-   * its own; one after another they took 10–20 ms of a hibernate): a VNC server's pipes and a
-   * terminal's pty lead out of the guest, which CRIU cannot dump; the port forwarder is outside the
-   * dumped tree but holds the guest's network namespace and connections into it (the guest's ends
-   * of those are dumped closed: criu.ts, --tcp-close); a warm server inside the guest would break
-   * the dump (its children serve no operation now). Throws the first failure once all have ended.
+   * Ends what leads into a running guest from the host, all at once (one after another: 10–20 ms
+   * of a hibernate): VNC servers' pipes and terminals' ptys lead out of the guest (CRIU cannot dump
+   * them); the port forwarder holds the guest's network namespace and connections into it (dumped
+   * closed: criu.ts, --tcp-close); a warm server in the guest would break the dump. Throws the
+   * first failure once all have ended.
    */
   private async closeSessions(desktopId: string): Promise<void> {
     const ended = await Promise.allSettled([
@@ -301,9 +302,8 @@ export class SandboxLifecycle implements Omit<DesktopLifecycle, 'close' | 'usage
 
   /**
    * Xvfb is gone with the dump: the framebuffer file's zeros become holes (host/sparse.ts) in the
-   * desktop's next turn of the mutex, after the hibernate has answered (≈30 ms it need not wait
-   * for), when most of the file is allocated (a boot since the last compaction). A fork or an
-   * export waits for it and copies less; a start or a destroy stops it.
+   * desktop's next turn of the mutex, after the hibernate has answered, when most of the file is
+   * allocated (a boot since). A fork or an export waits for it; a start or a destroy stops it.
    */
   private compactFramebufferNext(desktopId: string, paths: DesktopPaths): void {
     const stop = new AbortController();

@@ -80,6 +80,12 @@ export class GuestOperations {
     await this.warm.retire(desktopId);
   }
 
+  /** Starts the desktop's warm servers ahead of its calls (see host/warm-pool.ts). */
+  prewarm(desktopId: string, init: InitProcess): void {
+    this.warm.prewarm('file', desktopId, init);
+    this.warm.prewarm('exec', desktopId, init);
+  }
+
   /** Kills every warm server; the driver is closing. */
   close(): Promise<void> {
     return this.warm.close();

@@ -22,7 +22,7 @@
  * and unpacks them on the target into `<stateDir>/incoming/<id>/pre/`; the `desktop` unit then
  * leaves out those unchanged since, and its unpacking starts by linking them into place.
  */
-import { mkdir, readdir, rename, rm, writeFile } from 'node:fs/promises';
+import { mkdir, readdir, rename, rm, unlink, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { AgentFailure } from '../../../../../shared/src/protocol.js';
 import {
@@ -192,8 +192,14 @@ export class SandboxTransfer implements DesktopTransfer {
     });
   }
 
-  async started(desktopId: string): Promise<void> {
-    await rm(join(desktopPaths(this.stateDir, desktopId).dir, IMPORT_RECORD), { force: true });
+  async started(desktopId: string): Promise<boolean> {
+    try {
+      await unlink(join(desktopPaths(this.stateDir, desktopId).dir, IMPORT_RECORD));
+      return true;
+    } catch (err) {
+      if ((err as NodeJS.ErrnoException).code === 'ENOENT') return false;
+      throw err;
+    }
   }
 
   discard(desktopId: string): Promise<void> {

@@ -7,8 +7,11 @@
  * pays it, a run of operations on a small host is bound by that work, not by waiting. A warm
  * server pays it once. An operation connects to the server's socket and talks to one of its
  * waiting children exactly as it would to a cold helper or relay; that child serves it and exits,
- * and the server forks the next one inside the guest. An operation that finds no ready server
- * runs cold, and starts the server for the next one.
+ * and the server forks the next one inside the guest. An operation that finds no server runs
+ * cold, and starts the server for the next one; one that finds a server still starting waits for
+ * it briefly (`STARTING_WAIT_MS`) before it runs cold. A desktop about to be used (the first start
+ * of one moved here) gets its servers at once (`prewarm`): a moved desktop's first calls are
+ * part of what its user sees of the move.
  *
  * A server belongs to one guest init (pid and start time): asked for another init, the pool drops
  * it, since it sits in namespaces that no longer exist. It leads its own process group, and every
@@ -56,6 +59,14 @@ export interface WarmPoolOptions {
 const IDLE_MS = 10 * 60_000;
 /** A server not ready after this long is stuck (it compiles and forks in milliseconds). */
 const READY_MS = 10_000;
+/**
+ * How long an operation waits for a server that is starting before it runs cold. A server comes
+ * up in about the time a cold helper takes (both fork the agent and enter the guest), so waiting
+ * for one already on its way is never slower by much, and spares a second start.
+ */
+const STARTING_WAIT_MS = 150;
+/** A server not ready this long after its spawn is not waited for (it may be stuck: `READY_MS`). */
+const STARTING_FRESH_MS = 1_000;
 /** After a server failed to come up, operations on the desktop run cold this long before another try. */
 const RETRY_MS = 5_000;
 /**
@@ -85,6 +96,11 @@ function sockets(child: ChildProcess): Socket[] {
 
 class WarmServer {
   private readyFlag = false;
+  /** Settles true once the server says `ready`, false if it exits first. */
+  readonly ready: Promise<boolean>;
+  /** When it was spawned (`performance.now()`). */
+  readonly startedAt = performance.now();
+  private settleReady!: (ready: boolean) => void;
   private readyTimer: NodeJS.Timeout | undefined;
   private exitedFlag = false;
   private idleTimer: NodeJS.Timeout | undefined;
@@ -100,10 +116,12 @@ class WarmServer {
     log: (msg: string, fields?: object) => void,
     private readonly onIdle: () => void,
   ) {
+    this.ready = new Promise((resolve) => (this.settleReady = resolve));
     this.exited = new Promise((resolve) => {
       const done = () => {
         if (this.exitedFlag) return;
         this.exitedFlag = true;
+        this.settleReady(false);
         clearTimeout(this.idleTimer);
         clearTimeout(this.readyTimer);
         for (const s of sockets(child)) s.destroy();
@@ -124,6 +142,7 @@ class WarmServer {
       said = (said + chunk.toString('latin1')).slice(0, 16);
       if (said.startsWith('ready\n')) {
         this.readyFlag = true;
+        this.settleReady(true);
         clearTimeout(this.readyTimer);
       }
     });
@@ -281,16 +300,17 @@ export class WarmPool {
    */
   async connect(kind: WarmKind, desktopId: string, init: InitProcess): Promise<WarmConnection | null> {
     if (this.closed || this.opts.fenced(desktopId)) return null;
-    let desktop = this.desktops.get(desktopId);
-    if (desktop !== undefined && (desktop.init.pid !== init.pid || desktop.init.startTime !== init.startTime)) {
-      void this.drop(desktop);
-      desktop = undefined;
+    const desktop = this.entry(desktopId, init);
+    let server = desktop.servers[kind];
+    if (server !== undefined && server.alive && !server.wasReady && performance.now() - server.startedAt < STARTING_FRESH_MS) {
+      // On its way (started ahead of calls, or by an earlier call that ran cold): wait a little.
+      const starting = server;
+      let timer: NodeJS.Timeout | undefined;
+      await Promise.race([starting.ready, new Promise((resolve) => (timer = setTimeout(resolve, STARTING_WAIT_MS)))]);
+      clearTimeout(timer);
+      if (this.closed || this.opts.fenced(desktopId) || this.desktops.get(desktopId) !== desktop) return null;
+      server = desktop.servers[kind];
     }
-    if (desktop === undefined) {
-      desktop = { init, servers: {}, failedAt: {}, draining: new Set() };
-      this.desktops.set(desktopId, desktop);
-    }
-    const server = desktop.servers[kind];
     if (server?.usable) {
       const socket = await server.connect();
       if (socket !== null) return { socket, serverPid: server.pid };
@@ -309,6 +329,32 @@ export class WarmPool {
       setImmediate(() => this.start(kind, desktopId, owner));
     }
     return null;
+  }
+
+  /**
+   * Starts the desktop's server of `kind` now, ahead of any call, unless one runs or a start
+   * failed lately: for a desktop about to be used (sandbox-lifecycle.ts, after a move).
+   */
+  prewarm(kind: WarmKind, desktopId: string, init: InitProcess): void {
+    if (this.closed || this.opts.fenced(desktopId)) return;
+    const desktop = this.entry(desktopId, init);
+    const failedAt = desktop.failedAt[kind];
+    if (desktop.servers[kind]?.alive || (failedAt !== undefined && Date.now() - failedAt <= RETRY_MS)) return;
+    this.start(kind, desktopId, desktop);
+  }
+
+  /** The desktop's servers for `init`; those of an earlier init are dropped. */
+  private entry(desktopId: string, init: InitProcess): DesktopWarm {
+    let desktop = this.desktops.get(desktopId);
+    if (desktop !== undefined && (desktop.init.pid !== init.pid || desktop.init.startTime !== init.startTime)) {
+      void this.drop(desktop);
+      desktop = undefined;
+    }
+    if (desktop === undefined) {
+      desktop = { init, servers: {}, failedAt: {}, draining: new Set() };
+      this.desktops.set(desktopId, desktop);
+    }
+    return desktop;
   }
 
   /** Kills every server of the desktop and forgets them; resolves once they have exited. */
