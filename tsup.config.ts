@@ -1,3 +1,4 @@
+import { execFileSync } from 'node:child_process';
 import { cpSync } from 'node:fs';
 import { defineConfig } from 'tsup';
 
@@ -7,7 +8,10 @@ import { defineConfig } from 'tsup';
 // agent/src/runtime/sandbox/guest/guest-programs.ts reads them. The web console (static HTML, CSS and
 // ES modules) is copied to dist/console/, where scheduler/src/http/routes/console.ts serves it. The
 // schema migrations (SQL files) are copied to dist/migrations/, where
-// scheduler/src/store/migrations.ts reads them.
+// scheduler/src/store/migrations.ts reads them. The agent's process spawner (a small C program,
+// agent/native/canto-spawn.c) is compiled to dist/canto-spawn, where
+// agent/src/runtime/sandbox/host/spawner.ts finds it; without a C compiler the agent starts
+// processes with Node's spawn instead.
 export default defineConfig({
   entry: { cli: 'cli/src/main.ts' },
   format: ['esm'],
@@ -21,5 +25,10 @@ export default defineConfig({
     cpSync('agent/guest', 'dist/guest', { recursive: true });
     cpSync('console', 'dist/console', { recursive: true });
     cpSync('scheduler/src/store/migrations', 'dist/migrations', { recursive: true });
+    try {
+      execFileSync('cc', ['-O2', '-Wall', '-Wextra', '-Werror', '-o', 'dist/canto-spawn', 'agent/native/canto-spawn.c'], { stdio: 'inherit' });
+    } catch (err) {
+      console.warn(`canto-spawn not built (${(err as Error).message}): the agent will start processes with Node's spawn`);
+    }
   },
 });

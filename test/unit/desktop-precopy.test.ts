@@ -203,8 +203,8 @@ describe.skipIf(!isRoot)('pre-copy of a desktop being moved, on real files', () 
     const files = s.transfer.precopy;
     const read = files.read.bind(files);
     // The guest appends while tar streams the files: after tar has begun, before the source looks again.
-    (files as { read: typeof files.read }).read = (desktopId, paths) => {
-      const stream = read(desktopId, paths);
+    (files as { read: typeof files.read }).read = async (desktopId, paths) => {
+      const stream = await read(desktopId, paths);
       stream.body.once('data', () => appendFileSync(disk(s, 'root', 'docs', 'f3.bin'), 'appended during the read'));
       return stream;
     };

@@ -4,11 +4,11 @@
  * starting for long (it may be stuck). A stand-in server process (a real one, on a real socket)
  * says `ready` when told to, and answers every connection the way a warm server's child does.
  */
-import { spawn } from 'node:child_process';
 import { mkdtemp, rm } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterEach, beforeEach, expect, it } from 'vitest';
+import { spawnProcess } from '../../agent/src/runtime/sandbox/host/spawner.js';
 import { WarmPool } from '../../agent/src/runtime/sandbox/host/warm-pool.js';
 
 /**
@@ -41,7 +41,7 @@ let pool: WarmPool;
 function poolWithServerReadyAfter(readyMs: number): WarmPool {
   return new WarmPool({
     start: (_kind, _desktopId, _init, socketDir, socketName) =>
-      spawn('perl', ['-e', STAND_IN, join(socketDir, socketName), String(readyMs)], { detached: true, stdio: ['pipe', 'pipe', 'pipe'] }),
+      spawnProcess('perl', ['-e', STAND_IN, join(socketDir, socketName), String(readyMs)], { detached: true, stdio: ['pipe', 'pipe', 'pipe'] }),
     socketDir: () => dir,
     fenced: () => false,
   });

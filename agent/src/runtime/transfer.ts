@@ -139,7 +139,7 @@ export interface PrecopyFiles {
   /** The desktop's files worth sending ahead now, with their identities; it may be running. */
   scan(desktopId: string): Promise<PrecopyEntry[]>;
   /** A stream of exactly these files, in the unit format; files that vanish are skipped. */
-  read(desktopId: string, paths: readonly string[]): UnitStream;
+  read(desktopId: string, paths: readonly string[]): Promise<UnitStream>;
   /** Each file's identity now; null when it is gone or no longer a lone regular file. */
   identify(desktopId: string, paths: readonly string[]): Promise<Array<FileIdentity | null>>;
   /** Starts unpacking a pre-copy stream into staging, replacing an earlier one. */

@@ -18,13 +18,13 @@
  * A call is registered with the desktop's in-flight set (in-flight.ts) so that hibernate and
  * destroy can wait for it or kill it; a call killed that way fails with `not_running`.
  */
-import { spawn, type ChildProcess } from 'node:child_process';
 import { PassThrough, type Readable, type Writable } from 'node:stream';
 import { AgentFailure, type AgentErrorCode } from '../../../../../shared/src/protocol.js';
 import { JOIN_FAILED, joinArgv } from '../host/cgroups.js';
 import { guestHelperProgram, helperRequest, warmHelperProgram, type HelperOp } from './guest-helper.js';
 import { GUEST_CAPS_ONLY, GUEST_ENV, GUEST_PATH, nsenterArgv } from './guest-init.js';
 import { killTree } from '../host/host-procs.js';
+import { spawnProcess, type SpawnedProcess } from '../host/spawner.js';
 import type { HandoffScope } from './guest-handoff.js';
 import type { GuestOp } from './in-flight.js';
 import { warmPrologue } from './warm-perl.js';
@@ -65,7 +65,7 @@ interface Channel {
   kill(): Promise<void>;
 }
 
-function coldChannel(child: ChildProcess): Channel {
+function coldChannel(child: SpawnedProcess): Channel {
   const closed = new Promise<void>((resolve) => {
     child.on('error', () => resolve());
     child.on('close', () => resolve());
@@ -167,7 +167,14 @@ export class GuestCall {
         channel = warmChannel(warm);
       }
     }
-    channel ??= coldChannel(spawnHelper(target, op, args, opts.guestCaps === true));
+    if (channel === null) {
+      channel = coldChannel(await spawnHelper(target, op, args, opts.guestCaps === true));
+      // A stop while the helper was being started finds no call to kill: this one is killed here.
+      if (target.op?.cancelled) {
+        await channel.kill();
+        throw stopping(target.desktopId);
+      }
+    }
     return new GuestCall(target, channel, opts);
   }
 
@@ -356,9 +363,9 @@ export class GuestCall {
  * The cold chain: the shell joins the desktop's cgroups and execs nsenter, whose child (inside the
  * guest's pid namespace) runs the helper for this one operation.
  */
-function spawnHelper(target: GuestTarget, op: HelperOp, args: readonly string[], guestCaps: boolean): ChildProcess {
+function spawnHelper(target: GuestTarget, op: HelperOp, args: readonly string[], guestCaps: boolean): Promise<SpawnedProcess> {
   const caps = guestCaps ? GUEST_CAPS_ONLY : [];
-  return spawn(
+  return spawnProcess(
     '/bin/sh',
     [
       ...joinArgv(target.desktopId),
@@ -376,8 +383,8 @@ function spawnHelper(target: GuestTarget, op: HelperOp, args: readonly string[],
  * operation but `spawn` compiled in. A group of its own (detached), so retiring it kills everything
  * it forked.
  */
-export function startWarmFileServer(desktopId: string, initPid: number, nsenterPath: string, socketDir: string, socketName: string): ChildProcess {
-  return spawn(
+export function startWarmFileServer(desktopId: string, initPid: number, nsenterPath: string, socketDir: string, socketName: string): Promise<SpawnedProcess> {
+  return spawnProcess(
     '/bin/sh',
     [
       ...joinArgv(desktopId), '/usr/bin/perl', '-e', warmPrologue(), '--', socketDir, socketName,

@@ -15,7 +15,6 @@
  * forks the shell) makes the command run cold instead: it never ran, so it runs exactly once. One
  * gone after that fails the exec as retryable: the command may have run.
  */
-import { spawn, type ChildProcess } from 'node:child_process';
 import type { Socket } from 'node:net';
 import { constants } from 'node:os';
 import type { Readable, Writable } from 'node:stream';
@@ -26,6 +25,7 @@ import { execRelay, RELAY_JOIN_FAILED } from './exec-relay.js';
 import { GUEST_CAPS_ONLY, GUEST_ENV, nsenterArgv } from './guest-init.js';
 import { lengthFramed, WARM_IDLE } from './guest-helper.js';
 import { killTree } from '../host/host-procs.js';
+import { spawnProcess, type SpawnedProcess } from '../host/spawner.js';
 import { execServerProgram, warmPrologue } from './warm-perl.js';
 
 /** Output kept by the driver's own commands (first boot, probes). */
@@ -63,14 +63,14 @@ export interface GuestExecOptions {
 const WITH_ENV = '[ -f /root/.canto/env ] && . /root/.canto/env; exec /bin/sh -c "$0"';
 
 /** The warm exec server: cgroups, socket, nsenter, the guest's capabilities, then the server. */
-export function startWarmExecServer(desktopId: string, initPid: number, nsenterPath: string, socketDir: string, socketName: string): ChildProcess {
+export function startWarmExecServer(desktopId: string, initPid: number, nsenterPath: string, socketDir: string, socketName: string): Promise<SpawnedProcess> {
   const argv = [
     ...joinArgv(desktopId), '/usr/bin/perl', '-e', warmPrologue(), '--', socketDir, socketName,
     ...nsenterArgv(nsenterPath, initPid, '/root'), ...GUEST_CAPS_ONLY,
     '/usr/bin/perl', '-e', execServerProgram(WITH_ENV, constants.errno.EINTR, WARM_IDLE), '--',
   ];
   // A group of its own (detached), so retiring it kills everything it forked.
-  return spawn('/bin/sh', argv, { env: { ...GUEST_ENV }, stdio: ['pipe', 'pipe', 'pipe'], detached: true });
+  return spawnProcess('/bin/sh', argv, { env: { ...GUEST_ENV }, stdio: ['pipe', 'pipe', 'pipe'], detached: true });
 }
 
 /** Keeps the first `limit` bytes of a stream and keeps reading (and dropping) the rest. */
@@ -117,9 +117,30 @@ interface Run {
 
 const IDLE_RUN: Run = { done: new Promise<Outcome>(() => undefined), kill: async () => undefined };
 
-/** The cold chain: the exec relay (exec-relay.ts), nsenter, [setpriv], setsid, the shell. */
+/**
+ * The cold chain: the exec relay (exec-relay.ts), nsenter, [setpriv], setsid, the shell. The run
+ * is there (and can be killed) at once; a kill before the process has started kills it as soon
+ * as it has.
+ */
 function coldRun(opts: GuestExecOptions, limit: number): Run {
-  const child = spawn(
+  let killed = false;
+  let root: number | undefined;
+  const done = startCold(opts, limit).then(({ child, outcome }) => {
+    root = child.pid;
+    if (killed && root !== undefined) void killTree(root);
+    return outcome;
+  });
+  return {
+    done,
+    kill: async () => {
+      killed = true;
+      if (root !== undefined) await killTree(root);
+    },
+  };
+}
+
+async function startCold(opts: GuestExecOptions, limit: number): Promise<{ child: SpawnedProcess; outcome: Promise<Outcome> }> {
+  const child = await spawnProcess(
     '/bin/sh',
     [
       ...joinArgv(opts.desktopId), '/usr/bin/perl', '-e', execRelay(), '--',
@@ -135,9 +156,9 @@ function coldRun(opts: GuestExecOptions, limit: number): Run {
   const stdin = child.stdin as Writable;
   stdin.on('error', () => undefined);
   stdin.end(opts.stdin ?? '');
-  const done = new Promise<Outcome>((resolve, reject) => {
+  const outcome = new Promise<Outcome>((resolve, reject) => {
     child.on('error', reject);
-    child.on('exit', (exitCode, sig) => {
+    child.on('exit', (exitCode: number | null, sig: NodeJS.Signals | null) => {
       // Destroyed in the check phase after the timer, not in the timer itself: on a loop that was
       // busy for longer than the grace, the timer runs before the poll phase, and output already
       // in the pipes (the `echo` a command ended with) would be dropped unread.
@@ -153,12 +174,7 @@ function coldRun(opts: GuestExecOptions, limit: number): Run {
       });
     });
   });
-  return {
-    done,
-    kill: async () => {
-      if (child.pid !== undefined) await killTree(child.pid);
-    },
-  };
+  return { child, outcome };
 }
 
 const FRAME_HEAD = 9;

@@ -21,6 +21,7 @@ import { execa } from 'execa';
 import { joinArgv } from './cgroups.js';
 import { ensureKdatCache, KDAT_FILE } from './criu-kdat.js';
 import { procStat } from './host-procs.js';
+import { runToEnd, spawnProcess } from './spawner.js';
 import { exists, type DesktopPaths } from './layout.js';
 import { GUEST_CAPS_ONLY, hostnameFor, hostPathForGuestMount } from '../guest/guest-init.js';
 import { guestFile, perlProgram } from '../guest/guest-programs.js';
@@ -181,9 +182,9 @@ export async function dump(criu: CriuInfo, paths: DesktopPaths, init: InitProces
   for (const e of externals) args.push('--external', `mnt[${e.guestPath}]:${e.key}`);
   // Its own process group: a Ctrl-C at the terminal of `canto up` (which hibernates desktops as
   // it stops) must not abort the dump it is waiting for.
-  const result = await execa(criu.path, args, { reject: false, timeout: 60_000, detached: true });
-  if (result.exitCode !== 0) {
-    throw new Error(`criu dump failed (${result.exitCode}): ${await logTail(logPath)}`);
+  const { code } = await runToEnd(criu.path, args, { timeoutMs: 60_000, detached: true });
+  if (code !== 0) {
+    throw new Error(`criu dump failed (${code ?? 'killed'}): ${await logTail(logPath)}`);
   }
 }
 
@@ -233,7 +234,7 @@ export async function restore(
   const actionScript = join(paths.run, 'criu-restore-action.sh');
   await writeFile(actionScript, guestFile('criu-restore-action.sh'), { mode: 0o700 });
   args.push('--empty-ns', 'net', '--action-script', actionScript);
-  const child = spawn('/bin/sh', [...joinArgv(desktopId), 'perl', '-e', criuKeeperProgram(), '--', criu.path, ...args], {
+  const child = await spawnProcess('/bin/sh', [...joinArgv(desktopId), 'perl', '-e', criuKeeperProgram(), '--', criu.path, ...args], {
     detached: true,
     stdio: ['ignore', 'pipe', 'ignore'],
     // For the action script: the guest's hostname (post-restore), and the check's limits and

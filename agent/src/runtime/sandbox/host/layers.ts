@@ -21,17 +21,15 @@
  * the store follows, and `layers.next.json` replaces `layers.json` last; a freeze found half done
  * is completed by `recoverFreeze` before anything else touches the desktop.
  */
-import { execFile, spawn } from 'node:child_process';
 import { copyFile, link, mkdir, readdir, readFile, rename, rm, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { setTimeout as sleep } from 'node:timers/promises';
-import { promisify } from 'node:util';
 import { newId } from '../../../../../shared/src/ids.js';
 import { KeyedMutex } from './keyed-mutex.js';
 import { copySparse } from './sparse.js';
+import { runToEnd, spawnProcess } from './spawner.js';
 import { exists, readJson, type DesktopPaths } from './layout.js';
 
-const run = promisify(execFile);
 
 interface Chain {
   /** Layer ids, topmost first. */
@@ -82,9 +80,9 @@ const DETACH_MS = 10_000;
  */
 async function unmount(dir: string): Promise<void> {
   if (!(await isMounted(dir))) return;
-  const child = spawn('umount', ['-l', dir], { stdio: 'ignore', detached: true });
+  const child = await spawnProcess('umount', ['-l', dir], { stdio: ['ignore', 'ignore', 'ignore'], detached: true });
   let exit: number | null | undefined;
-  child.once('exit', (code) => (exit = code));
+  child.once('exit', (code: number | null) => (exit = code));
   child.once('error', () => (exit = -1));
   child.unref();
   const deadline = performance.now() + DETACH_MS;
@@ -111,7 +109,8 @@ export async function mountDisk(stateDir: string, paths: DesktopPaths): Promise<
   await mkdir(work, { recursive: true });
   await mkdir(paths.disk, { recursive: true });
   const lowerdir = chain.lower.map((id) => join(layersDir(stateDir), id)).join(':');
-  await run('mount', ['-t', 'overlay', 'overlay', '-o', `lowerdir=${lowerdir},upperdir=${upper},workdir=${work}`, paths.disk]);
+  const mounted = await runToEnd('mount', ['-t', 'overlay', 'overlay', '-o', `lowerdir=${lowerdir},upperdir=${upper},workdir=${work}`, paths.disk]);
+  if (mounted.code !== 0) throw new Error(`mount of ${paths.disk} failed (${mounted.code ?? 'killed'}): ${mounted.stderr}`);
 }
 
 /**

@@ -18,8 +18,8 @@
  * Records are 64 KiB (`-b 128`) instead of tar's 10 KiB, the size of a pipe's buffer: tar then
  * writes a pipe-full at a time, which more than doubles the throughput of a stream here.
  */
-import { spawn, type ChildProcessByStdio } from 'node:child_process';
-import type { Readable, Writable } from 'node:stream';
+import type { Writable } from 'node:stream';
+import { spawnProcess, type SpawnedProcess } from './spawner.js';
 import type { UnitSink, UnitStream } from '../../transfer.js';
 
 const RECORD_BLOCKS = '128';
@@ -63,12 +63,12 @@ function feed(stdin: Writable, leaveOut: readonly string[]): void {
  * `leaveOut`: tar's own stdout, with no stream in between (this is the hot path of a move), and
  * `done`, which says whether tar exited 0. Destroying the body kills tar.
  */
-export function tarStream(dir: string, members: readonly string[], leaveOut: readonly string[] = []): UnitStream {
-  const child = spawn('tar', ['--create', '--file=-', ...CREATE_FLAGS, ...excludeArgs(leaveOut), '-C', dir, '--', ...members], {
+export async function tarStream(dir: string, members: readonly string[], leaveOut: readonly string[] = []): Promise<UnitStream> {
+  const child = await spawnProcess('tar', ['--create', '--file=-', ...CREATE_FLAGS, ...excludeArgs(leaveOut), '-C', dir, '--', ...members], {
     env: TAR_ENV,
     stdio: ['pipe', 'pipe', 'pipe'],
   });
-  feed(child.stdin, leaveOut);
+  feed(child.stdin!, leaveOut);
   return produced(child, 'tar --create', false);
 }
 
@@ -79,36 +79,37 @@ export function tarStream(dir: string, members: readonly string[], leaveOut: rea
  * exits 1, which is not a failure here; the pre-copy compares every file's identity afterwards
  * and keeps only those unchanged.
  */
-export function fileListStream(dir: string, files: readonly string[]): UnitStream {
-  const child = spawn(
+export async function fileListStream(dir: string, files: readonly string[]): Promise<UnitStream> {
+  const child = await spawnProcess(
     'tar',
     ['--create', '--file=-', ...CREATE_FLAGS, '--ignore-failed-read', '--warning=no-file-changed', '--warning=no-file-removed', '--no-recursion',
       '-C', dir, '--null', '--verbatim-files-from', '--files-from=-'],
     { env: TAR_ENV, stdio: ['pipe', 'pipe', 'pipe'] },
   );
-  child.stdin.on('error', () => undefined);
-  child.stdin.end(files.map((name) => `${name}\0`).join(''));
+  child.stdin!.on('error', () => undefined);
+  child.stdin!.end(files.map((name) => `${name}\0`).join(''));
   return produced(child, 'tar --create', true);
 }
 
-function produced(child: ChildProcessByStdio<Writable, Readable, Readable>, what: string, changesAllowed: boolean): UnitStream {
+function produced(child: SpawnedProcess, what: string, changesAllowed: boolean): UnitStream {
+  const body = child.stdout!;
   let stderr = '';
-  child.stderr.on('data', (chunk: Buffer) => {
+  child.stderr!.on('data', (chunk: Buffer) => {
     stderr = (stderr + chunk.toString('utf8')).slice(-STDERR_KEEP);
   });
   const done = new Promise<void>((resolve, reject) => {
     child.once('error', reject);
-    child.once('close', (code, signal) => {
+    child.once('close', (code: number | null, signal: NodeJS.Signals | null) => {
       if (code === 0 || (changesAllowed && code === 1)) resolve();
       else reject(new Error(`${what} failed (${code ?? signal}): ${lastLine(stderr)}`));
     });
   });
   done.catch(() => undefined);
   // Destroyed by its reader before the end: nobody wants the rest.
-  child.stdout.once('close', () => {
-    if (!child.stdout.readableEnded && child.exitCode === null && child.signalCode === null) child.kill('SIGKILL');
+  body.once('close', () => {
+    if (!body.readableEnded && child.exitCode === null && child.signalCode === null) child.kill('SIGKILL');
   });
-  return { body: child.stdout, done };
+  return { body, done };
 }
 
 /**
@@ -117,19 +118,19 @@ function produced(child: ChildProcessByStdio<Writable, Readable, Readable>, what
  * headers) and `--totals` reports the archive's size. Measured at a few milliseconds for a tree
  * whose stream takes hundreds, so a move's listing no longer reads every byte before the copy.
  */
-export function tarSize(dir: string, members: readonly string[], leaveOut: readonly string[] = []): Promise<number> {
+export async function tarSize(dir: string, members: readonly string[], leaveOut: readonly string[] = []): Promise<number> {
+  const child = await spawnProcess('tar', ['--create', '--file=/dev/null', '--totals', ...CREATE_FLAGS, ...excludeArgs(leaveOut), '-C', dir, '--', ...members], {
+    env: TAR_ENV,
+    stdio: ['pipe', 'ignore', 'pipe'],
+  });
+  feed(child.stdin!, leaveOut);
   return new Promise((resolve, reject) => {
-    const child = spawn('tar', ['--create', '--file=/dev/null', '--totals', ...CREATE_FLAGS, ...excludeArgs(leaveOut), '-C', dir, '--', ...members], {
-      env: TAR_ENV,
-      stdio: ['pipe', 'ignore', 'pipe'],
-    });
-    feed(child.stdin, leaveOut);
     let stderr = '';
-    child.stderr.on('data', (chunk: Buffer) => {
+    child.stderr!.on('data', (chunk: Buffer) => {
       stderr = (stderr + chunk.toString('utf8')).slice(-STDERR_KEEP);
     });
     child.once('error', reject);
-    child.once('close', (code, signal) => {
+    child.once('close', (code: number | null, signal: NodeJS.Signals | null) => {
       const total = /Total bytes written: (\d+)/.exec(stderr)?.[1];
       if (code === 0 && total !== undefined) resolve(Number(total));
       else reject(new Error(`tar --totals failed (${code ?? signal}): ${lastLine(stderr)}`));
@@ -141,28 +142,29 @@ export function tarSize(dir: string, members: readonly string[], leaveOut: reado
  * Extracts a tar stream written to the sink's input into `dir` (which must exist). Writes go
  * straight into tar's stdin, with no stream in between: this is the hot path of an import.
  */
-export function untar(dir: string): UnitSink {
-  const child = spawn('tar', ['--extract', '--file=-', ...EXTRACT_FLAGS, '-C', dir], {
+export async function untar(dir: string): Promise<UnitSink> {
+  const child = await spawnProcess('tar', ['--extract', '--file=-', ...EXTRACT_FLAGS, '-C', dir], {
     env: TAR_ENV,
     stdio: ['pipe', 'ignore', 'pipe'],
   });
+  const input = child.stdin!;
   let stderr = '';
-  child.stderr.on('data', (chunk: Buffer) => {
+  child.stderr!.on('data', (chunk: Buffer) => {
     stderr = (stderr + chunk.toString('utf8')).slice(-STDERR_KEEP);
   });
   let aborted = false;
   // A write after tar stopped reading fails with EPIPE; what matters is why tar stopped, below.
-  child.stdin.on('error', () => undefined);
+  input.on('error', () => undefined);
   const done = new Promise<void>((resolve, reject) => {
     child.once('error', reject);
-    child.once('close', (code, signal) => {
+    child.once('close', (code: number | null, signal: NodeJS.Signals | null) => {
       if (code === 0 && !aborted) resolve();
       else reject(new Error(aborted ? 'the unpacking was abandoned' : `tar --extract failed (${code ?? signal}): ${lastLine(stderr)}`));
     });
   });
   done.catch(() => undefined);
   return {
-    input: child.stdin,
+    input,
     done,
     abort() {
       aborted = true;

@@ -23,11 +23,11 @@
  * guest cannot make the agent spawn in a loop; one left unused for long is retired. One that stops
  * answering is replaced, and retired once its children have finished what they already serve.
  */
-import type { ChildProcess } from 'node:child_process';
 import { randomBytes } from 'node:crypto';
 import { closeSync, openSync } from 'node:fs';
 import type { Socket } from 'node:net';
 import type { InitProcess } from './cold-boot.js';
+import type { SpawnedProcess } from './spawner.js';
 import { WarmServer } from './warm-server.js';
 
 export type WarmKind = 'file' | 'exec';
@@ -44,7 +44,7 @@ export interface WarmPoolOptions {
    * Starts a server of `kind` for the guest of `init`, in a process group of its own, listening on
    * a socket named `socketName` in `socketDir`.
    */
-  readonly start: (kind: WarmKind, desktopId: string, init: InitProcess, socketDir: string, socketName: string) => ChildProcess;
+  readonly start: (kind: WarmKind, desktopId: string, init: InitProcess, socketDir: string, socketName: string) => Promise<SpawnedProcess>;
   /** The directory for the desktop's sockets: one only the driver (root) can reach. */
   readonly socketDir: (desktopId: string) => string;
   /** True while the desktop is stopping: nothing new may enter it. */
@@ -159,8 +159,9 @@ export class WarmPool {
   }
 
   private start(kind: WarmKind, desktopId: string, desktop: DesktopWarm): void {
-    // Checked in the same tick as the spawn: a fence raised before it stops it, and a server
-    // started before the fence is in `servers`, where a retire finds it.
+    // Checked in the same tick as the server is asked for: a fence raised before it stops it, and
+    // a server asked for before the fence is in `servers` (still starting, perhaps), where a
+    // retire finds it.
     if (this.closed || this.opts.fenced(desktopId) || this.desktops.get(desktopId) !== desktop) return;
     if (desktop.servers[kind]?.alive) return;
     const dir = this.opts.socketDir(desktopId);
@@ -169,7 +170,7 @@ export class WarmPool {
     let server: WarmServer;
     let dirFd: number | null = null;
     try {
-      // Synchronous, like the spawn beside it: opening a local directory does not block.
+      // Synchronous, to hold the server in the same tick: opening a local directory does not block.
       dirFd = openSync(dir, 'r');
       const child = this.opts.start(kind, desktopId, desktop.init, dir, name);
       server = new WarmServer(child, { dir, name, dirFd }, this.log, () => void this.stop(desktopId, kind, server));

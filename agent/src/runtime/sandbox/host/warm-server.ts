@@ -3,13 +3,13 @@
  * then the server inside the guest), its socket, whether it said `ready`, the connections its
  * children serve, its idle deadline, and how to kill it so that everything it started is reaped.
  */
-import type { ChildProcess } from 'node:child_process';
 import { randomBytes } from 'node:crypto';
 import { closeSync } from 'node:fs';
 import { rm } from 'node:fs/promises';
 import { connect, type Socket } from 'node:net';
 import { join } from 'node:path';
 import { processTree, procStat, signal, waitFor } from './host-procs.js';
+import type { SpawnedProcess } from './spawner.js';
 import { TOKEN_HEX } from '../guest/warm-perl.js';
 
 /** An unused server is retired after this long. */
@@ -37,7 +37,7 @@ export interface ServerSocket {
   readonly dirFd: number;
 }
 
-function sockets(child: ChildProcess): Socket[] {
+function sockets(child: SpawnedProcess): Socket[] {
   return [child.stdin, child.stdout, child.stderr].filter((s) => s !== null) as Socket[];
 }
 
@@ -56,30 +56,61 @@ export class WarmServer {
   private draining = false;
   private readonly token = `${randomBytes(TOKEN_HEX / 2).toString('hex')}\n`;
   readonly exited: Promise<void>;
+  /** The process, once started (a start takes a fraction of a millisecond, spawner.ts). */
+  private child: SpawnedProcess | null = null;
+  /** Settles with the process once started, null if it could not be. */
+  private readonly spawned: Promise<SpawnedProcess | null>;
 
+  /**
+   * Takes the server as it is being started: the pool holds it (and can kill it) from the moment
+   * it asked for it, so a retire never misses one still starting.
+   */
   constructor(
-    private readonly child: ChildProcess,
+    starting: Promise<SpawnedProcess>,
     private readonly socket: ServerSocket,
     log: (msg: string, fields?: object) => void,
     private readonly onIdle: () => void,
   ) {
     this.ready = new Promise((resolve) => (this.settleReady = resolve));
+    let done!: () => void;
     this.exited = new Promise((resolve) => {
-      const done = () => {
+      done = () => {
         if (this.exitedFlag) return;
         this.exitedFlag = true;
         this.settleReady(false);
         clearTimeout(this.idleTimer);
         clearTimeout(this.readyTimer);
-        for (const s of sockets(child)) s.destroy();
+        if (this.child !== null) for (const s of sockets(this.child)) s.destroy();
         closeSync(socket.dirFd);
         void rm(join(socket.dir, socket.name), { force: true })
           .catch(() => undefined)
           .then(() => resolve());
       };
-      child.once('exit', done);
-      child.once('error', done);
     });
+    this.spawned = starting.then(
+      (child) => {
+        this.child = child;
+        child.once('exit', done);
+        child.once('error', done);
+        this.attach(child, log);
+        return child;
+      },
+      (err: unknown) => {
+        log('could not start a warm guest server', { socket: socket.name, error: String(err) });
+        done();
+        return null;
+      },
+    );
+    this.readyTimer = setTimeout(() => {
+      log('warm guest server did not get ready; killing it', { socket: socket.name });
+      void this.kill();
+    }, READY_MS);
+    this.readyTimer.unref();
+    this.armIdle();
+  }
+
+  private attach(child: SpawnedProcess, log: (msg: string, fields?: object) => void): void {
+    const socket = this.socket;
     // The token goes first; stdin then stays open, and its end tells the server to exit.
     child.stdin?.on('error', () => undefined);
     child.stdin?.write(this.token);
@@ -93,11 +124,6 @@ export class WarmServer {
         clearTimeout(this.readyTimer);
       }
     });
-    this.readyTimer = setTimeout(() => {
-      log('warm guest server did not get ready; killing it', { socket: socket.name });
-      void this.kill();
-    }, READY_MS);
-    this.readyTimer.unref();
     // Anything a server or its children write to stderr is a fault worth a log line; a few, since
     // the guest can make a server write (the exec server runs with the guest's capabilities).
     let lines = 0;
@@ -111,7 +137,6 @@ export class WarmServer {
     // A server waiting for work must not keep the agent alive.
     child.unref();
     for (const s of sockets(child)) s.unref();
-    this.armIdle();
   }
 
   /** Running and listening: `exit` has not been seen, so its pid (and group id) is not reused yet. */
@@ -121,7 +146,7 @@ export class WarmServer {
 
   /** The host pid of the server's group leader (the process the agent spawned). */
   get pid(): number {
-    return this.child.pid as number;
+    return this.child?.pid as number;
   }
 
   /** It said `ready` at some point (a server that never did is a failed start). */
@@ -129,8 +154,10 @@ export class WarmServer {
     return this.readyFlag;
   }
 
+  /** Not exited (a server still starting counts: it is on its way). */
   get alive(): boolean {
-    return !this.exitedFlag && this.child.pid !== undefined && this.child.exitCode === null && this.child.signalCode === null;
+    const child = this.child;
+    return !this.exitedFlag && (child === null || (child.pid !== undefined && child.exitCode === null && child.signalCode === null));
   }
 
   /**
@@ -194,11 +221,12 @@ export class WarmServer {
    * nsenter die first and leave the server's zombie to the host's init, on that init's schedule.
    */
   async kill(): Promise<void> {
-    if (!this.alive) {
+    const child = await this.spawned;
+    if (child === null || !this.alive) {
       await this.exited;
       return;
     }
-    const leader = this.child.pid as number;
+    const leader = child.pid as number;
     const tree = await processTree(leader);
     const server = tree.length > 1 ? (tree[1] as number) : null;
     if (server !== null) signal(server, 'SIGKILL');

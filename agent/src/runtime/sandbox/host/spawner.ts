@@ -1,0 +1,391 @@
+/**
+ * Starting processes without forking the agent.
+ *
+ * Node starts a child by forking its own process, and fork copies the page tables of all the
+ * agent's resident memory: at the agent's 100 MB that blocks its event loop for 10-25 ms on this
+ * machine kind per child, and a move or a burst of wakes starts many. The spawner hands each
+ * start to a small helper process (agent/native/canto-spawn.c), which uses posix_spawn: no page
+ * tables are copied and a start costs the agent a fraction of a millisecond.
+ *
+ * A child's piped stdio streams are unix socket connections to the helper (which passes each to
+ * the child as its fd and keeps no copy), so the agent holds ordinary `net.Socket`s, as it does
+ * for the pipes of a Node child. The helper reports each child's pid and its exit over its
+ * stdout. Where the helper is not built (no C compiler on the host) or cannot start, processes
+ * start with Node's own spawn: slower, otherwise the same.
+ */
+import { spawn as nodeSpawn, type ChildProcess } from 'node:child_process';
+import { EventEmitter } from 'node:events';
+import { existsSync } from 'node:fs';
+import { mkdtemp, rm } from 'node:fs/promises';
+import { connect, type Socket } from 'node:net';
+import { dirname, join } from 'node:path';
+import { constants, tmpdir } from 'node:os';
+import type { Readable, Writable } from 'node:stream';
+import { fileURLToPath } from 'node:url';
+import { procStatSync } from './host-procs.js';
+
+export type StdioMode = 'pipe' | 'ignore' | 'inherit';
+
+export interface SpawnOptions {
+  readonly stdio: readonly [StdioMode, StdioMode, StdioMode];
+  /** The child's whole environment (default: the agent's). */
+  readonly env?: Readonly<Record<string, string | undefined>>;
+  readonly cwd?: string;
+  /** A new session and process group, led by the child (Node's `detached`). */
+  readonly detached?: boolean;
+}
+
+/** What callers use of a child: Node's `ChildProcess` has the same shape. */
+export interface SpawnedProcess extends EventEmitter {
+  readonly pid?: number | undefined;
+  readonly stdin: Writable | null;
+  readonly stdout: Readable | null;
+  readonly stderr: Readable | null;
+  readonly exitCode: number | null;
+  readonly signalCode: NodeJS.Signals | null;
+  kill(signal?: NodeJS.Signals | number): boolean;
+  unref(): void;
+}
+
+const FLAG_SETSID = 1;
+const MODE_NULL = 0;
+const MODE_OWN = 1;
+const MODE_CONN = 0x10;
+const ATTACH_BIT = 0x80000000;
+const EVENT_BYTES = 16;
+/** How often children are looked for after the helper died (their exits can no longer be heard). */
+const ORPHAN_POLL_MS = 200;
+
+const SIGNAL_NAMES = new Map<number, NodeJS.Signals>(
+  Object.entries(constants.signals).map(([name, n]) => [n, name as NodeJS.Signals]),
+);
+const ERRNO_NAMES = new Map<number, string>(Object.entries(constants.errno).map(([name, n]) => [n, name]));
+
+/** The built helper, beside the bundle (dist/) or, when running from source, in the repo's dist/. */
+export function helperPath(): string | null {
+  const here = dirname(fileURLToPath(import.meta.url));
+  const candidates = [join(here, 'canto-spawn'), join(here, '..', '..', '..', '..', '..', 'dist', 'canto-spawn')];
+  return candidates.find((p) => existsSync(p)) ?? null;
+}
+
+/** A child started by the helper; its events and streams follow Node's `ChildProcess`. */
+class HelperChild extends EventEmitter implements SpawnedProcess {
+  pid: number | undefined;
+  exitCode: number | null = null;
+  signalCode: NodeJS.Signals | null = null;
+  exited = false;
+  private openStreams = 0;
+  private closed = false;
+  private referenced = true;
+
+  constructor(
+    private readonly spawner: HelperSpawner,
+    readonly stdin: Socket | null,
+    readonly stdout: Socket | null,
+    readonly stderr: Socket | null,
+  ) {
+    super();
+    for (const s of [stdout, stderr]) {
+      if (s === null) continue;
+      this.openStreams++;
+      s.once('close', () => this.streamClosed());
+    }
+    // Nothing is read from the child's stdin; reading lets its end (the child exited) be seen.
+    stdin?.on('data', () => undefined);
+  }
+
+  kill(sig: NodeJS.Signals | number = 'SIGTERM'): boolean {
+    if (this.pid === undefined || this.exited) return false;
+    try {
+      process.kill(this.pid, sig);
+      return true;
+    } catch {
+      return false;
+    }
+  }
+
+  unref(): void {
+    if (!this.referenced) return;
+    this.referenced = false;
+    if (!this.exited) this.spawner.release();
+  }
+
+  /** The helper reaped the child (or, after the helper died, it is gone). */
+  exit(code: number | null, sig: NodeJS.Signals | null): void {
+    if (this.exited) return;
+    this.exited = true;
+    this.exitCode = code;
+    this.signalCode = sig;
+    if (this.referenced) this.spawner.release();
+    this.stdin?.destroy();
+    this.emit('exit', code, sig);
+    this.maybeClose();
+  }
+
+  /** Not started: Node's spawn reports this as `error`, then `close`. */
+  failed(errno: number, file: string): void {
+    const code = ERRNO_NAMES.get(errno) ?? 'EIO';
+    const err = Object.assign(new Error(`spawn ${file} ${code}`), { errno: -errno, code, syscall: `spawn ${file}`, path: file });
+    for (const s of [this.stdin, this.stdout, this.stderr]) s?.destroy();
+    this.exited = true;
+    this.exitCode = -errno;
+    if (this.referenced) this.spawner.release();
+    setImmediate(() => {
+      this.emit('error', err);
+      this.maybeClose();
+    });
+  }
+
+  private streamClosed(): void {
+    this.openStreams--;
+    this.maybeClose();
+  }
+
+  private maybeClose(): void {
+    if (this.closed || !this.exited || this.openStreams > 0) return;
+    this.closed = true;
+    this.emit('close', this.exitCode, this.signalCode);
+  }
+}
+
+interface Waiting {
+  readonly child: HelperChild;
+  readonly file: string;
+  readonly settle: (err: Error | null) => void;
+}
+
+/** One running helper: the requests it has not answered and the children it has not reaped. */
+class HelperSpawner {
+  private nextId = 1;
+  private readonly waiting = new Map<number, Waiting>();
+  private readonly running = new Map<number, HelperChild>();
+  private pending: Buffer = Buffer.alloc(0);
+  private references = 0;
+  dead = false;
+
+  private constructor(
+    private readonly helper: ChildProcess,
+    readonly address: string,
+  ) {
+    const events = helper.stdout as Socket;
+    events.on('data', (chunk: Buffer) => this.read(chunk));
+    events.once('close', () => this.died());
+    helper.once('exit', () => this.died());
+    helper.stdin?.on('error', () => undefined);
+  }
+
+  /** Starts the helper and waits for it to listen; null when it cannot start. */
+  static async start(path: string): Promise<HelperSpawner | null> {
+    // A directory only the agent's user can enter (mkdtemp makes it 0700), for a short socket path.
+    const address = join(await mkdtemp(join(tmpdir(), 'canto-spawn-')), 's');
+    const helper = nodeSpawn(path, [address], { stdio: ['pipe', 'pipe', 'inherit', 1] });
+    const ready = new Promise<boolean>((resolve) => {
+      const events = helper.stdout as Socket;
+      let got = Buffer.alloc(0);
+      const onData = (chunk: Buffer) => {
+        got = Buffer.concat([got, chunk]);
+        if (got.length < EVENT_BYTES) return;
+        events.off('data', onData);
+        resolve(got.readUInt32LE(4) === 'R'.charCodeAt(0));
+      };
+      events.on('data', onData);
+      helper.once('error', () => resolve(false));
+      helper.once('exit', () => resolve(false));
+    });
+    if (!(await ready)) {
+      helper.kill('SIGKILL');
+      await rm(dirname(address), { recursive: true, force: true });
+      return null;
+    }
+    helper.unref();
+    (helper.stdin as Socket).unref();
+    const spawner = new HelperSpawner(helper, address);
+    spawner.release();
+    return spawner;
+  }
+
+  async spawn(file: string, args: readonly string[], options: SpawnOptions): Promise<SpawnedProcess> {
+    if (this.dead) throw new Error('the process spawner exited');
+    const id = this.nextId++;
+    // One connection per piped stream; the first carries the request (a request-only one when
+    // nothing is piped, closed by the helper once the child is started).
+    const piped = [0, 1, 2].filter((fd) => options.stdio[fd] === 'pipe');
+    const conns = (piped.length === 0 ? [-1] : piped).map(() => connect({ path: this.address }));
+    const modes = options.stdio.map((mode, fd) => {
+      if (mode === 'pipe') return MODE_CONN + piped.indexOf(fd);
+      return mode === 'inherit' && fd > 0 ? MODE_OWN : MODE_NULL;
+    });
+    const streamOf = (fd: number) => (piped.includes(fd) ? conns[piped.indexOf(fd)]! : null);
+    const child = new HelperChild(this, streamOf(0), streamOf(1), streamOf(2));
+    this.references++;
+    (this.helper.stdout as Socket).ref();
+    conns[0]!.write(requestFrame(id, file, args, options, modes as [number, number, number], conns.length));
+    conns.slice(1).forEach((c, k) => c.write(attachFrame(id, k + 1)));
+    if (piped.length === 0) conns[0]!.on('error', () => undefined).resume();
+    const settled = new Promise<Error | null>((resolve) => this.waiting.set(id, { child, file, settle: resolve }));
+    const err = await settled;
+    if (err !== null) {
+      for (const c of conns) c.destroy();
+      throw err;
+    }
+    return child;
+  }
+
+  /** A child no longer holds the agent's event loop open (exited, or unref'd). */
+  release(): void {
+    this.references = Math.max(0, this.references - 1);
+    if (this.references === 0) (this.helper.stdout as Socket).unref();
+  }
+
+  private read(chunk: Buffer): void {
+    this.pending = this.pending.length === 0 ? chunk : Buffer.concat([this.pending, chunk]);
+    let at = 0;
+    for (; at + EVENT_BYTES <= this.pending.length; at += EVENT_BYTES) {
+      const id = this.pending.readUInt32LE(at);
+      const type = String.fromCharCode(this.pending.readUInt32LE(at + 4));
+      const a = this.pending.readInt32LE(at + 8);
+      const b = this.pending.readInt32LE(at + 12);
+      this.event(id, type, a, b);
+    }
+    this.pending = this.pending.subarray(at);
+  }
+
+  private event(id: number, type: string, a: number, b: number): void {
+    if (type === 'S' || type === 'E') {
+      const w = this.waiting.get(id);
+      if (w === undefined) return;
+      this.waiting.delete(id);
+      if (type === 'S') {
+        w.child.pid = a;
+        this.running.set(id, w.child);
+      } else {
+        w.child.failed(a, w.file);
+      }
+      w.settle(null);
+    } else if (type === 'X') {
+      const child = this.running.get(id);
+      if (child === undefined) return;
+      this.running.delete(id);
+      child.exit(a >= 0 ? a : null, a >= 0 ? null : (SIGNAL_NAMES.get(b) ?? null));
+    }
+  }
+
+  /**
+   * The helper is gone: requests it did not answer fail, and its children (now reaped by
+   * whoever adopted them) are watched until they are gone, their exit status unknown.
+   */
+  private died(): void {
+    if (this.dead) return;
+    this.dead = true;
+    for (const w of this.waiting.values()) w.settle(new Error('the process spawner exited before starting the process'));
+    this.waiting.clear();
+    const orphans = [...this.running.values()];
+    this.running.clear();
+    if (orphans.length === 0) return;
+    const timer = setInterval(() => {
+      // A zombie counts as gone: whoever adopted it reaps it on its own schedule.
+      for (const child of orphans) if (procStatSync(child.pid!) === null) child.exit(null, null);
+      if (orphans.every((c) => c.exited)) clearInterval(timer);
+    }, ORPHAN_POLL_MS);
+  }
+
+  get pid(): number {
+    return this.helper.pid as number;
+  }
+}
+
+export function requestFrame(
+  id: number,
+  file: string,
+  args: readonly string[],
+  options: SpawnOptions,
+  modes: readonly [number, number, number],
+  conns: number,
+): Buffer {
+  const env = Object.entries(options.env ?? process.env).flatMap(([k, v]) => (v === undefined ? [] : [`${k}=${v}`]));
+  // argv[0] is the file as given, as Node passes it.
+  const argv = [file, ...args];
+  const body = Buffer.from([file, options.cwd ?? '', ...argv, ...env].map((s) => `${s}\0`).join(''));
+  const head = Buffer.alloc(24);
+  head.writeUInt32LE(20 + body.length, 0);
+  head.writeUInt32LE(id, 4);
+  head.writeUInt32LE(options.detached === true ? FLAG_SETSID : 0, 8);
+  head.writeUInt8(modes[0], 12);
+  head.writeUInt8(modes[1], 13);
+  head.writeUInt8(modes[2], 14);
+  head.writeUInt8(conns, 15);
+  head.writeUInt32LE(argv.length, 16);
+  head.writeUInt32LE(env.length, 20);
+  return Buffer.concat([head, body]);
+}
+
+function attachFrame(id: number, index: number): Buffer {
+  const frame = Buffer.alloc(12);
+  frame.writeUInt32LE(8, 0);
+  frame.writeUInt32LE(id, 4);
+  frame.writeUInt32LE((ATTACH_BIT | index) >>> 0, 8);
+  return frame;
+}
+
+let shared: Promise<HelperSpawner | null> | undefined;
+
+/** The agent's helper, started on first use (and again after it died); null when there is none. */
+async function helper(): Promise<HelperSpawner | null> {
+  if (shared !== undefined) {
+    const current = await shared;
+    if (current === null || !current.dead) return current;
+  }
+  const path = helperPath();
+  shared = path === null || process.env.CANTO_AGENT_NODE_SPAWN === '1' ? Promise.resolve(null) : HelperSpawner.start(path);
+  return shared;
+}
+
+/** The running helper's pid and socket (for tests and diagnostics); null when processes start with Node's spawn. */
+export async function spawnHelper(): Promise<{ pid: number; address: string } | null> {
+  const current = await helper();
+  return current === null ? null : { pid: current.pid, address: current.address };
+}
+
+/**
+ * Starts a process, as Node's `spawn` with these options would; resolves once it has a pid (or
+ * has failed to start, reported as Node does: an `error` event, then `close`).
+ */
+export async function spawnProcess(file: string, args: readonly string[], options: SpawnOptions): Promise<SpawnedProcess> {
+  const spawner = await helper();
+  // A helper that dies while starting this process fails the start: it may have started it.
+  if (spawner !== null) return spawner.spawn(file, args, options);
+  const child: SpawnedProcess = nodeSpawn(file, [...args], {
+    stdio: [...options.stdio],
+    env: options.env as NodeJS.ProcessEnv | undefined,
+    cwd: options.cwd,
+    detached: options.detached,
+  });
+  return child;
+}
+
+/** Bytes of a process's stderr that `runToEnd` keeps for an error message. */
+const STDERR_KEEP = 4096;
+
+/**
+ * Runs a process to its end with no input and its stdout discarded: its exit code (null when a
+ * signal, or `timeoutMs`, which sends SIGTERM, ended it) and the end of its stderr.
+ */
+export async function runToEnd(
+  file: string,
+  args: readonly string[],
+  options: { readonly timeoutMs?: number; readonly detached?: boolean; readonly env?: SpawnOptions['env'] } = {},
+): Promise<{ code: number | null; stderr: string }> {
+  const child = await spawnProcess(file, args, { stdio: ['ignore', 'ignore', 'pipe'], detached: options.detached, env: options.env });
+  let stderr = '';
+  child.stderr!.on('data', (chunk: Buffer) => {
+    stderr = (stderr + chunk.toString('utf8')).slice(-STDERR_KEEP);
+  });
+  return new Promise((resolve) => {
+    const timer = options.timeoutMs === undefined ? undefined : setTimeout(() => child.kill('SIGTERM'), options.timeoutMs);
+    child.once('error', (err: Error) => (stderr = err.message));
+    child.once('close', (code: number | null) => {
+      clearTimeout(timer);
+      resolve({ code: code !== null && code >= 0 ? code : null, stderr: stderr.trim() });
+    });
+  });
+}

@@ -1,0 +1,156 @@
+/**
+ * The agent's process spawner (agent/src/runtime/sandbox/host/spawner.ts with the helper built
+ * from agent/native/canto-spawn.c): processes started through it behave as Node's spawn would
+ * start them (stdio, exit codes, signals, sessions, environment, errors), the helper takes
+ * requests from the agent alone, and a helper killed under running children loses none of them.
+ * Real processes throughout.
+ */
+import { spawn } from 'node:child_process';
+import { createHash } from 'node:crypto';
+import { once } from 'node:events';
+import { chmod, mkdtemp, readFile, rm, writeFile } from 'node:fs/promises';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { procStat } from '../../agent/src/runtime/sandbox/host/host-procs.js';
+import { requestFrame, spawnHelper, spawnProcess, type SpawnedProcess } from '../../agent/src/runtime/sandbox/host/spawner.js';
+import { until } from '../helpers/wait.js';
+
+let dir: string;
+
+beforeAll(async () => {
+  dir = await mkdtemp(join(tmpdir(), 'canto-spawner-'));
+});
+
+afterAll(async () => {
+  await rm(dir, { recursive: true, force: true });
+});
+
+async function collect(child: SpawnedProcess): Promise<{ out: Buffer; err: string; code: number | null; signal: string | null }> {
+  const out: Buffer[] = [];
+  let err = '';
+  child.stdout?.on('data', (c: Buffer) => out.push(c));
+  child.stderr?.on('data', (c: Buffer) => (err += c.toString()));
+  const [code, signal] = (await once(child, 'close')) as [number | null, string | null];
+  return { out: Buffer.concat(out), err, code, signal };
+}
+
+describe('the process spawner', () => {
+  it('starts children from its helper, not by forking this process', async () => {
+    const helper = await spawnHelper();
+    expect(helper).not.toBeNull();
+    const child = await spawnProcess('sleep', ['5'], { stdio: ['ignore', 'ignore', 'ignore'] });
+    const st = await procStat(child.pid!);
+    expect(st?.ppid).toBe(helper!.pid);
+    expect(st?.ppid).not.toBe(process.pid);
+    child.kill('SIGKILL');
+    await once(child, 'close');
+  });
+
+  it('connects stdin, stdout and stderr, and reports the exit code after the output', async () => {
+    const child = await spawnProcess('sh', ['-c', 'cat; echo err >&2; exit 3'], { stdio: ['pipe', 'pipe', 'pipe'] });
+    child.stdin!.end('from stdin\n');
+    const got = await collect(child);
+    expect(got).toEqual({ out: Buffer.from('from stdin\n'), err: 'err\n', code: 3, signal: null });
+    expect(child.exitCode).toBe(3);
+  });
+
+  it('streams more than any socket buffer holds, both ways, byte for byte', async () => {
+    const data = Buffer.alloc(8 << 20);
+    for (let i = 0; i < data.length; i += 4096) data.writeUInt32LE((i * 2654435761) >>> 0, i);
+    const child = await spawnProcess('cat', [], { stdio: ['pipe', 'pipe', 'ignore'] });
+    child.stdin!.end(data);
+    const got = await collect(child);
+    expect(createHash('sha256').update(got.out).digest('hex')).toBe(createHash('sha256').update(data).digest('hex'));
+    expect(got.code).toBe(0);
+  });
+
+  it('gives the child exactly the environment and directory asked for, and looks the file up on its PATH', async () => {
+    const bin = join(dir, 'bin');
+    await rm(bin, { recursive: true, force: true });
+    await writeFile(join(dir, 'only-here'), '#!/bin/sh\nenv | sort; pwd\n');
+    await chmod(join(dir, 'only-here'), 0o755);
+    const child = await spawnProcess('only-here', [], { stdio: ['ignore', 'pipe', 'pipe'], env: { PATH: `${dir}:/usr/bin:/bin`, A: 'one two' }, cwd: '/tmp' });
+    const got = await collect(child);
+    expect(got.out.toString().split('\n').filter((l) => l !== '' && !l.startsWith('PWD=') && !l.startsWith('SHLVL=') && !l.startsWith('_='))).toEqual([
+      'A=one two',
+      `PATH=${dir}:/usr/bin:/bin`,
+      '/tmp',
+    ]);
+  });
+
+  it('leads a session of its own only when detached', async () => {
+    const detached = await spawnProcess('sleep', ['5'], { stdio: ['ignore', 'ignore', 'ignore'], detached: true });
+    const attached = await spawnProcess('sleep', ['5'], { stdio: ['ignore', 'ignore', 'ignore'] });
+    const [d, a] = [await procStat(detached.pid!), await procStat(attached.pid!)];
+    expect(d?.session).toBe(detached.pid);
+    expect(d?.pgid).toBe(detached.pid);
+    expect(a?.session).not.toBe(attached.pid);
+    // A detached child's group can be signalled as a whole, as the agent does.
+    process.kill(-detached.pid!, 'SIGKILL');
+    attached.kill('SIGTERM');
+    expect(await once(detached, 'exit')).toEqual([null, 'SIGKILL']);
+    expect(await once(attached, 'exit')).toEqual([null, 'SIGTERM']);
+  });
+
+  it('reports a file that does not exist as Node does: an error, then close', async () => {
+    const child = await spawnProcess(join(dir, 'missing'), [], { stdio: ['pipe', 'pipe', 'pipe'] });
+    const events: string[] = [];
+    const closed = new Promise<void>((resolve) => child.once('close', () => resolve()));
+    child.once('error', (err: NodeJS.ErrnoException) => events.push(`error ${err.code}`));
+    child.once('close', () => events.push('close'));
+    await closed;
+    expect(events).toEqual(['error ENOENT', 'close']);
+    expect(child.pid).toBeUndefined();
+  });
+
+  it('takes requests from the agent alone: another process connecting to its socket starts nothing', async () => {
+    const helper = (await spawnHelper())!;
+    const marker = join(dir, 'intruder-was-here');
+    const frame = requestFrame(1, 'touch', [marker], { stdio: ['ignore', 'ignore', 'ignore'] }, [0, 0, 0], 1);
+    const intruder = spawn(process.execPath, [
+      '-e',
+      `const s = require('node:net').connect(process.argv[1], () => s.write(Buffer.from(process.argv[2], 'hex')));
+       s.on('close', () => { console.log('closed'); process.exit(0); }); s.on('error', () => {}); s.resume();`,
+      helper.address,
+      frame.toString('hex'),
+    ]);
+    let said = '';
+    intruder.stdout.on('data', (c: Buffer) => (said += c.toString()));
+    await once(intruder, 'close');
+    expect(said.trim()).toBe('closed');
+    await expect(readFile(marker)).rejects.toThrow(/ENOENT/);
+    // The same request from the agent does start it.
+    const child = await spawnProcess('touch', [marker], { stdio: ['ignore', 'ignore', 'ignore'] });
+    await once(child, 'close');
+    expect((await readFile(marker)).length).toBe(0);
+  });
+
+  it('keeps children running when the helper is killed, reports their end, and starts a new helper', async () => {
+    const old = (await spawnHelper())!;
+    const child = await spawnProcess('sh', ['-c', 'sleep 0.5; echo late'], { stdio: ['ignore', 'pipe', 'ignore'] });
+    const got = collect(child);
+    process.kill(old.pid, 'SIGKILL');
+    // The child lives on (adopted by init) and its output still arrives; its exit status is unknown.
+    expect(await got).toEqual({ out: Buffer.from('late\n'), err: '', code: null, signal: null });
+    await until(async () => (await spawnHelper())?.pid !== old.pid, 5_000, 'a new helper');
+    const next = await spawnProcess('true', [], { stdio: ['ignore', 'ignore', 'ignore'] });
+    expect(await once(next, 'close')).toEqual([0, null]);
+    expect((await procStat(next.pid!)) === null).toBe(true);
+  });
+});
+
+it('starts processes with Node spawn when told to (CANTO_AGENT_NODE_SPAWN=1)', async () => {
+  const script = `import { spawnProcess, spawnHelper } from ${JSON.stringify(join(process.cwd(), 'agent/src/runtime/sandbox/host/spawner.ts'))};
+    const child = await spawnProcess('sh', ['-c', 'echo $PPID'], { stdio: ['ignore', 'pipe', 'ignore'] });
+    let out = ''; child.stdout.on('data', (c) => (out += c)); child.on('close', async () => console.log(JSON.stringify({ helper: await spawnHelper(), ppid: Number(out), self: process.pid })));`;
+  const file = join(dir, 'fallback.mts');
+  await writeFile(file, script);
+  const child = spawn(process.execPath, ['--import', 'tsx', file], { env: { ...process.env, CANTO_AGENT_NODE_SPAWN: '1' } });
+  let out = '';
+  child.stdout.on('data', (c: Buffer) => (out += c.toString()));
+  await once(child, 'close');
+  const got = JSON.parse(out) as { helper: unknown; ppid: number; self: number };
+  expect(got.helper).toBeNull();
+  expect(got.ppid).toBe(got.self);
+});
