@@ -87,10 +87,13 @@ describe('the process spawner', () => {
     expect(d?.pgid).toBe(detached.pid);
     expect(a?.session).not.toBe(attached.pid);
     // A detached child's group can be signalled as a whole, as the agent does.
+    const exits = Promise.all([once(detached, 'exit'), once(attached, 'exit')]);
     process.kill(-detached.pid!, 'SIGKILL');
     attached.kill('SIGTERM');
-    expect(await once(detached, 'exit')).toEqual([null, 'SIGKILL']);
-    expect(await once(attached, 'exit')).toEqual([null, 'SIGTERM']);
+    expect(await exits).toEqual([
+      [null, 'SIGKILL'],
+      [null, 'SIGTERM'],
+    ]);
   });
 
   it('reports a file that does not exist as Node does: an error, then close', async () => {
