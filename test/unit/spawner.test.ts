@@ -65,6 +65,11 @@ describe('the process spawner', () => {
     expect(got.code).toBe(0);
   });
 
+  it('drains output nobody reads once the child has exited, so that close comes (as with Node)', async () => {
+    const child = await spawnProcess('sh', ['-c', 'echo some output; echo more >&2'], { stdio: ['ignore', 'pipe', 'pipe'] });
+    expect(await once(child, 'close')).toEqual([0, null]);
+  });
+
   it('gives the child exactly the environment and directory asked for, and looks the file up on its PATH', async () => {
     const bin = join(dir, 'bin');
     await rm(bin, { recursive: true, force: true });
@@ -143,13 +148,13 @@ describe('the process spawner', () => {
   });
 });
 
-it('starts processes with Node spawn when told to (CANTO_AGENT_NODE_SPAWN=1)', async () => {
+it('starts processes with Node spawn when told to (CANTO_AGENT_SPAWN_HELPER=off)', async () => {
   const script = `import { spawnProcess, spawnHelper } from ${JSON.stringify(join(process.cwd(), 'agent/src/runtime/sandbox/host/spawner.ts'))};
     const child = await spawnProcess('sh', ['-c', 'echo $PPID'], { stdio: ['ignore', 'pipe', 'ignore'] });
     let out = ''; child.stdout.on('data', (c) => (out += c)); child.on('close', async () => console.log(JSON.stringify({ helper: await spawnHelper(), ppid: Number(out), self: process.pid })));`;
   const file = join(dir, 'fallback.mts');
   await writeFile(file, script);
-  const child = spawn(process.execPath, ['--import', 'tsx', file], { env: { ...process.env, CANTO_AGENT_NODE_SPAWN: '1' } });
+  const child = spawn(process.execPath, ['--import', 'tsx', file], { env: { ...process.env, CANTO_AGENT_SPAWN_HELPER: 'off' } });
   let out = '';
   child.stdout.on('data', (c: Buffer) => (out += c.toString()));
   await once(child, 'close');

@@ -118,6 +118,8 @@ class HelperChild extends EventEmitter implements SpawnedProcess {
     this.signalCode = sig;
     if (this.referenced) this.spawner.release();
     this.stdin?.destroy();
+    // As Node does: output nobody listens to is drained, so that `close` comes.
+    for (const s of [this.stdout, this.stderr]) if (s !== null && s.listenerCount('data') + s.listenerCount('readable') === 0) s.resume();
     this.emit('exit', code, sig);
     this.maybeClose();
   }
@@ -193,6 +195,7 @@ class HelperSpawner {
       helper.once('exit', () => resolve(false));
     });
     if (!(await ready)) {
+      process.emitWarning(`the process spawner ${path} did not start; processes start with Node's spawn`);
       helper.kill('SIGKILL');
       await rm(dirname(address), { recursive: true, force: true });
       return null;
@@ -210,7 +213,8 @@ class HelperSpawner {
     // One connection per piped stream; the first carries the request (a request-only one when
     // nothing is piped, closed by the helper once the child is started).
     const piped = [0, 1, 2].filter((fd) => options.stdio[fd] === 'pipe');
-    const conns = (piped.length === 0 ? [-1] : piped).map(() => connect({ path: this.address }));
+    // A connection that fails (the helper died) fails the start, below; not the agent.
+    const conns = (piped.length === 0 ? [-1] : piped).map(() => connect({ path: this.address }).on('error', () => undefined));
     const modes = options.stdio.map((mode, fd) => {
       if (mode === 'pipe') return MODE_CONN + piped.indexOf(fd);
       return mode === 'inherit' && fd > 0 ? MODE_OWN : MODE_NULL;
@@ -221,7 +225,7 @@ class HelperSpawner {
     (this.helper.stdout as Socket).ref();
     conns[0]!.write(requestFrame(id, file, args, options, modes as [number, number, number], conns.length));
     conns.slice(1).forEach((c, k) => c.write(attachFrame(id, k + 1)));
-    if (piped.length === 0) conns[0]!.on('error', () => undefined).resume();
+    if (piped.length === 0) conns[0]!.resume();
     const settled = new Promise<Error | null>((resolve) => this.waiting.set(id, { child, file, settle: resolve }));
     const err = await settled;
     if (err !== null) {
@@ -331,13 +335,17 @@ let shared: Promise<HelperSpawner | null> | undefined;
 
 /** The agent's helper, started on first use (and again after it died); null when there is none. */
 async function helper(): Promise<HelperSpawner | null> {
-  if (shared !== undefined) {
-    const current = await shared;
+  for (;;) {
+    if (shared === undefined) {
+      const path = helperPath();
+      shared = path === null || process.env.CANTO_AGENT_SPAWN_HELPER === 'off' ? Promise.resolve(null) : HelperSpawner.start(path);
+    }
+    const asked = shared;
+    const current = await asked;
     if (current === null || !current.dead) return current;
+    // Dead: the first caller to see it starts the next one, the others wait for that.
+    if (shared === asked) shared = undefined;
   }
-  const path = helperPath();
-  shared = path === null || process.env.CANTO_AGENT_NODE_SPAWN === '1' ? Promise.resolve(null) : HelperSpawner.start(path);
-  return shared;
 }
 
 /** The running helper's pid and socket (for tests and diagnostics); null when processes start with Node's spawn. */
