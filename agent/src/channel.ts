@@ -17,6 +17,7 @@ import type { RuntimeDriver } from './runtime/driver.js';
 import { LeaderEpochs } from './leader-epochs.js';
 import { SchedulerLinks } from './scheduler-links.js';
 import { AgentMetrics, startProbeServer, type ProbeServer } from './observability.js';
+import { spawnerStats } from './runtime/sandbox/host/spawner.js';
 import { LifecycleSlots } from './lifecycle-slots.js';
 import { DesktopMoves } from './transfer/moves.js';
 import { TransferServer } from './transfer/server.js';
@@ -93,6 +94,7 @@ export async function startAgent(options: StartAgentOptions): Promise<AgentHandl
         leaderEpoch: () => epochs.current,
         driver: options.driver,
         slots,
+        processes: spawnerStats,
       });
     } catch (err) {
       await stream?.close();

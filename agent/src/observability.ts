@@ -9,12 +9,15 @@ import type { AddressInfo } from 'node:net';
 import { collectDefaultMetrics, Counter, Gauge, Histogram, Registry } from 'prom-client';
 import type { DesktopLifecycle } from './runtime/driver.js';
 import type { LifecycleSlots } from './lifecycle-slots.js';
+import type { SpawnerStats } from './runtime/sandbox/host/spawner.js';
 
 export interface AgentProbeSources {
   linkedReplicas(): string[];
   leaderEpoch(): number;
   readonly driver: Pick<DesktopLifecycle, 'list'>;
   readonly slots?: Pick<LifecycleSlots, 'running' | 'queued' | 'limit'>;
+  /** Processes the runtime started, by way (runtime/sandbox/host/spawner.ts). */
+  readonly processes?: () => SpawnerStats;
 }
 
 export class AgentMetrics {
@@ -74,6 +77,30 @@ export class AgentMetrics {
       collect: () => {
         const slots = this.sources?.slots;
         if (slots !== undefined) slotLimit.set(slots.limit);
+      },
+    });
+    const started: Counter<'via'> = new Counter({
+      name: 'canto_agent_processes_started_total',
+      help: 'Processes the runtime started, by way: the process spawner (helper) or Node\'s own fork (node)',
+      labelNames: ['via'],
+      registers,
+      collect: () => {
+        const counts = this.sources?.processes?.();
+        if (counts === undefined) return;
+        started.reset();
+        started.inc({ via: 'helper' }, counts.helper);
+        started.inc({ via: 'node' }, counts.node);
+      },
+    });
+    const spawners: Counter = new Counter({
+      name: 'canto_agent_spawner_starts_total',
+      help: 'Process spawners started (one at the first process; more mean one died and was replaced)',
+      registers,
+      collect: () => {
+        const counts = this.sources?.processes?.();
+        if (counts === undefined) return;
+        spawners.reset();
+        spawners.inc(counts.helperStarts);
       },
     });
     const desktops: Gauge<'running'> = new Gauge({

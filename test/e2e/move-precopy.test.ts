@@ -125,6 +125,10 @@ describe.skipIf(!isRoot)('a move that pre-copies an awake desktop', () => {
     const ran = (name: string) => Number(new RegExp(`^canto_agent_command_duration_seconds_count\\{[^}]*command="${name}"[^}]*\\} (\\d+)`, 'm').exec(metrics)?.[1] ?? 0);
     expect(ran('desktop.precopy.export')).toBe(1);
     expect(ran('desktop.export')).toBe(0);
+    // The agent (the built CLI) started its processes from its process spawner, which never died.
+    const counted = (name: string) => Number(new RegExp(`^${name} (\\d+)`, 'm').exec(metrics)?.[1] ?? -1);
+    expect(counted('canto_agent_processes_started_total\\{via="helper"\\}')).toBeGreaterThan(5);
+    expect(counted('canto_agent_spawner_starts_total')).toBe(1);
 
     const d = (await call('GET', `/v1/desktops/${id}`)).json;
     expect(d.host_id).toBe(hostIds.T);

@@ -13,7 +13,8 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { procStat } from '../../agent/src/runtime/sandbox/host/host-procs.js';
-import { requestFrame, spawnHelper, spawnProcess, type SpawnedProcess } from '../../agent/src/runtime/sandbox/host/spawner.js';
+import { requestFrame, spawnerStats, spawnHelper, spawnProcess, type SpawnedProcess } from '../../agent/src/runtime/sandbox/host/spawner.js';
+import { AgentMetrics } from '../../agent/src/observability.js';
 import { until } from '../helpers/wait.js';
 
 let dir: string;
@@ -39,7 +40,9 @@ describe('the process spawner', () => {
   it('starts children from its helper, not by forking this process', async () => {
     const helper = await spawnHelper();
     expect(helper).not.toBeNull();
+    const before = spawnerStats();
     const child = await spawnProcess('sleep', ['5'], { stdio: ['ignore', 'ignore', 'ignore'] });
+    expect(spawnerStats()).toEqual({ ...before, helper: before.helper + 1 });
     const st = await procStat(child.pid!);
     expect(st?.ppid).toBe(helper!.pid);
     expect(st?.ppid).not.toBe(process.pid);
@@ -161,4 +164,14 @@ it('starts processes with Node spawn when told to (CANTO_AGENT_SPAWN_HELPER=off)
   const got = JSON.parse(out) as { helper: unknown; ppid: number; self: number };
   expect(got.helper).toBeNull();
   expect(got.ppid).toBe(got.self);
+});
+
+it("counts the processes started each way, and the spawners started, in the agent's metrics", async () => {
+  const metrics = new AgentMetrics();
+  let counts = { helper: 7, node: 2, helperStarts: 1 };
+  metrics.attach({ linkedReplicas: () => [], leaderEpoch: () => 0, driver: { list: async () => [] }, processes: () => counts });
+  const text = async () => (await metrics.registry.getSingleMetricAsString('canto_agent_processes_started_total')) + '\n' + (await metrics.registry.getSingleMetricAsString('canto_agent_spawner_starts_total'));
+  expect(await text()).toMatch(/via="helper"} 7\n[^]*via="node"} 2\n[^]*spawner_starts_total 1/);
+  counts = { helper: 9, node: 2, helperStarts: 2 };
+  expect(await text()).toMatch(/via="helper"} 9\n[^]*via="node"} 2\n[^]*spawner_starts_total 2/);
 });

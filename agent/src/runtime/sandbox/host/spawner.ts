@@ -333,12 +333,27 @@ function attachFrame(id: number, index: number): Buffer {
 
 let shared: Promise<HelperSpawner | null> | undefined;
 
+/** Processes started each way, and helpers started, since this agent started (its metrics). */
+export interface SpawnerStats {
+  readonly helper: number;
+  readonly node: number;
+  readonly helperStarts: number;
+}
+
+const stats = { helper: 0, node: 0, helperStarts: 0 };
+
+export function spawnerStats(): SpawnerStats {
+  return { ...stats };
+}
+
 /** The agent's helper, started on first use (and again after it died); null when there is none. */
 async function helper(): Promise<HelperSpawner | null> {
   for (;;) {
     if (shared === undefined) {
       const path = helperPath();
-      shared = path === null || process.env.CANTO_AGENT_SPAWN_HELPER === 'off' ? Promise.resolve(null) : HelperSpawner.start(path);
+      const helperWanted = path !== null && process.env.CANTO_AGENT_SPAWN_HELPER !== 'off';
+      if (helperWanted) stats.helperStarts++;
+      shared = helperWanted ? HelperSpawner.start(path) : Promise.resolve(null);
     }
     const asked = shared;
     const current = await asked;
@@ -361,7 +376,11 @@ export async function spawnHelper(): Promise<{ pid: number; address: string } | 
 export async function spawnProcess(file: string, args: readonly string[], options: SpawnOptions): Promise<SpawnedProcess> {
   const spawner = await helper();
   // A helper that dies while starting this process fails the start: it may have started it.
-  if (spawner !== null) return spawner.spawn(file, args, options);
+  if (spawner !== null) {
+    stats.helper++;
+    return spawner.spawn(file, args, options);
+  }
+  stats.node++;
   const child: SpawnedProcess = nodeSpawn(file, [...args], {
     stdio: [...options.stdio],
     env: options.env as NodeJS.ProcessEnv | undefined,
