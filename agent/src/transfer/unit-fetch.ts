@@ -128,9 +128,11 @@ export async function fetchUnit(options: UnitFetchOptions, unit: TransferUnit): 
       const said = expected === null ? 'no hash came with it' : `expected ${expected.slice(0, 12)}…`;
       throw new BadUnit(`sha256 of ${unit.id} does not match (got ${digest.slice(0, 12)}…, ${said})`);
     }
-    // The spool must hold the whole unit before it is marked done (a failed write says so here).
-    await spool.written();
+    // The unpacking ends as soon as the bytes are all here and good; the spool's last writes run
+    // meanwhile. It must hold the whole unit before the unit is marked done (a failed write says
+    // so here).
     sink.input.end();
+    await spool.written();
     try {
       await sink.done;
     } catch (err) {
