@@ -25,6 +25,13 @@
  *     'X' exited, a = exit code or -1, b = signal or 0
  * mode: 0 /dev/null, 1 the helper's own fd (the agent's stdout or stderr), 0x10 + k connection k.
  * flags: bit 0 new session (setsid).
+ *
+ * Keeper mode, `canto-spawn --keep N CGROUP-DIR... -- PROGRAM ARGS...`, is what a restore runs
+ * CRIU under (agent/src/runtime/sandbox/host/criu.ts): it joins the desktop's cgroups, becomes a
+ * child subreaper (CRIU hands the restored tree to its parent when it detaches), runs the program,
+ * prints `criu-exit CODE` on stdout, and then stays to reap the restored init, detached from the
+ * agent so that desktops outlive it. The same as agent/guest/criu-keeper.pl behind
+ * agent/guest/cgroup-join.sh, without a shell and a Perl interpreter to start (7 ms here).
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -36,6 +43,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/signalfd.h>
 #include <sys/socket.h>
 #include <sys/un.h>
@@ -315,7 +323,62 @@ static void leave(const char *path) {
   }
 }
 
+/* Exit code and stderr line when a cgroup cannot be joined (cgroups.ts JOIN_FAILED). */
+#define JOIN_FAILED_CODE 97
+
+static int keep(int argc, char **argv) {
+  int n = argc > 2 ? atoi(argv[2]) : -1;
+  if (n < 0 || 4 + n >= argc || strcmp(argv[3 + n], "--") != 0) {
+    fprintf(stderr, "usage: canto-spawn --keep N CGROUP-DIR... -- PROGRAM ARGS...\n");
+    return 2;
+  }
+  char pid[24];
+  int len = snprintf(pid, sizeof pid, "%d\n", (int)getpid());
+  for (int i = 0; i < n; i++) {
+    char path[4096];
+    snprintf(path, sizeof path, "%s/cgroup.procs", argv[3 + i]);
+    int fd = open(path, O_WRONLY | O_CLOEXEC);
+    if (fd < 0 || write(fd, pid, (size_t)len) != len) {
+      fprintf(stderr, "canto: cannot join cgroup %s\n", argv[3 + i]);
+      return JOIN_FAILED_CODE;
+    }
+    close(fd);
+  }
+  if (prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0) {
+    perror("prctl(PR_SET_CHILD_SUBREAPER)");
+    return 2;
+  }
+  /* Ignored, as the Perl keeper has it: the program inherits that. */
+  signal(SIGPIPE, SIG_IGN);
+  pid_t child = fork();
+  if (child < 0) {
+    perror("fork");
+    return 2;
+  }
+  if (child == 0) {
+    execvp(argv[4 + n], argv + 4 + n);
+    _exit(127);
+  }
+  int status = 0;
+  while (waitpid(child, &status, 0) < 0 && errno == EINTR) {
+  }
+  int code = WIFSIGNALED(status) ? 128 + WTERMSIG(status) : WEXITSTATUS(status);
+  printf("criu-exit %d\n", code);
+  fflush(stdout);
+  int null = open("/dev/null", O_RDWR);
+  if (null >= 0) {
+    dup2(null, 1);
+    dup2(null, 2);
+  }
+  if (code != 0) return code;
+  /* The restored tree's init (and whatever else CRIU left to its parent) is reaped here. */
+  while (wait(NULL) != -1 || errno == EINTR) {
+  }
+  return 0;
+}
+
 int main(int argc, char **argv) {
+  if (argc > 1 && strcmp(argv[1], "--keep") == 0) return keep(argc, argv);
   if (argc != 2) {
     fprintf(stderr, "usage: canto-spawn SOCKET-PATH (started by the canto agent)\n");
     return 2;

@@ -13,7 +13,8 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { procStat } from '../../agent/src/runtime/sandbox/host/host-procs.js';
-import { requestFrame, spawnerStats, spawnHelper, spawnProcess, type SpawnedProcess } from '../../agent/src/runtime/sandbox/host/spawner.js';
+import { helperPath, requestFrame, spawnerStats, spawnHelper, spawnProcess, type SpawnedProcess } from '../../agent/src/runtime/sandbox/host/spawner.js';
+import { JOIN_FAILED } from '../../agent/src/runtime/sandbox/host/cgroups.js';
 import { AgentMetrics } from '../../agent/src/observability.js';
 import { until } from '../helpers/wait.js';
 
@@ -66,6 +67,20 @@ describe('the process spawner', () => {
     const got = await collect(child);
     expect(createHash('sha256').update(got.out).digest('hex')).toBe(createHash('sha256').update(data).digest('hex'));
     expect(got.code).toBe(0);
+  });
+
+  it('reports an exit that arrives with the start to listeners attached once the start resolves', async () => {
+    expect(await spawnHelper()).not.toBeNull();
+    const starting = spawnProcess('sleep', ['0.05'], { stdio: ['ignore', 'ignore', 'ignore'] });
+    // A few turns for the request to go out, then the event loop is held while the process
+    // starts and ends: both reports arrive in one read.
+    for (let i = 0; i < 5; i++) await new Promise((resolve) => setImmediate(resolve));
+    const until = performance.now() + 300;
+    while (performance.now() < until) {
+      // busy
+    }
+    const child = await starting;
+    expect(await once(child, 'close')).toEqual([0, null]);
   });
 
   it('drains output nobody reads once the child has exited, so that close comes (as with Node)', async () => {
@@ -174,4 +189,39 @@ it("counts the processes started each way, and the spawners started, in the agen
   expect(await text()).toMatch(/via="helper"} 7\n[^]*via="node"} 2\n[^]*spawner_starts_total 1/);
   counts = { helper: 9, node: 2, helperStarts: 2 };
   expect(await text()).toMatch(/via="helper"} 9\n[^]*via="node"} 2\n[^]*spawner_starts_total 2/);
+});
+
+describe("the spawner's keeper mode (a restore's CRIU runs under it)", () => {
+  const keeper = (args: string[]) => {
+    const started = performance.now();
+    const child = spawn(helperPath()!, ['--keep', ...args], { stdio: ['ignore', 'pipe', 'pipe'] });
+    let out = '';
+    let err = '';
+    child.stdout.on('data', (c: Buffer) => (out += c.toString()));
+    child.stderr.on('data', (c: Buffer) => (err += c.toString()));
+    return once(child, 'close').then(([code]) => ({ code: code as number, out, err, ms: performance.now() - started }));
+  };
+
+  it("reports the program's exit code on stdout and exits with it", async () => {
+    expect(await keeper(['0', '--', '/bin/sh', '-c', 'exit 3'])).toMatchObject({ code: 3, out: 'criu-exit 3\n' });
+    expect(await keeper(['0', '--', '/bin/sh', '-c', 'kill -9 $$'])).toMatchObject({ code: 137, out: 'criu-exit 137\n' });
+  });
+
+  it('adopts what the program leaves behind and stays until it is gone, as the reaper of a restored tree must', async () => {
+    const marker = join(dir, 'orphan-ppid');
+    // The program's child outlives it: the keeper, a subreaper, becomes its parent.
+    const got = await keeper(['0', '--', '/bin/sh', '-c', `(sleep 0.3; echo $PPID > ${marker}) & exit 0`]);
+    expect(got).toMatchObject({ code: 0, out: 'criu-exit 0\n' });
+    expect(got.ms).toBeGreaterThanOrEqual(300);
+    expect(Number((await readFile(marker, 'utf8')).trim())).not.toBe(1);
+  });
+
+  it('runs nothing when a cgroup cannot be joined, and says so as the shell join does', async () => {
+    const marker = join(dir, 'ran-unlimited');
+    const got = await keeper(['1', join(dir, 'no-such-group'), '--', 'touch', marker]);
+    expect(got.code).toBe(97);
+    expect(got.err).toBe(`${JOIN_FAILED} ${join(dir, 'no-such-group')}\n`);
+    expect(got.out).toBe('');
+    await expect(readFile(marker)).rejects.toThrow(/ENOENT/);
+  });
 });

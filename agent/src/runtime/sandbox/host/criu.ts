@@ -9,8 +9,9 @@
  * and each key mapped to the desktop's host directory. CRIU reparents the restored tree to its own
  * parent when it detaches, so the restore runs under a small keeper process that marks itself a
  * child subreaper (prctl PR_SET_CHILD_SUBREAPER), reports CRIU's exit code on stdout, then stays
- * as the reaper of the restored init — detached from the agent, so desktops outlive it. Perl is
- * used for the keeper because it is always present on Debian and can call prctl directly.
+ * as the reaper of the restored init — detached from the agent, so desktops outlive it. The keeper
+ * is the process spawner's keeper mode (agent/native/canto-spawn.c) where that is built, else a
+ * Perl program (Perl is always present on Debian and can call prctl directly).
  */
 import { spawn } from 'node:child_process';
 import { access, constants, mkdir, mkdtemp, readFile, rm, stat, writeFile } from 'node:fs/promises';
@@ -18,10 +19,10 @@ import { tmpdir } from 'node:os';
 import { delimiter, dirname, join } from 'node:path';
 import type { Readable } from 'node:stream';
 import { execa } from 'execa';
-import { joinArgv } from './cgroups.js';
+import { cgroupDirs, joinArgv } from './cgroups.js';
 import { ensureKdatCache, KDAT_FILE } from './criu-kdat.js';
 import { procStat } from './host-procs.js';
-import { runToEnd, spawnProcess } from './spawner.js';
+import { helperPath, runToEnd, spawnProcess } from './spawner.js';
 import { exists, type DesktopPaths } from './layout.js';
 import { GUEST_CAPS_ONLY, hostnameFor, hostPathForGuestMount } from '../guest/guest-init.js';
 import { guestFile, perlProgram } from '../guest/guest-programs.js';
@@ -193,6 +194,19 @@ export function criuKeeperProgram(): string {
   return perlProgram([guestFile('criu-keeper.pl')]);
 }
 
+/**
+ * The keeper's command line: the spawner's keeper mode (agent/native/canto-spawn.c), where it is
+ * built, else the shell that joins the cgroups and the Perl keeper.
+ */
+function keeperArgv(desktopId: string, program: readonly string[]): [string, string[]] {
+  const helper = helperPath();
+  if (helper !== null) {
+    const dirs = cgroupDirs(desktopId);
+    return [helper, ['--keep', String(dirs.length), ...dirs, '--', ...program]];
+  }
+  return ['/bin/sh', [...joinArgv(desktopId), 'perl', '-e', criuKeeperProgram(), '--', ...program]];
+}
+
 /** How long the check that a restored desktop answers may take, in seconds. */
 const PROBE_SECONDS = 10;
 
@@ -234,7 +248,7 @@ export async function restore(
   const actionScript = join(paths.run, 'criu-restore-action.sh');
   await writeFile(actionScript, guestFile('criu-restore-action.sh'), { mode: 0o700 });
   args.push('--empty-ns', 'net', '--action-script', actionScript);
-  const child = await spawnProcess('/bin/sh', [...joinArgv(desktopId), 'perl', '-e', criuKeeperProgram(), '--', criu.path, ...args], {
+  const child = await spawnProcess(...keeperArgv(desktopId, [criu.path, ...args]), {
     detached: true,
     stdio: ['ignore', 'pipe', 'ignore'],
     // For the action script: the guest's hostname (post-restore), and the check's limits and

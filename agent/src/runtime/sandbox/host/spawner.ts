@@ -270,7 +270,10 @@ class HelperSpawner {
       const child = this.running.get(id);
       if (child === undefined) return;
       this.running.delete(id);
-      child.exit(a >= 0 ? a : null, a >= 0 ? null : (SIGNAL_NAMES.get(b) ?? null));
+      // Not in this turn: the exit of a short process can come in the same read as its start,
+      // before the caller, resumed by the start, has attached its listeners (Node's spawn
+      // never reports an exit before the caller has the child either).
+      setImmediate(() => child.exit(a >= 0 ? a : null, a >= 0 ? null : (SIGNAL_NAMES.get(b) ?? null)));
     }
   }
 
