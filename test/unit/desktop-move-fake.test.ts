@@ -183,6 +183,24 @@ describe('moving a fake desktop between two agents', () => {
     expect(c.driver.desktops.get(D)?.files.get('/root/big')?.equals(BIG)).toBe(true);
   });
 
+  it('fails over a connection cut before its unpacking was ready, instead of waiting for it forever', async () => {
+    const [a, b] = [await host(), await host()];
+    await stoppedDesktop(a);
+    const exp = await exportFrom(a);
+    // The first request goes out before the unpacking is set up (a process to start): the cut
+    // comes while it still is, before anything listens to the response.
+    const transfer = b.driver.transfer;
+    const unpack = transfer.unpack.bind(transfer);
+    (transfer as { unpack: typeof transfer.unpack }).unpack = async (...args) => {
+      await new Promise((resolve) => setTimeout(resolve, 300));
+      return unpack(...args);
+    };
+    const cut = await startTransferProxy(a.server.url, { cutAfter: 5_000, times: 3, match: '/units/desktop' });
+    proxies.push(cut);
+    expect(await failure(importInto(b, { url: cut.url, ticket: exp.ticket }))).toMatchObject({ code: 'runtime_error', retryable: true });
+    expect(cut.spoiled()).toBe(3);
+  }, 15_000);
+
   it('drops a unit whose sha256 does not match and fails retryable; the next import fetches it again', async () => {
     const [a, b] = [await host(), await host()];
     await stoppedDesktop(a);

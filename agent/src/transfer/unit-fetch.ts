@@ -322,6 +322,9 @@ async function readRest(
     res.once('close', () => {
       if (!res.complete) fail(new TransientFetchError('the connection closed before the unit ended'));
     });
+    // The first request's response may have broken off while the unpacking was being set up,
+    // before anything here listened: its close has been and gone.
+    if (res.destroyed && !res.complete) fail(new TransientFetchError('the connection closed before the unit ended'));
   });
   const trailer = res.trailers[SHA256_TRAILER];
   return typeof trailer === 'string' ? trailer : null;
