@@ -14,6 +14,7 @@ import { newId } from '../../shared/src/ids.js';
 import { AgentFailure } from '../../shared/src/protocol.js';
 import { TIER_SPECS } from '../../shared/src/tiers.js';
 import { createSandboxDriver, type SandboxDriver } from '../../agent/src/runtime/sandbox/index.js';
+import { hostnameFor } from '../../agent/src/runtime/sandbox/guest/guest-init.js';
 import { isRoot, stopwatch } from '../helpers/sandbox.js';
 import { until } from '../helpers/wait.js';
 
@@ -240,6 +241,11 @@ describe.skipIf(!isRoot)('sandbox driver', () => {
     await sh(driver, id, `perl -MIO::Socket::INET -e '$s = IO::Socket::INET->new(LocalAddr => "127.0.0.1:7007", Listen => 5) or die; while ($c = $s->accept) { print $c "pong\\n"; close $c }' >/dev/null 2>&1 &`);
     const ping = 'perl -MIO::Socket::INET -e \'$c = IO::Socket::INET->new("127.0.0.1:7007") or die "connect: $!"; print scalar <$c>\'';
     await until(async () => (await driver.exec(id, { command: ping, timeoutMs: 5_000, maxOutputBytes: 100 })).stdout === 'pong\n');
+    // The root's per-mount options as a cold boot leaves them (read-only, and the rest): a restore
+    // makes the root read-only again and must change nothing else.
+    const rootOptions = "awk '$5 == \"/\" { print $6 }' /proc/self/mountinfo";
+    const bootedRoot = await sh(driver, id, rootOptions);
+    expect(bootedRoot.split(',')).toContain('ro');
 
     // Started after the first restore: it must be restored by the second one too.
     let between: string | null = null;
@@ -268,6 +274,8 @@ describe.skipIf(!isRoot)('sandbox driver', () => {
       expect(await sh(driver, id, ping)).toBe('pong');
       expect(await sh(driver, id, 'ip -o addr show dev lo | grep -c -e "inet 127.0.0.1/8" -e "inet6 ::1/128"')).toBe('2');
       expect(await sh(driver, id, 'touch /canto-probe 2>&1 || echo read-only')).toContain('read-only');
+      expect(await sh(driver, id, rootOptions)).toBe(bootedRoot);
+      expect(await sh(driver, id, 'hostname')).toBe(hostnameFor(id));
       expect(await driver.start({ desktopId: id, tier: 'small', firstBoot: null })).toEqual({ restored: false });
       between ??= await sh(driver, id, 'sleep 2000 >/dev/null 2>&1 & echo $!');
     }

@@ -244,10 +244,12 @@ export async function restore(
   // The guest's network namespace is made empty and only its loopback brought up, and its root
   // made read-only and hostname set before it resumes, and once it runs it is asked whether it
   // answers (the action script says why). Images dumped by older agents, which hold the whole
-  // namespace, restore the same way.
+  // namespace, restore the same way. Where the process spawner is built, it is CRIU's action
+  // script (agent/native/canto-spawn.c): it does the first two itself and runs the script for
+  // the check, sparing a shell (and nsenter, ip, mount) at each of CRIU's seven stages.
   const actionScript = join(paths.run, 'criu-restore-action.sh');
   await writeFile(actionScript, guestFile('criu-restore-action.sh'), { mode: 0o700 });
-  args.push('--empty-ns', 'net', '--action-script', actionScript);
+  args.push('--empty-ns', 'net', '--action-script', helperPath() ?? actionScript);
   const child = await spawnProcess(...keeperArgv(desktopId, [criu.path, ...args]), {
     detached: true,
     stdio: ['ignore', 'pipe', 'ignore'],
@@ -259,6 +261,7 @@ export async function restore(
       CANTO_GUEST_BOUNDING_SET: GUEST_CAPS_ONLY[1]!,
       CANTO_PROBE_FILE: probeFile,
       CANTO_PROBE_SECONDS: String(PROBE_SECONDS),
+      CANTO_ACTION_SCRIPT: actionScript,
     },
   });
   child.unref();
