@@ -83,9 +83,34 @@ describe('the process spawner', () => {
     expect(await once(child, 'close')).toEqual([0, null]);
   });
 
-  it('drains output nobody reads once the child has exited, so that close comes (as with Node)', async () => {
-    const child = await spawnProcess('sh', ['-c', 'echo some output; echo more >&2'], { stdio: ['ignore', 'pipe', 'pipe'] });
+  it('ends an output stream for its consumer when the child ended without output before the start resolved', async () => {
+    expect(await spawnHelper()).not.toBeNull();
+    const starting = spawnProcess('true', [], { stdio: ['ignore', 'pipe', 'ignore'] });
+    // The connections are being made (a few turns of promises); the event loop is then held
+    // while the helper starts the child and the child ends: its output's end is there before
+    // the connection is seen to be made.
+    for (let i = 0; i < 20; i++) await Promise.resolve();
+    const until = performance.now() + 300;
+    while (performance.now() < until) {
+      // busy
+    }
+    const child = await starting;
+    await new Promise((resolve) => setTimeout(resolve, 20));
+    const ended = once(child.stdout!, 'end');
+    child.stdout!.resume();
+    await ended;
     expect(await once(child, 'close')).toEqual([0, null]);
+  });
+
+  it('keeps the output of a process that has exited for a reader that comes later, and closes once it is read', async () => {
+    const child = await spawnProcess('sh', ['-c', 'echo some output; echo more >&2'], { stdio: ['ignore', 'pipe', 'pipe'] });
+    const closed = once(child, 'close');
+    expect(await once(child, 'exit')).toEqual([0, null]);
+    // A caller that hands the stream on after an await (a unit's tar stream, to its HTTP answer).
+    await new Promise((resolve) => setTimeout(resolve, 50));
+    const got = await collect(child);
+    expect({ out: got.out.toString(), err: got.err }).toEqual({ out: 'some output\n', err: 'more\n' });
+    expect(await closed).toEqual([0, null]);
   });
 
   it('gives the child exactly the environment and directory asked for, and looks the file up on its PATH', async () => {

@@ -35,7 +35,10 @@ export interface SpawnOptions {
   readonly detached?: boolean;
 }
 
-/** What callers use of a child: Node's `ChildProcess` has the same shape. */
+/**
+ * What callers use of a child: Node's `ChildProcess` has the same shape. Piped stdout and stderr
+ * must be read or destroyed: `close` comes only once both have ended.
+ */
 export interface SpawnedProcess extends EventEmitter {
   readonly pid?: number | undefined;
   readonly stdin: Writable | null;
@@ -118,8 +121,10 @@ class HelperChild extends EventEmitter implements SpawnedProcess {
     this.signalCode = sig;
     if (this.referenced) this.spawner.release();
     this.stdin?.destroy();
-    // As Node does: output nobody listens to is drained, so that `close` comes.
-    for (const s of [this.stdout, this.stderr]) if (s !== null && s.listenerCount('data') + s.listenerCount('readable') === 0) s.resume();
+    // Output nobody listens to yet is kept, unlike Node's spawn, which drains it at the exit:
+    // callers hand a stream on after an await (a unit's tar stream waits for its HTTP answer),
+    // and a short process may have exited by then. So `close` waits for piped output to be read
+    // or destroyed.
     this.emit('exit', code, sig);
     this.maybeClose();
   }
@@ -220,6 +225,11 @@ class HelperSpawner {
       return mode === 'inherit' && fd > 0 ? MODE_OWN : MODE_NULL;
     });
     const streamOf = (fd: number) => (piped.includes(fd) ? conns[piped.indexOf(fd)]! : null);
+    // Output streams are not read until their consumer asks: a socket otherwise reads (0 bytes)
+    // as it connects, and a child that has already ended without output then emits `end` before
+    // the caller, resumed only once the child has started, is listening.
+    const outputs = [streamOf(1), streamOf(2)].filter((s) => s !== null);
+    for (const s of outputs) s.pause();
     const child = new HelperChild(this, streamOf(0), streamOf(1), streamOf(2));
     this.references++;
     (this.helper.stdout as Socket).ref();
@@ -232,6 +242,9 @@ class HelperSpawner {
       for (const c of conns) c.destroy();
       throw err;
     }
+    // Back to a new stream's state (neither flowing nor paused): a `data` listener or a pipe
+    // starts the reading.
+    for (const s of outputs) (s as { readableFlowing: boolean | null }).readableFlowing = null;
     return child;
   }
 
