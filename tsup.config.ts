@@ -9,7 +9,7 @@ import { defineConfig } from 'tsup';
 // ES modules) is copied to dist/console/, where scheduler/src/http/routes/console.ts serves it. The
 // schema migrations (SQL files) are copied to dist/migrations/, where
 // scheduler/src/store/migrations.ts reads them. The agent's process spawner (a small C program,
-// agent/native/canto-spawn.c) is compiled to dist/canto-spawn, where
+// agent/native/) is compiled to dist/canto-spawn, where
 // agent/src/runtime/sandbox/host/spawner.ts finds it; without a C compiler the agent starts
 // processes with Node's spawn instead.
 export default defineConfig({
@@ -26,7 +26,8 @@ export default defineConfig({
     cpSync('console', 'dist/console', { recursive: true });
     cpSync('scheduler/src/store/migrations', 'dist/migrations', { recursive: true });
     try {
-      execFileSync('cc', ['-O2', '-Wall', '-Wextra', '-Werror', '-o', 'dist/canto-spawn', 'agent/native/canto-spawn.c'], { stdio: 'inherit' });
+      const sources = ['canto-spawn.c', 'keeper.c', 'restore-action.c'].map((f) => `agent/native/${f}`);
+      execFileSync('cc', ['-O2', '-Wall', '-Wextra', '-Werror', '-o', 'dist/canto-spawn', ...sources], { stdio: 'inherit' });
     } catch (err) {
       console.warn(`canto-spawn not built (${(err as Error).message}): the agent will start processes with Node's spawn`);
     }

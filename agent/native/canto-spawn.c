@@ -2,16 +2,16 @@
  * canto-spawn: starts processes for the agent with posix_spawn.
  *
  * The agent's Node starts children with fork and exec (libuv), and fork copies the page tables
- * of the agent's whole resident memory: on a VM that costs the agent's event loop 10-25 ms per
- * child at 100 MB, during which nothing else on the host is served. This helper is small, so
- * it forks cheaply, and it uses posix_spawn (glibc's clone with CLONE_VFORK), which copies no
- * page tables at all: a child costs about a tenth of a millisecond.
+ * of the agent's whole resident memory: on a VM that costs the agent's event loop 4-25 ms per
+ * child at 100-250 MB. This helper uses posix_spawn (glibc's clone with CLONE_VFORK), which
+ * copies no page tables: a child costs it a fraction of a millisecond. The same binary is a
+ * restore's keeper (keeper.c) and CRIU's action script at a restore (restore-action.c).
  *
  * Protocol. The agent starts the helper once, with its stdin a pipe the helper only watches
  * (end of file: the agent is gone, the helper exits; its children live on, as the agent's would)
  * and its stdout the pipe of events. The helper listens on the unix socket at argv[1], in a
- * directory only the agent can enter, and accepts connections only from its parent (SO_PEERCRED). A child's stdio streams
- * are such connections: the first carries the request, each further one an attach frame naming
+ * directory only the agent can enter, and accepts connections only from its parent
+ * (SO_PEERCRED). A child's stdio streams are such connections: the first carries the request, each further one an attach frame naming
  * the request and its index. Once every connection a request names has arrived, the child is
  * spawned with them as its fds 0-2, and the helper closes its copies: the agent then holds the
  * only other end of each, as it would hold the far end of a pipe.
@@ -25,19 +25,6 @@
  *     'X' exited, a = exit code or -1, b = signal or 0
  * mode: 0 /dev/null, 1 the helper's own fd (the agent's stdout or stderr), 0x10 + k connection k.
  * flags: bit 0 new session (setsid).
- *
- * Keeper mode, `canto-spawn --keep N CGROUP-DIR... -- PROGRAM ARGS...`, is what a restore runs
- * CRIU under (agent/src/runtime/sandbox/host/criu.ts): it joins the desktop's cgroups, becomes a
- * child subreaper (CRIU hands the restored tree to its parent when it detaches), runs the program,
- * prints `criu-exit CODE` on stdout, and then stays to reap the restored init, detached from the
- * agent so that desktops outlive it. The same as agent/guest/criu-keeper.pl behind
- * agent/guest/cgroup-join.sh, without a shell and a Perl interpreter to start (7 ms here).
- *
- * Action mode: a restore gives this binary to CRIU as its action script, which CRIU runs with no
- * arguments and CRTOOLS_SCRIPT_ACTION set at each of its seven stages. Stages with nothing to do
- * end at once; two do their work here (loopback up; root read-only and the hostname); the check
- * after the resume, a guest command, runs agent/guest/criu-restore-action.sh (its path in
- * CANTO_ACTION_SCRIPT), which says what each stage is for. About 15 ms of a restore's processes.
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -49,17 +36,13 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <net/if.h>
-#include <sched.h>
-#include <sys/ioctl.h>
-#include <sys/mount.h>
-#include <sys/prctl.h>
 #include <sys/signalfd.h>
 #include <sys/socket.h>
-#include <sys/statvfs.h>
 #include <sys/un.h>
 #include <sys/wait.h>
 #include <unistd.h>
+
+#include "canto-spawn.h"
 
 #define MAX_FRAME (1u << 20)
 #define MAX_OPEN 256
@@ -93,7 +76,17 @@ static struct child *children;
 static int open_conns[MAX_OPEN]; /* accepted connections whose frame has not been read */
 static int n_open;
 
-static void leave(const char *path);
+/* Removes the socket and its private directory (the agent made both for this helper). */
+static void leave(const char *path) {
+  unlink(path);
+  char dir[sizeof ((struct sockaddr_un *)0)->sun_path];
+  snprintf(dir, sizeof dir, "%s", path);
+  char *slash = strrchr(dir, '/');
+  if (slash != NULL && slash != dir) {
+    *slash = '\0';
+    rmdir(dir);
+  }
+}
 
 static void emit(uint32_t id, uint32_t type, int32_t a, int32_t b) {
   uint32_t frame[4] = {id, type, (uint32_t)a, (uint32_t)b};
@@ -322,163 +315,9 @@ static int listen_on(const char *path) {
   return fd;
 }
 
-/* Removes the socket and its private directory (the agent made both for this helper). */
-static void leave(const char *path) {
-  unlink(path);
-  char dir[sizeof ((struct sockaddr_un *)0)->sun_path];
-  snprintf(dir, sizeof dir, "%s", path);
-  char *slash = strrchr(dir, '/');
-  if (slash != NULL && slash != dir) {
-    *slash = '\0';
-    rmdir(dir);
-  }
-}
-
-/* Exit code and stderr line when a cgroup cannot be joined (cgroups.ts JOIN_FAILED). */
-#define JOIN_FAILED_CODE 97
-
-static int keep(int argc, char **argv) {
-  int n = argc > 2 ? atoi(argv[2]) : -1;
-  if (n < 0 || 4 + n >= argc || strcmp(argv[3 + n], "--") != 0) {
-    fprintf(stderr, "usage: canto-spawn --keep N CGROUP-DIR... -- PROGRAM ARGS...\n");
-    return 2;
-  }
-  char pid[24];
-  int len = snprintf(pid, sizeof pid, "%d\n", (int)getpid());
-  for (int i = 0; i < n; i++) {
-    char path[4096];
-    snprintf(path, sizeof path, "%s/cgroup.procs", argv[3 + i]);
-    int fd = open(path, O_WRONLY | O_CLOEXEC);
-    if (fd < 0 || write(fd, pid, (size_t)len) != len) {
-      fprintf(stderr, "canto: cannot join cgroup %s\n", argv[3 + i]);
-      return JOIN_FAILED_CODE;
-    }
-    close(fd);
-  }
-  if (prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0) {
-    perror("prctl(PR_SET_CHILD_SUBREAPER)");
-    return 2;
-  }
-  /* Ignored, as the Perl keeper has it: the program inherits that. */
-  signal(SIGPIPE, SIG_IGN);
-  pid_t child = fork();
-  if (child < 0) {
-    perror("fork");
-    return 2;
-  }
-  if (child == 0) {
-    execvp(argv[4 + n], argv + 4 + n);
-    _exit(127);
-  }
-  int status = 0;
-  while (waitpid(child, &status, 0) < 0 && errno == EINTR) {
-  }
-  int code = WIFSIGNALED(status) ? 128 + WTERMSIG(status) : WEXITSTATUS(status);
-  printf("criu-exit %d\n", code);
-  fflush(stdout);
-  int null = open("/dev/null", O_RDWR);
-  if (null >= 0) {
-    dup2(null, 1);
-    dup2(null, 2);
-  }
-  if (code != 0) return code;
-  /* The restored tree's init (and whatever else CRIU left to its parent) is reaped here. */
-  while (wait(NULL) != -1 || errno == EINTR) {
-  }
-  return 0;
-}
-
-/*
- * Enters namespaces of the restored init (this process, which then exits). All are opened
- * first, as nsenter does: once in the mount namespace, /proc is the guest's.
- */
-static int enter_ns(const char *pid, const char *const names[], int n) {
-  int fds[4];
-  for (int i = 0; i < n; i++) {
-    char path[64];
-    snprintf(path, sizeof path, "/proc/%s/ns/%s", pid, names[i]);
-    if ((fds[i] = open(path, O_RDONLY | O_CLOEXEC)) < 0) {
-      fprintf(stderr, "canto-spawn: cannot open %s: %s\n", path, strerror(errno));
-      return -1;
-    }
-  }
-  for (int i = 0; i < n; i++) {
-    if (setns(fds[i], 0) != 0) {
-      fprintf(stderr, "canto-spawn: cannot enter the %s namespace of %s: %s\n", names[i], pid, strerror(errno));
-      return -1;
-    }
-    close(fds[i]);
-  }
-  return 0;
-}
-
-/* ip link set lo up, in the current network namespace. */
-static int loopback_up(void) {
-  int sk = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
-  struct ifreq ifr;
-  memset(&ifr, 0, sizeof ifr);
-  snprintf(ifr.ifr_name, sizeof ifr.ifr_name, "lo");
-  int ok = sk >= 0 && ioctl(sk, SIOCGIFFLAGS, &ifr) == 0;
-  if (ok) {
-    ifr.ifr_flags |= IFF_UP;
-    ok = ioctl(sk, SIOCSIFFLAGS, &ifr) == 0;
-  }
-  if (!ok) fprintf(stderr, "canto-spawn: cannot bring lo up: %s\n", strerror(errno));
-  if (sk >= 0) close(sk);
-  return ok ? 0 : -1;
-}
-
-/*
- * mount -o remount,bind,ro,nosuid,nodev /: the root as a cold boot has it (CRIU's bind of --root
- * has neither nosuid nor nodev), keeping its other flags, as a bind remount sets every per-mount
- * flag and those not named would be cleared.
- */
-static int root_read_only(void) {
-  struct statvfs st;
-  if (statvfs("/", &st) != 0) return -1;
-  unsigned long flags = MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV;
-  if (st.f_flag & ST_NOSUID) flags |= MS_NOSUID;
-  if (st.f_flag & ST_NODEV) flags |= MS_NODEV;
-  if (st.f_flag & ST_NOEXEC) flags |= MS_NOEXEC;
-  if (st.f_flag & ST_NOATIME) flags |= MS_NOATIME;
-  if (st.f_flag & ST_NODIRATIME) flags |= MS_NODIRATIME;
-  if (st.f_flag & ST_RELATIME) flags |= MS_RELATIME;
-  if (mount(NULL, "/", NULL, flags, NULL) != 0) {
-    fprintf(stderr, "canto-spawn: cannot make / read-only: %s\n", strerror(errno));
-    return -1;
-  }
-  return 0;
-}
-
-static int action(const char *stage) {
-  const char *pid = getenv("CRTOOLS_INIT_PID");
-  if (strcmp(stage, "setup-namespaces") == 0) {
-    static const char *const net[] = {"net"};
-    return pid != NULL && enter_ns(pid, net, 1) == 0 && loopback_up() == 0 ? 0 : 1;
-  }
-  if (strcmp(stage, "post-restore") == 0) {
-    const char *name = getenv("CANTO_GUEST_HOSTNAME");
-    static const char *const mnt_uts[] = {"mnt", "uts"};
-    if (pid == NULL || name == NULL || enter_ns(pid, mnt_uts, 2) != 0 || root_read_only() != 0) return 1;
-    if (sethostname(name, strlen(name)) != 0) {
-      fprintf(stderr, "canto-spawn: cannot set the hostname: %s\n", strerror(errno));
-      return 1;
-    }
-    return 0;
-  }
-  if (strcmp(stage, "post-resume") == 0) {
-    const char *script = getenv("CANTO_ACTION_SCRIPT");
-    if (script == NULL) return 1;
-    execl("/bin/sh", "sh", script, (char *)NULL);
-    fprintf(stderr, "canto-spawn: cannot run %s: %s\n", script, strerror(errno));
-    return 1;
-  }
-  return 0;
-}
-
 int main(int argc, char **argv) {
   const char *stage = getenv("CRTOOLS_SCRIPT_ACTION");
-  if (argc == 1 && stage != NULL) return action(stage);
+  if (argc == 1 && stage != NULL) return restore_action(stage);
   if (argc > 1 && strcmp(argv[1], "--keep") == 0) return keep(argc, argv);
   if (argc != 2) {
     fprintf(stderr, "usage: canto-spawn SOCKET-PATH (started by the canto agent)\n");

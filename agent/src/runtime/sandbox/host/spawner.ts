@@ -2,7 +2,7 @@
  * Starting processes without forking the agent.
  *
  * Node starts a child by forking its own process, and fork copies the page tables of all the
- * agent's resident memory: at the agent's 100 MB that blocks its event loop for 10-25 ms on this
+ * agent's resident memory: at the agent's 100-250 MB that blocks its event loop for 4-25 ms on this
  * machine kind per child, and a move or a burst of wakes starts many. The spawner hands each
  * start to a small helper process (agent/native/canto-spawn.c), which uses posix_spawn: no page
  * tables are copied and a start costs the agent a fraction of a millisecond.
@@ -10,45 +10,21 @@
  * A child's piped stdio streams are unix socket connections to the helper (which passes each to
  * the child as its fd and keeps no copy), so the agent holds ordinary `net.Socket`s, as it does
  * for the pipes of a Node child. The helper reports each child's pid and its exit over its
- * stdout. Where the helper is not built (no C compiler on the host) or cannot start, processes
- * start with Node's own spawn: slower, otherwise the same.
+ * stdout (spawned-process.ts gives such a child the shape of Node's `ChildProcess`). Where the
+ * helper is not built (no C compiler on the host) or cannot start, processes start with Node's
+ * own spawn: slower, otherwise the same.
  */
 import { spawn as nodeSpawn, type ChildProcess } from 'node:child_process';
-import { EventEmitter } from 'node:events';
 import { existsSync } from 'node:fs';
 import { mkdtemp, rm } from 'node:fs/promises';
 import { connect, type Socket } from 'node:net';
 import { dirname, join } from 'node:path';
 import { constants, tmpdir } from 'node:os';
-import type { Readable, Writable } from 'node:stream';
 import { fileURLToPath } from 'node:url';
 import { procStatSync } from './host-procs.js';
+import { HelperChild, type SpawnedProcess, type SpawnOptions } from './spawned-process.js';
 
-export type StdioMode = 'pipe' | 'ignore' | 'inherit';
-
-export interface SpawnOptions {
-  readonly stdio: readonly [StdioMode, StdioMode, StdioMode];
-  /** The child's whole environment (default: the agent's). */
-  readonly env?: Readonly<Record<string, string | undefined>>;
-  readonly cwd?: string;
-  /** A new session and process group, led by the child (Node's `detached`). */
-  readonly detached?: boolean;
-}
-
-/**
- * What callers use of a child: Node's `ChildProcess` has the same shape. Piped stdout and stderr
- * must be read or destroyed: `close` comes only once both have ended.
- */
-export interface SpawnedProcess extends EventEmitter {
-  readonly pid?: number | undefined;
-  readonly stdin: Writable | null;
-  readonly stdout: Readable | null;
-  readonly stderr: Readable | null;
-  readonly exitCode: number | null;
-  readonly signalCode: NodeJS.Signals | null;
-  kill(signal?: NodeJS.Signals | number): boolean;
-  unref(): void;
-}
+export type { SpawnedProcess, SpawnOptions, StdioMode } from './spawned-process.js';
 
 const FLAG_SETSID = 1;
 const MODE_NULL = 0;
@@ -62,97 +38,12 @@ const ORPHAN_POLL_MS = 200;
 const SIGNAL_NAMES = new Map<number, NodeJS.Signals>(
   Object.entries(constants.signals).map(([name, n]) => [n, name as NodeJS.Signals]),
 );
-const ERRNO_NAMES = new Map<number, string>(Object.entries(constants.errno).map(([name, n]) => [n, name]));
 
 /** The built helper, beside the bundle (dist/) or, when running from source, in the repo's dist/. */
 export function helperPath(): string | null {
   const here = dirname(fileURLToPath(import.meta.url));
   const candidates = [join(here, 'canto-spawn'), join(here, '..', '..', '..', '..', '..', 'dist', 'canto-spawn')];
   return candidates.find((p) => existsSync(p)) ?? null;
-}
-
-/** A child started by the helper; its events and streams follow Node's `ChildProcess`. */
-class HelperChild extends EventEmitter implements SpawnedProcess {
-  pid: number | undefined;
-  exitCode: number | null = null;
-  signalCode: NodeJS.Signals | null = null;
-  exited = false;
-  private openStreams = 0;
-  private closed = false;
-  private referenced = true;
-
-  constructor(
-    private readonly spawner: HelperSpawner,
-    readonly stdin: Socket | null,
-    readonly stdout: Socket | null,
-    readonly stderr: Socket | null,
-  ) {
-    super();
-    for (const s of [stdout, stderr]) {
-      if (s === null) continue;
-      this.openStreams++;
-      s.once('close', () => this.streamClosed());
-    }
-    // Nothing is read from the child's stdin; reading lets its end (the child exited) be seen.
-    stdin?.on('data', () => undefined);
-  }
-
-  kill(sig: NodeJS.Signals | number = 'SIGTERM'): boolean {
-    if (this.pid === undefined || this.exited) return false;
-    try {
-      process.kill(this.pid, sig);
-      return true;
-    } catch {
-      return false;
-    }
-  }
-
-  unref(): void {
-    if (!this.referenced) return;
-    this.referenced = false;
-    if (!this.exited) this.spawner.release();
-  }
-
-  /** The helper reaped the child (or, after the helper died, it is gone). */
-  exit(code: number | null, sig: NodeJS.Signals | null): void {
-    if (this.exited) return;
-    this.exited = true;
-    this.exitCode = code;
-    this.signalCode = sig;
-    if (this.referenced) this.spawner.release();
-    this.stdin?.destroy();
-    // Output nobody listens to yet is kept, unlike Node's spawn, which drains it at the exit:
-    // callers hand a stream on after an await (a unit's tar stream waits for its HTTP answer),
-    // and a short process may have exited by then. So `close` waits for piped output to be read
-    // or destroyed.
-    this.emit('exit', code, sig);
-    this.maybeClose();
-  }
-
-  /** Not started: Node's spawn reports this as `error`, then `close`. */
-  failed(errno: number, file: string): void {
-    const code = ERRNO_NAMES.get(errno) ?? 'EIO';
-    const err = Object.assign(new Error(`spawn ${file} ${code}`), { errno: -errno, code, syscall: `spawn ${file}`, path: file });
-    for (const s of [this.stdin, this.stdout, this.stderr]) s?.destroy();
-    this.exited = true;
-    this.exitCode = -errno;
-    if (this.referenced) this.spawner.release();
-    setImmediate(() => {
-      this.emit('error', err);
-      this.maybeClose();
-    });
-  }
-
-  private streamClosed(): void {
-    this.openStreams--;
-    this.maybeClose();
-  }
-
-  private maybeClose(): void {
-    if (this.closed || !this.exited || this.openStreams > 0) return;
-    this.closed = true;
-    this.emit('close', this.exitCode, this.signalCode);
-  }
 }
 
 interface Waiting {
