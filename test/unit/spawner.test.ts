@@ -8,12 +8,13 @@
 import { spawn } from 'node:child_process';
 import { createHash } from 'node:crypto';
 import { once } from 'node:events';
+import { existsSync } from 'node:fs';
 import { chmod, mkdtemp, readFile, rm, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
-import { join } from 'node:path';
+import { dirname, join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { procStat } from '../../agent/src/runtime/sandbox/host/host-procs.js';
-import { helperPath, requestFrame, spawnerStats, spawnHelper, spawnProcess, type SpawnedProcess } from '../../agent/src/runtime/sandbox/host/spawner.js';
+import { helperPath, requestFrame, spawnerStats, spawnHelper, spawnProcess, sweepStaleSockets, type SpawnedProcess } from '../../agent/src/runtime/sandbox/host/spawner.js';
 import { JOIN_FAILED } from '../../agent/src/runtime/sandbox/host/cgroups.js';
 import { AgentMetrics } from '../../agent/src/observability.js';
 import { until } from '../helpers/wait.js';
@@ -185,6 +186,12 @@ describe('the process spawner', () => {
     // The child lives on (adopted by init) and its output still arrives; its exit status is unknown.
     expect(await got).toEqual({ out: Buffer.from('late\n'), err: '', code: null, signal: null });
     await until(async () => (await spawnHelper())?.pid !== old.pid, 5_000, 'a new helper');
+    // The killed helper could not remove its socket's directory; the next one's start did.
+    expect(existsSync(dirname(old.address))).toBe(false);
+    // A sweep leaves a live helper's socket alone.
+    const live = (await spawnHelper())!;
+    expect(await sweepStaleSockets()).not.toContain(dirname(live.address));
+    expect(existsSync(live.address)).toBe(true);
     const next = await spawnProcess('true', [], { stdio: ['ignore', 'ignore', 'ignore'] });
     expect(await once(next, 'close')).toEqual([0, null]);
     expect((await procStat(next.pid!)) === null).toBe(true);

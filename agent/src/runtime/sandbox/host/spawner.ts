@@ -16,7 +16,7 @@
  */
 import { spawn as nodeSpawn, type ChildProcess } from 'node:child_process';
 import { existsSync } from 'node:fs';
-import { mkdtemp, rm } from 'node:fs/promises';
+import { mkdtemp, readdir, rm } from 'node:fs/promises';
 import { connect, type Socket } from 'node:net';
 import { dirname, join } from 'node:path';
 import { constants, tmpdir } from 'node:os';
@@ -38,6 +38,41 @@ const ORPHAN_POLL_MS = 200;
 const SIGNAL_NAMES = new Map<number, NodeJS.Signals>(
   Object.entries(constants.signals).map(([name, n]) => [n, name as NodeJS.Signals]),
 );
+
+const SOCKET_DIR_PREFIX = 'canto-spawn-';
+/** How long a helper's socket may take to accept before it counts as nobody's. */
+const SWEEP_CONNECT_MS = 500;
+
+/**
+ * Removes the socket directories of helpers that are gone: a helper removes its own when its
+ * agent exits, but not when it is killed (SIGKILL of the agent's process group). A directory
+ * whose socket no process listens on is such a one; a live helper's accepts (and then drops the
+ * connection, as it is not its parent's).
+ */
+export async function sweepStaleSockets(root = tmpdir()): Promise<string[]> {
+  const names = (await readdir(root).catch(() => [] as string[])).filter((n) => n.startsWith(SOCKET_DIR_PREFIX));
+  const stale = await Promise.all(
+    names.map(async (name) => {
+      const dir = join(root, name);
+      const live = await new Promise<boolean>((resolve) => {
+        const socket = connect({ path: join(dir, 's') });
+        const timer = setTimeout(() => done(true), SWEEP_CONNECT_MS);
+        const done = (answer: boolean) => {
+          clearTimeout(timer);
+          socket.destroy();
+          resolve(answer);
+        };
+        socket.once('connect', () => done(true));
+        // Refused, or no socket at all (a helper that died before it listened).
+        socket.once('error', (err: NodeJS.ErrnoException) => done(err.code !== 'ECONNREFUSED' && err.code !== 'ENOENT'));
+      });
+      if (live) return null;
+      await rm(dir, { recursive: true, force: true });
+      return dir;
+    }),
+  );
+  return stale.filter((d): d is string => d !== null);
+}
 
 /** The built helper, beside the bundle (dist/) or, when running from source, in the repo's dist/. */
 export function helperPath(): string | null {
@@ -74,9 +109,12 @@ class HelperSpawner {
 
   /** Starts the helper and waits for it to listen; null when it cannot start. */
   static async start(path: string): Promise<HelperSpawner | null> {
+    await sweepStaleSockets();
     // A directory only the agent's user can enter (mkdtemp makes it 0700), for a short socket path.
-    const address = join(await mkdtemp(join(tmpdir(), 'canto-spawn-')), 's');
-    const helper = nodeSpawn(path, [address], { stdio: ['pipe', 'pipe', 'inherit', 1] });
+    const address = join(await mkdtemp(join(tmpdir(), SOCKET_DIR_PREFIX)), 's');
+    // A session of its own: a Ctrl-C at the terminal of `canto up` must not end it while the
+    // agent, stopping, still hibernates desktops.
+    const helper = nodeSpawn(path, [address], { stdio: ['pipe', 'pipe', 'inherit', 1], detached: true });
     const ready = new Promise<boolean>((resolve) => {
       const events = helper.stdout as Socket;
       let got = Buffer.alloc(0);
