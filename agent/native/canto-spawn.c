@@ -45,7 +45,7 @@
 #include "canto-spawn.h"
 
 #define MAX_FRAME (1u << 20)
-#define MAX_OPEN 256
+#define MAX_OPEN 1024 /* connections whose frame has not come; then the backlog holds them */
 #define ATTACH_BIT 0x80000000u
 #define FLAG_SETSID 1u
 #define MODE_NULL 0
@@ -311,7 +311,7 @@ static int listen_on(const char *path) {
   memcpy(addr.sun_path, path, len);
   int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
   if (fd < 0) return -1;
-  if (bind(fd, (struct sockaddr *)&addr, sizeof addr) < 0 || listen(fd, 128) < 0) return -1;
+  if (bind(fd, (struct sockaddr *)&addr, sizeof addr) < 0 || listen(fd, SOMAXCONN) < 0) return -1;
   return fd;
 }
 
@@ -379,12 +379,13 @@ int main(int argc, char **argv) {
       open_conns[i] = open_conns[--n_open];
     }
     if (fds[2].revents) {
-      for (;;) {
+      /* Frames come after connections: a full list takes no more, and never drops one. */
+      while (n_open < MAX_OPEN) {
         int fd = accept4(listen_fd, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK);
         if (fd < 0) break;
         struct ucred cred;
         socklen_t size = sizeof cred;
-        if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &size) < 0 || cred.pid != agent || n_open >= MAX_OPEN) {
+        if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &size) < 0 || cred.pid != agent) {
           close(fd);
           continue;
         }

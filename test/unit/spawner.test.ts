@@ -114,6 +114,18 @@ describe('the process spawner', () => {
     expect(await closed).toEqual([0, null]);
   });
 
+  it('starts a burst of processes at once, each with its own three streams (their connections come before their requests)', async () => {
+    const outputs = await Promise.all(
+      Array.from({ length: 300 }, async (_, i) => {
+        const child = await spawnProcess('sh', ['-c', `read line; echo "$line ${i}"; echo ${i} >&2`], { stdio: ['pipe', 'pipe', 'pipe'] });
+        child.stdin!.end('from\n');
+        const got = await collect(child);
+        return `${got.code} ${got.out.toString().trim()} ${got.err.trim()}`;
+      }),
+    );
+    expect(outputs).toEqual(Array.from({ length: 300 }, (_, i) => `0 from ${i} ${i}`));
+  }, 30_000);
+
   it('gives the child exactly the environment and directory asked for, and looks the file up on its PATH', async () => {
     const bin = join(dir, 'bin');
     await rm(bin, { recursive: true, force: true });
