@@ -21,13 +21,12 @@
 import { PassThrough, type Readable, type Writable } from 'node:stream';
 import { AgentFailure, type AgentErrorCode } from '../../../../../shared/src/protocol.js';
 import { JOIN_FAILED, joinArgv } from '../host/cgroups.js';
-import { guestHelperProgram, helperRequest, warmHelperProgram, type HelperOp } from './guest-helper.js';
+import { guestHelperProgram, helperRequest, type HelperOp } from './guest-helper.js';
 import { GUEST_CAPS_ONLY, GUEST_ENV, GUEST_PATH, nsenterArgv } from './guest-init.js';
 import { killTree } from '../host/host-procs.js';
 import { spawnProcess, type SpawnedProcess } from '../host/spawner.js';
 import type { HandoffScope } from './guest-handoff.js';
 import type { GuestOp } from './in-flight.js';
-import { warmPrologue } from './warm-perl.js';
 import type { WarmConnection } from '../host/warm-pool.js';
 
 export interface GuestTarget {
@@ -167,13 +166,11 @@ export class GuestCall {
         channel = warmChannel(warm);
       }
     }
-    if (channel === null) {
-      channel = coldChannel(await spawnHelper(target, op, args, opts.guestCaps === true));
-      // A stop while the helper was being started finds no call to kill: this one is killed here.
-      if (target.op?.cancelled) {
-        await channel.kill();
-        throw stopping(target.desktopId);
-      }
+    channel ??= coldChannel(await spawnHelper(target, op, args, opts.guestCaps === true));
+    // A stop while the helper was being started finds no call to kill: this one is killed here.
+    if (target.op?.cancelled) {
+      await channel.kill();
+      throw stopping(target.desktopId);
     }
     return new GuestCall(target, channel, opts);
   }
@@ -375,23 +372,6 @@ function spawnHelper(target: GuestTarget, op: HelperOp, args: readonly string[],
     // A detached process inherits the guest environment; every other helper needs only PATH
     // (and skips loading locale files at startup).
     { env: op === 'spawn' ? { ...GUEST_ENV } : { PATH: GUEST_PATH }, stdio: ['pipe', 'pipe', 'pipe'] },
-  );
-}
-
-/**
- * The warm file server: the same chain, with the socket bound on the host first, and every
- * operation but `spawn` compiled in. A group of its own (detached), so retiring it kills everything
- * it forked.
- */
-export function startWarmFileServer(desktopId: string, initPid: number, nsenterPath: string, socketDir: string, socketName: string): Promise<SpawnedProcess> {
-  return spawnProcess(
-    '/bin/sh',
-    [
-      ...joinArgv(desktopId), '/usr/bin/perl', '-e', warmPrologue(), '--', socketDir, socketName,
-      ...nsenterArgv(nsenterPath, initPid),
-      '/usr/bin/perl', '-e', warmHelperProgram(), '--',
-    ],
-    { env: { PATH: GUEST_PATH }, stdio: ['pipe', 'pipe', 'pipe'], detached: true },
   );
 }
 

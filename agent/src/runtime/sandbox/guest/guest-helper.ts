@@ -44,7 +44,10 @@
  * A helper that dies without a status line (killed, desktop stopped) is reported by the caller.
  */
 import { guestFile, perlProgram, type PerlValue } from './guest-programs.js';
-import { PREFORK_VALUES } from './warm-perl.js';
+import { PREFORK_VALUES, warmPrologue } from './warm-perl.js';
+import { joinArgv } from '../host/cgroups.js';
+import { spawnProcess, type SpawnedProcess } from '../host/spawner.js';
+import { GUEST_PATH, nsenterArgv } from './guest-init.js';
 import { PROCESS_ID_SOURCE } from '../../../../../shared/src/guest-commands.js';
 
 /** Children a warm server (file or exec) keeps waiting, so that a run of operations never waits for a fork. */
@@ -164,4 +167,21 @@ export function helperRequest(op: HelperOp, args: readonly string[]): Buffer {
 /** `<length as 8 hex digits>\n<body>`: how a warm child (file or exec) reads its request. */
 export function lengthFramed(body: Buffer): Buffer {
   return Buffer.concat([Buffer.from(`${body.length.toString(16).padStart(8, '0')}\n`, 'latin1'), body]);
+}
+
+/**
+ * Starts the warm file server: the cold chain of guest-call.ts, with the socket bound on the host
+ * first, and every operation but `spawn` compiled in. A group of its own (detached), so retiring
+ * it kills everything it forked.
+ */
+export function startWarmFileServer(desktopId: string, initPid: number, nsenterPath: string, socketDir: string, socketName: string): Promise<SpawnedProcess> {
+  return spawnProcess(
+    '/bin/sh',
+    [
+      ...joinArgv(desktopId), '/usr/bin/perl', '-e', warmPrologue(), '--', socketDir, socketName,
+      ...nsenterArgv(nsenterPath, initPid),
+      '/usr/bin/perl', '-e', warmHelperProgram(), '--',
+    ],
+    { env: { PATH: GUEST_PATH }, stdio: ['pipe', 'pipe', 'pipe'], detached: true },
+  );
 }

@@ -31,7 +31,8 @@ import type {
   ScreenshotSpec,
 } from '../../driver.js';
 import type { InitProcess } from '../host/cold-boot.js';
-import { startWarmFileServer, type GuestTarget } from './guest-call.js';
+import type { GuestTarget } from './guest-call.js';
+import { startWarmFileServer } from './guest-helper.js';
 import { guestExec, startWarmExecServer } from './guest-exec.js';
 import { assertGuestPath, deleteGuest, listGuest, readGuest, statGuest, writeGuest } from './guest-files.js';
 import { assertProcessId, guestProcessStatus, spawnGuestProcess } from './guest-processes.js';
