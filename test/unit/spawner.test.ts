@@ -14,7 +14,7 @@ import { tmpdir } from 'node:os';
 import { dirname, join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { procStat } from '../../agent/src/runtime/sandbox/host/host-procs.js';
-import { helperPath, requestFrame, spawnerStats, spawnHelper, spawnProcess, sweepStaleSockets, type SpawnedProcess } from '../../agent/src/runtime/sandbox/host/spawner.js';
+import { helperPath, requestFrame, spawnerStats, runningSpawner, spawnProcess, sweepStaleSockets, type SpawnedProcess } from '../../agent/src/runtime/sandbox/host/spawner.js';
 import { JOIN_FAILED } from '../../agent/src/runtime/sandbox/host/cgroups.js';
 import { AgentMetrics } from '../../agent/src/observability.js';
 import { until } from '../helpers/wait.js';
@@ -40,7 +40,7 @@ async function collect(child: SpawnedProcess): Promise<{ out: Buffer; err: strin
 
 describe('the process spawner', () => {
   it('starts children from its helper, not by forking this process', async () => {
-    const helper = await spawnHelper();
+    const helper = await runningSpawner();
     expect(helper).not.toBeNull();
     const before = spawnerStats();
     const child = await spawnProcess('sleep', ['5'], { stdio: ['ignore', 'ignore', 'ignore'] });
@@ -71,7 +71,7 @@ describe('the process spawner', () => {
   });
 
   it('reports an exit that arrives with the start to listeners attached once the start resolves', async () => {
-    expect(await spawnHelper()).not.toBeNull();
+    expect(await runningSpawner()).not.toBeNull();
     const starting = spawnProcess('sleep', ['0.05'], { stdio: ['ignore', 'ignore', 'ignore'] });
     // A few turns for the request to go out, then the event loop is held while the process
     // starts and ends: both reports arrive in one read.
@@ -85,7 +85,7 @@ describe('the process spawner', () => {
   });
 
   it('ends an output stream for its consumer when the child ended without output before the start resolved', async () => {
-    expect(await spawnHelper()).not.toBeNull();
+    expect(await runningSpawner()).not.toBeNull();
     const starting = spawnProcess('true', [], { stdio: ['ignore', 'pipe', 'ignore'] });
     // The connections are being made (a few turns of promises); the event loop is then held
     // while the helper starts the child and the child ends: its output's end is there before
@@ -169,7 +169,7 @@ describe('the process spawner', () => {
   });
 
   it('takes requests from the agent alone: another process connecting to its socket starts nothing', async () => {
-    const helper = (await spawnHelper())!;
+    const helper = (await runningSpawner())!;
     const marker = join(dir, 'intruder-was-here');
     const frame = requestFrame(1, 'touch', [marker], { stdio: ['ignore', 'ignore', 'ignore'] }, [0, 0, 0], 1);
     const intruder = spawn(process.execPath, [
@@ -191,17 +191,17 @@ describe('the process spawner', () => {
   });
 
   it('keeps children running when the helper is killed, reports their end, and starts a new helper', async () => {
-    const old = (await spawnHelper())!;
+    const old = (await runningSpawner())!;
     const child = await spawnProcess('sh', ['-c', 'sleep 0.5; echo late'], { stdio: ['ignore', 'pipe', 'ignore'] });
     const got = collect(child);
     process.kill(old.pid, 'SIGKILL');
     // The child lives on (adopted by init) and its output still arrives; its exit status is unknown.
     expect(await got).toEqual({ out: Buffer.from('late\n'), err: '', code: null, signal: null });
-    await until(async () => (await spawnHelper())?.pid !== old.pid, 5_000, 'a new helper');
+    await until(async () => (await runningSpawner())?.pid !== old.pid, 5_000, 'a new helper');
     // The killed helper could not remove its socket's directory; the next one's start did.
     expect(existsSync(dirname(old.address))).toBe(false);
     // A sweep leaves a live helper's socket alone.
-    const live = (await spawnHelper())!;
+    const live = (await runningSpawner())!;
     expect(await sweepStaleSockets()).not.toContain(dirname(live.address));
     expect(existsSync(live.address)).toBe(true);
     const next = await spawnProcess('true', [], { stdio: ['ignore', 'ignore', 'ignore'] });
@@ -211,9 +211,9 @@ describe('the process spawner', () => {
 });
 
 it('starts processes with Node spawn when told to (CANTO_AGENT_SPAWN_HELPER=off)', async () => {
-  const script = `import { spawnProcess, spawnHelper } from ${JSON.stringify(join(process.cwd(), 'agent/src/runtime/sandbox/host/spawner.ts'))};
+  const script = `import { spawnProcess, runningSpawner } from ${JSON.stringify(join(process.cwd(), 'agent/src/runtime/sandbox/host/spawner.ts'))};
     const child = await spawnProcess('sh', ['-c', 'echo $PPID'], { stdio: ['ignore', 'pipe', 'ignore'] });
-    let out = ''; child.stdout.on('data', (c) => (out += c)); child.on('close', async () => console.log(JSON.stringify({ helper: await spawnHelper(), ppid: Number(out), self: process.pid })));`;
+    let out = ''; child.stdout.on('data', (c) => (out += c)); child.on('close', async () => console.log(JSON.stringify({ helper: await runningSpawner(), ppid: Number(out), self: process.pid })));`;
   const file = join(dir, 'fallback.mts');
   await writeFile(file, script);
   const child = spawn(process.execPath, ['--import', 'tsx', file], { env: { ...process.env, CANTO_AGENT_SPAWN_HELPER: 'off' } });

@@ -309,7 +309,7 @@ async function helper(): Promise<HelperSpawner | null> {
 }
 
 /** The running helper's pid and socket (for tests and diagnostics); null when processes start with Node's spawn. */
-export async function spawnHelper(): Promise<{ pid: number; address: string } | null> {
+export async function runningSpawner(): Promise<{ pid: number; address: string } | null> {
   const current = await helper();
   return current === null ? null : { pid: current.pid, address: current.address };
 }
