@@ -121,6 +121,15 @@ async function benchList(o: ApiBenchOptions, apiUrl: string, auth: Record<string
       orgId, tier: 'small', imageVersion: 'bench', idleTimeoutSecs: 0, billingMode: 'hourly', envSealed: null, setupScriptSealed: null,
     })).id;
   }
+  // Inserted desktops are `provisioning`: the engine places each and has the agent prepare its
+  // disk. The list is measured once that is over, not while a thousand placements change it.
+  const placedWithin = Date.now() + 180_000;
+  for (;;) {
+    const [row] = await sql<Array<{ n: number }>>`SELECT count(*)::int AS n FROM desktops WHERE org_id = ${orgId} AND state = 'provisioning'`;
+    if (row!.n === 0) break;
+    if (Date.now() > placedWithin) throw new Error(`${row!.n} of the list's desktops still provisioning after 180 s`);
+    await new Promise((r) => setTimeout(r, 200));
+  }
   const listHeaders = { authorization: `Bearer ${listKey.key}` };
   const listed = async () => {
     const res = await fetch(`${o.schedulerUrl}/v1/desktops`, { headers: listHeaders });

@@ -47,6 +47,9 @@ const want = (section: string) => ONLY.length === 0 || ONLY.includes(section);
 /** `CANTO_BENCH_DENSITY=1000`: the density section with that many desktops; it takes minutes, so only when asked. */
 const DENSITY = Number(process.env.CANTO_BENCH_DENSITY ?? 0);
 
+/** Production's timers, not the test helper's faster ones (engine poll, leader lease): the figures are production's. */
+const PRODUCTION_TIMERS = { CANTO_ENGINE_POLL_MS: '500', CANTO_LEASE_TTL_MS: '2500', CANTO_LEASE_RENEW_MS: '500' };
+
 /** Until the agent has said hello (its host is ready). */
 async function waitForHost(databaseUrl: string): Promise<void> {
   const sql = connectDatabase(databaseUrl, { max: 1 });
@@ -76,6 +79,7 @@ async function main(): Promise<void> {
     secretKey,
     extra: {
       CANTO_WORKERS: String(WORKERS),
+      ...PRODUCTION_TIMERS,
       CANTO_LOG_LEVEL: 'warn', CANTO_INGRESS_BASE_URL: 'http://apps.canto.test', CANTO_INGRESS_LISTEN: `127.0.0.1:${ingressPort}`,
     },
   }).catch(async (err: unknown) => {
@@ -139,7 +143,7 @@ async function main(): Promise<void> {
     }
     if (want('api')) {
       // One worker beside the production shape, on the same database, for the comparison.
-      const single = await startSchedulerProcess({ databaseUrl: pg.url, port: await freePort(), secretKey, extra: { CANTO_LOG_LEVEL: 'warn', CANTO_WORKERS: '1' } });
+      const single = await startSchedulerProcess({ databaseUrl: pg.url, port: await freePort(), secretKey, extra: { ...PRODUCTION_TIMERS, CANTO_LOG_LEVEL: 'warn', CANTO_WORKERS: '1' } });
       try {
         await benchApi({ schedulerUrl: scheduler.url, workers: WORKERS, singleWorkerUrl: single.url, databaseUrl: pg.url, apiKey: key, runs: RUNS });
       } finally {

@@ -78,15 +78,56 @@ export async function desktopListFingerprint(sql: Sql, orgId: string, state: Des
  */
 export async function listDesktopViewsFingerprinted(
   sql: Sql, orgId: string, state: DesktopState | null,
-): Promise<{ views: DesktopView[]; fingerprint: string }> {
-  const rows = await sql<Array<DesktopView & { list_n: number; list_sum: string | null }>>`
-    SELECT ${sql.unsafe(DESKTOP_VIEW_COLUMNS)},
-      (count(*) OVER ())::int AS list_n, (sum(${sql.unsafe(ROW_VERSION)}) OVER ())::text AS list_sum
+): Promise<{ views: VersionedView[]; fingerprint: string }> {
+  const rows = await sql<Array<VersionedView & ListAggregates>>`
+    SELECT ${sql.unsafe(DESKTOP_VIEW_COLUMNS)}, (${sql.unsafe(ROW_VERSION)})::text AS row_version, ${sql.unsafe(LIST_AGGREGATES)}
     FROM desktops d LEFT JOIN hosts h ON h.id = d.host_id
     WHERE d.org_id = ${orgId} ${state ? sql`AND d.state = ${state}` : sql``}
     ORDER BY d.created_at, d.id`;
+  return { views: rows, fingerprint: listFingerprint(rows) };
+}
+
+/** A desktop as the list shows it, with the identity of the row version it was read from (ROW_VERSION). */
+export type VersionedView = DesktopView & { row_version: string };
+
+/**
+ * The list's rows by identity only, in the list's order: each desktop's id and row version, and
+ * the list's fingerprint, summed here from the very versions read (the same exact integer sum
+ * Postgres makes; window aggregates cost the statement as much again). A list that changed in a
+ * few rows is made again from this and those rows alone (services/desktop-list.ts).
+ */
+export async function listDesktopVersions(
+  sql: Sql, orgId: string, state: DesktopState | null,
+): Promise<{ rows: Array<{ id: string; row_version: string }>; fingerprint: string }> {
+  const rows = await sql<Array<{ id: string; row_version: string }>>`
+    SELECT d.id, (${sql.unsafe(ROW_VERSION)})::text AS row_version
+    FROM desktops d LEFT JOIN hosts h ON h.id = d.host_id
+    WHERE d.org_id = ${orgId} ${state ? sql`AND d.state = ${state}` : sql``}
+    ORDER BY d.created_at, d.id`;
+  let sum = 0n;
+  for (const row of rows) sum += BigInt(row.row_version);
+  return { rows, fingerprint: fingerprintOf(rows.length, rows.length === 0 ? null : sum.toString()) };
+}
+
+/** The org's desktops `ids` as the list shows them, with their row versions; missing ones are left out. */
+export async function desktopViewsVersioned(sql: Sql, orgId: string, ids: readonly string[]): Promise<VersionedView[]> {
+  return sql<VersionedView[]>`
+    SELECT ${sql.unsafe(DESKTOP_VIEW_COLUMNS)}, (${sql.unsafe(ROW_VERSION)})::text AS row_version
+    FROM desktops d LEFT JOIN hosts h ON h.id = d.host_id
+    WHERE d.org_id = ${orgId} AND d.id = ANY(${ids as string[]}::text[])`;
+}
+
+/** The fingerprint's parts as window aggregates: every row of a list statement carries them. */
+const LIST_AGGREGATES = `(count(*) OVER ())::int AS list_n, (sum(${ROW_VERSION}) OVER ())::text AS list_sum`;
+
+interface ListAggregates {
+  list_n: number;
+  list_sum: string | null;
+}
+
+function listFingerprint(rows: readonly ListAggregates[]): string {
   const first = rows[0];
-  return { views: rows, fingerprint: first === undefined ? fingerprintOf(0, null) : fingerprintOf(first.list_n, first.list_sum) };
+  return first === undefined ? fingerprintOf(0, null) : fingerprintOf(first.list_n, first.list_sum);
 }
 
 export async function setIdleTimeout(sql: Sql, orgId: string, id: string, secs: number): Promise<DesktopRow | null> {
