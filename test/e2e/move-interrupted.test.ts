@@ -2,8 +2,9 @@
  * A move interrupted mid-copy, end to end on the real runtime: two `canto scheduler` replicas on
  * one database and two `canto agent` processes (source S and target T), each linked to both
  * replicas. An awake desktop holding 200 MiB of random bytes and a detached process is moved from
- * S to T, and while T is fetching its bytes one process is crashed (SIGSTOP then SIGKILL of its
- * whole tree):
+ * S to T, and while T is fetching its bytes after the stop one process is crashed (SIGSTOP then
+ * SIGKILL of its whole tree); the detached process maps those bytes shared and writable, which
+ * keeps them out of the pre-copy, so the copy after the stop carries them and lasts long enough:
  *
  * - the source agent, started again 1.5 s later: the target's copy breaks, the next export is
  *   served by the new source process and the copy goes on from where it stood;
@@ -29,6 +30,8 @@ import { destroyLeftDesktops, memorySnapshotsHere } from '../helpers/sandbox.js'
 const isRoot = process.getuid?.() === 0;
 const ADMIN_TOKEN = `test-admin-${randomBytes(16).toString('hex')}`;
 const DATA_MIB = 200;
+/** Maps the file named shared and writable, and holds the mapping. */
+const HOLD_MAPPED = 'import mmap, sys, time; f = open(sys.argv[1], "r+b"); m = mmap.mmap(f.fileno(), 0, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE); time.sleep(3600)';
 
 describe.skipIf(!isRoot)('a move interrupted by a crash', () => {
   const dir = mkdtempSync(join(tmpdir(), 'canto-move-crash-'));
@@ -129,7 +132,9 @@ describe.skipIf(!isRoot)('a move interrupted by a crash', () => {
     expect((await admin('POST', `/admin/v1/hosts/${hostIds.T}/uncordon`)).status).toBe(200);
     expect((await call('GET', `/v1/desktops/${id}`)).json.host_id).toBe(hostIds.S);
     const sha = (await exec(id, `head -c ${DATA_MIB}M /dev/urandom > /root/big && sha256sum /root/big`)).split(' ')[0]!;
-    const spawned = await call('POST', `/v1/desktops/${id}/exec`, { command: 'sleep 3600', detached: true });
+    // The detached process maps the file shared and writable, so the pre-copy leaves it out
+    // (precopy-files.ts): its bytes move after the stop, and the crash lands in that copy.
+    const spawned = await call('POST', `/v1/desktops/${id}/exec`, { command: `python3 -c '${HOLD_MAPPED}' /root/big`, detached: true });
     expect(spawned.status, spawned.text).toBe(202);
     return { id, sha, processId: spawned.json.process_id as string };
   }

@@ -27,7 +27,7 @@
  * started again on the source, the mark is cleared. After it, the desktop lives on the target;
  * a start that fails there leaves it recorded hibernated (its disk intact) rather than lost.
  */
-import { AgentFailure } from '../../../shared/src/protocol.js';
+import { AgentFailure, type CommandResult } from '../../../shared/src/protocol.js';
 import { TIER_SPECS } from '../../../shared/src/tiers.js';
 import { inTransaction, type Sql } from '../store/db.js';
 import { LEADER_LEASE } from '../store/leases.js';
@@ -261,13 +261,17 @@ async function copy(deps: StepDeps, op: OperationRow, d: DesktopRow, p: MovePara
     source = { url: exported.url, ticket: exported.ticket };
     timeoutMs = copyTimeoutMs(deps, exported.total_bytes);
   }
-  const imported = await command(
-    deps,
-    p.target_host_id!,
-    'desktop.import',
-    { desktop_id: d.id, generation: targetGeneration(d), tier: d.tier, source },
-    timeoutMs,
-  );
+  let imported: CommandResult<'desktop.import'>;
+  try {
+    imported = await command(deps, p.target_host_id!, 'desktop.import', { desktop_id: d.id, generation: targetGeneration(d), tier: d.tier, source }, timeoutMs);
+  } catch (err) {
+    // The grant names the source process that made it: its tickets live in that process's
+    // memory and its transfer listener may be elsewhere once it is started again. A copy that
+    // failed asks the source for an export on its next try, which a source still there answers
+    // in a round trip, and one started again answers at all.
+    if (grant !== undefined) precopyGrants.delete(op);
+    throw err;
+  }
   // Every listed byte is either fetched now or held already (an earlier attempt, a shared layer).
   const listed = imported.fetched_bytes + imported.resumed_bytes;
   const next: MoveParams = {
