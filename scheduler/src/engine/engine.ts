@@ -139,12 +139,13 @@ export class OperationEngine {
     this.ticking = true;
     try {
       for (const op of await claimPending(this.deps.sql, 20)) this.launch(op);
+      const round: steps.PlacementRound = { noRoom: new Map() };
       for (const d of await provisioningDesktops(this.deps.sql, 20)) {
         if (this.provisioning.has(d.id)) continue;
         this.provisioning.add(d.id);
         const task = this.onDesktop(d.id, async () => {
           const fresh = await this.deps.sql`SELECT 1 FROM desktops WHERE id = ${d.id} AND state = 'provisioning' AND host_id IS NULL`;
-          if (fresh.length === 1) await steps.provision(this.deps, d);
+          if (fresh.length === 1) await steps.provision(this.deps, d, round);
         }).catch((err: unknown) => {
           // No host with room yet is the normal wait; the next tick tries again.
           if (!(err instanceof AgentFailure && err.retryable) && !(err instanceof steps.NoCapacity)) this.log.warn({ err, desktopId: d.id }, 'provisioning failed');

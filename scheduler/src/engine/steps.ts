@@ -129,10 +129,9 @@ async function loadDesktop(deps: StepDeps, id: string): Promise<DesktopRow> {
  * becomes `hibernated` (placed, never booted); a waking one stays waking. `desktop.created`
  * fires here, once.
  */
-export async function provision(deps: StepDeps, desktop: DesktopRow): Promise<string> {
+export async function provision(deps: StepDeps, desktop: DesktopRow, round?: PlacementRound): Promise<string> {
   if (desktop.host_id) return desktop.host_id;
-  const hostId = await pickHost(deps, desktop);
-  if (!hostId) throw new NoCapacity(noCapacityMessage(desktop.tier, (await readFleet(deps, [])).hosts, deps.placement));
+  const hostId = await pickHost(deps, desktop, round);
   try {
     await command(deps, hostId, 'desktop.prepare', { desktop_id: desktop.id, generation: desktop.generation, tier: desktop.tier });
     await inTransaction(deps.sql, async (tx) => {
@@ -151,13 +150,35 @@ export async function provision(deps: StepDeps, desktop: DesktopRow): Promise<st
  * Chooses the desktop's host from the fleet as the database has it plus the placements still in
  * flight (placement/reservations.ts), so concurrent provisions spread instead of piling up.
  */
-async function pickHost(deps: StepDeps, desktop: DesktopRow): Promise<string | null> {
+async function pickHost(deps: StepDeps, desktop: DesktopRow, round?: PlacementRound): Promise<string> {
   const request = { desktopId: desktop.id, tier: desktop.tier, running: desktop.state === 'waking' };
-  return deps.placements.choose(
+  let refusal: string | undefined;
+  const hostId = await deps.placements.choose(
     request,
     (inFlight) => readFleet(deps, inFlight),
-    (candidates) => selectHost(candidates, desktop.tier, deps.placement),
+    (candidates) => {
+      const chosen = selectHost(candidates, desktop.tier, deps.placement);
+      // Said of the fleet the choice was made on, in-flight placements counted.
+      if (chosen === null) refusal = noCapacityMessage(desktop.tier, candidates, deps.placement);
+      return chosen;
+    },
+    () => round?.noRoom.has(desktop.tier) ?? false,
   );
+  if (hostId !== null) return hostId;
+  refusal ??= round?.noRoom.get(desktop.tier) ?? `no host has room for a ${desktop.tier} desktop`;
+  round?.noRoom.set(desktop.tier, refusal);
+  throw new NoCapacity(refusal);
+}
+
+/**
+ * One round of the engine's background placements (engine.ts `tick`). Once a tier found no room,
+ * the round's other desktops of that tier wait for the next round instead of each reading the
+ * fleet to find the same: a backlog of desktops no host can take (every host down, say) cost
+ * each round one snapshot read of the fleet per desktop, and as many again for the message.
+ */
+export interface PlacementRound {
+  /** Tiers that found no room this round, with why. */
+  readonly noRoom: Map<Tier, string>;
 }
 
 /**

@@ -46,8 +46,15 @@ export class PlacementReservations {
    * meanwhile committed after the read's snapshot was taken, so the database does not show it
    * either, and counting it from neither let a burst under load land a desktop over.
    */
-  choose(request: PlacementRequest, read: (inFlight: string[]) => Promise<FleetView>, pick: (hosts: HostCandidate[]) => string | null): Promise<string | null> {
+  choose(
+    request: PlacementRequest,
+    read: (inFlight: string[]) => Promise<FleetView>,
+    pick: (hosts: HostCandidate[]) => string | null,
+    /** Asked when the choice's turn comes, before any read: true answers null at once (no room, known already). */
+    known?: () => boolean,
+  ): Promise<string | null> {
     const run = this.turn.then(async () => {
+      if (known?.() === true) return null;
       const held = [...this.held.values()];
       const view = await read(held.map((r) => r.desktopId));
       const hosts = view.hosts.map((h) => withHeld(h, held, view.placed));
