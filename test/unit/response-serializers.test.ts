@@ -1,10 +1,10 @@
 /**
- * The API's response serializers are built once per distinct schema (http/app.ts): routes whose
+ * The API's response serializers are built once per distinct schema (http/serializers.ts): routes whose
  * answers share a schema share one serializer, and a schema that differs in any way gets its own,
- * which serializes by that schema alone.
+ * which serializes by that schema alone, built with only the shared schemas it refers to.
  */
 import { describe, expect, it } from 'vitest';
-import { buildSerializerOncePerSchema } from '../../scheduler/src/http/app.js';
+import { buildSerializerOncePerSchema } from '../../scheduler/src/http/serializers.js';
 
 const shared = {
   Thing: { $id: 'Thing', type: 'object', properties: { name: { type: 'string' } }, required: ['name'] },
@@ -28,6 +28,19 @@ describe('response serializers', () => {
     const reordered = compile(route('/d', { type: 'object', properties: { count: { type: 'integer' }, name: { type: 'string' } } }));
     expect(reordered).not.toBe(withCount);
     expect(reordered({ name: 'x', count: 3 })).toBe('{"count":3,"name":"x"}');
+  });
+
+  it('builds each with the shared schemas it reaches, through references of references, and no others', () => {
+    const compile = buildSerializerOncePerSchema({
+      Outer: { $id: 'Outer', type: 'object', properties: { inner: { $ref: 'Inner#' }, list: { type: 'array', items: { $ref: 'Item' } } } },
+      Inner: { $id: 'Inner', type: 'object', properties: { n: { type: 'integer' } } },
+      Item: { $id: 'Item', type: 'string' },
+      // Never reached: building with every shared schema would validate it, and fail.
+      Broken: { $id: 'Broken', type: 'no such type' },
+    }, {});
+    const serialize = compile(route('/outer', { $ref: 'Outer#' }));
+    expect(serialize({ inner: { n: 2, x: 1 }, list: ['a', 'b'], other: true })).toBe('{"inner":{"n":2},"list":["a","b"]}');
+    expect(() => compile(route('/broken', { $ref: 'Broken#' }))).toThrow(/invalid/);
   });
 
   it('keeps apps apart: each factory call builds its own', () => {

@@ -6,11 +6,11 @@
 import { randomBytes } from 'node:crypto';
 import Fastify, { type FastifyError, type FastifyReply } from 'fastify';
 import swagger from '@fastify/swagger';
-import { SerializerSelector } from '@fastify/fast-json-stringify-compiler';
 import type { TypeBoxTypeProvider } from '@fastify/type-provider-typebox';
 import { ApiError, errors, problem } from '../errors.js';
 import { answerClientError, answerUnroutable, MISSING_HOST } from './client-errors.js';
 import { describeValidation } from './validation-problem.js';
+import { buildSerializerOncePerSchema } from './serializers.js';
 import { errorResponses } from './error-responses.js';
 import type { App, AppDeps } from './route-types.js';
 import { API_DESCRIPTION, OPERATIONS, REQUEST_EXAMPLES, TAG_DESCRIPTIONS } from './operations-doc.js';
@@ -47,26 +47,6 @@ function nextRequestId(): string {
   }
   idPool.at += 9;
   return `req_${idPool.bytes.toString('base64url', idPool.at - 9, idPool.at)}`;
-}
-
-/**
- * Fastify's own response serializer factory, building each serializer once per distinct schema.
- * Fastify builds one per route and status code at start-up: about 450 here, of 35 distinct
- * schemas (every route's error statuses name the same problem schema), and each build validates
- * its schema and resolves every shared one again: 0.6 s of a scheduler process's 1.8 s start, in
- * every worker and every test that starts one. A serializer depends only on its schema and the
- * shared schemas, which are the same for every route of the app.
- */
-const buildFastSerializer = SerializerSelector();
-export function buildSerializerOncePerSchema(...args: Parameters<typeof buildFastSerializer>): ReturnType<typeof buildFastSerializer> {
-  const compile = buildFastSerializer(...args);
-  const built = new Map<string, ReturnType<typeof compile>>();
-  return (route) => {
-    const key = JSON.stringify(route.schema);
-    let serializer = built.get(key);
-    if (serializer === undefined) built.set(key, (serializer = compile(route)));
-    return serializer;
-  };
 }
 
 export async function buildApp(deps: AppDeps): Promise<App> {
