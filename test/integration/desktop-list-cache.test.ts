@@ -183,6 +183,33 @@ describe('DesktopList', () => {
     expect(list.answers.kept).toBe(1);
   });
 
+  it('asks a list that changed last time for its listing at once, and one that did not for its fingerprint', async () => {
+    const { orgId, ids } = await orgWith('list-churn', 4);
+    let fingerprints = 0;
+    const counting = new Proxy(sql, {
+      apply(target, thisArg, args: unknown[]) {
+        if (Array.isArray(args[0]) && args[0].join('').includes('count(*)')) fingerprints++;
+        return Reflect.apply(target, thisArg, args) as unknown;
+      },
+    });
+    const list = new DesktopList(counting);
+    await list.body(orgId, null, render);
+    await list.body(orgId, null, render);
+    expect([fingerprints, list.answers]).toEqual([1, { kept: 1, patched: 0, full: 1 }]);
+    await sql`UPDATE desktops SET idle_timeout_secs = 1 WHERE id = ${ids[0]!}`;
+    await list.body(orgId, null, render);
+    expect([fingerprints, list.answers]).toEqual([2, { kept: 1, patched: 1, full: 1 }]);
+    // Changed again: no fingerprint first.
+    await sql`UPDATE desktops SET idle_timeout_secs = 2 WHERE id = ${ids[1]!}`;
+    expect((await list.body(orgId, null, render)).toString()).toBe(await fresh(orgId));
+    expect([fingerprints, list.answers]).toEqual([2, { kept: 1, patched: 2, full: 1 }]);
+    // Unchanged: the listing says so, and the next call asks for the fingerprint again.
+    const kept = await list.body(orgId, null, render);
+    expect([fingerprints, list.answers]).toEqual([2, { kept: 2, patched: 2, full: 1 }]);
+    expect(await list.body(orgId, null, render)).toBe(kept);
+    expect([fingerprints, list.answers]).toEqual([3, { kept: 3, patched: 2, full: 1 }]);
+  });
+
   it('reads a list whole again when most of it changed', async () => {
     const { orgId } = await orgWith('list-most', 4);
     const list = new DesktopList(sql);

@@ -14,7 +14,10 @@
  * row, joined in the list's order. Reading the ids and versions of 1,000 rows costs about a third
  * of reading them whole, and nothing is rendered again. The rows read whole must be the very
  * versions the listing named; one that changed again in between sends the call to a full read,
- * so a body never mixes versions its fingerprint does not describe.
+ * so a body never mixes versions its fingerprint does not describe. A list that changed the last
+ * time it was asked for is likely to change again (a dashboard over desktops being created): its
+ * listing, which says both whether and what changed, is asked for at once, without the
+ * fingerprint first; once it comes back unchanged, the fingerprint is asked for again.
  *
  * Kept per org and state filter, least recently used first out, within a byte budget per process.
  */
@@ -43,6 +46,8 @@ interface Kept {
   readonly rows: ReadonlyMap<string, { readonly version: string; readonly json: string }>;
   /** What the entry counts against the budget: the body, and the rows' renderings as much again. */
   readonly size: number;
+  /** Made because the list had changed since it was last kept. */
+  readonly changed: boolean;
 }
 
 export class DesktopList {
@@ -61,21 +66,24 @@ export class DesktopList {
   async body(orgId: string, state: DesktopState | null, render: RenderList): Promise<Buffer> {
     const key = `${orgId}\n${state ?? ''}`;
     // With nothing kept, the fingerprint could only be thrown away: the rows bring their own.
-    if (this.kept.has(key)) {
+    let hit = this.kept.get(key);
+    if (hit !== undefined && !hit.changed) {
       const fingerprint = await desktopListFingerprint(this.sql, orgId, state);
       // Looked up after the query: a concurrent call may have replaced or dropped it meanwhile.
-      const hit = this.kept.get(key);
+      hit = this.kept.get(key);
       if (hit !== undefined && hit.fingerprint === fingerprint) {
         this.keep(key, hit);
         this.answers.kept++;
         return hit.body;
       }
-      if (hit !== undefined) {
-        const patched = await this.patched(orgId, state, hit, render);
-        if (patched !== null) {
-          this.answers.patched++;
-          return this.store(key, patched).body;
-        }
+    }
+    // A list that changed since it was kept, or changed the last time it was asked for (and so
+    // likely again: its listing, which says both whether and what, is asked for at once).
+    if (hit !== undefined) {
+      const again = await this.patched(orgId, state, hit, render);
+      if (again !== null) {
+        this.answers[again.answer]++;
+        return this.store(key, again.kept).body;
       }
     }
     // Kept with the fingerprint of these rows, read with them: the one above may be older.
@@ -88,7 +96,7 @@ export class DesktopList {
       return json;
     });
     this.answers.full++;
-    return this.store(key, made(envelope, parts, read.fingerprint, rows)).body;
+    return this.store(key, made(envelope, parts, read.fingerprint, rows, hit !== undefined)).body;
   }
 
   /** Bytes counted against the budget now. */
@@ -100,8 +108,10 @@ export class DesktopList {
    * The list made again from `kept` and the rows that changed since, or null when a full read
    * is the better way (most rows changed) or the only safe one (a row changed again meanwhile).
    */
-  private async patched(orgId: string, state: DesktopState | null, kept: Kept, render: RenderList): Promise<Kept | null> {
+  private async patched(orgId: string, state: DesktopState | null, kept: Kept, render: RenderList): Promise<{ kept: Kept; answer: ListAnswer } | null> {
     const listing = await listDesktopVersions(this.sql, orgId, state);
+    // Unchanged after all: the kept body, asked for by its fingerprint again next time.
+    if (listing.fingerprint === kept.fingerprint) return { kept: { ...kept, changed: false }, answer: 'kept' };
     const stale = listing.rows.filter((r) => kept.rows.get(r.id)?.version !== r.row_version).map((r) => r.id);
     if (stale.length > listing.rows.length * PATCH_AT_MOST) return null;
     const fresh = new Map((stale.length === 0 ? [] : await desktopViewsVersioned(this.sql, orgId, stale)).map((v) => [v.id, v]));
@@ -119,7 +129,7 @@ export class DesktopList {
       rows.set(id, row);
       parts.push(row.json);
     }
-    return made(envelope, parts, listing.fingerprint, rows);
+    return { kept: made(envelope, parts, listing.fingerprint, rows, true), answer: 'patched' };
   }
 
   /** Keeps `made` when it fits the budget, dropping the least recently used lists to make room. */
@@ -170,7 +180,7 @@ function renderRow(envelope: Envelope, render: RenderList, view: VersionedView):
   return one.slice(envelope.head.length, one.length - envelope.tail.length);
 }
 
-function made(envelope: Envelope, parts: string[], fingerprint: string, rows: ReadonlyMap<string, { version: string; json: string }>): Kept {
+function made(envelope: Envelope, parts: string[], fingerprint: string, rows: ReadonlyMap<string, { version: string; json: string }>, changed: boolean): Kept {
   const body = Buffer.from(envelope.head + parts.join(',') + envelope.tail);
-  return { fingerprint, body, rows, size: body.length * 2 };
+  return { fingerprint, body, rows, size: body.length * 2, changed };
 }
