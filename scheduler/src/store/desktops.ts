@@ -70,21 +70,23 @@ export async function desktopListFingerprint(sql: Sql, orgId: string, state: Des
 }
 
 /**
- * The org's desktops as the API lists them (with `state`, only those in it), oldest first, with
- * the fingerprint of those very rows, read in the same statement and so the same snapshot. A
- * fingerprint read by a statement of its own before the rows could describe an older list than
- * they are, and that older list can come back (a desktop created, then deleted): its fingerprint
- * would then vouch for rows that are no longer there.
+ * The org's desktops as the API lists them (with `state`, only those in it), oldest first, each
+ * with its row version, and the fingerprint of those very rows, summed from the versions read
+ * (the same exact integer sum Postgres makes): one statement, so one snapshot. A fingerprint read
+ * by a statement of its own before the rows could describe an older list than they are, and that
+ * older list can come back (a desktop created, then deleted): its fingerprint would then vouch
+ * for rows that are no longer there. Window aggregates would give the same in the statement, at
+ * half its cost again.
  */
 export async function listDesktopViewsFingerprinted(
   sql: Sql, orgId: string, state: DesktopState | null,
 ): Promise<{ views: VersionedView[]; fingerprint: string }> {
-  const rows = await sql<Array<VersionedView & ListAggregates>>`
-    SELECT ${sql.unsafe(DESKTOP_VIEW_COLUMNS)}, (${sql.unsafe(ROW_VERSION)})::text AS row_version, ${sql.unsafe(LIST_AGGREGATES)}
+  const rows = await sql<VersionedView[]>`
+    SELECT ${sql.unsafe(DESKTOP_VIEW_COLUMNS)}, (${sql.unsafe(ROW_VERSION)})::text AS row_version
     FROM desktops d LEFT JOIN hosts h ON h.id = d.host_id
     WHERE d.org_id = ${orgId} ${state ? sql`AND d.state = ${state}` : sql``}
     ORDER BY d.created_at, d.id`;
-  return { views: rows, fingerprint: listFingerprint(rows) };
+  return { views: rows, fingerprint: fingerprintOfVersions(rows) };
 }
 
 /** A desktop as the list shows it, with the identity of the row version it was read from (ROW_VERSION). */
@@ -92,9 +94,8 @@ export type VersionedView = DesktopView & { row_version: string };
 
 /**
  * The list's rows by identity only, in the list's order: each desktop's id and row version, and
- * the list's fingerprint, summed here from the very versions read (the same exact integer sum
- * Postgres makes; window aggregates cost the statement as much again). A list that changed in a
- * few rows is made again from this and those rows alone (services/desktop-list.ts).
+ * the list's fingerprint, in one statement. A list that changed in a few rows is made again from
+ * this and those rows alone (services/desktop-list.ts).
  */
 export async function listDesktopVersions(
   sql: Sql, orgId: string, state: DesktopState | null,
@@ -104,9 +105,7 @@ export async function listDesktopVersions(
     FROM desktops d LEFT JOIN hosts h ON h.id = d.host_id
     WHERE d.org_id = ${orgId} ${state ? sql`AND d.state = ${state}` : sql``}
     ORDER BY d.created_at, d.id`;
-  let sum = 0n;
-  for (const row of rows) sum += BigInt(row.row_version);
-  return { rows, fingerprint: fingerprintOf(rows.length, rows.length === 0 ? null : sum.toString()) };
+  return { rows, fingerprint: fingerprintOfVersions(rows) };
 }
 
 /** The org's desktops `ids` as the list shows them, with their row versions; missing ones are left out. */
@@ -117,17 +116,11 @@ export async function desktopViewsVersioned(sql: Sql, orgId: string, ids: readon
     WHERE d.org_id = ${orgId} AND d.id = ANY(${ids as string[]}::text[])`;
 }
 
-/** The fingerprint's parts as window aggregates: every row of a list statement carries them. */
-const LIST_AGGREGATES = `(count(*) OVER ())::int AS list_n, (sum(${ROW_VERSION}) OVER ())::text AS list_sum`;
-
-interface ListAggregates {
-  list_n: number;
-  list_sum: string | null;
-}
-
-function listFingerprint(rows: readonly ListAggregates[]): string {
-  const first = rows[0];
-  return first === undefined ? fingerprintOf(0, null) : fingerprintOf(first.list_n, first.list_sum);
+/** The fingerprint of rows read with their versions: what `desktopListFingerprint` computes in Postgres. */
+function fingerprintOfVersions(rows: ReadonlyArray<{ row_version: string }>): string {
+  let sum = 0n;
+  for (const row of rows) sum += BigInt(row.row_version);
+  return fingerprintOf(rows.length, rows.length === 0 ? null : sum.toString());
 }
 
 export async function setIdleTimeout(sql: Sql, orgId: string, id: string, secs: number): Promise<DesktopRow | null> {
