@@ -112,21 +112,35 @@ describe.skipIf(!isRoot)('canto up after kill -9', () => {
     }
 
     /** Every desktop ends awake and running, or hibernated; never awake with nothing running. */
-    const settledStates = async (c: ReturnType<typeof api>) =>
-      until(async () => {
+    const settledStates = async (c: ReturnType<typeof api>) => {
+      // What the last look saw, for the failure message: a state alone does not say why.
+      let seen = '';
+      return until(async () => {
         const states: string[] = [];
+        seen = '';
         for (const id of ids) {
           const d = (await c('GET', `/v1/desktops/${id}`)).json;
+          seen += ` ${id}: ${d.state}`;
           if (d.state === 'awake') {
             const exec = await c('POST', `/v1/desktops/${id}/exec`, { command: 'true' });
-            if (exec.status !== 200) return null;
+            if (exec.status !== 200) {
+              seen += ` (exec ${exec.status} ${JSON.stringify(exec.json)})`;
+              return null;
+            }
           } else if (d.state !== 'hibernated') {
             return null;
           }
           states.push(d.state);
         }
         return states;
-      }, 60_000, 'every desktop awake-and-running or hibernated');
+      }, 60_000, 'every desktop awake-and-running or hibernated').catch(async (err: unknown) => {
+        // What the host's runtime says of each desktop, and the services' log without the refusals.
+        const driver = await createSandboxDriver({ stateDir: join(dataDir, 'agent', 'runtime') });
+        const held = await driver.list().finally(() => driver.close());
+        const log = up.out().split('\n').filter((line) => !line.includes('command refused')).join('\n');
+        throw new Error(`${err instanceof Error ? err.message : String(err)}; last seen:${seen}; runtime: ${JSON.stringify(held)}\n${log.slice(-8000)}`);
+      });
+    };
 
     const crashMidHibernate = async (up: Up, c: ReturnType<typeof api>, id: string) => {
       const op = (await c('POST', `/v1/desktops/${id}/hibernate`)).json;
@@ -159,7 +173,9 @@ describe.skipIf(!isRoot)('canto up after kill -9', () => {
         if ((await c('GET', `/v1/desktops/${id}`)).json.state === 'hibernated') {
           expect((await c('POST', `/v1/desktops/${id}/wake?wait=true`)).json.state, `wake ${id} after start ${round + 1}`).toBe('succeeded');
         }
-        const got = new Uint8Array(await (await fetch(`${base}/v1/desktops/${id}/files/root/data.bin`, { headers: auth })).arrayBuffer());
+        const read = await fetch(`${base}/v1/desktops/${id}/files/root/data.bin`, { headers: auth });
+        const got = new Uint8Array(await read.arrayBuffer());
+        expect(read.status, `${id}'s file after start ${round + 1}: ${read.status === 200 ? '' : Buffer.from(got).toString()}`).toBe(200);
         expect(sha(got), `${id}'s file after start ${round + 1}`).toBe(files.get(id));
       }
     }

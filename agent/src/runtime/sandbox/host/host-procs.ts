@@ -26,10 +26,19 @@ export async function procStat(pid: number): Promise<ProcStat | null> {
   return parseStat(pid, text);
 }
 
+/** Task flag of a process that is exiting (include/linux/sched.h). */
+const PF_EXITING = 0x4;
+
+/**
+ * A process that is exiting counts as gone, as a zombie does. Its /proc entry can outlive its kill
+ * by seconds: a guest init killed with its desktop's process tree waits in its exit until every
+ * process of its pid namespace has died. Counted as running meanwhile, a desktop killed with a
+ * crashed `canto up` read as running to the next agent's first look, and stayed recorded awake.
+ */
 function parseStat(pid: number, text: string): ProcStat | null {
   const rest = text.slice(text.lastIndexOf(')') + 2).split(' ');
-  // rest[0] is field 3 (state); field N is rest[N - 3].
-  if (rest[0] === 'Z' || rest[0] === 'X') return null;
+  // rest[0] is field 3 (state); field N is rest[N - 3] (field 9: the task's flags).
+  if (rest[0] === 'Z' || rest[0] === 'X' || (Number(rest[6]) & PF_EXITING) !== 0) return null;
   return {
     pid,
     ppid: Number(rest[1]),
