@@ -23,6 +23,7 @@ import { TransferServer } from '../../agent/src/transfer/server.js';
 import { TransferSource } from '../../agent/src/transfer/source.js';
 import { TransferTickets } from '../../agent/src/transfer/tickets.js';
 import type { TransferUnit } from '../../shared/src/transfer.js';
+import { AgentFailure } from '../../shared/src/protocol.js';
 import { until } from '../helpers/wait.js';
 
 const isRoot = process.getuid?.() === 0;
@@ -44,8 +45,9 @@ interface Host {
 
 const hosts: Host[] = [];
 
-async function host(dir = mkdtempSync(join(tmpdir(), 'canto-precopy-'))): Promise<Host> {
-  const transfer = new SandboxTransfer(dir, new KeyedMutex());
+/** `flush`: what writes the host's filesystem to disk (the real one when absent). */
+async function host(dir = mkdtempSync(join(tmpdir(), 'canto-precopy-')), flush?: (path: string) => Promise<void>): Promise<Host> {
+  const transfer = new SandboxTransfer(dir, new KeyedMutex(), flush);
   const generations = await GenerationStore.open(dir);
   const tickets = new TransferTickets();
   const log = process.env.DEBUG_PRECOPY ? (msg: string, f?: object) => console.log(msg, f) : () => undefined;
@@ -64,7 +66,8 @@ afterEach(async () => {
   }
 });
 
-const desktopDir = (h: Host) => join(h.dir, 'desktops', D);
+const desktopDirIn = (dir: string) => join(dir, 'desktops', D);
+const desktopDir = (h: Host) => desktopDirIn(h.dir);
 const disk = (h: Host, ...parts: string[]) => join(desktopDir(h), 'disk', ...parts);
 
 /** A desktop directory as the sandbox keeps one, with a plain writable layer. */
@@ -311,5 +314,46 @@ describe.skipIf(!isRoot)('pre-copy of a desktop being moved, on real files', () 
     expect(existsSync(join(t.dir, 'incoming', D, 'pre', 'disk', 'root', 'docs', 'f0.bin'))).toBe(true);
     await t.moves.abortImport(D);
     expect(existsSync(join(t.dir, 'incoming', D))).toBe(false);
+  });
+
+  it('writes the pre-copy to disk before marking it, and the installed copy before and after its renames', async () => {
+    const dir = mkdtempSync(join(tmpdir(), 'canto-precopy-'));
+    const staging = join(dir, 'incoming', D);
+    // What each flush finds in place: what a power loss just after it would keep.
+    const seen: string[] = [];
+    const flush = async (path: string) => {
+      if (!path.startsWith(dir)) seen.push(`elsewhere: ${path}`);
+      else if (existsSync(desktopDirIn(dir))) seen.push(existsSync(staging) ? 'installed, staging kept' : 'installed');
+      else if (existsSync(join(staging, 'x', 'desktop', '.ready'))) seen.push('staged');
+      else if (existsSync(join(staging, 'pre')) && !existsSync(join(staging, 'precopy.json'))) seen.push('pre-copied, unmarked');
+      else seen.push(`nothing in place (${path})`);
+    };
+    const [s, t] = [await host(), await host(dir, flush)];
+    desktopOn(s);
+    const pc = await precopy(s, t, 4);
+    expect(seen).toEqual(['pre-copied, unmarked']);
+    await copyAfterStop(s, t, pc.precopy_id);
+    expect(seen).toEqual(['pre-copied, unmarked', 'staged', 'installed, staging kept']);
+    expectSameTree(s, t);
+    // A command sent again finds the copy installed (the last one may have failed writing it out).
+    await t.moves.importDesktop({ desktopId: D, generation: 4, tier: 'small', source: { url: 'http://127.0.0.1:9', ticket: 'unused' } });
+    expect(seen.at(-1)).toBe('installed');
+  });
+
+  it('installs nothing while the disk refuses the staged copy, and installs it whole on the next try', async () => {
+    const dir = mkdtempSync(join(tmpdir(), 'canto-precopy-'));
+    let failing = true;
+    const flush = async () => {
+      if (failing && existsSync(join(dir, 'incoming', D, 'x', 'desktop'))) throw new AgentFailure('runtime_error', 'writing to disk failed: EIO', true);
+    };
+    const [s, t] = [await host(), await host(dir, flush)];
+    desktopOn(s);
+    const exported = await s.moves.exportDesktop(D, 3, 60_000, 'sized');
+    const spec = { desktopId: D, generation: 4, tier: 'small' as const, source: { url: exported.url, ticket: exported.ticket } };
+    await expect(t.moves.importDesktop(spec)).rejects.toMatchObject({ code: 'runtime_error', retryable: true });
+    expect(existsSync(desktopDirIn(dir))).toBe(false);
+    failing = false;
+    await t.moves.importDesktop(spec);
+    expectSameTree(s, t);
   });
 });

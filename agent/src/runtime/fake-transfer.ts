@@ -135,6 +135,9 @@ export class FakeTransfer implements DesktopTransfer {
     await rm(staging, { recursive: true, force: true });
   }
 
+  /** The fake's desktops live in memory: nothing to write. */
+  async flush(): Promise<void> {}
+
   async started(desktopId: string): Promise<boolean> {
     return this.imported.delete(desktopId);
   }

@@ -104,9 +104,16 @@ export interface DesktopTransfer {
   unpack(desktopId: string, unitId: string, reuse?: readonly string[]): Promise<UnitSink>;
   /**
    * Moves the unpacked units into place, layers before the desktop, each with one rename, and
-   * removes staging. Fails (retryable) when a layer it counted on is gone meanwhile.
+   * removes staging. What it installs is on disk when it resolves (and was before the renames, so
+   * a power loss leaves the copy whole or absent). Fails (retryable) when a layer it counted on is
+   * gone meanwhile.
    */
   install(desktopId: string, spec: InstallSpec): Promise<void>;
+  /**
+   * Writes what this host holds of the desktop to disk: an import that found its copy already
+   * installed answers only once that copy would survive a power loss here.
+   */
+  flush(desktopId: string): Promise<void>;
   /**
    * The desktop is about to start here: it is no longer a copy an abort may remove. Answers
    * whether it was such a copy (the first start of a desktop moved here).
@@ -142,7 +149,10 @@ export interface PrecopyFiles {
   read(desktopId: string, paths: readonly string[]): Promise<UnitStream>;
   /** Each file's identity now; null when it is gone or no longer a lone regular file. */
   identify(desktopId: string, paths: readonly string[]): Promise<Array<FileIdentity | null>>;
-  /** Starts unpacking a pre-copy stream into staging, replacing an earlier one. */
+  /**
+   * Starts unpacking a pre-copy stream into staging, replacing an earlier one; `done` once the
+   * files are unpacked and on disk (the copy after the stop then has only its own bytes to write).
+   */
   unpack(desktopId: string): Promise<UnitSink>;
   /** Whether the unpacked pre-copy in staging holds every one of these files. */
   holds(desktopId: string, paths: readonly string[]): Promise<boolean>;

@@ -62,6 +62,8 @@ export async function importDesktop(options: ImportOptions, spec: ImportSpec): P
   if (here.running) throw new AgentFailure('conflict', `${spec.desktopId} is running on this host`, false);
   if (here.held) {
     if (here.imported?.generation === spec.generation) {
+      // An earlier command installed it and may have failed writing it to disk.
+      await transfer.flush(spec.desktopId);
       return { fetched_bytes: 0, resumed_bytes: here.imported.totalBytes, units: here.imported.units };
     }
     // An earlier import's copy that never ran here is an outdated copy of the same desktop.

@@ -17,6 +17,7 @@ import { randomBytes } from 'node:crypto';
 import { chmod, cp, mkdir, readFile, rename, rm, stat, symlink, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { AgentFailure } from '../../../../../shared/src/protocol.js';
+import { runToEnd } from './spawner.js';
 
 /** Desktop ids are opaque to the driver, but they become path components, so they are checked. */
 const DESKTOP_ID = /^dsk_[0-9a-v]{24}$/;
@@ -164,6 +165,19 @@ export async function writeFileAtomic(path: string, content: string): Promise<vo
   const tmp = `${path}.${process.pid}.${randomBytes(6).toString('hex')}.tmp`;
   await writeFile(tmp, content, { mode: 0o600 });
   await rename(tmp, path);
+}
+
+/**
+ * Writes to disk everything the filesystem holding `path` still keeps only in memory (syncfs(2),
+ * through coreutils' `sync --file-system`). A copy another host deletes its own on the strength of
+ * must outlive a power loss here: the page cache alone keeps written data up to half a minute.
+ * One call covers every file of a desktop in one journal commit, where an fsync per file costs a
+ * commit each (thousands for a disk of small files); it also writes what other desktops have
+ * pending on that filesystem, which is bounded by the kernel's dirty limits.
+ */
+export async function syncFilesystem(path: string): Promise<void> {
+  const { code, stderr } = await runToEnd('sync', ['--file-system', path]);
+  if (code !== 0) throw new AgentFailure('runtime_error', `writing ${path} to disk failed: ${stderr || `sync exited with ${String(code)}`}`, true);
 }
 
 export async function readJson<T>(path: string): Promise<T | null> {

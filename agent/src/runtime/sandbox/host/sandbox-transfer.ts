@@ -14,8 +14,9 @@
  * An import unpacks into `<stateDir>/incoming/<id>/x/<unit>/`, then installs: under the layer
  * store's lock (layers.ts) each missing layer is renamed into the store, and the desktop
  * directory is renamed into `desktops/` last, carrying `imported.json`. One rename each, on one
- * filesystem: a crash leaves the desktop either absent (staging still there, the import resumes)
- * or whole. `imported.json` marks a copy that has not started here; only such a copy may be
+ * filesystem, with the filesystem written to disk before the renames and after them: a crash, a
+ * power loss included, leaves the desktop either absent (staging still there, the import resumes)
+ * or whole, and an import answers only once its copy is on disk (the source deletes its own). `imported.json` marks a copy that has not started here; only such a copy may be
  * discarded by a rolled-back move.
  *
  * A pre-copy (precopy-files.ts) reads cold files of the writable layer while the desktop runs
@@ -32,7 +33,7 @@ import type { InitProcess } from './cold-boot.js';
 import { isSameProcess } from './host-procs.js';
 import type { KeyedMutex } from './keyed-mutex.js';
 import { collectLayers, layersDir, readChain, recoverFreeze, releaseDisk, stagedChainFile, withLayerStore } from './layers.js';
-import { assertDesktopId, desktopPaths, desktopsDir, exists, hasDisk, readJson, removeTree, type DesktopPaths } from './layout.js';
+import { assertDesktopId, desktopPaths, desktopsDir, exists, hasDisk, readJson, removeTree, syncFilesystem, type DesktopPaths } from './layout.js';
 import { cgroupPids } from './cgroups.js';
 import { identify, linkPrecopied, scanCold, sharedWritableMaps } from './precopy-files.js';
 import { fileListStream, tarSize, tarStream, untar } from './unit-tar.js';
@@ -65,6 +66,8 @@ export class SandboxTransfer implements DesktopTransfer {
     private readonly stateDir: string,
     /** The driver's per-desktop lifecycle mutex: no start, fork or destroy runs meanwhile. */
     private readonly mutex: KeyedMutex,
+    /** Writes the filesystem holding a path to disk (tests watch when it is called). */
+    private readonly flushFs: (path: string) => Promise<void> = syncFilesystem,
   ) {}
 
   async inspect(desktopId: string): Promise<HeldDesktop> {
@@ -143,7 +146,12 @@ export class SandboxTransfer implements DesktopTransfer {
       const dest = this.preDir(desktopId);
       await rm(dest, { recursive: true, force: true });
       await mkdir(dest, { recursive: true });
-      return untar(dest);
+      const sink = await untar(dest);
+      // Flushed while the desktop still runs on the source: the pre-copy is most of a move's
+      // bytes, and writing them out after the stop would lengthen the downtime by as much.
+      const done = sink.done.then(() => this.flushFs(dest));
+      done.catch(() => undefined);
+      return { ...sink, done };
     },
     holds: async (desktopId, files) => {
       const pre = this.preDir(desktopId);
@@ -173,6 +181,10 @@ export class SandboxTransfer implements DesktopTransfer {
       await mkdir(join(staged, 'fb'), { recursive: true });
       await writeFile(join(staged, IMPORT_RECORD), JSON.stringify(spec.record));
       const chain = await this.stagedChain(desktopId);
+      // On disk before the renames: after a power loss the renamed copy could otherwise hold
+      // files whose data never reached the disk. And after them, below: the source deletes its
+      // copy once this one is confirmed.
+      await this.flushFs(staging);
       await withLayerStore(this.stateDir, async () => {
         await mkdir(layersDir(this.stateDir), { recursive: true });
         for (const layer of chain) {
@@ -188,8 +200,13 @@ export class SandboxTransfer implements DesktopTransfer {
         await mkdir(desktopsDir(this.stateDir), { recursive: true });
         await rename(staged, paths.dir);
       });
+      await this.flushFs(paths.dir);
       await removeTree(staging);
     });
+  }
+
+  flush(desktopId: string): Promise<void> {
+    return this.flushFs(desktopPaths(this.stateDir, desktopId).dir);
   }
 
   async started(desktopId: string): Promise<boolean> {
