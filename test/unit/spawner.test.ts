@@ -9,7 +9,7 @@ import { spawn } from 'node:child_process';
 import { createHash } from 'node:crypto';
 import { once } from 'node:events';
 import { existsSync } from 'node:fs';
-import { chmod, mkdtemp, readFile, rm, writeFile } from 'node:fs/promises';
+import { chmod, mkdtemp, readFile, rm, utimes, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { dirname, join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
@@ -208,6 +208,23 @@ describe('the process spawner', () => {
     expect(await once(next, 'close')).toEqual([0, null]);
     expect((await procStat(next.pid!)) === null).toBe(true);
   });
+});
+
+it('sweeps a socket directory that has no socket only once it is older than a helper takes to start', async () => {
+  const root = await mkdtemp(join(tmpdir(), 'canto-sweep-'));
+  try {
+    // Another agent's helper, starting: its directory is made, its socket not yet bound.
+    const starting = await mkdtemp(join(root, 'canto-spawn-'));
+    // A helper that died before it listened, long ago.
+    const died = await mkdtemp(join(root, 'canto-spawn-'));
+    const longAgo = new Date(Date.now() - 120_000);
+    await utimes(died, longAgo, longAgo);
+    expect(await sweepStaleSockets(root)).toEqual([died]);
+    expect(existsSync(starting)).toBe(true);
+    expect(existsSync(died)).toBe(false);
+  } finally {
+    await rm(root, { recursive: true, force: true });
+  }
 });
 
 it('starts processes with Node spawn when told to (CANTO_AGENT_SPAWN_HELPER=off)', async () => {
