@@ -141,4 +141,41 @@ describe('host failure recovery', () => {
     expect(woke.status, woke.text).toBe(200);
     expect(driver.desktops.get(id)!.running).toBe(true);
   });
+
+  it('records hibernated a desktop whose guest died under a running agent, once a call finds it gone', async () => {
+    agent = await connectAgent();
+    const { id, generation } = await awakeDesktop();
+    // The guest dies (the OOM killer took its init); the agent, still linked, says nothing.
+    driver.desktops.get(id)!.running = false;
+    const diedBy = new Date();
+    const exec = await call('POST', `/v1/desktops/${id}/exec`, { command: 'true' });
+    expect(exec.status, exec.text).toBe(409);
+    const gone = await until(async () => {
+      const d = (await call('GET', `/v1/desktops/${id}`)).json;
+      return d.state === 'hibernated' ? d : null;
+    }, 5_000, 'the dead desktop to be recorded hibernated');
+    expect(gone.generation).toBeGreaterThan(generation);
+    const events = await sql`SELECT payload FROM outbox WHERE desktop_id = ${id} AND type = 'desktop.hibernated'`;
+    expect(events).toHaveLength(1);
+    expect(events[0]!.payload.data).toMatchObject({ reason: 'host_failure', cause: 'guest_gone', host_id: agent.hostId, memory_snapshot: false });
+    // Billed until the scheduler learnt of it: the death itself was not seen.
+    const [meter] = await sql`SELECT ended_at FROM meter_intervals WHERE desktop_id = ${id}`;
+    expect((meter!.ended_at as Date).getTime()).toBeGreaterThanOrEqual(diedBy.getTime());
+    const woke = await call('POST', `/v1/desktops/${id}/wake?wait=true`);
+    expect(woke.status, woke.text).toBe(200);
+    expect(driver.desktops.get(id)!.running).toBe(true);
+  });
+
+  it('leaves awake a desktop whose host refused a call only because it was stopping', async () => {
+    agent = await connectAgent();
+    const { id, generation } = await awakeDesktop();
+    // What a replica reports when the host answered "not running" for a desktop it does run (a
+    // stop's fence refuses calls): the leader asks the host, which runs it, and nothing changes.
+    await sql`SELECT pg_notify('canto_guest_gone', ${id})`;
+    await new Promise((r) => setTimeout(r, 500));
+    const d = (await call('GET', `/v1/desktops/${id}`)).json;
+    expect(d).toMatchObject({ state: 'awake', generation });
+    expect((await call('POST', `/v1/desktops/${id}/exec`, { command: 'true' })).status).toBe(200);
+  });
 });
+

@@ -7,7 +7,8 @@
  * An engine runs in one leader term (engine/leader.ts): its settlements are fenced on that term
  * and its commands carry the term's epoch, so a deposed leader's engine can neither settle nor
  * make an agent act. When an agent says hello, every desktop recorded awake on its host is checked
- * (steps.reconcileAwake): a host that lost it must not leave it "awake but not running". What a
+ * (steps.reconcileAwake): a host that lost it must not leave it "awake but not running"; so is one
+ * a replica's guest call found not running (`GUEST_GONE_CHANNEL`). What a
  * returning host must stop, it stops before it reports ready (fleet/hello-fence.ts).
  *
  * Retryable failures (the host is disconnected, a command timed out) are retried with capped
@@ -16,7 +17,7 @@
  */
 import type { Logger } from '../../../shared/src/log.js';
 import { AgentFailure } from '../../../shared/src/protocol.js';
-import { provisioningDesktops } from '../store/desktops.js';
+import { getDesktopById, GUEST_GONE_CHANNEL, provisioningDesktops } from '../store/desktops.js';
 import { desktopsOfHost } from '../store/hosts.js';
 import { claimPending, OP_NEW_CHANNEL, runningOperations } from '../store/operations.js';
 import type { OperationRow } from '../store/rows.js';
@@ -49,6 +50,8 @@ export class OperationEngine {
   private readonly driving = new Set<string>();
   private readonly provisioning = new Set<string>();
   private readonly desktopChains = new Map<string, Promise<unknown>>();
+  /** Desktops reported gone whose check is under way (guestGone). */
+  private readonly checkingGone = new Set<string>();
   private readonly inFlight = new Set<Promise<unknown>>();
   private ticking = false;
   private readonly stopWaiters = new Set<() => void>();
@@ -66,7 +69,10 @@ export class OperationEngine {
     this.running = true;
     this.deps = { ...this.base, placements: this.placements, fence: term, leading: () => this.running && this.base.currentTerm()?.epoch === term.epoch };
     const sub = await this.deps.sql.listen(OP_NEW_CHANNEL, () => this.kick());
-    this.unlisten = () => sub.unlisten();
+    const gone = await this.deps.sql.listen(GUEST_GONE_CHANNEL, (desktopId) => this.guestGone(desktopId));
+    this.unlisten = async () => {
+      await Promise.all([sub.unlisten(), gone.unlisten()]);
+    };
     this.unsubscribeHello = this.deps.agents.onHello((hostId, desktops) => {
       this.track(this.reconcileHost(hostId));
       this.track(this.sweepStaleCopies(hostId, desktops));
@@ -98,6 +104,21 @@ export class OperationEngine {
       if (d.state !== 'awake') continue;
       this.track(this.onDesktop(d.id, () => steps.reconcileAwake(this.deps, hostId, d.id)));
     }
+  }
+
+  /**
+   * A replica's guest call found the desktop not running on its host (services/guest.ts): it is
+   * checked as after a hello, its meter closing now (when its guest died is not known). One check
+   * per desktop at a time; reports arriving meanwhile are that check's.
+   */
+  private guestGone(desktopId: string): void {
+    if (!this.running || this.checkingGone.has(desktopId)) return;
+    this.checkingGone.add(desktopId);
+    const check = this.onDesktop(desktopId, async () => {
+      const d = await getDesktopById(this.deps.sql, desktopId);
+      if (d?.host_id && d.state === 'awake') await steps.reconcileAwake(this.deps, d.host_id, desktopId, 'now');
+    });
+    this.track(check.finally(() => this.checkingGone.delete(desktopId)));
   }
 
   /** Destroys the copies the host holds of desktops that are no longer its own (stale-copies.ts). */

@@ -349,14 +349,16 @@ async function removeForkLeftovers(deps: StepDeps, op: OperationRow): Promise<vo
 }
 
 /**
- * An agent relinked: a desktop recorded awake on its host, with no operation open, must still be
- * running there. Asked afresh (queued behind any command the host is still running for it), a
- * host that no longer runs it (rebooted, or its processes were killed with a crashed `canto up`)
- * gets it recorded hibernated: generation bumped, meter closed when the previous agent was last
- * heard from, `desktop.hibernated` with reason `host_failure` and `cause: guest_gone`. Its disk
- * is there; a memory snapshot, if the host kept one, is what the next wake restores.
+ * An agent relinked, or a guest call found the desktop not running: a desktop recorded awake on
+ * its host, with no operation open, must still be running there. Asked afresh (queued behind any
+ * command the host is still running for it), a host that no longer runs it (rebooted, its
+ * processes killed with a crashed `canto up`, its guest dead) gets it recorded hibernated:
+ * generation bumped, `desktop.hibernated` with reason `host_failure` and `cause: guest_gone`, and
+ * the meter closed when the previous agent was last heard from (`meterEnd` 'previous_agent', after
+ * a relink) or now (after a guest call, when the death itself was not seen). Its disk is there; a
+ * memory snapshot, if the host kept one, is what the next wake restores.
  */
-export async function reconcileAwake(deps: StepDeps, hostId: string, desktopId: string): Promise<void> {
+export async function reconcileAwake(deps: StepDeps, hostId: string, desktopId: string, meterEnd: 'previous_agent' | 'now' = 'previous_agent'): Promise<void> {
   const d = await getDesktopById(deps.sql, desktopId);
   if (!d || d.host_id !== hostId || d.state !== 'awake' || !deps.leading()) return;
   const held = await inspect(deps, hostId, desktopId);
@@ -366,7 +368,7 @@ export async function reconcileAwake(deps: StepDeps, hostId: string, desktopId: 
     if (open) return null;
     const done = await transition(tx, d.id, ['awake'], 'hibernated', { expectGeneration: d.generation });
     if (!done) return null;
-    const [host] = await tx<Array<{ at: Date | null }>>`SELECT previous_seen_at AS at FROM hosts WHERE id = ${hostId}`;
+    const [host] = meterEnd === 'now' ? [] : await tx<Array<{ at: Date | null }>>`SELECT previous_seen_at AS at FROM hosts WHERE id = ${hostId}`;
     await closeMeter(tx, d.id, host?.at ?? null);
     await recordEvent(tx, {
       orgId: d.org_id,
@@ -376,5 +378,8 @@ export async function reconcileAwake(deps: StepDeps, hostId: string, desktopId: 
     });
     return done;
   });
-  if (moved) deps.logger.warn({ desktopId, hostId, snapshot: held.has_snapshot }, 'desktop recorded awake was gone from its relinked host: recorded hibernated');
+  if (moved) {
+    const how = meterEnd === 'now' ? 'a guest call found it not running' : 'it was gone from its relinked host';
+    deps.logger.warn({ desktopId, hostId, snapshot: held.has_snapshot }, `desktop recorded awake: ${how}; recorded hibernated`);
+  }
 }

@@ -17,7 +17,7 @@ import { newId } from '../../../shared/src/ids.js';
 import type { Logger } from '../../../shared/src/log.js';
 import { ApiError, errors } from '../errors.js';
 import type { Sql } from '../store/db.js';
-import { getDesktop } from '../store/desktops.js';
+import { getDesktop, notifyGuestGone } from '../store/desktops.js';
 import type { DesktopState } from '../store/rows.js';
 import type { NotifiedCache } from '../store/notified-cache.js';
 import { formatHostPort } from '../../../shared/src/host-port.js';
@@ -99,9 +99,13 @@ function isRoutable(route: DesktopRoute): route is DesktopRoute & { host_id: str
 
 /** Agent answers meaning the host no longer runs the generation the route named. */
 const NOT_RUNNING_THERE = new Set(['not_running', 'not_found', 'stale_generation']);
+/** A replica reports a desktop gone at most this often (every call to it fails meanwhile). */
+const REPORT_GONE_MS = 2_000;
 
 export class GuestService {
   private readonly log: Logger;
+  /** When this replica last reported each desktop gone. */
+  private readonly reportedGone = new Map<string, number>();
 
   constructor(
     private readonly sql: Sql,
@@ -264,8 +268,23 @@ export class GuestService {
       return await work();
     } catch (err) {
       if (err instanceof AgentFailure && NOT_RUNNING_THERE.has(err.code)) this.routes.evict(target.ref.desktop_id);
+      if (err instanceof AgentFailure && err.code === 'not_running') this.reportGone(target.ref.desktop_id);
       throw this.toApiError(err, command);
     }
+  }
+
+  /**
+   * The host has the desktop but does not run it, while its record (as this replica last read it)
+   * says awake: its guest died, or it is stopping. The leader checks with the host and records a
+   * dead one hibernated (engine.ts), so a desktop never stays "awake" with nothing running.
+   */
+  private reportGone(desktopId: string): void {
+    const now = Date.now();
+    const last = this.reportedGone.get(desktopId);
+    if (last !== undefined && now - last < REPORT_GONE_MS) return;
+    if (this.reportedGone.size >= 10_000) this.reportedGone.clear();
+    this.reportedGone.set(desktopId, now);
+    notifyGuestGone(this.sql, desktopId).catch((err: unknown) => this.log.warn({ err, desktopId }, 'could not report a desktop its host no longer runs'));
   }
 
   /** One mapping from what the agent answered to what the API answers. */

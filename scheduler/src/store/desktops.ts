@@ -37,6 +37,16 @@ export async function getDesktop(sql: Sql, orgId: string, id: string): Promise<D
   return row ?? null;
 }
 
+/**
+ * Channel on which a replica says that the host of a desktop recorded awake answered a guest call
+ * with "not running" (payload: the desktop id). The leader's engine checks it with the host.
+ */
+export const GUEST_GONE_CHANNEL = 'canto_guest_gone';
+
+export async function notifyGuestGone(sql: Sql, desktopId: string): Promise<void> {
+  await sql`SELECT pg_notify(${GUEST_GONE_CHANNEL}, ${desktopId})`;
+}
+
 export async function getDesktopById(sql: Sql, id: string): Promise<DesktopRow | null> {
   const [row] = await sql<DesktopRow[]>`SELECT * FROM desktops WHERE id = ${id}`;
   return row ?? null;
