@@ -16,8 +16,9 @@
  * directory is renamed into `desktops/` last, carrying `imported.json`. One rename each, on one
  * filesystem, with the filesystem written to disk before the renames and after them: a crash, a
  * power loss included, leaves the desktop either absent (staging still there, the import resumes)
- * or whole, and an import answers only once its copy is on disk (the source deletes its own). `imported.json` marks a copy that has not started here; only such a copy may be
- * discarded by a rolled-back move.
+ * or whole, and an import answers only once its copy is on disk (the source deletes its own).
+ * `imported.json` marks a copy that has not started here; only such a copy may be discarded by a
+ * rolled-back move.
  *
  * A pre-copy (precopy-files.ts) reads cold files of the writable layer while the desktop runs
  * and unpacks them on the target into `<stateDir>/incoming/<id>/pre/`; the `desktop` unit then
