@@ -101,6 +101,11 @@ export async function benchDrain(options: DrainBenchOptions): Promise<void> {
     }, 120_000, 'the drain');
     const drainMs = performance.now() - started;
     const mb = host.drain.moved_bytes / 1e6;
+    // Where each drained move's time went: queued (created → started), its phases, and in all.
+    const db = connectDatabase(databaseUrl, { max: 1 });
+    const moves = await db<Array<{ result: { phase_ms?: Record<string, number> } | null; created_at: Date; started_at: Date | null; settled_at: Date | null }>>`
+      SELECT result, created_at, started_at, settled_at FROM operations WHERE kind = 'move' AND params->>'drain' IS NOT NULL`;
+    await db.end();
 
     table(`Moves and drains (median of ${runs}; move downtime with 100 MiB written; ${mb.toFixed(0)} MB drained)`, [
       ['move downtime, awake desktop (baseline: hibernate + wake on one host)', median(moveDowntime), median(restartDowntime), 'ms', '< 500 ms', moveDowntime],
@@ -111,6 +116,11 @@ export async function benchDrain(options: DrainBenchOptions): Promise<void> {
     console.log(`move phases, median ms: ${names.map((n) => `${n} ${median(phases.map((p) => p[n] ?? 0)).toFixed(0)}`).join(', ')}`);
     // With a pre-copy (protocol 1.12) most of the written files go before the stop.
     console.log(`move bytes, median MiB: ${Object.keys(bytes[0] ?? {}).map((k) => `${k} ${(median(bytes.map((b) => b[k]!)) / MIB).toFixed(1)}`).join(', ')}`);
+    const drainPhases = [...new Set(moves.flatMap((m) => Object.keys(m.result?.phase_ms ?? {})))];
+    const took = (from: Date | null, to: Date | null) => (from && to ? to.getTime() - from.getTime() : 0);
+    console.log(`drained moves (${moves.length}), median ms: queued ${median(moves.map((m) => took(m.created_at, m.started_at))).toFixed(0)}, `
+      + `${drainPhases.map((n) => `${n} ${median(moves.map((m) => m.result?.phase_ms?.[n] ?? 0)).toFixed(0)}`).join(', ')}, `
+      + `in all ${median(moves.map((m) => took(m.created_at, m.settled_at))).toFixed(0)}`);
   } finally {
     for (const child of children.reverse()) await child.kill('SIGTERM').catch(() => undefined);
   }
