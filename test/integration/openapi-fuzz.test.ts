@@ -127,6 +127,14 @@ describe.skipIf(!isRoot)('the API under seeded hostile input, driven by its Open
     for (const op of OWN_DESKTOP_OPS) {
       spares[op] = op === 'hibernateDesktop' ? (await awake(a.call)).desktop : (await a.call('POST', '/v1/desktops', { tier: 'small' })).json.id;
     }
+    // Placed: a fork needs a source with a host, and the engine places new desktops in the
+    // background (on a busy machine, after the fork's variants had all been refused with 409).
+    await until(async () => {
+      for (const op of OWN_DESKTOP_OPS.filter((o) => o !== 'hibernateDesktop')) {
+        if ((await a.call('GET', `/v1/desktops/${spares[op]}`)).json.state !== 'hibernated') return false;
+      }
+      return true;
+    }, 30_000, 'the spare desktops to be placed');
     const res = await fetch(`${scheduler.url}/v1/openapi.json`);
     expect(res.status).toBe(200);
     doc = await res.json();
