@@ -43,6 +43,7 @@ describe.skipIf(!isRoot)('sandbox driver', () => {
   let base: string;
   let stateDir: string;
   let driver: SandboxDriver;
+  const logged: string[] = [];
   const created: Array<{ driver: () => SandboxDriver; id: string }> = [];
 
   function track(id: string, d: () => SandboxDriver = () => driver): string {
@@ -68,7 +69,8 @@ describe.skipIf(!isRoot)('sandbox driver', () => {
   beforeAll(async () => {
     base = await mkdtemp(join(tmpdir(), 'canto-sandbox-test-'));
     stateDir = join(base, 'state');
-    driver = await createSandboxDriver({ stateDir });
+    // What the driver logs, for the failure messages: a dump that fell back to a cold stop says why only there.
+    driver = await createSandboxDriver({ stateDir, log: (msg, fields) => logged.push(`${msg} ${JSON.stringify(fields ?? {})}`) });
   });
 
   afterAll(async () => {
@@ -252,7 +254,7 @@ describe.skipIf(!isRoot)('sandbox driver', () => {
     for (let round = 1; round <= 2; round++) {
       const before = await counter();
       const hib = await timed('hibernate (CRIU dump)', () => driver.hibernate(id));
-      expect(hib).toEqual({ snapshot: true });
+      expect(hib, logged.filter((line) => line.includes(id)).join('\n')).toEqual({ snapshot: true });
       // The network namespace is dumped without its contents (criu.ts): no links, addresses,
       // routes or firewall tables, which restores make anew.
       const images = await readdir(join(stateDir, 'desktops', id, 'snapshot'));
