@@ -55,7 +55,8 @@ import { KeyedMutex } from './host/keyed-mutex.js';
 import { SandboxTransfer } from './host/sandbox-transfer.js';
 import { desktopPaths, desktopsDir } from './host/layout.js';
 import { desktopUsage } from './host/cgroups.js';
-import { runningInit, SandboxLifecycle } from './sandbox-lifecycle.js';
+import { SandboxLifecycle } from './sandbox-lifecycle.js';
+import { runningInit } from './host/cold-boot.js';
 
 export interface SandboxDriverOptions {
   /** Directory holding every desktop's disk, snapshot and runtime files. */

@@ -17,7 +17,7 @@ import { AgentFailure } from '../../../../shared/src/protocol.js';
 import type { Tier } from '../../../../shared/src/tiers.js';
 import type { DesktopLifecycle, DesktopStatus, ExecOutcome, RuntimeCapabilities, StartSpec } from '../driver.js';
 import { applyTier, drainAndRemove, removeIfEmpty } from './host/cgroups.js';
-import { coldBoot, type InitProcess } from './host/cold-boot.js';
+import { coldBoot, runningInit, type InitProcess } from './host/cold-boot.js';
 import { dump, restore, type CriuInfo } from './host/criu.js';
 import { applyFirstBoot, renderEnvFile, WRITE_ENV_COMMAND } from './host/first-boot.js';
 import { writeCloneEnv } from './host/golden.js';
@@ -35,23 +35,18 @@ import type { KeyedMutex } from './host/keyed-mutex.js';
 import { compactFile, worthCompacting } from './host/sparse.js';
 import { collectLayers, createFork, freeze, mountDisk, releaseDisk } from './host/layers.js';
 import {
-  assertDesktopId, desktopPaths, desktopsDir, ensureDisk, ensureSkeleton, exists, hasDisk, readJson, removeTree,
+  assertDesktopId, desktopPaths, desktopsDir, ensureDisk, ensureSkeleton, exists, hasDisk, removeTree,
   TEMPLATE_CLONE_FILE, TEMPLATE_FILE, writeFileAtomic, type DesktopPaths,
 } from './host/layout.js';
 
 /** Grace for a desktop's processes to leave its cgroups after a dump or a kill. */
 const DRAIN_MS = 3_000;
+/** Dumps tried before a cold stop: under load a dump failed now and then for a passing cause. */
+const DUMP_ATTEMPTS = 2;
 /** Timeout of the driver's own guest commands (first boot, responsiveness probe). */
 const INTERNAL_EXEC_MS = 30_000;
 /** How long hibernate lets in-flight file operations finish before killing them. */
 const FILE_OP_GRACE_MS = 5_000;
-
-/** The guest init recorded for the desktop, if that process is still alive. */
-export async function runningInit(paths: DesktopPaths): Promise<InitProcess | null> {
-  const init = await readJson<InitProcess>(paths.initFile);
-  if (init === null || !Number.isInteger(init.pid)) return null;
-  return (await isSameProcess(init.pid, init.startTime)) ? init : null;
-}
 
 /** What the lifecycle uses of the rest of the driver. */
 export interface LifecycleParts {
@@ -178,7 +173,7 @@ export class SandboxLifecycle implements Omit<DesktopLifecycle, 'close' | 'usage
       await this.closeSessions(desktopId);
       // A move keeps them in the snapshot; if the dump fails, the cold stop below ends them anyway.
       if (!(options.keepDetached === true && this.criu !== null)) await this.killDetached(desktopId, init);
-      if (this.criu !== null) {
+      for (let attempt = 1; this.criu !== null && attempt <= DUMP_ATTEMPTS; attempt++) {
         try {
           await dump(this.criu, paths, init);
           await rename(paths.snapshotTmp, paths.snapshot);
@@ -188,10 +183,12 @@ export class SandboxLifecycle implements Omit<DesktopLifecycle, 'close' | 'usage
           this.log('desktop hibernated', { desktopId, snapshot: true, ms: Math.round(performance.now() - t0) });
           return { snapshot: true };
         } catch (err) {
-          // A desktop that cannot be dumped must still stop (metering, drain): fall back to a cold
-          // stop and keep the disk. CRIU resumes the tree when a dump fails.
-          this.log('memory snapshot failed; cold stop instead', { desktopId, error: String(err) });
           await rm(paths.snapshotTmp, { recursive: true, force: true });
+          // CRIU resumes the tree when a dump fails: one more try is safe while the guest runs. Then
+          // a desktop that cannot be dumped must still stop (metering, drain): cold, disk kept.
+          const again = attempt < DUMP_ATTEMPTS && (await isSameProcess(init.pid, init.startTime));
+          this.log(again ? 'memory snapshot failed; trying once more' : 'memory snapshot failed; cold stop instead', { desktopId, attempt, error: String(err) });
+          if (!again) break;
         }
       }
       await this.stopProcesses(paths, desktopId, init);

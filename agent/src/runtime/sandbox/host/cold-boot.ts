@@ -15,8 +15,8 @@ import type { Readable, Writable } from 'node:stream';
 import { AgentFailure } from '../../../../../shared/src/protocol.js';
 import { joinArgv } from './cgroups.js';
 import { bwrapArgs, GUEST_ENV } from '../guest/guest-init.js';
-import { procStat, signal } from './host-procs.js';
-import type { DesktopPaths } from './layout.js';
+import { isSameProcess, procStat, signal } from './host-procs.js';
+import { readJson, type DesktopPaths } from './layout.js';
 
 export interface InitProcess {
   readonly pid: number;
@@ -93,4 +93,11 @@ export async function coldBoot(
   } finally {
     clearTimeout(timer);
   }
+}
+
+/** The guest init recorded for the desktop, if that process is still alive. */
+export async function runningInit(paths: DesktopPaths): Promise<InitProcess | null> {
+  const init = await readJson<InitProcess>(paths.initFile);
+  if (init === null || !Number.isInteger(init.pid)) return null;
+  return (await isSameProcess(init.pid, init.startTime)) ? init : null;
 }

@@ -1,0 +1,62 @@
+/**
+ * A hibernate whose first CRIU dump fails for a passing cause keeps the desktop's memory: the
+ * driver dumps once more before it falls back to a cold stop (which keeps the disk and loses the
+ * processes). The real CRIU runs behind a wrapper that fails this desktop's first dump, as dumps
+ * under load on two cores now and then failed; what the desktop ran must still run after the wake.
+ */
+import { chmod, mkdtemp, rm, writeFile } from 'node:fs/promises';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { newId } from '../../shared/src/ids.js';
+import { detectCriu } from '../../agent/src/runtime/sandbox/host/criu.js';
+import { createSandboxDriver, type SandboxDriver } from '../../agent/src/runtime/sandbox/index.js';
+import { destroyLeftDesktops, isRoot } from '../helpers/sandbox.js';
+
+const criu = isRoot ? await detectCriu(undefined) : null;
+
+describe.skipIf(criu === null)('a hibernate whose first dump fails', () => {
+  const id = newId('desktop');
+  const logged: string[] = [];
+  let base: string;
+  let driver: SandboxDriver;
+
+  beforeAll(async () => {
+    base = await mkdtemp(join(tmpdir(), 'canto-dump-retry-'));
+    const wrapper = join(base, 'criu-failing-once');
+    const mark = join(base, 'failed-once');
+    // Only this desktop's dump (its images go to its snapshot.tmp), and only the first: the
+    // driver's own probe dump and every restore are CRIU's.
+    await writeFile(wrapper, [
+      '#!/bin/sh',
+      `if [ "$1" = dump ] && [ ! -e ${mark} ]; then`,
+      `  case "$*" in *${id}/snapshot.tmp*) : > ${mark}; echo "Error (test): a passing failure" >&2; exit 1;; esac`,
+      'fi',
+      `exec ${criu!.path} "$@"`,
+      '',
+    ].join('\n'));
+    await chmod(wrapper, 0o755);
+    const log = (msg: string, fields?: object) => void logged.push(`${msg} ${JSON.stringify(fields ?? {})}`);
+    driver = await createSandboxDriver({ stateDir: join(base, 'state'), criuPath: wrapper, log });
+  });
+
+  afterAll(async () => {
+    await driver?.close();
+    await destroyLeftDesktops(join(base, 'state'));
+    await rm(base, { recursive: true, force: true });
+  });
+
+  it("dumps once more and keeps the memory: the desktop's processes run on after the wake", async () => {
+    expect(driver.capabilities().memorySnapshots).toBe(true);
+    await driver.prepare(id, 'small');
+    await driver.start({ desktopId: id, tier: 'small', firstBoot: null });
+    const started = await driver.exec(id, { command: 'sleep 1000 >/dev/null 2>&1 & echo $!', timeoutMs: 10_000, maxOutputBytes: 100 });
+    const pid = started.stdout.trim();
+    expect(await driver.hibernate(id), logged.join('\n')).toEqual({ snapshot: true });
+    expect(logged.filter((line) => line.startsWith('memory snapshot failed; trying once more'))).toHaveLength(1);
+    expect((await driver.start({ desktopId: id, tier: 'small', firstBoot: null })).restored).toBe(true);
+    const alive = await driver.exec(id, { command: `kill -0 ${pid} && tr '\\0' ' ' < /proc/${pid}/cmdline`, timeoutMs: 10_000, maxOutputBytes: 100 });
+    expect(alive.exitCode, alive.stderr).toBe(0);
+    expect(alive.stdout).toContain('sleep 1000');
+  });
+});
