@@ -17,7 +17,7 @@
  */
 import type { Logger } from '../../../shared/src/log.js';
 import { AgentFailure } from '../../../shared/src/protocol.js';
-import { getDesktopById, GUEST_GONE_CHANNEL, provisioningDesktops } from '../store/desktops.js';
+import { GUEST_GONE_CHANNEL, provisioningDesktops } from '../store/desktops.js';
 import { desktopsOfHost } from '../store/hosts.js';
 import { claimPending, OP_NEW_CHANNEL, runningOperations } from '../store/operations.js';
 import type { OperationRow } from '../store/rows.js';
@@ -114,10 +114,7 @@ export class OperationEngine {
   private guestGone(desktopId: string): void {
     if (!this.running || this.checkingGone.has(desktopId)) return;
     this.checkingGone.add(desktopId);
-    const check = this.onDesktop(desktopId, async () => {
-      const d = await getDesktopById(this.deps.sql, desktopId);
-      if (d?.host_id && d.state === 'awake') await steps.reconcileAwake(this.deps, d.host_id, desktopId, 'now');
-    });
+    const check = this.onDesktop(desktopId, () => steps.reconcileAwake(this.deps, null, desktopId, 'now'));
     this.track(check.finally(() => this.checkingGone.delete(desktopId)));
   }
 

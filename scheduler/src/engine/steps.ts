@@ -358,9 +358,11 @@ async function removeForkLeftovers(deps: StepDeps, op: OperationRow): Promise<vo
  * a relink) or now (after a guest call, when the death itself was not seen). Its disk is there; a
  * memory snapshot, if the host kept one, is what the next wake restores.
  */
-export async function reconcileAwake(deps: StepDeps, hostId: string, desktopId: string, meterEnd: 'previous_agent' | 'now' = 'previous_agent'): Promise<void> {
+export async function reconcileAwake(deps: StepDeps, relinked: string | null, desktopId: string, meterEnd: 'previous_agent' | 'now' = 'previous_agent'): Promise<void> {
   const d = await getDesktopById(deps.sql, desktopId);
-  if (!d || d.host_id !== hostId || d.state !== 'awake' || !deps.leading()) return;
+  // `relinked`: the host that said hello (the desktop must still be on it); null, whichever it is on.
+  const hostId = d?.host_id;
+  if (!d || !hostId || (relinked !== null && hostId !== relinked) || d.state !== 'awake' || !deps.leading()) return;
   const held = await inspect(deps, hostId, desktopId);
   if (held === null || held.running) return;
   const moved = await inTransaction(deps.sql, async (tx) => {
