@@ -18,7 +18,7 @@ function bar(fraction: number, width = 24): string {
 export function progressLine(host: AdminHost, elapsedMs: number): string {
   const d = host.drain;
   if (!d) return `${host.id}: no drain`;
-  const total = d.moved + d.remaining;
+  const total = d.moved + d.running + d.remaining;
   const rate = elapsedMs > 0 ? d.moved_bytes / (elapsedMs / 1000) : 0;
   const left = total - d.moved;
   const perDesktopMs = d.moved > 0 ? elapsedMs / d.moved : null;

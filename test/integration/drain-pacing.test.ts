@@ -49,11 +49,17 @@ async function twoDesktopsOn(source: TestAgent, awake: boolean): Promise<string[
 async function drainOneByOne(source: TestAgent): Promise<Array<{ desktop_id: string; created_at: Date; settled_at: Date; state: string; result: { source_cleaned: boolean } }>> {
   const started = await admin('POST', `/admin/v1/hosts/${source.hostId}/drain`, { parallel: 1 });
   expect(started.status, started.text).toBe(202);
+  const readings: Array<{ moved: number; running: number; remaining: number }> = [];
   await until(async () => {
     const h = (await admin('GET', `/admin/v1/hosts/${source.hostId}`)).json;
     if (h.drain?.state === 'stopped') throw new Error(`drain stopped: ${h.drain.error}`);
+    if (h.drain) readings.push({ moved: h.drain.moved, running: h.drain.running, remaining: h.drain.remaining });
     return h.drain?.state === 'drained';
   }, 30_000, 'the drain to finish');
+  // Every desktop is counted once at every reading: waiting on the host, in a move, or moved
+  // (progress bars take the sum as the whole; a desktop on its target whose source copy was
+  // still being removed once counted as none of them).
+  expect(readings.filter((r) => r.moved + r.running + r.remaining !== 2)).toEqual([]);
   const sql = connectDatabase(s.databaseUrl, { max: 1 });
   try {
     const moves = await sql<Array<{ desktop_id: string; created_at: Date; settled_at: Date; state: string; result: { source_cleaned: boolean } }>>`

@@ -51,7 +51,7 @@ export const DrainJson = Type.Union(
       }),
       requested_at: Type.String({ format: 'date-time' }),
       parallel: Type.Integer({ minimum: 1 }),
-      remaining: Type.Integer({ minimum: 0, description: 'Desktops still on the host' }),
+      remaining: Type.Integer({ minimum: 0, description: 'Desktops on the host that no move has taken yet (moved + running + remaining is the whole drain)' }),
       moved: Type.Integer({ minimum: 0 }),
       running: Type.Integer({ minimum: 0, description: 'Moves in progress' }),
       failed: Type.Integer({ minimum: 0 }),
@@ -99,12 +99,15 @@ export function operationJson(row: OperationRow): AdminOperationJson {
 
 export async function drainJson(sql: Sql, host: HostRow): Promise<DrainJson> {
   if (!host.drain_requested_at) return null;
-  // `copying` only paces the drainer; `running` tells an operator what is still under way.
-  const { copying: _copying, ...counts } = await drainCounts(sql, host);
+  // `copying` only paces the drainer; `running` tells an operator what is still under way. A
+  // desktop in a move is counted there, not also as remaining (on the source until its commit),
+  // so moved + running + remaining stays the drain's whole.
+  const { copying: _copying, remaining: _onHost, waiting, ...counts } = await drainCounts(sql, host);
   return {
     state: host.drain_finished_at ? 'drained' : host.drain_error ? 'stopped' : 'draining',
     requested_at: host.drain_requested_at.toISOString(),
     parallel: host.drain_parallel ?? 1,
+    remaining: waiting,
     ...counts,
     error: host.drain_error,
   };

@@ -75,6 +75,8 @@ export async function activeDrains(sql: Sql): Promise<HostRow[]> {
 export interface DrainCounts {
   /** Desktops still on the host (not destroyed). */
   remaining: number;
+  /** Of those, the ones no move has taken yet: with `moved` and `running`, each desktop counted once. */
+  waiting: number;
   /** Moves of this drain by state. */
   moved: number;
   failed: number;
@@ -92,7 +94,11 @@ export interface DrainCounts {
 
 export async function drainCounts(sql: Sql, host: HostRow): Promise<DrainCounts> {
   const drain = host.drain_requested_at?.toISOString() ?? '';
-  const [held] = await sql<Array<{ n: number }>>`SELECT count(*)::int AS n FROM desktops WHERE host_id = ${host.id} AND state <> 'destroyed'`;
+  const [held] = await sql<Array<{ n: number; waiting: number }>>`
+    SELECT count(*)::int AS n,
+           count(*) FILTER (WHERE NOT EXISTS (
+             SELECT 1 FROM operations o WHERE o.desktop_id = d.id AND o.kind = 'move' AND o.state IN ('pending', 'running')))::int AS waiting
+    FROM desktops d WHERE d.host_id = ${host.id} AND d.state <> 'destroyed'`;
   const [ops] = await sql<Array<{ moved: number; failed: number; running: number; copying: number; moved_bytes: string; total_bytes: string }>>`
     SELECT count(*) FILTER (WHERE state = 'succeeded')::int AS moved,
            count(*) FILTER (WHERE state = 'failed')::int AS failed,
@@ -105,6 +111,7 @@ export async function drainCounts(sql: Sql, host: HostRow): Promise<DrainCounts>
     FROM operations WHERE kind = 'move' AND params->>'source_host_id' = ${host.id} AND params->>'drain' = ${drain}`;
   return {
     remaining: held!.n,
+    waiting: held!.waiting,
     moved: ops!.moved,
     failed: ops!.failed,
     running: ops!.running,

@@ -395,7 +395,7 @@ export interface operations {
                                 /** @description Bytes of the moves settled, and copied so far of those running */
                                 moved_bytes: number;
                                 parallel: number;
-                                /** @description Desktops still on the host */
+                                /** @description Desktops on the host that no move has taken yet (moved + running + remaining is the whole drain) */
                                 remaining: number;
                                 /** Format: date-time */
                                 requested_at: string;
@@ -561,7 +561,7 @@ export interface operations {
                             /** @description Bytes of the moves settled, and copied so far of those running */
                             moved_bytes: number;
                             parallel: number;
-                            /** @description Desktops still on the host */
+                            /** @description Desktops on the host that no move has taken yet (moved + running + remaining is the whole drain) */
                             remaining: number;
                             /** Format: date-time */
                             requested_at: string;
@@ -816,7 +816,7 @@ export interface operations {
                             /** @description Bytes of the moves settled, and copied so far of those running */
                             moved_bytes: number;
                             parallel: number;
-                            /** @description Desktops still on the host */
+                            /** @description Desktops on the host that no move has taken yet (moved + running + remaining is the whole drain) */
                             remaining: number;
                             /** Format: date-time */
                             requested_at: string;
@@ -997,7 +997,7 @@ export interface operations {
                             /** @description Bytes of the moves settled, and copied so far of those running */
                             moved_bytes: number;
                             parallel: number;
-                            /** @description Desktops still on the host */
+                            /** @description Desktops on the host that no move has taken yet (moved + running + remaining is the whole drain) */
                             remaining: number;
                             /** Format: date-time */
                             requested_at: string;
@@ -1184,7 +1184,7 @@ export interface operations {
                             /** @description Bytes of the moves settled, and copied so far of those running */
                             moved_bytes: number;
                             parallel: number;
-                            /** @description Desktops still on the host */
+                            /** @description Desktops on the host that no move has taken yet (moved + running + remaining is the whole drain) */
                             remaining: number;
                             /** Format: date-time */
                             requested_at: string;
