@@ -97,7 +97,7 @@ describe('placement by measured memory', () => {
     const ledger = new PlacementReservations();
     const admit = (id: string) => ledger.choose(
       { desktopId: id, tier: 'small', running: true },
-      async () => ({ hosts: fleet, placed: new Set([id]) }),
+      async () => ({ hosts: fleet, placed: new Map([[id, 'a']]) }),
       (hosts) => (memoryRoomMb(hosts[0]!, defaults) >= defaults.desktopExpectedMb ? 'a' : null),
     );
     const admitted = await Promise.all(['w1', 'w2', 'w3', 'w4', 'w5'].map(admit));

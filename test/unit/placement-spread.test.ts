@@ -75,7 +75,7 @@ describe('placements in flight', () => {
   it('counts a chosen desktop against its host until it is released', async () => {
     const ledger = new PlacementReservations();
     const fleet = [host('a'), host('b'), host('c')];
-    const read = async () => ({ hosts: fleet, placed: new Set<string>() });
+    const read = async () => ({ hosts: fleet, placed: new Map<string, string>() });
     const pick = (hosts: HostCandidate[]) => selectHost(hosts, 'small', overcommit);
     // Six choices at once, none committed yet: two per host.
     const chosen = await Promise.all(Array.from({ length: 6 }, (_, i) => ledger.choose({ desktopId: `d${i}`, tier: 'small', running: false }, read, pick)));
@@ -89,16 +89,27 @@ describe('placements in flight', () => {
     const ledger = new PlacementReservations();
     let seen: HostCandidate[] = [];
     const pick = (hosts: HostCandidate[]) => ((seen = hosts), 'a');
-    await ledger.choose({ desktopId: 'd1', tier: 'default', running: true }, async () => ({ hosts: [host('a')], placed: new Set() }), pick);
-    await ledger.choose({ desktopId: 'd2', tier: 'small', running: false }, async () => ({ hosts: [host('a')], placed: new Set() }), pick);
+    await ledger.choose({ desktopId: 'd1', tier: 'default', running: true }, async () => ({ hosts: [host('a')], placed: new Map() }), pick);
+    await ledger.choose({ desktopId: 'd2', tier: 'small', running: false }, async () => ({ hosts: [host('a')], placed: new Map() }), pick);
     expect(seen[0]).toMatchObject({ slotsUsed: 2, committedVcpus: 4, committedMemoryMb: 8192, committedDesktops: 1 });
     // d1 committed: the database's numbers include it, the ledger adds only d2.
     await ledger.choose({ desktopId: 'd3', tier: 'small', running: false }, async (inFlight) => {
       expect(inFlight.sort()).toEqual(['d1', 'd2']);
-      return { hosts: [host('a', { slotsUsed: 2 })], placed: new Set(['d1']) };
+      return { hosts: [host('a', { slotsUsed: 2 })], placed: new Map([['d1', 'a']]) };
     }, pick);
     // …but d1 is waking, not yet awake: it still weighs on measured memory from its reservation.
     expect(seen[0]).toMatchObject({ slotsUsed: 3, committedVcpus: 0, committedDesktops: 1 });
+  });
+
+  it('counts a desktop being moved on its target, though the database shows it on its source', async () => {
+    const ledger = new PlacementReservations();
+    let seen: HostCandidate[] = [];
+    const pick = (hosts: HostCandidate[]) => ((seen = hosts), 'b');
+    const moving = async () => ({ hosts: [host('a', { slotsUsed: 1 }), host('b')], placed: new Map([['m1', 'a']]) });
+    await ledger.choose({ desktopId: 'm1', tier: 'small', running: true }, moving, pick);
+    await ledger.choose({ desktopId: 'm2', tier: 'small', running: false }, moving, pick);
+    expect(seen.find((h) => h.id === 'b')).toMatchObject({ slotsUsed: 1, committedVcpus: 2, committedDesktops: 1 });
+    expect(seen.find((h) => h.id === 'a')).toMatchObject({ slotsUsed: 1, committedVcpus: 0, committedDesktops: 0 });
   });
 
   it('counts a placement that commits after the read began and is released before it ended', async () => {
@@ -106,10 +117,10 @@ describe('placements in flight', () => {
     // released while the read is still running. It must still count, from the reservation.
     const ledger = new PlacementReservations();
     let seen: HostCandidate[] = [];
-    await ledger.choose({ desktopId: 'd1', tier: 'small', running: false }, async () => ({ hosts: [host('a')], placed: new Set() }), () => 'a');
+    await ledger.choose({ desktopId: 'd1', tier: 'small', running: false }, async () => ({ hosts: [host('a')], placed: new Map() }), () => 'a');
     await ledger.choose({ desktopId: 'd2', tier: 'small', running: false }, async () => {
       ledger.release('d1');
-      return { hosts: [host('a')], placed: new Set() };
+      return { hosts: [host('a')], placed: new Map() };
     }, (hosts) => ((seen = hosts), 'a'));
     expect(seen[0]).toMatchObject({ slotsUsed: 1 });
   });
@@ -118,6 +129,6 @@ describe('placements in flight', () => {
     const ledger = new PlacementReservations();
     const pick = () => 'a';
     await expect(ledger.choose({ desktopId: 'd1', tier: 'small', running: false }, async () => Promise.reject(new Error('db down')), pick)).rejects.toThrow('db down');
-    await expect(ledger.choose({ desktopId: 'd2', tier: 'small', running: false }, async () => ({ hosts: [host('a')], placed: new Set() }), pick)).resolves.toBe('a');
+    await expect(ledger.choose({ desktopId: 'd2', tier: 'small', running: false }, async () => ({ hosts: [host('a')], placed: new Map() }), pick)).resolves.toBe('a');
   });
 });

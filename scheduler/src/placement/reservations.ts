@@ -27,8 +27,12 @@ export interface PlacementRequest {
 
 export interface FleetView {
   readonly hosts: readonly HostCandidate[];
-  /** Of the desktops asked about, those the database already shows placed. */
-  readonly placed: ReadonlySet<string>;
+  /**
+   * Of the desktops asked about, the host the database shows each placed on. A reservation counts
+   * from the database only on that host: a desktop being moved counts on its source there and on
+   * its target as a reservation, until its commit puts it on the target.
+   */
+  readonly placed: ReadonlyMap<string, string>;
 }
 
 export class PlacementReservations {
@@ -78,14 +82,14 @@ export class PlacementReservations {
 }
 
 /** The host as the database shows it plus the reservations on it the database does not show yet. */
-function withHeld(h: HostCandidate, held: ReadonlyArray<PlacementRequest & { hostId: string }>, placed: ReadonlySet<string>): HostCandidate {
+function withHeld(h: HostCandidate, held: ReadonlyArray<PlacementRequest & { hostId: string }>, placed: ReadonlyMap<string, string>): HostCandidate {
   let { committedVcpus, committedMemoryMb, committedDesktops, slotsUsed } = h;
   for (const r of held) {
     if (r.hostId !== h.id) continue;
     // A running desktop weighs on measured memory from its reservation until it is awake (the
     // database counts a waking desktop there only once it is awake: store/hosts.ts committedLoad).
     if (r.running) committedDesktops += 1;
-    if (placed.has(r.desktopId)) continue;
+    if (placed.get(r.desktopId) === h.id) continue;
     const spec = TIER_SPECS[r.tier];
     slotsUsed += spec.slots;
     if (r.running) {

@@ -187,13 +187,12 @@ export async function setPlacement(sql: Sql, id: string, hostId: string): Promis
   return rows.length === 1;
 }
 
-/** Of `ids`, the desktops that have a host. */
-export async function placedDesktops(sql: Sql, ids: readonly string[]): Promise<Set<string>> {
-  if (ids.length === 0) return new Set();
-  // A desktop being moved counts on its source in the database and on its target as a reservation.
-  const rows = await sql<{ id: string }[]>`
-    SELECT id FROM desktops WHERE id = ANY(${ids as string[]}::text[]) AND host_id IS NOT NULL AND moving_operation_id IS NULL`;
-  return new Set(rows.map((r) => r.id));
+/** Of `ids`, the desktops that have a host, and that host. */
+export async function placedDesktops(sql: Sql, ids: readonly string[]): Promise<Map<string, string>> {
+  if (ids.length === 0) return new Map();
+  const rows = await sql<{ id: string; host_id: string }[]>`
+    SELECT id, host_id FROM desktops WHERE id = ANY(${ids as string[]}::text[]) AND host_id IS NOT NULL`;
+  return new Map(rows.map((r) => [r.id, r.host_id]));
 }
 
 export async function idempotentDesktop(sql: Sql, orgId: string, key: string): Promise<string | null> {
