@@ -8,7 +8,7 @@
 import { Command, Option } from 'commander';
 import { isId } from '../../shared/src/ids.js';
 import { unwrap, type AdminHost, type CantoAdmin } from '../../sdk/src/index.js';
-import { describeDrain, moveLine, watchDrain } from './drain-progress.js';
+import { describeDrain, desktopCount, drainTotal, moveLine, watchDrain } from './drain-progress.js';
 import { adminClient, adminTarget, explainAdminError, type AdminOptions } from './admin-client.js';
 import { table } from './status.js';
 
@@ -80,7 +80,7 @@ export function registerAdminCommands(program: Command, env: NodeJS.ProcessEnv):
   adminCommand<[string]>(hosts, 'drain', 'cordon the host and move every desktop off it (awake ones come back awake)', async (admin, opts, id) => {
     const body = opts.parallel === undefined ? {} : { parallel: Number(opts.parallel) };
     const host = unwrap(await admin.api.POST('/admin/v1/hosts/{host_id}/drain', { params: { path: { host_id: id } }, body }));
-    if (!opts.wait) return opts.json ? json(host) : out(`host ${host.id} draining: ${host.drain?.remaining ?? 0} desktops to move (canto hosts show ${host.id})`);
+    if (!opts.wait) return opts.json ? json(host) : out(`host ${host.id} draining: ${desktopCount(drainTotal(host))} to move (canto hosts show ${host.id})`);
     const done = await watchDrain(admin, host.id, opts.json ? null : process.stderr);
     if (opts.json) json(done);
     else out(describeDrain(done));

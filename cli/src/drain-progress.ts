@@ -9,16 +9,25 @@ const POLL_MS = 250;
 
 const mib = (bytes: number) => `${(bytes / 1024 / 1024).toFixed(1)} MiB`;
 
+/** "1 desktop", "2 desktops". */
+export const desktopCount = (n: number) => `${n} desktop${n === 1 ? '' : 's'}`;
+
 function bar(fraction: number, width = 24): string {
   const full = Math.round(Math.max(0, Math.min(1, fraction)) * width);
   return `[${'#'.repeat(full)}${'.'.repeat(width - full)}]`;
+}
+
+/** Every desktop of the host's drain: moved, moving, or not taken yet. */
+export function drainTotal(host: AdminHost): number {
+  const d = host.drain;
+  return d ? d.moved + d.running + d.remaining : 0;
 }
 
 /** One line: what moved, of how much, how fast, and what is left. */
 export function progressLine(host: AdminHost, elapsedMs: number): string {
   const d = host.drain;
   if (!d) return `${host.id}: no drain`;
-  const total = d.moved + d.running + d.remaining;
+  const total = drainTotal(host);
   const rate = elapsedMs > 0 ? d.moved_bytes / (elapsedMs / 1000) : 0;
   const left = total - d.moved;
   const perDesktopMs = d.moved > 0 ? elapsedMs / d.moved : null;
@@ -35,7 +44,7 @@ export function moveLine(op: AdminOperation): string {
 export function describeDrain(host: AdminHost): string {
   const d = host.drain;
   if (!d) return `${host.id}: no drain`;
-  if (d.state === 'drained') return `${host.id} drained: ${d.moved} desktops moved (${mib(d.moved_bytes)}); it holds none. Stop its agent, then: canto hosts remove ${host.id}`;
+  if (d.state === 'drained') return `${host.id} drained: ${desktopCount(d.moved)} moved (${mib(d.moved_bytes)}); it holds none. Stop its agent, then: canto hosts remove ${host.id}`;
   if (d.state === 'stopped') return `${host.id} drain stopped: ${d.error ?? 'a move failed'} (${d.moved} moved, ${d.remaining} left; drain again to resume)`;
   return `${host.id} draining: ${d.moved} moved, ${d.running} moving, ${d.remaining} left`;
 }

@@ -3,12 +3,12 @@
  * desktop of the drain, those moving included, so it neither shrinks nor jumps while moves run.
  */
 import { expect, it } from 'vitest';
-import { progressLine } from '../../cli/src/drain-progress.js';
+import { describeDrain, progressLine } from '../../cli/src/drain-progress.js';
 import type { AdminHost } from '../../sdk/src/index.js';
 
-function host(moved: number, running: number, remaining: number): AdminHost {
+function host(moved: number, running: number, remaining: number, state = 'draining'): AdminHost {
   const drain = {
-    state: 'draining', requested_at: new Date(0).toISOString(), parallel: 2, moved, running, remaining,
+    state, requested_at: new Date(0).toISOString(), parallel: 2, moved, running, remaining,
     failed: 0, moved_bytes: moved * 1024 * 1024, total_bytes: (moved + running) * 1024 * 1024, error: null,
   };
   return { id: 'host_a', drain } as unknown as AdminHost;
@@ -19,4 +19,9 @@ it('counts the desktops being moved in the whole, and the time left from those m
   // Two moved, two moving, none waiting: half done, 2 s left at 1 s per desktop.
   expect(progressLine(host(2, 2, 0), 2_000)).toMatch(/^\[#{12}\.{12}\] 2\/4 desktops, 2\.0 MiB at 1\.0 MiB\/s, 2 moving ETA 2 s$/);
   expect(progressLine(host(4, 0, 0), 4_000)).toMatch(/^\[#{24}\] 4\/4 desktops/);
+});
+
+it('says how many desktops a finished drain moved, in words that fit the count', () => {
+  expect(describeDrain(host(1, 0, 0, 'drained'))).toMatch(/^host_a drained: 1 desktop moved \(1\.0 MiB\)/);
+  expect(describeDrain(host(3, 0, 0, 'drained'))).toMatch(/^host_a drained: 3 desktops moved/);
 });
