@@ -12,8 +12,9 @@
  * left by a process that is gone (kill -9, a crash) is taken over, along with any PostgreSQL
  * server it left running (scheduler/src/pg/embedded.ts).
  *
- * Stopping (Ctrl-C or SIGTERM) hibernates every awake desktop first, memory kept, so the next
- * start finds them as their users left them and nothing is billed meanwhile; then the agent, the
+ * Stopping (Ctrl-C or SIGTERM) hibernates every awake desktop of its agents first, memory kept,
+ * so the next start finds them as their users left them and nothing is billed meanwhile (an agent
+ * joined from elsewhere keeps running its desktops and is left alone); then the agents, the
  * scheduler and PostgreSQL stop, in that order. A second signal skips the hibernation (desktops
  * keep running and the next start adopts them); a third exits at once. The handler stays
  * installed throughout: removing it while a signal is delivered let another library's listener
@@ -96,6 +97,8 @@ export async function up(options: UpOptions, env: NodeJS.ProcessEnv): Promise<vo
   let scheduler: { readonly url: string; readonly ingressUrl: string | null; close(): Promise<void> };
   let lifecycle: LifecycleService;
   let databaseUrl: string;
+  /** The hosts of the agents this `up` runs: its stop hibernates their desktops, no others. */
+  let localHosts: string[] = [];
   try {
     const secrets = loadOrCreateSecrets(options.dataDir);
     const pg = await startEmbeddedPostgres({ dir: join(options.dataDir, 'postgres'), log: (msg) => logger.warn(msg) });
@@ -135,6 +138,7 @@ export async function up(options: UpOptions, env: NodeJS.ProcessEnv): Promise<vo
       agents.push(agent);
     }
     for (const agent of agents) await agent.waitConnected(30_000);
+    localHosts = agents.map((a) => a.hostId);
     say(`Canto is up.\n  API:      ${scheduler.url}/v1\n  OpenAPI:  ${scheduler.url}/v1/openapi.json\n  Console:  ${scheduler.url}/console/ (sign in with an API key)\n  ${agents.length === 1 ? 'Host: ' : 'Hosts:'}    ${agents.map((a) => a.hostId).join(', ')}`);
     const adminToken = env.CANTO_ADMIN_TOKEN ? 'CANTO_ADMIN_TOKEN' : join(options.dataDir, 'secrets.json');
     say(`  Admin:    ${scheduler.url}/admin/v1 (token: ${adminToken}; try canto hosts list --data-dir ${options.dataDir})`);
@@ -152,7 +156,7 @@ export async function up(options: UpOptions, env: NodeJS.ProcessEnv): Promise<vo
     const begin = () => {
       onSignalWhileRunning = null;
       say('\nStopping Canto…');
-      void hibernateAll(lifecycle, databaseUrl, () => signals > 1, say, logger)
+      void hibernateAll(lifecycle, databaseUrl, localHosts, () => signals > 1, say, logger)
         .then(stopAll)
         .then(resolve);
     };
@@ -165,13 +169,15 @@ export async function up(options: UpOptions, env: NodeJS.ProcessEnv): Promise<vo
 }
 
 /**
- * Hibernates every awake desktop (memory kept where the host can), reason `shutdown`, and waits
- * for their operations and any others at work on the host; stops waiting at `skip()` or after
- * HIBERNATE_ON_STOP_MS. `?wait=true` requests still open are answered when the scheduler stops.
+ * Hibernates every awake desktop of `hosts` (memory kept where the host can), reason `shutdown`,
+ * and waits for their operations and any others at work on those hosts; stops waiting at `skip()`
+ * or after HIBERNATE_ON_STOP_MS. `?wait=true` requests still open are answered when the scheduler
+ * stops. Desktops on agents joined from elsewhere are left alone: their agents keep running them.
  */
 async function hibernateAll(
   lifecycle: LifecycleService,
   databaseUrl: string,
+  hosts: readonly string[],
   skip: () => boolean,
   say: (line: string) => void,
   logger: Logger,
@@ -184,12 +190,12 @@ async function hibernateAll(
     for (;;) {
       const awake = await sql<Array<{ id: string; org_id: string; open: boolean }>>`
         SELECT d.id, d.org_id, EXISTS (SELECT 1 FROM operations o WHERE o.desktop_id = d.id AND o.state IN ('pending', 'running')) AS open
-        FROM desktops d WHERE d.state = 'awake'`;
+        FROM desktops d WHERE d.state = 'awake' AND d.host_id = ANY(${hosts as string[]}::text[])`;
       // Operations on placed desktops are at work on the host (a wake would leave one awake);
       // one still waiting for a host with room would wait for ever, and keeps for the next start.
       const [ops] = await sql<Array<{ open: number }>>`
         SELECT count(*)::int AS open FROM operations o JOIN desktops d ON d.id = o.desktop_id
-        WHERE o.state IN ('pending', 'running') AND d.host_id IS NOT NULL`;
+        WHERE o.state IN ('pending', 'running') AND d.host_id = ANY(${hosts as string[]}::text[])`;
       const open = ops!.open;
       const fresh = awake.filter((x) => !x.open && !requested.has(x.id));
       for (const d of fresh) {

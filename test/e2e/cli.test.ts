@@ -9,7 +9,7 @@
  */
 import { afterAll, describe, expect, it } from 'vitest';
 import { spawn, execFile, type ChildProcess } from 'node:child_process';
-import { mkdtempSync, rmSync, statSync } from 'node:fs';
+import { mkdtempSync, readFileSync, rmSync, statSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { promisify } from 'node:util';
@@ -137,6 +137,50 @@ describe.skipIf(!isRoot)('canto CLI', () => {
     expect(((await again.json()) as { state: string }).state).toBe('hibernated');
     expect(await second.stop()).toBe(0);
     expect(second.out()).not.toMatch(/hibernated \d+ of/);
+  });
+
+  it('hibernates on Ctrl-C only the desktops of its own agents, not those of an agent joined from outside', async () => {
+    const ownDir = mkdtempSync(join(tmpdir(), 'canto-up-'));
+    const port = await freePort();
+    const url = `http://127.0.0.1:${port}`;
+    let outside: ChildProcess | undefined;
+    try {
+      const first = await startUp(ownDir, port);
+      const auth = { authorization: `Bearer ${/API key:\s+(svc_sk_\S+)/.exec(first.out())![1]}`, 'content-type': 'application/json' };
+      const awakeDesktop = async () => {
+        const { id } = (await (await fetch(`${url}/v1/desktops`, { method: 'POST', headers: auth, body: '{"tier":"small"}' })).json()) as { id: string };
+        expect((await fetch(`${url}/v1/desktops/${id}/wake?wait=true`, { method: 'POST', headers: auth })).status).toBe(200);
+        return ((await (await fetch(`${url}/v1/desktops/${id}`, { headers: auth })).json()) as { id: string; host_id: string });
+      };
+      const own = await awakeDesktop();
+      // A host of its own: `up`'s host has its one slot taken, so the next desktop goes there.
+      const tokenFile = join(ownDir, 'join-token');
+      writeFileSync(tokenFile, (JSON.parse(readFileSync(join(ownDir, 'secrets.json'), 'utf8')) as { join_token: string }).join_token, { mode: 0o600 });
+      outside = spawn(process.execPath, [CLI, 'agent', '--runtime', 'fake', '--scheduler', url, '--token-file', tokenFile, '--state-dir', join(ownDir, 'outside')], {
+        env: { PATH: process.env.PATH, HOME: '/root', CANTO_LOG_LEVEL: 'warn', ...LOCAL_PORTS },
+        stdio: 'ignore',
+      });
+      started.push(outside);
+      const hosts = async () => JSON.parse((await run(process.execPath, [CLI, 'hosts', 'list', '--json', '--data-dir', ownDir])).stdout).hosts as Array<{ id: string; state: string }>;
+      await until(async () => (await hosts()).filter((h) => h.state === 'ready').length === 2, 20_000, 'the outside agent to join');
+      const theirs = await awakeDesktop();
+      expect(theirs.host_id).not.toBe(own.host_id);
+
+      const stopAt = Date.now();
+      expect(await first.stop()).toBe(0);
+      // Its hibernate would wait on a host `up` does not stop (or, were it stopping too, one that is gone).
+      expect(first.out()).toMatch(/hibernated 1 of 1 desktop/);
+      expect(Date.now() - stopAt).toBeLessThan(10_000);
+
+      const second = await startUp(ownDir, port);
+      const state = async (id: string) => ((await (await fetch(`${url}/v1/desktops/${id}`, { headers: auth })).json()) as { state: string }).state;
+      expect(await state(own.id)).toBe('hibernated');
+      expect(await state(theirs.id)).toBe('awake');
+      expect(await second.stop()).toBe(0);
+    } finally {
+      if (outside?.exitCode === null) crashTree(outside.pid!);
+      rmSync(ownDir, { recursive: true, force: true });
+    }
   });
 
   it('refuses a join token on the command line, and names a token file it cannot read', async () => {
