@@ -41,6 +41,8 @@ export const errors = {
   keyNotFound: () => new ApiError(404, 'API key not found'),
   wrongState: (action: string, state: string) =>
     new ApiError(409, `cannot ${action} a desktop in state ${state}`),
+  operationInFlight: (action: string, op: { id: string; kind: string }) =>
+    new ApiError(409, `cannot ${action} the desktop while its ${op.kind} (operation ${op.id}) is in progress; retry once it settles`, { operation_id: op.id }),
   staleGeneration: (operationId: string) =>
     new ApiError(409, 'expected_generation does not match the desktop generation', { operation_id: operationId }),
   operationFailed: (operationId: string, detail: string) =>

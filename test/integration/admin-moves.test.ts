@@ -115,6 +115,17 @@ describe('POST /admin/v1/desktops/{id}/move', () => {
     expectProblem(await admin('POST', `/admin/v1/desktops/${id}/move`, { to: 'x' }), 400);
   });
 
+  it('refuses a second move while the first is open, naming it', async () => {
+    const id = await newDesktop();
+    const first = await admin('POST', `/admin/v1/desktops/${id}/move`, {});
+    expect(first.status, first.text).toBe(202);
+    // A move takes several agent round trips and transactions: the first is still open here.
+    const second = await admin('POST', `/admin/v1/desktops/${id}/move`, {});
+    expectProblem(second, 409);
+    expect(second.json.detail).toBe(`the desktop's move (operation ${first.json.id}) is in progress; retry once it settles`);
+    expect((await settled(first.json.id)).state).toBe('succeeded');
+  });
+
   it('answers guest calls 503 with Retry-After while the desktop is between hosts', async () => {
     const id = await newDesktop();
     const sql = connectDatabase(s.databaseUrl, { max: 1 });

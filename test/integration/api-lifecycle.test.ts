@@ -161,6 +161,27 @@ describe('wrong-state transitions and generation fencing', () => {
     expect(await getDesktop(call, d.id)).toEqual(woken);
   });
 
+  it('a transition asked for while another operation runs is 409 naming that operation', async () => {
+    const d = await placedDesktop();
+    // An operation at work on the desktop (as a move or a fork is for seconds), out of the engine's reach.
+    const [open] = await sql<Array<{ id: string }>>`
+      INSERT INTO operations (id, org_id, desktop_id, kind, state, from_state, reason)
+      VALUES (${`op_${'0'.repeat(20)}${d.id.slice(-4)}`}, ${d.org_id}, ${d.id}, 'move', 'running', 'hibernated', 'admin') RETURNING id`;
+    try {
+      for (const [path, body] of [['wake', undefined], ['fork', { count: 1, acknowledge_shared_state: true }], ['destroy', undefined]] as const) {
+        const res = await call('POST', `/v1/desktops/${d.id}/${path}`, body);
+        expectProblem(res, 409);
+        expect(res.json.detail, path).toBe(`cannot ${path} the desktop while its move (operation ${open!.id}) is in progress; retry once it settles`);
+        expect(res.json.operation_id).toBe(open!.id);
+      }
+      // A state that does not take the transition is still said first.
+      expect((await call('POST', `/v1/desktops/${d.id}/hibernate`)).json.detail).toBe('cannot hibernate a desktop in state hibernated');
+    } finally {
+      await sql`DELETE FROM operations WHERE id = ${open!.id}`;
+    }
+    expect((await call('POST', `/v1/desktops/${d.id}/wake?wait=true`)).status).toBe(200);
+  });
+
   it('a stale expected_generation is 409 with operation_id; the operation is failed; nothing moves', async () => {
     const d = await placedDesktop();
     for (const wait of ['', '?wait=true']) {

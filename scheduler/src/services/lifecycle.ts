@@ -7,7 +7,8 @@
  *   wake      ← provisioning, hibernated        (→ waking)
  *   hibernate ← awake                           (→ hibernating)
  *   destroy   ← provisioning, awake, hibernated (state kept until the host confirms)
- * and never while another operation on the desktop is open. Anything else is 409.
+ * and never while another operation on the desktop is open. Anything else is 409, which names
+ * the operation in the way when that is the cause.
  *
  * Fork (docs/api.md §4.1) copies a hibernated source on its own host. The ids of the forks are minted
  * here and kept on the operation, so a re-driven fork creates the same desktops. A host without
@@ -23,7 +24,7 @@ import { TIER_SPECS } from '../../../shared/src/tiers.js';
 import { inTransaction, type Sql } from '../store/db.js';
 import { slotsUsed } from '../store/hosts.js';
 import { lockDesktop, transition } from '../store/desktops.js';
-import { hasOpenOperation, insertOperation, operationByKey, getOperation } from '../store/operations.js';
+import { openOperation, insertOperation, operationByKey, getOperation } from '../store/operations.js';
 import type { DesktopRow, DesktopState, OperationRow } from '../store/rows.js';
 import { hasSlots } from '../placement/feasible.js';
 import { errors } from '../errors.js';
@@ -64,9 +65,9 @@ export class LifecycleService {
   /** Records a fork operation; throws 404/409 `ApiError`s. No capacity yields a failed op. */
   async requestFork(orgId: string, desktopId: string, req: ForkRequest): Promise<{ op: OperationRow; repeated: boolean }> {
     return this.locked(orgId, desktopId, req.idempotencyKey, async (tx, source) => {
-      if (source.state !== 'hibernated' || source.host_id === null || (await hasOpenOperation(tx, source.id))) {
-        throw errors.wrongState('fork', source.state);
-      }
+      if (source.state !== 'hibernated' || source.host_id === null) throw errors.wrongState('fork', source.state);
+      const open = await openOperation(tx, source.id);
+      if (open) throw errors.operationInFlight('fork', open);
       const base = { orgId, desktopId, kind: 'fork' as const, idempotencyKey: req.idempotencyKey, fromState: source.state };
       const used = (await slotsUsed(tx, source.host_id)).get(source.host_id) ?? 0;
       if (!hasSlots({ slots: this.hostSlots, slotsUsed: used }, source.tier, req.count)) {
@@ -104,9 +105,9 @@ export class LifecycleService {
         });
         return { op, repeated: false };
       }
-      if (!ACCEPTING_STATES[kind].includes(desktop.state) || (await hasOpenOperation(tx, desktop.id))) {
-        throw errors.wrongState(kind, desktop.state);
-      }
+      if (!ACCEPTING_STATES[kind].includes(desktop.state)) throw errors.wrongState(kind, desktop.state);
+      const open = await openOperation(tx, desktop.id);
+      if (open) throw errors.operationInFlight(kind, open);
       const next = IN_FLIGHT_STATE[kind];
       if (next) await transition(tx, desktop.id, [desktop.state], next);
       const op = await insertOperation(tx, {

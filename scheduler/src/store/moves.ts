@@ -5,7 +5,7 @@
  * leader carries on with it.
  */
 import { inTransaction, type Sql } from './db.js';
-import { hasOpenOperation, insertOperation } from './operations.js';
+import { insertOperation, openOperation } from './operations.js';
 import type { DesktopRow, HostRow, OperationRow } from './rows.js';
 import type { MoveParams } from '../engine/move.js';
 
@@ -26,7 +26,8 @@ export async function insertMove(sql: Sql, desktopId: string, req: MoveRequest):
     const [d] = await tx<DesktopRow[]>`SELECT * FROM desktops WHERE id = ${desktopId} FOR UPDATE`;
     if (!d) return { refused: 'not_found' };
     if (!d.host_id || (d.state !== 'awake' && d.state !== 'hibernated')) return { refused: `the desktop is ${d.state}; only awake and hibernated desktops on a host move` };
-    if (await hasOpenOperation(tx, d.id)) return { refused: 'another operation on the desktop is open; retry once it settles' };
+    const open = await openOperation(tx, d.id);
+    if (open) return { refused: `the desktop's ${open.kind} (operation ${open.id}) is in progress; retry once it settles` };
     const params: MoveParams = { phase: 'accepted', source_host_id: d.host_id, requested_host_id: req.requestedHostId, drain: req.drain };
     const op = await insertOperation(tx, {
       orgId: d.org_id,

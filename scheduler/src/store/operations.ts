@@ -67,9 +67,11 @@ export async function runningOperations(sql: Sql): Promise<OperationRow[]> {
   return sql<OperationRow[]>`SELECT * FROM operations WHERE state = 'running' ORDER BY created_at`;
 }
 
-export async function hasOpenOperation(sql: Sql, desktopId: string): Promise<boolean> {
-  const rows = await sql`SELECT 1 FROM operations WHERE desktop_id = ${desktopId} AND state IN ('pending', 'running') LIMIT 1`;
-  return rows.length > 0;
+/** The desktop's operation not yet settled (the oldest, should there be several), or null. */
+export async function openOperation(sql: Sql, desktopId: string): Promise<{ id: string; kind: string } | null> {
+  const [row] = await sql<Array<{ id: string; kind: string }>>`
+    SELECT id, kind FROM operations WHERE desktop_id = ${desktopId} AND state IN ('pending', 'running') ORDER BY created_at LIMIT 1`;
+  return row ?? null;
 }
 
 /** The leader term an engine settles under (engine/leader.ts). */
