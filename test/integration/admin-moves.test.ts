@@ -106,10 +106,13 @@ describe('POST /admin/v1/desktops/{id}/move', () => {
     expect(await readFile(id, 'root/roundtrip.txt')).toBe('there and back');
   });
 
-  it('refuses what cannot move: unknown desktop 404, unknown host 404, a destroyed desktop 409', async () => {
+  it('refuses what cannot move: unknown desktop 404, unknown host 404, its own host 409, a destroyed desktop 409', async () => {
     expectProblem(await admin('POST', '/admin/v1/desktops/dsk_000000000000000000000000/move', {}), 404);
     const id = await newDesktop();
     expectProblem(await admin('POST', `/admin/v1/desktops/${id}/move`, { host_id: 'host_000000000000000000000000' }), 404);
+    const here = await admin('POST', `/admin/v1/desktops/${id}/move`, { host_id: (await call('GET', `/v1/desktops/${id}`)).json.host_id });
+    expectProblem(here, 409);
+    expect(here.json.detail).toBe('the desktop is already on that host');
     expect((await call('POST', `/v1/desktops/${id}/destroy?wait=true`)).status).toBe(200);
     expectProblem(await admin('POST', `/admin/v1/desktops/${id}/move`, {}), 409);
     expectProblem(await admin('POST', `/admin/v1/desktops/${id}/move`, { to: 'x' }), 400);

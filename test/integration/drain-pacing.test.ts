@@ -114,3 +114,31 @@ it('does not start the next move while the one before still starts its desktop o
   expect(moves[1]!.created_at.getTime()).toBeGreaterThanOrEqual(startedAt.get(first)!);
   for (const id of ids) expect((await call('GET', `/v1/desktops/${id}`)).json.state).toBe('awake');
 });
+
+it('refuses a move onto a host being drained, and takes one onto a host only cordoned', async () => {
+  const source = await startFakeAgent(s.url, { delayMs: 0 });
+  agents.push(source);
+  await twoDesktopsOn(source, false);
+  await admin('POST', `/admin/v1/hosts/${source.hostId}/cordon`);
+  const elsewhere = (await call('POST', '/v1/desktops', { tier: 'small' })).json.id as string;
+  await until(async () => (await call('GET', `/v1/desktops/${elsewhere}`)).json.state === 'hibernated', 10_000, 'the desktop placed');
+  // Cordoned, not draining: an operator may still send a desktop there by name.
+  const onto = await admin('POST', `/admin/v1/desktops/${elsewhere}/move`, { host_id: source.hostId });
+  expect(onto.status, onto.text).toBe(202);
+  await until(async () => (await admin('GET', `/admin/v1/operations/${onto.json.id}`)).json.state === 'succeeded', 10_000, 'the move');
+  const back = await admin('POST', `/admin/v1/desktops/${elsewhere}/move`, {});
+  expect(back.status, back.text).toBe(202);
+  await until(async () => (await admin('GET', `/admin/v1/operations/${back.json.id}`)).json.state === 'succeeded', 10_000, 'the move back');
+  // Each move's removal of its source copy is slow: the drain runs for seconds.
+  const driver = source.driver!;
+  const destroy = driver.destroy.bind(driver);
+  driver.destroy = async (desktopId) => {
+    await new Promise((resolve) => setTimeout(resolve, SLOW_MS));
+    return destroy(desktopId);
+  };
+  expect((await admin('POST', `/admin/v1/hosts/${source.hostId}/drain`, { parallel: 1 })).status).toBe(202);
+  const refused = await admin('POST', `/admin/v1/desktops/${elsewhere}/move`, { host_id: source.hostId });
+  expect(refused.status, refused.text).toBe(409);
+  expect(refused.json.detail).toBe('the target host is being drained; uncordon it first to move desktops onto it');
+  await until(async () => (await admin('GET', `/admin/v1/hosts/${source.hostId}`)).json.drain?.state === 'drained', 30_000, 'the drain to finish');
+});

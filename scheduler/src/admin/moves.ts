@@ -121,6 +121,10 @@ export class MoveService {
       const target = await hostById(this.deps.sql, hostId);
       if (!target) throw errors.hostNotFound();
       if (target.status !== 'ready' || !this.deps.linked(hostId)) throw new ApiError(409, 'the target host is down or not linked to this replica');
+      // A cordoned host takes a desktop an operator sends it by name; a draining one would only send it on.
+      if (target.drain_requested_at && !target.drain_finished_at && !target.drain_error) {
+        throw new ApiError(409, 'the target host is being drained; uncordon it first to move desktops onto it');
+      }
     }
     const moved = await insertMove(this.deps.sql, desktopId, { requestedHostId: hostId, reason: 'admin', drain: null });
     if ('refused' in moved) throw moved.refused === 'not_found' ? errors.desktopNotFound() : new ApiError(409, moved.refused);

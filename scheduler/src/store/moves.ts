@@ -26,6 +26,7 @@ export async function insertMove(sql: Sql, desktopId: string, req: MoveRequest):
     const [d] = await tx<DesktopRow[]>`SELECT * FROM desktops WHERE id = ${desktopId} FOR UPDATE`;
     if (!d) return { refused: 'not_found' };
     if (!d.host_id || (d.state !== 'awake' && d.state !== 'hibernated')) return { refused: `the desktop is ${d.state}; only awake and hibernated desktops on a host move` };
+    if (req.requestedHostId === d.host_id) return { refused: 'the desktop is already on that host' };
     const open = await openOperation(tx, d.id);
     if (open) return { refused: `the desktop's ${open.kind} (operation ${open.id}) is in progress; retry once it settles` };
     const params: MoveParams = { phase: 'accepted', source_host_id: d.host_id, requested_host_id: req.requestedHostId, drain: req.drain };
