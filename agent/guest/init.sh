@@ -35,6 +35,7 @@ until xprop -root _NET_WORKAREA 2>/dev/null | grep -q '='; do
   i=$((i + 1)); [ $i -ge 200 ] && { echo "openbox is slow to start"; break; }
   sleep 0.01
 done
-echo ready >&4
-exec 4>&-
-while :; do sleep 2147483647 & wait $!; done
+# From here on it only reaps orphans: a one-line shell does that, so `ps` in the guest shows
+# pid 1 as that instead of this whole script. It reports ready itself, so nothing is dumped while
+# the exec runs.
+exec /bin/sh -c 'echo ready >&4; exec 4>&-; while :; do sleep 2147483647 & wait $!; done' canto-init
