@@ -28,6 +28,8 @@ export interface StandInGateway {
   handler: LinkHandler;
   /** When set, a link's bytes go here instead of to the HTTP app. */
   raw: ((socket: Linked) => void) | null;
+  /** When set, a link to a target it answers false for is refused as the gateway does (`ERR not_running`). */
+  runs: ((target: PortTarget) => boolean) | null;
   close(): Promise<void>;
 }
 
@@ -47,6 +49,7 @@ export async function startStandInGateway(secret: string, hostId: string, handle
       socket.off('data', onData);
       const target = verifyPortLinkLine(key, buffered.subarray(0, newline).toString('latin1'));
       if (!target) return void socket.end('ERR unauthorized\n');
+      if (state.runs && !state.runs(target)) return void socket.end('ERR not_running\n');
       state.targets.push(target);
       (socket as Linked).link = ++links;
       socket.write('OK\n');
@@ -67,6 +70,7 @@ export async function startStandInGateway(secret: string, hostId: string, handle
     targets: [],
     handler,
     raw: null,
+    runs: null,
     async close() {
       for (const s of state.open) s.destroy();
       await new Promise((resolve) => tcp.close(resolve));

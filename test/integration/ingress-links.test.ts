@@ -1,8 +1,9 @@
 /**
  * The ingress keeps its links to agents alive (ingress/port-link-client.ts): requests to one guest
  * port reuse an idle link whichever client sent them; a link idle for `IDLE_LINK_MS` is closed; a
- * new desktop generation gets new links; and a bodiless request that meets a reused link the app
- * closes under it goes again on a fresh link, while a request with a body is not sent twice.
+ * new desktop generation gets new links, and a request that meets a route cached from before the
+ * desktop moved on follows it; and a bodiless request that meets a reused link the app closes
+ * under it goes again on a fresh link, while a request with a body is not sent twice.
  * The port gateway here is a stand-in that checks the signed opening line and then serves HTTP
  * itself, numbering its links, so the test sees exactly which link carried what.
  */
@@ -44,6 +45,7 @@ beforeAll(async () => {
 
 afterEach(() => {
   gateway.handler = answerLink;
+  gateway.runs = null;
 });
 
 afterAll(async () => {
@@ -91,6 +93,23 @@ describe('links from the ingress to a port gateway', () => {
     expect(linkOf(after)).toBeGreaterThan(before);
     expect(gateway.targets.at(-1)).toEqual({ desktopId, generation: 4, port: PORT });
     await until(() => gateway.open.size === 1, 5_000, 'the old generation\'s idle link to close');
+  });
+
+  it('follow the desktop when a cached route names a generation its host no longer runs, body and all', async () => {
+    // Cached, and a link kept alive, for the current generation.
+    expect((await send()).status).toBe(200);
+    for (const method of ['GET', 'POST']) {
+      // The desktop moved on (a move, a wake) and the host runs only the new generation now; the
+      // ingress still holds the old route for up to two seconds. The old generation's links are
+      // gone with it (here: closed as idle, so the request needs a new one).
+      await until(() => gateway.open.size === 0, IDLE_LINK_MS * 5, 'the idle link to close');
+      route.generation += 1;
+      const now = route.generation;
+      gateway.runs = (target) => target.generation === now;
+      const answer = await send(method, method === 'POST' ? 'a body' : undefined);
+      expect(answer.status, `${method}: ${answer.body}`).toBe(200);
+      expect(gateway.targets.at(-1)).toEqual({ desktopId, generation: now, port: PORT });
+    }
   });
 
   it('send a bodiless request again when the app closes the reused link under it, but never one with a body', async () => {

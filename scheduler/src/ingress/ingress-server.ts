@@ -9,7 +9,9 @@
  * on a link of their own. The agent's refusals map to statuses
  * here: `not_running` and `unavailable` are 503 (retry), `refused` is 502 (nothing listens in the
  * guest), anything else 502. A request without a body that fails on a reused link, before any
- * answer, is sent once more on a fresh one.
+ * answer, is sent once more on a fresh one. A link refused because the host no longer runs the
+ * desktop (a cached route from before a move or a wake) is tried once more on the route read
+ * afresh, whatever the request carries: nothing of it was sent.
  *
  * The ingress reads exposures, desktops and hosts from PostgreSQL and dials agents directly, so
  * it works on every replica, not only on the leader that holds the agent links.
@@ -128,14 +130,22 @@ export class PortIngress {
     this.hold(route, req.socket);
     const head = requestHead(req);
     const connection = req.headers.connection;
-    const pool = this.linkPool(route);
+    let pool = this.linkPool(route);
+    let refreshed = false;
     for (let attempt = 0; ; attempt++) {
       let link;
       try {
         // A retry goes on a new link: another idle one may have been closed by the app just as well.
         link = await pool.acquire(attempt > 0);
       } catch (err) {
-        return this.failed(res, err, route);
+        const moved: PortRoute | null = refreshed ? null : await this.movedRoute(err, route);
+        if (moved === null) return this.failed(res, err, route);
+        // Nothing of the request was sent: it goes where the desktop runs now, body and all.
+        route = moved;
+        refreshed = true;
+        attempt = -1;
+        pool = this.linkPool(route);
+        continue;
       }
       if (res.destroyed) return pool.discard(link.socket);
       const result = await relay(req, res, link.socket, head, connection);
@@ -150,6 +160,20 @@ export class PortIngress {
       if (attempt === 0 && link.reused && !res.headersSent && !hasBody(req) && !req.socket.destroyed) continue;
       return this.failed(res, result.error, route);
     }
+  }
+
+  /**
+   * The exposure's route read afresh when a link could not be opened because the host does not
+   * run the desktop (or cannot be reached): a route cached before a move or a wake names the old
+   * host or generation for up to ROUTE_CACHE_TTL_MS. Null when the fresh route is no better.
+   */
+  private async movedRoute(err: unknown, route: PortRoute): Promise<PortRoute | null> {
+    if (!(err instanceof PortLinkError) || (err.reason !== 'not_running' && err.reason !== 'unreachable')) return null;
+    this.routes.forget(route.desktop_id, route.port);
+    const fresh = await this.routes.get(route.desktop_id, route.port).catch(() => null);
+    if (!fresh || !isBound(fresh)) return null;
+    const same = fresh.host_id === route.host_id && fresh.generation === route.generation && fresh.ingress_address === route.ingress_address;
+    return same ? null : fresh;
   }
 
   /** Answers a request whose link failed, or cuts its answer off if it had begun. */
