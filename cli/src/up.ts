@@ -70,8 +70,17 @@ function localAgentEnv(env: NodeJS.ProcessEnv, dataDir: string, schedulerUrl: st
 
 /** How long a stop waits for desktops to hibernate before it stops everything anyway. */
 const HIBERNATE_ON_STOP_MS = 60_000;
-/** One machine: exposed ports at http://{port}-{desktop_id}.localhost:8081, which browsers and curl resolve to loopback. */
-const LOCAL_INGRESS_BASE_URL = 'http://localhost:8081';
+const LOCAL_INGRESS_PORT = 8081;
+
+/**
+ * One machine: exposed ports at http://{port}-{desktop_id}.localhost:{port the ingress listens
+ * on}, which browsers and curl resolve to loopback. A listener on port 0 learns its port only
+ * once bound, after the URLs are settled: such a setup names its base URL itself.
+ */
+export function localIngressBaseUrl(listen: string): string {
+  const port = Number(listen.slice(listen.lastIndexOf(':') + 1));
+  return `http://localhost:${port > 0 ? port : LOCAL_INGRESS_PORT}`;
+}
 
 export async function up(options: UpOptions, env: NodeJS.ProcessEnv): Promise<void> {
   // stdout carries the banner (URL, bootstrap key) and the stop's progress; logs go to stderr.
@@ -104,7 +113,8 @@ export async function up(options: UpOptions, env: NodeJS.ProcessEnv): Promise<vo
     const pg = await startEmbeddedPostgres({ dir: join(options.dataDir, 'postgres'), log: (msg) => logger.warn(msg) });
     stops.push(() => pg.stop());
     databaseUrl = pg.url;
-    const ingressBaseUrl = env.CANTO_INGRESS_BASE_URL || LOCAL_INGRESS_BASE_URL;
+    const ingressListen = env.CANTO_INGRESS_LISTEN || `127.0.0.1:${LOCAL_INGRESS_PORT}`;
+    const ingressBaseUrl = env.CANTO_INGRESS_BASE_URL || localIngressBaseUrl(ingressListen);
     const settings = {
       ...env,
       DATABASE_URL: pg.url,
@@ -116,7 +126,7 @@ export async function up(options: UpOptions, env: NodeJS.ProcessEnv): Promise<vo
       // a crash take the lease back at once instead of waiting out the dead one's TTL.
       CANTO_REPLICA_ID: env.CANTO_REPLICA_ID || 'up',
       CANTO_INGRESS_BASE_URL: ingressBaseUrl,
-      CANTO_INGRESS_LISTEN: env.CANTO_INGRESS_LISTEN || '127.0.0.1:8081',
+      CANTO_INGRESS_LISTEN: ingressListen,
       CANTO_WORKERS: env.CANTO_WORKERS || '1',
     };
     const config = loadSchedulerConfig(settings);

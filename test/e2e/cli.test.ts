@@ -32,10 +32,10 @@ const LOCAL_PORTS = {
 /** Every `canto up` started here, so a failed test leaves none running. */
 const started: ChildProcess[] = [];
 
-async function startUp(dataDir: string, port: number) {
+async function startUp(dataDir: string, port: number, extraEnv: Record<string, string> = {}) {
   const proc = spawn(process.execPath, [CLI, 'up', '--data-dir', dataDir, '--listen', `127.0.0.1:${port}`], {
     // One storage slot: the awake desktop takes it, and any later one waits for a host for ever.
-    env: { PATH: process.env.PATH, HOME: '/root', CANTO_AGENT_RUNTIME: 'fake', CANTO_LOG_LEVEL: 'warn', CANTO_HOST_SLOTS: '1', ...LOCAL_PORTS },
+    env: { PATH: process.env.PATH, HOME: '/root', CANTO_AGENT_RUNTIME: 'fake', CANTO_LOG_LEVEL: 'warn', CANTO_HOST_SLOTS: '1', ...LOCAL_PORTS, ...extraEnv },
     stdio: ['ignore', 'pipe', 'pipe'],
   });
   started.push(proc);
@@ -65,9 +65,12 @@ describe.skipIf(!isRoot)('canto CLI', () => {
 
   it('runs everything with `canto up`, prints a key once, and stops cleanly', async () => {
     const port = await freePort();
-    const first = await startUp(dataDir, port);
+    const ingressPort = await freePort();
+    const first = await startUp(dataDir, port, { CANTO_INGRESS_LISTEN: `127.0.0.1:${ingressPort}` });
     const url = `http://127.0.0.1:${port}`;
     expect(first.out()).toContain(`${url}/v1`);
+    // Exposed ports are served where the ingress listens, and their URLs say so.
+    expect(first.out()).toContain(`Ingress:  http://127.0.0.1:${ingressPort} (exposed ports: http://{port}-{desktop_id}.localhost:${ingressPort})`);
     const key = /API key:\s+(svc_sk_\S+)/.exec(first.out())?.[1];
     expect(key).toBeTruthy();
     expect(statSync(join(dataDir, 'secrets.json')).mode & 0o777).toBe(0o600);
@@ -92,6 +95,9 @@ describe.skipIf(!isRoot)('canto CLI', () => {
     const { id } = (await created.json()) as { id: string };
     const woke = await fetch(`${url}/v1/desktops/${id}/wake?wait=true`, { method: 'POST', headers: auth });
     expect(woke.status).toBe(200);
+    const exposed = await fetch(`${url}/v1/desktops/${id}/ports`, { method: 'POST', headers: auth, body: '{"port":8000,"public":true}' });
+    expect(exposed.status).toBe(201);
+    expect(((await exposed.json()) as { url: string }).url).toBe(`http://8000-${id}.localhost:${ingressPort}`);
 
     // A second key, from another process, while `canto up` runs: stdout is the key alone.
     const { stdout } = await run(process.execPath, [CLI, 'keys', 'create', '--org', 'acme', '--data-dir', dataDir]);
