@@ -3,7 +3,8 @@
  * scheduler replicas (advertised URL, leader or not, how long the current leader has held the
  * lease, version, when each was last seen), the hosts (status, when last heard from, desktops),
  * and warnings: no leader, replicas that disagree on settings they must share (compared by
- * fingerprint), versions that differ, hosts down with desktops on them.
+ * fingerprint), versions that differ, hosts down with desktops on them, drains that stopped,
+ * operations open far longer than any of them takes.
  */
 import type { Sql } from '../../scheduler/src/store/db.js';
 import { allReplicas, type ReplicaRow } from '../../scheduler/src/store/replicas.js';
@@ -30,9 +31,16 @@ export interface FleetStatus {
     runtime: string;
     protocol: string;
     desktops: Record<string, number>;
+    /** The host's drain as it last stood, or null when none was asked for since it was uncordoned. */
+    drain: { state: 'draining' | 'drained' | 'stopped'; error: string | null } | null;
   }>;
+  /** Operations open longer than STUCK_OPERATION_MS, oldest first (at most 5). */
+  stuck_operations: Array<{ id: string; kind: string; desktop_id: string; state: string; open_ms: number }>;
   warnings: string[];
 }
+
+/** An operation open this long is past any wait the engine makes on purpose (capacity waits are 30 s). */
+export const STUCK_OPERATION_MS = 5 * 60_000;
 
 export async function readFleetStatus(sql: Sql): Promise<FleetStatus> {
   const [clock] = await sql<Array<{ now: Date }>>`SELECT now() AS now`;
@@ -43,11 +51,17 @@ export async function readFleetStatus(sql: Sql): Promise<FleetStatus> {
   const hosts = await sql<Array<{
     id: string; hostname: string; status: string; cordoned: boolean; last_seen_at: Date; runtime: string;
     memory_snapshots: boolean; protocol: string; desktops: Record<string, number> | null;
+    drain_requested_at: Date | null; drain_finished_at: Date | null; drain_error: string | null;
   }>>`
     SELECT h.id, h.hostname, h.status, h.cordoned, h.last_seen_at, h.runtime, h.memory_snapshots, h.protocol,
+           h.drain_requested_at, h.drain_finished_at, h.drain_error,
            (SELECT jsonb_object_agg(state, n) FROM (
               SELECT state, count(*)::int AS n FROM desktops d WHERE d.host_id = h.id AND d.state <> 'destroyed' GROUP BY state) s) AS desktops
     FROM hosts h ORDER BY h.created_at, h.id`;
+  const stuck = await sql<Array<{ id: string; kind: string; desktop_id: string; state: string; created_at: Date }>>`
+    SELECT id, kind, desktop_id, state, created_at FROM operations
+    WHERE state IN ('pending', 'running') AND created_at < ${now} - make_interval(secs => ${STUCK_OPERATION_MS / 1000})
+    ORDER BY created_at LIMIT 5`;
 
   const live = (r: ReplicaRow) => since(r.last_seen_at) <= REPLICA_LIVE_MS;
   const leaderLive = lease !== null && lease.live;
@@ -77,7 +91,12 @@ export async function readFleetStatus(sql: Sql): Promise<FleetStatus> {
       runtime: `${h.runtime}${h.memory_snapshots ? '+snapshots' : ''}`,
       protocol: h.protocol,
       desktops: h.desktops ?? {},
+      drain: h.drain_requested_at === null ? null : {
+        state: h.drain_finished_at ? 'drained' : h.drain_error ? 'stopped' : 'draining',
+        error: h.drain_error,
+      },
     })),
+    stuck_operations: stuck.map((o) => ({ id: o.id, kind: o.kind, desktop_id: o.desktop_id, state: o.state, open_ms: since(o.created_at) })),
     warnings: [],
   };
   status.warnings = fleetWarnings(status, rows.filter(live));
@@ -106,6 +125,10 @@ export function fleetWarnings(status: FleetStatus, liveRows: readonly ReplicaRow
   for (const h of status.hosts) {
     const placed = Object.entries(h.desktops).filter(([state]) => state !== 'hibernated' && state !== 'provisioning').reduce((n, [, c]) => n + c, 0);
     if (h.status === 'down' && placed > 0) warnings.push(`host ${h.id} (${h.hostname}) is down with ${placed} desktop(s) awake or in flight on it`);
+    if (h.drain?.state === 'stopped') warnings.push(`host ${h.id} (${h.hostname}): its drain stopped: ${h.drain.error}; fix that, then run canto hosts drain ${h.id} again`);
+  }
+  for (const o of status.stuck_operations) {
+    warnings.push(`operation ${o.id} (${o.kind} of ${o.desktop_id}) has been ${o.state} for ${Math.round(o.open_ms / 60_000)} min`);
   }
   return warnings;
 }
@@ -123,7 +146,7 @@ export function formatFleetStatus(status: FleetStatus): string {
   const hostRows = status.hosts.map((h) => ({
     ID: h.id,
     HOSTNAME: h.hostname,
-    STATUS: h.cordoned ? `${h.status},cordoned` : h.status,
+    STATUS: [h.status, ...(h.cordoned ? ['cordoned'] : []), ...(h.drain && h.drain.state !== 'drained' ? [h.drain.state === 'stopped' ? 'drain stopped' : 'draining'] : [])].join(','),
     'LAST HEARD': ago(h.last_heard_ms_ago),
     DESKTOPS: Object.entries(h.desktops).map(([state, n]) => `${n} ${state}`).join(', ') || 'none',
     RUNTIME: h.runtime,

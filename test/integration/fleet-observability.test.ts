@@ -110,7 +110,7 @@ describe('probes and metrics', () => {
 });
 
 describe('canto status', () => {
-  it('lists both replicas, the leader and the host, and warns when replicas disagree on a shared setting', async () => {
+  it('lists both replicas, the leader and the host, and warns of replicas that disagree, drains that stopped and operations stuck open', async () => {
     const a = await startTestScheduler({ CANTO_REPLICA_ID: 'status-a', CANTO_INGRESS_BASE_URL: 'https://apps-a.example', CANTO_INGRESS_LISTEN: '127.0.0.1:0' });
     const b = await startTestScheduler(
       { CANTO_REPLICA_ID: 'status-b', CANTO_SECRET_KEY: a.env.CANTO_SECRET_KEY!, CANTO_INGRESS_BASE_URL: 'https://apps-b.example', CANTO_INGRESS_LISTEN: '127.0.0.1:0' },
@@ -135,6 +135,22 @@ describe('canto status', () => {
       const text = formatFleetStatus(await readFleetStatus(sql));
       expect(text).toMatch(/replicas disagree on join_token \(status-a: sha256:[0-9a-f]{12}; status-b: sha256:000000000000\)/);
       expect(text).not.toContain(a.env.CANTO_JOIN_TOKEN!);
+
+      // A drain that stopped, and an operation open far longer than any takes, need a look.
+      await sql`UPDATE replicas SET settings = (SELECT settings FROM replicas WHERE id = 'status-a') WHERE id = 'status-b'`;
+      await sql`UPDATE hosts SET cordoned = true, drain_requested_at = now(), drain_error = 'move of dsk_x failed: the target ran out of disk' WHERE id = ${agent.hostId}`;
+      const call = api(a.url, await mintKey(a.databaseUrl, 'status'));
+      const id = (await call('POST', '/v1/desktops', { tier: 'small' })).json.id as string;
+      const [org] = await sql<Array<{ org_id: string }>>`SELECT org_id FROM desktops WHERE id = ${id}`;
+      await sql`
+        INSERT INTO operations (id, org_id, desktop_id, kind, state, from_state, reason, created_at)
+        VALUES ('op_stuck0000000000000000000', ${org!.org_id}, ${id}, 'move', 'running', 'hibernated', 'admin', now() - interval '7 minutes')`;
+      const looked = await readFleetStatus(sql);
+      expect(looked.warnings).toEqual([
+        `host ${agent.hostId} (${looked.hosts[0]!.hostname}): its drain stopped: move of dsk_x failed: the target ran out of disk; fix that, then run canto hosts drain ${agent.hostId} again`,
+        `operation op_stuck0000000000000000000 (move of ${id}) has been running for 7 min`,
+      ]);
+      expect(formatFleetStatus(looked)).toMatch(new RegExp(`${agent.hostId}\\s+\\S+\\s+ready,cordoned,drain stopped\\s`));
     } finally {
       await sql.end();
       await agent.stop();
