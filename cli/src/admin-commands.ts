@@ -8,7 +8,7 @@
 import { Command, Option } from 'commander';
 import { isId } from '../../shared/src/ids.js';
 import { unwrap, type AdminHost, type CantoAdmin } from '../../sdk/src/index.js';
-import { describeDrain, desktopCount, drainTotal, moveLine, watchDrain } from './drain-progress.js';
+import { describeDrain, describeMove, desktopCount, drainTotal, moveLine, watchDrain } from './drain-progress.js';
 import { adminClient, adminTarget, explainAdminError, type AdminOptions } from './admin-client.js';
 import { table } from './status.js';
 
@@ -106,7 +106,7 @@ export function registerAdminCommands(program: Command, env: NodeJS.ProcessEnv):
     }
     if (opts.json) return json(op);
     if (!opts.wait) return out(`moving ${op.desktop_id}: operation ${op.id}`);
-    out(op.state === 'succeeded' ? `moved ${op.desktop_id} from ${op.source_host_id} to ${op.target_host_id}` : `move of ${op.desktop_id} failed: ${op.error?.message ?? 'unknown'}`);
+    out(describeMove(op));
   })
     .argument('<desktop-id>')
     .option('--to <host-id>', 'the target host')

@@ -41,6 +41,14 @@ export function moveLine(op: AdminOperation): string {
   return `moving ${op.desktop_id}: ${op.phase ?? op.state}${copy}`;
 }
 
+/** How a settled move went: where to, what it copied, and how long an awake desktop was down. */
+export function describeMove(op: AdminOperation): string {
+  if (op.state !== 'succeeded') return `move of ${op.desktop_id} failed: ${op.error?.message ?? 'unknown'}`;
+  const result = op.result ?? {};
+  const downtime = typeof result.downtime_ms === 'number' ? `, down ${result.downtime_ms} ms` : '';
+  return `moved ${op.desktop_id} from ${op.source_host_id} to ${op.target_host_id} (${mib(op.total_bytes ?? 0)}${downtime})`;
+}
+
 export function describeDrain(host: AdminHost): string {
   const d = host.drain;
   if (!d) return `${host.id}: no drain`;

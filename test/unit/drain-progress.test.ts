@@ -3,8 +3,8 @@
  * desktop of the drain, those moving included, so it neither shrinks nor jumps while moves run.
  */
 import { expect, it } from 'vitest';
-import { describeDrain, progressLine } from '../../cli/src/drain-progress.js';
-import type { AdminHost } from '../../sdk/src/index.js';
+import { describeDrain, describeMove, progressLine } from '../../cli/src/drain-progress.js';
+import type { AdminHost, AdminOperation } from '../../sdk/src/index.js';
 
 function host(moved: number, running: number, remaining: number, state = 'draining'): AdminHost {
   const drain = {
@@ -24,4 +24,15 @@ it('counts the desktops being moved in the whole, and the time left from those m
 it('says how many desktops a finished drain moved, in words that fit the count', () => {
   expect(describeDrain(host(1, 0, 0, 'drained'))).toMatch(/^host_a drained: 1 desktop moved \(1\.0 MiB\)/);
   expect(describeDrain(host(3, 0, 0, 'drained'))).toMatch(/^host_a drained: 3 desktops moved/);
+});
+
+it('says where a move went, what it copied, and how long an awake desktop was down', () => {
+  const op = (state: string, result: Record<string, unknown> | null, error: { code: string; message: string } | null = null) => ({
+    id: 'op_a', kind: 'move', state, desktop_id: 'dsk_a', source_host_id: 'host_a', target_host_id: 'host_b',
+    total_bytes: 3 * 1024 * 1024, copied_bytes: 3 * 1024 * 1024, result, error,
+  }) as unknown as AdminOperation;
+  expect(describeMove(op('succeeded', { downtime_ms: 312, was_awake: true }))).toBe('moved dsk_a from host_a to host_b (3.0 MiB, down 312 ms)');
+  // A hibernated desktop was never up: no downtime to tell.
+  expect(describeMove(op('succeeded', { downtime_ms: null, was_awake: false }))).toBe('moved dsk_a from host_a to host_b (3.0 MiB)');
+  expect(describeMove(op('failed', null, { code: 'no_capacity', message: 'no host has room' }))).toBe('move of dsk_a failed: no host has room');
 });
