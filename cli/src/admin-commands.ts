@@ -10,7 +10,7 @@ import { isId } from '../../shared/src/ids.js';
 import { unwrap, type AdminHost, type CantoAdmin } from '../../sdk/src/index.js';
 import { describeDrain, describeMove, desktopCount, drainTotal, moveLine, watchDrain } from './drain-progress.js';
 import { adminClient, adminTarget, explainAdminError, type AdminOptions } from './admin-client.js';
-import { table } from './status.js';
+import { hostStatusLabel, table } from './status.js';
 
 interface CommonOptions extends AdminOptions {
   json?: boolean;
@@ -170,7 +170,7 @@ function hostRow(h: AdminHost): Record<string, string> {
   return {
     ID: h.id,
     HOSTNAME: h.hostname,
-    STATUS: h.cordoned ? `${h.state},cordoned` : h.state,
+    STATUS: hostStatusLabel(h.state, h.cordoned, h.drain?.state ?? null),
     RUNTIME: `${h.agent.runtime}${h.agent.memory_snapshots ? '+snapshots' : ''}`,
     SCHEDULABLE: h.schedulable ? 'yes' : 'no',
     DESKTOPS: `${h.desktops.total} (${h.desktops.awake} awake)`,

@@ -133,6 +133,12 @@ export function fleetWarnings(status: FleetStatus, liveRows: readonly ReplicaRow
   return warnings;
 }
 
+/** A host's status as tables show it: `ready`, `down`, with `cordoned` and a drain under way or stopped. */
+export function hostStatusLabel(state: string, cordoned: boolean, drain: 'draining' | 'drained' | 'stopped' | null): string {
+  const drainWord = drain === 'draining' ? ['draining'] : drain === 'stopped' ? ['drain stopped'] : [];
+  return [state, ...(cordoned ? ['cordoned'] : []), ...drainWord].join(',');
+}
+
 export function formatFleetStatus(status: FleetStatus): string {
   const ago = (ms: number) => (ms < 10_000 ? `${(ms / 1000).toFixed(1)} s ago` : ms < 3_600_000 ? `${Math.round(ms / 1000)} s ago` : `${(ms / 3_600_000).toFixed(1)} h ago`);
   const replicaRows = status.replicas.map((r) => ({
@@ -146,7 +152,7 @@ export function formatFleetStatus(status: FleetStatus): string {
   const hostRows = status.hosts.map((h) => ({
     ID: h.id,
     HOSTNAME: h.hostname,
-    STATUS: [h.status, ...(h.cordoned ? ['cordoned'] : []), ...(h.drain && h.drain.state !== 'drained' ? [h.drain.state === 'stopped' ? 'drain stopped' : 'draining'] : [])].join(','),
+    STATUS: hostStatusLabel(h.status, h.cordoned, h.drain?.state ?? null),
     'LAST HEARD': ago(h.last_heard_ms_ago),
     DESKTOPS: Object.entries(h.desktops).map(([state, n]) => `${n} ${state}`).join(', ') || 'none',
     RUNTIME: h.runtime,

@@ -14,6 +14,7 @@ import { promisify } from 'node:util';
 import { api, startTestScheduler, until, type TestScheduler } from '../helpers/scheduler.js';
 import { startFakeAgent, type TestAgent } from '../helpers/agent.js';
 import { freePort } from '../helpers/processes.js';
+import { connectDatabase } from '../../scheduler/src/store/db.js';
 
 const CLI = join(import.meta.dirname, '..', '..', 'dist', 'cli.js');
 const ADMIN_TOKEN = 'cli-admin-token-0123456789abcdefghijklmnopq';
@@ -75,7 +76,16 @@ describe('canto hosts', () => {
     const cordoned = JSON.parse((await withEnv(['hosts', 'cordon', agent.hostId, '--json'])).stdout);
     expect(cordoned).toMatchObject({ cordoned: true, schedulable: false });
     expect((await withDir(['hosts', 'list'])).stdout).toMatch(/ready,cordoned\s+fake\S*\s+no/);
+    // A drain that stopped reads so in the list, as in canto status.
+    const sql = connectDatabase(s.databaseUrl, { max: 1 });
+    try {
+      await sql`UPDATE hosts SET drain_requested_at = now(), drain_error = 'move of dsk_x failed' WHERE id = ${agent.hostId}`;
+    } finally {
+      await sql.end();
+    }
+    expect((await withDir(['hosts', 'list'])).stdout).toMatch(/ready,cordoned,drain stopped\s+fake\S*\s+no/);
     expect((await withDir(['hosts', 'uncordon', agent.hostId])).stdout).toContain('uncordoned');
+    expect((await withDir(['hosts', 'list'])).stdout).toMatch(new RegExp(`${agent.hostId}\\s+\\S+\\s+ready\\s+fake`));
   });
 
   it('fails in one line with the API\'s reason, and exits non-zero', async () => {
