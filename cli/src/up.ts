@@ -143,7 +143,10 @@ export async function up(options: UpOptions, env: NodeJS.ProcessEnv): Promise<vo
     const bootstrapKey = await firstStartKey(pg.url);
     const agents = [];
     for (let i = 0; i < options.hosts; i++) {
-      const agent = await runAgent(loadAgentConfig(localAgentEnv(env, options.dataDir, scheduler.url, env.CANTO_JOIN_TOKEN || secrets.join_token, i)), { logger, handleSignals: false });
+      const agentConfig = loadAgentConfig(localAgentEnv(env, options.dataDir, scheduler.url, env.CANTO_JOIN_TOKEN || secrets.join_token, i));
+      // Stops run last first: once the agent has stopped, its hibernated desktops' mounts go too.
+      if (agentConfig.runtime === 'sandbox') stops.push(() => releaseDisks(join(agentConfig.stateDir, 'runtime'), logger));
+      const agent = await runAgent(agentConfig, { logger, handleSignals: false });
       stops.push(() => agent.stop());
       agents.push(agent);
     }
@@ -231,6 +234,17 @@ async function hibernateAll(
   } finally {
     await sql.end({ timeout: 1 });
   }
+}
+
+/**
+ * Unmounts the overlays a stopped local agent's idle desktops held, so nothing of Canto stays
+ * mounted once `up` has stopped (the data directory can then be removed); running desktops (a
+ * stop told to skip the hibernation) keep theirs.
+ */
+async function releaseDisks(stateDir: string, logger: Logger): Promise<void> {
+  const { releaseIdleDisks } = await import('../../agent/src/runtime/sandbox/index.js');
+  const released = await releaseIdleDisks(stateDir);
+  if (released > 0) logger.info({ stateDir, released }, 'unmounted the disks of hibernated desktops');
 }
 
 /** `http://{port}-{desktop_id}.localhost:8081` for base `http://localhost:8081`. */

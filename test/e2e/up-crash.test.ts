@@ -3,7 +3,8 @@
  * PostgreSQL, desktops) is stopped and SIGKILLed while a hibernate runs, and `canto up` is started
  * again on the same data directory each time. Both starts succeed on one PostgreSQL server; every
  * desktop ends awake and running, or hibernated, never "awake" with nothing running; every file is
- * intact; and a final Ctrl-C hibernates what is awake and leaves nothing running.
+ * intact; and a final Ctrl-C hibernates what is awake and leaves nothing running or mounted (a
+ * start after it mounts again what it wakes).
  */
 import { afterAll, describe, expect, it } from 'vitest';
 import { spawn, type ChildProcess } from 'node:child_process';
@@ -191,5 +192,17 @@ describe.skipIf(!isRoot)('canto up after kill -9', () => {
     } finally {
       await driver.close();
     }
+    // Nor anything mounted: the data directory could go. The next start mounts what it wakes.
+    const mountedHere = () => readFileSync('/proc/self/mountinfo', 'utf8').split('\n').filter((line) => line.split(' ')[4]?.startsWith(`${dataDir}/`));
+    expect(mountedHere()).toEqual([]);
+    up = start(port);
+    await started(up);
+    c = api(base, key);
+    expect((await c('POST', `/v1/desktops/${ids[0]}/wake?wait=true`)).json.state).toBe('succeeded');
+    const again = await fetch(`${base}/v1/desktops/${ids[0]}/files/root/data.bin`, { headers: auth });
+    expect(sha(new Uint8Array(await again.arrayBuffer()))).toBe(files.get(ids[0]!));
+    up.proc.kill('SIGINT');
+    expect(await up.exited).toBe(0);
+    expect(mountedHere()).toEqual([]);
   }, 300_000);
 });

@@ -5,6 +5,7 @@
 import { SandboxDriver, type SandboxDriverOptions } from './sandbox-driver.js';
 
 export { SandboxDriver, type SandboxDriverOptions };
+export { releaseIdleDisks } from './host/layers.js';
 
 export function createSandboxDriver(options: SandboxDriverOptions): Promise<SandboxDriver> {
   return SandboxDriver.create(options);

@@ -15,7 +15,8 @@
  * A layer is removed when the last desktop whose chain names it is destroyed, so destroying a
  * source never breaks its forks. The overlay stays mounted across hibernation (nothing holds it
  * then) and is mounted again on the next start after a host reboot; it is unmounted only to
- * freeze the upper layer or to destroy the desktop.
+ * freeze the upper layer, to destroy the desktop, or when `canto up` stops as a whole
+ * (`releaseIdleDisks`).
  *
  * Freezing is crash-safe: the new chain is written to `layers.next.json` first, the rename into
  * the store follows, and `layers.next.json` replaces `layers.json` last; a freeze found half done
@@ -28,7 +29,8 @@ import { newId } from '../../../../../shared/src/ids.js';
 import { KeyedMutex } from './keyed-mutex.js';
 import { copySparse } from './sparse.js';
 import { runToEnd, spawnProcess } from './spawner.js';
-import { exists, readJson, type DesktopPaths } from './layout.js';
+import { desktopPaths, desktopsDir, exists, readJson, type DesktopPaths } from './layout.js';
+import { runningInit } from './cold-boot.js';
 
 
 interface Chain {
@@ -183,6 +185,23 @@ export async function createFork(source: DesktopPaths, fork: DesktopPaths, chain
 export async function releaseDisk(paths: DesktopPaths): Promise<void> {
   if (await isMounted(paths.disk)) await rm(join(paths.dir, 'upper'), { recursive: true, force: true, maxRetries: 3 });
   await unmount(paths.disk);
+}
+
+/**
+ * Unmounts the overlays of the desktops under `stateDir` that do not run, for a machine whose
+ * Canto stops as a whole (`canto up`), so that no mount of it stays behind: the state is the
+ * one a host reboot leaves, and each desktop's next start mounts its overlay again. The agent
+ * must be stopped: nothing may start a desktop meanwhile. Answers how many were unmounted.
+ */
+export async function releaseIdleDisks(stateDir: string): Promise<number> {
+  let released = 0;
+  for (const name of await readdir(desktopsDir(stateDir)).catch(() => [] as string[])) {
+    const paths = desktopPaths(stateDir, name);
+    if (!(await isMounted(paths.disk)) || (await runningInit(paths)) !== null) continue;
+    await unmount(paths.disk);
+    released++;
+  }
+  return released;
 }
 
 /**
