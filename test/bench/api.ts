@@ -141,6 +141,9 @@ async function benchList(o: ApiBenchOptions, apiUrl: string, auth: Record<string
   const one: number[] = [];
   const samples = Math.max(20, o.runs * 3);
   try {
+    // Warm-up, as in the other sections: each worker's first list reads and encodes the whole
+    // list cold (a connection of its own each, so that every worker of the scheduler gets some).
+    for (let i = 0; i < 6; i++) await (await fetch(`${o.schedulerUrl}/v1/desktops`, { headers: { ...listHeaders, connection: 'close' } })).arrayBuffer();
     for (let i = 0; i < samples; i++) {
       list.push(await timed(listed));
       one.push(await timed(async () => (await fetch(apiUrl, { headers: auth })).arrayBuffer()));
