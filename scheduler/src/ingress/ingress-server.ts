@@ -164,11 +164,12 @@ export class PortIngress {
 
   /**
    * The exposure's route read afresh when a link could not be opened because the host does not
-   * run the desktop (or cannot be reached): a route cached before a move or a wake names the old
-   * host or generation for up to ROUTE_CACHE_TTL_MS. Null when the fresh route is no better.
+   * run the desktop: a route cached before a move or a wake names the old host or generation for
+   * up to ROUTE_CACHE_TTL_MS. Null when the fresh route is no better. An unreachable host is not
+   * asked about again: through an outage, every request would cost the database a second read.
    */
   private async movedRoute(err: unknown, route: PortRoute): Promise<PortRoute | null> {
-    if (!(err instanceof PortLinkError) || (err.reason !== 'not_running' && err.reason !== 'unreachable')) return null;
+    if (!(err instanceof PortLinkError) || err.reason !== 'not_running') return null;
     this.routes.forget(route.desktop_id, route.port);
     const fresh = await this.routes.get(route.desktop_id, route.port).catch(() => null);
     if (!fresh || !isBound(fresh)) return null;
