@@ -56,7 +56,8 @@ export function adminTarget(opts: AdminOptions, env: NodeJS.ProcessEnv): AdminTa
 
 /**
  * The SDK's admin client for `target`. A refused connection fails at once (a scheduler that is
- * down is not coming back within a command's patience); a 503 is retried after its Retry-After.
+ * down is not coming back within a command's patience; a `--wait` watch, which runs for minutes,
+ * rides out a minute of it: drain-progress.ts); a 503 is retried after its Retry-After.
  */
 export function adminClient(target: AdminTarget): CantoAdmin {
   return createCantoAdmin({ baseUrl: target.url, adminToken: target.token, timeoutMs: 30_000, retry: { onConnectionError: false } });

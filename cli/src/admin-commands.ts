@@ -8,7 +8,7 @@
 import { Command, Option } from 'commander';
 import { isId } from '../../shared/src/ids.js';
 import { unwrap, type AdminHost, type CantoAdmin } from '../../sdk/src/index.js';
-import { describeDrain, describeMove, desktopCount, drainTotal, moveLine, watchDrain } from './drain-progress.js';
+import { describeDrain, describeMove, desktopCount, drainTotal, moveLine, readThrough, watchDrain } from './drain-progress.js';
 import { adminClient, adminTarget, explainAdminError, type AdminOptions } from './admin-client.js';
 import { hostStatusLabel, table } from './status.js';
 
@@ -99,7 +99,7 @@ export function registerAdminCommands(program: Command, env: NodeJS.ProcessEnv):
       while (op.state === 'pending' || op.state === 'running') {
         tty?.write(`\r${moveLine(op)}\x1b[K`);
         await new Promise((resolve) => setTimeout(resolve, 250));
-        op = await admin.getOperation(op.id);
+        op = await readThrough(() => admin.getOperation(op.id), (line) => process.stderr.write(`${tty ? '\n' : ''}${line}\n`), 'move');
       }
       tty?.write('\r\x1b[K');
       if (op.state === 'failed') process.exitCode = 1;

@@ -1,11 +1,35 @@
 /**
  * `canto hosts drain --wait`: polls the host until its drain ends and draws one progress line on
  * a terminal (desktops moved of all, bytes, rate, time left), or plain lines when stderr is not a
- * terminal, so a log of a scripted drain still shows how it went.
+ * terminal, so a log of a scripted drain still shows how it went. A watch rides out a minute of
+ * an unreachable API (`readThrough`).
  */
-import { unwrap, type AdminHost, type AdminOperation, type CantoAdmin } from '../../sdk/src/index.js';
+import { CantoConnectionError, CantoProblem, unwrap, type AdminHost, type AdminOperation, type CantoAdmin } from '../../sdk/src/index.js';
 
 const POLL_MS = 250;
+/** How long a watch rides out an admin API it cannot reach (a replica failing over) before it gives up. */
+export const WATCH_PATIENCE_MS = 60_000;
+
+/**
+ * One read of a watch (`--wait`). The drain or move goes on in the database whatever happens to
+ * the replica the CLI asks, so a refused connection or a 5xx answer (a failover behind a load
+ * balancer) is retried every `pauseMs` for up to `patienceMs`, said once; anything else throws.
+ */
+export async function readThrough<T>(read: () => Promise<T>, note: (line: string) => void, what: string, patienceMs = WATCH_PATIENCE_MS, pauseMs = 1_000): Promise<T> {
+  const deadline = Date.now() + patienceMs;
+  let told = false;
+  for (;;) {
+    try {
+      return await read();
+    } catch (err) {
+      const transient = err instanceof CantoConnectionError || (err instanceof CantoProblem && err.status >= 500);
+      if (!transient || Date.now() > deadline) throw err;
+      if (!told) note(`the admin API did not answer (${err.message}); asking again for up to ${Math.round(patienceMs / 1000)} s: the ${what} goes on meanwhile`);
+      told = true;
+      await new Promise((resolve) => setTimeout(resolve, pauseMs));
+    }
+  }
+}
 
 const mib = (bytes: number) => `${(bytes / 1024 / 1024).toFixed(1)} MiB`;
 
@@ -61,8 +85,9 @@ export function describeDrain(host: AdminHost): string {
 export async function watchDrain(admin: CantoAdmin, hostId: string, progress: NodeJS.WriteStream | null): Promise<AdminHost> {
   const started = Date.now();
   let lastPlain = '';
+  const note = (line: string) => progress?.write(`${progress.isTTY ? '\n' : ''}${line}\n`);
   for (;;) {
-    const host = unwrap(await admin.api.GET('/admin/v1/hosts/{host_id}', { params: { path: { host_id: hostId } } }));
+    const host = await readThrough(async () => unwrap(await admin.api.GET('/admin/v1/hosts/{host_id}', { params: { path: { host_id: hostId } } })), note, 'drain');
     const line = progressLine(host, Date.now() - started);
     if (progress?.isTTY) progress.write(`\r${line}\x1b[K`);
     else if (progress && line !== lastPlain) progress.write(`${line}\n`);

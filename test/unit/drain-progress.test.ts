@@ -1,9 +1,11 @@
 /**
- * The line `canto hosts drain --wait` draws (cli/src/drain-progress.ts): its whole is every
- * desktop of the drain, those moving included, so it neither shrinks nor jumps while moves run.
+ * What `canto hosts drain --wait` and `canto desktops move --wait` say (cli/src/drain-progress.ts):
+ * the progress line's whole is every desktop of the drain, those moving included, so it neither
+ * shrinks nor jumps while moves run; and a watch rides out an API it briefly cannot reach.
  */
 import { expect, it } from 'vitest';
-import { describeDrain, describeMove, progressLine } from '../../cli/src/drain-progress.js';
+import { describeDrain, describeMove, progressLine, readThrough } from '../../cli/src/drain-progress.js';
+import { CantoConnectionError, CantoProblem } from '../../sdk/src/index.js';
 import type { AdminHost, AdminOperation } from '../../sdk/src/index.js';
 
 function host(moved: number, running: number, remaining: number, state = 'draining'): AdminHost {
@@ -35,4 +37,29 @@ it('says where a move went, what it copied, and how long an awake desktop was do
   // A hibernated desktop was never up: no downtime to tell.
   expect(describeMove(op('succeeded', { downtime_ms: null, was_awake: false }))).toBe('moved dsk_a from host_a to host_b (3.0 MiB)');
   expect(describeMove(op('failed', null, { code: 'no_capacity', message: 'no host has room' }))).toBe('move of dsk_a failed: no host has room');
+});
+
+it('asks again while the admin API cannot be reached or answers 5xx, says so once, and gives up after its patience', async () => {
+  const refused = () => new CantoConnectionError('http://127.0.0.1:9/admin/v1/hosts/host_a', Object.assign(new Error('fetch failed'), { cause: { code: 'ECONNREFUSED' } }));
+  const unavailable = () => Object.assign(Object.create(CantoProblem.prototype) as CantoProblem, { status: 503, message: 'leader changing' });
+  const notes: string[] = [];
+  let calls = 0;
+  const answer = await readThrough(async () => {
+    calls++;
+    if (calls === 1) throw refused();
+    if (calls === 2) throw unavailable();
+    return 'host';
+  }, (line) => notes.push(line), 'drain', 5_000, 1);
+  expect([answer, calls]).toEqual(['host', 3]);
+  expect(notes).toEqual([expect.stringMatching(/^the admin API did not answer \(cannot reach .*ECONNREFUSED\); asking again for up to 5 s: the drain goes on meanwhile$/)]);
+  // Anything but an unreachable API is the command's answer at once.
+  const notFound = Object.assign(Object.create(CantoProblem.prototype) as CantoProblem, { status: 404, message: 'host not found' });
+  let tries = 0;
+  await expect(readThrough(async () => {
+    tries++;
+    throw notFound;
+  }, () => {}, 'drain', 5_000, 1)).rejects.toBe(notFound);
+  expect(tries).toBe(1);
+  // Past its patience, the last failure is the answer.
+  await expect(readThrough(async () => Promise.reject(refused()), () => {}, 'move', 20, 5)).rejects.toBeInstanceOf(CantoConnectionError);
 });
