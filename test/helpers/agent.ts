@@ -85,6 +85,20 @@ export async function startFakeAgent(schedulerUrl: string, options: FakeAgentOpt
   };
 }
 
+/**
+ * Makes the fake agent's removal of a desktop take `ms` longer: a move's last step (removing the
+ * source's copy) then lasts long enough for a test to act while it runs. Answers the agent's driver.
+ */
+export function slowDestroy(agent: TestAgent, ms: number): FakeDriver {
+  const driver = agent.driver!;
+  const destroy = driver.destroy.bind(driver);
+  driver.destroy = async (desktopId) => {
+    await new Promise((resolve) => setTimeout(resolve, ms));
+    return destroy(desktopId);
+  };
+  return driver;
+}
+
 export interface SandboxAgent extends AgentHandle {
   /** The agent's state directory; the runtime's disks are under `runtime/`. */
   readonly stateDir: string;

@@ -7,7 +7,7 @@
  */
 import { afterAll, beforeAll, expect, it } from 'vitest';
 import { adminApi, api, mintKey, startTestScheduler, TEST_ADMIN_TOKEN, until, type TestScheduler } from '../helpers/scheduler.js';
-import { startFakeAgent, type TestAgent } from '../helpers/agent.js';
+import { slowDestroy, startFakeAgent, type TestAgent } from '../helpers/agent.js';
 import { connectDatabase } from '../../scheduler/src/store/db.js';
 
 /** How long the source takes to remove each moved copy. */
@@ -47,12 +47,7 @@ it('goes on after the leader stops mid-drain, and ends with the host empty and e
   for (let i = 0; i < 2; i++) agents.push(await startFakeAgent(follower.url, { delayMs: 0 }));
   const admin = adminApi(follower.url);
   await until(async () => (await admin('GET', '/admin/v1/hosts')).json.hosts.filter((h: { state: string }) => h.state === 'ready').length === 3, 10_000, 'three ready hosts');
-  const driver = source.driver!;
-  const destroy = driver.destroy.bind(driver);
-  driver.destroy = async (desktopId) => {
-    await new Promise((resolve) => setTimeout(resolve, SLOW_MS));
-    return destroy(desktopId);
-  };
+  const driver = slowDestroy(source, SLOW_MS);
 
   expect((await admin('POST', `/admin/v1/hosts/${source.hostId}/drain`, { parallel: 1 })).status).toBe(202);
   // One desktop is on its target (its source copy still being removed): the leader goes now.

@@ -7,7 +7,7 @@
  */
 import { afterAll, beforeAll, expect, it } from 'vitest';
 import { adminApi, api, mintKey, startTestScheduler, TEST_ADMIN_TOKEN, until, type TestScheduler } from '../helpers/scheduler.js';
-import { startFakeAgent, type TestAgent } from '../helpers/agent.js';
+import { slowDestroy, startFakeAgent, type TestAgent } from '../helpers/agent.js';
 import { connectDatabase } from '../../scheduler/src/store/db.js';
 
 /** How long the slowed step takes. */
@@ -76,12 +76,7 @@ it('starts the next move while the source still removes the copy of the one befo
   const source = await startFakeAgent(s.url, { delayMs: 0 });
   agents.push(source, await startFakeAgent(s.url, { delayMs: 0 }));
   const ids = await twoDesktopsOn(source, false);
-  const driver = source.driver!;
-  const destroy = driver.destroy.bind(driver);
-  driver.destroy = async (desktopId) => {
-    await new Promise((resolve) => setTimeout(resolve, SLOW_MS));
-    return destroy(desktopId);
-  };
+  const driver = slowDestroy(source, SLOW_MS);
   const moves = await drainOneByOne(source);
   expect(moves.map((m) => m.desktop_id).sort()).toEqual([...ids].sort());
   // One at a time, yet the second began while the first was still removing its source copy.
@@ -130,12 +125,7 @@ it('refuses a move onto a host being drained, and takes one onto a host only cor
   expect(back.status, back.text).toBe(202);
   await until(async () => (await admin('GET', `/admin/v1/operations/${back.json.id}`)).json.state === 'succeeded', 10_000, 'the move back');
   // Each move's removal of its source copy is slow: the drain runs for seconds.
-  const driver = source.driver!;
-  const destroy = driver.destroy.bind(driver);
-  driver.destroy = async (desktopId) => {
-    await new Promise((resolve) => setTimeout(resolve, SLOW_MS));
-    return destroy(desktopId);
-  };
+  slowDestroy(source, SLOW_MS);
   expect((await admin('POST', `/admin/v1/hosts/${source.hostId}/drain`, { parallel: 1 })).status).toBe(202);
   const refused = await admin('POST', `/admin/v1/desktops/${elsewhere}/move`, { host_id: source.hostId });
   expect(refused.status, refused.text).toBe(409);
