@@ -116,6 +116,21 @@ describe('placement by measured memory', () => {
     expect(shown.memory).toEqual({ reserve_mb: RESERVE_MB, room_mb: 100, room_desktops: 0 });
     expect(shown.capacity).toMatchObject({ vcpus: null, memory_mb: null });
   });
+
+  it("keeps the host's measure when its agent links to another replica", async () => {
+    await report(FULL_MB);
+    // A second replica: the agent hears of it from the first and links to it with a hello of
+    // the same agent instance. That hello once wiped the measure until the next heartbeat, and
+    // placement meanwhile took the host for as empty as its nominal memory.
+    const b = await startTestScheduler({ CANTO_ADMIN_TOKEN: TEST_ADMIN_TOKEN }, s.databaseUrl);
+    try {
+      await until(async () => (await adminApi(b.url)('GET', `/admin/v1/hosts/${agent.hostId}`)).json.linked === true, 15_000, 'the agent linked to the second replica');
+      const [row] = await sql<Array<{ memory_available_mb: number | null }>>`SELECT memory_available_mb FROM hosts WHERE id = ${agent.hostId}`;
+      expect(row!.memory_available_mb).toBe(FULL_MB);
+    } finally {
+      await b.close();
+    }
+  });
 });
 
 function running(): number {

@@ -36,8 +36,19 @@ export async function upsertHost(sql: Sql, h: HostHello, readyNow: boolean): Pro
       memory_mb = EXCLUDED.memory_mb, ingress_address = EXCLUDED.ingress_address, transfer_address = EXCLUDED.transfer_address,
       previous_seen_at = CASE WHEN hosts.agent_instance_id <> EXCLUDED.agent_instance_id THEN hosts.last_seen_at ELSE hosts.previous_seen_at END,
       status = CASE WHEN ${readyNow} THEN 'ready' ELSE hosts.status END,
-      measured_at = NULL, running_desktops = NULL, memory_available_mb = NULL, desktops_memory_mb = NULL, cpu_busy = NULL,
+      measured_at = ${keptMeasure(sql, 'measured_at')}, running_desktops = ${keptMeasure(sql, 'running_desktops')},
+      memory_available_mb = ${keptMeasure(sql, 'memory_available_mb')}, desktops_memory_mb = ${keptMeasure(sql, 'desktops_memory_mb')},
+      cpu_busy = ${keptMeasure(sql, 'cpu_busy')},
       last_seen_at = now()`;
+}
+
+/**
+ * A measured column as a hello leaves it: kept when the same agent instance says hello again
+ * (a link to another replica, or a reconnect), cleared when a new instance starts, whose host may
+ * be another machine's memory altogether. Placement reads a cleared measure as the nominal memory.
+ */
+function keptMeasure(sql: Sql, column: string) {
+  return sql`CASE WHEN hosts.agent_instance_id = EXCLUDED.agent_instance_id THEN ${sql(`hosts.${column}`)} END`;
 }
 
 /** The host's agent fenced what it had to and takes work. */
