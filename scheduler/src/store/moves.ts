@@ -96,30 +96,35 @@ export interface DrainCounts {
 
 export async function drainCounts(sql: Sql, host: HostRow): Promise<DrainCounts> {
   const drain = host.drain_requested_at?.toISOString() ?? '';
-  const [held] = await sql<Array<{ n: number; waiting: number }>>`
-    SELECT count(*)::int AS n,
-           count(*) FILTER (WHERE NOT EXISTS (
-             SELECT 1 FROM operations o WHERE o.desktop_id = d.id AND o.kind = 'move' AND o.state IN ('pending', 'running')))::int AS waiting
-    FROM desktops d WHERE d.host_id = ${host.id} AND d.state <> 'destroyed'`;
-  const [ops] = await sql<Array<{ moved: number; failed: number; running: number; copying: number; moved_bytes: string; total_bytes: string }>>`
-    SELECT count(*) FILTER (WHERE state = 'succeeded')::int AS moved,
-           count(*) FILTER (WHERE state = 'failed')::int AS failed,
-           count(*) FILTER (WHERE state IN ('pending', 'running'))::int AS running,
-           count(*) FILTER (WHERE state IN ('pending', 'running') AND COALESCE(params->>'phase', '') <> 'started')::int AS copying,
-           COALESCE(sum(CASE WHEN state = 'succeeded' THEN (result->>'total_bytes')::bigint
-                             WHEN state = 'running' THEN COALESCE((params->>'total_bytes')::bigint, (params->>'copy_done_bytes')::bigint)
-                        END), 0) AS moved_bytes,
-           COALESCE(sum(COALESCE((result->>'total_bytes')::bigint, (params->>'total_bytes')::bigint, (params->>'copy_total_bytes')::bigint, 0)), 0) AS total_bytes
-    FROM operations WHERE kind = 'move' AND params->>'source_host_id' = ${host.id} AND params->>'drain' = ${drain}`;
+  // One statement, so one snapshot: read apart, a move the drainer created between the two
+  // readings counted both as waiting and as running.
+  const [c] = await sql<Array<{ n: number; waiting: number; moved: number; failed: number; running: number; copying: number; moved_bytes: string; total_bytes: string }>>`
+    WITH held AS (
+      SELECT count(*)::int AS n,
+             count(*) FILTER (WHERE NOT EXISTS (
+               SELECT 1 FROM operations o WHERE o.desktop_id = d.id AND o.kind = 'move' AND o.state IN ('pending', 'running')))::int AS waiting
+      FROM desktops d WHERE d.host_id = ${host.id} AND d.state <> 'destroyed'
+    ), ops AS (
+      SELECT count(*) FILTER (WHERE state = 'succeeded')::int AS moved,
+             count(*) FILTER (WHERE state = 'failed')::int AS failed,
+             count(*) FILTER (WHERE state IN ('pending', 'running'))::int AS running,
+             count(*) FILTER (WHERE state IN ('pending', 'running') AND COALESCE(params->>'phase', '') <> 'started')::int AS copying,
+             COALESCE(sum(CASE WHEN state = 'succeeded' THEN (result->>'total_bytes')::bigint
+                               WHEN state = 'running' THEN COALESCE((params->>'total_bytes')::bigint, (params->>'copy_done_bytes')::bigint)
+                          END), 0) AS moved_bytes,
+             COALESCE(sum(COALESCE((result->>'total_bytes')::bigint, (params->>'total_bytes')::bigint, (params->>'copy_total_bytes')::bigint, 0)), 0) AS total_bytes
+      FROM operations WHERE kind = 'move' AND params->>'source_host_id' = ${host.id} AND params->>'drain' = ${drain}
+    )
+    SELECT * FROM held, ops`;
   return {
-    remaining: held!.n,
-    waiting: held!.waiting,
-    moved: ops!.moved,
-    failed: ops!.failed,
-    running: ops!.running,
-    copying: ops!.copying,
-    moved_bytes: Number(ops!.moved_bytes),
-    total_bytes: Number(ops!.total_bytes),
+    remaining: c!.n,
+    waiting: c!.waiting,
+    moved: c!.moved,
+    failed: c!.failed,
+    running: c!.running,
+    copying: c!.copying,
+    moved_bytes: Number(c!.moved_bytes),
+    total_bytes: Number(c!.total_bytes),
   };
 }
 
