@@ -60,6 +60,11 @@ export interface IngressSettings {
   /** `CANTO_INGRESS_LISTEN`: HOST:PORT the ingress listens on. Default `0.0.0.0:8081`. */
   readonly listenHost: string;
   readonly listenPort: number;
+  /**
+   * `CANTO_INGRESS_MOVE_HOLD_MS`: how long a request to a desktop that a move has stopped waits
+   * for it to run on its target before it is answered 503. Default 10000; 0 answers at once.
+   */
+  readonly moveHoldMs: number;
 }
 
 export interface SchedulerConfig {
@@ -353,5 +358,6 @@ function loadIngressSettings(env: Env): IngressSettings | null {
     urlPort: url.port === '' ? null : Number(url.port),
     listenHost: listen.host,
     listenPort: listen.port,
+    moveHoldMs: int(env, 'CANTO_INGRESS_MOVE_HOLD_MS', 10_000),
   });
 }

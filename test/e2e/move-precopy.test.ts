@@ -10,13 +10,16 @@
  * its turn gave it, numbered without a gap. A pre-copied file that missed an append made before
  * the stop would show the gap where the appender, restored on T, went on. The process still runs
  * (where CRIU makes memory snapshots), the desktop is awake, and the copy after the stop carried
- * less than the desktop holds.
+ * less than the desktop holds. An app in the desktop, exposed through the scheduler's ingress and
+ * asked every 25 ms throughout, answers every request: those made while the desktop is between
+ * hosts wait for it.
  */
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { existsSync, mkdtempSync, readFileSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { randomBytes } from 'node:crypto';
+import { request } from 'node:http';
 import { HOST_ID_FILE } from '../../agent/src/host-identity.js';
 import { generateSecretKey } from '../../scheduler/src/crypto/secret-box.js';
 import { freshDatabaseUrl } from '../helpers/db.js';
@@ -40,6 +43,7 @@ describe.skipIf(!isRoot)('a move that pre-copies an awake desktop', () => {
   let databaseUrl = '';
   let call: ReturnType<typeof api>;
   let sourceMetrics = '';
+  let ingressPort = 0;
 
   async function admin(method: string, path: string, body?: unknown) {
     const res = await fetch(scheduler.url + path, {
@@ -63,7 +67,8 @@ describe.skipIf(!isRoot)('a move that pre-copies an awake desktop', () => {
   beforeAll(async () => {
     databaseUrl = await freshDatabaseUrl();
     scheduler = await startSchedulerProcess({
-      databaseUrl, port: await freePort(), secretKey: generateSecretKey(), extra: { CANTO_ADMIN_TOKEN: ADMIN_TOKEN },
+      databaseUrl, port: await freePort(), secretKey: generateSecretKey(),
+      extra: { CANTO_ADMIN_TOKEN: ADMIN_TOKEN, CANTO_INGRESS_BASE_URL: 'http://apps.canto.test', CANTO_INGRESS_LISTEN: `127.0.0.1:${(ingressPort = await freePort())}` },
     });
     children.push(scheduler);
     sourceMetrics = `127.0.0.1:${await freePort()}`;
@@ -105,6 +110,32 @@ describe.skipIf(!isRoot)('a move that pre-copies an awake desktop', () => {
     // Every hot file appended to before the move starts.
     await until(async () => (await exec(id, `grep -c line /root/data/f${HOT - 1} || true`)).trim() !== '0', 30_000, 'every hot file appended to');
 
+    // An app behind a public exposure, asked throughout the move.
+    const app = await call('POST', `/v1/desktops/${id}/exec`, {
+      command: `setsid node -e "require('http').createServer((q, s) => s.end('up')).listen(8000)" >/dev/null 2>&1 </dev/null &`,
+    });
+    expect(app.json.exit_code, app.text).toBe(0);
+    expect((await call('POST', `/v1/desktops/${id}/ports`, { port: 8000, public: true })).status).toBe(201);
+    const viaIngress = () => new Promise<string>((resolve, reject) => {
+      // node:http, not fetch: fetch does not send a Host header of our choosing.
+      const req = request({ host: '127.0.0.1', port: ingressPort, path: '/', headers: { host: `8000-${id}.apps.canto.test` } }, (res) => {
+        let body = '';
+        res.on('data', (chunk: Buffer) => (body += chunk.toString()));
+        res.on('end', () => resolve(`${res.statusCode} ${body}`));
+      });
+      req.on('error', reject);
+      req.end();
+    });
+    await until(async () => (await viaIngress()) === '200 up', 10_000, 'the app to answer through the ingress');
+    const answers: string[] = [];
+    let asking = true;
+    const asker = (async () => {
+      while (asking) {
+        answers.push(await viaIngress().catch((err: Error) => `error ${err.message}`));
+        await new Promise((resolve) => setTimeout(resolve, 25));
+      }
+    })();
+
     const asked = await admin('POST', `/admin/v1/desktops/${id}/move`, { host_id: hostIds.T });
     expect(asked.status, asked.text).toBe(202);
     const op = await until(async () => {
@@ -112,6 +143,9 @@ describe.skipIf(!isRoot)('a move that pre-copies an awake desktop', () => {
       return o.state === 'succeeded' || o.state === 'failed' ? o : null;
     }, 240_000, 'the move to settle');
     expect(op.state, JSON.stringify(op)).toBe('succeeded');
+    asking = false;
+    await asker;
+    expect(answers.filter((a) => a !== '200 up'), 'answers through the ingress other than the app\'s').toEqual([]);
     expect(op.result.phase_ms.precopied).toBeGreaterThanOrEqual(0);
     // At least the five cold files went ahead, and the copy after the stop left them out.
     const coldBytes = (FILES - HOT) * FILE_MIB * 1024 * 1024;

@@ -81,11 +81,11 @@ export async function startStandInGateway(secret: string, hostId: string, handle
 
 /**
  * An ingress on a loopback port of its own that knows one route; each lookup answers a copy of
- * `route` as it is then, so a test may change it (a new generation, say).
+ * `route` as it is then, so a test may change it (a new generation, a move under way).
  */
-export function oneRouteIngress(route: PortRoute, secret: string, domain: string): Promise<PortIngress> {
+export function oneRouteIngress(route: PortRoute, secret: string, domain: string, moveHoldMs = 10_000): Promise<PortIngress> {
   return PortIngress.start({
-    settings: { scheme: 'http', domain, urlPort: null, listenHost: '127.0.0.1', listenPort: 0 },
+    settings: { scheme: 'http', domain, urlPort: null, listenHost: '127.0.0.1', listenPort: 0, moveHoldMs },
     ports: { route: async (id, port) => (id === route.desktop_id && port === route.port ? { ...route } : null), onChange: () => () => {} },
     portLinkSecret: secret,
     logger: createRootLogger({ level: 'silent', name: 'test' }),

@@ -275,14 +275,15 @@ describe("the agent's hello", () => {
 describe('the ingress settings', () => {
   const load = (env: Record<string, string>) => loadSchedulerConfig({ DATABASE_URL: 'postgres://x/y', CANTO_SECRET_KEY: 'k', ...env }).ingress;
 
-  it('are off without CANTO_INGRESS_BASE_URL, and default to listening on 0.0.0.0:8081', () => {
+  it('are off without CANTO_INGRESS_BASE_URL, and default to listening on 0.0.0.0:8081 and holding requests 10 s through a move', () => {
     expect(load({})).toBeNull();
     expect(load({ CANTO_INGRESS_BASE_URL: 'https://Apps.Example.com/' })).toEqual({
-      scheme: 'https', domain: 'apps.example.com', urlPort: null, listenHost: '0.0.0.0', listenPort: 8081,
+      scheme: 'https', domain: 'apps.example.com', urlPort: null, listenHost: '0.0.0.0', listenPort: 8081, moveHoldMs: 10_000,
     });
-    expect(load({ CANTO_INGRESS_BASE_URL: 'http://localhost:8081', CANTO_INGRESS_LISTEN: '127.0.0.1:9000' })).toEqual({
-      scheme: 'http', domain: 'localhost', urlPort: 8081, listenHost: '127.0.0.1', listenPort: 9000,
+    expect(load({ CANTO_INGRESS_BASE_URL: 'http://localhost:8081', CANTO_INGRESS_LISTEN: '127.0.0.1:9000', CANTO_INGRESS_MOVE_HOLD_MS: '0' })).toEqual({
+      scheme: 'http', domain: 'localhost', urlPort: 8081, listenHost: '127.0.0.1', listenPort: 9000, moveHoldMs: 0,
     });
+    expect(() => load({ CANTO_INGRESS_BASE_URL: 'http://localhost:8081', CANTO_INGRESS_MOVE_HOLD_MS: '-1' })).toThrow(/CANTO_INGRESS_MOVE_HOLD_MS/);
   });
 
   it.each(['apps.example.com', 'ftp://apps.example.com', 'https://apps.example.com/path', 'https://u:p@apps.example.com', 'https://apps.example.com/?q', 'http://10.0.0.1', 'http://[::1]:8081'])(

@@ -3,7 +3,8 @@
  * port reuse an idle link whichever client sent them; a link idle for `IDLE_LINK_MS` is closed; a
  * new desktop generation gets new links, and a request that meets a route cached from before the
  * desktop moved on follows it; and a bodiless request that meets a reused link the app closes
- * under it goes again on a fresh link, while a request with a body is not sent twice.
+ * under it goes again on a fresh link, while a request with a body is not sent twice. While a move
+ * of the desktop is open, a refused request waits for the desktop to run on its target.
  * The port gateway here is a stand-in that checks the signed opening line and then serves HTTP
  * itself, numbering its links, so the test sees exactly which link carried what.
  */
@@ -38,7 +39,7 @@ beforeAll(async () => {
   route = {
     id: newId('port'), org_id: newId('org'), desktop_id: desktopId, port: PORT, public: true, token_hash: null,
     created_at: new Date(), desktop_state: 'awake', generation: 3, host_id: HOST_ID, host_status: 'ready',
-    ingress_address: gateway.address,
+    ingress_address: gateway.address, moving: false,
   };
   ingress = await oneRouteIngress(route, SECRET, DOMAIN);
 });
@@ -46,6 +47,7 @@ beforeAll(async () => {
 afterEach(() => {
   gateway.handler = answerLink;
   gateway.runs = null;
+  route.moving = false;
 });
 
 afterAll(async () => {
@@ -54,8 +56,8 @@ afterAll(async () => {
 });
 
 /** One request through the ingress on a connection of its own; answers status and body. */
-function send(method = 'GET', body?: string): Promise<{ status: number; body: string }> {
-  const url = new URL(ingress.url);
+function send(method = 'GET', body?: string, through: PortIngress = ingress): Promise<{ status: number; body: string }> {
+  const url = new URL(through.url);
   return new Promise((resolve, reject) => {
     const req = request({ host: url.hostname, port: url.port, method, path: '/', agent: false, headers: { host: `${PORT}-${desktopId}.${DOMAIN}` } }, (res) => {
       let text = '';
@@ -137,5 +139,42 @@ describe('links from the ingress to a port gateway', () => {
     const posted = await send('POST', 'x'.repeat(1000));
     expect(posted.status).toBe(502);
     expect(seen).toEqual([{ link: reused, method: 'POST' }]);
+  });
+
+  it('hold requests while a move of the desktop is open, and send them to its target once it runs there', async () => {
+    const before = route.generation;
+    // Stopped on its source: the host refuses links to it; a move is open.
+    route.moving = true;
+    gateway.runs = () => false;
+    const t0 = Date.now();
+    const held = [send('GET'), send('POST', 'a body')];
+    await new Promise((resolve) => setTimeout(resolve, 200));
+    // Committed: the route names the target's generation, which does not run yet.
+    route.generation = before + 1;
+    await new Promise((resolve) => setTimeout(resolve, 200));
+    // Started on the target.
+    gateway.runs = (target) => target.generation === before + 1;
+    route.moving = false;
+    const answers = await Promise.all(held);
+    expect(answers.map((a) => a.status)).toEqual([200, 200]);
+    expect(Date.now() - t0).toBeGreaterThanOrEqual(400);
+    expect(gateway.targets.at(-1)).toEqual({ desktopId, generation: before + 1, port: PORT });
+  });
+
+  it('answer 503 once a move holds a request longer than the ingress waits, and at once when no move is open', async () => {
+    const short = await oneRouteIngress(route, SECRET, DOMAIN, 300);
+    try {
+      gateway.runs = () => false;
+      route.moving = true;
+      const t0 = Date.now();
+      expect((await send('GET', undefined, short)).status).toBe(503);
+      expect(Date.now() - t0).toBeGreaterThanOrEqual(300);
+      route.moving = false;
+      const t1 = Date.now();
+      expect((await send('GET', undefined, short)).status).toBe(503);
+      expect(Date.now() - t1).toBeLessThan(300);
+    } finally {
+      await short.close();
+    }
   });
 });

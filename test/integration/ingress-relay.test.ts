@@ -42,7 +42,7 @@ beforeAll(async () => {
   ingress = await oneRouteIngress({
     id: newId('port'), org_id: newId('org'), desktop_id: desktopId, port: PORT, public: false, token_hash: hashToken(TOKEN),
     created_at: new Date(), desktop_state: 'awake', generation: 1, host_id: HOST_ID, host_status: 'ready',
-    ingress_address: gateway.address,
+    ingress_address: gateway.address, moving: false,
   }, SECRET, DOMAIN);
 });
 

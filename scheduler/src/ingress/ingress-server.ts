@@ -11,11 +11,14 @@
  * guest), anything else 502. A request without a body that fails on a reused link, before any
  * answer, is sent once more on a fresh one. A link refused because the host no longer runs the
  * desktop (a cached route from before a move or a wake) is tried once more on the route read
- * afresh, whatever the request carries: nothing of it was sent.
+ * afresh, whatever the request carries: nothing of it was sent. While a move of the desktop is
+ * open, such a request waits for the desktop to run on its target (up to `moveHoldMs`) instead
+ * of answering 503. WebSocket upgrades are not held: they answer 503 and the client reconnects.
  *
  * The ingress reads exposures, desktops and hosts from PostgreSQL and dials agents directly, so
  * it works on every replica, not only on the leader that holds the agent links.
  */
+import { setTimeout as delay } from 'node:timers/promises';
 import { createServer, STATUS_CODES, type IncomingMessage, type Server, type ServerResponse } from 'node:http';
 import type { Socket } from 'node:net';
 import type { Duplex } from 'node:stream';
@@ -52,6 +55,8 @@ export interface IngressDeps {
 const LINK_TARGET = new URL('http://port-link.invalid');
 /** How long a client may take to send request headers. Bodies have no deadline: they stream. */
 const HEADERS_TIMEOUT_MS = 60_000;
+/** How often a request held through a move asks whether the desktop runs again. */
+const MOVE_POLL_MS = 50;
 
 export class PortIngress {
   private readonly log: Logger;
@@ -65,6 +70,8 @@ export class PortIngress {
   private readonly unsubscribe: () => void;
   /** Kept-alive links, one agent per exposure, for the host and generation it was made for. */
   private readonly links = new Map<string, { hostId: string; address: string; generation: number; pool: LinkPool }>();
+  /** Route reads in flight for requests held through a move, by exposure. */
+  private readonly reading = new Map<string, Promise<PortRoute | null>>();
 
   private constructor(
     private readonly deps: IngressDeps,
@@ -132,16 +139,18 @@ export class PortIngress {
     const connection = req.headers.connection;
     let pool = this.linkPool(route);
     let refreshed = false;
+    const holdUntil = Date.now() + this.deps.settings.moveHoldMs;
     for (let attempt = 0; ; attempt++) {
       let link;
       try {
         // A retry goes on a new link: another idle one may have been closed by the app just as well.
         link = await pool.acquire(attempt > 0);
       } catch (err) {
-        const moved: PortRoute | null = refreshed ? null : await this.movedRoute(err, route);
-        if (moved === null) return this.failed(res, err, route);
+        const next = await this.routeAfterRefusal(err, route, refreshed, holdUntil);
+        if (res.destroyed) return;
+        if (next === null) return this.failed(res, err, route);
         // Nothing of the request was sent: it goes where the desktop runs now, body and all.
-        route = moved;
+        route = next;
         refreshed = true;
         attempt = -1;
         pool = this.linkPool(route);
@@ -163,18 +172,36 @@ export class PortIngress {
   }
 
   /**
-   * The exposure's route read afresh when a link could not be opened because the host does not
-   * run the desktop: a route cached before a move or a wake names the old host or generation for
-   * up to ROUTE_CACHE_TTL_MS. Null when the fresh route is no better. An unreachable host is not
-   * asked about again: through an outage, every request would cost the database a second read.
+   * Where to try again after a link was refused because the host does not run the desktop; null
+   * to answer the refusal. While a move of the desktop is open (stopped on its source, copied,
+   * started on its target) the request waits, asking again every MOVE_POLL_MS, until the move
+   * lets it through or `holdUntil` passes: a move is then a pause to the app's users, not an
+   * error. Otherwise the route is read afresh once, as one cached before a move or a wake names
+   * the old host or generation for up to ROUTE_CACHE_TTL_MS. An unreachable host is not asked
+   * about again: through an outage, every request would cost the database a second read.
    */
-  private async movedRoute(err: unknown, route: PortRoute): Promise<PortRoute | null> {
+  private async routeAfterRefusal(err: unknown, route: PortRoute, refreshed: boolean, holdUntil: number): Promise<PortRoute | null> {
     if (!(err instanceof PortLinkError) || err.reason !== 'not_running') return null;
-    this.routes.forget(route.desktop_id, route.port);
-    const fresh = await this.routes.get(route.desktop_id, route.port).catch(() => null);
+    const fresh = await this.freshRoute(route.desktop_id, route.port).catch(() => null);
     if (!fresh || !isBound(fresh)) return null;
+    if (fresh.moving && Date.now() < holdUntil) {
+      await delay(MOVE_POLL_MS);
+      return fresh;
+    }
     const same = fresh.host_id === route.host_id && fresh.generation === route.generation && fresh.ingress_address === route.ingress_address;
-    return same ? null : fresh;
+    return refreshed || same ? null : fresh;
+  }
+
+  /** The route read from the database, one read at a time per exposure however many requests wait. */
+  private freshRoute(desktopId: string, port: number): Promise<PortRoute | null> {
+    const key = keyOf(desktopId, port);
+    let reading = this.reading.get(key);
+    if (reading === undefined) {
+      this.routes.forget(desktopId, port);
+      reading = this.routes.get(desktopId, port).finally(() => this.reading.delete(key));
+      this.reading.set(key, reading);
+    }
+    return reading;
   }
 
   /** Answers a request whose link failed, or cuts its answer off if it had begun. */

@@ -27,6 +27,8 @@ export interface PortRouteRow extends PortExposureRow {
   host_status: 'ready' | 'down' | null;
   /** The host's port gateway (`host:port`); null when the host has none or there is no host. */
   ingress_address: string | null;
+  /** A move of the desktop is open: between its stop and its start on the target, links are refused. */
+  moving: boolean;
 }
 
 export interface NewExposure {
@@ -54,10 +56,16 @@ export async function insertExposure(sql: Sql, e: NewExposure): Promise<PortRout
   return (await getRoute(sql, e.desktopId, e.port)) ? 'exists' : 'not_awake';
 }
 
+/** What a route reads beside the exposure: its desktop, the desktop's host, and whether it moves. */
+function routeColumns(sql: Sql) {
+  return sql`p.*, d.state AS desktop_state, d.generation, d.host_id, h.status AS host_status, h.ingress_address,
+    EXISTS (SELECT 1 FROM operations o WHERE o.desktop_id = d.id AND o.kind = 'move' AND o.state IN ('pending', 'running')) AS moving`;
+}
+
 /** The desktop's exposures, by port. */
 export async function listRoutes(sql: Sql, desktopId: string): Promise<PortRouteRow[]> {
   return sql<PortRouteRow[]>`
-    SELECT p.*, d.state AS desktop_state, d.generation, d.host_id, h.status AS host_status, h.ingress_address
+    SELECT ${routeColumns(sql)}
     FROM port_exposures p JOIN desktops d ON d.id = p.desktop_id LEFT JOIN hosts h ON h.id = d.host_id
     WHERE p.desktop_id = ${desktopId} ORDER BY p.port`;
 }
@@ -65,7 +73,7 @@ export async function listRoutes(sql: Sql, desktopId: string): Promise<PortRoute
 /** One exposure, looked up by what an exposure URL names: the desktop id and the port. */
 export async function getRoute(sql: Sql, desktopId: string, port: number): Promise<PortRouteRow | null> {
   const [row] = await sql<PortRouteRow[]>`
-    SELECT p.*, d.state AS desktop_state, d.generation, d.host_id, h.status AS host_status, h.ingress_address
+    SELECT ${routeColumns(sql)}
     FROM port_exposures p JOIN desktops d ON d.id = p.desktop_id LEFT JOIN hosts h ON h.id = d.host_id
     WHERE p.desktop_id = ${desktopId} AND p.port = ${port}`;
   return row ?? null;
