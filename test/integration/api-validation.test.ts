@@ -310,6 +310,15 @@ describe('docs/api.md §7 errors', () => {
     { name: 'unknown route outside /v1', method: 'GET', path: '/', status: 404 },
     { name: 'unknown sub-route of a desktop', method: 'POST', path: '/v1/desktops/:id/explode', body: {}, status: 404 },
     { name: 'unrouted method on a desktop', method: 'DELETE', path: '/v1/desktops/:id', status: 404 },
+    { name: 'body over 2 MiB to an unknown route (a mistyped upload)', method: 'PUT', path: '/v1/desktops/:id/files', body: big, status: 404 },
+    {
+      name: 'unsupported content type to an unknown route',
+      method: 'PUT',
+      path: '/v1/desktops/:id/file/root/x',
+      body: 'x',
+      headers: { 'content-type': 'application/x-www-form-urlencoded' },
+      status: 404,
+    },
     {
       name: 'a non-empty text body',
       method: 'POST',

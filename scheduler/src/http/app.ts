@@ -49,6 +49,8 @@ function nextRequestId(): string {
   return `req_${idPool.bytes.toString('base64url', idPool.at - 9, idPool.at)}`;
 }
 
+const NO_SUCH_ROUTE = 'no such route';
+
 export async function buildApp(deps: AppDeps): Promise<App> {
   const app = Fastify({
     // Fastify's per-request access lines are info: the HTTP logger starts at warn (or quieter,
@@ -141,6 +143,9 @@ export async function buildApp(deps: AppDeps): Promise<App> {
 
   app.addHook('onRequest', async (request) => {
     if (request.headers.host === undefined && request.raw.httpVersion === '1.1') throw errors.badRequest(MISSING_HOST);
+    // Answered before the body is read: an upload to a mistyped path is a 404, not a 413 for a
+    // body over the JSON limit that no route would have taken.
+    if (!request.routeOptions.url) throw new ApiError(404, NO_SUCH_ROUTE);
     if (request.routeOptions.config.public || request.routeOptions.config.admin || !request.routeOptions.url) return;
     request.orgId = await deps.authenticate(request);
   });
@@ -185,7 +190,7 @@ export async function buildApp(deps: AppDeps): Promise<App> {
   });
 
   app.setNotFoundHandler((request, reply) => {
-    void reply.code(404).type('application/problem+json').send(problem(404, 'no such route'));
+    void reply.code(404).type('application/problem+json').send(problem(404, NO_SUCH_ROUTE));
   });
 
   app.get(
