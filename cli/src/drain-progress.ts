@@ -56,7 +56,17 @@ export function progressLine(host: AdminHost, elapsedMs: number): string {
   const left = total - d.moved;
   const perDesktopMs = d.moved > 0 ? elapsedMs / d.moved : null;
   const eta = perDesktopMs === null || left === 0 ? '' : ` ETA ${Math.ceil((perDesktopMs * left) / 1000)} s`;
-  return `${bar(total === 0 ? 1 : d.moved / total)} ${d.moved}/${total} desktops, ${mib(d.moved_bytes)} at ${mib(rate)}/s, ${d.running} moving${eta}`;
+  return `${bar(total === 0 ? 1 : d.moved / total)} ${d.moved}/${total} desktops, ${mib(d.moved_bytes)} at ${mib(rate)}/s, ${d.running} moving${eta}${hostDown(host)}`;
+}
+
+/**
+ * What to add when the drained host is down: its desktops are only on it, so its moves retry
+ * until its agent is back (or their deadline passes), and the bar stands still meanwhile.
+ */
+function hostDown(host: AdminHost): string {
+  if (host.state !== 'down') return '';
+  const silentS = Math.max(0, Math.round((Date.now() - Date.parse(host.last_heartbeat_at)) / 1000));
+  return `; the host is down (last heard ${silentS} s ago): its moves wait for its agent`;
 }
 
 /** One line for `canto desktops move --wait`: the phase, and the copy while it runs. */

@@ -23,6 +23,12 @@ it('counts the desktops being moved in the whole, and the time left from those m
   expect(progressLine(host(4, 0, 0), 4_000)).toMatch(/^\[#{24}\] 4\/4 desktops/);
 });
 
+it('says why the bar stands still while the drained host is down', () => {
+  const down = { ...host(1, 2, 1), state: 'down', last_heartbeat_at: new Date(Date.now() - 42_000).toISOString() } as AdminHost;
+  expect(progressLine(down, 5_000)).toMatch(/ 2 moving ETA \d+ s; the host is down \(last heard 4[23] s ago\): its moves wait for its agent$/);
+  expect(progressLine({ ...down, state: 'ready' } as AdminHost, 5_000)).not.toMatch(/down/);
+});
+
 it('says how many desktops a finished drain moved, in words that fit the count', () => {
   expect(describeDrain(host(1, 0, 0, 'drained'))).toMatch(/^host_a drained: 1 desktop moved \(1\.0 MiB\)/);
   expect(describeDrain(host(3, 0, 0, 'drained'))).toMatch(/^host_a drained: 3 desktops moved/);
