@@ -1,5 +1,5 @@
 /**
- * The CLI's admin commands — `canto hosts …`, `canto desktops move`, `canto orgs …`, `canto keys …` — over the admin API
+ * The CLI's admin commands — `canto hosts …`, `canto desktops list|show|move`, `canto orgs …`, `canto keys …` — over the admin API
  * of a running scheduler, through the SDK's admin client (cli/src/admin-client.ts), so they work
  * from any machine that can reach it and see what the scheduler sees. Tables for people; `--json`
  * prints the API's answer for scripts. Every failure is one line on stderr and a non-zero exit
@@ -7,7 +7,7 @@
  */
 import { Command, Option } from 'commander';
 import { isId } from '../../shared/src/ids.js';
-import { unwrap, type AdminHost, type CantoAdmin } from '../../sdk/src/index.js';
+import { unwrap, type AdminDesktop, type AdminHost, type CantoAdmin } from '../../sdk/src/index.js';
 import { describeDrain, describeMove, desktopCount, drainTotal, moveLine, readThrough, watchDrain } from './drain-progress.js';
 import { adminClient, adminTarget, explainAdminError, type AdminOptions } from './admin-client.js';
 import { hostStatusLabel, table } from './status.js';
@@ -21,6 +21,11 @@ interface CommonOptions extends AdminOptions {
   parallel?: string;
   wait?: boolean;
   to?: string;
+  /** `canto desktops list` filters and size. */
+  host?: string;
+  state?: string;
+  limit?: string;
+  all?: boolean;
 }
 
 type Action<A extends unknown[]> = (admin: CantoAdmin, opts: CommonOptions, ...args: A) => Promise<void>;
@@ -91,6 +96,37 @@ export function registerAdminCommands(program: Command, env: NodeJS.ProcessEnv):
     .option('--wait', 'show progress until the host is empty; exit non-zero if a desktop could not be moved');
 
   const desktops = program.command('desktops').description('desktops of any org, over the admin API');
+  adminCommand(desktops, 'list', 'list desktops of every org: state, host, and the operation at work on each', async (admin, opts) => {
+    const limit = opts.all ? Infinity : Number(opts.limit ?? DEFAULT_LIST);
+    if (!(limit >= 1)) throw new Error(`--limit must be a positive number, got "${opts.limit}"`);
+    const query = {
+      host_id: opts.host,
+      org_id: opts.org === undefined ? undefined : await orgId(admin, opts.org, false),
+      state: opts.state as AdminDesktop['state'] | undefined,
+    };
+    const listed: AdminDesktop[] = [];
+    let after: string | undefined;
+    let more = false;
+    do {
+      const page = unwrap(await admin.api.GET('/admin/v1/desktops', { params: { query: { ...query, after, limit: String(Math.min(1000, limit - listed.length)) } } }));
+      listed.push(...page.desktops);
+      after = page.next_after ?? undefined;
+      more = after !== undefined;
+    } while (more && listed.length < limit);
+    if (opts.json) return json({ desktops: listed, next_after: more ? after : null });
+    out(table(listed.map(desktopRow), ['ID', 'ORG', 'STATE', 'TIER', 'HOST', 'GENERATION', 'OPERATION']));
+    if (more) process.stderr.write(`more desktops follow: --limit N or --all lists them\n`);
+  })
+    .option('--host <host-id>', 'only those on this host')
+    .option('--org <org>', 'only this org (id or name)')
+    .addOption(new Option('--state <state>', 'only those in this state (destroyed ones only when asked for)').choices(['provisioning', 'waking', 'awake', 'hibernating', 'hibernated', 'destroyed']))
+    .option('--limit <n>', `list at most n (default ${DEFAULT_LIST})`)
+    .option('--all', 'list every one');
+  adminCommand<[string]>(desktops, 'show', 'one desktop of any org: where it is and what works on it', async (admin, opts, id) => {
+    const desktop = unwrap(await admin.api.GET('/admin/v1/desktops/{desktop_id}', { params: { path: { desktop_id: id } } }));
+    if (opts.json) return json(desktop);
+    out(describeDesktop(desktop));
+  }).argument('<desktop-id>');
   adminCommand<[string]>(desktops, 'move', 'move a desktop to another host (placement picks one unless --to names it)', async (admin, opts, id) => {
     let op = unwrap(await admin.api.POST('/admin/v1/desktops/{desktop_id}/move', { params: { path: { desktop_id: id } }, body: { host_id: opts.to ?? null } }));
     if (opts.wait) {
@@ -157,6 +193,45 @@ async function orgId(admin: CantoAdmin, value: string, create: boolean): Promise
   if (found) return found.id;
   if (!create) throw new Error(`no org is named "${value}" (canto orgs list shows them)`);
   return unwrap(await admin.api.POST('/admin/v1/orgs', { body: { name: value } })).id;
+}
+
+/** What `canto desktops list` shows without `--limit` or `--all`. */
+const DEFAULT_LIST = 100;
+
+function operationLabel(d: AdminDesktop): string {
+  const op = d.operation;
+  if (op === null) return '-';
+  return `${op.kind} ${op.id} (${op.phase ?? op.state})`;
+}
+
+function desktopRow(d: AdminDesktop): Record<string, string> {
+  return {
+    ID: d.id,
+    ORG: d.org_id,
+    STATE: d.state,
+    TIER: d.tier,
+    HOST: d.host_id === null ? '-' : `${d.host_id}${d.host_state === 'down' ? ' (down)' : ''}`,
+    GENERATION: String(d.generation),
+    OPERATION: operationLabel(d),
+  };
+}
+
+function describeDesktop(d: AdminDesktop): string {
+  const lines: Array<[string, string]> = [
+    ['ID', d.id],
+    ['Org', d.org_id],
+    ['State', d.state],
+    ['Tier', d.tier],
+    ['Host', d.host_id === null ? 'none yet (never placed)' : `${d.host_id} (${d.host_state})`],
+    ['Generation', String(d.generation)],
+    ['Created', d.created_at],
+    ['Last woken', d.last_woken_at ?? 'never'],
+    ['Forked from', d.forked_from ?? '-'],
+    ['Ephemeral', d.ephemeral ? 'yes' : 'no'],
+    ['Operation', d.operation === null ? 'none' : operationLabel(d)],
+  ];
+  const width = Math.max(...lines.map(([k]) => k.length));
+  return lines.map(([k, v]) => `${k.padEnd(width)}  ${v}`).join('\n');
 }
 
 function ago(iso: string): string {

@@ -41,6 +41,7 @@ import { SchedulerMetrics } from './observability/metrics.js';
 import { AdminService } from './admin/service.js';
 import { registerAdminApi } from './admin/routes.js';
 import { MoveService } from './admin/moves.js';
+import { AdminDesktops } from './admin/desktops.js';
 import { Drainer } from './engine/drainer.js';
 
 /** API key, JWT org and desktop route lookups: a missed change is served for at most this long. */
@@ -177,6 +178,7 @@ export async function startScheduler(config: SchedulerConfig, logger?: Logger, m
   await registerAdminApi(app, {
     service: new AdminService({ sql, keys, ...fleetNumbers }),
     moves: new MoveService({ sql, ...fleetNumbers, speaks }),
+    desktops: new AdminDesktops(sql),
     token: config.adminToken,
     logger: log,
   });

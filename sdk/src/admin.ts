@@ -17,6 +17,7 @@ export type AdminOrg = Answer<'listOrgs'>['orgs'][number];
 export type AdminKey = Answer<'listOrgKeys'>['keys'][number];
 export type AdminCreatedKey = Answer<'createOrgKey', 201>;
 export type AdminOperation = Answer<'getAdminOperation'>;
+export type AdminDesktop = Answer<'getAdminDesktop'>;
 
 export interface CantoAdminOptions extends Omit<TransportOptions, 'token'> {
   /** The deployment's admin token (CANTO_ADMIN_TOKEN). */

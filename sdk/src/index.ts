@@ -4,7 +4,7 @@
  * calls, operation waits, retries of 503/429, streaming files, problems as exceptions).
  */
 export { Canto, createCanto, type CantoOptions, type CallOptions, type LifecycleOptions, type Desktop, type DesktopState, type ExecResult, type ProcessStatus, type CreateDesktopBody, type ForkBody } from './client.js';
-export { CantoAdmin, createCantoAdmin, type CantoAdminOptions, type AdminHost, type AdminOrg, type AdminKey, type AdminCreatedKey, type AdminOperation } from './admin.js';
+export { CantoAdmin, createCantoAdmin, type CantoAdminOptions, type AdminHost, type AdminOrg, type AdminKey, type AdminCreatedKey, type AdminOperation, type AdminDesktop } from './admin.js';
 export { Files, iterableToStream, type UploadBody, type UploadOptions, type DownloadOptions, type Download, type FileStat, type DirListing } from './files.js';
 export { OperationFailedError, OperationTimeoutError, isSettled, type Operation, type OperationLike, type WaitOptions } from './operations.js';
 export {

@@ -64,6 +64,8 @@ describe('admin authentication', () => {
     ['DELETE', `/admin/v1/orgs/${MISSING_ORG}/keys/${MISSING_KEY}`],
     ['POST', `/admin/v1/hosts/${MISSING_HOST}/drain`],
     ['POST', '/admin/v1/desktops/dsk_000000000000000000000000/move'],
+    ['GET', '/admin/v1/desktops'],
+    ['GET', '/admin/v1/desktops/dsk_000000000000000000000000'],
     ['GET', '/admin/v1/operations/op_000000000000000000000000'],
   ];
   const jwtShaped = 'eyJhbGciOiJSUzI1NiJ9.eyJvcmdfaWQiOiJhY21lIn0.c2lnbmF0dXJl';
@@ -293,6 +295,8 @@ describe('OpenAPI documents', () => {
     '/admin/v1/orgs/{org_id}/keys/{key_id}': { delete: [400, 401, 404] },
     '/admin/v1/hosts/{host_id}/drain': { post: [400, 401, 404, 409] },
     '/admin/v1/desktops/{desktop_id}/move': { post: [400, 401, 404, 409] },
+    '/admin/v1/desktops': { get: [400, 401] },
+    '/admin/v1/desktops/{desktop_id}': { get: [400, 401, 404] },
     '/admin/v1/operations/{operation_id}': { get: [400, 401, 404] },
   };
 
@@ -323,7 +327,7 @@ describe('OpenAPI documents', () => {
         }
       }
     }
-    expect(ids.size).toBe(13);
+    expect(ids.size).toBe(15);
     expect(doc.paths['/admin/v1/orgs'].post.requestBody.required).toBe(true);
     expect(doc.paths['/admin/v1/orgs/{org_id}/keys'].post.requestBody.required).toBe(false);
     expect(doc.paths['/admin/v1/openapi.json'].get.security).toEqual([]);

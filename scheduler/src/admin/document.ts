@@ -11,6 +11,8 @@ import { markOptionalBodies } from '../http/app.js';
 
 export const ADMIN_TAGS = [
   { name: 'Hosts', description: 'Agent hosts: capacity, use, cordon, removal' },
+  { name: 'Desktops', description: 'Desktops of every org: where each is, and the operation at work on it' },
+  { name: 'Moves and drains', description: 'Moving desktops between hosts, one or a whole host at a time' },
   { name: 'Orgs and keys', description: "Orgs and their API keys (a key's secret only when it is created)" },
   { name: 'Meta', description: 'This document' },
 ];

@@ -1,6 +1,6 @@
 /**
- * The admin API's routes for moving desktops and draining hosts (admin/moves.ts), and for reading
- * any operation with a move's progress. Registered in the admin context (admin/routes.ts), so the
+ * The admin API's routes for desktops of every org (admin/desktops.ts), moving them and draining
+ * hosts (admin/moves.ts), and reading any operation with a move's progress. Registered in the admin context (admin/routes.ts), so the
  * admin token guards them and they appear in the admin document only.
  */
 import { Type } from '@sinclair/typebox';
@@ -9,14 +9,45 @@ import { idPattern } from '../../../shared/src/ids.js';
 import type { App } from '../http/route-types.js';
 import { errorResponses } from '../http/error-responses.js';
 import { AdminOperationJson, type MoveService } from './moves.js';
+import { AdminDesktopJson, AdminDesktopPage, AdminDesktopQuery, type AdminDesktops } from './desktops.js';
 import { AdminHostJson, HostIdParams } from './schemas.js';
 import type { AdminService } from './service.js';
 
 const MOVES = ['Moves and drains'];
+const DESKTOPS = ['Desktops'];
+const DesktopIdParams = Type.Object({ desktop_id: Type.String({ pattern: idPattern('desktop'), description: '`dsk_…`, of any org' }) });
 
 export const DEFAULT_DRAIN_PARALLEL = 2;
 
-export function registerMoveRoutes(admin: App, moves: MoveService, hosts: AdminService, log: Logger): void {
+export function registerMoveRoutes(admin: App, moves: MoveService, hosts: AdminService, desktops: AdminDesktops, log: Logger): void {
+  admin.get(
+    '/admin/v1/desktops',
+    {
+      schema: {
+        summary: 'List desktops of every org, in id order, a page at a time: where each is, its state, and the operation at work on it',
+        operationId: 'listAdminDesktops',
+        tags: DESKTOPS,
+        querystring: AdminDesktopQuery,
+        response: { 200: AdminDesktopPage, ...errorResponses(400) },
+      },
+    },
+    async (request) => desktops.list(request.query),
+  );
+
+  admin.get(
+    '/admin/v1/desktops/:desktop_id',
+    {
+      schema: {
+        summary: 'Show one desktop of any org',
+        operationId: 'getAdminDesktop',
+        tags: DESKTOPS,
+        params: DesktopIdParams,
+        response: { 200: AdminDesktopJson, ...errorResponses(400, 404) },
+      },
+    },
+    async (request) => desktops.get(request.params.desktop_id),
+  );
+
   admin.post(
     '/admin/v1/desktops/:desktop_id/move',
     {
@@ -24,7 +55,7 @@ export function registerMoveRoutes(admin: App, moves: MoveService, hosts: AdminS
         summary: 'Move a desktop to another host: files, memory snapshot and (for an awake one) its running programs go with it',
         operationId: 'moveDesktop',
         tags: MOVES,
-        params: Type.Object({ desktop_id: Type.String({ pattern: idPattern('desktop'), description: '`dsk_…`, of any org' }) }),
+        params: DesktopIdParams,
         body: Type.Object(
           { host_id: Type.Optional(Type.Union([Type.String({ pattern: idPattern('host') }), Type.Null()], { description: 'The target; omitted or null: placement chooses' })) },
           { additionalProperties: false },

@@ -1,6 +1,6 @@
 /**
  * The admin API, `/admin/v1`, served by every replica on the `/v1` listener: hosts (list, show,
- * cordon, uncordon, drain, remove), desktop moves (admin/move-routes.ts) and orgs with their API keys. It lives in a Fastify context of its
+ * cordon, uncordon, drain, remove), desktops of every org and their moves (admin/move-routes.ts) and orgs with their API keys. It lives in a Fastify context of its
  * own, which authenticates with the admin token (admin/auth.ts) instead of an org credential and
  * has its own OpenAPI document (admin/document.ts). Answers of 400 and up are problem+json from
  * the application's one error handler; request bodies admit no member they do not name.
@@ -17,6 +17,7 @@ import { createAdminTokenCheck } from './auth.js';
 import { registerAdminDocument } from './document.js';
 import { registerMoveRoutes } from './move-routes.js';
 import type { MoveService } from './moves.js';
+import type { AdminDesktops } from './desktops.js';
 import {
   AdminCreatedKeyJson, AdminHostJson, AdminKeyJson, AdminOrgJson, CreateOrgBody, CreateOrgKeyBody, HostIdParams, OrgIdParams, OrgKeyParams,
 } from './schemas.js';
@@ -24,6 +25,7 @@ import {
 export interface AdminApiDeps {
   service: AdminService;
   moves: MoveService;
+  desktops: AdminDesktops;
   /** CANTO_ADMIN_TOKEN; null: the admin API answers 503. */
   token: string | null;
   logger: Logger;
@@ -52,7 +54,7 @@ export async function registerAdminApi(app: App, deps: AdminApiDeps): Promise<vo
     await registerAdminDocument(admin);
     registerHostRoutes(admin, deps.service, log);
     registerOrgRoutes(admin, deps.service, log);
-    registerMoveRoutes(admin, deps.moves, deps.service, log);
+    registerMoveRoutes(admin, deps.moves, deps.service, deps.desktops, log);
   });
 }
 

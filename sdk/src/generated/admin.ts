@@ -6,6 +6,40 @@
 // Generated from GET /admin/v1/openapi.json by `npm run sdk:generate`; the drift test fails when it is stale.
 
 export interface paths {
+    "/admin/v1/desktops": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /** List desktops of every org, in id order, a page at a time: where each is, its state, and the operation at work on it */
+        get: operations["listAdminDesktops"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/admin/v1/desktops/{desktop_id}": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /** Show one desktop of any org */
+        get: operations["getAdminDesktop"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/admin/v1/desktops/{desktop_id}/move": {
         parameters: {
             query?: never;
@@ -225,6 +259,198 @@ export interface components {
 }
 export type $defs = Record<string, never>;
 export interface operations {
+    listAdminDesktops: {
+        parameters: {
+            query?: {
+                /** @description The `next_after` of the previous page */
+                after?: string;
+                /** @description Only the desktops on this host */
+                host_id?: string;
+                /** @description Desktops per page, 1 to 1000; default 100 */
+                limit?: string;
+                /** @description Only this org's desktops */
+                org_id?: string;
+                /** @description Only desktops in this state; destroyed ones are listed only when asked for */
+                state?: "provisioning" | "waking" | "awake" | "hibernating" | "hibernated" | "destroyed";
+            };
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Default Response */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        desktops: {
+                            /** Format: date-time */
+                            created_at: string;
+                            ephemeral: boolean;
+                            forked_from: string | null;
+                            generation: number;
+                            host_id: string | null;
+                            /** @description Its host's state; null without a host */
+                            host_state: "ready" | "down" | null;
+                            /** @description `dsk_…` */
+                            id: string;
+                            last_woken_at: string | null;
+                            /** @description The operation at work on the desktop (at most one is open at a time); null when none */
+                            operation: {
+                                /** @description `op_…`: read it with GET /admin/v1/operations/{id} */
+                                id: string;
+                                /** @description `wake`, `hibernate`, `destroy`, `fork` or `move` */
+                                kind: string;
+                                phase: string | null;
+                                state: "pending" | "running";
+                            } | null;
+                            /** @description `org_…` */
+                            org_id: string;
+                            state: "provisioning" | "waking" | "awake" | "hibernating" | "hibernated" | "destroyed";
+                            tier: string;
+                        }[];
+                        next_after: string | null;
+                    };
+                };
+            };
+            /** @description RFC 9457 problem details */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description RFC 9457 problem details */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description RFC 9457 problem details */
+            500: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description RFC 9457 problem details; retryable, after Retry-After seconds when given */
+            503: {
+                headers: {
+                    /** @description Seconds to wait before retrying */
+                    "Retry-After"?: number;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+        };
+    };
+    getAdminDesktop: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description `dsk_…`, of any org */
+                desktop_id: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Default Response */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        /** Format: date-time */
+                        created_at: string;
+                        ephemeral: boolean;
+                        forked_from: string | null;
+                        generation: number;
+                        host_id: string | null;
+                        /** @description Its host's state; null without a host */
+                        host_state: "ready" | "down" | null;
+                        /** @description `dsk_…` */
+                        id: string;
+                        last_woken_at: string | null;
+                        /** @description The operation at work on the desktop (at most one is open at a time); null when none */
+                        operation: {
+                            /** @description `op_…`: read it with GET /admin/v1/operations/{id} */
+                            id: string;
+                            /** @description `wake`, `hibernate`, `destroy`, `fork` or `move` */
+                            kind: string;
+                            phase: string | null;
+                            state: "pending" | "running";
+                        } | null;
+                        /** @description `org_…` */
+                        org_id: string;
+                        state: "provisioning" | "waking" | "awake" | "hibernating" | "hibernated" | "destroyed";
+                        tier: string;
+                    };
+                };
+            };
+            /** @description RFC 9457 problem details */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description RFC 9457 problem details */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description RFC 9457 problem details */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description RFC 9457 problem details */
+            500: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description RFC 9457 problem details; retryable, after Retry-After seconds when given */
+            503: {
+                headers: {
+                    /** @description Seconds to wait before retrying */
+                    "Retry-After"?: number;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+        };
+    };
     moveDesktop: {
         parameters: {
             query?: never;
