@@ -68,7 +68,7 @@ export async function attachTerminal(url: URL, io: TerminalStdio): Promise<numbe
   try {
     const { code, reason } = await closed;
     if (exitCode !== null) return exitCode;
-    if (code !== WS_CLOSE.done && code !== 1005) io.stderr.write(`\r\nThe terminal closed: ${code} ${reason}\r\n`);
+    if (code !== WS_CLOSE.done && code !== 1005) io.stderr.write(`\r\n${closeMessage(code, reason)}\r\n`);
     return 1;
   } finally {
     io.stdin.off('data', onInput);
@@ -76,5 +76,22 @@ export async function attachTerminal(url: URL, io: TerminalStdio): Promise<numbe
     if (tty) io.stdin.setRawMode(false);
     // An open stdin would keep the process alive after the session.
     io.stdin.destroy();
+  }
+}
+
+/** What a closed terminal tells its user: what happened, in words, and what to do next. */
+export function closeMessage(code: number, reason: string): string {
+  switch (code) {
+    case WS_CLOSE.going_away:
+      return 'The terminal ended: the desktop stopped (hibernated, moved to another host or destroyed) or its host is restarting. Open a new terminal once it is awake.';
+    case WS_CLOSE.invalid_ticket:
+    case WS_CLOSE.expired_ticket:
+      return 'The terminal URL is not valid (used already, or expired): ask for a new one with POST /v1/desktops/{id}/terminals.';
+    case WS_CLOSE.not_running:
+      return 'The desktop is not running on that host: wake it and ask for a new terminal.';
+    case WS_CLOSE.unavailable:
+      return `The terminal could not be started: ${reason || 'the host cannot make terminals'}.`;
+    default:
+      return `The terminal closed: ${code} ${reason}`;
   }
 }

@@ -111,9 +111,16 @@ describe.skipIf(!isRoot)('terminals and the WebSocket stream through the API, on
 
   it('closes an open terminal when the desktop hibernates, then answers 409 until it wakes', async () => {
     const term = await openTerminal((await terminal({ command: 'sleep 4711' })).json.url);
-    await until(async () => (await hostProcesses((args) => args.includes('4711'))).length > 0, 10_000, 'the terminal to start');
+    // And one through `canto terminal`, which says why it ended.
+    const cli = spawn(process.execPath, [CLI, 'terminal', (await terminal({ command: 'sleep 4712' })).json.url], { stdio: ['pipe', 'pipe', 'pipe'] });
+    let said = '';
+    cli.stderr.on('data', (chunk: Buffer) => (said += chunk.toString('utf8')));
+    const cliExited = new Promise<number | null>((resolve) => cli.once('exit', (code) => resolve(code)));
+    await until(async () => (await hostProcesses((args) => args.includes('4711') || args.includes('4712'))).length >= 2, 10_000, 'the terminals to start');
     expect((await call('POST', `/v1/desktops/${id}/hibernate?wait=true`)).json.state).toBe('succeeded');
     expect((await term.closed).code).toBe(WS_CLOSE.going_away);
+    expect(await cliExited).toBe(1);
+    expect(said).toContain('The terminal ended: the desktop stopped (hibernated, moved to another host or destroyed)');
     expect(await hostProcesses((args) => args.includes('4711'))).toEqual([]);
     expectProblem(await terminal(), 409, 'a hibernated desktop');
     expect((await call('POST', `/v1/desktops/${id}/wake?wait=true`)).json.state).toBe('succeeded');
