@@ -3,8 +3,8 @@
  * init by (host pid, kernel start time) rather than by a child handle: the pair survives an agent
  * restart and cannot be confused with an unrelated process that later reuses the pid.
  */
-import { readFileSync } from 'node:fs';
-import { readdir, readFile } from 'node:fs/promises';
+import { existsSync, readFileSync } from 'node:fs';
+import { readdir, readFile, readlink } from 'node:fs/promises';
 
 export interface ProcStat {
   readonly pid: number;
@@ -97,6 +97,13 @@ export async function killSession(session: number): Promise<void> {
 /**
  * SIGKILLs a process, its descendants, and every session one of its descendants leads: the
  * command's session inside the guest includes background jobs already reparented to the guest init.
+ *
+ * The part inside the guest goes first, and the host side (nsenter, the usual root) only once that
+ * part has been reaped or REAPED_MS has passed. Killed together, nsenter dies before it can reap
+ * its child in the guest, which the kernel then hands to the host's init, not the guest's: the
+ * guest's pid namespace cannot end until that init reaps it, and a memory snapshot's dump waits
+ * for the namespace to end. A host init that reaps once a second (as on some VMs) made every
+ * hibernate with a terminal open take 1.2-1.9 s instead of 0.1.
  */
 export async function killTree(root: number): Promise<void> {
   const rootStat = await procStat(root);
@@ -106,8 +113,22 @@ export async function killTree(root: number): Promise<void> {
     const st = await procStat(pid);
     if (st !== null && st.session === pid && st.session !== rootStat?.session) sessions.add(pid);
   }
-  for (const pid of tree) signal(pid, 'SIGKILL');
+  const own = await pidNamespace('self');
+  const guest: number[] = [];
+  const host: number[] = [];
+  for (const pid of tree) ((await pidNamespace(pid)) === own ? host : guest).push(pid);
+  for (const pid of guest) signal(pid, 'SIGKILL');
   for (const s of sessions) await killSession(s);
+  if (guest.length > 0 && host.length > 0) await waitFor(() => guest.every((pid) => !existsSync(`/proc/${pid}`)), REAPED_MS);
+  for (const pid of host) signal(pid, 'SIGKILL');
+}
+
+/** How long killTree lets the host side of a tree reap its guest side before killing it too. */
+const REAPED_MS = 500;
+
+/** The pid namespace a process is in (its `ns/pid` link); null once it is gone. */
+async function pidNamespace(pid: number | 'self'): Promise<string | null> {
+  return readlink(`/proc/${pid}/ns/pid`).catch(() => null);
 }
 
 /** A process and all its descendants, parents before children. */

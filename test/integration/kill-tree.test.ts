@@ -1,0 +1,30 @@
+/**
+ * killTree on the shape every guest command has: a host process (nsenter, here `unshare --fork`)
+ * whose child lives in another pid namespace. The child must be reaped by that parent, never handed
+ * to the host's init: a desktop's pid namespace cannot end until its last process is reaped, and
+ * a memory snapshot's dump waits for that. Killed together, the child went to this machine's init,
+ * which reaps about once a second, and hibernates with a terminal open took 1.2-1.9 s. Needs root
+ * (a new pid namespace).
+ */
+import { spawn } from 'node:child_process';
+import { existsSync, readFileSync } from 'node:fs';
+import { describe, expect, it } from 'vitest';
+import { childPidsSync, killTree } from '../../agent/src/runtime/sandbox/host/host-procs.js';
+import { isRoot } from '../helpers/sandbox.js';
+import { until } from '../helpers/wait.js';
+
+describe.skipIf(!isRoot)('killTree', () => {
+  it('kills the part in another pid namespace first, so its parent outside reaps it', async () => {
+    const outer = spawn('unshare', ['--pid', '--fork', '--kill-child', 'sh', '-c', 'sleep 1000 & wait'], { stdio: 'ignore' });
+    const exited = new Promise<void>((resolve) => outer.once('exit', () => resolve()));
+    // The tree: unshare (this namespace) → sh (pid 1 of its own) → sleep.
+    const inner = await until(() => childPidsSync(outer.pid!)[0] ?? null, 5_000, 'the child in its namespace');
+    await until(() => childPidsSync(inner).length === 1, 5_000, 'the sleep');
+    expect(readFileSync(`/proc/${inner}/status`, 'utf8')).toMatch(/^NSpid:\s+\d+\s+1$/m);
+
+    await killTree(outer.pid!);
+    // Reaped by unshare, not left a zombie for the host's init.
+    expect(existsSync(`/proc/${inner}`)).toBe(false);
+    await exited;
+  });
+});
