@@ -6,7 +6,9 @@
  *   no WebSocket, no namespaces): what a pty and a shell cost here by themselves;
  * - screen frames per second through the WebSocket stream (`ws_url`): full, non-incremental
  *   1024x768 raw framebuffer updates back to back with rfb2, against the raw TCP form of the same
- *   ticket (`url`), which relays the same x11vnc without WebSocket framing.
+ *   ticket (`url`), which relays the same x11vnc without WebSocket framing;
+ * - a hibernate with a terminal open, against the same desktop's hibernate without one (the
+ *   terminal's processes must be gone, and reaped, before the dump can finish).
  */
 import { connect } from 'node:net';
 import { createConnection, type RfbClient } from 'rfb2';
@@ -127,6 +129,20 @@ export async function benchTerminal(ctx: TerminalBenchContext): Promise<void> {
       raw.end();
     }
     rows.push(['screen frames per second through the WebSocket stream (1024x768 raw, full updates)', median(fps), median(fpsRaw), 'fps', '']);
+
+    // A hibernate ends every terminal first; the baseline is the same desktop's hibernate with none.
+    const withTerminal: number[] = [];
+    const without: number[] = [];
+    for (let i = 0; i < Math.max(3, Math.min(ctx.runs, 5)); i++) {
+      without.push(await timed(() => call(`/v1/desktops/${id}/hibernate?wait=true`)));
+      await call(`/v1/desktops/${id}/wake?wait=true`);
+      const open = await openTerminal((await call(`/v1/desktops/${id}/terminals`)).url as string);
+      await open.waitFor(/[#$] $/);
+      withTerminal.push(await timed(() => call(`/v1/desktops/${id}/hibernate?wait=true`)));
+      open.ws.close();
+      await call(`/v1/desktops/${id}/wake?wait=true`);
+    }
+    rows.push(['hibernate with a terminal open (baseline: without)', median(withTerminal), median(without), 'ms', '']);
     table(
       `Terminals and the browser stream (${KEYSTROKES} keystrokes; ${FRAME_SECONDS} s of frames per run); baseline = a local pty running bash, or the raw TCP stream`,
       rows,

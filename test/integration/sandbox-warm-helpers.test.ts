@@ -278,7 +278,7 @@ describe.skipIf(!isRoot)('sandbox driver warm guest servers', () => {
     const before = await warmUp();
     await sh('echo restored-guest > /run/marker; sleep 1008 >/dev/null 2>&1 &');
     expect(await driver.hibernate(id)).toEqual({ snapshot: snapshots });
-    for (const p of [...before.file, ...before.exec]) expect(await isAlive(p.pid), `pid ${p.pid}`).toBe(false);
+    for (const p of [...before.file, ...before.exec]) expect(await isAlive(p.pid), `pid ${p.pid} (${p.comm}${p.server ? ', a server' : ''})`).toBe(false);
 
     expect(await driver.start({ desktopId: id, tier: 'small', firstBoot: null })).toEqual({ restored: snapshots });
     // At once, before any server of the new guest is ready.
