@@ -70,6 +70,8 @@ interface DesktopWarm {
   readonly failedAt: Partial<Record<WarmKind, number>>;
   /** Replaced servers whose children still serve operations; a retire kills them too. */
   readonly draining: Set<WarmServer>;
+  /** Kills under way of servers that stopped on their own (idle after a replacement): a retire waits for them. */
+  readonly stopping: Set<Promise<void>>;
 }
 
 export class WarmPool {
@@ -138,7 +140,7 @@ export class WarmPool {
       desktop = undefined;
     }
     if (desktop === undefined) {
-      desktop = { init, servers: {}, failedAt: {}, draining: new Set() };
+      desktop = { init, servers: {}, failedAt: {}, draining: new Set(), stopping: new Set() };
       this.desktops.set(desktopId, desktop);
     }
     return desktop;
@@ -191,13 +193,21 @@ export class WarmPool {
     const desktop = this.desktops.get(desktopId);
     if (desktop?.servers[kind] === server) delete desktop.servers[kind];
     desktop?.draining.delete(server);
-    await server.kill();
+    const killing = server.kill();
+    desktop?.stopping.add(killing);
+    try {
+      await killing;
+    } finally {
+      desktop?.stopping.delete(killing);
+    }
   }
 
   private async drop(desktop: DesktopWarm): Promise<void> {
     const all = [...Object.values(desktop.servers), ...desktop.draining];
     for (const kind of Object.keys(desktop.servers) as WarmKind[]) delete desktop.servers[kind];
     desktop.draining.clear();
-    await Promise.all(all.map((s) => s.kill()));
+    // A server already being killed is waited for too: a retire that returned while one still ran
+    // would let a dump or a cgroup removal meet it.
+    await Promise.all([...all.map((s) => s.kill()), ...desktop.stopping]);
   }
 }
