@@ -4,11 +4,12 @@
  * new desktop generation gets new links, and a request that meets a route cached from before the
  * desktop moved on follows it; and a bodiless request that meets a reused link the app closes
  * under it goes again on a fresh link, while a request with a body is not sent twice. While a move
- * of the desktop is open, a refused request waits for the desktop to run on its target.
+ * of the desktop is open, a refused request (or WebSocket upgrade) waits for the desktop to run on its target.
  * The port gateway here is a stand-in that checks the signed opening line and then serves HTTP
  * itself, numbering its links, so the test sees exactly which link carried what.
  */
-import { request } from 'node:http';
+import { createServer, request } from 'node:http';
+import WebSocket, { WebSocketServer } from 'ws';
 import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
 import { newId } from '../../shared/src/ids.js';
 import { generateSecretKey } from '../../scheduler/src/crypto/secret-box.js';
@@ -159,6 +160,38 @@ describe('links from the ingress to a port gateway', () => {
     expect(answers.map((a) => a.status)).toEqual([200, 200]);
     expect(Date.now() - t0).toBeGreaterThanOrEqual(400);
     expect(gateway.targets.at(-1)).toEqual({ desktopId, generation: before + 1, port: PORT });
+  });
+
+  it('hold a WebSocket upgrade through a move too, and open it on the target', async () => {
+    // The app: a WebSocket echo on the links it is handed.
+    const wss = new WebSocketServer({ noServer: true });
+    const app = createServer();
+    app.on('upgrade', (req, socket, head) => wss.handleUpgrade(req, socket, head, (ws) => ws.on('message', (m) => ws.send(m.toString()))));
+    gateway.raw = (socket) => app.emit('connection', socket);
+    try {
+      const before = route.generation;
+      route.moving = true;
+      gateway.runs = () => false;
+      const client = new WebSocket(`ws://127.0.0.1:${new URL(ingress.url).port}/`, { headers: { host: `${PORT}-${desktopId}.${DOMAIN}` } });
+      const opened = new Promise<void>((resolve, reject) => {
+        client.once('open', () => resolve());
+        client.once('unexpected-response', (_req, res) => { let b = ''; res.on('data', (c: Buffer) => (b += c)); res.on('end', () => reject(new Error(`answered ${res.statusCode}: ${b}`))); });
+        client.once('error', reject);
+      });
+      await new Promise((resolve) => setTimeout(resolve, 300));
+      route.generation = before + 1;
+      gateway.runs = (target) => target.generation === before + 1;
+      route.moving = false;
+      await opened;
+      const echoed = new Promise<string>((resolve) => client.once('message', (m) => resolve(m.toString())));
+      client.send('after the move');
+      expect(await echoed).toBe('after the move');
+      expect(gateway.targets.at(-1)).toEqual({ desktopId, generation: before + 1, port: PORT });
+      client.close();
+    } finally {
+      gateway.raw = null;
+      wss.close();
+    }
   });
 
   it('answer 503 once a move holds a request longer than the ingress waits, and at once when no move is open', async () => {

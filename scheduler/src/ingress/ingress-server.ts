@@ -13,7 +13,7 @@
  * desktop (a cached route from before a move or a wake) is tried once more on the route read
  * afresh, whatever the request carries: nothing of it was sent. While a move of the desktop is
  * open, such a request waits for the desktop to run on its target (up to `moveHoldMs`) instead
- * of answering 503. WebSocket upgrades are not held: they answer 503 and the client reconnects.
+ * of answering 503, WebSocket upgrades included.
  *
  * The ingress reads exposures, desktops and hosts from PostgreSQL and dials agents directly, so
  * it works on every replica, not only on the leader that holds the agent links.
@@ -29,7 +29,7 @@ import type { IngressSettings } from '../config.js';
 import { ApiError, errors, problem } from '../errors.js';
 import { isBound, type PortRoute } from '../services/ports.js';
 import { parseExposureHost } from '../services/exposure-host.js';
-import { dialPortLink, PortLinkError } from './port-link-client.js';
+import { dialPortLink, PortLinkAgent, PortLinkError } from './port-link-client.js';
 import { LinkPool } from './link-pool.js';
 import { hasBody, relay, requestHead } from './http-relay.js';
 import { presentedToken, stripToken, tokenMatches } from './port-token.js';
@@ -55,6 +55,13 @@ export interface IngressDeps {
 const LINK_TARGET = new URL('http://port-link.invalid');
 /** How long a client may take to send request headers. Bodies have no deadline: they stream. */
 const HEADERS_TIMEOUT_MS = 60_000;
+/** What a request may still try after its links are refused (PortIngress.routeAfterRefusal). */
+interface RetryBudget {
+  readonly holdUntil: number;
+  /** Whether it has already followed a route that moved on without a move open. */
+  followed: boolean;
+}
+
 /** How often a request held through a move asks whether the desktop runs again. */
 const MOVE_POLL_MS = 50;
 
@@ -138,20 +145,18 @@ export class PortIngress {
     const head = requestHead(req);
     const connection = req.headers.connection;
     let pool = this.linkPool(route);
-    let refreshed = false;
-    const holdUntil = Date.now() + this.deps.settings.moveHoldMs;
+    const retry = this.retryBudget();
     for (let attempt = 0; ; attempt++) {
       let link;
       try {
         // A retry goes on a new link: another idle one may have been closed by the app just as well.
         link = await pool.acquire(attempt > 0);
       } catch (err) {
-        const next = await this.routeAfterRefusal(err, route, refreshed, holdUntil);
+        const next = await this.routeAfterRefusal(err, route, retry);
         if (res.destroyed) return;
         if (next === null) return this.failed(res, err, route);
         // Nothing of the request was sent: it goes where the desktop runs now, body and all.
         route = next;
-        refreshed = true;
         attempt = -1;
         pool = this.linkPool(route);
         continue;
@@ -180,16 +185,23 @@ export class PortIngress {
    * the old host or generation for up to ROUTE_CACHE_TTL_MS. An unreachable host is not asked
    * about again: through an outage, every request would cost the database a second read.
    */
-  private async routeAfterRefusal(err: unknown, route: PortRoute, refreshed: boolean, holdUntil: number): Promise<PortRoute | null> {
+  private async routeAfterRefusal(err: unknown, route: PortRoute, retry: RetryBudget): Promise<PortRoute | null> {
     if (!(err instanceof PortLinkError) || err.reason !== 'not_running') return null;
     const fresh = await this.freshRoute(route.desktop_id, route.port).catch(() => null);
     if (!fresh || !isBound(fresh)) return null;
-    if (fresh.moving && Date.now() < holdUntil) {
+    if (fresh.moving && Date.now() < retry.holdUntil) {
       await delay(MOVE_POLL_MS);
       return fresh;
     }
     const same = fresh.host_id === route.host_id && fresh.generation === route.generation && fresh.ingress_address === route.ingress_address;
-    return refreshed || same ? null : fresh;
+    if (retry.followed || same) return null;
+    retry.followed = true;
+    return fresh;
+  }
+
+  /** What one request may still try after refusals: wait out a move until `holdUntil`, follow a moved route once. */
+  private retryBudget(): RetryBudget {
+    return { holdUntil: Date.now() + this.deps.settings.moveHoldMs, followed: false };
   }
 
   /** The route read from the database, one read at a time per exposure however many requests wait. */
@@ -219,8 +231,25 @@ export class PortIngress {
       return rejectUpgrade(socket, this.asApiError(err));
     }
     this.hold(route, socket);
-    this.proxy.ws(req, socket, head, { target: LINK_TARGET, agent: this.linkPool(route).upgradeAgent() }, (err) => {
-      const failure = this.linkFailure(err, route);
+    // The link is opened here, before the proxy has the upgrade: a refusal can then wait out a
+    // move and go again, as for plain requests (the proxy ends the client's socket on any error).
+    const retry = this.retryBudget();
+    let link: Socket;
+    for (;;) {
+      try {
+        link = await this.linkPool(route).dial();
+        break;
+      } catch (err) {
+        const next = await this.routeAfterRefusal(err, route, retry);
+        if (socket.destroyed) return;
+        if (next === null) return rejectUpgrade(socket, this.linkFailure(err, route));
+        route = next;
+      }
+    }
+    if (socket.destroyed) return void link.destroy();
+    const failed = route;
+    this.proxy.ws(req, socket, head, { target: LINK_TARGET, agent: new PortLinkAgent(async () => link) }, (err) => {
+      const failure = this.linkFailure(err, failed);
       // Before the 101 nothing has been written, and the client can still be told why.
       if ((socket as Socket).bytesWritten === 0) rejectUpgrade(socket, failure);
       else socket.destroy();

@@ -11,7 +11,7 @@
  * the app is done with it: it is dropped at once.
  */
 import type { Socket } from 'node:net';
-import { IDLE_LINK_MS, PortLinkAgent } from './port-link-client.js';
+import { IDLE_LINK_MS } from './port-link-client.js';
 
 /** Idle links kept per guest port. */
 const MAX_IDLE_LINKS = 32;
@@ -32,7 +32,8 @@ export class LinkPool {
   private readonly idle: Idle[] = [];
   private readonly busy = new Set<Socket>();
   private retired = false;
-  private upgrades: PortLinkAgent | null = null;
+  /** Links handed to WebSocket upgrades: theirs for good, closed only by `destroy`. */
+  private readonly upgraded = new Set<Socket>();
 
   constructor(private readonly open: () => Promise<Socket>) {}
 
@@ -76,9 +77,12 @@ export class LinkPool {
   }
 
   /** An agent that dials a fresh link for each WebSocket upgrade (an upgraded link is never reused). */
-  upgradeAgent(): PortLinkAgent {
-    this.upgrades ??= new PortLinkAgent(this.open);
-    return this.upgrades;
+  /** A link of its own for a WebSocket upgrade (rejects with the dial's PortLinkError). */
+  async dial(): Promise<Socket> {
+    const socket = await this.open();
+    this.upgraded.add(socket);
+    socket.once('close', () => this.upgraded.delete(socket));
+    return socket;
   }
 
   /** Closes the idle links; links in use finish their request and then close. */
@@ -95,7 +99,8 @@ export class LinkPool {
     this.retire();
     for (const socket of this.busy) socket.destroy();
     this.busy.clear();
-    this.upgrades?.destroy();
+    for (const socket of this.upgraded) socket.destroy();
+    this.upgraded.clear();
   }
 
   /** Idle links, for tests. */
