@@ -132,8 +132,11 @@ export function registerAdminCommands(program: Command, env: NodeJS.ProcessEnv):
     if (opts.wait) {
       // No deadline: a move ends, succeeded or rolled back. On a terminal, its phase and copy as it goes.
       const tty = process.stderr.isTTY ? process.stderr : null;
-      while (op.state === 'pending' || op.state === 'running') {
-        tty?.write(`\r${moveLine(op)}\x1b[K`);
+      let hosts: AdminHost[] = [];
+      for (let poll = 0; op.state === 'pending' || op.state === 'running'; poll++) {
+        // Its hosts once a second: a move whose source or target is down waits, and says so.
+        if (tty && poll % 4 === 0) hosts = await moveHosts(admin, op);
+        tty?.write(`\r${moveLine(op, hosts)}\x1b[K`);
         await new Promise((resolve) => setTimeout(resolve, 250));
         op = await readThrough(() => admin.getOperation(op.id), (line) => process.stderr.write(`${tty ? '\n' : ''}${line}\n`), 'move');
       }
@@ -183,6 +186,13 @@ export function registerAdminCommands(program: Command, env: NodeJS.ProcessEnv):
   })
     .requiredOption('--org <org>', 'org id or name')
     .argument('<key-id>');
+}
+
+/** The source and target hosts of a move, as far as they can be read now (none when the API does not answer). */
+async function moveHosts(admin: CantoAdmin, op: { source_host_id: string | null; target_host_id: string | null }): Promise<AdminHost[]> {
+  const ids = [op.source_host_id, op.target_host_id].filter((id): id is string => id !== null);
+  const read = await Promise.all(ids.map((id) => admin.api.GET('/admin/v1/hosts/{host_id}', { params: { path: { host_id: id } } }).then((r) => r.data ?? null, () => null)));
+  return read.filter((h): h is AdminHost => h !== null);
 }
 
 /** The id of the org `value` names (an `org_…` id, or a name); created when asked and missing. */

@@ -65,15 +65,20 @@ export function progressLine(host: AdminHost, elapsedMs: number): string {
  */
 function hostDown(host: AdminHost): string {
   if (host.state !== 'down') return '';
-  const silentS = Math.max(0, Math.round((Date.now() - Date.parse(host.last_heartbeat_at)) / 1000));
-  return `; the host is down (last heard ${silentS} s ago): its moves wait for its agent`;
+  return `; the host is down (last heard ${silentSeconds(host)} s ago): its moves wait for its agent`;
 }
 
-/** One line for `canto desktops move --wait`: the phase, and the copy while it runs. */
-export function moveLine(op: AdminOperation): string {
+/**
+ * One line for `canto desktops move --wait`: the phase, the copy while it runs, and which of its
+ * hosts (as last read) is down, since the move then waits for that host's agent.
+ */
+export function moveLine(op: AdminOperation, hosts: readonly AdminHost[] = []): string {
   const copy = op.copied_bytes !== null && op.total_bytes ? ` ${bar(op.copied_bytes / op.total_bytes)} ${mib(op.copied_bytes)} of ${mib(op.total_bytes)}` : '';
-  return `moving ${op.desktop_id}: ${op.phase ?? op.state}${copy}`;
+  const down = hosts.filter((h) => h.state === 'down').map((h) => `; host ${h.id} is down (last heard ${silentSeconds(h)} s ago): the move waits for its agent`);
+  return `moving ${op.desktop_id}: ${op.phase ?? op.state}${copy}${down.join('')}`;
 }
+
+const silentSeconds = (host: AdminHost) => Math.max(0, Math.round((Date.now() - Date.parse(host.last_heartbeat_at)) / 1000));
 
 /** How a settled move went: where to, what it copied, and how long an awake desktop was down. */
 export function describeMove(op: AdminOperation): string {

@@ -4,7 +4,7 @@
  * shrinks nor jumps while moves run; and a watch rides out an API it briefly cannot reach.
  */
 import { expect, it } from 'vitest';
-import { describeDrain, describeMove, progressLine, readThrough } from '../../cli/src/drain-progress.js';
+import { describeDrain, describeMove, moveLine, progressLine, readThrough } from '../../cli/src/drain-progress.js';
 import { CantoConnectionError, CantoProblem } from '../../sdk/src/index.js';
 import type { AdminHost, AdminOperation } from '../../sdk/src/index.js';
 
@@ -27,6 +27,14 @@ it('says why the bar stands still while the drained host is down', () => {
   const down = { ...host(1, 2, 1), state: 'down', last_heartbeat_at: new Date(Date.now() - 42_000).toISOString() } as AdminHost;
   expect(progressLine(down, 5_000)).toMatch(/ 2 moving ETA \d+ s; the host is down \(last heard 4[23] s ago\): its moves wait for its agent$/);
   expect(progressLine({ ...down, state: 'ready' } as AdminHost, 5_000)).not.toMatch(/down/);
+});
+
+it('says which host of a move is down while the move waits for it', () => {
+  const op = { id: 'op_a', kind: 'move', state: 'running', phase: 'stopped', desktop_id: 'dsk_a', copied_bytes: null, total_bytes: null } as unknown as AdminOperation;
+  const source = { ...host(0, 0, 0), id: 'host_s', state: 'down', last_heartbeat_at: new Date(Date.now() - 7_000).toISOString() } as AdminHost;
+  const target = { ...host(0, 0, 0), id: 'host_t', state: 'ready', last_heartbeat_at: new Date().toISOString() } as AdminHost;
+  expect(moveLine(op, [source, target])).toMatch(/^moving dsk_a: stopped; host host_s is down \(last heard [678] s ago\): the move waits for its agent$/);
+  expect(moveLine(op, [target])).toBe('moving dsk_a: stopped');
 });
 
 it('says how many desktops a finished drain moved, in words that fit the count', () => {
