@@ -9,7 +9,8 @@
  * Afterwards, on T: each file is its original bytes (by sha256) followed by exactly the lines
  * its turn gave it, numbered without a gap. A pre-copied file that missed an append made before
  * the stop would show the gap where the appender, restored on T, went on. The process still runs
- * (where CRIU makes memory snapshots), the desktop is awake, and the copy after the stop carried
+ * (where CRIU makes memory snapshots), its output goes on growing and its exit code is recorded
+ * when it ends, the desktop is awake, and the copy after the stop carried
  * less than the desktop holds. An app in the desktop, exposed through the scheduler's ingress and
  * asked every 25 ms throughout, answers every request: those made while the desktop is between
  * hosts wait for it.
@@ -104,7 +105,9 @@ describe.skipIf(!isRoot)('a move that pre-copies an awake desktop', () => {
     const original = new Map(made.trim().split('\n').map((line) => [line.split(/\s+/)[1]!, line.split(/\s+/)[0]!]));
     expect(original.size).toBe(FILES);
     // Line n goes to file n mod 5, every 100 ms, until /root/stop appears.
-    const appender = `n=0; while [ ! -e /root/stop ]; do echo "line $n" >> /root/data/f$((n % ${HOT})); n=$((n + 1)); sleep 0.1; done`;
+    // It also counts on its stdout, and exits 7 once stopped: its output and its exit code are
+    // what the process API reports after the move.
+    const appender = `n=0; while [ ! -e /root/stop ]; do echo "line $n" >> /root/data/f$((n % ${HOT})); echo "n=$n"; n=$((n + 1)); sleep 0.1; done; exit 7`;
     const spawned = await call('POST', `/v1/desktops/${id}/exec`, { command: appender, detached: true });
     expect(spawned.status, spawned.text).toBe(202);
     // Every hot file appended to before the move starts.
@@ -168,12 +171,24 @@ describe.skipIf(!isRoot)('a move that pre-copies an awake desktop', () => {
     expect(d.host_id).toBe(hostIds.T);
     expect(d.state).toBe('awake');
     const snapshots = await memorySnapshotsHere();
+    const processPath = `/v1/desktops/${id}/processes/${spawned.json.process_id}?tail_bytes=64`;
     if (snapshots) {
-      const status = (await call('GET', `/v1/desktops/${id}/processes/${spawned.json.process_id}`)).json;
+      const status = (await call('GET', processPath)).json;
       expect(status.status).toBe('running');
+      // Its output goes on growing on T.
+      await until(async () => (await call('GET', processPath)).json.stdout_tail !== status.stdout_tail, 10_000, 'the output to grow after the move');
     }
     // Stop the appender, let its last line land, then check every file.
     await exec(id, 'touch /root/stop && sleep 0.3');
+    if (snapshots) {
+      // Its end is recorded on T, with its exit code.
+      const ended = await until(async () => {
+        const st = (await call('GET', processPath)).json;
+        return st.status === 'running' ? null : st;
+      }, 10_000, 'the appender to end');
+      expect(ended).toMatchObject({ status: 'exited', exit_code: 7 });
+      expect(ended.stdout_tail).toMatch(/n=\d+\n$/);
+    }
     for (let i = 0; i < FILES; i++) {
       const path = `/root/data/f${i}`;
       const prefix = (await exec(id, `head -c ${FILE_MIB}M ${path} | sha256sum`)).split(/\s+/)[0];
