@@ -69,6 +69,21 @@ describe('probes and metrics', () => {
     expect(sample(text, 'process_cpu_seconds_total')).toBeGreaterThan(0);
   });
 
+  it('exports hosts with a drain by its state, so that a stopped drain can page someone', async () => {
+    expect(sample(await (await fetch(`${s.url}/metrics`)).text(), 'canto_host_drains')).toBeNull();
+    const sql = connectDatabase(s.databaseUrl, { max: 1 });
+    try {
+      // A drain that stopped on a failed move (the drainer leaves such a drain alone).
+      await sql`UPDATE hosts SET drain_requested_at = now(), drain_error = 'the move of dsk_… failed' WHERE id = ${agent.hostId}`;
+      const text = await (await fetch(`${s.url}/metrics`)).text();
+      expect(sample(text, 'canto_host_drains', { state: 'stopped' })).toBe(1);
+      expect(sample(text, 'canto_host_drains', { state: 'draining' })).toBeNull();
+    } finally {
+      await sql`UPDATE hosts SET drain_requested_at = NULL, drain_error = NULL WHERE id = ${agent.hostId}`;
+      await sql.end();
+    }
+  });
+
   it("serves the agent's probes and metrics on its own listener", async () => {
     const base = `http://127.0.0.1:${agent.probePort}`;
     expect((await fetch(`${base}/healthz`)).status).toBe(200);

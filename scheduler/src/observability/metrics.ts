@@ -75,6 +75,11 @@ export class SchedulerMetrics {
       sql`SELECT kind, state, count(*)::int AS n FROM operations WHERE state IN ('pending', 'running') GROUP BY kind, state`);
     this.databaseGauge('canto_hosts', 'Hosts by status', ['status'], (sql) =>
       sql`SELECT status, count(*)::int AS n FROM hosts GROUP BY status`);
+    // A stopped drain waits for an operator; alert on `canto_host_drains{state="stopped"} > 0`.
+    this.databaseGauge('canto_host_drains', 'Hosts with a drain, by its state: draining, stopped (a move failed) or drained', ['state'], (sql) =>
+      sql`SELECT CASE WHEN drain_error IS NOT NULL THEN 'stopped' WHEN drain_finished_at IS NOT NULL THEN 'drained' ELSE 'draining' END AS state,
+                 count(*)::int AS n
+          FROM hosts WHERE drain_requested_at IS NOT NULL GROUP BY 1`);
     this.databaseGauge('canto_webhook_deliveries_pending', 'Webhook deliveries not yet delivered or failed', [], (sql) =>
       sql`SELECT count(*)::int AS n FROM webhook_deliveries WHERE state = 'pending'`);
     this.databaseGauge('canto_outbox_undispatched', 'Lifecycle events not yet turned into webhook deliveries', [], (sql) =>
