@@ -135,7 +135,8 @@ export function fleetWarnings(status: FleetStatus, liveRows: readonly ReplicaRow
 
 /** A host's status as tables show it: `ready`, `down`, with `cordoned` and a drain under way or stopped. */
 export function hostStatusLabel(state: string, cordoned: boolean, drain: 'draining' | 'drained' | 'stopped' | null): string {
-  const drainWord = drain === 'draining' ? ['draining'] : drain === 'stopped' ? ['drain stopped'] : [];
+  // A drained host says so: the next step of the runbook is stopping its agent and removing it.
+  const drainWord = drain === 'draining' ? ['draining'] : drain === 'stopped' ? ['drain stopped'] : drain === 'drained' ? ['drained'] : [];
   return [state, ...(cordoned ? ['cordoned'] : []), ...drainWord].join(',');
 }
 

@@ -84,6 +84,14 @@ describe('canto hosts', () => {
       await sql.end();
     }
     expect((await withDir(['hosts', 'list'])).stdout).toMatch(/ready,cordoned,drain stopped\s+fake\S*\s+no/);
+    // A drain that finished reads drained: the host can go once its agent is stopped.
+    const db = connectDatabase(s.databaseUrl, { max: 1 });
+    try {
+      await db`UPDATE hosts SET drain_error = NULL, drain_finished_at = now() WHERE id = ${agent.hostId}`;
+    } finally {
+      await db.end();
+    }
+    expect((await withDir(['hosts', 'list'])).stdout).toMatch(/ready,cordoned,drained\s+fake\S*\s+no/);
     expect((await withDir(['hosts', 'uncordon', agent.hostId])).stdout).toContain('uncordoned');
     expect((await withDir(['hosts', 'list'])).stdout).toMatch(new RegExp(`${agent.hostId}\\s+\\S+\\s+ready\\s+fake`));
   });
