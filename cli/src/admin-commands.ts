@@ -10,7 +10,7 @@ import { isId } from '../../shared/src/ids.js';
 import { unwrap, type AdminDesktop, type AdminHost, type CantoAdmin } from '../../sdk/src/index.js';
 import { describeDrain, describeMove, desktopCount, drainTotal, moveLine, readThrough, watchDrain } from './drain-progress.js';
 import { adminClient, adminTarget, explainAdminError, type AdminOptions } from './admin-client.js';
-import { hostStatusLabel, table } from './status.js';
+import { agoSince, hostStatusLabel, table } from './status.js';
 
 interface CommonOptions extends AdminOptions {
   json?: boolean;
@@ -240,13 +240,7 @@ function describeDesktop(d: AdminDesktop): string {
     ['Ephemeral', d.ephemeral ? 'yes' : 'no'],
     ['Operation', d.operation === null ? 'none' : operationLabel(d)],
   ];
-  const width = Math.max(...lines.map(([k]) => k.length));
-  return lines.map(([k, v]) => `${k.padEnd(width)}  ${v}`).join('\n');
-}
-
-function ago(iso: string): string {
-  const ms = Math.max(0, Date.now() - Date.parse(iso));
-  return ms < 10_000 ? `${(ms / 1000).toFixed(1)} s ago` : ms < 3_600_000 ? `${Math.round(ms / 1000)} s ago` : `${(ms / 3_600_000).toFixed(1)} h ago`;
+  return keyValues(lines);
 }
 
 const gib = (mb: number) => (mb / 1024).toFixed(1);
@@ -264,7 +258,7 @@ function hostRow(h: AdminHost): Record<string, string> {
     'FREE MEMORY': h.measured === null ? '-' : `${gib(h.measured.memory_available_mb)} GiB`,
     ROOM: `${h.memory.room_desktops}`,
     SLOTS: `${h.used.slots}/${h.capacity.slots}`,
-    'LAST HEARD': ago(h.last_heartbeat_at),
+    'LAST HEARD': agoSince(h.last_heartbeat_at),
   };
 }
 
@@ -278,18 +272,23 @@ function describeHost(h: AdminHost): string {
     ['Cordoned', h.cordoned ? 'yes' : 'no'],
     ['Schedulable', h.schedulable ? 'yes' : 'no'],
     ['Agent', `protocol ${h.agent.protocol}, runtime ${h.agent.runtime}, memory snapshots ${h.agent.memory_snapshots ? 'yes' : 'no'}`],
-    ['Last heard', `${h.last_heartbeat_at} (${ago(h.last_heartbeat_at)})`],
+    ['Last heard', `${h.last_heartbeat_at} (${agoSince(h.last_heartbeat_at)})`],
     ['vCPU', `${h.used.vcpus} ${h.capacity.vcpus === null ? '' : `of ${h.capacity.vcpus} `}committed by tier (${h.reported.vcpus} reported)`],
     ['Memory', `${h.used.memory_mb} ${h.capacity.memory_mb === null ? '' : `of ${h.capacity.memory_mb} `}MiB committed by tier (${h.reported.memory_mb} reported)`],
     ['Measured', h.measured === null
       ? 'not reported yet (agents before protocol 1.11 never do)'
       : `${h.measured.memory_available_mb} MiB available, ${h.measured.desktops_memory_mb} MiB in desktops, ${h.measured.running_desktops} running, ` +
-        `CPU ${Math.round(h.measured.cpu_busy * 100)}% busy (${ago(h.measured.at)})`],
+        `CPU ${Math.round(h.measured.cpu_busy * 100)}% busy (${agoSince(h.measured.at)})`],
     ['Room', `${h.memory.room_mb} MiB above its ${h.memory.reserve_mb} MiB reserve: ${h.memory.room_desktops} more desktops by measured memory`],
     ['Slots', `${h.used.slots} of ${h.capacity.slots} held`],
     ['Desktops', h.desktops.total === 0 ? 'none' : `${states.map((s) => `${h.desktops[s]} ${s}`).join(', ')} (${h.desktops.total} in all)`],
     ['Drain', h.drain ? describeDrain(h) : 'none'],
   ];
+  return keyValues(lines);
+}
+
+/** `Key   value` lines, the values lined up: what `show` commands print. */
+function keyValues(lines: ReadonlyArray<readonly [string, string]>): string {
   const width = Math.max(...lines.map(([k]) => k.length));
   return lines.map(([k, v]) => `${k.padEnd(width)}  ${v}`).join('\n');
 }

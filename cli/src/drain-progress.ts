@@ -5,6 +5,7 @@
  * an unreachable API (`readThrough`).
  */
 import { CantoConnectionError, CantoProblem, unwrap, type AdminHost, type AdminOperation, type CantoAdmin } from '../../sdk/src/index.js';
+import { agoSince } from './status.js';
 
 const POLL_MS = 250;
 /** How long a watch rides out an admin API it cannot reach (a replica failing over) before it gives up. */
@@ -65,7 +66,7 @@ export function progressLine(host: AdminHost, elapsedMs: number): string {
  */
 function hostDown(host: AdminHost): string {
   if (host.state !== 'down') return '';
-  return `; the host is down (last heard ${silentSeconds(host)} s ago): its moves wait for its agent`;
+  return `; the host is down (last heard ${agoSince(host.last_heartbeat_at)}): its moves wait for its agent`;
 }
 
 /**
@@ -74,11 +75,10 @@ function hostDown(host: AdminHost): string {
  */
 export function moveLine(op: AdminOperation, hosts: readonly AdminHost[] = []): string {
   const copy = op.copied_bytes !== null && op.total_bytes ? ` ${bar(op.copied_bytes / op.total_bytes)} ${mib(op.copied_bytes)} of ${mib(op.total_bytes)}` : '';
-  const down = hosts.filter((h) => h.state === 'down').map((h) => `; host ${h.id} is down (last heard ${silentSeconds(h)} s ago): the move waits for its agent`);
+  const down = hosts.filter((h) => h.state === 'down').map((h) => `; host ${h.id} is down (last heard ${agoSince(h.last_heartbeat_at)}): the move waits for its agent`);
   return `moving ${op.desktop_id}: ${op.phase ?? op.state}${copy}${down.join('')}`;
 }
 
-const silentSeconds = (host: AdminHost) => Math.max(0, Math.round((Date.now() - Date.parse(host.last_heartbeat_at)) / 1000));
 
 /** How a settled move went: where to, what it copied, and how long an awake desktop was down. */
 export function describeMove(op: AdminOperation): string {

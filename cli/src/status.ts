@@ -10,6 +10,7 @@ import type { Sql } from '../../scheduler/src/store/db.js';
 import { allReplicas, type ReplicaRow } from '../../scheduler/src/store/replicas.js';
 import { readLease } from '../../scheduler/src/store/leases.js';
 import { REPLICA_LIVE_MS } from '../../scheduler/src/fleet/registry.js';
+import { drainState, type DrainState } from '../../scheduler/src/store/moves.js';
 
 export interface FleetStatus {
   now: string;
@@ -32,7 +33,7 @@ export interface FleetStatus {
     protocol: string;
     desktops: Record<string, number>;
     /** The host's drain as it last stood, or null when none was asked for since it was uncordoned. */
-    drain: { state: 'draining' | 'drained' | 'stopped'; error: string | null } | null;
+    drain: { state: DrainState; error: string | null } | null;
   }>;
   /** Operations open longer than STUCK_OPERATION_MS, oldest first (at most 5). */
   stuck_operations: Array<{ id: string; kind: string; desktop_id: string; state: string; open_ms: number }>;
@@ -91,10 +92,7 @@ export async function readFleetStatus(sql: Sql): Promise<FleetStatus> {
       runtime: `${h.runtime}${h.memory_snapshots ? '+snapshots' : ''}`,
       protocol: h.protocol,
       desktops: h.desktops ?? {},
-      drain: h.drain_requested_at === null ? null : {
-        state: h.drain_finished_at ? 'drained' : h.drain_error ? 'stopped' : 'draining',
-        error: h.drain_error,
-      },
+      drain: ((state) => (state === null ? null : { state, error: h.drain_error }))(drainState(h)),
     })),
     stuck_operations: stuck.map((o) => ({ id: o.id, kind: o.kind, desktop_id: o.desktop_id, state: o.state, open_ms: since(o.created_at) })),
     warnings: [],
@@ -134,14 +132,21 @@ export function fleetWarnings(status: FleetStatus, liveRows: readonly ReplicaRow
 }
 
 /** A host's status as tables show it: `ready`, `down`, with `cordoned` and a drain under way or stopped. */
-export function hostStatusLabel(state: string, cordoned: boolean, drain: 'draining' | 'drained' | 'stopped' | null): string {
+export function hostStatusLabel(state: string, cordoned: boolean, drain: DrainState | null): string {
   // A drained host says so: the next step of the runbook is stopping its agent and removing it.
   const drainWord = drain === 'draining' ? ['draining'] : drain === 'stopped' ? ['drain stopped'] : drain === 'drained' ? ['drained'] : [];
   return [state, ...(cordoned ? ['cordoned'] : []), ...drainWord].join(',');
 }
 
+/** "2.5 s ago", "42 s ago", "1.5 h ago": how long ago something was, `ms` before now. */
+export function ago(ms: number): string {
+  return ms < 10_000 ? `${(ms / 1000).toFixed(1)} s ago` : ms < 3_600_000 ? `${Math.round(ms / 1000)} s ago` : `${(ms / 3_600_000).toFixed(1)} h ago`;
+}
+
+/** `ago` for a moment the API gave as an ISO time. */
+export const agoSince = (iso: string): string => ago(Math.max(0, Date.now() - Date.parse(iso)));
+
 export function formatFleetStatus(status: FleetStatus): string {
-  const ago = (ms: number) => (ms < 10_000 ? `${(ms / 1000).toFixed(1)} s ago` : ms < 3_600_000 ? `${Math.round(ms / 1000)} s ago` : `${(ms / 3_600_000).toFixed(1)} h ago`);
   const replicaRows = status.replicas.map((r) => ({
     ID: r.id,
     URL: r.url,

@@ -78,8 +78,13 @@ describe('probes and metrics', () => {
       const text = await (await fetch(`${s.url}/metrics`)).text();
       expect(sample(text, 'canto_host_drains', { state: 'stopped' })).toBe(1);
       expect(sample(text, 'canto_host_drains', { state: 'draining' })).toBeNull();
+      // One that finished reads drained.
+      await sql`UPDATE hosts SET drain_error = NULL, drain_finished_at = now() WHERE id = ${agent.hostId}`;
+      const after = await (await fetch(`${s.url}/metrics`)).text();
+      expect(sample(after, 'canto_host_drains', { state: 'drained' })).toBe(1);
+      expect(sample(after, 'canto_host_drains', { state: 'stopped' })).toBeNull();
     } finally {
-      await sql`UPDATE hosts SET drain_requested_at = NULL, drain_error = NULL WHERE id = ${agent.hostId}`;
+      await sql`UPDATE hosts SET drain_requested_at = NULL, drain_error = NULL, drain_finished_at = NULL WHERE id = ${agent.hostId}`;
       await sql.end();
     }
   });

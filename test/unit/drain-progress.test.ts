@@ -33,7 +33,7 @@ it('says which host of a move is down while the move waits for it', () => {
   const op = { id: 'op_a', kind: 'move', state: 'running', phase: 'stopped', desktop_id: 'dsk_a', copied_bytes: null, total_bytes: null } as unknown as AdminOperation;
   const source = { ...host(0, 0, 0), id: 'host_s', state: 'down', last_heartbeat_at: new Date(Date.now() - 7_000).toISOString() } as AdminHost;
   const target = { ...host(0, 0, 0), id: 'host_t', state: 'ready', last_heartbeat_at: new Date().toISOString() } as AdminHost;
-  expect(moveLine(op, [source, target])).toMatch(/^moving dsk_a: stopped; host host_s is down \(last heard [678] s ago\): the move waits for its agent$/);
+  expect(moveLine(op, [source, target])).toMatch(/^moving dsk_a: stopped; host host_s is down \(last heard [678]\.\d s ago\): the move waits for its agent$/);
   expect(moveLine(op, [target])).toBe('moving dsk_a: stopped');
 });
 

@@ -12,7 +12,7 @@ import { Type, type Static } from '@sinclair/typebox';
 import { TIER_SPECS, type Tier } from '../../../shared/src/tiers.js';
 import type { Sql } from '../store/db.js';
 import { committedLoad, listHosts, slotsUsed } from '../store/hosts.js';
-import { drainCounts, insertMove, operationById, startDrain } from '../store/moves.js';
+import { drainCounts, drainState, insertMove, operationById, startDrain } from '../store/moves.js';
 import type { HostRow, OperationRow } from '../store/rows.js';
 import { hostCandidates } from '../placement/candidates.js';
 import { selectHost } from '../placement/select.js';
@@ -98,13 +98,14 @@ export function operationJson(row: OperationRow): AdminOperationJson {
 }
 
 export async function drainJson(sql: Sql, host: HostRow): Promise<DrainJson> {
-  if (!host.drain_requested_at) return null;
+  const state = drainState(host);
+  if (state === null || host.drain_requested_at === null) return null;
   // `copying` only paces the drainer; `running` tells an operator what is still under way. A
   // desktop in a move is counted there, not also as remaining (on the source until its commit),
   // so moved + running + remaining stays the drain's whole.
   const { copying: _copying, remaining: _onHost, waiting, ...counts } = await drainCounts(sql, host);
   return {
-    state: host.drain_finished_at ? 'drained' : host.drain_error ? 'stopped' : 'draining',
+    state,
     requested_at: host.drain_requested_at.toISOString(),
     parallel: host.drain_parallel ?? 1,
     remaining: waiting,

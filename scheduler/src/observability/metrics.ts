@@ -76,8 +76,9 @@ export class SchedulerMetrics {
     this.databaseGauge('canto_hosts', 'Hosts by status', ['status'], (sql) =>
       sql`SELECT status, count(*)::int AS n FROM hosts GROUP BY status`);
     // A stopped drain waits for an operator; alert on `canto_host_drains{state="stopped"} > 0`.
+    // The states as store/moves.ts `drainState` derives them, in SQL so one query counts them all.
     this.databaseGauge('canto_host_drains', 'Hosts with a drain, by its state: draining, stopped (a move failed) or drained', ['state'], (sql) =>
-      sql`SELECT CASE WHEN drain_error IS NOT NULL THEN 'stopped' WHEN drain_finished_at IS NOT NULL THEN 'drained' ELSE 'draining' END AS state,
+      sql`SELECT CASE WHEN drain_finished_at IS NOT NULL THEN 'drained' WHEN drain_error IS NOT NULL THEN 'stopped' ELSE 'draining' END AS state,
                  count(*)::int AS n
           FROM hosts WHERE drain_requested_at IS NOT NULL GROUP BY 1`);
     this.databaseGauge('canto_webhook_deliveries_pending', 'Webhook deliveries not yet delivered or failed', [], (sql) =>

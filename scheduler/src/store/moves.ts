@@ -69,6 +69,14 @@ export async function cancelDrain(sql: Sql, hostId: string): Promise<void> {
   await sql`UPDATE hosts SET drain_requested_at = NULL, drain_parallel = NULL, drain_finished_at = NULL, drain_error = NULL WHERE id = ${hostId}`;
 }
 
+export type DrainState = 'draining' | 'drained' | 'stopped';
+
+/** A host's drain as its row records it; null when none was asked for (or an uncordon ended it). */
+export function drainState(h: Pick<HostRow, 'drain_requested_at' | 'drain_finished_at' | 'drain_error'>): DrainState | null {
+  if (h.drain_requested_at === null) return null;
+  return h.drain_finished_at ? 'drained' : h.drain_error ? 'stopped' : 'draining';
+}
+
 /** Hosts whose drain runs: asked for, not finished, not stopped by an error. */
 export async function activeDrains(sql: Sql): Promise<HostRow[]> {
   return sql<HostRow[]>`SELECT * FROM hosts WHERE drain_requested_at IS NOT NULL AND drain_finished_at IS NULL AND drain_error IS NULL`;
