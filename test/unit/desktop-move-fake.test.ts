@@ -4,79 +4,21 @@
  * Covers the protocol around the bytes: tickets, refusals, progress, resume after a broken
  * connection, a corrupted byte, idempotent import and abort.
  */
-import { mkdir, mkdtemp, readdir, rm, stat, writeFile } from 'node:fs/promises';
-import { tmpdir } from 'node:os';
+import { mkdir, readdir, stat, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
-import { randomBytes } from 'node:crypto';
 import { afterEach, describe, expect, it } from 'vitest';
-import { GenerationStore } from '../../agent/src/generations.js';
-import { CommandHandlers } from '../../agent/src/handlers.js';
-import { FakeDriver } from '../../agent/src/runtime/fake.js';
 import { DesktopMoves } from '../../agent/src/transfer/moves.js';
-import { TransferServer } from '../../agent/src/transfer/server.js';
-import { TransferSource } from '../../agent/src/transfer/source.js';
-import { TransferTickets } from '../../agent/src/transfer/tickets.js';
-import { silentLogger } from '../../shared/src/log.js';
-import type { ExportResult, ImportProgressPayload, ImportResult } from '../../shared/src/transfer.js';
+import type { ExportResult, ImportProgressPayload } from '../../shared/src/transfer.js';
 import { failure } from '../helpers/agent-failure.js';
+import { BIG, closeFakeMoveHosts, D, exportFrom, fakeMoveHost as host, importInto, stoppedDesktop } from '../helpers/fake-move-hosts.js';
 import { startTransferProxy, type TransferProxy } from '../helpers/transfer-proxy.js';
 
-interface Host {
-  dir: string;
-  driver: FakeDriver;
-  handlers: CommandHandlers;
-  server: TransferServer;
-  clock: { now: number };
-}
-
-const hosts: Host[] = [];
 const proxies: TransferProxy[] = [];
-
-async function host(): Promise<Host> {
-  const dir = await mkdtemp(join(tmpdir(), 'canto-move-fake-'));
-  const driver = new FakeDriver({ stagingDir: join(dir, 'incoming') });
-  const generations = await GenerationStore.open(dir);
-  const clock = { now: Date.now() };
-  const tickets = new TransferTickets(() => clock.now);
-  const log = () => undefined;
-  const source = new TransferSource({ transfer: driver.transfer, tickets, log });
-  const server = await TransferServer.start({ listenHost: '127.0.0.1', port: 0, advertiseHost: '127.0.0.1', source, tickets, generations, log });
-  const moves = new DesktopMoves({ driver, source, url: server.url, log, retries: 2, backoffMs: 5 });
-  const handlers = new CommandHandlers({ driver, generations, logger: silentLogger(), moves });
-  const h = { dir, driver, handlers, server, clock };
-  hosts.push(h);
-  return h;
-}
 
 afterEach(async () => {
   for (const p of proxies.splice(0)) await p.close();
-  for (const h of hosts.splice(0)) {
-    await h.server.close();
-    await h.driver.close();
-    await rm(h.dir, { recursive: true, force: true });
-  }
+  await closeFakeMoveHosts();
 });
-
-const D = 'dsk_aaaaaaaaaaaaaaaaaaaaaaaa';
-const BIG = randomBytes(3 << 20);
-
-/** A desktop on `h` with files written, hibernated at generation 3. */
-async function stoppedDesktop(h: Host, id = D): Promise<void> {
-  await h.handlers.handle('desktop.prepare', { desktop_id: id, generation: 1, tier: 'small' });
-  await h.handlers.handle('desktop.start', { desktop_id: id, generation: 2, operation_id: 'op_1', tier: 'small', first_boot: { env: { A: '1' }, setup_script: null } });
-  const write = async (path: string, data: Buffer) => h.driver.writeFile(id, { path, appendAt: null }, (async function* () { yield data; })());
-  await write('/root/big', BIG);
-  await write('/root/note', Buffer.from('hello'));
-  await h.handlers.handle('desktop.hibernate', { desktop_id: id, generation: 3, operation_id: 'op_2' });
-}
-
-const exportFrom = (h: Host, generation = 4, id = D, listing?: 'hashed' | 'sized') =>
-  h.handlers.handle('desktop.export', { desktop_id: id, generation, ttl_ms: 60_000, ...(listing ? { listing } : {}) }) as Promise<ExportResult>;
-
-function importInto(h: Host, exp: { url: string; ticket: string }, notify?: (type: string, payload: unknown) => void, generation = 4) {
-  const payload = { desktop_id: D, generation, tier: 'default', source: { url: exp.url, ticket: exp.ticket } };
-  return h.handlers.handle('desktop.import', payload, { upload: null, ...(notify ? { notify } : {}) }) as Promise<ImportResult>;
-}
 
 async function fetchUnits(url: string, ticket: string | null, id = D): Promise<Response> {
   return fetch(`${url}/v1/transfer/${id}/units`, { headers: ticket === null ? {} : { authorization: `Bearer ${ticket}` } });
