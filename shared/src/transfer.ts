@@ -15,7 +15,8 @@
  *      trailer: the bytes are read once per move instead of twice.
  *   2. `desktop.import` to the target: it fetches `GET {url}/v1/transfer/{desktop_id}/units`
  *      and then each unit it does not already hold (`GET …/units/{unit}?offset=N` resumes a
- *      partial one; the answer's `x-canto-sha256` trailer is the whole unit's hash), verifies
+ *      partial one; the answer's `x-canto-sha256` trailer is the whole unit's hash, or the
+ *      digest at the end of the raw stream, RAW_UNIT_PROTOCOL below), verifies
  *      every unit's sha256, and installs the desktop and any layer it lacks atomically. A repeated
  *      import finds the work done. Layers it already holds (a fork moved earlier) are not fetched.
  *   3. The scheduler commits the new host in its database; only then does it send
@@ -107,3 +108,16 @@ export type ImportProgressPayload = Static<typeof ImportProgressPayload>;
 
 /** The HTTP header carrying a unit's sha256 as a trailer of its stream. */
 export const SHA256_TRAILER = 'x-canto-sha256';
+
+/**
+ * The `Upgrade` token under which a unit's stream comes raw, with no HTTP framing to parse (the
+ * receiver reads it into buffers it reuses). A source that predates it ignores the header and
+ * answers the chunked stream, so this needs no protocol version. After
+ * `101 Switching Protocols` with `x-canto-offset` and `x-canto-unit-bytes` headers, the source
+ * sends exactly the unit's bytes from the offset, then the whole stream's sha256 as 64 hex
+ * characters, and closes. A stream whose length turns out other than announced is cut instead.
+ */
+export const RAW_UNIT_PROTOCOL = 'canto-unit/1';
+
+/** Length of the digest that ends a raw unit stream. */
+export const RAW_DIGEST_CHARS = 64;

@@ -15,11 +15,17 @@ export interface ProxyPlan {
   readonly times?: number;
   /** Only responses of requests whose first line contains this are spoiled. Default: any. */
   readonly match?: string;
+  /**
+   * Takes the upgrade to a raw unit stream out of every request, so that the source answers
+   * as one that predates it does (the plain chunked stream).
+   */
+  readonly plainOnly?: boolean;
 }
 
-/** One connection through the proxy: its request line, and when it opened and closed (ms). */
+/** One connection through the proxy: its request line, its status line, and when it opened and closed (ms). */
 export interface Exchange {
   request: string;
+  response: string;
   readonly opened: number;
   closed: number | null;
 }
@@ -48,15 +54,20 @@ export async function startTransferProxy(target: string, plan: ProxyPlan): Promi
     let seen = 0;
     let bodyStart = -1;
     let head = Buffer.alloc(0);
-    const exchange: Exchange = { request: '', opened: performance.now(), closed: null };
+    const exchange: Exchange = { request: '', response: '', opened: performance.now(), closed: null };
     exchanges.push(exchange);
     client.once('close', () => (exchange.closed ??= performance.now()));
     client.on('data', (chunk: Buffer) => {
-      if (requestLine === '') requestLine = exchange.request = chunk.toString('latin1').split('\r\n', 1)[0] ?? '';
+      if (requestLine === '') {
+        requestLine = exchange.request = chunk.toString('latin1').split('\r\n', 1)[0] ?? '';
+        // The request's head comes in its first chunk (a GET of a few lines).
+        if (plan.plainOnly) chunk = Buffer.from(chunk.toString('latin1').replace(/^(upgrade|connection):[^\r]*\r\n/gim, ''), 'latin1');
+      }
       up.write(chunk);
     });
     up.on('data', (raw: Buffer) => {
       let chunk = raw;
+      if (exchange.response === '') exchange.response = chunk.toString('latin1').split('\r\n', 1)[0] ?? '';
       if (spoil === null) {
         spoil = spoiled < (plan.times ?? 1) && (plan.match === undefined || requestLine.includes(plan.match));
         if (spoil) spoiled++;

@@ -27,13 +27,9 @@ export function get(url: string, options: GetOptions, onSent?: () => void): Prom
   return new Promise((resolve, reject) => {
     let parsed: URL;
     try {
-      parsed = new URL(url);
-    } catch {
-      reject(new AgentFailure('bad_request', 'the source URL is not a URL', false));
-      return;
-    }
-    if (parsed.protocol !== 'http:') {
-      reject(new AgentFailure('bad_request', 'the source URL must be http', false));
+      parsed = httpUrl(url);
+    } catch (err) {
+      reject(err);
       return;
     }
     const req = request(parsed, {
@@ -55,6 +51,18 @@ export function get(url: string, options: GetOptions, onSent?: () => void): Prom
     });
     req.end();
   });
+}
+
+/** The source's URL, which must be http; an AgentFailure otherwise. */
+export function httpUrl(url: string): URL {
+  let parsed: URL;
+  try {
+    parsed = new URL(url);
+  } catch {
+    throw new AgentFailure('bad_request', 'the source URL is not a URL', false);
+  }
+  if (parsed.protocol !== 'http:') throw new AgentFailure('bad_request', 'the source URL must be http', false);
+  return parsed;
 }
 
 /** GETs a JSON answer. */
@@ -90,14 +98,18 @@ async function refusal(res: IncomingMessage): Promise<Error> {
   } catch {
     // The detail is a nicety; the status says enough.
   }
-  let detail = `HTTP ${res.statusCode}`;
+  return refusalFor(res.statusCode ?? 0, text);
+}
+
+/** The import's failure for a refusal with this status and (problem) body. */
+export function refusalFor(status: number, text: string): Error {
+  let detail = `HTTP ${status}`;
   try {
     const problem = JSON.parse(text) as { detail?: unknown };
     if (typeof problem.detail === 'string') detail = `${detail}: ${problem.detail.slice(0, 200)}`;
   } catch {
     // not a problem body
   }
-  const status = res.statusCode ?? 0;
   if (status === 401) return new AgentFailure('unauthorized', `the source refused the transfer ticket (${detail})`, false);
   if (status === 404) return new AgentFailure('not_found', `the source does not have it (${detail})`, false);
   if (status === 409) return new AgentFailure('conflict', `the source cannot send the desktop now (${detail})`, false);

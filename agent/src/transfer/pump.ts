@@ -9,11 +9,13 @@ import type { UnitStream } from '../runtime/transfer.js';
 /**
  * Hashes every byte of the stream and writes those from `offset` on into `out`. 'data' events
  * and a pause on a full `out`, rather than a chain of streams: this is the hot path of a move.
+ * With `length`, a stream of any other length fails (a raw stream has no framing to say so).
  */
-export function pump(stream: UnitStream, out: Writable, offset: number): Promise<string> {
+export function pump(stream: UnitStream, out: Writable, offset: number, length?: number): Promise<string> {
   const { body } = stream;
   const hash = createHash('sha256');
   let skip = offset;
+  let seen = 0;
   return new Promise<string>((resolve, reject) => {
     let settled = false;
     const fail = (err: Error) => {
@@ -23,6 +25,8 @@ export function pump(stream: UnitStream, out: Writable, offset: number): Promise
       reject(err);
     };
     body.on('data', (chunk: Buffer) => {
+      seen += chunk.length;
+      if (length !== undefined && seen > length) return fail(new Error(`the unit stream is longer than its ${length} bytes`));
       hash.update(chunk);
       let piece = chunk;
       if (skip > 0) {
@@ -41,6 +45,7 @@ export function pump(stream: UnitStream, out: Writable, offset: number): Promise
     body.once('end', () => {
       stream.done.then(() => {
         if (settled) return;
+        if (length !== undefined && seen !== length) return fail(new Error(`the unit stream ended at ${seen} of ${length} bytes`));
         settled = true;
         resolve(hash.digest('hex'));
       }, fail);

@@ -6,7 +6,8 @@
  *   GET /v1/transfer/{desktop_id}/units              → {units, total_bytes}
  *   GET /v1/transfer/{desktop_id}/units/{unit}?offset=N
  *       → the unit's stream from byte N, chunked, with trailer `x-canto-sha256`: the sha256 of
- *         the whole stream from byte 0 (source.ts)
+ *         the whole stream from byte 0 (source.ts); raw instead when asked with
+ *         `Upgrade: canto-unit/1` (RAW_UNIT_PROTOCOL in shared/src/transfer.ts)
  *   GET /v1/transfer/{desktop_id}/precopy/{precopy_id}   (1.12)
  *       → the pre-copy's stream, from its start, with the same trailer (precopy-source.ts)
  *
@@ -20,10 +21,11 @@
  */
 import { createServer, type IncomingMessage, type Server, type ServerResponse } from 'node:http';
 import type { AddressInfo } from 'node:net';
+import type { Duplex } from 'node:stream';
 import { formatHost } from '../../../shared/src/host-port.js';
 import { AgentFailure } from '../../../shared/src/protocol.js';
 import { PRECOPY_ID_PATTERN } from '../../../shared/src/precopy.js';
-import { SHA256_TRAILER, type ListingMode } from '../../../shared/src/transfer.js';
+import { RAW_UNIT_PROTOCOL, SHA256_TRAILER, type ListingMode } from '../../../shared/src/transfer.js';
 import type { TransferSource } from './source.js';
 import type { TransferTickets } from './tickets.js';
 
@@ -57,14 +59,27 @@ class Refusal extends Error {
   }
 }
 
+/** What a request on the units routes asks for. */
+interface UnitRequest {
+  readonly desktopId: string;
+  readonly generation: number;
+  readonly mode: ListingMode;
+  readonly reuse: string | null;
+  readonly unitId: string;
+  readonly offset: number;
+}
+
 export class TransferServer {
   private server!: Server;
+  /** Raw unit streams: no longer the HTTP server's connections, so closed here. */
+  private readonly upgraded = new Set<Duplex>();
 
   private constructor(private readonly options: TransferServerOptions) {}
 
   static async start(options: TransferServerOptions): Promise<TransferServer> {
     const ts = new TransferServer(options);
     ts.server = createServer((req, res) => void ts.serve(req, res));
+    ts.server.on('upgrade', (req: IncomingMessage, socket: Duplex) => void ts.serveRaw(req, socket));
     // A unit may take minutes; the request itself is only a few header lines.
     ts.server.requestTimeout = 30_000;
     await new Promise<void>((resolve, reject) => {
@@ -93,6 +108,7 @@ export class TransferServer {
     this.options.tickets.clear();
     await new Promise<void>((resolve) => {
       this.server.closeAllConnections();
+      for (const socket of this.upgraded) socket.destroy();
       this.server.close(() => resolve());
     });
   }
@@ -107,24 +123,70 @@ export class TransferServer {
         await this.sendPrecopy(res, precopy[1]!, generation, precopy[2]!);
         return;
       }
-      const route = ROUTE.exec(url.pathname);
-      if (route === null) throw new Refusal(404, 'no such route');
-      const desktopId = route[1]!;
-      const { generation, listing: mode } = this.admit(req, desktopId);
-      const reuse = url.searchParams.get('reuse');
-      if (reuse !== null && !REUSE.test(reuse)) throw new Refusal(400, 'reuse must name a pre-copy');
-      if (route[2] === undefined) {
-        const listing = await this.options.source.listing(desktopId, generation, mode, reuse);
+      const asked = this.unitRequest(req, url);
+      if (asked.unitId === undefined) {
+        const listing = await this.options.source.listing(asked.desktopId, asked.generation, asked.mode, asked.reuse);
         const body = JSON.stringify(listing);
         res.writeHead(200, { 'content-type': 'application/json', 'cache-control': 'no-store', 'content-length': Buffer.byteLength(body) });
         res.end(body);
         return;
       }
-      const raw = url.searchParams.get('offset') ?? '0';
-      if (!OFFSET.test(raw)) throw new Refusal(400, 'offset must be a whole number of bytes');
-      await this.sendUnit(res, desktopId, generation, route[2], Number(raw), mode, reuse);
+      await this.sendUnit(res, { ...asked, unitId: asked.unitId });
     } catch (err) {
       this.refuse(req, res, err);
+    }
+  }
+
+  /** A request on the units routes, its ticket admitted; throws a Refusal. */
+  private unitRequest(req: IncomingMessage, url: URL): Omit<UnitRequest, 'unitId'> & { unitId: string | undefined } {
+    const route = ROUTE.exec(url.pathname);
+    if (route === null) throw new Refusal(404, 'no such route');
+    const desktopId = route[1]!;
+    const { generation, listing: mode } = this.admit(req, desktopId);
+    const reuse = url.searchParams.get('reuse');
+    if (reuse !== null && !REUSE.test(reuse)) throw new Refusal(400, 'reuse must name a pre-copy');
+    const raw = url.searchParams.get('offset') ?? '0';
+    if (!OFFSET.test(raw)) throw new Refusal(400, 'offset must be a whole number of bytes');
+    return { desktopId, generation, mode, reuse, unitId: route[2], offset: Number(raw) };
+  }
+
+  /**
+   * A unit asked for raw (`Upgrade: canto-unit/1`, RAW_UNIT_PROTOCOL): `101`, the bytes from the
+   * offset, the whole stream's sha256 in hex, and the end. Refusals are the same problem bodies as
+   * over plain HTTP; a stream that fails once begun is cut, which the receiver resumes.
+   */
+  private async serveRaw(req: IncomingMessage, socket: Duplex): Promise<void> {
+    socket.on('error', () => undefined);
+    this.upgraded.add(socket);
+    socket.once('close', () => this.upgraded.delete(socket));
+    const started = performance.now();
+    let fields: object = {};
+    let begun = false;
+    try {
+      if (req.method !== 'GET') throw new Refusal(405, 'only GET is served here');
+      if (req.headers.upgrade?.toLowerCase() !== RAW_UNIT_PROTOCOL) throw new Refusal(400, `the only upgrade here is ${RAW_UNIT_PROTOCOL}`);
+      const asked = this.unitRequest(req, new URL(req.url ?? '/', 'http://transfer'));
+      if (asked.unitId === undefined) throw new Refusal(400, 'only a unit comes raw');
+      fields = { desktopId: asked.desktopId, unit: asked.unitId, offset: asked.offset, raw: true };
+      const unit = await this.options.source.openUnit(asked.desktopId, asked.generation, asked.unitId, asked.offset, asked.mode, asked.reuse);
+      begun = true;
+      socket.write(
+        `HTTP/1.1 101 Switching Protocols\r\nconnection: Upgrade\r\nupgrade: ${RAW_UNIT_PROTOCOL}\r\n`
+        + `x-canto-offset: ${asked.offset}\r\nx-canto-unit-bytes: ${unit.bytes}\r\n\r\n`,
+      );
+      socket.end(await unit.send(socket, true));
+      this.options.log('unit sent', { ...fields, bytes: unit.bytes - asked.offset, ms: Math.round(performance.now() - started) });
+    } catch (err) {
+      if (begun) {
+        socket.destroy();
+        this.options.log('unit stream cut', { ...fields, error: err instanceof Error ? err.message : String(err) });
+        return;
+      }
+      const { status, body } = this.refusal(req, err);
+      socket.end(
+        `HTTP/1.1 ${status} ${TITLES[status] ?? 'Error'}\r\ncontent-type: application/problem+json\r\ncache-control: no-store\r\n`
+        + `content-length: ${Buffer.byteLength(body)}\r\nconnection: close\r\n\r\n${body}`,
+      );
     }
   }
 
@@ -143,11 +205,10 @@ export class TransferServer {
     return { generation: check.generation, listing: check.listing };
   }
 
-  private async sendUnit(
-    res: ServerResponse, desktopId: string, generation: number, unitId: string, offset: number, mode: ListingMode, reuse: string | null,
-  ): Promise<void> {
+  private async sendUnit(res: ServerResponse, asked: UnitRequest): Promise<void> {
     const started = performance.now();
-    const unit = await this.options.source.openUnit(desktopId, generation, unitId, offset, mode, reuse);
+    const { desktopId, unitId, offset } = asked;
+    const unit = await this.options.source.openUnit(desktopId, asked.generation, unitId, offset, asked.mode, asked.reuse);
     res.writeHead(200, {
       'content-type': 'application/octet-stream',
       'cache-control': 'no-store',
@@ -184,6 +245,17 @@ export class TransferServer {
   }
 
   private refuse(req: IncomingMessage, res: ServerResponse, err: unknown): void {
+    if (res.headersSent) {
+      res.destroy();
+      return;
+    }
+    const { status, body } = this.refusal(req, err);
+    res.writeHead(status, { 'content-type': 'application/problem+json', 'cache-control': 'no-store', 'content-length': Buffer.byteLength(body) });
+    res.end(body);
+  }
+
+  /** The status and problem body a failed request is answered with (and logged). */
+  private refusal(req: IncomingMessage, err: unknown): { status: number; body: string } {
     let status = 500;
     let detail = 'the transfer server failed';
     if (err instanceof Refusal) ({ status, detail } = err);
@@ -193,13 +265,7 @@ export class TransferServer {
     }
     const path = (req.url ?? '').split('?')[0];
     this.options.log('transfer request refused', { method: req.method, path, status, detail, ...(status === 500 ? { error: String(err) } : {}) });
-    if (res.headersSent) {
-      res.destroy();
-      return;
-    }
-    const body = JSON.stringify({ type: 'about:blank', title: TITLES[status] ?? 'Error', status, detail });
-    res.writeHead(status, { 'content-type': 'application/problem+json', 'cache-control': 'no-store', 'content-length': Buffer.byteLength(body) });
-    res.end(body);
+    return { status, body: JSON.stringify({ type: 'about:blank', title: TITLES[status] ?? 'Error', status, detail }) };
   }
 }
 

@@ -45,9 +45,10 @@ export interface OutgoingUnit {
   /**
    * Writes the unit from the offset asked for into `out` (which it does not end), with
    * backpressure, and resolves with the whole stream's sha256 (hex) once the producer is done.
-   * Rejects, and stops the producer, when either side fails or `out` closes first.
+   * Rejects, and stops the producer, when either side fails or `out` closes first, and with
+   * `exact`, when the stream's length is not `bytes` (nothing around the bytes would tell).
    */
-  send(out: Writable): Promise<string>;
+  send(out: Writable, exact?: boolean): Promise<string>;
 }
 
 export class TransferSource {
@@ -133,9 +134,9 @@ export class TransferSource {
     this.track(desktopId, stream.body);
     return {
       bytes: expected.bytes,
-      send: async (out) => {
+      send: async (out, exact = false) => {
         try {
-          const sha256 = await pump(stream, out, offset);
+          const sha256 = await pump(stream, out, offset, exact ? expected.bytes : undefined);
           if (expected.sha256 !== null && sha256 !== expected.sha256) {
             // Not what the listing promised: the next export must look again.
             this.digests.drop(key);

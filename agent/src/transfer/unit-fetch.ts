@@ -24,7 +24,8 @@ import { AgentFailure } from '../../../shared/src/protocol.js';
 import { SHA256_TRAILER, type TransferUnit } from '../../../shared/src/transfer.js';
 import type { IncomingMessage } from 'node:http';
 import type { DesktopTransfer, UnitSink } from '../runtime/transfer.js';
-import { classify, get, RangeRefused, TransientFetchError } from './client.js';
+import { classify, get, httpUrl, RangeRefused, TransientFetchError } from './client.js';
+import { openRawUnit, type RawUnitBody } from './raw-unit.js';
 
 export interface UnitFetchOptions {
   readonly transfer: DesktopTransfer;
@@ -70,7 +71,8 @@ export async function fetchUnit(options: UnitFetchOptions, unit: TransferUnit): 
   // to link): the source starts producing the unit meanwhile.
   let sent!: () => void;
   const gone = new Promise<void>((resolve) => (sent = resolve));
-  let early: Promise<IncomingMessage> | null = resumed < unit.bytes ? requestRest(options, unit, resumed, sent) : null;
+  const via: Via = { plain: false };
+  let early: Promise<UnitResponse> | null = resumed < unit.bytes ? requestRest(options, unit, resumed, via, sent) : null;
   if (early !== null) {
     early.catch(() => undefined);
     await Promise.race([gone, early.then(() => undefined, () => undefined)]);
@@ -81,7 +83,7 @@ export async function fetchUnit(options: UnitFetchOptions, unit: TransferUnit): 
     sink = await options.transfer.unpack(options.desktopId, unit.id, unit.reuse?.paths);
     file = await open(part, 'a');
   } catch (err) {
-    void early?.then((res) => res.destroy(), () => undefined);
+    void early?.then(destroy, () => undefined);
     sink?.abort();
     throw err;
   }
@@ -96,9 +98,9 @@ export async function fetchUnit(options: UnitFetchOptions, unit: TransferUnit): 
     let failures = 0;
     while (spool.held < unit.bytes) {
       try {
-        const response = early ?? requestRest(options, unit, spool.held);
+        const response = early ?? requestRest(options, unit, spool.held, via);
         early = null;
-        trailer = await readRest(response, unit, spool.held, (chunk) => spool.take(chunk, options.onBytes));
+        trailer = await readRest(response, unit, spool.held, (chunk, release) => spool.take(chunk, options.onBytes, release));
         await spool.flush();
         if (spool.held < unit.bytes) throw new TransientFetchError(`the source ended ${unit.id} at ${spool.held} of ${unit.bytes} bytes`);
       } catch (err) {
@@ -118,7 +120,7 @@ export async function fetchUnit(options: UnitFetchOptions, unit: TransferUnit): 
     // found whole (the agent stopped before marking it done) has no trailer yet: the empty rest
     // of the unit brings one, the hash of the whole stream as the source produces it now.
     if (unit.sha256 === undefined && trailer === null) {
-      trailer = await readRest(requestRest(options, unit, spool.held), unit, spool.held, () => {
+      trailer = await readRest(requestRest(options, unit, spool.held, via), unit, spool.held, () => {
         throw new BadUnit(`the source sent more of ${unit.id} than listed`);
       });
     }
@@ -139,7 +141,7 @@ export async function fetchUnit(options: UnitFetchOptions, unit: TransferUnit): 
       throw new BadUnit(`unpacking ${unit.id} failed: ${err instanceof Error ? err.message : String(err)}`);
     }
   } catch (err) {
-    void early?.then((res) => res.destroy(), () => undefined);
+    void early?.then(destroy, () => undefined);
     sink.abort();
     await sink.done.catch(() => undefined);
     await spool.close();
@@ -178,6 +180,8 @@ class Spool {
   private readonly hash = createHash('sha256');
   private batch: Buffer[] = [];
   private batchBytes = 0;
+  /** What hands the batch's buffers back to their reader, once both writes are done with them. */
+  private releases: Array<() => void> = [];
   /** The spool writes queued so far, in order. */
   private appending: Promise<void> = Promise.resolve();
   private appendFailure: unknown = null;
@@ -198,10 +202,14 @@ class Spool {
     await this.unpack([chunk]);
   }
 
-  /** Takes a network chunk; answers a promise only when a batch is being handed on. */
-  take(chunk: Buffer, onBytes: (n: number) => void): Promise<void> | null {
+  /**
+   * Takes a network chunk (and, for a buffer its reader uses again, what hands it back); answers
+   * a promise only when a batch is being handed on.
+   */
+  take(chunk: Buffer, onBytes: (n: number) => void, release?: () => void): Promise<void> | null {
     this.hash.update(chunk);
     this.batch.push(chunk);
+    if (release !== undefined) this.releases.push(release);
     this.batchBytes += chunk.length;
     this.held += chunk.length;
     onBytes(chunk.length);
@@ -215,20 +223,27 @@ class Spool {
     // Written as they came, with one writev each: joining them first would copy every byte.
     const chunks = this.batch;
     const bytes = this.batchBytes;
+    const releases = this.releases;
     this.batch = [];
     this.batchBytes = 0;
+    this.releases = [];
+    // The buffers go back after the spool file and the unpacking both wrote them (or failed to).
+    let writers = 2;
+    const written = () => {
+      if (--writers === 0) for (const release of releases) release();
+    };
     this.unwritten += bytes;
     this.appending = this.appending.then(async () => {
-      if (this.appendFailure !== null) return;
       try {
-        await this.append(chunks);
+        if (this.appendFailure === null) await this.append(chunks);
       } catch (err) {
         this.appendFailure = err;
       } finally {
         this.unwritten -= bytes;
+        written();
       }
     });
-    await this.unpack(chunks);
+    await this.unpack(chunks, written);
     if (this.unwritten > SLACK_BYTES) await this.written();
   }
 
@@ -256,11 +271,14 @@ class Spool {
     }
   }
 
-  /** Writes to the unpacking's input, waiting while it holds too much; fails if the unpacking stopped. */
-  private async unpack(chunks: Buffer[]): Promise<void> {
+  /**
+   * Writes to the unpacking's input, waiting while it holds too much; fails if the unpacking
+   * stopped. `written` is called once the input is done with the chunks.
+   */
+  private async unpack(chunks: Buffer[], written?: () => void): Promise<void> {
     const { input, done } = this.sink;
     input.cork();
-    for (const chunk of chunks) input.write(chunk);
+    chunks.forEach((chunk, i) => input.write(chunk, i === chunks.length - 1 ? written : undefined));
     input.uncork();
     if (input.writableLength <= SLACK_BYTES) return;
     const stopped = done.then(
@@ -275,29 +293,58 @@ class Spool {
 /** A unit whose bytes are wrong: its spool must go. */
 class BadUnit extends Error {}
 
+/** How the source answers: raw (raw-unit.ts) until it shows it cannot, then plain HTTP. */
+interface Via {
+  plain: boolean;
+}
+
+type UnitResponse = { readonly raw: RawUnitBody } | { readonly plain: IncomingMessage };
+
+function destroy(response: UnitResponse): void {
+  if ('raw' in response) response.raw.destroy();
+  else response.plain.destroy();
+}
+
 /** One request for the unit from `offset` (`onSent`: it has gone out). */
-function requestRest(options: UnitFetchOptions, unit: TransferUnit, offset: number, onSent?: () => void): Promise<IncomingMessage> {
+async function requestRest(options: UnitFetchOptions, unit: TransferUnit, offset: number, via: Via, onSent?: () => void): Promise<UnitResponse> {
   const reuse = options.reuse === null || options.reuse === undefined ? '' : `&reuse=${options.reuse}`;
   const path = `/v1/transfer/${encodeURIComponent(options.desktopId)}/units/${encodeURIComponent(unit.id)}?offset=${offset}${reuse}`;
-  const idleTimeoutMs = options.idleTimeoutMs ?? 30_000;
-  return get(`${options.url.replace(/\/+$/, '')}${path}`, { ticket: options.ticket, idleTimeoutMs, signal: options.signal }, onSent);
+  const url = `${options.url.replace(/\/+$/, '')}${path}`;
+  const getOptions = { ticket: options.ticket, idleTimeoutMs: options.idleTimeoutMs ?? 30_000, signal: options.signal };
+  if (!via.plain) {
+    const raw = await openRawUnit(httpUrl(url), offset, getOptions, onSent);
+    if (raw !== null) return { raw };
+    via.plain = true;
+  }
+  return { plain: await get(url, getOptions, onSent) };
 }
 
 /**
  * Reads the response to a request for the unit from `offset`; `onChunk` takes each chunk in
- * order and answers a promise only when the next chunk must wait for it. Resolves with the
- * trailer once the response is complete; rejects when the connection breaks. Reads with 'data'
- * events, not an async iterator: the iterator concatenates what is buffered, a copy of every byte.
+ * order (with what hands its buffer back, for a raw one) and answers a promise only when the
+ * next chunk must wait for it. Resolves with the source's hash of the whole stream (the raw
+ * stream's digest or the plain one's trailer) once the response is complete; rejects when the
+ * connection breaks.
  */
 async function readRest(
-  response: Promise<IncomingMessage>,
+  response: Promise<UnitResponse>,
   unit: TransferUnit,
   offset: number,
-  onChunk: (chunk: Buffer) => Promise<void> | null,
+  onChunk: (chunk: Buffer, release?: () => void) => Promise<void> | null,
 ): Promise<string | null> {
-  const res = await response;
+  const got = await response;
+  if ('raw' in got) {
+    if (got.raw.unitBytes > unit.bytes) {
+      got.raw.destroy();
+      throw new BadUnit(`the source sent more of ${unit.id} than listed`);
+    }
+    return got.raw.read(onChunk);
+  }
+  const res = got.plain;
   let received = offset;
   let waiting: Promise<void> = Promise.resolve();
+  // 'data' events, not an async iterator: the iterator concatenates what is buffered, a copy of
+  // every byte.
   await new Promise<void>((resolve, reject) => {
     let failed = false;
     const fail = (err: unknown) => {

@@ -1,0 +1,279 @@
+/**
+ * Fetching a unit's stream raw (RAW_UNIT_PROTOCOL, shared/src/transfer.ts): one GET that asks
+ * to upgrade, then the unit's bytes with nothing around them but the digest at the end.
+ *
+ * Why not Node's HTTP client: it hands every piece of a response body over in a buffer of its
+ * own. At a move's rate those buffers are what V8's collector spends its time on: a receiving
+ * agent ran a full mark-compact every 60-80 ms of a transfer, and its marking threads took a
+ * third of both cores. Here the socket reads into one buffer (`onread`), the bytes are copied
+ * into slabs of 1 MiB, and a slab is used again once its consumer hands it back (when the spool
+ * file and the unpacking have written it).
+ *
+ * A source that predates the protocol answers the plain stream (`200`): `openRawUnit` then
+ * answers null and the caller uses the HTTP client (client.ts). Refusals are the same problem
+ * answers as there, and become the same errors.
+ */
+import { connect, type Socket } from 'node:net';
+import { RAW_DIGEST_CHARS, RAW_UNIT_PROTOCOL } from '../../../shared/src/transfer.js';
+import { AgentFailure } from '../../../shared/src/protocol.js';
+import { classify, refusalFor, TransientFetchError, type GetOptions } from './client.js';
+
+/** The unit of hand-over, and of reuse. */
+const SLAB_BYTES = 1 << 20;
+/** What one socket read may bring. */
+const READ_BYTES = 256 << 10;
+/** More header bytes than this is not a transfer server answering. */
+const MAX_HEAD_BYTES = 16 << 10;
+/** Bytes of a refusal's body kept for its message. */
+const MAX_REFUSAL_BYTES = 2000;
+
+/** Takes a chunk and what hands its buffer back; answers a promise only when the next chunk must wait. */
+export type RawChunkTaker = (chunk: Buffer, release: () => void) => Promise<void> | null;
+
+export interface RawUnitBody {
+  /** The size of the whole unit as the source has it now. */
+  readonly unitBytes: number;
+  /**
+   * Reads the rest of the unit into `take`, in order; resolves with the whole stream's sha256
+   * (hex, as the source computed it) once every byte and the digest came. On a broken
+   * connection the bytes that did come are all handed over before it rejects.
+   */
+  read(take: RawChunkTaker): Promise<string>;
+  destroy(): void;
+}
+
+/** Asks for the unit at `url` (its path and query) from `offset`, raw; null when the source cannot. */
+export function openRawUnit(url: URL, offset: number, options: GetOptions, onSent?: () => void): Promise<RawUnitBody | null> {
+  if (!/^[\x21-\x7e]+$/.test(options.ticket)) return Promise.reject(new AgentFailure('bad_request', 'the transfer ticket is not a token', false));
+  return new RawUnitConnection(url, offset, options, onSent).opened;
+}
+
+type State = 'head' | 'refused' | 'body' | 'digest' | 'done';
+
+class RawUnitConnection implements RawUnitBody {
+  readonly opened: Promise<RawUnitBody | null>;
+  unitBytes = 0;
+  private settleOpen!: { resolve: (body: RawUnitBody | null) => void; reject: (err: Error) => void };
+  private readonly socket: Socket;
+  private state: State = 'head';
+  private head = Buffer.alloc(0);
+  private status = 0;
+  private refusalLeft = 0;
+  private refusalText = '';
+  private bodyLeft = 0;
+  private digest = '';
+  private slab: Buffer | null = null;
+  private used = 0;
+  private readonly free: Buffer[] = [];
+  /** Chunks filled and not yet taken, in order. */
+  private readonly ready: Array<{ chunk: Buffer; release: () => void }> = [];
+  private take: RawChunkTaker | null = null;
+  private waiting = false;
+  private failure: Error | null = null;
+  private settleRead: { resolve: (digest: string) => void; reject: (err: Error) => void } | null = null;
+
+  constructor(
+    url: URL,
+    private readonly offset: number,
+    private readonly options: GetOptions,
+    onSent?: () => void,
+  ) {
+    this.opened = new Promise((resolve, reject) => (this.settleOpen = { resolve, reject }));
+    const buffer = Buffer.allocUnsafeSlow(READ_BYTES);
+    this.socket = connect({
+      host: url.hostname.replace(/^\[|\]$/g, ''),
+      port: Number(url.port || 80),
+      onread: { buffer, callback: (n: number, buf: Uint8Array) => this.onRead(buf as Buffer, n) },
+    });
+    const request = `GET ${url.pathname}${url.search} HTTP/1.1\r\nhost: ${url.host}\r\nauthorization: Bearer ${options.ticket}\r\n`
+      + `connection: Upgrade\r\nupgrade: ${RAW_UNIT_PROTOCOL}\r\n\r\n`;
+    this.socket.write(request, () => onSent?.());
+    this.socket.setTimeout(options.idleTimeoutMs, () => this.socket.destroy(new TransientFetchError(`no bytes from the source for ${options.idleTimeoutMs} ms`)));
+    const aborted = () => this.socket.destroy(new Error('aborted'));
+    options.signal?.addEventListener('abort', aborted, { once: true });
+    this.socket.once('close', () => options.signal?.removeEventListener('abort', aborted));
+    this.socket.on('error', (err) => this.fail(err));
+    this.socket.once('end', () => this.fail(new TransientFetchError('the connection closed before the unit ended')));
+    this.socket.once('close', () => this.fail(new TransientFetchError('the connection closed before the unit ended')));
+    if (options.signal?.aborted) aborted();
+  }
+
+  read(take: RawChunkTaker): Promise<string> {
+    if (this.take !== null) return Promise.reject(new Error('the unit is already being read'));
+    this.take = take;
+    const reading = new Promise<string>((resolve, reject) => (this.settleRead = { resolve, reject }));
+    this.pump();
+    return reading;
+  }
+
+  destroy(): void {
+    this.socket.destroy();
+  }
+
+  /** A socket read: `n` bytes in the read buffer, which the next read overwrites. */
+  private onRead(buf: Buffer, n: number): boolean {
+    try {
+      let at = 0;
+      if (this.state === 'head') at = this.readHead(buf, n);
+      if (this.state === 'refused') this.readRefusal(buf, at, n);
+      else if (at < n) this.readBody(buf, at, n);
+    } catch (err) {
+      this.socket.destroy(err instanceof Error ? err : new Error(String(err)));
+      return false;
+    }
+    this.pump();
+    // Paused while a chunk waits to be taken; pump() resumes.
+    return this.take !== null && !this.waiting && this.ready.length === 0;
+  }
+
+  /** Gathers the answer's head; answers where its body starts in `buf` (n when it has not yet). */
+  private readHead(buf: Buffer, n: number): number {
+    const before = this.head.length;
+    this.head = Buffer.concat([this.head, buf.subarray(0, n)]);
+    const end = this.head.indexOf('\r\n\r\n');
+    if (end < 0) {
+      if (this.head.length > MAX_HEAD_BYTES) throw new TransientFetchError('the source answered no HTTP');
+      return n;
+    }
+    const [statusLine = '', ...lines] = this.head.subarray(0, end).toString('latin1').split('\r\n');
+    const headers = new Map(lines.map((line) => {
+      const colon = line.indexOf(':');
+      return [line.slice(0, colon).trim().toLowerCase(), line.slice(colon + 1).trim()] as const;
+    }));
+    this.head = Buffer.alloc(0);
+    this.status = Number(/^HTTP\/1\.[01] (\d{3})/.exec(statusLine)?.[1] ?? 0);
+    const bodyAt = end + 4 - before;
+    if (this.status === 200) {
+      // A source without the protocol: the caller asks again over plain HTTP.
+      this.state = 'done';
+      this.settleOpen.resolve(null);
+      this.socket.destroy();
+      return n;
+    }
+    if (this.status !== 101) {
+      this.state = 'refused';
+      this.refusalLeft = Number(headers.get('content-length') ?? MAX_REFUSAL_BYTES);
+      return bodyAt;
+    }
+    const unitBytes = Number(headers.get('x-canto-unit-bytes'));
+    if (headers.get('upgrade')?.toLowerCase() !== RAW_UNIT_PROTOCOL || Number(headers.get('x-canto-offset')) !== this.offset
+      || !Number.isSafeInteger(unitBytes) || unitBytes < this.offset) {
+      throw new TransientFetchError('the source answered the raw stream with headers that do not fit the request');
+    }
+    this.unitBytes = unitBytes;
+    this.bodyLeft = unitBytes - this.offset;
+    this.state = this.bodyLeft === 0 ? 'digest' : 'body';
+    this.settleOpen.resolve(this);
+    return bodyAt;
+  }
+
+  private readRefusal(buf: Buffer, at: number, n: number): void {
+    const k = Math.min(n - at, this.refusalLeft);
+    if (this.refusalText.length < MAX_REFUSAL_BYTES) this.refusalText += buf.toString('utf8', at, at + k);
+    this.refusalLeft -= k;
+    if (this.refusalLeft === 0) this.refuse();
+  }
+
+  private refuse(): void {
+    this.state = 'done';
+    this.settleOpen.reject(refusalFor(this.status, this.refusalText));
+    this.socket.destroy();
+  }
+
+  /** Copies body bytes into slabs (handing each full one over), then the digest. */
+  private readBody(buf: Buffer, from: number, n: number): void {
+    let at = from;
+    while (at < n) {
+      if (this.state === 'body') {
+        this.slab ??= this.free.pop() ?? Buffer.allocUnsafeSlow(Math.min(SLAB_BYTES, this.bodyLeft));
+        const k = Math.min(n - at, this.bodyLeft, this.slab.length - this.used);
+        buf.copy(this.slab, this.used, at, at + k);
+        this.used += k;
+        this.bodyLeft -= k;
+        at += k;
+        if (this.used === this.slab.length || this.bodyLeft === 0) this.handOver();
+        if (this.bodyLeft === 0) this.state = 'digest';
+      } else if (this.state === 'digest') {
+        const k = Math.min(n - at, RAW_DIGEST_CHARS - this.digest.length);
+        this.digest += buf.toString('latin1', at, at + k);
+        at += k;
+        if (this.digest.length === RAW_DIGEST_CHARS) this.state = 'done';
+      } else {
+        throw new TransientFetchError('the source sent more than the unit and its digest');
+      }
+    }
+  }
+
+  /** Queues the slab being filled (what it holds so far) to be taken. */
+  private handOver(): void {
+    const slab = this.slab;
+    if (slab === null || this.used === 0) return;
+    const chunk = slab.subarray(0, this.used);
+    this.slab = null;
+    this.used = 0;
+    let released = false;
+    // A slab from the reader's size class comes back for reuse; a smaller last one does not.
+    const release = () => {
+      if (released || slab.length !== SLAB_BYTES) return;
+      released = true;
+      this.free.push(slab);
+    };
+    this.ready.push({ chunk, release });
+  }
+
+  /** Hands queued chunks to the taker while it takes them; settles the read once all is taken. */
+  private pump(): void {
+    const take = this.take;
+    if (take === null) return;
+    while (!this.waiting && this.ready.length > 0) {
+      const { chunk, release } = this.ready.shift()!;
+      let pending: Promise<void> | null;
+      try {
+        pending = take(chunk, release);
+      } catch (err) {
+        this.finish(err instanceof Error ? err : new Error(String(err)));
+        return;
+      }
+      if (pending !== null) {
+        this.waiting = true;
+        pending.then(
+          () => {
+            this.waiting = false;
+            this.pump();
+          },
+          (err: unknown) => this.finish(err instanceof Error ? err : new Error(String(err))),
+        );
+      }
+    }
+    if (this.waiting || this.ready.length > 0) return;
+    if (this.state === 'done') this.finish(null);
+    else if (this.failure !== null) this.finish(this.failure);
+    else this.socket.resume();
+  }
+
+  /** The connection ended or broke: what came is handed over, then the read fails. */
+  private fail(err: Error): void {
+    if (this.failure !== null || this.state === 'done') return;
+    this.failure = classify(err, this.options.signal);
+    if (this.state === 'head') {
+      this.settleOpen.reject(this.failure);
+      return;
+    }
+    if (this.state === 'refused') {
+      this.refuse();
+      return;
+    }
+    this.handOver();
+    this.pump();
+  }
+
+  private finish(err: Error | null): void {
+    const settle = this.settleRead;
+    if (settle === null) return;
+    this.settleRead = null;
+    this.socket.destroy();
+    // A taker's own error (a unit found wrong) stays what it is.
+    if (err === null) settle.resolve(this.digest);
+    else settle.reject(err);
+  }
+}
