@@ -10,7 +10,6 @@
  * unmarked pre-copy is never reused. The mark goes first when a new pre-copy begins.
  */
 import { createHash } from 'node:crypto';
-import { once } from 'node:events';
 import { mkdir, readFile, rm, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { AgentFailure } from '../../../shared/src/protocol.js';
@@ -71,19 +70,32 @@ export async function importPrecopy(
   let fetched = 0;
   try {
     const res = await get(url, { ticket: spec.source.ticket, idleTimeoutMs: 30_000, signal: options.signal });
-    try {
-      for await (const chunk of res as AsyncIterable<Buffer>) {
+    // 'data' events and a pause while the unpacking is full, not an async iterator: the
+    // iterator concatenates what is buffered, a copy of every byte.
+    await new Promise<void>((resolve, reject) => {
+      let settled = false;
+      const fail = (err: unknown) => {
+        if (settled) return;
+        settled = true;
+        res.destroy();
+        reject(classify(err, options.signal));
+      };
+      const done = () => {
+        settled = true;
+        resolve();
+      };
+      sink.done.then(() => fail(new Error('the unpacking ended early')), fail);
+      res.on('data', (chunk: Buffer) => {
         hash.update(chunk);
         fetched += chunk.length;
-        if (!sink.input.write(chunk)) {
-          const stopped = sink.done.then(() => new Error('the unpacking ended early'), (err: unknown) => err);
-          const err = await Promise.race([once(sink.input, 'drain').then(() => null), stopped]);
-          if (err !== null) throw err;
-        }
-      }
-    } catch (err) {
-      throw classify(err, options.signal);
-    }
+        if (sink.input.write(chunk)) return;
+        res.pause();
+        sink.input.once('drain', () => res.resume());
+      });
+      res.once('end', done);
+      res.once('error', fail);
+      res.once('close', () => (res.complete ? done() : fail(new Error('the pre-copy stream was cut'))));
+    });
     if (!res.complete) throw new AgentFailure('runtime_error', 'the pre-copy stream was cut', true);
     const trailer = res.trailers[SHA256_TRAILER];
     const digest = hash.digest('hex');
