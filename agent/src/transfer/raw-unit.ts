@@ -3,11 +3,9 @@
  * to upgrade, then the unit's bytes with nothing around them but the digest at the end.
  *
  * Why not Node's HTTP client: it hands every piece of a response body over in a buffer of its
- * own. At a move's rate those buffers are what V8's collector spends its time on: a receiving
- * agent ran a full mark-compact every 60-80 ms of a transfer, and its marking threads took a
- * third of both cores. Here the socket reads into one buffer (`onread`), the bytes are copied
- * into slabs of 1 MiB, and a slab is used again once its consumer hands it back (when the spool
- * file and the unpacking have written it).
+ * own, and at a move's rate those buffers are what V8's collector spends its time on. Here the
+ * socket reads into one buffer and the bytes go into slabs used again (runtime/slabs.ts), handed
+ * back once the spool file and the unpacking have written them.
  *
  * A source that predates the protocol answers the plain stream (`200`): `openRawUnit` then
  * answers null and the caller uses the HTTP client (client.ts). Refusals are the same problem
@@ -16,19 +14,13 @@
 import { connect, type Socket } from 'node:net';
 import { RAW_DIGEST_CHARS, RAW_UNIT_PROTOCOL } from '../../../shared/src/transfer.js';
 import { AgentFailure } from '../../../shared/src/protocol.js';
+import { READ_BYTES, SlabQueue, type SlabTaker } from '../runtime/slabs.js';
 import { classify, refusalFor, TransientFetchError, type GetOptions } from './client.js';
 
-/** The unit of hand-over, and of reuse. */
-const SLAB_BYTES = 1 << 20;
-/** What one socket read may bring. */
-const READ_BYTES = 256 << 10;
 /** More header bytes than this is not a transfer server answering. */
 const MAX_HEAD_BYTES = 16 << 10;
 /** Bytes of a refusal's body kept for its message. */
 const MAX_REFUSAL_BYTES = 2000;
-
-/** Takes a chunk and what hands its buffer back; answers a promise only when the next chunk must wait. */
-export type RawChunkTaker = (chunk: Buffer, release: () => void) => Promise<void> | null;
 
 export interface RawUnitBody {
   /** The size of the whole unit as the source has it now. */
@@ -38,7 +30,7 @@ export interface RawUnitBody {
    * (hex, as the source computed it) once every byte and the digest came. On a broken
    * connection the bytes that did come are all handed over before it rejects.
    */
-  read(take: RawChunkTaker): Promise<string>;
+  read(take: SlabTaker): Promise<string>;
   destroy(): void;
 }
 
@@ -62,13 +54,8 @@ class RawUnitConnection implements RawUnitBody {
   private refusalText = '';
   private bodyLeft = 0;
   private digest = '';
-  private slab: Buffer | null = null;
-  private used = 0;
-  private readonly free: Buffer[] = [];
-  /** Chunks filled and not yet taken, in order. */
-  private readonly ready: Array<{ chunk: Buffer; release: () => void }> = [];
-  private take: RawChunkTaker | null = null;
-  private waiting = false;
+  private readonly queue = new SlabQueue({ idle: () => this.idle(), failed: (err) => this.finish(err) });
+  private reading = false;
   private failure: Error | null = null;
   private settleRead: { resolve: (digest: string) => void; reject: (err: Error) => void } | null = null;
 
@@ -98,11 +85,11 @@ class RawUnitConnection implements RawUnitBody {
     if (options.signal?.aborted) aborted();
   }
 
-  read(take: RawChunkTaker): Promise<string> {
-    if (this.take !== null) return Promise.reject(new Error('the unit is already being read'));
-    this.take = take;
+  read(take: SlabTaker): Promise<string> {
+    if (this.reading) return Promise.reject(new Error('the unit is already being read'));
+    this.reading = true;
     const reading = new Promise<string>((resolve, reject) => (this.settleRead = { resolve, reject }));
-    this.pump();
+    this.queue.take(take);
     return reading;
   }
 
@@ -121,9 +108,9 @@ class RawUnitConnection implements RawUnitBody {
       this.socket.destroy(err instanceof Error ? err : new Error(String(err)));
       return false;
     }
-    this.pump();
-    // Paused while a chunk waits to be taken; pump() resumes.
-    return this.take !== null && !this.waiting && this.ready.length === 0;
+    this.queue.pump();
+    // Paused while a chunk waits to be taken; idle() resumes.
+    return this.queue.idle;
   }
 
   /** Gathers the answer's head; answers where its body starts in `buf` (n when it has not yet). */
@@ -185,14 +172,14 @@ class RawUnitConnection implements RawUnitBody {
     let at = from;
     while (at < n) {
       if (this.state === 'body') {
-        this.slab ??= this.free.pop() ?? Buffer.allocUnsafeSlow(Math.min(SLAB_BYTES, this.bodyLeft));
-        const k = Math.min(n - at, this.bodyLeft, this.slab.length - this.used);
-        buf.copy(this.slab, this.used, at, at + k);
-        this.used += k;
+        const k = Math.min(n - at, this.bodyLeft);
+        this.queue.copy(buf, at, at + k, this.bodyLeft);
         this.bodyLeft -= k;
         at += k;
-        if (this.used === this.slab.length || this.bodyLeft === 0) this.handOver();
-        if (this.bodyLeft === 0) this.state = 'digest';
+        if (this.bodyLeft === 0) {
+          this.queue.seal();
+          this.state = 'digest';
+        }
       } else if (this.state === 'digest') {
         const k = Math.min(n - at, RAW_DIGEST_CHARS - this.digest.length);
         this.digest += buf.toString('latin1', at, at + k);
@@ -204,48 +191,8 @@ class RawUnitConnection implements RawUnitBody {
     }
   }
 
-  /** Queues the slab being filled (what it holds so far) to be taken. */
-  private handOver(): void {
-    const slab = this.slab;
-    if (slab === null || this.used === 0) return;
-    const chunk = slab.subarray(0, this.used);
-    this.slab = null;
-    this.used = 0;
-    let released = false;
-    // A slab from the reader's size class comes back for reuse; a smaller last one does not.
-    const release = () => {
-      if (released || slab.length !== SLAB_BYTES) return;
-      released = true;
-      this.free.push(slab);
-    };
-    this.ready.push({ chunk, release });
-  }
-
-  /** Hands queued chunks to the taker while it takes them; settles the read once all is taken. */
-  private pump(): void {
-    const take = this.take;
-    if (take === null) return;
-    while (!this.waiting && this.ready.length > 0) {
-      const { chunk, release } = this.ready.shift()!;
-      let pending: Promise<void> | null;
-      try {
-        pending = take(chunk, release);
-      } catch (err) {
-        this.finish(err instanceof Error ? err : new Error(String(err)));
-        return;
-      }
-      if (pending !== null) {
-        this.waiting = true;
-        pending.then(
-          () => {
-            this.waiting = false;
-            this.pump();
-          },
-          (err: unknown) => this.finish(err instanceof Error ? err : new Error(String(err))),
-        );
-      }
-    }
-    if (this.waiting || this.ready.length > 0) return;
+  /** Everything handed over is taken: the read settles, or the socket reads on. */
+  private idle(): void {
     if (this.state === 'done') this.finish(null);
     else if (this.failure !== null) this.finish(this.failure);
     else this.socket.resume();
@@ -263,8 +210,8 @@ class RawUnitConnection implements RawUnitBody {
       this.refuse();
       return;
     }
-    this.handOver();
-    this.pump();
+    this.queue.seal();
+    this.queue.pump();
   }
 
   private finish(err: Error | null): void {
