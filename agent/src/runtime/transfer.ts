@@ -20,6 +20,7 @@
  */
 import type { Readable, Writable } from 'node:stream';
 import type { Tier } from '../../../shared/src/tiers.js';
+import type { SlabReader } from './slabs.js';
 
 /** The unit holding a desktop's own files. */
 export const DESKTOP_UNIT = 'desktop';
@@ -53,6 +54,17 @@ export interface UnitStream {
    * cut-off stream must not pass for a whole one). Destroying `body` stops the producer.
    */
   readonly done: Promise<void>;
+  /**
+   * Present when the stream was asked for in slabs and the platform gave them: the bytes then
+   * come through `slabs.read(body, take)`, never as `body`'s 'data' events. `body` still ends,
+   * closes and is destroyed as usual.
+   */
+  readonly slabs?: SlabReader;
+}
+
+/** How a stream is to be read: `slabs` asks for reused buffers (runtime/slabs.ts) where the platform can. */
+export interface ReadOptions {
+  readonly slabs?: boolean;
 }
 
 /** An unpacking of one unit under way: its input, and how it ends. */
@@ -84,7 +96,7 @@ export interface DesktopTransfer {
    * A fresh stream of the unit from its first byte; of the `desktop` unit, less the files named
    * in `leaveOut` (member names from `precopy.scan`).
    */
-  read(desktopId: string, unitId: string, leaveOut?: readonly string[]): Promise<UnitStream>;
+  read(desktopId: string, unitId: string, leaveOut?: readonly string[], how?: ReadOptions): Promise<UnitStream>;
   /**
    * The exact length of `read`'s stream, found without reading the unit's data; absent when the
    * driver cannot (the source then lists by hashing, one full pass).
@@ -146,7 +158,7 @@ export interface PrecopyFiles {
   /** The desktop's files worth sending ahead now, with their identities; it may be running. */
   scan(desktopId: string): Promise<PrecopyEntry[]>;
   /** A stream of exactly these files, in the unit format; files that vanish are skipped. */
-  read(desktopId: string, paths: readonly string[]): Promise<UnitStream>;
+  read(desktopId: string, paths: readonly string[], how?: ReadOptions): Promise<UnitStream>;
   /** Each file's identity now; null when it is gone or no longer a lone regular file. */
   identify(desktopId: string, paths: readonly string[]): Promise<Array<FileIdentity | null>>;
   /**

@@ -62,7 +62,7 @@ export class PrecopySource {
     const files = this.files();
     manifest.sent = null;
     const paths = manifest.entries.map((e) => e.path);
-    const stream = await files.read(desktopId, paths);
+    const stream = await files.read(desktopId, paths, { slabs: true });
     const untrack = onStream(() => stream.body.destroy(new Error(`${desktopId} changed on the source`)));
     let sha256: string;
     try {

@@ -130,7 +130,7 @@ export class TransferSource {
       ? { bytes: await this.sizeOf(desktopId, unitId, key, left?.paths), sha256: null }
       : await this.digests.get(key, () => this.deps.transfer.read(desktopId, unitId));
     if (offset > expected.bytes) throw new AgentFailure('too_large', `offset ${offset} is past the unit's ${expected.bytes} bytes`, false);
-    const stream = await this.deps.transfer.read(desktopId, unitId, left?.paths);
+    const stream = await this.deps.transfer.read(desktopId, unitId, left?.paths, { slabs: true });
     this.track(desktopId, stream.body);
     return {
       bytes: expected.bytes,

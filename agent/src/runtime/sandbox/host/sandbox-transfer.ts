@@ -28,7 +28,7 @@ import { mkdir, readdir, rename, rm, unlink, writeFile } from 'node:fs/promises'
 import { join } from 'node:path';
 import { AgentFailure } from '../../../../../shared/src/protocol.js';
 import {
-  DESKTOP_UNIT, layerUnit, type DesktopTransfer, type HeldDesktop, type ImportRecord, type InstallSpec, type PrecopyFiles, type UnitSink, type UnitStream,
+  DESKTOP_UNIT, layerUnit, type DesktopTransfer, type HeldDesktop, type ImportRecord, type InstallSpec, type PrecopyFiles, type ReadOptions, type UnitSink, type UnitStream,
 } from '../../transfer.js';
 import type { InitProcess } from './cold-boot.js';
 import { isSameProcess } from './host-procs.js';
@@ -93,12 +93,12 @@ export class SandboxTransfer implements DesktopTransfer {
     });
   }
 
-  async read(desktopId: string, unitId: string, leaveOut: readonly string[] = []): Promise<UnitStream> {
+  async read(desktopId: string, unitId: string, leaveOut: readonly string[] = [], how: ReadOptions = {}): Promise<UnitStream> {
     const paths = desktopPaths(this.stateDir, desktopId);
-    if (unitId === DESKTOP_UNIT) return tarStream(paths.dir, await desktopUnitMembers(paths.dir), leaveOut);
+    if (unitId === DESKTOP_UNIT) return tarStream(paths.dir, await desktopUnitMembers(paths.dir), leaveOut, how);
     const layer = this.layerDir(unitId);
     if (!(await exists(layer))) throw new AgentFailure('not_found', `no ${unitId} on this host`, false);
-    return tarStream(layer, ['.']);
+    return tarStream(layer, ['.'], [], how);
   }
 
   async size(desktopId: string, unitId: string, leaveOut: readonly string[] = []): Promise<number> {
@@ -141,7 +141,7 @@ export class SandboxTransfer implements DesktopTransfer {
       const mapped = await sharedWritableMaps(await cgroupPids(desktopId));
       return scanCold(paths.dir, roots, { coldMs: PRECOPY_COLD_MS, minBytes: PRECOPY_MIN_BYTES, mapped });
     },
-    read: (desktopId, files) => fileListStream(desktopPaths(this.stateDir, desktopId).dir, files),
+    read: (desktopId, files, how) => fileListStream(desktopPaths(this.stateDir, desktopId).dir, files, how),
     identify: (desktopId, files) => identify(desktopPaths(this.stateDir, desktopId).dir, files),
     unpack: async (desktopId) => {
       const dest = this.preDir(desktopId);

@@ -7,6 +7,7 @@ import { EventEmitter } from 'node:events';
 import type { Socket } from 'node:net';
 import { constants } from 'node:os';
 import type { Readable, Writable } from 'node:stream';
+import type { OnRead } from '../../slabs.js';
 
 export type StdioMode = 'pipe' | 'ignore' | 'inherit';
 
@@ -17,6 +18,11 @@ export interface SpawnOptions {
   readonly cwd?: string;
   /** A new session and process group, led by the child (Node's `detached`). */
   readonly detached?: boolean;
+  /**
+   * Reads a piped stdout into this buffer (a socket's `onread`, runtime/slabs.ts) instead of
+   * emitting 'data'. Only a child the helper starts has such a stdout: its `stdoutOnread` says so.
+   */
+  readonly stdoutOnread?: OnRead;
 }
 
 /**
@@ -30,6 +36,8 @@ export interface SpawnedProcess extends EventEmitter {
   readonly stderr: Readable | null;
   readonly exitCode: number | null;
   readonly signalCode: NodeJS.Signals | null;
+  /** Whether stdout reads through the spawn's `stdoutOnread` (absent: it emits 'data'). */
+  readonly stdoutOnread?: boolean;
   kill(signal?: NodeJS.Signals | number): boolean;
   unref(): void;
 }
@@ -51,6 +59,7 @@ export class HelperChild extends EventEmitter implements SpawnedProcess {
     readonly stdin: Socket | null,
     readonly stdout: Socket | null,
     readonly stderr: Socket | null,
+    readonly stdoutOnread = false,
   ) {
     super();
     for (const s of [stdout, stderr]) {

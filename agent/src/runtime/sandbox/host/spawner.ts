@@ -160,7 +160,8 @@ class HelperSpawner {
     // nothing is piped, closed by the helper once the child is started).
     const piped = [0, 1, 2].filter((fd) => options.stdio[fd] === 'pipe');
     // A connection that fails (the helper died) fails the start, below; not the agent.
-    const conns = (piped.length === 0 ? [-1] : piped).map(() => connect({ path: this.address }).on('error', () => undefined));
+    const onread = (fd: number) => (fd === 1 && options.stdoutOnread !== undefined ? { onread: options.stdoutOnread } : {});
+    const conns = (piped.length === 0 ? [-1] : piped).map((fd) => connect({ path: this.address, ...onread(fd) }).on('error', () => undefined));
     const modes = options.stdio.map((mode, fd) => {
       if (mode === 'pipe') return MODE_CONN + piped.indexOf(fd);
       return mode === 'inherit' && fd > 0 ? MODE_OWN : MODE_NULL;
@@ -171,7 +172,7 @@ class HelperSpawner {
     // the caller, resumed only once the child has started, is listening.
     const outputs = [streamOf(1), streamOf(2)].filter((s) => s !== null);
     for (const s of outputs) s.pause();
-    const child = new HelperChild(this, streamOf(0), streamOf(1), streamOf(2));
+    const child = new HelperChild(this, streamOf(0), streamOf(1), streamOf(2), piped.includes(1) && options.stdoutOnread !== undefined);
     this.references++;
     (this.helper.stdout as Socket).ref();
     conns[0]!.write(requestFrame(id, file, args, options, modes as [number, number, number], conns.length));

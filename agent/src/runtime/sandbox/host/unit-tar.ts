@@ -20,7 +20,8 @@
  */
 import type { Writable } from 'node:stream';
 import { spawnProcess, type SpawnedProcess } from './spawner.js';
-import type { UnitSink, UnitStream } from '../../transfer.js';
+import { SlabReader } from '../../slabs.js';
+import type { ReadOptions, UnitSink, UnitStream } from '../../transfer.js';
 
 const RECORD_BLOCKS = '128';
 
@@ -63,13 +64,15 @@ function feed(stdin: Writable, leaveOut: readonly string[]): void {
  * `leaveOut`: tar's own stdout, with no stream in between (this is the hot path of a move), and
  * `done`, which says whether tar exited 0. Destroying the body kills tar.
  */
-export async function tarStream(dir: string, members: readonly string[], leaveOut: readonly string[] = []): Promise<UnitStream> {
+export async function tarStream(dir: string, members: readonly string[], leaveOut: readonly string[] = [], how: ReadOptions = {}): Promise<UnitStream> {
+  const reader = how.slabs === true ? new SlabReader() : null;
   const child = await spawnProcess('tar', ['--create', '--file=-', ...CREATE_FLAGS, ...excludeArgs(leaveOut), '-C', dir, '--', ...members], {
     env: TAR_ENV,
     stdio: ['pipe', 'pipe', 'pipe'],
+    ...(reader === null ? {} : { stdoutOnread: reader.onread }),
   });
   feed(child.stdin!, leaveOut);
-  return produced(child, 'tar --create', false);
+  return produced(child, 'tar --create', false, reader);
 }
 
 /**
@@ -79,19 +82,21 @@ export async function tarStream(dir: string, members: readonly string[], leaveOu
  * exits 1, which is not a failure here; the pre-copy compares every file's identity afterwards
  * and keeps only those unchanged.
  */
-export async function fileListStream(dir: string, files: readonly string[]): Promise<UnitStream> {
+export async function fileListStream(dir: string, files: readonly string[], how: ReadOptions = {}): Promise<UnitStream> {
+  const reader = how.slabs === true ? new SlabReader() : null;
   const child = await spawnProcess(
     'tar',
     ['--create', '--file=-', ...CREATE_FLAGS, '--ignore-failed-read', '--warning=no-file-changed', '--warning=no-file-removed', '--no-recursion',
       '-C', dir, '--null', '--verbatim-files-from', '--files-from=-'],
-    { env: TAR_ENV, stdio: ['pipe', 'pipe', 'pipe'] },
+    { env: TAR_ENV, stdio: ['pipe', 'pipe', 'pipe'], ...(reader === null ? {} : { stdoutOnread: reader.onread }) },
   );
   child.stdin!.on('error', () => undefined);
   child.stdin!.end(files.map((name) => `${name}\0`).join(''));
-  return produced(child, 'tar --create', true);
+  return produced(child, 'tar --create', true, reader);
 }
 
-function produced(child: SpawnedProcess, what: string, changesAllowed: boolean): UnitStream {
+/** The stream of a `tar --create`; in slabs when they were asked for and the child reads that way. */
+function produced(child: SpawnedProcess, what: string, changesAllowed: boolean, reader: SlabReader | null): UnitStream {
   const body = child.stdout!;
   let stderr = '';
   child.stderr!.on('data', (chunk: Buffer) => {
@@ -109,7 +114,7 @@ function produced(child: SpawnedProcess, what: string, changesAllowed: boolean):
   body.once('close', () => {
     if (!body.readableEnded && child.exitCode === null && child.signalCode === null) child.kill('SIGKILL');
   });
-  return { body, done };
+  return { body, done, ...(reader !== null && child.stdoutOnread === true ? { slabs: reader } : {}) };
 }
 
 /**
