@@ -27,4 +27,17 @@ describe.skipIf(!isRoot)('killTree', () => {
     expect(existsSync(`/proc/${inner}`)).toBe(false);
     await exited;
   });
+
+  it('lets a stopped parent outside go on to reap it (nsenter stops itself when its child stops)', async () => {
+    const outer = spawn('unshare', ['--pid', '--fork', '--kill-child', 'sleep', '1000'], { stdio: 'ignore' });
+    const exited = new Promise<void>((resolve) => outer.once('exit', () => resolve()));
+    const inner = await until(() => childPidsSync(outer.pid!)[0] ?? null, 5_000, 'the child in its namespace');
+    process.kill(inner, 'SIGSTOP');
+    process.kill(outer.pid!, 'SIGSTOP');
+    await until(() => /^State:\s+T/m.test(readFileSync(`/proc/${outer.pid}/status`, 'utf8')), 5_000, 'the parent stopped');
+
+    await killTree(outer.pid!);
+    expect(existsSync(`/proc/${inner}`)).toBe(false);
+    await exited;
+  });
 });

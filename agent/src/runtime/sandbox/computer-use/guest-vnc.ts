@@ -40,7 +40,7 @@ import type { VncSession } from '../../driver.js';
 import { joinArgv, JOIN_FAILED } from '../host/cgroups.js';
 import type { InitProcess } from '../host/cold-boot.js';
 import { GUEST_CAPS_ONLY, GUEST_ENV, nsenterArgv } from '../guest/guest-init.js';
-import { isSameProcessSync, processTree, procStat, signal, waitFor, type ProcStat } from '../host/host-procs.js';
+import { isSameProcessSync, killTree, processTree, procStat, waitFor, type ProcStat } from '../host/host-procs.js';
 
 export interface VncSessionsOptions {
   readonly nsenterPath: string;
@@ -151,14 +151,18 @@ class VncServer implements VncSession {
     this.graceTimer.unref();
   }
 
-  /** SIGKILLs nsenter and the server under it and waits until they are gone. */
+  /**
+   * SIGKILLs the server and then nsenter above it (killTree: killed together, the server would be
+   * left to the host's init to reap, and a hibernate's dump waits for that) and waits until they
+   * are gone.
+   */
   kill(): Promise<void> {
     this.killing ??= (async () => {
       if (this.child.pid === undefined || this.exited) return;
       const tree = await processTree(this.child.pid);
       const procs = (await Promise.all(tree.map((pid) => procStat(pid)))).filter((p): p is ProcStat => p !== null);
-      for (const p of procs) signal(p.pid, 'SIGKILL');
-      // A killed server is reaped by the guest init; until then it is a zombie, which counts as gone.
+      await killTree(this.child.pid);
+      // A zombie not yet reaped counts as gone.
       await waitFor(() => procs.every((p) => !isSameProcessSync(p.pid, p.startTime)), KILLED_GONE_MS);
     })();
     return this.killing;

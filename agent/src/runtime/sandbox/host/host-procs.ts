@@ -119,7 +119,12 @@ export async function killTree(root: number): Promise<void> {
   for (const pid of tree) ((await pidNamespace(pid)) === own ? host : guest).push(pid);
   for (const pid of guest) signal(pid, 'SIGKILL');
   for (const s of sessions) await killSession(s);
-  if (guest.length > 0 && host.length > 0) await waitFor(() => guest.every((pid) => !existsSync(`/proc/${pid}`)), REAPED_MS);
+  if (guest.length > 0 && host.length > 0) {
+    // nsenter stops itself when its child stops (to pass the stop on), and a stopped nsenter
+    // cannot reap: it goes on, to be killed next.
+    for (const pid of host) signal(pid, 'SIGCONT');
+    await waitFor(() => guest.every((pid) => !existsSync(`/proc/${pid}`)), REAPED_MS);
+  }
   for (const pid of host) signal(pid, 'SIGKILL');
 }
 
