@@ -61,12 +61,13 @@ export function progressLine(host: AdminHost, elapsedMs: number): string {
 }
 
 /**
- * What to add when the drained host is down: its desktops are only on it, so its moves retry
- * until its agent is back (or their deadline passes), and the bar stands still meanwhile.
+ * What to add when the drained host, or a host its moves copy to, is down: the moves retry until
+ * that agent is back (or their deadline passes), and the bar stands still meanwhile.
  */
 function hostDown(host: AdminHost): string {
-  if (host.state !== 'down') return '';
-  return `; the host is down (last heard ${agoSince(host.last_heartbeat_at)}): its moves wait for its agent`;
+  const targets = (host.drain?.down_targets ?? []).map((id) => `; ${id}, a target, is down: the moves to it wait for its agent`).join('');
+  if (host.state !== 'down') return targets;
+  return `; the host is down (last heard ${agoSince(host.last_heartbeat_at)}): its moves wait for its agent${targets}`;
 }
 
 /**

@@ -132,3 +132,39 @@ it('refuses a move onto a host being drained, and takes one onto a host only cor
   expect(refused.json.detail).toBe('the target host is being drained; uncordon it first to move desktops onto it');
   await until(async () => (await admin('GET', `/admin/v1/hosts/${source.hostId}`)).json.drain?.state === 'drained', 30_000, 'the drain to finish');
 });
+
+it('names a target that is down while the moves to it wait, and goes on once it is back', async () => {
+  const source = await startFakeAgent(s.url, { delayMs: 0 });
+  let target = await startFakeAgent(s.url, { delayMs: 0 });
+  agents.push(source, target);
+  await twoDesktopsOn(source, false);
+  for (const a of agents.filter((x) => x !== source && x !== target)) await admin('POST', `/admin/v1/hosts/${a.hostId}/cordon`);
+  // The target's unpacking is slow, so that its agent can stop in the middle of a copy.
+  const driver = target.driver!;
+  const unpack = driver.transfer.unpack.bind(driver.transfer);
+  (driver.transfer as { unpack: typeof unpack }).unpack = async (...args) => {
+    await new Promise((resolve) => setTimeout(resolve, SLOW_MS));
+    return unpack(...args);
+  };
+  expect((await admin('POST', `/admin/v1/hosts/${source.hostId}/drain`, { parallel: 1 })).status).toBe(202);
+  const sql = connectDatabase(s.databaseUrl, { max: 1 });
+  try {
+    await until(async () => (await sql`
+      SELECT 1 FROM operations WHERE kind = 'move' AND params->>'source_host_id' = ${source.hostId} AND params->>'phase' = 'stopped'`).length > 0,
+    10_000, 'a move copying');
+  } finally {
+    await sql.end();
+  }
+  const stateDir = target.stateDir;
+  await target.stop(true);
+  const waiting = await until(async () => {
+    const d = (await admin('GET', `/admin/v1/hosts/${source.hostId}`)).json.drain;
+    return d?.down_targets?.length > 0 ? d : null;
+  }, 10_000, 'the drain to name its target down');
+  expect(waiting).toMatchObject({ state: 'draining', running: 1, down_targets: [target.hostId] });
+
+  target = await startFakeAgent(s.url, { delayMs: 0, again: { stateDir, driver } });
+  agents.push(target);
+  await until(async () => (await admin('GET', `/admin/v1/hosts/${source.hostId}`)).json.drain?.state === 'drained', 30_000, 'the drain to finish');
+  expect((await admin('GET', `/admin/v1/hosts/${source.hostId}`)).json.drain.down_targets).toEqual([]);
+}, 60_000);

@@ -11,7 +11,7 @@ import type { AdminHost, AdminOperation } from '../../sdk/src/index.js';
 function host(moved: number, running: number, remaining: number, state = 'draining'): AdminHost {
   const drain = {
     state, requested_at: new Date(0).toISOString(), parallel: 2, moved, running, remaining,
-    failed: 0, moved_bytes: moved * 1024 * 1024, total_bytes: (moved + running) * 1024 * 1024, error: null,
+    failed: 0, moved_bytes: moved * 1024 * 1024, total_bytes: (moved + running) * 1024 * 1024, down_targets: [], error: null,
   };
   return { id: 'host_a', drain } as unknown as AdminHost;
 }
@@ -27,6 +27,12 @@ it('says why the bar stands still while the drained host is down', () => {
   const down = { ...host(1, 2, 1), state: 'down', last_heartbeat_at: new Date(Date.now() - 42_000).toISOString() } as AdminHost;
   expect(progressLine(down, 5_000)).toMatch(/ 2 moving ETA \d+ s; the host is down \(last heard 4[23] s ago\): its moves wait for its agent$/);
   expect(progressLine({ ...down, state: 'ready' } as AdminHost, 5_000)).not.toMatch(/down/);
+});
+
+it('says which target is down while the moves to it wait', () => {
+  const waiting = host(1, 2, 1);
+  waiting.drain = { ...waiting.drain!, down_targets: ['host_t'] };
+  expect(progressLine(waiting, 5_000)).toMatch(/ 2 moving ETA \d+ s; host_t, a target, is down: the moves to it wait for its agent$/);
 });
 
 it('says which host of a move is down while the move waits for it', () => {

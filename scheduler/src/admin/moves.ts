@@ -57,6 +57,9 @@ export const DrainJson = Type.Union(
       failed: Type.Integer({ minimum: 0 }),
       moved_bytes: Type.Integer({ minimum: 0, description: 'Bytes of the moves settled, and copied so far of those running' }),
       total_bytes: Type.Integer({ minimum: 0, description: 'Bytes of the moves settled and running, as far as known' }),
+      down_targets: Type.Array(Type.String(), {
+        description: 'Hosts that running moves of this drain copy to and that are down: those moves wait for their agents (or fail at their deadline)',
+      }),
       error: Type.Union([Type.String(), Type.Null()]),
     }),
     Type.Null(),

@@ -100,13 +100,17 @@ export interface DrainCounts {
   /** Bytes the drain's settled moves copied, and what its running ones will copy. */
   moved_bytes: number;
   total_bytes: number;
+  /** Hosts its running moves copy to that are down (by id): those moves wait for their agents. */
+  down_targets: string[];
 }
 
 export async function drainCounts(sql: Sql, host: HostRow): Promise<DrainCounts> {
   const drain = host.drain_requested_at?.toISOString() ?? '';
   // One statement, so one snapshot: read apart, a move the drainer created between the two
   // readings counted both as waiting and as running.
-  const [c] = await sql<Array<{ n: number; waiting: number; moved: number; failed: number; running: number; copying: number; moved_bytes: string; total_bytes: string }>>`
+  const [c] = await sql<Array<{
+    n: number; waiting: number; moved: number; failed: number; running: number; copying: number; moved_bytes: string; total_bytes: string; down_targets: string[];
+  }>>`
     WITH held AS (
       SELECT count(*)::int AS n,
              count(*) FILTER (WHERE NOT EXISTS (
@@ -122,8 +126,13 @@ export async function drainCounts(sql: Sql, host: HostRow): Promise<DrainCounts>
                           END), 0) AS moved_bytes,
              COALESCE(sum(COALESCE((result->>'total_bytes')::bigint, (params->>'total_bytes')::bigint, (params->>'copy_total_bytes')::bigint, 0)), 0) AS total_bytes
       FROM operations WHERE kind = 'move' AND params->>'source_host_id' = ${host.id} AND params->>'drain' = ${drain}
+    ), waits AS (
+      SELECT COALESCE(array_agg(DISTINCT h.id ORDER BY h.id), '{}') AS down_targets
+      FROM operations o JOIN hosts h ON h.id = o.params->>'target_host_id'
+      WHERE o.kind = 'move' AND o.params->>'source_host_id' = ${host.id} AND o.params->>'drain' = ${drain}
+        AND o.state IN ('pending', 'running') AND h.status = 'down'
     )
-    SELECT * FROM held, ops`;
+    SELECT * FROM held, ops, waits`;
   return {
     remaining: c!.n,
     waiting: c!.waiting,
@@ -133,6 +142,7 @@ export async function drainCounts(sql: Sql, host: HostRow): Promise<DrainCounts>
     copying: c!.copying,
     moved_bytes: Number(c!.moved_bytes),
     total_bytes: Number(c!.total_bytes),
+    down_targets: c!.down_targets,
   };
 }
 

@@ -615,6 +615,8 @@ export interface operations {
                             };
                             /** @description The host's drain, or null when none was asked for since it was last uncordoned */
                             drain: {
+                                /** @description Hosts that running moves of this drain copy to and that are down: those moves wait for their agents (or fail at their deadline) */
+                                down_targets: string[];
                                 error: string | null;
                                 failed: number;
                                 moved: number;
@@ -781,6 +783,8 @@ export interface operations {
                         };
                         /** @description The host's drain, or null when none was asked for since it was last uncordoned */
                         drain: {
+                            /** @description Hosts that running moves of this drain copy to and that are down: those moves wait for their agents (or fail at their deadline) */
+                            down_targets: string[];
                             error: string | null;
                             failed: number;
                             moved: number;
@@ -1036,6 +1040,8 @@ export interface operations {
                         };
                         /** @description The host's drain, or null when none was asked for since it was last uncordoned */
                         drain: {
+                            /** @description Hosts that running moves of this drain copy to and that are down: those moves wait for their agents (or fail at their deadline) */
+                            down_targets: string[];
                             error: string | null;
                             failed: number;
                             moved: number;
@@ -1217,6 +1223,8 @@ export interface operations {
                         };
                         /** @description The host's drain, or null when none was asked for since it was last uncordoned */
                         drain: {
+                            /** @description Hosts that running moves of this drain copy to and that are down: those moves wait for their agents (or fail at their deadline) */
+                            down_targets: string[];
                             error: string | null;
                             failed: number;
                             moved: number;
@@ -1404,6 +1412,8 @@ export interface operations {
                         };
                         /** @description The host's drain, or null when none was asked for since it was last uncordoned */
                         drain: {
+                            /** @description Hosts that running moves of this drain copy to and that are down: those moves wait for their agents (or fail at their deadline) */
+                            down_targets: string[];
                             error: string | null;
                             failed: number;
                             moved: number;
