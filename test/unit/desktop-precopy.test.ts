@@ -24,6 +24,7 @@ import { TransferSource } from '../../agent/src/transfer/source.js';
 import { TransferTickets } from '../../agent/src/transfer/tickets.js';
 import type { TransferUnit } from '../../shared/src/transfer.js';
 import { AgentFailure } from '../../shared/src/protocol.js';
+import { startTransferProxy } from '../helpers/transfer-proxy.js';
 import { until } from '../helpers/wait.js';
 
 const isRoot = process.getuid?.() === 0;
@@ -153,6 +154,25 @@ describe.skipIf(!isRoot)('pre-copy of a desktop being moved, on real files', () 
     // The four 300 KiB files did not travel again: only headers, the small file and directories did.
     expect(fetched).toBeLessThan(100 * KIB);
     expectSameTree(s, t);
+  });
+
+  it('comes raw from a source that speaks it, and over plain HTTP from one that predates it', async () => {
+    for (const plainOnly of [false, true]) {
+      const [s, t] = [await host(), await host()];
+      desktopOn(s);
+      await until(async () => (await s.transfer.precopy.scan(D)).length === 4, 10_000, '4 cold files');
+      const exported = await s.moves.exportPrecopy(D, 3, 60_000);
+      const proxy = await startTransferProxy(exported.url, { plainOnly, times: 0 });
+      try {
+        await t.moves.importPrecopy({ desktopId: D, generation: 4, precopyId: exported.precopy_id, source: { url: proxy.url, ticket: exported.ticket } });
+        const answers = proxy.exchanges().filter((e) => e.request.includes('/precopy/')).map((e) => e.response);
+        expect(answers).toEqual(plainOnly ? ['HTTP/1.1 200 OK', 'HTTP/1.1 200 OK'] : ['HTTP/1.1 101 Switching Protocols']);
+      } finally {
+        await proxy.close();
+      }
+      expect((await copyAfterStop(s, t, exported.precopy_id)).fetched).toBeLessThan(100 * KIB);
+      expectSameTree(s, t);
+    }
   });
 
   it('counts the desktop unit once when the export is told of the pre-copy the target holds', async () => {

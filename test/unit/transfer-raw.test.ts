@@ -3,13 +3,15 @@
  * answers, how the importer reads it into buffers it reuses, and how it falls back to the plain
  * chunked stream of a source that predates it. Real transfer servers on the fake runtime.
  */
-import { createHash } from 'node:crypto';
+import { createHash, randomBytes } from 'node:crypto';
+import { createServer, type Server } from 'node:net';
 import { Readable, Writable } from 'node:stream';
 import { afterEach, describe, expect, it } from 'vitest';
-import { RangeRefused } from '../../agent/src/transfer/client.js';
+import { RangeRefused, TransientFetchError } from '../../agent/src/transfer/client.js';
 import { pump } from '../../agent/src/transfer/pump.js';
 import { openRawUnit, type RawUnitBody } from '../../agent/src/transfer/raw-unit.js';
 import { AgentFailure } from '../../shared/src/protocol.js';
+import { RAW_UNIT_PROTOCOL } from '../../shared/src/transfer.js';
 import { BIG, closeFakeMoveHosts, D, exportFrom, fakeMoveHost, importInto, stoppedDesktop } from '../helpers/fake-move-hosts.js';
 import { startTransferProxy, type TransferProxy } from '../helpers/transfer-proxy.js';
 
@@ -134,5 +136,47 @@ describe('the source of a raw stream', () => {
     await expect(pump(stream(10), sink(), 0, 8)).rejects.toThrow(/longer than its 8 bytes/);
     await expect(pump(stream(10), sink(), 0, 12)).rejects.toThrow(/ended at 10 of 12 bytes/);
     expect(await pump(stream(10), sink(), 0, 10)).toBe(createHash('sha256').update(Buffer.alloc(10, 7)).digest('hex'));
+  });
+});
+
+describe('a stream of unknown length, raw (a pre-copy)', () => {
+  /** A source answering the upgrade with `body` in pieces, its digest unless told not to, then an end or a reset. */
+  async function source(body: Buffer, how: { end: 'end' | 'reset'; digest?: boolean }): Promise<URL> {
+    const server = createServer((socket) => {
+      socket.on('error', () => undefined);
+      socket.once('data', () => {
+        socket.write(`HTTP/1.1 101 Switching Protocols\r\nconnection: Upgrade\r\nupgrade: ${RAW_UNIT_PROTOCOL}\r\n\r\n`);
+        // Pieces of an odd size: the digest held back spans reads.
+        for (let i = 0; i < body.length; i += 100_003) socket.write(body.subarray(i, i + 100_003));
+        if (how.digest !== false) socket.write(createHash('sha256').update(body).digest('hex'));
+        if (how.end === 'end') socket.end();
+        else setTimeout(() => socket.resetAndDestroy(), 50);
+      });
+    });
+    servers.push(server);
+    await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve));
+    return new URL(`http://127.0.0.1:${(server.address() as { port: number }).port}/v1/transfer/${D}/precopy/pc_aaaaaaaaaaaaaaaa`);
+  }
+  const servers: Server[] = [];
+  afterEach(async () => {
+    for (const server of servers.splice(0)) await new Promise((resolve) => server.close(resolve));
+  });
+
+  it('runs to the end, its last 64 characters the digest, however short', async () => {
+    for (const size of [3 * (1 << 20) + 17, 10, 0]) {
+      const body = randomBytes(size);
+      const raw = (await openRawUnit(await source(body, { end: 'end' }), null, options('t')))!;
+      expect(raw.unitBytes).toBeNull();
+      const got = await readAll(raw);
+      expect(got.bytes.equals(body)).toBe(true);
+      expect(got.digest).toBe(createHash('sha256').update(body).digest('hex'));
+    }
+  });
+
+  it('fails on a reset, and on an end that leaves less than a digest', async () => {
+    const reset = (await openRawUnit(await source(randomBytes(1 << 20), { end: 'reset' }), null, options('t')))!;
+    await expect(readAll(reset)).rejects.toBeInstanceOf(TransientFetchError);
+    const short = (await openRawUnit(await source(randomBytes(10), { end: 'end', digest: false }), null, options('t')))!;
+    await expect(readAll(short)).rejects.toThrow(/closed before the unit ended/);
   });
 });

@@ -10,13 +10,15 @@
  * unmarked pre-copy is never reused. The mark goes first when a new pre-copy begins.
  */
 import { createHash } from 'node:crypto';
+import type { IncomingMessage } from 'node:http';
 import { mkdir, readFile, rm, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { AgentFailure } from '../../../shared/src/protocol.js';
 import type { PrecopyImportResult } from '../../../shared/src/precopy.js';
 import { SHA256_TRAILER } from '../../../shared/src/transfer.js';
-import type { DesktopTransfer, PrecopyFiles } from '../runtime/transfer.js';
-import { classify, get } from './client.js';
+import type { DesktopTransfer, PrecopyFiles, UnitSink } from '../runtime/transfer.js';
+import { classify, get, httpUrl } from './client.js';
+import { openRawUnit } from './raw-unit.js';
 
 export interface PrecopySpec {
   readonly desktopId: string;
@@ -68,38 +70,29 @@ export async function importPrecopy(
   const sink = await files.unpack(spec.desktopId);
   const hash = createHash('sha256');
   let fetched = 0;
+  const getOptions = { ticket: spec.source.ticket, idleTimeoutMs: 30_000, signal: options.signal };
   try {
-    const res = await get(url, { ticket: spec.source.ticket, idleTimeoutMs: 30_000, signal: options.signal });
-    // 'data' events and a pause while the unpacking is full, not an async iterator: the
-    // iterator concatenates what is buffered, a copy of every byte.
-    await new Promise<void>((resolve, reject) => {
-      let settled = false;
-      const fail = (err: unknown) => {
-        if (settled) return;
-        settled = true;
-        res.destroy();
-        reject(classify(err, options.signal));
-      };
-      const done = () => {
-        settled = true;
-        resolve();
-      };
-      sink.done.then(() => fail(new Error('the unpacking ended early')), fail);
-      res.on('data', (chunk: Buffer) => {
+    // Raw where the source speaks it (raw-unit.ts), the plain chunked stream otherwise.
+    const raw = await openRawUnit(httpUrl(url), null, getOptions);
+    let trailer: string | null;
+    if (raw !== null) {
+      trailer = await raw.read((chunk, release) => {
         hash.update(chunk);
         fetched += chunk.length;
-        if (sink.input.write(chunk)) return;
-        res.pause();
-        sink.input.once('drain', () => res.resume());
+        if (sink.input.write(chunk, () => release())) return null;
+        return drained(sink);
       });
-      res.once('end', done);
-      res.once('error', fail);
-      res.once('close', () => (res.complete ? done() : fail(new Error('the pre-copy stream was cut'))));
-    });
-    if (!res.complete) throw new AgentFailure('runtime_error', 'the pre-copy stream was cut', true);
-    const trailer = res.trailers[SHA256_TRAILER];
+    } else {
+      const res = await get(url, getOptions);
+      await readPlain(res, sink, (chunk) => {
+        hash.update(chunk);
+        fetched += chunk.length;
+      }, options.signal);
+      const said = res.trailers[SHA256_TRAILER];
+      trailer = typeof said === 'string' ? said : null;
+    }
     const digest = hash.digest('hex');
-    if (trailer !== digest) throw new AgentFailure('runtime_error', `the pre-copy's sha256 does not match (${typeof trailer === 'string' ? 'got another' : 'none came'})`, true);
+    if (trailer !== digest) throw new AgentFailure('runtime_error', `the pre-copy's sha256 does not match (${trailer !== null ? 'got another' : 'none came'})`, true);
     sink.input.end();
     await sink.done;
   } catch (err) {
@@ -111,4 +104,42 @@ export async function importPrecopy(
   await writeFile(join(staging, MARK), JSON.stringify({ precopy_id: spec.precopyId, generation: spec.generation } satisfies Mark));
   options.log('pre-copy imported', { desktopId: spec.desktopId, bytes: fetched });
   return { fetched_bytes: fetched };
+}
+
+/** Resolves once the unpacking takes more; rejects if it stopped first. */
+function drained(sink: UnitSink): Promise<void> {
+  return new Promise((resolve, reject) => {
+    sink.input.once('drain', resolve);
+    sink.done.then(() => reject(new Error('the unpacking ended early')), reject);
+  });
+}
+
+/**
+ * Reads a plain answer into the unpacking: 'data' events and a pause while the unpacking is full,
+ * not an async iterator (which concatenates what is buffered, a copy of every byte).
+ */
+function readPlain(res: IncomingMessage, sink: UnitSink, seen: (chunk: Buffer) => void, signal: AbortSignal): Promise<void> {
+  return new Promise<void>((resolve, reject) => {
+    let settled = false;
+    const fail = (err: unknown) => {
+      if (settled) return;
+      settled = true;
+      res.destroy();
+      reject(classify(err, signal));
+    };
+    const done = () => {
+      settled = true;
+      resolve();
+    };
+    sink.done.then(() => fail(new Error('the unpacking ended early')), fail);
+    res.on('data', (chunk: Buffer) => {
+      seen(chunk);
+      if (sink.input.write(chunk)) return;
+      res.pause();
+      sink.input.once('drain', () => res.resume());
+    });
+    res.once('end', done);
+    res.once('error', fail);
+    res.once('close', () => (res.complete ? done() : fail(new Error('the pre-copy stream was cut'))));
+  });
 }

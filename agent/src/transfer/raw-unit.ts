@@ -23,8 +23,8 @@ const MAX_HEAD_BYTES = 16 << 10;
 const MAX_REFUSAL_BYTES = 2000;
 
 export interface RawUnitBody {
-  /** The size of the whole unit as the source has it now. */
-  readonly unitBytes: number;
+  /** The size of the whole unit as the source has it now; null for a stream of unknown length. */
+  readonly unitBytes: number | null;
   /**
    * Reads the rest of the unit into `take`, in order; resolves with the whole stream's sha256
    * (hex, as the source computed it) once every byte and the digest came. On a broken
@@ -34,17 +34,23 @@ export interface RawUnitBody {
   destroy(): void;
 }
 
-/** Asks for the unit at `url` (its path and query) from `offset`, raw; null when the source cannot. */
-export function openRawUnit(url: URL, offset: number, options: GetOptions, onSent?: () => void): Promise<RawUnitBody | null> {
+/**
+ * Asks for the unit at `url` (its path and query) from `offset`, raw; null when the source
+ * cannot. With a null offset, a stream whose length is not known ahead (a pre-copy): its bytes
+ * run to the connection's end, whose last 64 characters are the digest, and a connection reset
+ * is a cut.
+ */
+export function openRawUnit(url: URL, offset: number | null, options: GetOptions, onSent?: () => void): Promise<RawUnitBody | null> {
   if (!/^[\x21-\x7e]+$/.test(options.ticket)) return Promise.reject(new AgentFailure('bad_request', 'the transfer ticket is not a token', false));
   return new RawUnitConnection(url, offset, options, onSent).opened;
 }
 
-type State = 'head' | 'refused' | 'body' | 'digest' | 'done';
+/** `rest`: the body of a stream of unknown length, its last 64 bytes held back as the digest may be them. */
+type State = 'head' | 'refused' | 'body' | 'digest' | 'rest' | 'done';
 
 class RawUnitConnection implements RawUnitBody {
   readonly opened: Promise<RawUnitBody | null>;
-  unitBytes = 0;
+  unitBytes: number | null = null;
   private settleOpen!: { resolve: (body: RawUnitBody | null) => void; reject: (err: Error) => void };
   private readonly socket: Socket;
   private state: State = 'head';
@@ -54,6 +60,8 @@ class RawUnitConnection implements RawUnitBody {
   private refusalText = '';
   private bodyLeft = 0;
   private digest = '';
+  /** Of a stream of unknown length, the last bytes read (at most the digest's length). */
+  private tail = Buffer.alloc(0);
   private readonly queue = new SlabQueue({ idle: () => this.idle(), failed: (err) => this.finish(err) });
   private reading = false;
   private failure: Error | null = null;
@@ -61,7 +69,7 @@ class RawUnitConnection implements RawUnitBody {
 
   constructor(
     url: URL,
-    private readonly offset: number,
+    private readonly offset: number | null,
     private readonly options: GetOptions,
     onSent?: () => void,
   ) {
@@ -80,7 +88,7 @@ class RawUnitConnection implements RawUnitBody {
     options.signal?.addEventListener('abort', aborted, { once: true });
     this.socket.once('close', () => options.signal?.removeEventListener('abort', aborted));
     this.socket.on('error', (err) => this.fail(err));
-    this.socket.once('end', () => this.fail(new TransientFetchError('the connection closed before the unit ended')));
+    this.socket.once('end', () => this.ended());
     this.socket.once('close', () => this.fail(new TransientFetchError('the connection closed before the unit ended')));
     if (options.signal?.aborted) aborted();
   }
@@ -143,13 +151,17 @@ class RawUnitConnection implements RawUnitBody {
       return bodyAt;
     }
     const unitBytes = Number(headers.get('x-canto-unit-bytes'));
-    if (headers.get('upgrade')?.toLowerCase() !== RAW_UNIT_PROTOCOL || Number(headers.get('x-canto-offset')) !== this.offset
-      || !Number.isSafeInteger(unitBytes) || unitBytes < this.offset) {
-      throw new TransientFetchError('the source answered the raw stream with headers that do not fit the request');
+    const unfit = () => new TransientFetchError('the source answered the raw stream with headers that do not fit the request');
+    if (headers.get('upgrade')?.toLowerCase() !== RAW_UNIT_PROTOCOL) throw unfit();
+    if (this.offset === null) {
+      if (headers.has('x-canto-unit-bytes')) throw unfit();
+      this.state = 'rest';
+    } else {
+      if (Number(headers.get('x-canto-offset')) !== this.offset || !Number.isSafeInteger(unitBytes) || unitBytes < this.offset) throw unfit();
+      this.unitBytes = unitBytes;
+      this.bodyLeft = unitBytes - this.offset;
+      this.state = this.bodyLeft === 0 ? 'digest' : 'body';
     }
-    this.unitBytes = unitBytes;
-    this.bodyLeft = unitBytes - this.offset;
-    this.state = this.bodyLeft === 0 ? 'digest' : 'body';
     this.settleOpen.resolve(this);
     return bodyAt;
   }
@@ -180,6 +192,9 @@ class RawUnitConnection implements RawUnitBody {
           this.queue.seal();
           this.state = 'digest';
         }
+      } else if (this.state === 'rest') {
+        this.holdBack(buf, at, n);
+        at = n;
       } else if (this.state === 'digest') {
         const k = Math.min(n - at, RAW_DIGEST_CHARS - this.digest.length);
         this.digest += buf.toString('latin1', at, at + k);
@@ -189,6 +204,32 @@ class RawUnitConnection implements RawUnitBody {
         throw new TransientFetchError('the source sent more than the unit and its digest');
       }
     }
+  }
+
+  /** Bytes of a stream of unknown length: all but the last 64 read so far are the body's. */
+  private holdBack(buf: Buffer, from: number, to: number): void {
+    let pass = this.tail.length + (to - from) - RAW_DIGEST_CHARS;
+    if (pass <= 0) {
+      this.tail = Buffer.concat([this.tail, buf.subarray(from, to)]);
+      return;
+    }
+    const fromTail = Math.min(pass, this.tail.length);
+    if (fromTail > 0) this.queue.copy(this.tail, 0, fromTail);
+    pass -= fromTail;
+    if (pass > 0) this.queue.copy(buf, from, from + pass);
+    this.tail = Buffer.concat([this.tail.subarray(fromTail), buf.subarray(from + pass, to)]);
+  }
+
+  /** The source ended the connection: the end of a stream of unknown length, or a cut. */
+  private ended(): void {
+    if (this.state === 'rest' && this.failure === null && this.tail.length === RAW_DIGEST_CHARS) {
+      this.digest = this.tail.toString('latin1');
+      this.state = 'done';
+      this.queue.seal();
+      this.queue.pump();
+      return;
+    }
+    this.fail(new TransientFetchError('the connection closed before the unit ended'));
   }
 
   /** Everything handed over is taken: the read settles, or the socket reads on. */

@@ -20,7 +20,7 @@
  * logs a ticket or the Authorization header.
  */
 import { createServer, type IncomingMessage, type Server, type ServerResponse } from 'node:http';
-import type { AddressInfo } from 'node:net';
+import type { AddressInfo, Socket } from 'node:net';
 import type { Duplex } from 'node:stream';
 import { formatHost } from '../../../shared/src/host-port.js';
 import { AgentFailure } from '../../../shared/src/protocol.js';
@@ -151,9 +151,10 @@ export class TransferServer {
   }
 
   /**
-   * A unit asked for raw (`Upgrade: canto-unit/1`, RAW_UNIT_PROTOCOL): `101`, the bytes from the
-   * offset, the whole stream's sha256 in hex, and the end. Refusals are the same problem bodies as
-   * over plain HTTP; a stream that fails once begun is cut, which the receiver resumes.
+   * A unit or a pre-copy asked for raw (`Upgrade: canto-unit/1`, RAW_UNIT_PROTOCOL): `101`, the
+   * bytes (a unit's from the offset), the whole stream's sha256 in hex, and the end. Refusals are
+   * the same problem bodies as over plain HTTP; a stream that fails once begun is cut (a unit's
+   * receiver resumes it).
    */
   private async serveRaw(req: IncomingMessage, socket: Duplex): Promise<void> {
     socket.on('error', () => undefined);
@@ -162,24 +163,38 @@ export class TransferServer {
     const started = performance.now();
     let fields: object = {};
     let begun = false;
+    const switched = (more = '') => `HTTP/1.1 101 Switching Protocols\r\nconnection: Upgrade\r\nupgrade: ${RAW_UNIT_PROTOCOL}\r\n${more}\r\n`;
     try {
       if (req.method !== 'GET') throw new Refusal(405, 'only GET is served here');
       if (req.headers.upgrade?.toLowerCase() !== RAW_UNIT_PROTOCOL) throw new Refusal(400, `the only upgrade here is ${RAW_UNIT_PROTOCOL}`);
-      const asked = this.unitRequest(req, new URL(req.url ?? '/', 'http://transfer'));
+      const url = new URL(req.url ?? '/', 'http://transfer');
+      const precopy = PRECOPY_ROUTE.exec(url.pathname);
+      if (precopy !== null) {
+        // No length known ahead: the bytes run to the end, the digest last; a cut is a reset.
+        const desktopId = precopy[1]!;
+        const id = precopy[2]!;
+        const { generation } = this.admit(req, desktopId);
+        fields = { desktopId, raw: true };
+        if (!this.options.source.precopies.knows(desktopId, generation, id)) throw new Refusal(404, 'no such pre-copy here');
+        begun = true;
+        socket.write(switched());
+        socket.end(await this.options.source.sendPrecopy(desktopId, generation, id, socket));
+        this.options.log('pre-copy sent', { ...fields, bytes: (socket as Socket).bytesWritten, ms: Math.round(performance.now() - started) });
+        return;
+      }
+      const asked = this.unitRequest(req, url);
       if (asked.unitId === undefined) throw new Refusal(400, 'only a unit comes raw');
       fields = { desktopId: asked.desktopId, unit: asked.unitId, offset: asked.offset, raw: true };
       const unit = await this.options.source.openUnit(asked.desktopId, asked.generation, asked.unitId, asked.offset, asked.mode, asked.reuse);
       begun = true;
-      socket.write(
-        `HTTP/1.1 101 Switching Protocols\r\nconnection: Upgrade\r\nupgrade: ${RAW_UNIT_PROTOCOL}\r\n`
-        + `x-canto-offset: ${asked.offset}\r\nx-canto-unit-bytes: ${unit.bytes}\r\n\r\n`,
-      );
+      socket.write(switched(`x-canto-offset: ${asked.offset}\r\nx-canto-unit-bytes: ${unit.bytes}\r\n`));
       socket.end(await unit.send(socket, true));
       this.options.log('unit sent', { ...fields, bytes: unit.bytes - asked.offset, ms: Math.round(performance.now() - started) });
     } catch (err) {
       if (begun) {
-        socket.destroy();
-        this.options.log('unit stream cut', { ...fields, error: err instanceof Error ? err.message : String(err) });
+        // A reset, not an end: a stream of unknown length ends where the connection does.
+        (socket as Socket).resetAndDestroy();
+        this.options.log('raw stream cut', { ...fields, error: err instanceof Error ? err.message : String(err) });
         return;
       }
       const { status, body } = this.refusal(req, err);
