@@ -116,6 +116,9 @@ export const SHA256_TRAILER = 'x-canto-sha256';
  * `101 Switching Protocols` with `x-canto-offset` and `x-canto-unit-bytes` headers, the source
  * sends exactly the unit's bytes from the offset, then the whole stream's sha256 as 64 hex
  * characters, and closes. A stream whose length turns out other than announced is cut instead.
+ * A pre-copy (whose length is not known ahead) is answered `101` without those headers: its bytes
+ * run to the end of the connection, the last 64 characters being the digest, and a failed one is
+ * cut with a reset.
  */
 export const RAW_UNIT_PROTOCOL = 'canto-unit/1';
 
