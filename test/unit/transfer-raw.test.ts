@@ -10,7 +10,6 @@ import { afterEach, describe, expect, it } from 'vitest';
 import { RangeRefused, TransientFetchError } from '../../agent/src/transfer/client.js';
 import { pump } from '../../agent/src/transfer/pump.js';
 import { openRawUnit, type RawUnitBody } from '../../agent/src/transfer/raw-unit.js';
-import { AgentFailure } from '../../shared/src/protocol.js';
 import { RAW_UNIT_PROTOCOL } from '../../shared/src/transfer.js';
 import { BIG, closeFakeMoveHosts, D, exportFrom, fakeMoveHost, importInto, stoppedDesktop } from '../helpers/fake-move-hosts.js';
 import { startTransferProxy, type TransferProxy } from '../helpers/transfer-proxy.js';
@@ -106,12 +105,25 @@ describe('a unit stream, raw', () => {
     expect(await refused(unitUrl(a.server.url), 0, 'nope')).toMatchObject({ code: 'unauthorized', retryable: false });
     expect(await refused(unitUrl(a.server.url, exp.total_bytes + 1), exp.total_bytes + 1, exp.ticket)).toBeInstanceOf(RangeRefused);
     expect(await refused(new URL(`${a.server.url}/v1/transfer/dsk_bbbbbbbbbbbbbbbbbbbbbbbb/units/desktop`), 0, exp.ticket)).toMatchObject({ code: 'not_found' });
-    // Only a unit comes raw, not the listing.
-    const listing = await refused(new URL(`${a.server.url}/v1/transfer/${D}/units`), 0, exp.ticket);
-    expect(listing).toBeInstanceOf(AgentFailure);
-    expect((listing as Error).message).toMatch(/HTTP 400: only a unit comes raw/);
+    // Only a unit or a pre-copy comes raw, not the listing: the source says 400, which has the
+    // reader ask again without the upgrade.
+    expect(await openRawUnit(new URL(`${a.server.url}/v1/transfer/${D}/units`), 0, options(exp.ticket))).toBeNull();
     // A ticket that would break the request's head is never sent.
     expect(await refused(unitUrl(a.server.url), 0, 'a\r\nx-evil: 1')).toMatchObject({ code: 'bad_request' });
+  });
+
+  it('asks again without the upgrade when something on the way refuses upgrades', async () => {
+    const refusing = createServer((socket) => {
+      socket.on('error', () => undefined);
+      socket.once('data', () => socket.end('HTTP/1.1 400 Bad Request\r\ncontent-length: 0\r\nconnection: close\r\n\r\n'));
+    });
+    await new Promise<void>((resolve) => refusing.listen(0, '127.0.0.1', resolve));
+    try {
+      const url = new URL(`http://127.0.0.1:${(refusing.address() as { port: number }).port}/v1/transfer/${D}/units/desktop?offset=0`);
+      expect(await openRawUnit(url, 0, options('t'))).toBeNull();
+    } finally {
+      await new Promise((resolve) => refusing.close(resolve));
+    }
   });
 
   it('falls back to the plain stream when the source predates it, and resumes there too', async () => {

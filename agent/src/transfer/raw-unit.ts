@@ -21,6 +21,11 @@ import { classify, refusalFor, TransientFetchError, type GetOptions } from './cl
 const MAX_HEAD_BYTES = 16 << 10;
 /** Bytes of a refusal's body kept for its message. */
 const MAX_REFUSAL_BYTES = 2000;
+/**
+ * Answers after which the same request goes again without the upgrade: the plain stream itself
+ * (a source that predates the protocol), and what a proxy that will not upgrade says.
+ */
+const PLAIN_INSTEAD = new Set([200, 400, 405, 426, 501, 505]);
 
 export interface RawUnitBody {
   /** The size of the whole unit as the source has it now; null for a stream of unknown length. */
@@ -138,8 +143,9 @@ class RawUnitConnection implements RawUnitBody {
     this.head = Buffer.alloc(0);
     this.status = Number(/^HTTP\/1\.[01] (\d{3})/.exec(statusLine)?.[1] ?? 0);
     const bodyAt = end + 4 - before;
-    if (this.status === 200) {
-      // A source without the protocol: the caller asks again over plain HTTP.
+    if (PLAIN_INSTEAD.has(this.status)) {
+      // A source without the protocol, or something on the way that refuses upgrades: the caller
+      // asks again over plain HTTP, whose answer (a real refusal too) then stands.
       this.state = 'done';
       this.settleOpen.resolve(null);
       this.socket.destroy();
