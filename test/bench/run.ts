@@ -84,6 +84,7 @@ async function main(): Promise<void> {
     },
   }).catch(async (err: unknown) => {
     await pg.stop();
+    rmSync(dir, { recursive: true, force: true });
     throw err;
   });
   const agentSettings = Object.entries(process.env).filter((e): e is [string, string] => e[0].startsWith('CANTO_AGENT_') && e[1] !== undefined);
