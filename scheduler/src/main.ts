@@ -100,6 +100,9 @@ export async function startScheduler(config: SchedulerConfig, logger?: Logger, m
   const stopListening = async () => {
     for (const stop of unlisten.splice(0)) await stop().catch(() => {});
   };
+  // A pass is two small queries on the leader; the engine kicks one when a drain's move lands, and
+  // the interval catches everything else (a drain asked for, a host back).
+  const drainer = new Drainer({ sql, logger: log, intervalMs: Math.max(50, Math.min(100, config.enginePollMs)), isConnected: (id) => agents.isConnected(id) });
   const engine = new OperationEngine({
     sql,
     agents,
@@ -114,6 +117,9 @@ export async function startScheduler(config: SchedulerConfig, logger?: Logger, m
     capacityWaitMs: config.capacityWaitMs,
     currentTerm: () => leadership?.term() ?? null,
     onSettled: (op, outcome) => metrics.observeSettled(op.kind, outcome, op.created_at),
+    onMoveLanded: (op) => {
+      if ((op.params as { drain?: unknown } | null)?.drain !== undefined) drainer.kick();
+    },
   });
   const sweeper = new IdleSweeper(sql, lifecycle, config.idleSweepMs, log);
   const health = new HostHealth({
@@ -125,9 +131,6 @@ export async function startScheduler(config: SchedulerConfig, logger?: Logger, m
     logger: log,
     onDown: () => metrics.hostsDown.inc(),
   });
-  // A pass is two small queries on the leader; often enough that a drain starts its next move
-  // soon after one settles.
-  const drainer = new Drainer({ sql, logger: log, intervalMs: Math.max(50, Math.min(100, config.enginePollMs)), isConnected: (id) => agents.isConnected(id) });
   const webhooks = new WebhookDispatcher({ queue: deliveryQueue(sql), secrets, settings: config.webhooks, logger: log });
   let lastEpoch = 0;
   leadership = new Leadership(sql, config.replicaId, config.leaseTtlMs, config.leaseRenewMs, {

@@ -2,7 +2,9 @@
  * Drains, on the leader: a draining host is cordoned, and its desktops are moved off
  * `drain_parallel` at a time (counting a move until its desktop is on the target, awake again if
  * it was: the removal of the source's copy then overlaps the next move), awake ones first, each an ordinary move operation the engine drives
- * (engine/move.ts). The drainer keeps no state of its own: every pass reads the drains, their open
+ * (engine/move.ts). A pass runs on a short interval, and at once when one of its moves lands (the
+ * engine says so), so a freed place is taken without waiting for the tick.
+ * The drainer keeps no state of its own: every pass reads the drains, their open
  * moves and the desktops left from the database, so a new leader simply carries on.
  *
  * A drain ends `finished` when the host holds no desktop. It stops short, with `drain_error`, when
@@ -26,6 +28,8 @@ export interface DrainerDeps {
 export class Drainer {
   private timer: NodeJS.Timeout | null = null;
   private passing = false;
+  /** A kick came during a pass, which may have read the drains before what it tells of. */
+  private again = false;
   private readonly log: Logger;
 
   constructor(private readonly deps: DrainerDeps) {
@@ -41,6 +45,16 @@ export class Drainer {
     this.timer = null;
   }
 
+  /**
+   * A pass now rather than at the next tick: a move of a drain landed on its target and freed its
+   * place (the engine tells, steps.ts `onMoveLanded`). Nothing while this replica does not lead.
+   */
+  kick(): void {
+    if (this.timer === null) return;
+    if (this.passing) this.again = true;
+    else void this.pass();
+  }
+
   /** One look at every drain; exported for tests that step it by hand. */
   async pass(): Promise<void> {
     if (this.passing) return;
@@ -51,6 +65,10 @@ export class Drainer {
       this.log.error({ err }, 'drain pass failed');
     } finally {
       this.passing = false;
+    }
+    if (this.again) {
+      this.again = false;
+      await this.pass();
     }
   }
 

@@ -310,7 +310,9 @@ async function startOnTarget(deps: StepDeps, op: OperationRow, p: MoveParams, mo
       throw err;
     }
   }
-  return advance(deps.sql, op, { ...p, phase: 'started', started_at: new Date().toISOString() }, deps.fence);
+  const landed = await advance(deps.sql, op, { ...p, phase: 'started', started_at: new Date().toISOString() }, deps.fence);
+  deps.onMoveLanded?.(op);
+  return landed;
 }
 
 async function recordStoppedAfterMove(deps: StepDeps, d: DesktopRow, p: MoveParams): Promise<void> {

@@ -37,6 +37,11 @@ export interface StepDeps {
   hostSlots: number;
   /** Placements chosen but not yet committed, which count against their hosts meanwhile. */
   placements: PlacementReservations;
+  /**
+   * Told when a move's desktop is on its target (committed, and started there if it was awake):
+   * a drain's next move may start now rather than at the drainer's next pass (engine/drainer.ts).
+   */
+  onMoveLanded?(op: OperationRow): void;
 }
 
 /** A failure that settles the operation at once, without retrying. */
