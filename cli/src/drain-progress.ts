@@ -57,14 +57,14 @@ export function progressLine(host: AdminHost, elapsedMs: number): string {
   const left = total - d.moved;
   const perDesktopMs = d.moved > 0 ? elapsedMs / d.moved : null;
   const eta = perDesktopMs === null || left === 0 ? '' : ` ETA ${Math.ceil((perDesktopMs * left) / 1000)} s`;
-  return `${bar(total === 0 ? 1 : d.moved / total)} ${d.moved}/${total} desktops, ${mib(d.moved_bytes)} at ${mib(rate)}/s, ${d.running} moving${eta}${hostDown(host)}`;
+  return `${bar(total === 0 ? 1 : d.moved / total)} ${d.moved}/${total} desktops, ${mib(d.moved_bytes)} at ${mib(rate)}/s, ${d.running} moving${eta}${downHosts(host)}`;
 }
 
 /**
  * What to add when the drained host, or a host its moves copy to, is down: the moves retry until
  * that agent is back (or their deadline passes), and the bar stands still meanwhile.
  */
-function hostDown(host: AdminHost): string {
+function downHosts(host: AdminHost): string {
   const targets = (host.drain?.down_targets ?? []).map((id) => `; ${id}, a target, is down: the moves to it wait for its agent`).join('');
   if (host.state !== 'down') return targets;
   return `; the host is down (last heard ${agoSince(host.last_heartbeat_at)}): its moves wait for its agent${targets}`;

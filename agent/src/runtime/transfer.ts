@@ -18,6 +18,7 @@
  * stop the `desktop` unit is read without those still unchanged (`read`'s `leaveOut`), and the
  * target's `unpack` puts the pre-copied ones in place first (`reuse`).
  */
+import { once } from 'node:events';
 import type { Readable, Writable } from 'node:stream';
 import type { Tier } from '../../../shared/src/tiers.js';
 import type { SlabReader } from './slabs.js';
@@ -75,6 +76,15 @@ export interface UnitSink {
   readonly done: Promise<void>;
   /** Gives up: the unpacking stops and `done` rejects. */
   abort(): void;
+}
+
+/** Once a full unpacking takes more: null, or why it stopped first (it ended or failed). */
+export function sinkDrained(sink: UnitSink): Promise<Error | null> {
+  const stopped = sink.done.then(
+    () => new Error('the unpacking ended before its input'),
+    (err: unknown) => (err instanceof Error ? err : new Error(String(err))),
+  );
+  return Promise.race([once(sink.input, 'drain').then(() => null), stopped]);
 }
 
 export interface InstallSpec {

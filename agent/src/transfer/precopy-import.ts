@@ -16,7 +16,7 @@ import { join } from 'node:path';
 import { AgentFailure } from '../../../shared/src/protocol.js';
 import type { PrecopyImportResult } from '../../../shared/src/precopy.js';
 import { SHA256_TRAILER } from '../../../shared/src/transfer.js';
-import type { DesktopTransfer, PrecopyFiles, UnitSink } from '../runtime/transfer.js';
+import { sinkDrained, type DesktopTransfer, type PrecopyFiles, type UnitSink } from '../runtime/transfer.js';
 import { classify, get, httpUrl } from './client.js';
 import { openRawUnit } from './raw-unit.js';
 
@@ -80,7 +80,9 @@ export async function importPrecopy(
         hash.update(chunk);
         fetched += chunk.length;
         if (sink.input.write(chunk, () => release())) return null;
-        return drained(sink);
+        return sinkDrained(sink).then((stopped) => {
+          if (stopped !== null) throw stopped;
+        });
       });
     } else {
       const res = await get(url, getOptions);
@@ -104,14 +106,6 @@ export async function importPrecopy(
   await writeFile(join(staging, MARK), JSON.stringify({ precopy_id: spec.precopyId, generation: spec.generation } satisfies Mark));
   options.log('pre-copy imported', { desktopId: spec.desktopId, bytes: fetched });
   return { fetched_bytes: fetched };
-}
-
-/** Resolves once the unpacking takes more; rejects if it stopped first. */
-function drained(sink: UnitSink): Promise<void> {
-  return new Promise((resolve, reject) => {
-    sink.input.once('drain', resolve);
-    sink.done.then(() => reject(new Error('the unpacking ended early')), reject);
-  });
 }
 
 /**

@@ -17,13 +17,12 @@
 import { createHash } from 'node:crypto';
 import { createReadStream } from 'node:fs';
 import { open, rm, stat, writeFile, type FileHandle } from 'node:fs/promises';
-import { once } from 'node:events';
 import { join } from 'node:path';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { AgentFailure } from '../../../shared/src/protocol.js';
 import { SHA256_TRAILER, type TransferUnit } from '../../../shared/src/transfer.js';
 import type { IncomingMessage } from 'node:http';
-import type { DesktopTransfer, UnitSink } from '../runtime/transfer.js';
+import { sinkDrained, type DesktopTransfer, type UnitSink } from '../runtime/transfer.js';
 import { classify, get, httpUrl, RangeRefused, TransientFetchError } from './client.js';
 import { openRawUnit, type RawUnitBody } from './raw-unit.js';
 
@@ -276,16 +275,12 @@ class Spool {
    * stopped. `written` is called once the input is done with the chunks.
    */
   private async unpack(chunks: Buffer[], written?: () => void): Promise<void> {
-    const { input, done } = this.sink;
+    const { input } = this.sink;
     input.cork();
     chunks.forEach((chunk, i) => input.write(chunk, i === chunks.length - 1 ? written : undefined));
     input.uncork();
     if (input.writableLength <= SLACK_BYTES) return;
-    const stopped = done.then(
-      () => new Error('the unpacking ended before its input'),
-      (err: unknown) => (err instanceof Error ? err : new Error(String(err))),
-    );
-    const error = await Promise.race([once(input, 'drain').then(() => null), stopped]);
+    const error = await sinkDrained(this.sink);
     if (error !== null) throw new BadUnit(`unpacking failed: ${error.message}`);
   }
 }
