@@ -14,13 +14,14 @@
  * - A worker that cannot start (its agent port is taken) fails the start: exit 1, naming the worker and the cause.
  */
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { mkdtempSync, rmSync } from 'node:fs';
+import { mkdtempSync, readFileSync, rmSync } from 'node:fs';
 import { execFile } from 'node:child_process';
 import { request } from 'node:http';
 import { createServer, type Server } from 'node:net';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import WebSocket from 'ws';
+import { MALLOC_TUNABLES } from '../../shared/src/malloc-tunables.js';
 import { REPLICA_HEADER } from '../../shared/src/protocol.js';
 import { connectDatabase, type Sql } from '../../scheduler/src/store/db.js';
 import { destroyLeftDesktops } from '../helpers/sandbox.js';
@@ -157,6 +158,13 @@ describe.skipIf(!isRoot)('scheduler with two workers', () => {
     const primaryPid = scheduler.proc.pid!;
     const workersBefore = processTree(primaryPid).filter((p) => p !== primaryPid);
     expect(workersBefore).toHaveLength(2);
+    // Each worker started with the malloc settings. glibc cuts its own copy of the variable at
+    // the first ':' as it parses it, so /proc shows the first setting only.
+    const [firstTunable] = Object.entries(MALLOC_TUNABLES).map(([name, value]) => `${name}=${value}`);
+    for (const pid of workersBefore) {
+      const environ = readFileSync(`/proc/${pid}/environ`, 'utf8').split('\0');
+      expect(environ).toContain(`GLIBC_TUNABLES=${firstTunable}`);
+    }
     const victim = workersBefore[0]!;
     process.kill(victim, 'SIGKILL');
     await until(() => !alive(victim), 10_000, 'the worker to die');

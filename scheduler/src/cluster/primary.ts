@@ -21,6 +21,7 @@
 import cluster, { type Worker } from 'node:cluster';
 import { AggregatorRegistry } from 'prom-client';
 import type { Logger } from '../../../shared/src/log.js';
+import { withMallocTunables } from '../../../shared/src/malloc-tunables.js';
 import type { SchedulerConfig } from '../config.js';
 import { STOP_BUDGET_MS } from '../main.js';
 import { isClusterMessage, type ClusterMessage, type WorkerReady } from './messages.js';
@@ -80,6 +81,8 @@ export async function startSchedulerCluster(options: ClusterOptions): Promise<Ru
       // for a worker started again.
       CANTO_REPLICA_ID: config.replicaId,
       [WORKER_INDEX_ENV]: String(slot.index),
+      // Workers are the processes that relay file bytes; glibc reads this only at their start.
+      GLIBC_TUNABLES: withMallocTunables(options.env.GLIBC_TUNABLES ?? process.env.GLIBC_TUNABLES),
     });
     slot.worker = worker;
     worker.on('message', (message: unknown) => {
