@@ -12,8 +12,9 @@
 #   of the desktop they were dumped from: a fork's or a template's source). Done here, the guest
 #   never runs a moment without either.
 # Where the agent's process spawner is built, CRIU runs it as the action script instead
-# (agent/native/canto-spawn.c): it does setup-namespaces and post-restore itself, the same way,
-# and runs this script for post-resume only.
+# (agent/native/restore-action.c), which does all three stages itself: the first two the same
+# way, and the check as the X protocol's connection setup on display :0's abstract socket in the
+# guest's network namespace, without a program inside the guest.
 # - post-resume (the guest runs again; CRIU waits for this before it exits): the check that the
 #   desktop answers, X taking a client, run as a guest command runs (the guest's namespaces,
 #   root and capabilities; CRIU is inside the desktop's cgroups already). Success is an empty

@@ -351,8 +351,8 @@ export class SandboxLifecycle implements Omit<DesktopLifecycle, 'close' | 'usage
       // restoring a second copy.
       await writeFileAtomic(paths.initFile, JSON.stringify(init));
       // The root is read-only again, the hostname the desktop's own, and the desktop answered (X
-      // took a client from a command run inside it): the restore's action script did all three
-      // (agent/guest/criu-restore-action.sh).
+      // took a client): the restore's action script did all three (agent/native/restore-action.c,
+      // or agent/guest/criu-restore-action.sh where the process spawner is not built).
       if (!restored.answer.ok) throw new Error(`restored desktop does not answer: ${restored.answer.error}`);
       return init;
     } catch (err) {

@@ -245,11 +245,14 @@ export async function restore(
   // made read-only and hostname set before it resumes, and once it runs it is asked whether it
   // answers (the action script says why). Images dumped by older agents, which hold the whole
   // namespace, restore the same way. Where the process spawner is built, it is CRIU's action
-  // script (agent/native/canto-spawn.c): it does the first two itself and runs the script for
-  // the check, sparing a shell (and nsenter, ip, mount) at each of CRIU's seven stages.
-  const actionScript = join(paths.run, 'criu-restore-action.sh');
-  await writeFile(actionScript, guestFile('criu-restore-action.sh'), { mode: 0o700 });
-  args.push('--empty-ns', 'net', '--action-script', helperPath() ?? actionScript);
+  // script (agent/native/restore-action.c) and does all three itself, sparing a shell and the
+  // programs it runs (nsenter, ip, mount, timeout, setpriv, xrandr) at CRIU's stages.
+  let actionScript = helperPath();
+  if (actionScript === null) {
+    actionScript = join(paths.run, 'criu-restore-action.sh');
+    await writeFile(actionScript, guestFile('criu-restore-action.sh'), { mode: 0o700 });
+  }
+  args.push('--empty-ns', 'net', '--action-script', actionScript);
   const child = await spawnProcess(...keeperArgv(desktopId, [criu.path, ...args]), {
     detached: true,
     stdio: ['ignore', 'pipe', 'ignore'],
@@ -261,7 +264,6 @@ export async function restore(
       CANTO_GUEST_BOUNDING_SET: GUEST_CAPS_ONLY[1]!,
       CANTO_PROBE_FILE: probeFile,
       CANTO_PROBE_SECONDS: String(PROBE_SECONDS),
-      CANTO_ACTION_SCRIPT: actionScript,
     },
   });
   child.unref();
