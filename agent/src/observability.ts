@@ -7,14 +7,14 @@
 import { createServer, type Server } from 'node:http';
 import type { AddressInfo } from 'node:net';
 import { collectDefaultMetrics, Counter, Gauge, Histogram, Registry } from 'prom-client';
-import type { DesktopLifecycle } from './runtime/driver.js';
+import type { DesktopLifecycle, RuntimeDriver } from './runtime/driver.js';
 import type { LifecycleSlots } from './lifecycle-slots.js';
 import type { SpawnerStats } from './runtime/sandbox/host/spawner.js';
 
 export interface AgentProbeSources {
   linkedReplicas(): string[];
   leaderEpoch(): number;
-  readonly driver: Pick<DesktopLifecycle, 'list'>;
+  readonly driver: Pick<DesktopLifecycle, 'list'> & Pick<RuntimeDriver, 'templates'>;
   readonly slots?: Pick<LifecycleSlots, 'running' | 'queued' | 'limit'>;
   /** Processes the runtime started, by way (runtime/sandbox/host/spawner.ts). */
   readonly processes?: () => SpawnerStats;
@@ -101,6 +101,30 @@ export class AgentMetrics {
         if (counts === undefined) return;
         spawners.reset();
         spawners.inc(counts.helperStarts);
+      },
+    });
+    const template: Gauge<'state'> = new Gauge({
+      name: 'canto_agent_desktop_template',
+      help: 'The golden template new desktops are cloned from: 1 for its state now (ready, building, none), 0 for the others',
+      labelNames: ['state'],
+      registers,
+      collect: () => {
+        const stats = this.sources?.driver.templates?.() ?? null;
+        if (stats === null) return;
+        for (const state of ['ready', 'building', 'none'] as const) template.set({ state }, stats.state === state ? 1 : 0);
+      },
+    });
+    const disks: Counter<'from'> = new Counter({
+      name: 'canto_agent_new_desktop_disks_total',
+      help: 'New desktops\' disks: cloned from the golden template (template) or empty, booting cold (empty)',
+      labelNames: ['from'],
+      registers,
+      collect: () => {
+        const stats = this.sources?.driver.templates?.() ?? null;
+        if (stats === null) return;
+        disks.reset();
+        disks.inc({ from: 'template' }, stats.cloned);
+        disks.inc({ from: 'empty' }, stats.empty);
       },
     });
     const desktops: Gauge<'running'> = new Gauge({

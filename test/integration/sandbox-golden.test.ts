@@ -35,8 +35,16 @@ describe.skipIf(!snapshots)('golden templates', () => {
     base = await mkdtemp(join(tmpdir(), 'canto-golden-'));
     golden = await createSandboxDriver({ stateDir: goldenDir(), goldenTemplates: true });
     plain = await createSandboxDriver({ stateDir: join(base, 'plain') });
-    // Built when the driver starts; a creation before it is ready boots cold instead of waiting.
+    // Built when the driver starts; a creation before it is ready boots cold instead of waiting,
+    // and the metrics say both (observability.ts).
+    expect(golden.templates()).toEqual({ state: 'building', cloned: 0, empty: 0 });
+    const early = newId('desktop');
+    await golden.prepare(early, 'small');
+    expect(golden.templates()).toEqual({ state: 'building', cloned: 0, empty: 1 });
+    await golden.destroy(early);
     expect(await golden.templateReady()).toBe(true);
+    expect(golden.templates()).toEqual({ state: 'ready', cloned: 0, empty: 1 });
+    expect(plain.templates()).toBeNull();
   });
   afterAll(async () => {
     await golden?.close();
@@ -78,6 +86,7 @@ describe.skipIf(!snapshots)('golden templates', () => {
     const a = await create(golden);
     const b = await create(golden);
     expect([a.restored, b.restored]).toEqual([true, true]);
+    expect(golden.templates()).toEqual({ state: 'ready', cloned: 2, empty: 1 });
     // One template, hidden from the desktops the scheduler hears of.
     expect(await templateIds(goldenDir())).toHaveLength(1);
     expect((await golden.list()).map((d) => d.desktopId).sort()).toEqual([a.id, b.id].sort());
@@ -124,6 +133,8 @@ describe.skipIf(!snapshots)('golden templates', () => {
     expect(await golden.templateReady()).toBe(true);
     const next = await create(golden);
     expect(next.restored).toBe(true);
+    // The broken clone counts as cloned: its disk was; its restore is what failed.
+    expect(golden.templates()).toEqual({ state: 'ready', cloned: 4, empty: 1 });
     const [rebuilt] = await templateIds(goldenDir());
     expect(rebuilt).toBeDefined();
     expect(rebuilt).not.toBe(template);

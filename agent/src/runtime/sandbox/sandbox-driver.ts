@@ -38,6 +38,7 @@ import type {
   Screenshot,
   ScreenshotSpec,
   StartSpec,
+  TemplateStats,
   TerminalSession,
   TerminalSpec,
   VncSession,
@@ -138,6 +139,10 @@ export class SandboxDriver implements RuntimeDriver {
 
   capabilities(): RuntimeCapabilities {
     return this.lifecycle.capabilities();
+  }
+
+  templates(): TemplateStats | null {
+    return this.golden?.stats() ?? null;
   }
 
   /** Whether a golden template is ready for new desktops, once any being built is done. */

@@ -28,6 +28,7 @@ import { mkdir, readdir, readFile, stat, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { newId } from '../../../../../shared/src/ids.js';
 import type { Tier } from '../../../../../shared/src/tiers.js';
+import type { TemplateStats } from '../../driver.js';
 import { DEFAULT_SCREEN, MAX_SCREEN } from '../guest/guest-init.js';
 import { guestFile } from '../guest/guest-programs.js';
 import type { CriuInfo } from './criu.js';
@@ -61,6 +62,8 @@ export class GoldenTemplates {
   /** When a clone's restore last failed. */
   private cloneFailedAt = -Infinity;
   private closed = false;
+  private cloned = 0;
+  private empty = 0;
 
   private constructor(
     private readonly stateDir: string,
@@ -92,13 +95,21 @@ export class GoldenTemplates {
       if (template !== null) {
         try {
           await this.lifecycle.fork(template, [desktopId]);
+          this.cloned++;
           return;
         } catch (err) {
           this.log('cloning the template failed; the desktop boots cold', { desktopId, template, error: String(err) });
         }
       }
+      this.empty++;
     }
     await this.lifecycle.prepare(desktopId, tier);
+  }
+
+  /** What the metrics show (observability.ts). */
+  stats(): TemplateStats {
+    const state = this.current !== null ? 'ready' : this.building !== null ? 'building' : 'none';
+    return { state, cloned: this.cloned, empty: this.empty };
   }
 
   /**

@@ -1,0 +1,18 @@
+import { expect, it } from 'vitest';
+import { AgentMetrics } from '../../agent/src/observability.js';
+import type { TemplateStats } from '../../agent/src/runtime/driver.js';
+
+it("shows the golden template's state and where new desktops' disks came from in the agent's metrics", async () => {
+  const metrics = new AgentMetrics();
+  let stats: TemplateStats | null = { state: 'building', cloned: 0, empty: 2 };
+  metrics.attach({ linkedReplicas: () => [], leaderEpoch: () => 0, driver: { list: async () => [], templates: () => stats } });
+  const text = async () => (await metrics.registry.getSingleMetricAsString('canto_agent_desktop_template')) + '\n' + (await metrics.registry.getSingleMetricAsString('canto_agent_new_desktop_disks_total'));
+  expect(await text()).toMatch(/state="ready"} 0\n[^]*state="building"} 1\n[^]*state="none"} 0\n[^]*from="template"} 0\n[^]*from="empty"} 2/);
+  stats = { state: 'ready', cloned: 5, empty: 2 };
+  expect(await text()).toMatch(/state="ready"} 1\n[^]*state="building"} 0\n[^]*state="none"} 0\n[^]*from="template"} 5\n[^]*from="empty"} 2/);
+  // A driver without templates (or with them off) exports neither.
+  stats = null;
+  const none = new AgentMetrics();
+  none.attach({ linkedReplicas: () => [], leaderEpoch: () => 0, driver: { list: async () => [], templates: () => stats } });
+  expect(await none.registry.getSingleMetricAsString('canto_agent_desktop_template')).not.toMatch(/state=/);
+});
