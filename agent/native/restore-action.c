@@ -12,6 +12,7 @@
 #include <fcntl.h>
 #include <net/if.h>
 #include <sched.h>
+#include <signal.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -20,7 +21,6 @@
 #include <sys/mount.h>
 #include <sys/socket.h>
 #include <sys/statvfs.h>
-#include <sys/time.h>
 #include <sys/un.h>
 #include <unistd.h>
 
@@ -88,6 +88,11 @@ static int root_read_only(void) {
   return 0;
 }
 
+static void interrupted(int sig) { (void)sig; }
+
+/* Why a call failed, in words: EINTR is the deadline's alarm. */
+static const char *cause(int err) { return err == EINTR ? "timed out" : strerror(err); }
+
 /*
  * Whether X takes a client: the X protocol's connection setup, as any client opens it with no
  * authorization, on display :0's abstract socket in the network namespace this process is in (the
@@ -104,10 +109,16 @@ static int x_takes_client(int seconds, char *why, size_t n) {
     snprintf(why, n, "cannot open a socket: %s", strerror(errno));
     return -1;
   }
-  /* Bounds connect (a full backlog blocks it), the write and each read. */
-  struct timeval limit = {.tv_sec = seconds, .tv_usec = 0};
-  setsockopt(sk, SOL_SOCKET, SO_SNDTIMEO, &limit, sizeof limit);
-  setsockopt(sk, SOL_SOCKET, SO_RCVTIMEO, &limit, sizeof limit);
+  /*
+   * One deadline for the whole check, as `timeout` gave the script's: an alarm whose handler does
+   * nothing, set without SA_RESTART, so that whichever call blocks then (connect, on a full
+   * backlog; the write; a read) returns EINTR.
+   */
+  struct sigaction on_alarm;
+  memset(&on_alarm, 0, sizeof on_alarm);
+  on_alarm.sa_handler = interrupted;
+  sigaction(SIGALRM, &on_alarm, NULL);
+  alarm((unsigned)seconds);
   struct sockaddr_un addr;
   memset(&addr, 0, sizeof addr);
   addr.sun_family = AF_UNIX;
@@ -117,16 +128,14 @@ static int x_takes_client(int seconds, char *why, size_t n) {
   size_t got = 0;
   int result = -1;
   if (connect(sk, (struct sockaddr *)&addr, len) != 0) {
-    snprintf(why, n, "X on :0 takes no client: %s", strerror(errno));
+    snprintf(why, n, "X on :0 takes no client: %s", cause(errno));
   } else if (write(sk, setup, sizeof setup) != (ssize_t)sizeof setup) {
-    snprintf(why, n, "X on :0 took no setup: %s", strerror(errno));
+    snprintf(why, n, "X on :0 took no setup: %s", cause(errno));
   } else {
     ssize_t r = 1;
     while (got < sizeof reply && (r = read(sk, reply + got, sizeof reply - got)) > 0) got += (size_t)r;
     if (got < sizeof reply) {
-      const char *how = r == 0 ? "it closed the connection"
-                        : errno == EAGAIN || errno == EWOULDBLOCK ? "timed out"
-                                                                  : strerror(errno);
+      const char *how = r == 0 ? "it closed the connection" : cause(errno);
       snprintf(why, n, "X on :0 did not answer a client: %s", how);
     } else if (reply[0] == 1) {
       result = 0;
@@ -134,6 +143,7 @@ static int x_takes_client(int seconds, char *why, size_t n) {
       snprintf(why, n, "X on :0 refused a client (%s)", reply[0] == 2 ? "it asks for authorization" : "setup failed");
     }
   }
+  alarm(0);
   close(sk);
   return result;
 }
@@ -149,7 +159,10 @@ static int post_resume(const char *pid) {
   if (pid == NULL || probe == NULL) return 1;
   static const char *const net[] = {"net"};
   char why[256] = "cannot enter the guest's network namespace";
-  int ok = enter_ns(pid, net, 1) == 0 && x_takes_client(seconds != NULL ? atoi(seconds) : 10, why, sizeof why) == 0;
+  int limit = seconds != NULL ? atoi(seconds) : 0;
+  /* An alarm of 0 would never ring. */
+  if (limit <= 0) limit = 10;
+  int ok = enter_ns(pid, net, 1) == 0 && x_takes_client(limit, why, sizeof why) == 0;
   char path[4096];
   if (snprintf(path, sizeof path, "%s%s", probe, ok ? "" : ".err") >= (int)sizeof path) return 1;
   int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
