@@ -35,8 +35,10 @@ while (accept(my $client, $server)) {
   my $setup = '';
   sysread($client, $setup, 12);
   print 'setup ', unpack('H*', $setup), "\n";
-  # 'silent' keeps the connection and says nothing.
-  if (exists $answer{$mode}) { syswrite($client, $answer{$mode}); close($client); } else { push @held, $client; }
+  # 'silent' keeps the connection and says nothing; 'drip' answers Success a byte every 0.4 s.
+  if (exists $answer{$mode}) { syswrite($client, $answer{$mode}); close($client); }
+  elsif ($mode eq 'drip') { for my $byte (unpack('C8', $answer{success})) { select(undef, undef, undef, 0.4); syswrite($client, chr($byte)) or last; } close($client); }
+  else { push @held, $client; }
 }
 `;
 
@@ -95,6 +97,10 @@ describe.skipIf(helperPath() === null)('the check after a restore resumes', () =
     const started = Date.now();
     expect(await check((await fakeX('silent')).pid, 1)).toEqual({ ok: false, error: 'X on :0 did not answer a client: timed out' });
     expect(Date.now() - started).toBeLessThan(4000);
+    // One deadline for the whole check: an answer that keeps coming, too slowly, still ends it.
+    const dripStarted = Date.now();
+    expect(await check((await fakeX('drip')).pid, 1)).toEqual({ ok: false, error: 'X on :0 did not answer a client: timed out' });
+    expect(Date.now() - dripStarted).toBeLessThan(2500);
   });
 
   it('fails when nothing listens in the namespace, even where X listens in another', async () => {
