@@ -14,7 +14,7 @@ import type { SpawnerStats } from './runtime/sandbox/host/spawner.js';
 export interface AgentProbeSources {
   linkedReplicas(): string[];
   leaderEpoch(): number;
-  readonly driver: Pick<DesktopLifecycle, 'list'> & Pick<RuntimeDriver, 'templates'>;
+  readonly driver: Pick<DesktopLifecycle, 'list'> & Pick<RuntimeDriver, 'templates' | 'restores'>;
   readonly slots?: Pick<LifecycleSlots, 'running' | 'queued' | 'limit'>;
   /** Processes the runtime started, by way (runtime/sandbox/host/spawner.ts). */
   readonly processes?: () => SpawnerStats;
@@ -125,6 +125,19 @@ export class AgentMetrics {
         disks.reset();
         disks.inc({ from: 'template' }, stats.cloned);
         disks.inc({ from: 'empty' }, stats.empty);
+      },
+    });
+    const restores: Counter<'outcome'> = new Counter({
+      name: 'canto_agent_restores_total',
+      help: 'Starts from a memory snapshot: restored, or failed (booted cold, the images set aside)',
+      labelNames: ['outcome'],
+      registers,
+      collect: () => {
+        const counts = this.sources?.driver.restores?.();
+        if (counts === undefined) return;
+        restores.reset();
+        restores.inc({ outcome: 'restored' }, counts.restored);
+        restores.inc({ outcome: 'failed' }, counts.failed);
       },
     });
     const desktops: Gauge<'running'> = new Gauge({

@@ -267,8 +267,11 @@ describe.skipIf(!isRoot)('sandbox driver', () => {
       expect(await pathExists(`/sys/fs/cgroup/pids/canto/${id}`)).toBe(false);
       expect(await driver.hibernate(id)).toEqual({ snapshot: true }); // idempotent
 
+      const restores = driver.restores();
       const woke = await timed('wake (CRIU restore)', () => driver.start({ desktopId: id, tier: 'small', firstBoot: null }));
       expect(woke).toEqual({ restored: true });
+      // Counted for the agent's metrics (canto_agent_restores_total).
+      expect(driver.restores()).toEqual({ restored: restores.restored + 1, failed: restores.failed });
       expect(await driver.list()).toContainEqual({ desktopId: id, running: true, hasSnapshot: false });
       expect(await sh(driver, id, 'cat /root/hello.txt')).toBe('persisted');
       expect(await sh(driver, id, `ps -o comm= -p ${sleepPid}`)).toBe('sleep');
@@ -292,7 +295,9 @@ describe.skipIf(!isRoot)('sandbox driver', () => {
     await sh(driver, id, 'echo survives > /root/hello.txt');
     expect(await driver.hibernate(id)).toEqual({ snapshot: true });
     await rm(join(stateDir, 'desktops', id, 'snapshot', 'pstree.img'));
+    const restores = driver.restores();
     expect(await driver.start({ desktopId: id, tier: 'small', firstBoot: null })).toEqual({ restored: false });
+    expect(driver.restores()).toEqual({ restored: restores.restored, failed: restores.failed + 1 });
     expect(await sh(driver, id, 'cat /root/hello.txt')).toBe('survives');
     expect(await driver.list()).toContainEqual({ desktopId: id, running: true, hasSnapshot: false });
     expect(Number(await readFile(`/sys/fs/cgroup/pids/canto/${id}/pids.max`, 'utf8'))).toBe(TIER_SPECS.small.maxPids);
@@ -306,7 +311,9 @@ describe.skipIf(!isRoot)('sandbox driver', () => {
     await sh(driver, id, 'pkill -x Xvfb; while pgrep -x Xvfb >/dev/null; do sleep 0.01; done');
     const init = JSON.parse(await readFile(join(stateDir, 'desktops', id, 'run', 'init.json'), 'utf8')) as { pid: number };
     expect(await driver.hibernate(id)).toEqual({ snapshot: true });
+    const restores = driver.restores();
     expect(await driver.start({ desktopId: id, tier: 'small', firstBoot: null })).toEqual({ restored: false });
+    expect(driver.restores()).toEqual({ restored: restores.restored, failed: restores.failed + 1 });
     // The restored copy is gone and a fresh boot runs, with the disk and a working display.
     const now = JSON.parse(await readFile(join(stateDir, 'desktops', id, 'run', 'init.json'), 'utf8')) as { pid: number };
     expect(now.pid).not.toBe(init.pid);

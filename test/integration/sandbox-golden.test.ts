@@ -123,8 +123,10 @@ describe.skipIf(!snapshots)('golden templates', () => {
     const [template] = await templateIds(goldenDir());
     // Every clone made from now on lacks its process tree's image.
     await rm(join(desktopPaths(goldenDir(), template!).snapshot, 'pstree.img'));
+    const restores = golden.restores();
     const broken = await create(golden);
     expect(broken.restored).toBe(false);
+    expect(golden.restores()).toEqual({ restored: restores.restored, failed: restores.failed + 1 });
     const view = await firstBootView(golden, broken.id);
     expect(view).toMatchObject({ setup: 'hello world', hostname: true, display: '1024 768', session: 'Xvfb\nopenbox' });
     expect(await templateIds(goldenDir())).not.toContain(template);

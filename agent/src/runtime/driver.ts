@@ -287,9 +287,20 @@ export interface TemplateStats {
   readonly empty: number;
 }
 
+/**
+ * Starts from a memory snapshot since the driver started: `restored`, or `failed` (the images set
+ * aside and the desktop booted cold, its memory lost; a template clone's first wake included).
+ */
+export interface RestoreStats {
+  readonly restored: number;
+  readonly failed: number;
+}
+
 export interface RuntimeDriver extends DesktopLifecycle, GuestOperations, ComputerUse, PortAccess {
   /** Moving stopped desktops to and from other hosts (transfer.ts); absent when the driver cannot. */
   readonly transfer?: DesktopTransfer;
   /** The golden templates' state; absent, or null, where new desktops always boot cold. */
   templates?(): TemplateStats | null;
+  /** Absent where the driver never restores a snapshot (the fake driver). */
+  restores?(): RestoreStats;
 }

@@ -37,6 +37,7 @@ import type {
   RuntimeDriver,
   Screenshot,
   ScreenshotSpec,
+  RestoreStats,
   StartSpec,
   TemplateStats,
   TerminalSession,
@@ -84,6 +85,7 @@ export class SandboxDriver implements RuntimeDriver {
   private readonly ports: GuestPorts;
   private readonly lifecycle: SandboxLifecycle;
   private golden: GoldenTemplates | null = null;
+  private readonly restoreCounts = { restored: 0, failed: 0 };
   private readonly log: (msg: string, fields?: object) => void;
 
   private constructor(
@@ -131,8 +133,11 @@ export class SandboxDriver implements RuntimeDriver {
     if (options.goldenTemplates === true && criu !== null) {
       const golden = await GoldenTemplates.open(stateDir, criu, driver.lifecycle, driver.log);
       driver.golden = golden;
-      driver.lifecycle.restoreFailed = (desktopId) => golden.cloneFailed(desktopId);
     }
+    driver.lifecycle.restoreFailed = async (desktopId) => {
+      driver.restoreCounts.failed++;
+      await driver.golden?.cloneFailed(desktopId);
+    };
     driver.log('sandbox driver ready', { stateDir, criu: criu?.path ?? null, criuVersion: criu?.version ?? null, goldenTemplates: driver.golden !== null });
     return driver;
   }
@@ -154,8 +159,14 @@ export class SandboxDriver implements RuntimeDriver {
     return this.golden === null ? this.lifecycle.prepare(desktopId, tier) : this.golden.prepare(desktopId, tier);
   }
 
-  start(spec: StartSpec): Promise<{ restored: boolean }> {
-    return this.lifecycle.start(spec);
+  async start(spec: StartSpec): Promise<{ restored: boolean }> {
+    const started = await this.lifecycle.start(spec);
+    if (started.restored) this.restoreCounts.restored++;
+    return started;
+  }
+
+  restores(): RestoreStats {
+    return { ...this.restoreCounts };
   }
 
   hibernate(desktopId: string, options: { readonly keepDetached?: boolean } = {}): Promise<{ snapshot: boolean }> {

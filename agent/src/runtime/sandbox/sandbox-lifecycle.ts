@@ -341,6 +341,7 @@ export class SandboxLifecycle implements Omit<DesktopLifecycle, 'close' | 'usage
     if (this.criu === null) {
       this.log('snapshot present but memory snapshots are off; booting cold', { desktopId });
       await rename(paths.snapshot, aside);
+      await this.restoreFailed?.(desktopId);
       return null;
     }
     let init: InitProcess | null = null;

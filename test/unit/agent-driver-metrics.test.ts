@@ -16,3 +16,17 @@ it("shows the golden template's state and where new desktops' disks came from in
   none.attach({ linkedReplicas: () => [], leaderEpoch: () => 0, driver: { list: async () => [], templates: () => stats } });
   expect(await none.registry.getSingleMetricAsString('canto_agent_desktop_template')).not.toMatch(/state=/);
 });
+
+it("counts restores by outcome in the agent's metrics, so that failing restores (memory lost) can page someone", async () => {
+  const metrics = new AgentMetrics();
+  let counts = { restored: 12, failed: 0 };
+  metrics.attach({ linkedReplicas: () => [], leaderEpoch: () => 0, driver: { list: async () => [], restores: () => counts } });
+  const text = () => metrics.registry.getSingleMetricAsString('canto_agent_restores_total');
+  expect(await text()).toMatch(/outcome="restored"} 12\n[^]*outcome="failed"} 0/);
+  counts = { restored: 13, failed: 2 };
+  expect(await text()).toMatch(/outcome="restored"} 13\n[^]*outcome="failed"} 2/);
+  // The fake driver restores nothing: no series.
+  const none = new AgentMetrics();
+  none.attach({ linkedReplicas: () => [], leaderEpoch: () => 0, driver: { list: async () => [] } });
+  expect(await none.registry.getSingleMetricAsString('canto_agent_restores_total')).not.toMatch(/outcome=/);
+});
