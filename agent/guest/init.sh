@@ -9,7 +9,7 @@
 max_screen=$1 default_screen=$2 fb_dir=$3 env_fd=$4
 exec 3>&- </dev/null >/dev/null 2>&1
 mkdir -p /var/log/canto /run/canto /run/lock /tmp/.X11-unix
-chmod 1777 /tmp/.X11-unix
+chmod 1777 /tmp/.X11-unix /dev/shm
 exec >>/var/log/canto/init.log 2>&1
 echo "canto init: boot $(date -u +%FT%TZ)"
 if [ "$env_fd" = env-on-fd5 ]; then

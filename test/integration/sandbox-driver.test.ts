@@ -105,6 +105,10 @@ describe.skipIf(!isRoot)('sandbox driver', () => {
     expect(await sh(driver, id, 'xrandr --current | head -1')).toContain('maximum 2560 x 1600');
     expect(await sh(driver, id, 'echo $DISPLAY $HOME')).toBe(':0 /root');
     expect(await sh(driver, id, 'ip -o link | wc -l')).toBe('1'); // loopback only
+    // /dev/shm: open to everyone with the sticky bit, inside /dev's tmpfs (not a mount of its own).
+    expect(await sh(driver, id, 'stat -c %a /dev/shm')).toBe('1777');
+    expect(await sh(driver, id, "awk '$5 == \"/dev/shm\"' /proc/self/mountinfo")).toBe('');
+    expect(await sh(driver, id, 'setpriv --reuid=65534 --regid=65534 --clear-groups sh -c "echo shared > /dev/shm/nobody" && cat /dev/shm/nobody')).toBe('shared');
     await timed('exec (echo)', () => driver.exec(id, { command: 'true', timeoutMs: 5_000, maxOutputBytes: 65536 }));
     expect(driver.capabilities().runtime).toBe('sandbox');
   });

@@ -121,8 +121,9 @@ export function bwrapArgs(paths: DesktopPaths, desktopId: string, envOnFd5 = fal
   for (const [name, target] of ROOT_SYMLINKS) args.push('--symlink', target, `/${name}`);
   for (const d of DISK_DIRS) args.push('--bind', join(paths.disk, d), `/${d}`);
   args.push(
+    // /dev/shm is a directory of /dev's tmpfs (init.sh opens it to everyone), not a tmpfs of its
+    // own: CRIU copies each tmpfs through `tar --gzip` at every dump and restore, ≈3 ms a mount.
     '--dev', '/dev',
-    '--tmpfs', '/dev/shm',
     '--proc', '/proc',
     '--tmpfs', '/run',
     '--bind', paths.fb, GUEST_FB_DIR,
