@@ -2,8 +2,8 @@
  * Golden templates: a new desktop's first wake restores a desktop session booted once per host,
  * instead of booting its own.
  *
- * For the boot it stands for (the guest init, the screen sizes, the X server's and window
- * manager's binaries, the CRIU binary: the template's key), the agent boots one hidden desktop,
+ * For the boot it stands for (the guest init and its mounts, the screen sizes, the X server's and
+ * window manager's binaries, the CRIU binary: the template's key), the agent boots one hidden desktop,
  * lets its session come up and hibernates it with memory. A new desktop is then made as a fork of
  * it (layers.ts): the template's disk frozen into a shared read-only layer under an empty writable
  * layer of the desktop's own, hard links to the memory images (CRIU only reads them), and its own
@@ -29,7 +29,7 @@ import { join } from 'node:path';
 import { newId } from '../../../../../shared/src/ids.js';
 import type { Tier } from '../../../../../shared/src/tiers.js';
 import type { TemplateStats } from '../../driver.js';
-import { DEFAULT_SCREEN, MAX_SCREEN } from '../guest/guest-init.js';
+import { bwrapArgs, DEFAULT_SCREEN, MAX_SCREEN } from '../guest/guest-init.js';
 import { guestFile } from '../guest/guest-programs.js';
 import type { CriuInfo } from './criu.js';
 import { renderEnvFile, writeEnvOnFreshDisk } from './first-boot.js';
@@ -222,6 +222,10 @@ export async function templateIds(stateDir: string): Promise<string[]> {
 async function templateKey(criu: CriuInfo): Promise<string> {
   const hash = createHash('sha256');
   hash.update(guestFile('init.sh')).update(`\0${MAX_SCREEN}\0${DEFAULT_SCREEN}\0${criu.path}\0${criu.version}`);
+  // The guest's mounts as bwrap makes them (for a stand-in desktop): a template keeps the layout
+  // it was booted with, so a change to it means another template.
+  const standIn = `dsk_${'0'.repeat(24)}`;
+  hash.update(`\0${bwrapArgs(desktopPaths('/', standIn), standIn).join('\0')}`);
   for (const binary of SESSION_BINARIES) {
     const st = await stat(binary).catch(() => null);
     hash.update(`\0${binary}\0${st?.size ?? -1}\0${st?.mtimeMs ?? -1}`);
