@@ -273,10 +273,6 @@ export interface PortAccess {
 }
 
 /**
- * A runtime driver: each capability above, and moving desktops between hosts when it can. The
- * agent's command table (command-table.ts) is the only caller of most of it.
- */
-/**
  * Where new desktops' disks come from on a host with golden templates: `ready`, they are clones
  * of the template; `building`, they boot cold until it is built; `none`, they boot cold (a failed
  * build waits out its retry period). Counts are since the driver started.
@@ -296,6 +292,10 @@ export interface RestoreStats {
   readonly failed: number;
 }
 
+/**
+ * A runtime driver: each capability above, and moving desktops between hosts when it can. The
+ * agent's command table (command-table.ts) is the only caller of most of it.
+ */
 export interface RuntimeDriver extends DesktopLifecycle, GuestOperations, ComputerUse, PortAccess {
   /** Moving stopped desktops to and from other hosts (transfer.ts); absent when the driver cannot. */
   readonly transfer?: DesktopTransfer;

@@ -3,9 +3,9 @@
  * instead of booting its own.
  *
  * For the boot it stands for (the guest init and its mounts, the screen sizes, the X server's and
- * window manager's binaries, the CRIU binary: the template's key), the agent boots one hidden desktop,
- * lets its session come up and hibernates it with memory. A new desktop is then made as a fork of
- * it (layers.ts): the template's disk frozen into a shared read-only layer under an empty writable
+ * window manager's binaries, the CRIU binary: the template's key), the agent boots one hidden
+ * desktop, lets its session come up and hibernates it with memory. A new desktop is then made as a
+ * fork of it (layers.ts): the template's disk frozen into a shared read-only layer under an empty writable
  * layer of the desktop's own, hard links to the memory images (CRIU only reads them), and its own
  * copy of the framebuffer file. Its first wake restores that snapshot, gives the guest its own
  * hostname (after every restore, sandbox-lifecycle.ts) and applies its first boot (env file,
