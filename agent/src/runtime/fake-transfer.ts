@@ -36,6 +36,8 @@ export class FakeTransfer implements DesktopTransfer {
   private readonly imported = new Map<string, ImportRecord>();
   private root: string | null;
   private ownRoot = false;
+  /** Closed: an import still in flight must not make the removed root again. */
+  private closed = false;
 
   constructor(
     private readonly desktops: Map<string, FakeDesktop>,
@@ -88,6 +90,7 @@ export class FakeTransfer implements DesktopTransfer {
 
   stagingDir(desktopId: string): string {
     if (!DESKTOP_ID.test(desktopId)) throw new AgentFailure('bad_request', `invalid desktop id ${JSON.stringify(desktopId)}`, false);
+    if (this.closed && this.ownRoot) throw new AgentFailure('runtime_error', 'the runtime is closed', true);
     if (this.root === null) {
       this.root = mkdtempSync(join(tmpdir(), 'canto-fake-incoming-'));
       this.ownRoot = true;
@@ -158,6 +161,7 @@ export class FakeTransfer implements DesktopTransfer {
 
   /** Removes the temporary staging root, if this object made one. */
   async close(): Promise<void> {
+    this.closed = true;
     if (this.ownRoot && this.root !== null) await rm(this.root, { recursive: true, force: true });
   }
 }
