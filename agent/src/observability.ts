@@ -20,6 +20,15 @@ export interface AgentProbeSources {
   readonly processes?: () => SpawnerStats;
 }
 
+/**
+ * A counter that shows running totals kept elsewhere (the driver's, the spawner's): at each
+ * scrape, reset and set to them, one series per value of `label`.
+ */
+function setTotals<L extends string>(counter: Counter<L>, label: L, totals: Readonly<Record<string, number>>): void {
+  counter.reset();
+  for (const [value, total] of Object.entries(totals)) counter.inc({ [label]: value } as Partial<Record<L, string>>, total);
+}
+
 export class AgentMetrics {
   readonly registry = new Registry();
   private readonly commands: Histogram<'command' | 'outcome'>;
@@ -86,10 +95,7 @@ export class AgentMetrics {
       registers,
       collect: () => {
         const counts = this.sources?.processes?.();
-        if (counts === undefined) return;
-        started.reset();
-        started.inc({ via: 'helper' }, counts.helper);
-        started.inc({ via: 'node' }, counts.node);
+        if (counts !== undefined) setTotals(started, 'via', { helper: counts.helper, node: counts.node });
       },
     });
     const spawners: Counter = new Counter({
@@ -121,10 +127,7 @@ export class AgentMetrics {
       registers,
       collect: () => {
         const stats = this.sources?.driver.templates?.() ?? null;
-        if (stats === null) return;
-        disks.reset();
-        disks.inc({ from: 'template' }, stats.cloned);
-        disks.inc({ from: 'empty' }, stats.empty);
+        if (stats !== null) setTotals(disks, 'from', { template: stats.cloned, empty: stats.empty });
       },
     });
     const restores: Counter<'outcome'> = new Counter({
@@ -134,10 +137,7 @@ export class AgentMetrics {
       registers,
       collect: () => {
         const counts = this.sources?.driver.restores?.();
-        if (counts === undefined) return;
-        restores.reset();
-        restores.inc({ outcome: 'restored' }, counts.restored);
-        restores.inc({ outcome: 'failed' }, counts.failed);
+        if (counts !== undefined) setTotals(restores, 'outcome', { restored: counts.restored, failed: counts.failed });
       },
     });
     const desktops: Gauge<'running'> = new Gauge({
