@@ -5,16 +5,17 @@
  * of the agent's whole resident memory: on a VM that costs the agent's event loop 4-25 ms per
  * child at 100-250 MB. This helper uses posix_spawn (glibc's clone with CLONE_VFORK), which
  * copies no page tables: a child costs it a fraction of a millisecond. The same binary is a
- * restore's keeper (keeper.c) and CRIU's action script at a restore (restore-action.c).
+ * restore's keeper (keeper.c), CRIU's action script at a restore (restore-action.c) and a port
+ * gateway's relay (port-relay.c).
  *
  * Protocol. The agent starts the helper once, with its stdin a pipe the helper only watches
  * (end of file: the agent is gone, the helper exits; its children live on, as the agent's would)
  * and its stdout the pipe of events. The helper listens on the unix socket at argv[1], in a
  * directory only the agent can enter, and accepts connections only from its parent
- * (SO_PEERCRED). A child's stdio streams are such connections: the first carries the request, each further one an attach frame naming
- * the request and its index. Once every connection a request names has arrived, the child is
- * spawned with them as its fds 0-2, and the helper closes its copies: the agent then holds the
- * only other end of each, as it would hold the far end of a pipe.
+ * (SO_PEERCRED). A child's stdio streams are such connections: the first carries the request,
+ * each further one an attach frame naming the request and its index. Once every connection (and
+ * socket) a request names has arrived, the child is spawned with them as its fds 0-2, and the
+ * helper closes its copies: the agent then holds the only other end of each, as of a pipe.
  *
  * Frames (little-endian, as the agent and helper share a host):
  *   request:  u32 length, u32 id, u32 flags, u8 mode[3], u8 conns, u32 argc, u32 envc,
@@ -23,8 +24,9 @@
  *   event:    u32 id, u32 type, i32 a, i32 b  (16 bytes on stdout)
  *     'R' ready (id 0); 'S' spawned, a = pid; 'E' not spawned, a = errno;
  *     'X' exited, a = exit code or -1, b = signal or 0
- * mode: 0 /dev/null, 1 the helper's own fd (the agent's stdout or stderr), 0x10 + k connection k.
- * flags: bit 0 new session (setsid).
+ * mode: 0 /dev/null, 1 the helper's own fd (the agent's stdout or stderr), 2 the socket the agent
+ * handed over for the request on Node's IPC channel (handoff.c), 0x10 + k connection k.
+ * flags: bit 0 new session (setsid); bit 1 the child waits for a handed-over socket.
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -32,7 +34,6 @@
 #include <poll.h>
 #include <signal.h>
 #include <spawn.h>
-#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -48,26 +49,26 @@
 #define MAX_OPEN 1024 /* connections whose frame has not come; then the backlog holds them */
 #define ATTACH_BIT 0x80000000u
 #define FLAG_SETSID 1u
+#define FLAG_HANDLE 2u
 #define MODE_NULL 0
 #define MODE_OWN 1
+#define MODE_HANDLE 2
+#define HAVE_HANDLE 8 /* `have` bit of the handed-over socket */
 #define MODE_CONN 0x10
 
 /* A request whose connections have not all arrived, or an attach whose request has not. */
 struct pending {
   uint32_t id;
   int conns[3];
-  int have; /* bit k: connection k is here */
+  int have; /* bit k: connection k is here; HAVE_HANDLE: the handed-over socket */
+  int handle; /* the handed-over socket, or -1 */
   char *req; /* the request frame's body, once it is here */
   uint32_t req_len;
   struct pending *next;
 };
 
 /* A spawned child, until it is reaped. */
-struct child {
-  pid_t pid;
-  uint32_t id;
-  struct child *next;
-};
+struct child { pid_t pid; uint32_t id; struct child *next; };
 
 static int events_fd;
 static const char *socket_path;
@@ -75,18 +76,6 @@ static struct pending *pendings;
 static struct child *children;
 static int open_conns[MAX_OPEN]; /* accepted connections whose frame has not been read */
 static int n_open;
-
-/* Removes the socket and its private directory (the agent made both for this helper). */
-static void leave(const char *path) {
-  unlink(path);
-  char dir[sizeof ((struct sockaddr_un *)0)->sun_path];
-  snprintf(dir, sizeof dir, "%s", path);
-  char *slash = strrchr(dir, '/');
-  if (slash != NULL && slash != dir) {
-    *slash = '\0';
-    rmdir(dir);
-  }
-}
 
 static void emit(uint32_t id, uint32_t type, int32_t a, int32_t b) {
   uint32_t frame[4] = {id, type, (uint32_t)a, (uint32_t)b};
@@ -111,6 +100,7 @@ static struct pending *pending_for(uint32_t id) {
   if (p == NULL) abort();
   p->id = id;
   for (int k = 0; k < 3; k++) p->conns[k] = -1;
+  p->handle = -1;
   p->next = pendings;
   pendings = p;
   return p;
@@ -125,6 +115,7 @@ static void drop_pending(struct pending *gone) {
   }
   for (int k = 0; k < 3; k++)
     if (gone->conns[k] >= 0) close(gone->conns[k]);
+  if (gone->handle >= 0) close(gone->handle);
   free(gone->req);
   free(gone);
 }
@@ -136,24 +127,6 @@ static char *next_string(char **cursor, char *end) {
   if (nul == NULL) return NULL;
   *cursor = nul + 1;
   return s;
-}
-
-/* Finds `file` on the PATH of the child's environment, as execvp would; NULL when not found. */
-static char *resolve(const char *file, char *const env[], char *buf, size_t size) {
-  if (strchr(file, '/') != NULL) return (char *)file;
-  const char *path = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
-  for (char *const *e = env; *e != NULL; e++)
-    if (strncmp(*e, "PATH=", 5) == 0) path = *e + 5;
-  for (const char *dir = path; *dir != '\0';) {
-    const char *colon = strchr(dir, ':');
-    size_t len = colon == NULL ? strlen(dir) : (size_t)(colon - dir);
-    if (snprintf(buf, size, "%.*s/%s", (int)len, len == 0 ? "." : dir, file) < (int)size &&
-        access(buf, X_OK) == 0)
-      return buf;
-    if (colon == NULL) break;
-    dir = colon + 1;
-  }
-  return NULL;
 }
 
 static int spawn_child(struct pending *p, pid_t *pid) {
@@ -191,6 +164,8 @@ static int spawn_child(struct pending *p, pid_t *pid) {
       err = posix_spawn_file_actions_addopen(&actions, fd, "/dev/null", O_RDWR, 0);
     } else if (mode[fd] >= MODE_CONN && mode[fd] < MODE_CONN + 3 && p->conns[mode[fd] - MODE_CONN] >= 0) {
       err = posix_spawn_file_actions_adddup2(&actions, p->conns[mode[fd] - MODE_CONN], fd);
+    } else if (mode[fd] == MODE_HANDLE && p->handle >= 0) {
+      err = posix_spawn_file_actions_adddup2(&actions, p->handle, fd);
     } else if (mode[fd] != MODE_OWN || fd == 0) {
       err = EINVAL; /* the helper's own stdin is the agent's lifeline, never a child's */
     }
@@ -217,7 +192,9 @@ static int spawn_child(struct pending *p, pid_t *pid) {
 static void maybe_spawn(struct pending *p) {
   if (p->req == NULL) return;
   uint8_t conns = (uint8_t)p->req[11];
-  int need = (1 << conns) - 1;
+  uint32_t flags;
+  memcpy(&flags, p->req + 4, 4);
+  int need = ((1 << conns) - 1) | (flags & FLAG_HANDLE ? HAVE_HANDLE : 0);
   if ((p->have & need) != need) return;
   pid_t pid = 0;
   int err = conns > 3 ? EINVAL : spawn_child(p, &pid);
@@ -287,6 +264,18 @@ static int read_frame(int fd) {
   return 1;
 }
 
+/* A socket handed over for request `id` (handoff.c); one request takes one. */
+static void got_handle(uint32_t id, int sock) {
+  struct pending *p = pending_for(id);
+  if (p->handle >= 0) {
+    close(sock);
+    return;
+  }
+  p->handle = sock;
+  p->have |= HAVE_HANDLE;
+  maybe_spawn(p);
+}
+
 static void reap(void) {
   for (;;) {
     int status;
@@ -319,11 +308,13 @@ int main(int argc, char **argv) {
   const char *stage = getenv("CRTOOLS_SCRIPT_ACTION");
   if (argc == 1 && stage != NULL) return restore_action(stage);
   if (argc > 1 && strcmp(argv[1], "--keep") == 0) return keep(argc, argv);
+  if (argc > 1 && strcmp(argv[1], "--relay") == 0) return port_relay(argc, argv);
   if (argc != 2) {
     fprintf(stderr, "usage: canto-spawn SOCKET-PATH (started by the canto agent)\n");
     return 2;
   }
   /* fd 0 is the lifeline, fd 1 the events, fd 3 the agent's stdout (for children that keep it). */
+  int channel = handoff_channel();
   int lifeline = fcntl(0, F_DUPFD_CLOEXEC, 10);
   events_fd = fcntl(1, F_DUPFD_CLOEXEC, 10);
   if (lifeline < 0 || events_fd < 0) return 2;
@@ -348,13 +339,14 @@ int main(int argc, char **argv) {
   pid_t agent = getppid();
   emit(0, 'R', getpid(), 0);
 
-  struct pollfd fds[3 + MAX_OPEN];
+  struct pollfd fds[4 + MAX_OPEN];
   for (;;) {
     fds[0] = (struct pollfd){.fd = lifeline, .events = POLLIN};
     fds[1] = (struct pollfd){.fd = sig_fd, .events = POLLIN};
     fds[2] = (struct pollfd){.fd = listen_fd, .events = n_open < MAX_OPEN ? POLLIN : 0};
-    for (int i = 0; i < n_open; i++) fds[3 + i] = (struct pollfd){.fd = open_conns[i], .events = POLLIN};
-    int ready = poll(fds, (nfds_t)(3 + n_open), -1);
+    fds[3] = (struct pollfd){.fd = channel, .events = POLLIN};
+    for (int i = 0; i < n_open; i++) fds[4 + i] = (struct pollfd){.fd = open_conns[i], .events = POLLIN};
+    int ready = poll(fds, (nfds_t)(4 + n_open), -1);
     if (ready < 0) {
       if (errno == EINTR) continue;
       return 2;
@@ -369,9 +361,14 @@ int main(int argc, char **argv) {
       }
       reap();
     }
+    /* Handles before frames: a request whose socket came in the same turn starts in it. */
+    if (fds[3].revents && handoff_read(channel, got_handle) < 0) {
+      close(channel);
+      channel = -1;
+    }
     /* Frames first: a connection whose frame completes leaves the open list. */
     for (int i = n_open - 1; i >= 0; i--) {
-      if (fds[3 + i].revents == 0) continue;
+      if (fds[4 + i].revents == 0) continue;
       int fd = open_conns[i];
       int got = read_frame(fd);
       if (got == 0) continue;

@@ -1,14 +1,38 @@
 /*
  * The modes of the canto-spawn binary besides the process spawner itself (canto-spawn.c): a
- * restore's keeper (keeper.c) and CRIU's action script at a restore (restore-action.c).
+ * restore's keeper (keeper.c), CRIU's action script at a restore (restore-action.c) and a port
+ * gateway's relay (port-relay.c); and the spawner's IPC channel to the agent (handoff.c).
  */
 #ifndef CANTO_SPAWN_H
 #define CANTO_SPAWN_H
+
+#include <stddef.h>
+#include <stdint.h>
 
 /* `canto-spawn --keep N CGROUP-DIR... -- PROGRAM ARGS...`; argv as main has it. */
 int keep(int argc, char **argv);
 
 /* One stage of a restore (CRTOOLS_SCRIPT_ACTION); its exit code. */
 int restore_action(const char *stage);
+
+/* `canto-spawn --relay NETNS-FILE PORT CGROUP-DIR...`, fd 1 the client; its exit code. */
+int port_relay(int argc, char **argv);
+
+/* The relay's exit codes besides 0 (agent/src/runtime/sandbox/ports/port-relays.ts reads them). */
+#define RELAY_NOT_RUNNING 10
+#define RELAY_REFUSED 11
+#define RELAY_UNAVAILABLE 12
+
+/* The IPC channel Node opened to this process (NODE_CHANNEL_FD), moved to fd >= 10; -1 if none. */
+int handoff_channel(void);
+
+/* Reads the channel; `got` takes each socket handed over with its request id. -1: it closed. */
+int handoff_read(int channel, void (*got)(uint32_t id, int sock));
+
+/* Removes the spawner's socket and its private directory (spawn-paths.c). */
+void leave(const char *path);
+
+/* `file` as execvp would find it on the PATH of `env`, in `buf`; NULL when not found. */
+char *resolve(const char *file, char *const env[], char *buf, size_t size);
 
 #endif

@@ -23,6 +23,12 @@ export interface SpawnOptions {
    * emitting 'data'. Only a child the helper starts has such a stdout: its `stdoutOnread` says so.
    */
   readonly stdoutOnread?: OnRead;
+  /**
+   * The child's fd 1 is this connection instead (stdio[1] is then not used): the agent stops
+   * reading it and hands it over; the caller closes its own copy once the child has started. The
+   * descriptor stays non-blocking, as with a socket in the stdio of Node's spawn.
+   */
+  readonly socket?: Socket;
 }
 
 /**
@@ -127,4 +133,16 @@ export class HelperChild extends EventEmitter implements SpawnedProcess {
     this.closed = true;
     this.emit('close', this.exitCode, this.signalCode);
   }
+}
+
+/**
+ * Stops Node reading `socket`, which `pause` alone does not (a paused socket reads on until its
+ * buffer is full): bytes that arrive once a child holds it must reach the child alone.
+ */
+export function stopReading(socket: Socket): void {
+  socket.pause();
+  const handle = (socket as unknown as { _handle?: { reading?: boolean; readStop?: () => number } | null })._handle;
+  if (typeof handle?.readStop !== 'function') return;
+  handle.reading = false;
+  handle.readStop();
 }

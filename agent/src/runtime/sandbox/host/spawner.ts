@@ -10,7 +10,9 @@
  * A child's piped stdio streams are unix socket connections to the helper (which passes each to
  * the child as its fd and keeps no copy), so the agent holds ordinary `net.Socket`s, as it does
  * for the pipes of a Node child. The helper reports each child's pid and its exit over its
- * stdout (spawned-process.ts gives such a child the shape of Node's `ChildProcess`). Where the
+ * stdout (spawned-process.ts gives such a child the shape of Node's `ChildProcess`). A socket the
+ * agent holds (a port gateway's client) reaches a child over Node's IPC channel to the helper,
+ * the one way Node passes a descriptor to another process (agent/native/handoff.c). Where the
  * helper is not built (no C compiler on the host) or cannot start, processes start with Node's
  * own spawn: slower, otherwise the same.
  */
@@ -22,13 +24,15 @@ import { dirname, join } from 'node:path';
 import { constants, tmpdir } from 'node:os';
 import { fileURLToPath } from 'node:url';
 import { procStatSync } from './host-procs.js';
-import { HelperChild, type SpawnedProcess, type SpawnOptions } from './spawned-process.js';
+import { HelperChild, stopReading, type SpawnedProcess, type SpawnOptions } from './spawned-process.js';
 
 export type { SpawnedProcess, SpawnOptions, StdioMode } from './spawned-process.js';
 
 const FLAG_SETSID = 1;
+const FLAG_HANDLE = 2;
 const MODE_NULL = 0;
 const MODE_OWN = 1;
+const MODE_HANDLE = 2;
 const MODE_CONN = 0x10;
 const ATTACH_BIT = 0x80000000;
 const EVENT_BYTES = 16;
@@ -126,7 +130,7 @@ class HelperSpawner {
     const address = join(await mkdtemp(join(tmpdir(), SOCKET_DIR_PREFIX)), 's');
     // A session of its own: a Ctrl-C at the terminal of `canto up` must not end it while the
     // agent, stopping, still hibernates desktops.
-    const helper = nodeSpawn(path, [address], { stdio: ['pipe', 'pipe', 'inherit', 1], detached: true });
+    const helper = nodeSpawn(path, [address], { stdio: ['pipe', 'pipe', 'inherit', 1, 'ipc'], detached: true });
     const ready = new Promise<boolean>((resolve) => {
       const events = helper.stdout as Socket;
       let got = Buffer.alloc(0);
@@ -147,6 +151,7 @@ class HelperSpawner {
       return null;
     }
     helper.unref();
+    helper.channel?.unref();
     (helper.stdin as Socket).unref();
     const spawner = new HelperSpawner(helper, address);
     spawner.release();
@@ -163,6 +168,7 @@ class HelperSpawner {
     const onread = (fd: number) => (fd === 1 && options.stdoutOnread !== undefined ? { onread: options.stdoutOnread } : {});
     const conns = (piped.length === 0 ? [-1] : piped).map((fd) => connect({ path: this.address, ...onread(fd) }).on('error', () => undefined));
     const modes = options.stdio.map((mode, fd) => {
+      if (fd === 1 && options.socket !== undefined) return MODE_HANDLE;
       if (mode === 'pipe') return MODE_CONN + piped.indexOf(fd);
       return mode === 'inherit' && fd > 0 ? MODE_OWN : MODE_NULL;
     });
@@ -179,6 +185,7 @@ class HelperSpawner {
     conns.slice(1).forEach((c, k) => c.write(attachFrame(id, k + 1)));
     if (piped.length === 0) conns[0]!.resume();
     const settled = new Promise<Error | null>((resolve) => this.waiting.set(id, { child, file, settle: resolve }));
+    if (options.socket !== undefined) this.handOver(id, options.socket);
     const err = await settled;
     if (err !== null) {
       for (const c of conns) c.destroy();
@@ -188,6 +195,18 @@ class HelperSpawner {
     // starts the reading.
     for (const s of outputs) (s as { readableFlowing: boolean | null }).readableFlowing = null;
     return child;
+  }
+
+  /**
+   * Sends `socket` over the IPC channel for request `id`. Kept open here (`keepOpen`) until the
+   * child has it, so that a start that fails can still be answered on it; a send that fails (the
+   * helper is gone) fails the start.
+   */
+  private handOver(id: number, socket: Socket): void {
+    stopReading(socket);
+    this.helper.send({ id }, socket, { keepOpen: true }, (err) => {
+      if (err !== null) this.event(id, 'E', constants.errno.EPIPE, 0);
+    });
   }
 
   /** A child no longer holds the agent's event loop open (exited, or unref'd). */
@@ -271,7 +290,7 @@ export function requestFrame(
   const head = Buffer.alloc(24);
   head.writeUInt32LE(20 + body.length, 0);
   head.writeUInt32LE(id, 4);
-  head.writeUInt32LE(options.detached === true ? FLAG_SETSID : 0, 8);
+  head.writeUInt32LE((options.detached === true ? FLAG_SETSID : 0) | (options.socket !== undefined ? FLAG_HANDLE : 0), 8);
   head.writeUInt8(modes[0], 12);
   head.writeUInt8(modes[1], 13);
   head.writeUInt8(modes[2], 14);
@@ -339,8 +358,9 @@ export async function spawnProcess(file: string, args: readonly string[], option
     return spawner.spawn(file, args, options);
   }
   stats.node++;
+  if (options.socket !== undefined) stopReading(options.socket);
   const child: SpawnedProcess = nodeSpawn(file, [...args], {
-    stdio: [...options.stdio],
+    stdio: options.socket === undefined ? [...options.stdio] : [options.stdio[0], options.socket, options.stdio[2]],
     env: options.env as NodeJS.ProcessEnv | undefined,
     cwd: options.cwd,
     detached: options.detached,
