@@ -164,6 +164,10 @@ async function startPortGateway(options: StartAgentOptions, generations: Generat
       fencePortLine(generations.get(target.desktopId), target);
       return options.driver.openGuestPort(target.desktopId, target.port);
     },
+    handOff: options.driver.handOffGuestPort === undefined ? undefined : async (target, client) => {
+      fencePortLine(generations.get(target.desktopId), target);
+      return options.driver.handOffGuestPort!(target.desktopId, target.port, client);
+    },
     log: (msg, fields) => log.info(fields ?? {}, msg),
   });
 }

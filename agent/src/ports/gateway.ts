@@ -3,12 +3,15 @@
  * reaches TCP ports of apps running inside desktops.
  *
  * The ingress dials the gateway and opens with one signed line naming the desktop, its
- * generation and the guest port (shared/src/port-link.ts). A line that verifies is handed to
- * `open` (the agent checks the generation and asks the runtime driver for a connection to the
- * port inside the desktop); once that connection stands the gateway answers `OK\n` and from then
- * on only relays bytes both ways, with backpressure, and each side's end reaches the other as a
- * half-close, so a client that finishes sending still gets the whole answer. Anything else gets
- * `ERR <code>\n` and the connection is closed.
+ * generation and the guest port (shared/src/port-link.ts). A line that verifies is handed, with
+ * its connection, to `handOff` where the driver has port relays: the agent checks the generation,
+ * and a relay of its own answers the link and carries it with the agent out of the path
+ * (runtime/sandbox/ports/port-relays.ts). Otherwise (and for a client that sent bytes before its
+ * answer) it goes to `open` (the same check, then a connection to the port inside the desktop);
+ * once that connection stands the gateway answers `OK\n` and from then on only relays bytes both
+ * ways, with backpressure, and each side's end reaches the other as a half-close, so a client that
+ * finishes sending still gets the whole answer. Anything else gets `ERR <code>\n` and the
+ * connection is closed.
  *
  * Only the scheduler holds the join token that signs lines, so the listener may sit on a routable
  * address. Nothing here logs a line (its signature is good for a minute), and every timer is
@@ -19,7 +22,7 @@ import type { Duplex } from 'node:stream';
 import { PORT_LINK_MAX_LINE, verifyPortLinkLine, type PortLinkRefusal, type PortTarget } from '../../../shared/src/port-link.js';
 import { AgentFailure } from '../../../shared/src/protocol.js';
 import { LineListener, refuseWithLine } from '../line-listener.js';
-import type { GuestConnection } from '../runtime/driver.js';
+import type { GuestConnection, HandedOffLink } from '../runtime/driver.js';
 
 export interface PortGatewayOptions {
   /** Address to listen on. */
@@ -32,6 +35,12 @@ export interface PortGatewayOptions {
    * generation, and with an error coded `ECONNREFUSED` when nothing listens on the port.
    */
   readonly open: (target: PortTarget) => Promise<GuestConnection>;
+  /**
+   * Hands the client to a relay of its own into the target's port, which answers the link itself
+   * (RuntimeDriver.handOffGuestPort); null when there is none, and the gateway relays through
+   * `open`. Rejects as `open` does, the client still the gateway's. Absent: always `open`.
+   */
+  readonly handOff?: (target: PortTarget, client: Socket) => Promise<HandedOffLink | null>;
   /** How long a client has to send its line. Default 10 000 ms. */
   readonly handshakeTimeoutMs?: number;
   readonly log: (msg: string, fields?: object) => void;
@@ -107,6 +116,8 @@ export class PortGateway {
       this.refuse(client, 'unauthorized', null, 'bad line');
       return;
     }
+    // Bytes sent before `OK` (our ingress sends none) are read here already: this relays them.
+    if (this.options.handOff !== undefined && early.length === 0 && client.readableLength === 0 && (await this.handOff(client, target))) return;
     const relay: Relay = { client, target, since: performance.now(), guest: null };
     this.relays.add(relay);
     client.once('close', () => this.finish(relay));
@@ -125,6 +136,26 @@ export class PortGateway {
     }
     relay.guest = guest;
     this.relay(relay, guest, early);
+  }
+
+  /** Hands the link to a relay of its own (RuntimeDriver.handOffGuestPort); false when there is none. */
+  private async handOff(client: Socket, target: PortTarget): Promise<boolean> {
+    const since = performance.now();
+    const fields = { desktopId: target.desktopId, port: target.port, remote: client.remoteAddress };
+    let handed: HandedOffLink | null;
+    try {
+      handed = await this.options.handOff!(target, client);
+    } catch (err) {
+      this.refuse(client, refusalFor(err), target, err);
+      return true;
+    }
+    if (handed === null) return false;
+    this.options.log('port connection handed off', { ...fields, ms: Math.round(performance.now() - since) });
+    void handed.outcome.then((outcome) => {
+      if (outcome === 'relayed') this.options.log('port connection closed', { ...fields, durationMs: Math.round(performance.now() - since) });
+      else this.options.log('port connection refused', { ...fields, code: outcome, reason: 'answered by its relay' });
+    });
+    return true;
   }
 
   /**

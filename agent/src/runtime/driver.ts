@@ -6,6 +6,7 @@
  * reply: `start` on a running desktop succeeds without restarting it, `hibernate` on a stopped
  * one succeeds, `destroy` of an unknown desktop succeeds.
  */
+import type { Socket } from 'node:net';
 import type { Duplex } from 'node:stream';
 import type { Tier } from '../../../shared/src/tiers.js';
 import type { InputAction } from '../../../shared/src/computer-use.js';
@@ -270,6 +271,22 @@ export interface PortAccess {
    * error whose `code` is `ECONNREFUSED` when nothing accepts connections on the port.
    */
   openGuestPort(desktopId: string, port: number): Promise<GuestConnection>;
+  /**
+   * Hands `client`, a port link whose line verified, to a relay of its own into the port, which
+   * answers the link itself (`OK`, or `ERR refused` when nothing listens): the agent leaves the
+   * data path. Null when the driver has no such relays (the gateway then relays through
+   * `openGuestPort`). Rejects as `openGuestPort` does, the client still the caller's.
+   */
+  handOffGuestPort?(desktopId: string, port: number, client: Socket): Promise<HandedOffLink | null>;
+}
+
+/** How a handed-off link's relay ended: it carried the link, or it answered `ERR <outcome>`. */
+export type RelayOutcome = 'relayed' | 'not_running' | 'refused' | 'unavailable';
+
+/** A port link a relay carries; the agent no longer holds the client's connection. */
+export interface HandedOffLink {
+  /** Settles when the relay has exited. */
+  readonly outcome: Promise<RelayOutcome>;
 }
 
 /**

@@ -14,6 +14,7 @@
  * operations (guest/guest-ops.ts), computer use (computer-use/) and port access (ports/). Each
  * method here forwards to the part that implements it.
  */
+import type { Socket } from 'node:net';
 import { resolve } from 'node:path';
 import type { Tier } from '../../../../shared/src/tiers.js';
 import type { InputAction } from '../../../../shared/src/computer-use.js';
@@ -32,6 +33,7 @@ import type {
   FileWriteSpec,
   GuestConnection,
   GuestPath,
+  HandedOffLink,
   ProcessStatus,
   RestoreStats,
   RuntimeCapabilities,
@@ -59,6 +61,7 @@ import { desktopPaths, desktopsDir } from './host/layout.js';
 import { desktopUsage } from './host/cgroups.js';
 import { SandboxLifecycle } from './sandbox-lifecycle.js';
 import { runningInit } from './host/cold-boot.js';
+import { helperPath } from './host/spawner.js';
 
 export interface SandboxDriverOptions {
   /** Directory holding every desktop's disk, snapshot and runtime files. */
@@ -116,6 +119,8 @@ export class SandboxDriver implements RuntimeDriver {
       fenced,
       socketDir: (desktopId) => desktopPaths(stateDir, desktopId).run,
       log: this.log,
+      // Relays are the spawner's children: without it, each would cost the agent a fork.
+      relayProgram: process.env.CANTO_AGENT_SPAWN_HELPER === 'off' ? null : helperPath(),
     });
     const { mutex, guest, vnc, terminals, ports } = this;
     this.lifecycle = new SandboxLifecycle({ stateDir, criu, tools, mutex, guest, vnc, terminals, ports, log: this.log });
@@ -207,6 +212,10 @@ export class SandboxDriver implements RuntimeDriver {
 
   openGuestPort(desktopId: string, port: number): Promise<GuestConnection> {
     return this.ports.open(desktopId, port);
+  }
+
+  handOffGuestPort(desktopId: string, port: number, client: Socket): Promise<HandedOffLink | null> {
+    return this.ports.handOff(desktopId, port, client);
   }
 
   exec(desktopId: string, spec: ExecSpec): Promise<ExecOutcome> {

@@ -1,5 +1,7 @@
 /**
- * Connections to TCP ports inside desktops, for the port gateway (docs/api.md §4.7).
+ * Connections to TCP ports inside desktops (docs/api.md §4.7): the driver's own (`open`), and the
+ * port gateway's links, which go to relays of their own (`handOff`, port-relays.ts) where the
+ * process spawner runs and through the forwarder below where it does not.
  *
  * A desktop has its own network namespace with only a loopback, so an app listening on
  * `127.0.0.1:8000` in the guest is reachable only from inside that namespace, and Node cannot
@@ -47,6 +49,8 @@ import type { InitProcess } from '../host/cold-boot.js';
 import { procStatSync, signal, waitFor } from '../host/host-procs.js';
 import { warmPrologue } from '../guest/warm-perl.js';
 import { forwarderProgram } from './guest-ports-perl.js';
+import { PortRelays } from './port-relays.js';
+import type { HandedOffLink } from '../../driver.js';
 
 export interface GuestPortsOptions {
   readonly nsenterPath: string;
@@ -60,6 +64,8 @@ export interface GuestPortsOptions {
    */
   readonly fenced: (desktopId: string) => boolean;
   readonly log: (msg: string, fields?: object) => void;
+  /** The built canto-spawn, whose relays carry the gateway's links (port-relays.ts); null: none. */
+  readonly relayProgram?: string | null;
 }
 
 /** How long a new forwarder gets to say `ready`. */
@@ -244,16 +250,16 @@ class Forwarder {
 
 export class GuestPorts {
   private readonly forwarders = new Map<string, Forwarder>();
+  private readonly relays: PortRelays | null;
   private closing = false;
 
-  constructor(private readonly options: GuestPortsOptions) {}
+  constructor(private readonly options: GuestPortsOptions) {
+    this.relays = options.relayProgram ? new PortRelays(options.relayProgram) : null;
+  }
 
   /** A connection to `127.0.0.1:<port>` in the desktop's network namespace (RuntimeDriver.openGuestPort). */
   async open(desktopId: string, port: number): Promise<Socket> {
-    if (!Number.isInteger(port) || port < 1 || port > 65535) throw new AgentFailure('bad_request', `invalid port ${port}`, false);
-    if (this.closing) throw new AgentFailure('not_running', 'the driver is closing', false);
-    const init = await this.options.init(desktopId);
-    if (this.options.fenced(desktopId) || this.closing) throw stopping(desktopId);
+    const init = await this.admit(desktopId, port);
     // From the fence check to the registration nothing awaits: closeAll sees this forwarder or
     // this call sees the fence.
     const forwarder = this.forwarderFor(desktopId, init);
@@ -268,15 +274,35 @@ export class GuestPorts {
   }
 
   /**
+   * Hands `client`, a port link whose line verified, to a relay into the port (RuntimeDriver.
+   * handOffGuestPort); null when this host has no relays. Rejects as `open` does when the desktop
+   * does not run here, the client then still the caller's; a refused port is the relay's to answer.
+   */
+  async handOff(desktopId: string, port: number, client: Socket): Promise<HandedOffLink | null> {
+    if (this.relays === null) return null;
+    const init = await this.admit(desktopId, port);
+    // From the fence check in admit to the registration in start nothing awaits, as in open.
+    return this.relays.start(desktopId, init, port, client);
+  }
+
+  /** The desktop's running init, once the port is valid and the desktop may be entered. */
+  private async admit(desktopId: string, port: number): Promise<InitProcess> {
+    if (!Number.isInteger(port) || port < 1 || port > 65535) throw new AgentFailure('bad_request', `invalid port ${port}`, false);
+    if (this.closing) throw new AgentFailure('not_running', 'the driver is closing', false);
+    const init = await this.options.init(desktopId);
+    if (this.options.fenced(desktopId) || this.closing) throw stopping(desktopId);
+    return init;
+  }
+
+  /**
    * Ends every connection into the desktop and waits until its forwarder is gone: for a desktop
    * whose guest is about to stop (hibernate, destroy, under the fence, so no new connection enters
    * meanwhile), and when a desktop starts, to drop a forwarder of an earlier init.
    */
   async closeAll(desktopId: string): Promise<void> {
     const forwarder = this.forwarders.get(desktopId);
-    if (forwarder === undefined) return;
     this.forwarders.delete(desktopId);
-    await forwarder.kill();
+    await Promise.all([forwarder?.kill(), this.relays?.closeAll(desktopId)]);
   }
 
   /** Kills every forwarder (the driver is closing; the agent's clients are gone with it). */
@@ -284,7 +310,7 @@ export class GuestPorts {
     this.closing = true;
     const all = [...this.forwarders.values()];
     this.forwarders.clear();
-    await Promise.all(all.map((f) => f.kill()));
+    await Promise.all([...all.map((f) => f.kill()), this.relays?.close()]);
   }
 
   /** The desktop's forwarder for this init, started (synchronously) when there is none alive. */
