@@ -54,6 +54,9 @@ export class OperationEngine {
   private readonly checkingGone = new Set<string>();
   private readonly inFlight = new Set<Promise<unknown>>();
   private ticking = false;
+  /** A kick came while a tick ran: its claim may have read the database before the new work. */
+  private kickedWhileTicking = false;
+  private kickPending: NodeJS.Immediate | null = null;
   private readonly stopWaiters = new Set<() => void>();
   private readonly log: Logger;
   private readonly placements = new PlacementReservations();
@@ -134,6 +137,8 @@ export class OperationEngine {
     for (const wake of [...this.stopWaiters]) wake();
     if (this.timer) clearTimeout(this.timer);
     this.timer = null;
+    if (this.kickPending) clearImmediate(this.kickPending);
+    this.kickPending = null;
     this.unsubscribeHello?.();
     this.unsubscribeHello = null;
     await this.unlisten?.().catch(() => {});
@@ -146,15 +151,29 @@ export class OperationEngine {
     clearTimeout(timer);
   }
 
+  /**
+   * New work was announced: a tick at the end of this turn of the event loop (notifications that
+   * arrive together share it), or right after the one running, whose claim may have missed it.
+   */
   private kick(): void {
     if (!this.running) return;
-    if (this.timer) clearTimeout(this.timer);
-    this.timer = setTimeout(() => void this.tick(), 0);
+    if (this.ticking) {
+      this.kickedWhileTicking = true;
+      return;
+    }
+    if (this.kickPending !== null) return;
+    this.kickPending = setImmediate(() => {
+      this.kickPending = null;
+      void this.tick();
+    });
   }
 
   private async tick(): Promise<void> {
     if (!this.running || this.ticking) return;
+    if (this.timer) clearTimeout(this.timer);
+    this.timer = null;
     this.ticking = true;
+    this.kickedWhileTicking = false;
     try {
       for (const op of await claimPending(this.deps.sql, 20)) this.launch(op);
       const round: steps.PlacementRound = { noRoom: new Map() };
@@ -175,6 +194,7 @@ export class OperationEngine {
     } finally {
       this.ticking = false;
       if (this.running) this.timer = setTimeout(() => void this.tick(), this.deps.pollMs);
+      if (this.kickedWhileTicking) this.kick();
     }
   }
 
