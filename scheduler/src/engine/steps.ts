@@ -86,6 +86,15 @@ export function noCapacityMessage(tier: Tier, hosts: readonly HostCandidate[], p
   return `no ${what} has room for a ${tier} desktop: ${schedulable.length} schedulable, ${reasons.join(', ') || 'each at a limit'}`;
 }
 
+/**
+ * Statements of one transaction that do not depend on each other, sent together: postgres.js
+ * pipelines them on the transaction's connection, one round trip instead of one each, and the
+ * server still runs them in order. The first failure is thrown (the transaction rolls back).
+ */
+async function together(...statements: Array<Promise<unknown>>): Promise<void> {
+  await Promise.all(statements);
+}
+
 async function settle(tx: Sql, deps: StepDeps, op: OperationRow, result: Record<string, unknown>): Promise<void> {
   if (!(await settleOperation(tx, op.id, { result }, deps.fence))) throw new LeaseLost('leader lease lost before settling');
 }
@@ -246,9 +255,11 @@ async function start(deps: StepDeps, op: OperationRow, hostId: string): Promise<
   await inTransaction(deps.sql, async (tx) => {
     const awake = await transition(tx, d.id, ['waking'], 'awake', { markWoken: true });
     if (!awake) throw new StepFailure('conflict', 'desktop left the waking state');
-    await openMeter(tx, d.org_id, d.id);
-    await recordEvent(tx, { orgId: d.org_id, desktopId: d.id, type: 'desktop.woken', data: { restored: started.restored } });
-    await settle(tx, deps, op, { generation: awake.generation, restored: started.restored });
+    await together(
+      openMeter(tx, d.org_id, d.id),
+      recordEvent(tx, { orgId: d.org_id, desktopId: d.id, type: 'desktop.woken', data: { restored: started.restored } }),
+      settle(tx, deps, op, { generation: awake.generation, restored: started.restored }),
+    );
   });
 }
 
@@ -260,9 +271,11 @@ export async function hibernate(deps: StepDeps, op: OperationRow): Promise<void>
   await inTransaction(deps.sql, async (tx) => {
     const done = await transition(tx, d.id, ['hibernating'], 'hibernated');
     if (!done) throw new StepFailure('conflict', 'desktop left the hibernating state');
-    await closeMeter(tx, d.id);
-    await recordEvent(tx, { orgId: d.org_id, desktopId: d.id, type: 'desktop.hibernated', data: { reason: op.reason, memory_snapshot: stopped.snapshot } });
-    await settle(tx, deps, op, { generation: done.generation, snapshot: stopped.snapshot });
+    await together(
+      closeMeter(tx, d.id),
+      recordEvent(tx, { orgId: d.org_id, desktopId: d.id, type: 'desktop.hibernated', data: { reason: op.reason, memory_snapshot: stopped.snapshot } }),
+      settle(tx, deps, op, { generation: done.generation, snapshot: stopped.snapshot }),
+    );
   });
 }
 
@@ -275,10 +288,12 @@ export async function destroy(deps: StepDeps, op: OperationRow): Promise<void> {
   await inTransaction(deps.sql, async (tx) => {
     const gone = await transition(tx, d.id, ['provisioning', 'awake', 'hibernated'], 'destroyed', { markDestroyed: true });
     if (!gone) throw new StepFailure('conflict', 'desktop changed state during destroy');
-    await closeMeter(tx, d.id);
-    await deleteExposuresOf(tx, d.id);
-    await recordEvent(tx, { orgId: d.org_id, desktopId: d.id, type: 'desktop.destroyed' });
-    await settle(tx, deps, op, { generation: gone.generation });
+    await together(
+      closeMeter(tx, d.id),
+      deleteExposuresOf(tx, d.id),
+      recordEvent(tx, { orgId: d.org_id, desktopId: d.id, type: 'desktop.destroyed' }),
+      settle(tx, deps, op, { generation: gone.generation }),
+    );
   });
 }
 

@@ -64,9 +64,8 @@ export class LifecycleService {
 
   /** Records a fork operation; throws 404/409 `ApiError`s. No capacity yields a failed op. */
   async requestFork(orgId: string, desktopId: string, req: ForkRequest): Promise<{ op: OperationRow; repeated: boolean }> {
-    return this.locked(orgId, desktopId, req.idempotencyKey, async (tx, source) => {
+    return this.locked(orgId, desktopId, req.idempotencyKey, async (tx, source, open) => {
       if (source.state !== 'hibernated' || source.host_id === null) throw errors.wrongState('fork', source.state);
-      const open = await openOperation(tx, source.id);
       if (open) throw errors.operationInFlight('fork', open);
       const base = { orgId, desktopId, kind: 'fork' as const, idempotencyKey: req.idempotencyKey, fromState: source.state };
       const used = (await slotsUsed(tx, source.host_id)).get(source.host_id) ?? 0;
@@ -89,7 +88,7 @@ export class LifecycleService {
 
   /** Records the operation; throws 404/409 `ApiError`s. A stale generation yields a failed op. */
   async request(orgId: string, desktopId: string, kind: LifecycleKind, req: TransitionRequest): Promise<{ op: OperationRow; repeated: boolean }> {
-    return this.locked(orgId, desktopId, req.idempotencyKey, async (tx, desktop) => {
+    return this.locked(orgId, desktopId, req.idempotencyKey, async (tx, desktop, open) => {
       if (req.expectedGeneration !== null && req.expectedGeneration !== desktop.generation) {
         const op = await insertOperation(tx, {
           orgId,
@@ -106,40 +105,47 @@ export class LifecycleService {
         return { op, repeated: false };
       }
       if (!ACCEPTING_STATES[kind].includes(desktop.state)) throw errors.wrongState(kind, desktop.state);
-      const open = await openOperation(tx, desktop.id);
       if (open) throw errors.operationInFlight(kind, open);
       const next = IN_FLIGHT_STATE[kind];
-      if (next) await transition(tx, desktop.id, [desktop.state], next);
-      const op = await insertOperation(tx, {
-        orgId,
-        desktopId,
-        kind,
-        idempotencyKey: req.idempotencyKey,
-        fromState: desktop.state,
-        reason: req.reason ?? 'requested',
-      });
+      // Sent together (one round trip): under the row lock, with its state just checked, the
+      // transition cannot miss.
+      const [, op] = await Promise.all([
+        next ? transition(tx, desktop.id, [desktop.state], next) : null,
+        insertOperation(tx, {
+          orgId,
+          desktopId,
+          kind,
+          idempotencyKey: req.idempotencyKey,
+          fromState: desktop.state,
+          reason: req.reason ?? 'requested',
+        }),
+      ]);
       return { op, repeated: false };
     });
   }
 
   /**
-   * What every mutation starts with: the desktop row locked (404 across orgs), and a repeated
-   * Idempotency-Key answered with the operation it created.
+   * What every mutation starts with: the desktop row locked (404 across orgs), a repeated
+   * Idempotency-Key answered with the operation it created, and the desktop's open operation.
+   * The three reads go in one round trip: the server runs them in order, so the two after the
+   * lock see what was committed before it was granted. Those two are read before the desktop is
+   * known to be the org's, and thrown away unread when it is not.
    */
   private locked(
     orgId: string,
     desktopId: string,
     idempotencyKey: string | null,
-    fn: (tx: Sql, desktop: DesktopRow) => Promise<{ op: OperationRow; repeated: boolean }>,
+    fn: (tx: Sql, desktop: DesktopRow, open: { id: string; kind: string } | null) => Promise<{ op: OperationRow; repeated: boolean }>,
   ): Promise<{ op: OperationRow; repeated: boolean }> {
     return inTransaction(this.sql, async (tx) => {
-      const desktop = await lockDesktop(tx, orgId, desktopId);
+      const [desktop, existing, open] = await Promise.all([
+        lockDesktop(tx, orgId, desktopId),
+        idempotencyKey ? operationByKey(tx, desktopId, idempotencyKey) : null,
+        openOperation(tx, desktopId),
+      ]);
       if (!desktop) throw errors.desktopNotFound();
-      if (idempotencyKey) {
-        const existing = await operationByKey(tx, desktop.id, idempotencyKey);
-        if (existing) return { op: existing, repeated: true };
-      }
-      return fn(tx, desktop);
+      if (existing) return { op: existing, repeated: true };
+      return fn(tx, desktop, open);
     });
   }
 

@@ -24,15 +24,19 @@ export interface NewOperation {
   params?: Record<string, unknown>;
 }
 
+/** Records an operation; a pending one wakes the leader's engine in the same statement. */
 export async function insertOperation(sql: Sql, op: NewOperation): Promise<OperationRow> {
   const state = op.failed ? 'failed' : 'pending';
+  // One round trip: the notification rides the insert (delivered at commit, as a second
+  // statement's would be). A lateral select runs once per inserted row, and adds no column.
   const [row] = await sql<OperationRow[]>`
-    INSERT INTO operations (id, org_id, desktop_id, kind, state, idempotency_key, from_state, reason, error, params, settled_at)
-    VALUES (${newId('operation')}, ${op.orgId}, ${op.desktopId}, ${op.kind}, ${state}, ${op.idempotencyKey},
-            ${op.fromState}, ${op.reason ?? 'requested'}, ${op.failed ? sql.json(op.failed as never) : null},
-            ${op.params ? sql.json(op.params as never) : null}, ${op.failed ? sql`now()` : null})
-    RETURNING *`;
-  if (!op.failed) await notifyNewWork(sql, row!.id);
+    WITH o AS (
+      INSERT INTO operations (id, org_id, desktop_id, kind, state, idempotency_key, from_state, reason, error, params, settled_at)
+      VALUES (${newId('operation')}, ${op.orgId}, ${op.desktopId}, ${op.kind}, ${state}, ${op.idempotencyKey},
+              ${op.fromState}, ${op.reason ?? 'requested'}, ${op.failed ? sql.json(op.failed as never) : null},
+              ${op.params ? sql.json(op.params as never) : null}, ${op.failed ? sql`now()` : null})
+      RETURNING *)
+    SELECT o.* FROM o CROSS JOIN LATERAL (SELECT CASE WHEN o.state = 'pending' THEN pg_notify(${OP_NEW_CHANNEL}, o.id) END) AS n`;
   return row!;
 }
 
@@ -90,15 +94,17 @@ export async function settleOperation(
   outcome: { result: Record<string, unknown> } | { error: OperationError },
   fence: SettleFence,
 ): Promise<boolean> {
+  // The notification rides the update, for the row it settled (one round trip, not two).
   const rows = await sql`
-    UPDATE operations SET
-      state = ${'result' in outcome ? 'succeeded' : 'failed'},
-      result = ${'result' in outcome ? sql.json(outcome.result as never) : null},
-      error = ${'error' in outcome ? sql.json(outcome.error as never) : null},
-      settled_at = now()
-    WHERE id = ${id} AND state = 'running'
-      AND EXISTS (SELECT 1 FROM leases WHERE name = ${LEADER_LEASE} AND holder = ${fence.holder} AND epoch = ${fence.epoch} AND expires_at > now())
-    RETURNING id`;
-  if (rows.length === 1) await sql`SELECT pg_notify(${OP_SETTLED_CHANNEL}, ${id})`;
+    WITH s AS (
+      UPDATE operations SET
+        state = ${'result' in outcome ? 'succeeded' : 'failed'},
+        result = ${'result' in outcome ? sql.json(outcome.result as never) : null},
+        error = ${'error' in outcome ? sql.json(outcome.error as never) : null},
+        settled_at = now()
+      WHERE id = ${id} AND state = 'running'
+        AND EXISTS (SELECT 1 FROM leases WHERE name = ${LEADER_LEASE} AND holder = ${fence.holder} AND epoch = ${fence.epoch} AND expires_at > now())
+      RETURNING id)
+    SELECT pg_notify(${OP_SETTLED_CHANNEL}, s.id) FROM s`;
   return rows.length === 1;
 }
