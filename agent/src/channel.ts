@@ -95,6 +95,7 @@ export async function startAgent(options: StartAgentOptions): Promise<AgentHandl
         driver: options.driver,
         slots,
         processes: spawnerStats,
+        ...(ports === null ? {} : { portLinks: () => ports.stats() }),
       });
     } catch (err) {
       await stream?.close();

@@ -10,6 +10,7 @@ import { collectDefaultMetrics, Counter, Gauge, Histogram, Registry } from 'prom
 import type { DesktopLifecycle, RuntimeDriver } from './runtime/driver.js';
 import type { LifecycleSlots } from './lifecycle-slots.js';
 import type { SpawnerStats } from './runtime/sandbox/host/spawner.js';
+import type { PortLinkStats } from './ports/gateway.js';
 
 export interface AgentProbeSources {
   linkedReplicas(): string[];
@@ -18,6 +19,8 @@ export interface AgentProbeSources {
   readonly slots?: Pick<LifecycleSlots, 'running' | 'queued' | 'limit'>;
   /** Processes the runtime started, by way (runtime/sandbox/host/spawner.ts). */
   readonly processes?: () => SpawnerStats;
+  /** Port links by who carries them (ports/gateway.ts); absent without a port gateway. */
+  readonly portLinks?: () => PortLinkStats;
 }
 
 /**
@@ -138,6 +141,28 @@ export class AgentMetrics {
       collect: () => {
         const counts = this.sources?.driver.restores?.();
         if (counts !== undefined) setTotals(restores, 'outcome', { restored: counts.restored, failed: counts.failed });
+      },
+    });
+    const portLinks: Counter<'via'> = new Counter({
+      name: 'canto_agent_port_links_total',
+      help: 'Port links from the ingress, by who carries them: a relay of their own (relay) or the agent itself (agent)',
+      labelNames: ['via'],
+      registers,
+      collect: () => {
+        const stats = this.sources?.portLinks?.();
+        if (stats !== undefined) setTotals(portLinks, 'via', { relay: stats.relayed, agent: stats.agent });
+      },
+    });
+    const openLinks: Gauge<'via'> = new Gauge({
+      name: 'canto_agent_port_links',
+      help: 'Port links open now, by who carries them (relay, agent)',
+      labelNames: ['via'],
+      registers,
+      collect: () => {
+        const stats = this.sources?.portLinks?.();
+        if (stats === undefined) return;
+        openLinks.set({ via: 'relay' }, stats.relayedOpen);
+        openLinks.set({ via: 'agent' }, stats.agentOpen);
       },
     });
     const desktops: Gauge<'running'> = new Gauge({

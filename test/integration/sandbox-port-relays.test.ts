@@ -137,6 +137,7 @@ describe.skipIf(!ready)('port links handed to relays', () => {
     expect((gateway as unknown as { relays: Set<unknown> }).relays.size).toBe(0);
     await until(() => logs.some((l) => l.msg === 'port connection closed'), 5_000, 'the relay to report its end');
     await until(async () => (await relayPids()).length === 0, 5_000, 'the relay to exit');
+    expect(gateway.stats()).toMatchObject({ relayed: 1, relayedOpen: 0, agent: 0 });
   });
 
   it('answers ERR refused for a port nothing listens on', async () => {

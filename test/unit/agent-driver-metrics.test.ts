@@ -30,3 +30,17 @@ it("counts restores by outcome in the agent's metrics, so that failing restores 
   none.attach({ linkedReplicas: () => [], leaderEpoch: () => 0, driver: { list: async () => [] } });
   expect(await none.registry.getSingleMetricAsString('canto_agent_restores_total')).not.toMatch(/outcome=/);
 });
+
+it("shows who carries the host's port links, relays or the agent, in all and open now", async () => {
+  const metrics = new AgentMetrics();
+  let stats = { relayed: 40, relayedOpen: 3, agent: 2, agentOpen: 1 };
+  metrics.attach({ linkedReplicas: () => [], leaderEpoch: () => 0, driver: { list: async () => [] }, portLinks: () => stats });
+  const text = async () => (await metrics.registry.getSingleMetricAsString('canto_agent_port_links_total')) + '\n' + (await metrics.registry.getSingleMetricAsString('canto_agent_port_links'));
+  expect(await text()).toMatch(/_total{via="relay"} 40\n[^]*_total{via="agent"} 2\n[^]*links{via="relay"} 3\n[^]*links{via="agent"} 1/);
+  stats = { relayed: 41, relayedOpen: 0, agent: 2, agentOpen: 0 };
+  expect(await text()).toMatch(/_total{via="relay"} 41\n[^]*links{via="relay"} 0\n[^]*links{via="agent"} 0/);
+  // An agent without a port gateway exports neither.
+  const none = new AgentMetrics();
+  none.attach({ linkedReplicas: () => [], leaderEpoch: () => 0, driver: { list: async () => [] } });
+  expect(await none.registry.getSingleMetricAsString('canto_agent_port_links')).not.toMatch(/via=/);
+});

@@ -69,8 +69,10 @@ describe('port gateway handing links to relays', () => {
     expect(await exchange(g.port, line())).toBe('OK\nfrom the relay');
     expect(handed).toEqual([target]);
     expect(logs.map((l) => l.msg)).toContain('port connection handed off');
+    expect(g.stats()).toEqual({ relayed: 1, relayedOpen: 1, agent: 0, agentOpen: 0 });
     finish('refused');
     await until(() => logs.some((l) => l.msg === 'port connection refused' && l.fields?.code === 'refused'), 2_000, 'the outcome in the log');
+    expect(g.stats()).toEqual({ relayed: 1, relayedOpen: 0, agent: 0, agentOpen: 0 });
   });
 
   it('relays the link itself when the driver has no relays', async () => {
@@ -88,9 +90,11 @@ describe('port gateway handing links to relays', () => {
     socket.on('data', (c: Buffer) => got.push(c));
     socket.write(line());
     await until(() => Buffer.concat(got).toString() === 'OK\n', 2_000, 'OK');
+    expect(g.stats()).toEqual({ relayed: 0, relayedOpen: 0, agent: 1, agentOpen: 1 });
     socket.end('ping');
     await new Promise((resolve) => socket.once('close', resolve));
     expect(Buffer.concat(got).toString()).toBe('OK\nping');
+    await until(() => g.stats().agentOpen === 0, 2_000, 'the link to close');
   });
 
   it("answers a refusal before the handoff with the gateway's own ERR line", async () => {

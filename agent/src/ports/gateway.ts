@@ -57,6 +57,16 @@ export function refusalFor(err: unknown): Exclude<PortLinkRefusal, 'unauthorized
   return (err as NodeJS.ErrnoException | null)?.code === 'ECONNREFUSED' ? 'refused' : 'unavailable';
 }
 
+/** Port links since the gateway started, by who carries them (its metrics). */
+export interface PortLinkStats {
+  /** Handed to a relay of their own (the agent out of the path), in all and open now. */
+  readonly relayed: number;
+  readonly relayedOpen: number;
+  /** Relayed by the agent itself, in all and open now. */
+  readonly agent: number;
+  readonly agentOpen: number;
+}
+
 /** A client whose line verified, from then until both its sockets are closed. */
 interface Relay {
   readonly client: Socket;
@@ -68,6 +78,7 @@ interface Relay {
 export class PortGateway {
   private readonly relays = new Set<Relay>();
   private listener!: LineListener;
+  private readonly counts = { relayed: 0, relayedOpen: 0, agent: 0 };
   /** This host's port-link key, from the scheduler's hello reply; until then every line is refused. */
   private key: string | null = null;
 
@@ -92,6 +103,10 @@ export class PortGateway {
 
   get port(): number {
     return this.listener.port;
+  }
+
+  stats(): PortLinkStats {
+    return { ...this.counts, agentOpen: [...this.relays].filter((r) => r.guest !== null).length };
   }
 
   /** Sets the key lines must be signed with (the scheduler hands it over in hello). */
@@ -135,6 +150,7 @@ export class PortGateway {
       return;
     }
     relay.guest = guest;
+    this.counts.agent++;
     this.relay(relay, guest, early);
   }
 
@@ -150,8 +166,11 @@ export class PortGateway {
       return true;
     }
     if (handed === null) return false;
+    this.counts.relayed++;
+    this.counts.relayedOpen++;
     this.options.log('port connection handed off', { ...fields, ms: Math.round(performance.now() - since) });
     void handed.outcome.then((outcome) => {
+      this.counts.relayedOpen--;
       if (outcome === 'relayed') this.options.log('port connection closed', { ...fields, durationMs: Math.round(performance.now() - since) });
       else this.options.log('port connection refused', { ...fields, code: outcome, reason: 'answered by its relay' });
     });
