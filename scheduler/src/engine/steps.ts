@@ -202,10 +202,8 @@ export interface PlacementRound {
  */
 export function readFleet(deps: StepDeps, inFlight: string[]): Promise<FleetView> {
   return inSnapshot(deps.sql, async (tx) => {
-    const placed = await placedDesktops(tx, inFlight);
-    const hosts = await listHosts(tx);
-    const load = await committedLoad(tx);
-    const slots = await slotsUsed(tx);
+    // One round trip for the four (a snapshot sees the same rows whatever their order).
+    const [placed, hosts, load, slots] = await Promise.all([placedDesktops(tx, inFlight), listHosts(tx), committedLoad(tx), slotsUsed(tx)]);
     return { placed, hosts: hostCandidates(hosts, load, slots, { isConnected: (id) => deps.agents.isConnected(id), hostSlots: deps.hostSlots }) };
   });
 }
