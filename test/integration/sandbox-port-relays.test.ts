@@ -166,6 +166,9 @@ describe.skipIf(!ready)('port links handed to relays', () => {
     expect(status).toMatch(/^CapEff:\s+0+$/m);
     expect(status).toMatch(/^CapBnd:\s+0+$/m);
     expect(status).toMatch(/^NoNewPrivs:\s+1$/m);
+    const rollup = await readFile(`/proc/${relay}/smaps_rollup`, 'utf8');
+    const kib = (field: string) => /^(\w+):\s+(\d+) kB/m.exec(rollup.slice(rollup.indexOf(`${field}:`)))?.[2];
+    console.log(`port relay memory: ${kib('Rss')} kB RSS, ${kib('Pss')} kB PSS`);
     // A reset from the client ends the relay.
     socket.resetAndDestroy();
     await until(async () => !(await isAlive(relay!)), 5_000, 'the relay to exit after the reset');
