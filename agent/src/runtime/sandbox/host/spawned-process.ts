@@ -137,7 +137,8 @@ export class HelperChild extends EventEmitter implements SpawnedProcess {
 
 /**
  * Stops Node reading `socket`, which `pause` alone does not (a paused socket reads on until its
- * buffer is full): bytes that arrive once a child holds it must reach the child alone.
+ * buffer is full): bytes that arrive once a child holds it must reach the child alone. Node has
+ * no public call for it; `_handle.readStop` is what its own streams use, the same since Node 0.x.
  */
 export function stopReading(socket: Socket): void {
   socket.pause();
