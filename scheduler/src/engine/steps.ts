@@ -7,7 +7,7 @@
  */
 import { AgentFailure, type CommandPayload, type CommandResult } from '../../../shared/src/protocol.js';
 import type { Logger } from '../../../shared/src/log.js';
-import { inSnapshot, inTransaction, type Sql } from '../store/db.js';
+import { inSnapshot, inTransaction, together, type Sql } from '../store/db.js';
 import { getDesktopById, insertForks, placedDesktops, setPlacement, transition } from '../store/desktops.js';
 import { closeMeter, openMeter, recordEvent } from '../store/events.js';
 import { committedLoad, listHosts, slotsUsed } from '../store/hosts.js';
@@ -84,15 +84,6 @@ export function noCapacityMessage(tier: Tier, hosts: readonly HostCandidate[], p
     at.slots > 0 ? `${at.slots} out of storage slots` : null,
   ].filter((r) => r !== null);
   return `no ${what} has room for a ${tier} desktop: ${schedulable.length} schedulable, ${reasons.join(', ') || 'each at a limit'}`;
-}
-
-/**
- * Statements of one transaction that do not depend on each other, sent together: postgres.js
- * pipelines them on the transaction's connection, one round trip instead of one each, and the
- * server still runs them in order. The first failure is thrown (the transaction rolls back).
- */
-async function together(...statements: Array<Promise<unknown>>): Promise<void> {
-  await Promise.all(statements);
 }
 
 async function settle(tx: Sql, deps: StepDeps, op: OperationRow, result: Record<string, unknown>): Promise<void> {

@@ -34,3 +34,12 @@ export async function inTransaction<T>(sql: Sql, fn: (tx: Sql) => Promise<T>): P
 export async function inSnapshot<T>(sql: Sql, fn: (tx: Sql) => Promise<T>): Promise<T> {
   return (await sql.begin('isolation level repeatable read read only', (tx) => fn(tx as unknown as Sql))) as T;
 }
+
+/**
+ * Statements of one transaction that do not depend on each other, sent together: postgres.js
+ * pipelines them on the transaction's connection, one round trip instead of one each, and the
+ * server still runs them in order. The first failure is thrown (the transaction rolls back).
+ */
+export async function together(...statements: Array<Promise<unknown>>): Promise<void> {
+  await Promise.all(statements);
+}
