@@ -5,8 +5,9 @@
  * and the guest's port without this process. Checks the answer (`OK`, `ERR refused`), the relay's
  * confinement (the guest's network namespace and cgroups, not its pid namespace, nobody without
  * capabilities), half-close and a 50 MiB download, that a download completes while this process's
- * event loop is blocked (the agent is out of the path), that a client's reset ends its relay, and
- * that a hibernate resets open links and leaves no relay behind. Needs root and the built spawner.
+ * event loop is blocked (the agent is out of the path), that a client's reset ends its relay, that
+ * relays die with the process spawner, and that a hibernate resets open links and leaves no relay.
+ * Needs root and the built spawner.
  */
 import { spawn } from 'node:child_process';
 import { mkdtemp, readFile, readlink, rm } from 'node:fs/promises';
@@ -18,7 +19,7 @@ import { newId } from '../../shared/src/ids.js';
 import { portLinkLine } from '../../shared/src/port-link.js';
 import { PortGateway } from '../../agent/src/ports/gateway.js';
 import { createSandboxDriver, type SandboxDriver } from '../../agent/src/runtime/sandbox/index.js';
-import { helperPath } from '../../agent/src/runtime/sandbox/host/spawner.js';
+import { helperPath, runningSpawner } from '../../agent/src/runtime/sandbox/host/spawner.js';
 import { hostProcesses, isAlive, isRoot } from '../helpers/sandbox.js';
 import { until } from '../helpers/scheduler.js';
 
@@ -213,6 +214,24 @@ describe.skipIf(!ready)('port links handed to relays', () => {
     const [bytes, finishedAt] = out.trim().split('\n')[1]!.split(' ').map(Number);
     expect(bytes).toBeGreaterThan(50 * MiB);
     expect(finishedAt).toBeLessThan(blockedUntil);
+  });
+
+  it('relays die with the process spawner (and so with the agent); the next link gets a new one', async () => {
+    const held = await link(HOLD_PORT);
+    await readUntil(held, 'hello\n');
+    const ended = readToEnd(held);
+    const spawner = await runningSpawner();
+    expect(spawner).not.toBeNull();
+    const before = await relayPids();
+    expect(before.length).toBeGreaterThan(0);
+    process.kill(spawner!.pid, 'SIGKILL');
+    await ended;
+    await until(async () => (await Promise.all(before.map((pid) => isAlive(pid)))).every((alive) => !alive), 5_000, 'the relays to die');
+    const again = await link(HTTP_PORT);
+    const answer = readToEnd(again);
+    again.write('GET /index.txt HTTP/1.0\r\n\r\n');
+    expect((await answer).body.toString('latin1')).toMatch(/\r\n\r\nindex$/);
+    expect((await runningSpawner())!.pid).not.toBe(spawner!.pid);
   });
 
   it('a hibernate resets the links open through relays and leaves no relay', async (ctx) => {
