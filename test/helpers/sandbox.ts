@@ -4,7 +4,7 @@
  */
 import { existsSync } from 'node:fs';
 import { createHash } from 'node:crypto';
-import { readdir, readFile } from 'node:fs/promises';
+import { readdir, readFile, readlink } from 'node:fs/promises';
 import { expect } from 'vitest';
 import type { FileRead } from '../../agent/src/runtime/driver.js';
 import { detectCriu } from '../../agent/src/runtime/sandbox/host/criu.js';
@@ -99,4 +99,32 @@ export async function destroyLeftDesktops(runtimeDir: string): Promise<void> {
   // Golden templates are desktops too, hidden from list(); one being built may be running.
   for (const id of [...(await cleaner.list()).map((d) => d.desktopId), ...(await templateIds(runtimeDir))]) await cleaner.destroy(id);
   await cleaner.close();
+}
+
+/** The kB of `field` (Rss, Pss, ...) in a process's `/proc/<pid>/smaps_rollup`. */
+export async function memoryKiB(pid: number, field: string): Promise<number> {
+  return Number(new RegExp(`^${field}:\\s+(\\d+) kB`, 'm').exec(await readFile(`/proc/${pid}/smaps_rollup`, 'utf8'))?.[1] ?? NaN);
+}
+
+/**
+ * A host process that reaches into a desktop's network (a port forwarder, a port relay) and
+ * nothing more: the guest init's network namespace, the host's pid and mount namespaces, the
+ * desktop's memory, pids and cpu groups, `nobody` with no capabilities and no_new_privs.
+ */
+export async function expectNetworkOnlyConfinement(pid: number, guestInit: number, desktopId: string): Promise<void> {
+  const ns = (of: number | 'self', name: string) => readlink(`/proc/${of}/ns/${name}`);
+  expect(await ns(pid, 'net')).toBe(await ns(guestInit, 'net'));
+  expect(await ns(pid, 'net')).not.toBe(await ns('self', 'net'));
+  expect(await ns(pid, 'pid')).not.toBe(await ns(guestInit, 'pid'));
+  expect(await ns(pid, 'pid')).toBe(await ns('self', 'pid'));
+  expect(await ns(pid, 'mnt')).toBe(await ns('self', 'mnt'));
+  const cgroup = await readFile(`/proc/${pid}/cgroup`, 'utf8');
+  for (const controller of ['memory', 'pids', 'cpu']) {
+    expect(cgroup, controller).toMatch(new RegExp(`^\\d+:[^:]*\\b${controller}\\b[^:]*:/canto/${desktopId}$`, 'm'));
+  }
+  const status = await readFile(`/proc/${pid}/status`, 'utf8');
+  expect(status).toMatch(/^Uid:\s+65534\s+65534\s+65534\s+65534$/m);
+  expect(status).toMatch(/^CapEff:\s+0+$/m);
+  expect(status).toMatch(/^CapBnd:\s+0+$/m);
+  expect(status).toMatch(/^NoNewPrivs:\s+1$/m);
 }

@@ -10,7 +10,7 @@
  * Needs root and the built spawner.
  */
 import { spawn } from 'node:child_process';
-import { mkdtemp, readFile, readlink, rm } from 'node:fs/promises';
+import { mkdtemp, readFile, rm } from 'node:fs/promises';
 import { connect, type Socket } from 'node:net';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
@@ -20,7 +20,7 @@ import { portLinkLine } from '../../shared/src/port-link.js';
 import { PortGateway } from '../../agent/src/ports/gateway.js';
 import { createSandboxDriver, type SandboxDriver } from '../../agent/src/runtime/sandbox/index.js';
 import { helperPath, runningSpawner } from '../../agent/src/runtime/sandbox/host/spawner.js';
-import { hostProcesses, isAlive, isRoot } from '../helpers/sandbox.js';
+import { expectNetworkOnlyConfinement, hostProcesses, isAlive, isRoot, memoryKiB } from '../helpers/sandbox.js';
 import { until } from '../helpers/scheduler.js';
 
 const ready = isRoot && helperPath() !== null;
@@ -154,22 +154,8 @@ describe.skipIf(!ready)('port links handed to relays', () => {
     const socket = await link(HOLD_PORT);
     expect(await readUntil(socket, 'hello\n')).toBe('hello\n');
     const [relay] = await until(async () => ((await relayPids()).length === 1 ? relayPids() : null), 5_000, 'the relay');
-    const ns = (pid: number | 'self', name: string) => readlink(`/proc/${pid}/ns/${name}`);
-    expect(await ns(relay!, 'net')).toBe(await ns(initPidNow, 'net'));
-    expect(await ns(relay!, 'pid')).toBe(await ns('self', 'pid'));
-    expect(await ns(relay!, 'mnt')).toBe(await ns('self', 'mnt'));
-    const cgroup = await readFile(`/proc/${relay}/cgroup`, 'utf8');
-    for (const controller of ['memory', 'pids', 'cpu']) {
-      expect(cgroup, controller).toMatch(new RegExp(`^\\d+:[^:]*\\b${controller}\\b[^:]*:/canto/${id}$`, 'm'));
-    }
-    const status = await readFile(`/proc/${relay}/status`, 'utf8');
-    expect(status).toMatch(/^Uid:\s+65534\s+65534\s+65534\s+65534$/m);
-    expect(status).toMatch(/^CapEff:\s+0+$/m);
-    expect(status).toMatch(/^CapBnd:\s+0+$/m);
-    expect(status).toMatch(/^NoNewPrivs:\s+1$/m);
-    const rollup = await readFile(`/proc/${relay}/smaps_rollup`, 'utf8');
-    const kib = (field: string) => /^(\w+):\s+(\d+) kB/m.exec(rollup.slice(rollup.indexOf(`${field}:`)))?.[2];
-    console.log(`port relay memory: ${kib('Rss')} kB RSS, ${kib('Pss')} kB PSS`);
+    await expectNetworkOnlyConfinement(relay!, initPidNow, id);
+    console.log(`port relay memory: ${await memoryKiB(relay!, 'Rss')} kB RSS, ${await memoryKiB(relay!, 'Pss')} kB PSS`);
     // A reset from the client ends the relay.
     socket.resetAndDestroy();
     await until(async () => !(await isAlive(relay!)), 5_000, 'the relay to exit after the reset');

@@ -22,7 +22,7 @@ import { PortGateway } from '../../agent/src/ports/gateway.js';
 import { forwarderProgram } from '../../agent/src/runtime/sandbox/ports/guest-ports-perl.js';
 import { createSandboxDriver, type SandboxDriver } from '../../agent/src/runtime/sandbox/index.js';
 import { failure } from '../helpers/agent-failure.js';
-import { hostProcesses, isAlive, isRoot, median, parentPid } from '../helpers/sandbox.js';
+import { expectNetworkOnlyConfinement, hostProcesses, isAlive, isRoot, median, memoryKiB, parentPid } from '../helpers/sandbox.js';
 import { until } from '../helpers/scheduler.js';
 
 const execFileAsync = promisify(execFile);
@@ -203,29 +203,13 @@ describe.skipIf(!isRoot)('sandbox guest ports', () => {
     const fwd = await until(() => forwarderPid(id), 10_000, 'the forwarder');
     // The forwarder and one child per open connection.
     expect((await forwarderPids(id)).length).toBeGreaterThanOrEqual(4);
-    const init = await initPid();
-    expect(await nsOf(fwd, 'pid')).not.toBe(await nsOf(init, 'pid'));
-    expect(await nsOf(fwd, 'pid')).toBe(await nsOf('self', 'pid'));
-    expect(await nsOf(fwd, 'net')).toBe(await nsOf(init, 'net'));
-    expect(await nsOf(fwd, 'net')).not.toBe(await nsOf('self', 'net'));
-    expect(await nsOf(fwd, 'mnt')).toBe(await nsOf('self', 'mnt'));
-    const cgroup = await readFile(`/proc/${fwd}/cgroup`, 'utf8');
-    for (const controller of ['memory', 'pids', 'cpu']) {
-      expect(cgroup, controller).toMatch(new RegExp(`^\\d+:[^:]*\\b${controller}\\b[^:]*:/canto/${id}$`, 'm'));
-    }
-    const status = await readFile(`/proc/${fwd}/status`, 'utf8');
-    expect(status).toMatch(/^Uid:\s+65534\s+65534\s+65534\s+65534$/m);
-    expect(status).toMatch(/^CapEff:\s+0+$/m);
-    expect(status).toMatch(/^CapBnd:\s+0+$/m);
-    expect(status).toMatch(/^NoNewPrivs:\s+1$/m);
+    await expectNetworkOnlyConfinement(fwd, await initPid(), id);
     // The guest cannot see it.
     expect(await sh('ps -eo args | grep -c "[c]anto-ports" || true')).toBe('0');
-    const kib = async (pid: number, field: string) =>
-      Number(new RegExp(`^${field}:\\s+(\\d+) kB`, 'm').exec(await readFile(`/proc/${pid}/smaps_rollup`, 'utf8'))?.[1] ?? NaN);
     const children = (await forwarderPids(id)).filter((p) => p !== fwd);
-    const childPss = await Promise.all(children.map((p) => kib(p, 'Pss')));
+    const childPss = await Promise.all(children.map((p) => memoryKiB(p, 'Pss')));
     console.log(
-      `port forwarder memory: ${await kib(fwd, 'Rss')} kB RSS, ${await kib(fwd, 'Pss')} kB PSS; ` +
+      `port forwarder memory: ${await memoryKiB(fwd, 'Rss')} kB RSS, ${await memoryKiB(fwd, 'Pss')} kB PSS; ` +
         `per open connection ${median(childPss)} kB PSS (${children.length} children)`,
     );
     for (const c of conns) c.destroy();

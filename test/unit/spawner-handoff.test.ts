@@ -6,14 +6,14 @@
  * socket closes (else `server.close` never calls back); and, without the helper, Node's spawn
  * shares the socket the same way. Real processes and sockets throughout.
  */
-import { spawn } from 'node:child_process';
 import { once } from 'node:events';
-import { mkdtemp, rm, writeFile } from 'node:fs/promises';
+import { mkdtemp, rm } from 'node:fs/promises';
 import { connect, createServer, type Server, type Socket } from 'node:net';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { spawnProcess } from '../../agent/src/runtime/sandbox/host/spawner.js';
+import { runWithoutSpawner, SPAWNER } from '../helpers/spawner-off.js';
 
 let dir: string;
 let server: Server;
@@ -99,8 +99,8 @@ describe('sockets handed to children', () => {
   });
 
   it("shares the socket through Node's spawn when there is no helper (CANTO_AGENT_SPAWN_HELPER=off)", async () => {
-    const script = `import { connect, createServer } from 'node:net';
-      import { spawnProcess, runningSpawner } from ${JSON.stringify(join(process.cwd(), 'agent/src/runtime/sandbox/host/spawner.ts'))};
+    const got = await runWithoutSpawner<{ helper: unknown; ppid: number; self: number }>(dir, 'fallback', `import { connect, createServer } from 'node:net';
+      import { spawnProcess, runningSpawner } from ${SPAWNER};
       const server = createServer(async (served) => {
         const child = await spawnProcess('sh', ['-c', 'printf "$PPID"'], { stdio: ['ignore', 'ignore', 'ignore'], socket: served });
         served.destroy();
@@ -111,14 +111,7 @@ describe('sockets handed to children', () => {
         let got = '';
         client.on('data', (c) => (got += c));
         client.on('end', async () => console.log(JSON.stringify({ helper: await runningSpawner(), ppid: Number(got), self: process.pid })));
-      });`;
-    const file = join(dir, 'fallback.mts');
-    await writeFile(file, script);
-    const child = spawn(process.execPath, ['--import', 'tsx', file], { env: { ...process.env, CANTO_AGENT_SPAWN_HELPER: 'off' } });
-    let out = '';
-    child.stdout.on('data', (c: Buffer) => (out += c.toString()));
-    await once(child, 'close');
-    const got = JSON.parse(out) as { helper: unknown; ppid: number; self: number };
+      });`);
     expect(got.helper).toBeNull();
     expect(got.ppid).toBe(got.self);
   });

@@ -18,6 +18,7 @@ import { helperPath, requestFrame, spawnerStats, runningSpawner, spawnProcess, s
 import { JOIN_FAILED } from '../../agent/src/runtime/sandbox/host/cgroups.js';
 import { AgentMetrics } from '../../agent/src/observability.js';
 import { until } from '../helpers/wait.js';
+import { runWithoutSpawner, SPAWNER } from '../helpers/spawner-off.js';
 
 let dir: string;
 
@@ -228,16 +229,9 @@ it('sweeps a socket directory that has no socket only once it is older than a he
 });
 
 it('starts processes with Node spawn when told to (CANTO_AGENT_SPAWN_HELPER=off)', async () => {
-  const script = `import { spawnProcess, runningSpawner } from ${JSON.stringify(join(process.cwd(), 'agent/src/runtime/sandbox/host/spawner.ts'))};
+  const got = await runWithoutSpawner<{ helper: unknown; ppid: number; self: number }>(dir, 'fallback', `import { spawnProcess, runningSpawner } from ${SPAWNER};
     const child = await spawnProcess('sh', ['-c', 'echo $PPID'], { stdio: ['ignore', 'pipe', 'ignore'] });
-    let out = ''; child.stdout.on('data', (c) => (out += c)); child.on('close', async () => console.log(JSON.stringify({ helper: await runningSpawner(), ppid: Number(out), self: process.pid })));`;
-  const file = join(dir, 'fallback.mts');
-  await writeFile(file, script);
-  const child = spawn(process.execPath, ['--import', 'tsx', file], { env: { ...process.env, CANTO_AGENT_SPAWN_HELPER: 'off' } });
-  let out = '';
-  child.stdout.on('data', (c: Buffer) => (out += c.toString()));
-  await once(child, 'close');
-  const got = JSON.parse(out) as { helper: unknown; ppid: number; self: number };
+    let out = ''; child.stdout.on('data', (c) => (out += c)); child.on('close', async () => console.log(JSON.stringify({ helper: await runningSpawner(), ppid: Number(out), self: process.pid })));`);
   expect(got.helper).toBeNull();
   expect(got.ppid).toBe(got.self);
 });
