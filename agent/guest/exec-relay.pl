@@ -1,5 +1,6 @@
 # The exec relay, between the agent and nsenter, inside the desktop's cgroups (cgroup-join.sh
-# runs first): `perl -e RELAY -- <program> <args>...`. It gives the guest command real pipes and
+# runs first): `perl -e RELAY -- <program> <args>...`. Where the spawner binary is built, its
+# `--exec` mode is this relay (agent/native/guest-enter.c); this one serves hosts without it. It gives the guest command real pipes and
 # copies them to the agent (see agent/src/runtime/sandbox/exec-relay.ts for why).
 use strict;
 $SIG{PIPE} = 'IGNORE';

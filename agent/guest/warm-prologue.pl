@@ -1,5 +1,5 @@
-# The start of every warm server, on the host inside the desktop's cgroups (cgroup-join.sh runs
-# first): `perl -e PROLOGUE -- <socket dir> <socket name> <program> <args>...` listens on the name
+# The start of every warm server, on the host (guest-entry.ts: the program it execs enters the
+# guest): `perl -e PROLOGUE -- <socket dir> <socket name> <program> <args>...` listens on the name
 # inside the directory (bound relative to it, so the directory's depth never meets the 108 bytes
 # of sun_path), and execs the program with the socket's descriptor number appended.
 use strict;

@@ -5,8 +5,8 @@
  * of the agent's whole resident memory: on a VM that costs the agent's event loop 4-25 ms per
  * child at 100-250 MB. This helper uses posix_spawn (glibc's clone with CLONE_VFORK), which
  * copies no page tables: a child costs it a fraction of a millisecond. The same binary is a
- * restore's keeper (keeper.c), CRIU's action script at a restore (restore-action.c) and a port
- * gateway's relay (port-relay.c).
+ * restore's keeper (keeper.c), CRIU's action script at a restore (restore-action.c), a port
+ * gateway's relay (port-relay.c), and the way into a guest of cold guest calls (guest-enter.c).
  *
  * Protocol. The agent starts the helper once, with its stdin a pipe the helper only watches
  * (end of file: the agent is gone, the helper exits; its children live on, as the agent's would)
@@ -309,6 +309,8 @@ int main(int argc, char **argv) {
   if (argc == 1 && stage != NULL) return restore_action(stage);
   if (argc > 1 && strcmp(argv[1], "--keep") == 0) return keep(argc, argv);
   if (argc > 1 && strcmp(argv[1], "--relay") == 0) return port_relay(argc, argv);
+  if (argc > 1 && strcmp(argv[1], "--enter") == 0) return guest_enter(argc, argv);
+  if (argc > 1 && strcmp(argv[1], "--exec") == 0) return guest_exec(argc, argv);
   if (argc != 2) {
     fprintf(stderr, "usage: canto-spawn SOCKET-PATH (started by the canto agent)\n");
     return 2;

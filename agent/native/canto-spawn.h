@@ -1,7 +1,8 @@
 /*
  * The modes of the canto-spawn binary besides the process spawner itself (canto-spawn.c): a
- * restore's keeper (keeper.c), CRIU's action script at a restore (restore-action.c) and a port
- * gateway's relay (port-relay.c); and the spawner's IPC channel to the agent (handoff.c).
+ * restore's keeper (keeper.c), CRIU's action script at a restore (restore-action.c), a port
+ * gateway's relay (port-relay.c) and the way into a guest of cold guest calls (guest-enter.c);
+ * and the spawner's IPC channel to the agent (handoff.c).
  */
 #ifndef CANTO_SPAWN_H
 #define CANTO_SPAWN_H
@@ -17,6 +18,13 @@ int restore_action(const char *stage);
 
 /* `canto-spawn --relay NETNS-FILE PORT CGROUP-DIR...`, fd 1 the client; its exit code. */
 int port_relay(int argc, char **argv);
+
+/* `canto-spawn --enter|--exec PID WORKDIR CAPS N CGROUP-DIR... -- PROGRAM ARGS...` (guest-enter.c). */
+int guest_enter(int argc, char **argv);
+int guest_exec(int argc, char **argv);
+
+/* Moves this process into each of the `n` cgroup directories; NULL, or the one it could not join. */
+const char *join_cgroups(int n, char **dirs);
 
 /* The relay's exit codes besides 0 (agent/src/runtime/sandbox/ports/port-relays.ts reads them). */
 #define RELAY_NOT_RUNNING 10

@@ -28,17 +28,10 @@ int keep(int argc, char **argv) {
     fprintf(stderr, "usage: canto-spawn --keep N CGROUP-DIR... -- PROGRAM ARGS...\n");
     return 2;
   }
-  char pid[24];
-  int len = snprintf(pid, sizeof pid, "%d\n", (int)getpid());
-  for (int i = 0; i < n; i++) {
-    char path[4096];
-    snprintf(path, sizeof path, "%s/cgroup.procs", argv[3 + i]);
-    int fd = open(path, O_WRONLY | O_CLOEXEC);
-    if (fd < 0 || write(fd, pid, (size_t)len) != len) {
-      fprintf(stderr, "canto: cannot join cgroup %s\n", argv[3 + i]);
-      return JOIN_FAILED_CODE;
-    }
-    close(fd);
+  const char *failed = join_cgroups(n, argv + 3);
+  if (failed != NULL) {
+    fprintf(stderr, "canto: cannot join cgroup %s\n", failed);
+    return JOIN_FAILED_CODE;
   }
   if (prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0) {
     perror("prctl(PR_SET_CHILD_SUBREAPER)");

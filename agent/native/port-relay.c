@@ -84,20 +84,6 @@ static void reset(int fd) {
   close(fd);
 }
 
-static int join_cgroups(int n, char **dirs) {
-  char pid[24];
-  int len = snprintf(pid, sizeof pid, "%d\n", (int)getpid());
-  for (int i = 0; i < n; i++) {
-    char path[4096];
-    snprintf(path, sizeof path, "%s/cgroup.procs", dirs[i]);
-    int fd = open(path, O_WRONLY | O_CLOEXEC);
-    int ok = fd >= 0 && write(fd, pid, (size_t)len) == len;
-    if (fd >= 0) close(fd);
-    if (!ok) return -1;
-  }
-  return 0;
-}
-
 static int drop_privileges(void) {
   /* No capability can come back: not from the bounding set, not as an ambient one. */
   for (int cap = 0; prctl(PR_CAPBSET_READ, cap, 0, 0, 0) >= 0; cap++)
@@ -203,7 +189,7 @@ int port_relay(int argc, char **argv) {
   }
   signal(SIGPIPE, SIG_IGN);
   pid_t parent = getppid();
-  if (join_cgroups(argc - 4, argv + 4) != 0) return refuse("ERR not_running\n", RELAY_NOT_RUNNING);
+  if (join_cgroups(argc - 4, argv + 4) != NULL) return refuse("ERR not_running\n", RELAY_NOT_RUNNING);
   int ns = open(argv[2], O_RDONLY | O_CLOEXEC);
   if (ns < 0 || setns(ns, CLONE_NEWNET) != 0) return refuse("ERR not_running\n", RELAY_NOT_RUNNING);
   close(ns);

@@ -30,9 +30,12 @@ interface WarmProc {
   readonly pid: number;
   /** The process title: `canto-helper…` or `canto-exec`. */
   readonly comm: string;
-  /** True for a server itself (its parent is nsenter), false for its children. */
+  /** True for a server itself (its parent is what entered the guest), false for its children. */
   readonly server: boolean;
 }
+
+/** What a server's parent is: the native entry (guest-entry.ts) or, without it, nsenter. */
+const ENTERED_BY = new Set(['canto-spawn', 'nsenter']);
 
 async function comm(pid: number): Promise<string> {
   return (await readFile(`/proc/${pid}/comm`, 'utf8').catch(() => '')).trim();
@@ -47,7 +50,7 @@ async function warmProcs(desktopId: string): Promise<{ file: WarmProc[]; exec: W
     const title = await comm(pid);
     const kind = title.startsWith('canto-helper') ? 'file' : title === 'canto-exec' ? 'exec' : null;
     if (kind === null) continue;
-    out[kind].push({ pid, comm: title, server: (await comm(await parentPid(pid))) === 'nsenter' });
+    out[kind].push({ pid, comm: title, server: ENTERED_BY.has(await comm(await parentPid(pid))) });
   }
   return out;
 }

@@ -9,6 +9,8 @@
  * a closed pipe, as after a closed terminal, and the exec does not hang.
  *
  *   sh -c JOIN canto-join <n> <cgroup dir>... perl -e RELAY -- <program> <args>...
+ *
+ * Where the spawner binary is built, its `--exec` mode is the relay instead (guest-entry.ts).
  */
 import { JOIN_FAILED } from '../host/cgroups.js';
 import { guestFile, perlProgram } from './guest-programs.js';

@@ -20,9 +20,10 @@
  */
 import { PassThrough, type Readable, type Writable } from 'node:stream';
 import { AgentFailure, type AgentErrorCode } from '../../../../../shared/src/protocol.js';
-import { JOIN_FAILED, joinArgv } from '../host/cgroups.js';
+import { JOIN_FAILED } from '../host/cgroups.js';
+import { ENTER_FAILED, enterArgv } from './guest-entry.js';
 import { guestHelperProgram, helperRequest, type HelperOp } from './guest-helper.js';
-import { GUEST_CAPS_ONLY, GUEST_ENV, GUEST_PATH, nsenterArgv } from './guest-init.js';
+import { GUEST_ENV, GUEST_PATH } from './guest-init.js';
 import { killTree } from '../host/host-procs.js';
 import { spawnProcess, type SpawnedProcess } from '../host/spawner.js';
 import type { HandoffScope } from './guest-handoff.js';
@@ -336,8 +337,8 @@ export class GuestCall {
     await this.exited;
     if (this.timedOut) return this.timeoutFailure();
     if (this.target.op?.cancelled) return stopping(this.target.desktopId);
-    // The cgroup prologue failed, or nsenter found no guest init: the desktop stopped under us.
-    if (this.stderr.startsWith(JOIN_FAILED) || this.stderr.startsWith('nsenter:')) {
+    // The cgroups could not be joined, or no guest init was found: the desktop stopped under us.
+    if (this.stderr.startsWith(JOIN_FAILED) || this.stderr.startsWith('nsenter:') || this.stderr.startsWith(ENTER_FAILED)) {
       return new AgentFailure('not_running', `desktop ${this.target.desktopId} is not running`, false);
     }
     const detail = this.stderr.trim().split('\n')[0] ?? '';
@@ -361,14 +362,11 @@ export class GuestCall {
  * guest's pid namespace) runs the helper for this one operation.
  */
 function spawnHelper(target: GuestTarget, op: HelperOp, args: readonly string[], guestCaps: boolean): Promise<SpawnedProcess> {
-  const caps = guestCaps ? GUEST_CAPS_ONLY : [];
+  const entry = { desktopId: target.desktopId, initPid: target.initPid, nsenterPath: target.nsenterPath, workdir: '/', guestCaps };
+  const [file, argv] = enterArgv(entry, ['/usr/bin/perl', '-e', guestHelperProgram(op), '--', op, ...args]);
   return spawnProcess(
-    '/bin/sh',
-    [
-      ...joinArgv(target.desktopId),
-      ...nsenterArgv(target.nsenterPath, target.initPid),
-      ...caps, '/usr/bin/perl', '-e', guestHelperProgram(op), '--', op, ...args,
-    ],
+    file,
+    argv,
     // A detached process inherits the guest environment; every other helper needs only PATH
     // (and skips loading locale files at startup).
     { env: op === 'spawn' ? { ...GUEST_ENV } : { PATH: GUEST_PATH }, stdio: ['pipe', 'pipe', 'pipe'] },

@@ -20,13 +20,13 @@ import { constants } from 'node:os';
 import type { Readable, Writable } from 'node:stream';
 import { AgentFailure } from '../../../../../shared/src/protocol.js';
 import type { ExecOutcome } from '../../driver.js';
-import { joinArgv } from '../host/cgroups.js';
-import { execRelay, RELAY_JOIN_FAILED } from './exec-relay.js';
-import { GUEST_CAPS_ONLY, GUEST_ENV, nsenterArgv } from './guest-init.js';
+import { RELAY_JOIN_FAILED } from './exec-relay.js';
+import { ENTER_FAILED, execArgv, warmServerArgv } from './guest-entry.js';
+import { GUEST_ENV } from './guest-init.js';
 import { lengthFramed, WARM_IDLE } from './guest-helper.js';
 import { killTree } from '../host/host-procs.js';
 import { spawnProcess, type SpawnedProcess } from '../host/spawner.js';
-import { execServerProgram, warmPrologue } from './warm-perl.js';
+import { execServerProgram } from './warm-perl.js';
 
 /** Output kept by the driver's own commands (first boot, probes). */
 export const MAX_OUTPUT_BYTES = 8 * 1024 * 1024;
@@ -64,13 +64,11 @@ const WITH_ENV = '[ -f /root/.canto/env ] && . /root/.canto/env; exec /bin/sh -c
 
 /** The warm exec server: cgroups, socket, nsenter, the guest's capabilities, then the server. */
 export function startWarmExecServer(desktopId: string, initPid: number, nsenterPath: string, socketDir: string, socketName: string): Promise<SpawnedProcess> {
-  const argv = [
-    ...joinArgv(desktopId), '/usr/bin/perl', '-e', warmPrologue(), '--', socketDir, socketName,
-    ...nsenterArgv(nsenterPath, initPid, '/root'), ...GUEST_CAPS_ONLY,
-    '/usr/bin/perl', '-e', execServerProgram(WITH_ENV, constants.errno.EINTR, WARM_IDLE), '--',
-  ];
+  const entry = { desktopId, initPid, nsenterPath, workdir: '/root', guestCaps: true };
+  const program = ['/usr/bin/perl', '-e', execServerProgram(WITH_ENV, constants.errno.EINTR, WARM_IDLE), '--'];
+  const [file, args] = warmServerArgv(entry, socketDir, socketName, program);
   // A group of its own (detached), so retiring it kills everything it forked.
-  return spawnProcess('/bin/sh', argv, { env: { ...GUEST_ENV }, stdio: ['pipe', 'pipe', 'pipe'], detached: true });
+  return spawnProcess(file, args, { env: { ...GUEST_ENV }, stdio: ['pipe', 'pipe', 'pipe'], detached: true });
 }
 
 /** Keeps the first `limit` bytes of a stream and keeps reading (and dropping) the rest. */
@@ -118,7 +116,8 @@ interface Run {
 const IDLE_RUN: Run = { done: new Promise<Outcome>(() => undefined), kill: async () => undefined };
 
 /**
- * The cold chain: the exec relay (exec-relay.ts), nsenter, [setpriv], setsid, the shell. The run
+ * The cold way in (guest-entry.ts: the relay's pipes, the namespaces, the bounding set, a session
+ * of its own), then the shell. The run
  * is there (and can be killed) at once; a kill before the process has started kills it as soon
  * as it has.
  */
@@ -140,17 +139,9 @@ function coldRun(opts: GuestExecOptions, limit: number): Run {
 }
 
 async function startCold(opts: GuestExecOptions, limit: number): Promise<{ child: SpawnedProcess; outcome: Promise<Outcome> }> {
-  const child = await spawnProcess(
-    '/bin/sh',
-    [
-      ...joinArgv(opts.desktopId), '/usr/bin/perl', '-e', execRelay(), '--',
-      ...nsenterArgv(opts.nsenterPath, opts.initPid, '/root'),
-      ...(opts.privileged ? [] : GUEST_CAPS_ONLY),
-      '/usr/bin/setsid', '/bin/sh', '-c',
-      ...(opts.sourceEnv ? [WITH_ENV, opts.command] : [opts.command]),
-    ],
-    { env: { ...GUEST_ENV }, stdio: ['pipe', 'pipe', 'pipe'] },
-  );
+  const entry = { desktopId: opts.desktopId, initPid: opts.initPid, nsenterPath: opts.nsenterPath, workdir: '/root', guestCaps: opts.privileged !== true };
+  const [file, args] = execArgv(entry, ['/bin/sh', '-c', ...(opts.sourceEnv ? [WITH_ENV, opts.command] : [opts.command])]);
+  const child = await spawnProcess(file, args, { env: { ...GUEST_ENV }, stdio: ['pipe', 'pipe', 'pipe'] });
   const stdout = Capture.of(child.stdout as Readable, limit);
   const stderr = Capture.of(child.stderr as Readable, limit);
   const stdin = child.stdin as Writable;
@@ -263,8 +254,9 @@ export async function guestExec(opts: GuestExecOptions): Promise<ExecOutcome> {
     if (opts.stopped?.() || outcome === null) {
       throw new AgentFailure('not_running', `desktop ${opts.desktopId} stopped while the command ran`, false);
     }
-    if (outcome.code === 97 && outcome.stderr.text().startsWith(RELAY_JOIN_FAILED)) {
-      // The cgroup prologue failed: the desktop stopped under us.
+    const said = outcome.stderr.text();
+    if ((outcome.code === 97 && said.startsWith(RELAY_JOIN_FAILED)) || (outcome.code === 1 && said.startsWith(ENTER_FAILED))) {
+      // The cgroups could not be joined, or the guest entered: the desktop stopped under us.
       throw new AgentFailure('not_running', 'desktop is not running', false);
     }
     if (outcome.code === null) {

@@ -44,10 +44,10 @@
  * A helper that dies without a status line (killed, desktop stopped) is reported by the caller.
  */
 import { guestFile, perlProgram, type PerlValue } from './guest-programs.js';
-import { PREFORK_VALUES, warmPrologue } from './warm-perl.js';
-import { joinArgv } from '../host/cgroups.js';
+import { PREFORK_VALUES } from './warm-perl.js';
+import { warmServerArgv } from './guest-entry.js';
 import { spawnProcess, type SpawnedProcess } from '../host/spawner.js';
-import { GUEST_PATH, nsenterArgv } from './guest-init.js';
+import { GUEST_PATH } from './guest-init.js';
 import { PROCESS_ID_SOURCE } from '../../../../../shared/src/guest-commands.js';
 
 /** Children a warm server (file or exec) keeps waiting, so that a run of operations never waits for a fork. */
@@ -175,13 +175,11 @@ export function lengthFramed(body: Buffer): Buffer {
  * it kills everything it forked.
  */
 export function startWarmFileServer(desktopId: string, initPid: number, nsenterPath: string, socketDir: string, socketName: string): Promise<SpawnedProcess> {
+  const entry = { desktopId, initPid, nsenterPath, workdir: '/', guestCaps: false };
+  const [file, args] = warmServerArgv(entry, socketDir, socketName, ['/usr/bin/perl', '-e', warmHelperProgram(), '--']);
   return spawnProcess(
-    '/bin/sh',
-    [
-      ...joinArgv(desktopId), '/usr/bin/perl', '-e', warmPrologue(), '--', socketDir, socketName,
-      ...nsenterArgv(nsenterPath, initPid),
-      '/usr/bin/perl', '-e', warmHelperProgram(), '--',
-    ],
+    file,
+    args,
     { env: { PATH: GUEST_PATH }, stdio: ['pipe', 'pipe', 'pipe'], detached: true },
   );
 }

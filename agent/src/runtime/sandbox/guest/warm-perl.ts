@@ -3,10 +3,10 @@
  * a server its listening socket, the pre-forking loop every server runs inside the guest, and the
  * exec server.
  *
- * A server is started like a cold helper — the cgroup join (cgroups.ts), then nsenter (and, for
- * exec, setpriv) puts it inside the guest — except that `perl -e PROLOGUE` first binds a Unix
- * socket on the host, in the desktop's driver-only `run/` directory, and hands it down the
- * chain as an open descriptor. Inside the guest the server keeps a few children blocked in
+ * A server enters the guest as a cold helper does (guest-entry.ts: the cgroups, the namespaces
+ * and root, and for exec the guest's bounding set), except that `perl -e PROLOGUE` first binds a
+ * Unix socket on the host, in the desktop's driver-only `run/` directory, and hands it down as an
+ * open descriptor. Inside the guest the server keeps a few children blocked in
  * accept(2). A child that takes a connection checks that the peer is root and that the connection
  * opens with the server's token (which the agent gave the server on its stdin), answers `+`, then
  * serves exactly one operation with the connection as stdin and stdout, and exits; the server

@@ -1,0 +1,83 @@
+/**
+ * How a cold guest call gets into a desktop: the command line that runs a program in the desktop's
+ * cgroups (from its first instruction), in every namespace of the guest init and its root, with the
+ * guest's bounding set or, for the driver's own calls, every capability.
+ *
+ * Where the spawner's binary is built, one process does all of it (`canto-spawn --enter`, and
+ * `--exec` for commands, which adds the exec relay's real pipes and a session of their own:
+ * agent/native/guest-enter.c). Otherwise, or with `CANTO_AGENT_NATIVE_ENTRY=off`, it is the chain
+ * of programs the native modes replace: a shell that joins the cgroups (cgroup-join.sh), [the Perl
+ * exec relay (exec-relay.ts)], nsenter, [setpriv down to the guest's bounding set], [setsid]. The
+ * two are interchangeable; the chain loads five programs and compiles Perl before the program
+ * starts, about two thirds of a cold exec's time.
+ */
+import { cgroupDirs, joinArgv } from '../host/cgroups.js';
+import { helperPath } from '../host/spawner.js';
+import { execRelay } from './exec-relay.js';
+import { GUEST_CAPS, GUEST_CAPS_ONLY, nsenterArgv } from './guest-init.js';
+import { warmPrologue } from './warm-perl.js';
+
+/** How the native modes' line starts when the guest cannot be entered (its init is gone): the desktop stopped. */
+export const ENTER_FAILED = 'canto: cannot enter the guest';
+
+export interface GuestEntry {
+  readonly desktopId: string;
+  readonly initPid: number;
+  /** nsenter, for the chain. */
+  readonly nsenterPath: string;
+  /** The working directory inside the guest. */
+  readonly workdir: string;
+  /** Keep only the guest's capabilities (anything that runs guest code); false keeps them all. */
+  readonly guestCaps: boolean;
+}
+
+/** The native modes' binary, unless turned off or not built. */
+function nativeEntry(): string | null {
+  return process.env.CANTO_AGENT_NATIVE_ENTRY === 'off' ? null : helperPath();
+}
+
+/** `program` inside the guest, with this process's stdio. */
+export function enterArgv(entry: GuestEntry, program: readonly string[]): [string, string[]] {
+  const native = nativeEntry();
+  if (native !== null) return [native, nativeArgs('--enter', entry, program)];
+  return ['/bin/sh', [...joinArgv(entry.desktopId), ...nsenterArgv(entry.nsenterPath, entry.initPid, entry.workdir), ...caps(entry), ...program]];
+}
+
+/**
+ * `program` inside the guest in a session of its own, with real pipes for stdio that the exec
+ * relay copies to this process's (its stdin is read whole first): a user's command.
+ */
+export function execArgv(entry: GuestEntry, program: readonly string[]): [string, string[]] {
+  const native = nativeEntry();
+  if (native !== null) return [native, nativeArgs('--exec', entry, program)];
+  return [
+    '/bin/sh',
+    [
+      ...joinArgv(entry.desktopId), '/usr/bin/perl', '-e', execRelay(), '--',
+      ...nsenterArgv(entry.nsenterPath, entry.initPid, entry.workdir), ...caps(entry), '/usr/bin/setsid', ...program,
+    ],
+  ];
+}
+
+/**
+ * A warm server (warm-pool.ts): the prologue binds its socket on the host (warm-perl.ts), and then
+ * `program` runs inside the guest with that socket's descriptor number appended to its arguments.
+ * Natively the prologue starts outside the desktop's cgroups and joins them as it enters: it only
+ * binds a socket there, and nothing of the guest runs before the join.
+ */
+export function warmServerArgv(entry: GuestEntry, socketDir: string, socketName: string, program: readonly string[]): [string, string[]] {
+  const prologue = ['-e', warmPrologue(), '--', socketDir, socketName];
+  const native = nativeEntry();
+  if (native !== null) return ['/usr/bin/perl', [...prologue, native, ...nativeArgs('--enter', entry, program)]];
+  return ['/bin/sh', [...joinArgv(entry.desktopId), '/usr/bin/perl', ...prologue, ...nsenterArgv(entry.nsenterPath, entry.initPid, entry.workdir), ...caps(entry), ...program]];
+}
+
+function nativeArgs(mode: '--enter' | '--exec', entry: GuestEntry, program: readonly string[]): string[] {
+  const dirs = cgroupDirs(entry.desktopId);
+  const keep = entry.guestCaps ? GUEST_CAPS.join(',') : 'all';
+  return [mode, String(entry.initPid), entry.workdir, keep, String(dirs.length), ...dirs, '--', ...program];
+}
+
+function caps(entry: GuestEntry): readonly string[] {
+  return entry.guestCaps ? GUEST_CAPS_ONLY : [];
+}
