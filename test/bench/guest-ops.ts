@@ -15,7 +15,9 @@
  * are rows of their own against the same baseline, so the table shows what the API adds on top.
  *
  * Exec and file measures run with one awake desktop and after a warm-up on both sides; the four
- * other desktops wake only for the concurrency measure that needs them.
+ * other desktops wake only for the concurrency measure that needs them. The first exec after a
+ * wake is a row of its own: a wake starts no warm server, so that call enters the guest cold, as
+ * every user's first call after a wake does.
  */
 import { execFile } from 'node:child_process';
 import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
@@ -38,6 +40,8 @@ const EXEC_RUNS = 50;
 const CONCURRENT = 100;
 const DESKTOPS = 5;
 
+/** Wakes after which the first exec is timed. */
+const FIRST_CALL_RUNS = 10;
 /** Exec runs and file transfers per curl batch; batches alternate with the baseline's. */
 const BATCH = 10;
 /**
@@ -145,6 +149,17 @@ export async function benchGuestOps(ctx: GuestBenchContext): Promise<void> {
     }
     table(`Exec round trip of \`true\` (ms, ${EXEC_RUNS} runs); baseline = the sandbox driver running it in the same desktop`, [
       ['POST /v1/desktops/{id}/exec', median(viaApi), median(direct), 'ms', 'ratio ≤ 1.5×, p50 < 15 ms', viaApi],
+    ]);
+
+    // The first exec after a wake: the desktop's warm servers start with it, so it runs cold.
+    const afterWake: number[] = [];
+    for (let i = 0; i < FIRST_CALL_RUNS; i++) {
+      await post(`/v1/desktops/${id}/hibernate?wait=true`, {});
+      await post(`/v1/desktops/${id}/wake?wait=true`, {});
+      afterWake.push(await timed(() => post(`/v1/desktops/${id}/exec`, { command: 'true' })));
+    }
+    table(`First exec of \`true\` after a wake (ms, ${FIRST_CALL_RUNS} wakes); baseline = an exec that finds the warm server`, [
+      ['POST /v1/desktops/{id}/exec, first after a wake', median(afterWake), median(viaApi), 'ms', '', afterWake],
     ]);
 
     // 8 MiB chunks: a replacing write and a whole-file read.
