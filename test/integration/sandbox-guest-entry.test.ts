@@ -14,12 +14,14 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { createSandboxDriver, type SandboxDriver } from '../../agent/src/runtime/sandbox/index.js';
 import { JOIN_FAILED } from '../../agent/src/runtime/sandbox/host/cgroups.js';
 import { helperPath } from '../../agent/src/runtime/sandbox/host/spawner.js';
-import { ENTER_FAILED, enterArgv, execArgv, type GuestEntry } from '../../agent/src/runtime/sandbox/guest/guest-entry.js';
+import { coldExecIsQuick, ENTER_FAILED, enterArgv, execArgv, type GuestEntry } from '../../agent/src/runtime/sandbox/guest/guest-entry.js';
+import { favorDynamicCgroups } from '../../agent/src/runtime/sandbox/host/cgroup-migrations.js';
 import { guestExec } from '../../agent/src/runtime/sandbox/guest/guest-exec.js';
 import { GUEST_ENV } from '../../agent/src/runtime/sandbox/guest/guest-init.js';
 import { newId } from '../../shared/src/ids.js';
 import { failure } from '../helpers/agent-failure.js';
 import { isRoot } from '../helpers/sandbox.js';
+import { until } from '../helpers/wait.js';
 
 const helper = helperPath();
 if (!isRoot || helper === null) console.warn('guest entry tests skipped: they need root and the built spawner binary');
@@ -167,6 +169,24 @@ describe.skipIf(!isRoot || helper === null)('entering a guest natively and throu
     expect(got.code).toBe(1);
     expect(got.err.startsWith(ENTER_FAILED)).toBe(true);
     expect(await failure(way(true, () => exec('true', { initPid: gone })))).toMatchObject({ code: 'not_running' });
+  });
+
+  it('starts no warm exec server where a cold exec is as quick: execs run cold, files still get theirs', async (ctx) => {
+    // The driver turned favordynmods on at its start, where the host has a cgroup2 mount to remount.
+    if ((await favorDynamicCgroups(true, () => undefined)) === 'unavailable') ctx.skip();
+    expect(coldExecIsQuick()).toBe(true);
+    const titles = async () => {
+      const pids = (await readFile(`/sys/fs/cgroup/pids/canto/${id}/cgroup.procs`, 'utf8')).split('\n').filter(Boolean);
+      return Promise.all(pids.map(async (pid) => (await readFile(`/proc/${pid}/comm`, 'utf8').catch(() => '')).trim()));
+    };
+    for (let i = 0; i < 3; i++) {
+      // The shell's parent is the native relay, outside the guest's pid namespace: no parent there.
+      expect((await driver.exec(id, { command: 'echo $PPID', timeoutMs: 10_000, maxOutputBytes: 1024 })).stdout).toBe('0\n');
+    }
+    await driver.statPath(id, '/root');
+    await until(async () => (await titles()).some((t) => t.startsWith('canto-helper')));
+    await driver.statPath(id, '/root');
+    expect(await titles()).not.toContain('canto-exec');
   });
 
   it('leaves what it starts dumpable: a job started natively after a restore survives the next hibernate and wake', async (ctx) => {

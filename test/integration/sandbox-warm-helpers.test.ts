@@ -4,6 +4,9 @@
  * them, never outlive the guest init they belong to (hibernate, wake, cold stop), and are gone
  * after `close()`. Needs root. Warm servers are found from the host as members of the desktop's
  * pids cgroup titled `canto-helper` (files) or `canto-exec` (exec).
+ *
+ * The file runs with the chain of programs as the way into the guest (CANTO_AGENT_NATIVE_ENTRY=off):
+ * a host that enters natively starts no exec server (guest-entry.ts; sandbox-guest-entry.test.ts).
  */
 import { execFile } from 'node:child_process';
 import { mkdtemp, readdir, readFile, readlink, rm } from 'node:fs/promises';
@@ -94,7 +97,10 @@ describe.skipIf(!isRoot)('sandbox driver warm guest servers', () => {
     return (await sh('cat /proc/$PPID/comm 2>/dev/null || echo none', d, desktopId)) === 'canto-exec';
   }
 
+  const nativeEntry = process.env.CANTO_AGENT_NATIVE_ENTRY;
+
   beforeAll(async () => {
+    process.env.CANTO_AGENT_NATIVE_ENTRY = 'off';
     base = await mkdtemp(join(tmpdir(), 'canto-warm-test-'));
     stateDir = join(base, 'state');
     driver = await createSandboxDriver({ stateDir });
@@ -107,6 +113,8 @@ describe.skipIf(!isRoot)('sandbox driver warm guest servers', () => {
     if (id) await driver?.destroy(id);
     await driver?.close();
     if (base) await rm(base, { recursive: true, force: true });
+    if (nativeEntry === undefined) delete process.env.CANTO_AGENT_NATIVE_ENTRY;
+    else process.env.CANTO_AGENT_NATIVE_ENTRY = nativeEntry;
   });
 
   it('the warm programs compile under strict', async () => {

@@ -62,6 +62,8 @@ import { desktopUsage } from './host/cgroups.js';
 import { SandboxLifecycle } from './sandbox-lifecycle.js';
 import { runningInit } from './host/cold-boot.js';
 import { helperPath } from './host/spawner.js';
+import { favorDynamicCgroups } from './host/cgroup-migrations.js';
+import { noteQuickMigrations } from './guest/guest-entry.js';
 
 export interface SandboxDriverOptions {
   /** Directory holding every desktop's disk, snapshot and runtime files. */
@@ -135,6 +137,8 @@ export class SandboxDriver implements RuntimeDriver {
     ]);
     const criu = options.memorySnapshots === false ? null : await detectCriu(options.criuPath, options.log);
     const driver = new SandboxDriver(stateDir, criu, { bwrap, nsenter }, options.log);
+    const migrations = await favorDynamicCgroups(process.env.CANTO_AGENT_CGROUP_FAVOR_DYNMODS !== 'false', driver.log);
+    noteQuickMigrations(migrations === 'already' || migrations === 'set');
     if (options.goldenTemplates === true && criu !== null) {
       const golden = await GoldenTemplates.open(stateDir, criu, driver.lifecycle, driver.log);
       driver.golden = golden;
@@ -143,7 +147,7 @@ export class SandboxDriver implements RuntimeDriver {
       driver.restoreCounts.failed++;
       await driver.golden?.cloneFailed(desktopId);
     };
-    driver.log('sandbox driver ready', { stateDir, criu: criu?.path ?? null, criuVersion: criu?.version ?? null, goldenTemplates: driver.golden !== null });
+    driver.log('sandbox driver ready', { stateDir, criu: criu?.path ?? null, criuVersion: criu?.version ?? null, goldenTemplates: driver.golden !== null, cgroupMigrations: migrations });
     return driver;
   }
 

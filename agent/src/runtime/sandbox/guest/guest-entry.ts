@@ -36,6 +36,25 @@ function nativeEntry(): string | null {
   return process.env.CANTO_AGENT_NATIVE_ENTRY === 'off' ? null : helperPath();
 }
 
+/** Whether moving a process into a cgroup is quick on this host (cgroup-migrations.ts); the driver says so at its start. */
+let quickMigrations = false;
+
+export function noteQuickMigrations(quick: boolean): void {
+  quickMigrations = quick;
+}
+
+/**
+ * True when a cold exec starts as fast as one handed to a warm exec server (about 4 ms either way
+ * here): it enters natively, and its move into the desktop's cgroups does not wait for the kernel
+ * (a warm server's child is forked inside them and never moves). Exec then needs no warm server
+ * (warm-pool.ts): that saves the server's memory in every desktop that ran a command, and the start
+ * that slowed the first exec after each wake from 5 ms to 15-30 ms. Files keep theirs: a cold
+ * helper compiles Perl.
+ */
+export function coldExecIsQuick(): boolean {
+  return quickMigrations && nativeEntry() !== null;
+}
+
 /** `program` inside the guest, with this process's stdio. */
 export function enterArgv(entry: GuestEntry, program: readonly string[]): [string, string[]] {
   const native = nativeEntry();

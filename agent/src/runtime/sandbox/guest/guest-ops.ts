@@ -41,6 +41,7 @@ import { isSameProcessSync } from '../host/host-procs.js';
 import { desktopPaths, hasDisk, type DesktopPaths } from '../host/layout.js';
 import { captureScreenshot, guestScreenSize } from '../computer-use/screenshot.js';
 import { WarmPool } from '../host/warm-pool.js';
+import { coldExecIsQuick } from './guest-entry.js';
 
 interface Entered {
   readonly target: GuestTarget;
@@ -84,7 +85,7 @@ export class GuestOperations {
   /** Starts the desktop's warm servers ahead of its calls (see host/warm-pool.ts). */
   prewarm(desktopId: string, init: InitProcess): void {
     this.warm.prewarm('file', desktopId, init);
-    this.warm.prewarm('exec', desktopId, init);
+    if (!coldExecIsQuick()) this.warm.prewarm('exec', desktopId, init);
   }
 
   /** Kills every warm server; the driver is closing. */
@@ -109,7 +110,10 @@ export class GuestOperations {
         timeoutMs: spec.timeoutMs,
         maxOutputBytes: spec.maxOutputBytes,
         sourceEnv: true,
-        warm: async () => (await this.warm.connect('exec', desktopId, init))?.socket ?? null,
+        // A cold command starts as fast as a warm exec server's child would take it where it
+        // enters natively and joins cgroups quickly (guest-entry.ts): no server to keep in the
+        // desktop, nor to start after each wake.
+        ...(coldExecIsQuick() ? {} : { warm: async () => (await this.warm.connect('exec', desktopId, init))?.socket ?? null }),
         register: (kill) => {
           op.attach(kill);
           return () => op.end();

@@ -1,6 +1,8 @@
 /**
  * Warm servers: per running desktop, one process for file operations and one for exec that have
- * already entered the guest and hand each operation to a child forked there (warm-perl.ts).
+ * already entered the guest and hand each operation to a child forked there (warm-perl.ts). The
+ * exec server serves only hosts whose cold calls go through the chain of programs: where they
+ * enter natively, a cold exec is as fast and none is started (guest-entry.ts).
  *
  * Most of a cold guest operation's time goes into getting there: a fork of the agent, a shell that
  * joins the desktop's cgroups, nsenter, and Perl compiling its program; and since every operation

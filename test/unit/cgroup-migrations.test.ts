@@ -1,0 +1,45 @@
+/**
+ * Reading the host's cgroup mounts to decide whether the agent turns `favordynmods` on
+ * (cgroup-migrations.ts), from mountinfo texts of the shapes hosts have.
+ */
+import { describe, expect, it } from 'vitest';
+import { cgroupMounts, favorDynmodsPlan } from '../../agent/src/runtime/sandbox/host/cgroup-migrations.js';
+
+/** systemd's unified hierarchy. */
+const UNIFIED = '35 24 0:30 / /sys/fs/cgroup rw,nosuid,nodev,noexec,relatime shared:9 - cgroup2 cgroup2 rw,nsdelegate,memory_recursiveprot\n';
+/** A hybrid host: v1 controllers and a cgroup2 beside them, as this project's test machines have. */
+const HYBRID = [
+  '29 24 0:26 / /sys/fs/cgroup rw,relatime - tmpfs tmpfs rw,mode=755',
+  '33 29 0:29 / /sys/fs/cgroup/memory rw,relatime - cgroup cgroup rw,memory',
+  '34 29 0:30 / /sys/fs/cgroup/pids rw,relatime - cgroup cgroup rw,pids',
+  '41 29 0:38 / /sys/fs/cgroup/unified rw,relatime - cgroup2 cgroup2 rw',
+  '50 24 0:40 / /mnt/with\\040space rw - ext4 /dev/vdb rw',
+].join('\n');
+
+describe('favordynmods on the cgroup mounts', () => {
+  it('reads the cgroup filesystems of mountinfo, and nothing else', () => {
+    expect(cgroupMounts(HYBRID)).toEqual([
+      { mountPoint: '/sys/fs/cgroup/memory', fsType: 'cgroup', superOptions: ['rw', 'memory'] },
+      { mountPoint: '/sys/fs/cgroup/pids', fsType: 'cgroup', superOptions: ['rw', 'pids'] },
+      { mountPoint: '/sys/fs/cgroup/unified', fsType: 'cgroup2', superOptions: ['rw'] },
+    ]);
+    expect(cgroupMounts('60 24 0:41 / /srv/cg\\040two rw - cgroup2 cgroup2 rw\n')[0]?.mountPoint).toBe('/srv/cg two');
+  });
+
+  it('remounts the cgroup2 mount with the option, keeping the options a remount would otherwise drop', () => {
+    expect(favorDynmodsPlan(cgroupMounts(UNIFIED))).toEqual({
+      already: false,
+      remount: ['-o', 'remount,nsdelegate,memory_recursiveprot,favordynmods', '/sys/fs/cgroup'],
+    });
+    expect(favorDynmodsPlan(cgroupMounts(HYBRID))).toEqual({ already: false, remount: ['-o', 'remount,favordynmods', '/sys/fs/cgroup/unified'] });
+  });
+
+  it('leaves a host alone where any cgroup mount has it already (the mode is one for the whole kernel)', () => {
+    expect(favorDynmodsPlan(cgroupMounts(UNIFIED.replace('memory_recursiveprot', 'memory_recursiveprot,favordynmods')))).toEqual({ already: true });
+    expect(favorDynmodsPlan(cgroupMounts(HYBRID.replace('rw,memory', 'rw,memory,favordynmods')))).toEqual({ already: true });
+  });
+
+  it('has nothing to remount without a cgroup2 mount', () => {
+    expect(favorDynmodsPlan(cgroupMounts(HYBRID.replace(/^.*cgroup2.*$/m, '')))).toEqual({ already: false, remount: null });
+  });
+});
