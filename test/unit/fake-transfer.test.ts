@@ -14,3 +14,10 @@ it('a closed fake runtime neither keeps nor makes again its temporary staging di
   expect(() => driver.transfer.stagingDir('dsk_one')).toThrow('the runtime is closed');
   expect(existsSync(root)).toBe(false);
 });
+
+it('a fake runtime closed before it staged anything makes no staging directory afterwards', async () => {
+  const driver = new FakeDriver();
+  await driver.close();
+  // An import that reached the runtime only after its agent stopped (a full run left such a directory behind).
+  expect(() => driver.transfer.stagingDir('dsk_one')).toThrow('the runtime is closed');
+});

@@ -90,7 +90,8 @@ export class FakeTransfer implements DesktopTransfer {
 
   stagingDir(desktopId: string): string {
     if (!DESKTOP_ID.test(desktopId)) throw new AgentFailure('bad_request', `invalid desktop id ${JSON.stringify(desktopId)}`, false);
-    if (this.closed && this.ownRoot) throw new AgentFailure('runtime_error', 'the runtime is closed', true);
+    // Closed: a directory of its own is gone (or was never made) and must not be made now.
+    if (this.closed && (this.ownRoot || this.root === null)) throw new AgentFailure('runtime_error', 'the runtime is closed', true);
     if (this.root === null) {
       this.root = mkdtempSync(join(tmpdir(), 'canto-fake-incoming-'));
       this.ownRoot = true;
