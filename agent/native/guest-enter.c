@@ -24,7 +24,8 @@
  * A cgroup that cannot be joined ends the mode before anything runs, with the shell join's line
  * and exit code (97), which the agent takes for a desktop that stopped. A namespace that cannot be
  * entered ends it with exit code 1, as nsenter's failures do, and a line starting ENTER_FAILED,
- * which the agent takes the same way.
+ * which the agent takes the same way; a working directory the guest lacks ends it with exit code 1
+ * and a plain line, which an exec reports as the command's own failure.
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -196,7 +197,8 @@ static int enter(const struct entry *e) {
   }
   close(root);
   if (chdir(e->workdir) != 0) {
-    fprintf(stderr, "%s: the directory %s: %s\n", ENTER_FAILED, e->workdir, strerror(errno));
+    /* The guest is there; its owner removed the directory. Said as nsenter says it, not as a stopped desktop. */
+    fprintf(stderr, "canto-spawn: cannot change directory to %s: %s\n", e->workdir, strerror(errno));
     return -1;
   }
   return 0;

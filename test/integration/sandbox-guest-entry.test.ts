@@ -189,6 +189,15 @@ describe.skipIf(!isRoot || helper === null)('entering a guest natively and throu
     expect(await titles()).not.toContain('canto-exec');
   });
 
+  it("reports a working directory the guest lacks as the command's failure, not as a stopped desktop", async () => {
+    const at = { ...entry, workdir: '/no/such/dir' };
+    const native = await way(true, () => run(execArgv(at, ['/bin/sh', '-c', 'true'])));
+    expect(native.code).toBe(1);
+    expect(native.err).toMatch(/cannot change directory to \/no\/such\/dir/);
+    expect(native.err.startsWith(ENTER_FAILED)).toBe(false);
+    expect((await way(false, () => run(execArgv(at, ['/bin/sh', '-c', 'true'])))).code).toBe(1);
+  });
+
   it('leaves what it starts dumpable: a job started natively after a restore survives the next hibernate and wake', async (ctx) => {
     if (!driver.capabilities().memorySnapshots) ctx.skip();
     expect(await driver.hibernate(id)).toEqual({ snapshot: true });
