@@ -4,9 +4,10 @@
  * Every desktop created here is destroyed in afterAll, and timings are printed for the docs.
  */
 import { execFile } from 'node:child_process';
+import { existsSync } from 'node:fs';
 import { createHash } from 'node:crypto';
 import { promisify } from 'node:util';
-import { mkdtemp, readdir, readFile, rm, stat, writeFile } from 'node:fs/promises';
+import { mkdtemp, readdir, readFile, rm, writeFile } from 'node:fs/promises';
 import { hostname, tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
@@ -15,7 +16,7 @@ import { AgentFailure } from '../../shared/src/protocol.js';
 import { TIER_SPECS } from '../../shared/src/tiers.js';
 import { createSandboxDriver, type SandboxDriver } from '../../agent/src/runtime/sandbox/index.js';
 import { hostnameFor } from '../../agent/src/runtime/sandbox/guest/guest-init.js';
-import { isRoot, stopwatch } from '../helpers/sandbox.js';
+import { isAlive, isRoot, stopwatch } from '../helpers/sandbox.js';
 import { until } from '../helpers/wait.js';
 import { coldExecIsQuick } from '../../agent/src/runtime/sandbox/guest/guest-entry.js';
 
@@ -24,20 +25,6 @@ const execFileAsync = promisify(execFile);
 if (!isRoot) console.warn('sandbox-driver tests skipped: they need root (namespaces, cgroups, CRIU)');
 
 const { timings, timed } = stopwatch();
-
-async function pathExists(path: string): Promise<boolean> {
-  return stat(path).then(
-    () => true,
-    () => false,
-  );
-}
-
-/** A pid counts as gone once it is reaped or a zombie. */
-async function alive(pid: number): Promise<boolean> {
-  const text = await readFile(`/proc/${pid}/stat`, 'utf8').catch(() => '');
-  const state = text.slice(text.lastIndexOf(')') + 2, text.lastIndexOf(')') + 3);
-  return text !== '' && state !== 'Z' && state !== 'X';
-}
 
 describe.skipIf(!isRoot)('sandbox driver', () => {
   let base: string;
@@ -82,15 +69,13 @@ describe.skipIf(!isRoot)('sandbox driver', () => {
 
   it('boots cold into its own namespaces with a 1024x768 display', async () => {
     const id = await bootCold();
-    // Commands run cold, or (where a cold exec is slower: guest-entry.ts) the first one starts the
-    // warm exec server and later ones run on it: in /root either way.
+    // Cold commands, or (where cold is slower: guest-entry.ts) warm ones after the first: /root either way.
     expect(await sh(driver, id, 'pwd')).toBe('/root');
     expect(await sh(driver, id, 'echo hello')).toBe('hello');
     expect(await sh(driver, id, 'id -u')).toBe('0');
-    // A cold command's parent is outside the guest ($PPID 0, which ps refuses): warm is when it is the server.
+    // A cold command's parent is outside the guest ($PPID 0, which ps refuses); a warm one's is the server.
     const parent = () => sh(driver, id, 'ps -o comm= -p $PPID 2>/dev/null || true');
-    if (coldExecIsQuick()) expect(await parent()).toBe('');
-    else await until(async () => (await parent()) === 'canto-exec', 10_000, 'a warm exec');
+    await until(async () => (await parent()) === (coldExecIsQuick() ? '' : 'canto-exec'), 10_000, 'an exec');
     expect(await sh(driver, id, 'pwd')).toBe('/root');
     const guestHost = await sh(driver, id, 'hostname');
     expect(guestHost).toBe(id.replace('_', '-'));
@@ -153,7 +138,7 @@ describe.skipIf(!isRoot)('sandbox driver', () => {
       const out = await driver.exec(id, { command, timeoutMs: 5_000, maxOutputBytes: 65536 });
       expect(out.exitCode, command).not.toBe(0);
     }
-    expect(await pathExists('/usr/canto-probe')).toBe(false);
+    expect(existsSync('/usr/canto-probe')).toBe(false);
     // The masked directory is a read-only view of an empty directory of the desktop's.
     expect(await readdir(join(stateDir, 'desktops', id, 'empty'))).toEqual([]);
     // The host's password hashes are masked inside the shared /etc.
@@ -272,7 +257,7 @@ describe.skipIf(!isRoot)('sandbox driver', () => {
       expect(images.filter((f) => /^(netdev|ifaddr|route6?|rule|ip6?tables|nftables)-/.test(f))).toEqual([]);
       expect(await driver.list()).toContainEqual({ desktopId: id, running: false, hasSnapshot: true });
       // Nothing of the desktop runs, and its cgroups are gone.
-      expect(await pathExists(`/sys/fs/cgroup/pids/canto/${id}`)).toBe(false);
+      expect(existsSync(`/sys/fs/cgroup/pids/canto/${id}`)).toBe(false);
       expect(await driver.hibernate(id)).toEqual({ snapshot: true }); // idempotent
 
       const restores = driver.restores();
@@ -331,7 +316,7 @@ describe.skipIf(!isRoot)('sandbox driver', () => {
     // The restored copy was stopped before the cold boot.
     const restoredPid = Number(await readFile(join(stateDir, 'desktops', id, 'run', 'restore.pid'), 'utf8'));
     expect(restoredPid).toBeGreaterThan(0);
-    expect(await pathExists(`/proc/${restoredPid}`)).toBe(false);
+    expect(existsSync(`/proc/${restoredPid}`)).toBe(false);
   });
 
   it('a new driver on the same state directory adopts running desktops', async () => {
@@ -399,9 +384,9 @@ await d.close();
       expect(await driver.hibernate(id)).toEqual({ snapshot: true });
     }
     await driver.destroy(id);
-    expect(await pathExists(join(stateDir, 'desktops', id))).toBe(false);
+    expect(existsSync(join(stateDir, 'desktops', id))).toBe(false);
     for (const ctrl of ['memory', 'cpu', 'pids']) {
-      expect(await pathExists(`/sys/fs/cgroup/${ctrl}/canto/${id}`)).toBe(false);
+      expect(existsSync(`/sys/fs/cgroup/${ctrl}/canto/${id}`)).toBe(false);
     }
     expect((await driver.list()).map((d) => d.desktopId)).not.toContain(id);
     await driver.destroy(id);
@@ -410,6 +395,6 @@ await d.close();
     const running = await bootCold();
     const init = JSON.parse(await readFile(join(stateDir, 'desktops', running, 'run', 'init.json'), 'utf8')) as { pid: number };
     await driver.destroy(running);
-    expect(await alive(init.pid)).toBe(false);
+    expect(await isAlive(init.pid)).toBe(false);
   });
 });

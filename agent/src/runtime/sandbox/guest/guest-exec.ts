@@ -62,7 +62,7 @@ export interface GuestExecOptions {
  */
 const WITH_ENV = '[ -f /root/.canto/env ] && . /root/.canto/env; exec /bin/sh -c "$0"';
 
-/** The warm exec server: cgroups, socket, nsenter, the guest's capabilities, then the server. */
+/** The warm exec server: its socket, the way into the guest (guest-entry.ts) with the guest's capabilities, then the server. */
 export function startWarmExecServer(desktopId: string, initPid: number, nsenterPath: string, socketDir: string, socketName: string): Promise<SpawnedProcess> {
   const entry = { desktopId, initPid, nsenterPath, workdir: '/root', guestCaps: true };
   const program = ['/usr/bin/perl', '-e', execServerProgram(WITH_ENV, constants.errno.EINTR, WARM_IDLE), '--'];
@@ -256,7 +256,7 @@ export async function guestExec(opts: GuestExecOptions): Promise<ExecOutcome> {
     }
     const said = outcome.stderr.text();
     if ((outcome.code === 97 && said.startsWith(RELAY_JOIN_FAILED)) || (outcome.code === 1 && said.startsWith(ENTER_FAILED))) {
-      // The cgroups could not be joined, or the guest entered: the desktop stopped under us.
+      // The cgroups could not be joined, or the guest could not be entered: the desktop stopped under us.
       throw new AgentFailure('not_running', 'desktop is not running', false);
     }
     if (outcome.code === null) {

@@ -170,8 +170,8 @@ export function lengthFramed(body: Buffer): Buffer {
 }
 
 /**
- * Starts the warm file server: the cold chain of guest-call.ts, with the socket bound on the host
- * first, and every operation but `spawn` compiled in. A group of its own (detached), so retiring
+ * Starts the warm file server: into the guest as a cold helper goes (guest-entry.ts), with the
+ * socket bound on the host first, and every operation but `spawn` compiled in. A group of its own (detached), so retiring
  * it kills everything it forked.
  */
 export function startWarmFileServer(desktopId: string, initPid: number, nsenterPath: string, socketDir: string, socketName: string): Promise<SpawnedProcess> {
