@@ -1,7 +1,8 @@
 /**
  * The per-replica caches of API key and desktop route lookups (store/notified-cache.ts), against a
  * real Postgres: a kept value costs no query, a changed row is dropped through its trigger's
- * notification, a lookup racing a change is not kept, a reconnected listener starts empty, and
+ * notification, a lookup racing a change of its row is not kept (one racing another row's is), a
+ * reconnected listener starts empty, and
  * through the API a revoked key is refused at once while a stale desktop route corrects itself.
  * The org a JWT names is created once and afterwards only read.
  */
@@ -78,22 +79,37 @@ describe('NotifiedCache', () => {
     expect(refused.loads).toBe(2);
   });
 
-  it('does not keep a lookup that was in flight when a change arrived', async () => {
-    const cache = await listening(DESKTOP_CHANGED_CHANNEL);
+  /** A lookup of `key` held until `drop` has run, and what the cache kept afterwards. */
+  async function lookupAcross(cache: NotifiedCache<string>, key: string, drop: () => void): Promise<number> {
     let release!: () => void;
     const gate = new Promise<void>((resolve) => (release = resolve));
     const slow = countingLoader(async () => {
       await gate;
       return 'old';
     });
-    const pending = cache.get('dsk_x', slow.load, () => true);
-    cache.evict('dsk_other');
+    const pending = cache.get(key, slow.load, () => true);
+    drop();
     release();
     expect(await pending).toBe('old');
-    expect(cache.size).toBe(0);
+    return cache.size;
+  }
+
+  it('does not keep a lookup that was in flight when its row changed, or the cache was emptied', async () => {
+    const cache = await listening(DESKTOP_CHANGED_CHANNEL);
+    expect(await lookupAcross(cache, 'dsk_x', () => cache.evict('dsk_x'))).toBe(0);
     const fresh = countingLoader(async () => 'new');
     expect(await cache.get('dsk_x', fresh.load, () => true)).toBe('new');
     expect(fresh.loads).toBe(1);
+    cache.evict('dsk_x');
+    expect(await lookupAcross(cache, 'dsk_y', () => cache.clear())).toBe(0);
+  });
+
+  it("keeps a lookup that was in flight when another row changed: a busy fleet's changes do not empty it", async () => {
+    const cache = await listening(DESKTOP_CHANGED_CHANNEL);
+    expect(await lookupAcross(cache, 'dsk_x', () => cache.evict('dsk_other'))).toBe(1);
+    const again = countingLoader(async () => 'new');
+    expect(await cache.get('dsk_x', again.load, () => true)).toBe('old');
+    expect(again.loads).toBe(0);
   });
 
   it('hears a desktop row change by its id', async () => {

@@ -7,8 +7,10 @@
  * A trigger on the cached table sends `pg_notify(channel, key)` for every changed or deleted row
  * (migration `change notifications`); each replica listens and drops that key. Notifications are
  * lost while the listen connection reconnects, so the cache is emptied each time listening
- * (re)starts, and caches nothing before the first start. A lookup that was in flight while any
- * key was dropped is served but not kept, since it may have read the row before the change. A
+ * (re)starts, and caches nothing before the first start. A lookup that was in flight while its
+ * key was dropped (or the cache emptied) is served but not kept, since it may have read the row
+ * before the change; a drop of another key says nothing about this one's row, so it does not
+ * stop the lookup being kept (in a busy fleet some desktop changes every few milliseconds). A
  * time limit bounds what a missed notification could cost.
  *
  * What a stale entry can do is bounded by who uses it: the agent fences every command by
@@ -31,8 +33,10 @@ export interface NotifiedCacheOptions {
 
 export class NotifiedCache<V> {
   private readonly entries = new Map<string, { value: V; expiresAt: number }>();
-  /** Bumped by every eviction: a lookup in flight across one is not kept. */
-  private epoch = 0;
+  /** The lookups in flight per key; a drop of the key marks them, and then they are not kept. */
+  private readonly loading = new Map<string, Set<{ dropped: boolean }>>();
+  /** Bumped when the cache is emptied: a lookup in flight across that is not kept either. */
+  private generation = 0;
   /** False until listening starts: before that, a change could go unheard. */
   private listening = false;
   private readonly now: () => number;
@@ -67,9 +71,19 @@ export class NotifiedCache<V> {
     const hit = this.entries.get(key);
     if (hit !== undefined && hit.expiresAt > this.now()) return hit.value;
     if (hit !== undefined) this.entries.delete(key);
-    const epoch = this.epoch;
-    const value = await load();
-    if (value !== null && this.listening && epoch === this.epoch && keep(value)) {
+    const lookup = { dropped: false };
+    const generation = this.generation;
+    const inFlight = this.loading.get(key) ?? new Set();
+    inFlight.add(lookup);
+    this.loading.set(key, inFlight);
+    let value: V | null;
+    try {
+      value = await load();
+    } finally {
+      inFlight.delete(lookup);
+      if (inFlight.size === 0 && this.loading.get(key) === inFlight) this.loading.delete(key);
+    }
+    if (value !== null && this.listening && !lookup.dropped && generation === this.generation && keep(value)) {
       // Map order is insertion order: when full, the oldest entry goes.
       if (this.entries.size >= this.options.maxEntries) this.entries.delete(this.entries.keys().next().value!);
       this.entries.set(key, { value, expiresAt: this.now() + this.options.ttlMs });
@@ -78,12 +92,12 @@ export class NotifiedCache<V> {
   }
 
   evict(key: string): void {
-    this.epoch++;
+    for (const lookup of this.loading.get(key) ?? []) lookup.dropped = true;
     this.entries.delete(key);
   }
 
   clear(): void {
-    this.epoch++;
+    this.generation++;
     this.entries.clear();
   }
 
