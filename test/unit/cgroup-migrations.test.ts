@@ -1,9 +1,10 @@
 /**
- * Reading the host's cgroup mounts to decide whether the agent turns `favordynmods` on
+ * Reading the host's mount table, and its cgroup mounts to decide whether the agent turns `favordynmods` on
  * (cgroup-migrations.ts), from mountinfo texts of the shapes hosts have.
  */
 import { describe, expect, it } from 'vitest';
 import { cgroupMounts, favorDynmodsPlan } from '../../agent/src/runtime/sandbox/host/cgroup-migrations.js';
+import { parseMountTable } from '../../agent/src/runtime/sandbox/host/mount-table.js';
 
 /** systemd's unified hierarchy. */
 const UNIFIED = '35 24 0:30 / /sys/fs/cgroup rw,nosuid,nodev,noexec,relatime shared:9 - cgroup2 cgroup2 rw,nsdelegate,memory_recursiveprot\n';
@@ -24,6 +25,8 @@ describe('favordynmods on the cgroup mounts', () => {
       { mountPoint: '/sys/fs/cgroup/unified', fsType: 'cgroup2', superOptions: ['rw'] },
     ]);
     expect(cgroupMounts('60 24 0:41 / /srv/cg\\040two rw - cgroup2 cgroup2 rw\n')[0]?.mountPoint).toBe('/srv/cg two');
+    // The table every part of the runtime reads (mount-table.ts): escapes undone, optional fields skipped.
+    expect(parseMountTable(HYBRID).at(-1)).toEqual({ mountPoint: '/mnt/with space', fsType: 'ext4', superOptions: ['rw'] });
   });
 
   it('remounts the cgroup2 mount with the option, keeping the options a remount would otherwise drop', () => {

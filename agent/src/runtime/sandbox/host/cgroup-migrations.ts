@@ -16,6 +16,7 @@
  * at boot (`cgroup_favordynmods=true` on the kernel command line).
  */
 import { readFile } from 'node:fs/promises';
+import { parseMountTable, type Mount } from './mount-table.js';
 import { runToEnd } from './spawner.js';
 
 export type MigrationMode =
@@ -28,32 +29,16 @@ export type MigrationMode =
   /** Neither: moves wait for a grace period. */
   | 'unavailable';
 
-interface CgroupMount {
-  readonly mountPoint: string;
-  readonly fsType: 'cgroup' | 'cgroup2';
-  /** The filesystem's own options (mountinfo's super options), e.g. `rw,nsdelegate`. */
-  readonly superOptions: readonly string[];
-}
-
 /** The cgroup filesystems of a `/proc/self/mountinfo` text. */
-export function cgroupMounts(mountinfo: string): CgroupMount[] {
-  const mounts: CgroupMount[] = [];
-  for (const line of mountinfo.split('\n')) {
-    const [before, after] = line.split(' - ');
-    if (before === undefined || after === undefined) continue;
-    const [fsType, , superOptions = ''] = after.split(' ');
-    if (fsType !== 'cgroup' && fsType !== 'cgroup2') continue;
-    const mountPoint = (before.split(' ')[4] ?? '').replace(/\\([0-7]{3})/g, (_, octal: string) => String.fromCharCode(parseInt(octal, 8)));
-    mounts.push({ mountPoint, fsType, superOptions: superOptions.split(',').filter(Boolean) });
-  }
-  return mounts;
+export function cgroupMounts(mountinfo: string): Mount[] {
+  return parseMountTable(mountinfo).filter((m) => m.fsType === 'cgroup' || m.fsType === 'cgroup2');
 }
 
 /**
  * What to do for `mounts`: nothing (one has the option already), or the remount of the cgroup2
  * mount as `mount` arguments, its own options kept (a cgroup2 remount resets those it is not given).
  */
-export function favorDynmodsPlan(mounts: readonly CgroupMount[]): { already: true } | { already: false; remount: string[] | null } {
+export function favorDynmodsPlan(mounts: readonly Mount[]): { already: true } | { already: false; remount: string[] | null } {
   if (mounts.some((m) => m.superOptions.includes('favordynmods'))) return { already: true };
   const v2 = mounts.find((m) => m.fsType === 'cgroup2');
   if (v2 === undefined) return { already: false, remount: null };

@@ -27,6 +27,7 @@ import { exists, type DesktopPaths } from './layout.js';
 import { GUEST_CAPS_ONLY, hostnameFor, hostPathForGuestMount } from '../guest/guest-init.js';
 import { guestFile, perlProgram } from '../guest/guest-programs.js';
 import type { InitProcess } from './cold-boot.js';
+import { parseMountTable } from './mount-table.js';
 
 export interface CriuInfo {
   readonly path: string;
@@ -140,21 +141,15 @@ interface External {
 
 /** Bind mounts of the running guest, from the kernel's mountinfo of its init. */
 async function guestBindMounts(initPid: number, paths: DesktopPaths): Promise<External[]> {
-  const text = await readFile(`/proc/${initPid}/mountinfo`, 'utf8');
   const out: External[] = [];
-  for (const line of text.split('\n')) {
-    const fields = line.split(' ');
-    const sep = fields.indexOf('-');
-    const mountpoint = fields[4];
-    const fstype = fields[sep + 1];
-    if (sep < 0 || mountpoint === undefined || fstype === undefined) continue;
+  for (const { mountPoint, fsType } of parseMountTable(await readFile(`/proc/${initPid}/mountinfo`, 'utf8'))) {
     // The root mount is CRIU's --root at restore time, not an external bind.
-    if (mountpoint === '/') continue;
-    if (['tmpfs', 'proc', 'devpts', 'mqueue', 'sysfs'].includes(fstype)) continue;
-    if (hostPathForGuestMount(paths, mountpoint) === null) {
-      throw new Error(`unexpected mount ${mountpoint} (${fstype}) in the guest`);
+    if (mountPoint === '/') continue;
+    if (['tmpfs', 'proc', 'devpts', 'mqueue', 'sysfs'].includes(fsType)) continue;
+    if (hostPathForGuestMount(paths, mountPoint) === null) {
+      throw new Error(`unexpected mount ${mountPoint} (${fsType}) in the guest`);
     }
-    out.push({ guestPath: mountpoint, key: `m${mountpoint.replace(/\//g, '-')}` });
+    out.push({ guestPath: mountPoint, key: `m${mountPoint.replace(/\//g, '-')}` });
   }
   return out;
 }

@@ -31,6 +31,7 @@ import { copySparse } from './sparse.js';
 import { runToEnd, spawnProcess } from './spawner.js';
 import { desktopPaths, desktopsDir, exists, readJson, type DesktopPaths } from './layout.js';
 import { runningInit } from './cold-boot.js';
+import { parseMountTable } from './mount-table.js';
 
 
 interface Chain {
@@ -62,10 +63,7 @@ export async function readChain(paths: DesktopPaths): Promise<Chain | null> {
 
 /** Whether `dir` is a mountpoint, from the kernel's mount table. */
 export async function isMounted(dir: string): Promise<boolean> {
-  const table = await readFile('/proc/self/mountinfo', 'utf8');
-  // Field 5 is the mountpoint, with spaces and backslashes octal-escaped.
-  const escaped = dir.replace(/\\/g, '\\134').replace(/ /g, '\\040');
-  return table.split('\n').some((line) => line.split(' ')[4] === escaped);
+  return parseMountTable(await readFile('/proc/self/mountinfo', 'utf8')).some((m) => m.mountPoint === dir);
 }
 
 /** How long the detach of an overlay may take before its unmount counts as failed. */
