@@ -31,9 +31,14 @@ export interface GuestEntry {
   readonly guestCaps: boolean;
 }
 
+/** The spawner's binary, looked for once: every exec asks, and the build does not change under a running agent. */
+let built: string | null | undefined;
+
 /** The native modes' binary, unless turned off or not built. */
 function nativeEntry(): string | null {
-  return process.env.CANTO_AGENT_NATIVE_ENTRY === 'off' ? null : helperPath();
+  if (process.env.CANTO_AGENT_NATIVE_ENTRY === 'off') return null;
+  if (built === undefined) built = helperPath();
+  return built;
 }
 
 /** Whether moving a process into a cgroup is quick on this host (cgroup-migrations.ts); the driver says so at its start. */
