@@ -21,9 +21,9 @@ import { buildApp, type App } from './http/app.js';
 import { DesktopService } from './services/desktops.js';
 import { LifecycleService } from './services/lifecycle.js';
 import { OperationWaiter } from './services/waiter.js';
-import { API_KEY_CHANGED_CHANNEL, DESKTOP_CHANGED_CHANNEL, NotifiedCache, ORG_CHANGED_CHANNEL } from './store/notified-cache.js';
+import { API_KEY_CHANGED_CHANNEL, DESKTOP_ROUTE_CHANNEL, NotifiedCache, ORG_CHANGED_CHANNEL } from './store/notified-cache.js';
 import { UsageService } from './services/usage.js';
-import { GuestService, type DesktopRoute } from './services/guest.js';
+import { GuestService, isRoutable, routeNotification, type DesktopRoute } from './services/guest.js';
 import { AgentGateway } from './agents/gateway.js';
 import { OperationEngine } from './engine/engine.js';
 import { Leadership } from './engine/leader.js';
@@ -95,7 +95,7 @@ export async function startScheduler(config: SchedulerConfig, logger?: Logger, m
   const unlisten = [
     await authCaches.keys.listen(sql, API_KEY_CHANGED_CHANNEL),
     await authCaches.orgs.listen(sql, ORG_CHANGED_CHANNEL),
-    await routeCache.listen(sql, DESKTOP_CHANGED_CHANNEL),
+    await routeCache.listenValues(sql, DESKTOP_ROUTE_CHANNEL, routeNotification, isRoutable),
   ];
   const stopListening = async () => {
     for (const stop of unlisten.splice(0)) await stop().catch(() => {});

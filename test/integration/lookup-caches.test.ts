@@ -2,13 +2,16 @@
  * The per-replica caches of API key and desktop route lookups (store/notified-cache.ts), against a
  * real Postgres: a kept value costs no query, a changed row is dropped through its trigger's
  * notification, a lookup racing a change of its row is not kept (one racing another row's is), a
- * reconnected listener starts empty, and
+ * reconnected listener starts empty; an awake desktop's route comes with the notification of
+ * its change, so the first guest call after a wake reads no row; and
  * through the API a revoked key is refused at once while a stale desktop route corrects itself.
  * The org a JWT names is created once and afterwards only read.
  */
 import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
 import { connectDatabase, type Sql } from '../../scheduler/src/store/db.js';
-import { API_KEY_CHANGED_CHANNEL, DESKTOP_CHANGED_CHANNEL, NotifiedCache } from '../../scheduler/src/store/notified-cache.js';
+import { API_KEY_CHANGED_CHANNEL, DESKTOP_CHANGED_CHANNEL, DESKTOP_ROUTE_CHANNEL, NotifiedCache } from '../../scheduler/src/store/notified-cache.js';
+import { isRoutable, routeNotification, type DesktopRoute } from '../../scheduler/src/services/guest.js';
+import { PROTOCOL_VERSION } from '../../shared/src/protocol.js';
 import { createApiKey } from '../../scheduler/src/services/keys.js';
 import { hashToken } from '../../scheduler/src/crypto/secret-box.js';
 import { ensureOrg, orgForKeyHash } from '../../scheduler/src/store/orgs.js';
@@ -39,7 +42,7 @@ async function listening(channel: string, options: { ttlMs?: number; now?: () =>
   return cache;
 }
 
-function countingLoader(load: () => Promise<string | null>) {
+function countingLoader<T>(load: () => Promise<T | null>) {
   const counter = {
     loads: 0,
     load: async () => {
@@ -176,6 +179,73 @@ describe('NotifiedCache', () => {
   });
 });
 
+describe('desktop routes from their change notifications', () => {
+  async function routeCache() {
+    const cache = new NotifiedCache<DesktopRoute>({ ttlMs: 60_000, maxEntries: 100 });
+    stops.push(await cache.listenValues(sql, DESKTOP_ROUTE_CHANNEL, routeNotification, isRoutable));
+    return cache;
+  }
+
+  /** A hibernated desktop on a host of its own. */
+  async function hibernatedDesktop(name: string) {
+    const { orgId } = await createApiKey(sql, name);
+    const hostId = `host_${name}`;
+    await sql`
+      INSERT INTO hosts (id, hostname, agent_instance_id, protocol, runtime, memory_snapshots, vcpus, memory_mb, status)
+      VALUES (${hostId}, ${name}, ${`inst_${name}`}, ${PROTOCOL_VERSION}, 'fake', false, 2, 4096, 'ready')`;
+    const id = `dsk_${name.replace(/-/g, '')}`.padEnd(28, '0');
+    await sql`
+      INSERT INTO desktops (id, org_id, tier, state, host_id, image_version, current_generation_id, idle_timeout_secs, billing_mode)
+      VALUES (${id}, ${orgId}, 'small', 'hibernated', ${hostId}, 'v1', ${`gen_${name}`}, 0, 'hourly')`;
+    return { id, orgId, hostId };
+  }
+
+  const unread = () => countingLoader<DesktopRoute>(async () => null);
+
+  it('takes an awake route from the change itself, and drops it when the desktop stops being reachable or goes', async () => {
+    const d = await hibernatedDesktop('route-a');
+    const cache = await routeCache();
+    await sql`UPDATE desktops SET state = 'awake', generation = 7 WHERE id = ${d.id}`;
+    await until(() => cache.size === 1, 5_000, 'the wake notification');
+    const loader = unread();
+    expect(await cache.get(d.id, loader.load, isRoutable)).toEqual({ org_id: d.orgId, state: 'awake', host_id: d.hostId, generation: 7, moving: false });
+    expect(loader.loads).toBe(0);
+    // A change that leaves the route as it was (a timestamp) keeps it; a move in progress drops it.
+    await sql`UPDATE desktops SET last_woken_at = now() WHERE id = ${d.id}`;
+    await sql`UPDATE desktops SET moving_operation_id = 'op_routetest' WHERE id = ${d.id}`;
+    await until(() => cache.size === 0, 5_000, 'the move notification');
+    await sql`UPDATE desktops SET moving_operation_id = NULL WHERE id = ${d.id}`;
+    await until(() => cache.size === 1, 5_000, 'the rollback notification');
+    await sql`DELETE FROM desktops WHERE id = ${d.id}`;
+    await until(() => cache.size === 0, 5_000, 'the delete notification');
+  });
+
+  it('does not keep a lookup that was in flight when its row changed; the change itself is kept', async () => {
+    const d = await hibernatedDesktop('route-b');
+    const cache = await routeCache();
+    let release!: () => void;
+    const gate = new Promise<void>((resolve) => (release = resolve));
+    const stale: DesktopRoute = { org_id: d.orgId, state: 'awake', host_id: d.hostId, generation: 1, moving: false };
+    const pending = cache.get(d.id, async () => (await gate, stale), isRoutable);
+    await sql`UPDATE desktops SET state = 'awake', generation = 2 WHERE id = ${d.id}`;
+    await until(() => cache.size === 1, 5_000, 'the wake notification');
+    release();
+    expect(await pending).toBe(stale);
+    expect((await cache.get(d.id, unread().load, isRoutable))?.generation).toBe(2);
+  });
+
+  it('reads a payload that is not a route as "anything may have changed"', async () => {
+    const d = await hibernatedDesktop('route-c');
+    const cache = await routeCache();
+    await sql`UPDATE desktops SET state = 'awake' WHERE id = ${d.id}`;
+    await until(() => cache.size === 1, 5_000, 'the wake notification');
+    await sql`SELECT pg_notify(${DESKTOP_ROUTE_CHANNEL}, 'not json')`;
+    await until(() => cache.size === 0, 5_000, 'the cache to be emptied');
+    expect(routeNotification('{"id":"dsk_x","state":"awake"}')).toBeNull();
+    expect(routeNotification('{"id":"dsk_x"}')).toEqual({ key: 'dsk_x', value: null });
+  });
+});
+
 describe('ensureOrg', () => {
   it('creates an org once when many requests see it first, and only reads it afterwards', async () => {
     const ids = await Promise.all(Array.from({ length: 12 }, () => ensureOrg(sql, 'first-sight')));
@@ -225,14 +295,14 @@ describe('lookup caches behind the API', () => {
     // Without its trigger the cache never hears of the hibernate: only the agent's answer can correct it.
     const db = connectDatabase(s.databaseUrl, { max: 1 });
     try {
-      await db`ALTER TABLE desktops DISABLE TRIGGER desktops_changed`;
+      await db`ALTER TABLE desktops DISABLE TRIGGER desktops_route_changed`;
       expect((await call('POST', `/v1/desktops/${id}/hibernate?wait=true`)).json.state).toBe('succeeded');
       expectProblem(await call('POST', `/v1/desktops/${id}/exec`, { command: 'true' }), 409, 'not running on its host');
       expectProblem(await call('POST', `/v1/desktops/${id}/exec`, { command: 'true' }), 409, 'hibernated');
       expect((await call('POST', `/v1/desktops/${id}/wake?wait=true`)).json.state).toBe('succeeded');
       expect((await call('POST', `/v1/desktops/${id}/exec`, { command: 'echo two' })).json.stdout).toBe('two\n');
     } finally {
-      await db`ALTER TABLE desktops ENABLE TRIGGER desktops_changed`;
+      await db`ALTER TABLE desktops ENABLE TRIGGER desktops_route_changed`;
       await db.end();
     }
   });

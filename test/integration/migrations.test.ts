@@ -27,6 +27,7 @@ const SHIPPED = [
   { id: 7, name: 'api key management' },
   { id: 8, name: 'moves and drains' },
   { id: 9, name: 'measured use' },
+  { id: 10, name: 'desktop route notifications' },
 ];
 
 const made: string[] = [];

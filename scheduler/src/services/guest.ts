@@ -93,8 +93,28 @@ export interface DesktopRoute {
   readonly moving: boolean;
 }
 
-function isRoutable(route: DesktopRoute): route is DesktopRoute & { host_id: string } {
+export function isRoutable(route: DesktopRoute): route is DesktopRoute & { host_id: string } {
   return route.state === 'awake' && route.host_id !== null && !route.moving;
+}
+
+/**
+ * A desktop row's change as its route notification tells it (migration `desktop route
+ * notifications`): the route the change left, or null for a deleted row. Null for a payload that
+ * is not one, which the cache takes as "anything may have changed".
+ */
+export function routeNotification(payload: string): { key: string; value: DesktopRoute | null } | null {
+  let n: Record<string, unknown>;
+  try {
+    n = JSON.parse(payload) as Record<string, unknown>;
+  } catch {
+    return null;
+  }
+  if (typeof n.id !== 'string') return null;
+  if (n.state === undefined) return { key: n.id, value: null };
+  const { org_id, state, host_id, generation, moving } = n;
+  if (typeof org_id !== 'string' || typeof state !== 'string' || typeof generation !== 'number' || typeof moving !== 'boolean') return null;
+  if (host_id !== null && typeof host_id !== 'string') return null;
+  return { key: n.id, value: { org_id, state: state as DesktopState, host_id, generation, moving } };
 }
 
 /** Agent answers meaning the host no longer runs the generation the route named. */

@@ -5,7 +5,11 @@
  * the agent link itself. A third maps the org a JWT names to its id.
  *
  * A trigger on the cached table sends `pg_notify(channel, key)` for every changed or deleted row
- * (migration `change notifications`); each replica listens and drops that key. Notifications are
+ * (migration `change notifications`); each replica listens and drops that key. A channel may
+ * instead carry the row's new value (`listenValues`; desktop routes, migration `desktop route
+ * notifications`): the cache then takes that value, if it would keep it, in place of the old one,
+ * so the first lookup after a change reads no row. Notifications of one channel arrive in the
+ * order their transactions committed, so the last one heard is the newest state. Notifications are
  * lost while the listen connection reconnects, so the cache is emptied each time listening
  * (re)starts, and caches nothing before the first start. A lookup that was in flight while its
  * key was dropped (or the cache emptied) is served but not kept, since it may have read the row
@@ -23,6 +27,7 @@ import type { Sql } from './db.js';
 export const API_KEY_CHANGED_CHANNEL = 'canto_api_key_changed';
 export const DESKTOP_CHANGED_CHANNEL = 'canto_desktop_changed';
 export const ORG_CHANGED_CHANNEL = 'canto_org_changed';
+export const DESKTOP_ROUTE_CHANNEL = 'canto_desktop_route';
 
 export interface NotifiedCacheOptions {
   /** The longest an entry is served without a fresh read. */
@@ -45,11 +50,35 @@ export class NotifiedCache<V> {
     this.now = options.now ?? Date.now;
   }
 
-  /** Starts listening on `channel`; answers the function that stops it. */
-  async listen(sql: Sql, channel: string): Promise<() => Promise<void>> {
+  /** Starts listening on `channel`, whose payload is a changed row's key; answers the function that stops it. */
+  listen(sql: Sql, channel: string): Promise<() => Promise<void>> {
+    return this.subscribe(sql, channel, (key) => this.evict(key));
+  }
+
+  /**
+   * Starts listening on `channel`, whose payload `parse` reads as a row's key and new value (null:
+   * the row is gone). A value `keep` accepts replaces the entry; any other drops it. A lookup in
+   * flight is not kept either way: it may have read the row before this change. A payload `parse`
+   * cannot read (null) names no row, so every entry goes.
+   */
+  listenValues(
+    sql: Sql,
+    channel: string,
+    parse: (payload: string) => { readonly key: string; readonly value: V | null } | null,
+    keep: (value: V) => boolean,
+  ): Promise<() => Promise<void>> {
+    return this.subscribe(sql, channel, (payload) => {
+      const change = parse(payload);
+      if (change === null) return this.clear();
+      this.evict(change.key);
+      if (change.value !== null && this.listening && keep(change.value)) this.store(change.key, change.value);
+    });
+  }
+
+  private async subscribe(sql: Sql, channel: string, onPayload: (payload: string) => void): Promise<() => Promise<void>> {
     const sub = await sql.listen(
       channel,
-      (key) => this.evict(key),
+      onPayload,
       // Called again after each reconnect: what changed meanwhile was not heard.
       () => {
         this.clear();
@@ -83,12 +112,14 @@ export class NotifiedCache<V> {
       inFlight.delete(lookup);
       if (inFlight.size === 0 && this.loading.get(key) === inFlight) this.loading.delete(key);
     }
-    if (value !== null && this.listening && !lookup.dropped && generation === this.generation && keep(value)) {
-      // Map order is insertion order: when full, the oldest entry goes.
-      if (this.entries.size >= this.options.maxEntries) this.entries.delete(this.entries.keys().next().value!);
-      this.entries.set(key, { value, expiresAt: this.now() + this.options.ttlMs });
-    }
+    if (value !== null && this.listening && !lookup.dropped && generation === this.generation && keep(value)) this.store(key, value);
     return value;
+  }
+
+  private store(key: string, value: V): void {
+    // Map order is insertion order: when full, the oldest entry goes.
+    if (!this.entries.has(key) && this.entries.size >= this.options.maxEntries) this.entries.delete(this.entries.keys().next().value!);
+    this.entries.set(key, { value, expiresAt: this.now() + this.options.ttlMs });
   }
 
   evict(key: string): void {
