@@ -7,8 +7,11 @@
  *
  * The store is a JSON file written atomically (temporary file, fsync, rename) before the command
  * runs, so fencing survives an agent restart: a restarted agent does not forget that it has
- * already seen generation 7 and accept a replayed 5. Mutations are queued one after another so two
- * desktops' updates never race on the file, and memory changes only once the file has.
+ * already seen generation 7 and accept a replayed 5. Mutations are applied in the order they came,
+ * and memory changes only once the file has. They are committed in groups: those that arrive
+ * while a write is under way go to disk together in the next one, so a burst of commands (ten
+ * wakes at once, a class's desktops created together) costs two writes instead of one each, one
+ * after another. A caller's promise settles only once a write holding its change is on disk.
  *
  * Destroy leaves a tombstone instead of deleting the entry. Without one, a start re-sent from
  * before the destroy (same or older generation) would find no entry, pass the check and bring a
@@ -40,8 +43,17 @@ export interface GenerationStoreOptions {
   readonly now?: () => number;
 }
 
+interface Mutation {
+  readonly desktopId: string;
+  readonly change: (entry: Entry | undefined) => Entry | undefined;
+  readonly resolve: () => void;
+  readonly reject: (err: unknown) => void;
+}
+
 export class GenerationStore {
-  private queue: Promise<unknown> = Promise.resolve();
+  /** Mutations waiting for the next write. */
+  private pending: Mutation[] = [];
+  private writing = false;
 
   private constructor(
     private readonly file: string,
@@ -104,21 +116,51 @@ export class GenerationStore {
 
   /**
    * Runs `change` after every earlier mutation; it returns the desktop's new entry or undefined
-   * for no change. The file is written first and memory updated after, so a failed write leaves
-   * both as they were and the command fails instead of running unfenced.
+   * for no change, or throws to refuse. Resolves once the file holds the change (and every change
+   * before it); a failed write rejects every mutation of its group and leaves memory as it was, so
+   * the commands fail instead of running unfenced.
    */
   private mutate(desktopId: string, change: (entry: Entry | undefined) => Entry | undefined): Promise<void> {
-    const next = this.queue.then(async () => {
-      const result = change(this.entries.get(desktopId));
-      if (result === undefined) return;
-      const updated = new Map(this.entries);
-      updated.set(desktopId, result);
-      await writeEntries(this.file, updated);
-      this.entries = updated;
+    return new Promise<void>((resolve, reject) => {
+      this.pending.push({ desktopId, change, resolve, reject });
+      if (!this.writing) void this.commitPending();
     });
-    // The queue only orders mutations; each caller sees its own failure through `next`.
-    this.queue = next.catch(() => {});
-    return next;
+  }
+
+  private async commitPending(): Promise<void> {
+    this.writing = true;
+    try {
+      while (this.pending.length > 0) {
+        const group = this.pending.splice(0);
+        const updated = new Map(this.entries);
+        const accepted: Mutation[] = [];
+        let changed = false;
+        for (const m of group) {
+          let result: Entry | undefined;
+          try {
+            // Each sees the group's earlier changes, as if they had been written one by one.
+            result = m.change(updated.get(m.desktopId));
+          } catch (err) {
+            m.reject(err);
+            continue;
+          }
+          accepted.push(m);
+          if (result === undefined) continue;
+          updated.set(m.desktopId, result);
+          changed = true;
+        }
+        try {
+          if (changed) await writeEntries(this.file, updated);
+        } catch (err) {
+          for (const m of accepted) m.reject(err);
+          continue;
+        }
+        this.entries = updated;
+        for (const m of accepted) m.resolve();
+      }
+    } finally {
+      this.writing = false;
+    }
   }
 }
 

@@ -1,4 +1,5 @@
-import { mkdtemp, readdir, readFile, rm, writeFile } from 'node:fs/promises';
+import { watch } from 'node:fs';
+import { mkdir, mkdtemp, readdir, readFile, rm, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterEach, beforeEach, describe, expect, it } from 'vitest';
@@ -58,6 +59,50 @@ describe('GenerationStore', () => {
     };
     expect(Object.keys(doc.desktops)).toHaveLength(20);
     expect(doc.desktops['dsk_19']?.generation).toBe(19);
+  });
+
+  it('commits the commands that come while it writes together, in one more write', async () => {
+    const store = await GenerationStore.open(dir);
+    const writes: string[] = [];
+    const watcher = watch(dir, (_event, name) => {
+      if (name === GENERATIONS_FILE) writes.push(name);
+    });
+    try {
+      await Promise.all(Array.from({ length: 20 }, (_, i) => store.check(`dsk_${i}`, 3)));
+      await new Promise((resolve) => setTimeout(resolve, 100));
+    } finally {
+      watcher.close();
+    }
+    // The first command's write, then one for the nineteen that came meanwhile (one each before).
+    expect(writes.length).toBeGreaterThanOrEqual(1);
+    expect(writes.length).toBeLessThanOrEqual(2);
+    const reopened = await GenerationStore.open(dir);
+    for (let i = 0; i < 20; i++) expect(reopened.get(`dsk_${i}`)).toBe(3);
+  });
+
+  it('applies a group in the order its commands came, refusing one without failing the others', async () => {
+    const store = await GenerationStore.open(dir);
+    await store.check('dsk_a', 1);
+    const newer = store.check('dsk_a', 5);
+    const older = store.check('dsk_a', 4);
+    const other = store.check('dsk_b', 2);
+    await newer;
+    await expectStale(older);
+    await other;
+    expect([store.get('dsk_a'), store.get('dsk_b')]).toEqual([5, 2]);
+  });
+
+  it('fails every command of a group whose write fails, and changes nothing', async () => {
+    const store = await GenerationStore.open(dir);
+    await store.check('dsk_a', 1);
+    await rm(dir, { recursive: true });
+    const results = await Promise.allSettled([store.check('dsk_a', 2), store.check('dsk_b', 1), store.check('dsk_a', 1)]);
+    expect(results.map((r) => r.status)).toEqual(['rejected', 'rejected', 'rejected']);
+    expect([store.get('dsk_a'), store.get('dsk_b')]).toEqual([1, undefined]);
+    // The disk is back: the next command is recorded.
+    await mkdir(dir);
+    await store.check('dsk_a', 2);
+    expect(store.get('dsk_a')).toBe(2);
   });
 
   it('keeps a tombstone after destroy so old commands cannot resurrect the desktop', async () => {
