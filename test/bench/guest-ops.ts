@@ -21,6 +21,8 @@
  */
 import { execFile } from 'node:child_process';
 import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
+import { createServer } from 'node:http';
+import type { AddressInfo } from 'node:net';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { createSandboxDriver } from '../../agent/src/runtime/sandbox/index.js';
@@ -102,6 +104,27 @@ function catBatch(file: string, count: number): Promise<number[]> {
   });
 }
 
+/**
+ * A bare Node HTTP server on loopback: a PUT's body is read and dropped (204), a GET answers
+ * `body` (200). What curl and Node's HTTP take of a transfer by themselves, with no service behind.
+ */
+async function bareHttp(body: Buffer): Promise<{ url: string; close: () => Promise<void> }> {
+  const server = createServer((req, res) => {
+    if (req.method === 'GET') {
+      res.writeHead(200, { 'content-length': body.length }).end(body);
+      return;
+    }
+    req.resume();
+    req.on('end', () => res.writeHead(204).end());
+  });
+  await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve));
+  const { port } = server.address() as AddressInfo;
+  return {
+    url: `http://127.0.0.1:${port}/bare.bin`,
+    close: () => new Promise<void>((resolve) => server.close(() => resolve())),
+  };
+}
+
 async function drain(body: AsyncIterable<Buffer>): Promise<number> {
   let n = 0;
   for await (const part of body) n += part.length;
@@ -133,6 +156,7 @@ export async function benchGuestOps(ctx: GuestBenchContext): Promise<void> {
   const driver: RuntimeDriver = await createSandboxDriver({ stateDir: ctx.runtimeDir });
   const bearer = ['-H', `authorization: Bearer ${ctx.apiKey}`];
   const scratch = mkdtempSync(join(tmpdir(), 'canto-bench-files-'));
+  const bare = await bareHttp(Buffer.alloc(CHUNK, 7));
   const execDirect = (desktopId: string) => driver.exec(desktopId, { command: 'true', timeoutMs: 10_000, maxOutputBytes: 1024 });
 
   try {
@@ -175,6 +199,8 @@ export async function benchGuestOps(ctx: GuestBenchContext): Promise<void> {
     const wDirect: number[] = [];
     const rDirect: number[] = [];
     const cat: number[] = [];
+    const wBare: number[] = [];
+    const rBare: number[] = [];
     const fileRuns = Math.max(20, ctx.runs);
     const writeDirect = () => driver.writeFile(id, { path: '/root/direct.bin', appendAt: null }, once(data));
     // Warm-up, both sides alike: the first transfers of a process run unoptimised code.
@@ -188,6 +214,8 @@ export async function benchGuestOps(ctx: GuestBenchContext): Promise<void> {
       cat.push(...(await catBatch(upload, BATCH)).map(mbps));
       wApi.push(...(await curlBatch(url, BATCH, 204, putArgs)).map(mbps));
       rApi.push(...(await curlBatch(url, BATCH, 200, bearer, CHUNK)).map(mbps));
+      wBare.push(...(await curlBatch(bare.url, BATCH, 204, putArgs)).map(mbps));
+      rBare.push(...(await curlBatch(bare.url, BATCH, 200, [], CHUNK)).map(mbps));
       for (let i = 0; i < BATCH; i++) {
         wDirect.push(mbps(await timed(writeDirect)));
         rDirect.push(mbps(await timed(async () => {
@@ -201,6 +229,8 @@ export async function benchGuestOps(ctx: GuestBenchContext): Promise<void> {
       ['GET /v1/desktops/{id}/files/{path}', median(rApi), median(cat), 'MB/s', '≥ 500 MB/s', rApi],
       ['sandbox driver write (no API)', median(wDirect), median(cat), 'MB/s', 'for reference', wDirect],
       ['sandbox driver read (no API)', median(rDirect), median(cat), 'MB/s', 'for reference', rDirect],
+      ['curl PUT to a bare Node server (no service behind)', median(wBare), median(cat), 'MB/s', 'for reference', wBare],
+      ['curl GET from a bare Node server (no service behind)', median(rBare), median(cat), 'MB/s', 'for reference', rBare],
     ]);
 
     // 100 concurrent execs spread over 5 desktops.
@@ -223,6 +253,7 @@ export async function benchGuestOps(ctx: GuestBenchContext): Promise<void> {
       ['p99', percentile(cApi, 99), percentile(cDirect, 99), 'ms', 'lower is better'],
     ], ['API', 'driver']);
   } finally {
+    await bare.close();
     rmSync(scratch, { recursive: true, force: true });
     await driver.close();
     for (const d of ids) await post(`/v1/desktops/${d}/destroy?wait=true`, {}).catch(() => undefined);
