@@ -45,6 +45,9 @@
  *         snapshot without loopback, so the scheduler moves none to it. desktop.export `reuse`:
  *         the pre-copy the target holds, so the listing counts the desktop unit as the target's
  *         own listing request will.
+ *   1.14 — memory snapshots hold the guest's /run as a directory of /dev's tmpfs (the guest sees
+ *         it through a symlink), not as a tmpfs of its own; an agent older than 1.14 cannot
+ *         restore such a snapshot, so the scheduler moves none to it.
  *
  * Every desktop command carries the desktop's `generation`. The agent remembers the highest
  * generation it has seen per desktop and refuses an older one with `stale_generation`: after a
@@ -64,8 +67,20 @@ import {
   ScreenshotResult, SpawnPayload, SpawnResult, StreamGrantPayload, StreamGrantResult, TerminalGrantPayload, TerminalGrantResult,
 } from './guest-commands.js';
 
-export const PROTOCOL_VERSION = '1.13';
+export const PROTOCOL_VERSION = '1.14';
 export const WIRE_VERSION = 1;
+
+/** The protocol minors (of major 1) that changed what a memory snapshot holds: 1.13 and 1.14 above. */
+export const SNAPSHOT_FORMAT_MINORS: readonly number[] = [13, 14];
+
+/**
+ * The newest snapshot format an agent dumps, as the minor of the protocol that brought it (0: one
+ * from before any of them); `speaks(minor)` says whether the agent speaks 1.minor. An agent wakes
+ * what another dumps when it speaks that minor too.
+ */
+export function snapshotFormat(speaks: (minor: number) => boolean): number {
+  return SNAPSHOT_FORMAT_MINORS.filter((m) => speaks(m)).at(-1) ?? 0;
+}
 
 /** True when `version` is `major.minor` or later (a version that does not parse is not). */
 export function protocolAtLeast(version: string, major: number, minor: number): boolean {

@@ -4,12 +4,14 @@
  * either agent is older, the listing is hashed, which reads every unit once more before the
  * first byte moves (the older agent would not know a listing without hashes). Between agents
  * that both speak 1.12 an awake desktop is pre-copied first (shared/src/precopy.ts); with an
- * older agent on either side, it is not. An agent of 1.13 dumps memory snapshots an older one
- * could not wake: moves from it go to no older agent, asked for or chosen.
+ * older agent on either side, it is not. Agents of 1.13 and 1.14 dump memory snapshots older
+ * ones could not wake: moves from such an agent go to none older than its snapshot format, asked
+ * for or chosen.
  */
 import { afterAll, beforeAll, expect, it } from 'vitest';
 import { adminApi, api, mintKey, startTestScheduler, TEST_ADMIN_TOKEN, until, type TestScheduler } from '../helpers/scheduler.js';
 import { startFakeAgent, type TestAgent } from '../helpers/agent.js';
+import { snapshotFormat } from '../../shared/src/protocol.js';
 
 let s: TestScheduler;
 const agents: TestAgent[] = [];
@@ -102,8 +104,13 @@ it('pre-copies an awake desktop only when both agents speak 1.12', async () => {
   expect((await moveBetween(['1.12', '1.12'])).precopies).toBe(1);
 });
 
-it('moves nothing from an agent of 1.13 to an older one, and everything the other way', async () => {
-  const [current, older] = (await agentsSpeaking([undefined, '1.12'])) as [TestAgent, TestAgent];
+it('reads the newest snapshot format an agent dumps from the protocol it speaks', () => {
+  const upTo = (newest: number) => (minor: number) => minor <= newest;
+  expect([12, 13, 14, 15].map((newest) => snapshotFormat(upTo(newest)))).toEqual([0, 13, 14, 14]);
+});
+
+it('moves nothing from a current agent to one of 1.13 (an older snapshot format), and everything the other way', async () => {
+  const [current, older] = (await agentsSpeaking([undefined, '1.13'])) as [TestAgent, TestAgent];
   const call = api(s.url, await mintKey(s.databaseUrl, 'versions'));
   const admin = adminApi(s.url);
   // Placement spreads: two desktops, one on each host.
@@ -126,7 +133,7 @@ it('moves nothing from an agent of 1.13 to an older one, and everything the othe
   for (const body of [{ host_id: older.hostId }, {}]) {
     const op = await move(fromCurrent, body);
     expect(op.state).toBe('failed');
-    expect(JSON.stringify(op.error)).toMatch(body.host_id === undefined ? /no other host is up.*1 more run an agent older than protocol 1\.13/ : /older than protocol 1\.13/);
+    expect(JSON.stringify(op.error)).toMatch(body.host_id === undefined ? /no other host is up.*1 more run an agent older than protocol 1\.14/ : /older than protocol 1\.14/);
     expect((await call('GET', `/v1/desktops/${fromCurrent}`)).json).toMatchObject({ host_id: current.hostId, state: 'awake' });
   }
   const op = await move(on.get(older.hostId)!, {});
@@ -145,7 +152,7 @@ it('refuses up front a drain that only older agents could take', async () => {
   expect((await call('GET', `/v1/desktops/${id}`)).json.host_id).toBe(current.hostId);
   const refused = await admin('POST', `/admin/v1/hosts/${current.hostId}/drain`, {});
   expect(refused.status, refused.text).toBe(409);
-  expect(refused.json.detail, refused.json.detail).toMatch(/1 other hosts run an agent older than protocol 1\.13/);
+  expect(refused.json.detail, refused.json.detail).toMatch(/1 other hosts run an agent older than protocol 1\.14/);
   // Nothing changed: the host is not cordoned, and the desktop is where it was.
   const host = (await admin('GET', `/admin/v1/hosts/${current.hostId}`)).json;
   expect(host.schedulable).toBe(true);

@@ -10,6 +10,7 @@
  */
 import { Type, type Static } from '@sinclair/typebox';
 import { TIER_SPECS, type Tier } from '../../../shared/src/tiers.js';
+import { snapshotFormat } from '../../../shared/src/protocol.js';
 import type { Sql } from '../store/db.js';
 import { committedLoad, listHosts, slotsUsed } from '../store/hosts.js';
 import { drainCounts, drainState, insertMove, operationById, startDrain } from '../store/moves.js';
@@ -71,7 +72,7 @@ export type DrainJson = Static<typeof DrainJson>;
 export interface MoveServiceDeps {
   sql: Sql;
   linked(hostId: string): boolean;
-  /** Whether the host's agent speaks at least `major.minor` (a move goes to no older agent than 1.13 from one of 1.13). */
+  /** Whether the host's agent speaks at least `major.minor` (a move goes to no agent older than the source's snapshot format). */
   speaks(hostId: string, major: number, minor: number): boolean;
   placement: PlacementPolicy;
   hostSlots: number;
@@ -163,9 +164,9 @@ export class MoveService {
     const [hosts, load, slots] = await Promise.all([listHosts(sql), committedLoad(sql), slotsUsed(sql)]);
     const others = hostCandidates(hosts, load, slots, { isConnected: (id) => this.deps.linked(id), hostSlots: this.deps.hostSlots })
       .filter((h) => h.id !== host.id);
-    // What an agent of 1.13 dumps goes to no older agent (engine/move.ts).
-    const newDumps = this.deps.speaks(host.id, 1, 13);
-    const tooOld = (h: HostCandidate) => newDumps && !this.deps.speaks(h.id, 1, 13);
+    // What an agent dumps goes to no agent older than its snapshot format (engine/move.ts).
+    const format = snapshotFormat((minor) => this.deps.speaks(host.id, 1, minor));
+    const tooOld = (h: HostCandidate) => format > 0 && !this.deps.speaks(h.id, 1, format);
     let fleet: HostCandidate[] = others.filter((h) => !tooOld(h));
     const older = others.filter((h) => h.connected && tooOld(h)).length;
     let placed = 0;
@@ -191,7 +192,7 @@ export class MoveService {
       placed++;
     }
     if (placed === held.length) return null;
-    const passedBy = older === 0 ? '' : `; ${older} other hosts run an agent older than protocol 1.13, which cannot wake what this host's agent dumps: upgrade them first`;
+    const passedBy = older === 0 ? '' : `; ${older} other hosts run an agent older than protocol 1.${format}, which cannot wake what this host's agent dumps: upgrade them first`;
     return `the other hosts lack capacity: ${held.length - placed} of the ${held.length} desktops on this host would not fit elsewhere (schedulable hosts: ${fleet.filter((h) => h.connected && h.ready && !h.cordoned).length}${passedBy}); nothing was changed`;
   }
 }

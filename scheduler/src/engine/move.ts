@@ -27,7 +27,7 @@
  * started again on the source, the mark is cleared. After it, the desktop lives on the target;
  * a start that fails there leaves it recorded hibernated (its disk intact) rather than lost.
  */
-import { AgentFailure, type CommandResult } from '../../../shared/src/protocol.js';
+import { AgentFailure, snapshotFormat, type CommandResult } from '../../../shared/src/protocol.js';
 import { TIER_SPECS } from '../../../shared/src/tiers.js';
 import { inTransaction, type Sql } from '../store/db.js';
 import { LEADER_LEASE } from '../store/leases.js';
@@ -142,9 +142,10 @@ async function plan(deps: StepDeps, op: OperationRow, d: DesktopRow, p: MovePara
   const target = p.requested_host_id ?? (await chooseTarget(deps, d));
   if (!target) {
     const others = (await readFleet(deps, [])).hosts.filter((h) => h.id !== d.host_id);
-    const older = deps.agents.speaks(d.host_id!, 1, 13) ? others.filter((h) => h.connected && !deps.agents.speaks(h.id, 1, 13)) : [];
+    const format = dumpFormat(deps, d.host_id!);
+    const older = format > 0 ? others.filter((h) => h.connected && !deps.agents.speaks(h.id, 1, format)) : [];
     const usable = others.filter((h) => !older.includes(h));
-    const left = older.length === 0 ? '' : `; ${older.length} more run an agent older than protocol 1.13, which cannot wake what the source's agent dumps`;
+    const left = older.length === 0 ? '' : `; ${older.length} more run an agent older than protocol 1.${format}, which cannot wake what the source's agent dumps`;
     throw new NoCapacity(noCapacityMessage(d.tier, usable, deps.placement, 'other host') + left);
   }
   if (target === p.source_host_id) throw new StepFailure('bad_target', 'the desktop is already on that host');
@@ -152,11 +153,12 @@ async function plan(deps: StepDeps, op: OperationRow, d: DesktopRow, p: MovePara
     deps.placements.release(d.id);
     throw new StepFailure('unsupported', 'both hosts need an agent that speaks protocol 1.8 to move desktops');
   }
-  // Agents of 1.13 dump memory without the network namespace's contents; an older agent would
-  // restore such a snapshot without loopback.
-  if (deps.agents.speaks(p.source_host_id, 1, 13) && !deps.agents.speaks(target, 1, 13)) {
+  // An agent wakes only the snapshot formats it knows (shared/src/protocol.ts): one older than
+  // 1.13 would restore the source's snapshot without loopback, one older than 1.14 not at all.
+  const format = dumpFormat(deps, p.source_host_id);
+  if (format > 0 && !deps.agents.speaks(target, 1, format)) {
     deps.placements.release(d.id);
-    throw new StepFailure('unsupported', `the target host's agent is older than protocol 1.13 and cannot wake memory snapshots the source's agent makes; upgrade it first`);
+    throw new StepFailure('unsupported', `the target host's agent is older than protocol 1.${format} and cannot wake memory snapshots the source's agent makes; upgrade it first`);
   }
   // A pre-copy reads the desktop while it runs: it keeps answering until the stop marks it.
   const precopies = d.state === 'awake' && deps.agents.speaks(target, 1, 12) && deps.agents.speaks(p.source_host_id, 1, 12);
@@ -194,17 +196,22 @@ async function precopy(deps: StepDeps, op: OperationRow, d: DesktopRow, p: MoveP
   return advance(deps.sql, op, { ...p, phase: 'precopied', precopied_bytes: fetched, ...(held === undefined ? {} : { precopy_id: held }) }, deps.fence);
 }
 
+/** The newest memory snapshot format the agent of `hostId` dumps (0: none of the versioned ones). */
+function dumpFormat(deps: StepDeps, hostId: string): number {
+  return snapshotFormat((minor) => deps.agents.speaks(hostId, 1, minor));
+}
+
 /**
  * Placement for a move: the usual pipeline, the source left out (and hosts whose agent could not
  * wake what the source's agent dumps), in-flight moves counted.
  */
 async function chooseTarget(deps: StepDeps, d: DesktopRow): Promise<string | null> {
-  const newDumps = d.host_id !== null && deps.agents.speaks(d.host_id, 1, 13);
+  const format = d.host_id === null ? 0 : dumpFormat(deps, d.host_id);
   return deps.placements.choose(
     { desktopId: d.id, tier: d.tier, running: d.state === 'awake' },
     async (inFlight) => {
       const fleet = await readFleet(deps, inFlight);
-      const hosts = fleet.hosts.filter((h) => h.id !== d.host_id && (!newDumps || deps.agents.speaks(h.id, 1, 13)));
+      const hosts = fleet.hosts.filter((h) => h.id !== d.host_id && (format === 0 || deps.agents.speaks(h.id, 1, format)));
       return { placed: fleet.placed, hosts };
     },
     (candidates) => selectHost(candidates, d.tier, deps.placement),

@@ -3,7 +3,8 @@
  *
  * The root is bwrap's own tmpfs holding only mountpoints and the merged-/usr symlinks, remounted
  * read-only; `/usr` and `/etc` are read-only binds of the host's; `/root /home /tmp /var` are binds
- * of the desktop's disk; `/dev`, `/proc`, `/run` and `/dev/shm` are the guest's own. This is the
+ * of the desktop's disk; `/dev` and `/proc` are the guest's own, and `/dev/shm` and `/run` (a
+ * symlink to `/dev/run`) are directories of `/dev`'s tmpfs. This is the
  * shape CRIU can dump and restore: every bind mount is declared external at dump time under a
  * stable key (never a host path), and mapped back to a host path at restore time, so the image
  * names no desktop-specific host path and can be restored under another desktop's directories.
@@ -20,7 +21,9 @@ import { guestFile } from './guest-programs.js';
 import {
   DISK_DIRS,
   GUEST_FB_DIR,
+  GUEST_RUN_DIR,
   HOST_RO_DIRS,
+  LEGACY_GUEST_FB_DIR,
   ROOT_SYMLINKS,
   type DesktopPaths,
 } from '../host/layout.js';
@@ -68,7 +71,7 @@ export function nsenterArgv(nsenterPath: string, initPid: number, workdir = '/')
 }
 
 /** Mountpoints that are created inside guest-owned mounts (not in the root skeleton). */
-export const NESTED_MOUNTPOINTS = ['/dev', '/proc', '/run'] as const;
+export const NESTED_MOUNTPOINTS = ['/dev', '/proc'] as const;
 
 /**
  * Host secrets inside the shared read-only `/etc`: each is covered by a read-only bind of
@@ -91,6 +94,7 @@ export function bindMounts(paths: DesktopPaths): Map<string, string> {
   for (const d of MASKED_HOST_DIRS) m.set(d, paths.empty);
   for (const d of DISK_DIRS) m.set(`/${d}`, join(paths.disk, d));
   m.set(GUEST_FB_DIR, paths.fb);
+  m.set(LEGACY_GUEST_FB_DIR, paths.fb);
   return m;
 }
 
@@ -119,13 +123,15 @@ export function bwrapArgs(paths: DesktopPaths, desktopId: string, envOnFd5 = fal
   for (const f of MASKED_HOST_FILES) if (existsSync(f)) args.push('--ro-bind', '/dev/null', f);
   for (const d of MASKED_HOST_DIRS) if (existsSync(d)) args.push('--ro-bind', paths.empty, d);
   for (const [name, target] of ROOT_SYMLINKS) args.push('--symlink', target, `/${name}`);
+  args.push('--symlink', GUEST_RUN_DIR, '/run');
   for (const d of DISK_DIRS) args.push('--bind', join(paths.disk, d), `/${d}`);
   args.push(
-    // /dev/shm is a directory of /dev's tmpfs (init.sh opens it to everyone), not a tmpfs of its
-    // own: CRIU copies each tmpfs through `tar --gzip` at every dump and restore, ≈3 ms a mount.
+    // /dev/shm (init.sh opens it to everyone) and /run are directories of /dev's tmpfs, not
+    // tmpfs mounts of their own: CRIU copies each tmpfs through `tar --gzip` at every dump and
+    // restore, two processes each time.
     '--dev', '/dev',
     '--proc', '/proc',
-    '--tmpfs', '/run',
+    '--dir', GUEST_RUN_DIR,
     '--bind', paths.fb, GUEST_FB_DIR,
     '--remount-ro', '/',
     '--chdir', '/root',

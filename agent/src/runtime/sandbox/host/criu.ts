@@ -23,7 +23,7 @@ import { cgroupDirs, joinArgv } from './cgroups.js';
 import { ensureKdatCache, KDAT_FILE } from './criu-kdat.js';
 import { procStat } from './host-procs.js';
 import { helperPath, runToEnd, spawnProcess } from './spawner.js';
-import { exists, type DesktopPaths } from './layout.js';
+import { ensureSkeletonRun, exists, GUEST_FB_DIR, type DesktopPaths } from './layout.js';
 import { GUEST_CAPS_ONLY, hostnameFor, hostPathForGuestMount } from '../guest/guest-init.js';
 import { guestFile, perlProgram } from '../guest/guest-programs.js';
 import type { InitProcess } from './cold-boot.js';
@@ -222,6 +222,8 @@ export async function restore(
   skeleton: string,
 ): Promise<Restored> {
   const externals = JSON.parse(await readFile(join(paths.snapshot, 'externals.json'), 'utf8')) as External[];
+  // An image whose framebuffer is not mounted inside /dev/run had a /run tmpfs of its own.
+  await ensureSkeletonRun(skeleton, !externals.some((e) => e.guestPath === GUEST_FB_DIR));
   const pidfile = join(paths.run, 'restore.pid');
   const logPath = join(paths.run, 'criu-restore.log');
   const probeFile = join(paths.run, 'restore-answered');

@@ -4,9 +4,9 @@
  * fork is a copy of that directory:
  *
  *   disk/           the guest's writable layer: root/ home/ tmp/ var/ (bind-mounted into the guest)
- *   fb/             Xvfb's `-fbdir` (the XWD framebuffer file), mounted at /run/canto-fb
+ *   fb/             Xvfb's `-fbdir` (the XWD framebuffer file), mounted at /dev/run/canto-fb
  *   snapshot/       CRIU images, present only while hibernated with a memory snapshot
- *   rootfs/         the empty root CRIU restores into (`--root`): mountpoints and /usr symlinks
+ *   rootfs/         the empty root CRIU restores into (`--root`): mountpoints and symlinks
  *   run/            driver-only runtime files: init.json (host pid of the guest init), logs
  *   first-boot-done marker: the first-boot spec was applied to this disk
  *
@@ -14,7 +14,7 @@
  * snapshots) sit beside them where the guest cannot write.
  */
 import { randomBytes } from 'node:crypto';
-import { chmod, cp, mkdir, readFile, rename, rm, stat, symlink, writeFile } from 'node:fs/promises';
+import { chmod, cp, lstat, mkdir, readFile, rename, rm, rmdir, stat, symlink, unlink, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { AgentFailure } from '../../../../../shared/src/protocol.js';
 import { runToEnd } from './spawner.js';
@@ -42,8 +42,21 @@ export const ROOT_SYMLINKS: ReadonlyArray<readonly [name: string, target: string
   ['lib64', 'usr/lib64'],
 ];
 
-/** Where the guest sees the framebuffer directory. */
-export const GUEST_FB_DIR = '/run/canto-fb';
+/**
+ * The guest's `/run`: a directory of `/dev`'s tmpfs, which a symlink in the root names `/run`.
+ * Not a tmpfs of its own: CRIU copies each tmpfs through `tar --gzip` at every dump and restore,
+ * two processes each time, and this one held three empty directories (docs/decisions.md).
+ */
+export const GUEST_RUN_DIR = '/dev/run';
+
+/** Where the framebuffer directory is mounted in the guest (`/run/canto-fb` to its programs). */
+export const GUEST_FB_DIR = `${GUEST_RUN_DIR}/canto-fb`;
+
+/**
+ * Where it was mounted in images dumped before protocol 1.14, whose `/run` was a tmpfs of its
+ * own. Such an image still restores: its skeleton gets a `/run` directory (`ensureSkeletonRun`).
+ */
+export const LEGACY_GUEST_FB_DIR = '/run/canto-fb';
 
 export interface DesktopPaths {
   readonly dir: string;
@@ -157,6 +170,30 @@ export async function ensureSkeleton(root: string, extraMountpoints: readonly st
       if (err.code !== 'EEXIST') throw err;
     });
   }
+}
+
+/**
+ * The skeleton's `/run` for restoring an image: the symlink bwrap's root has (`legacy` false),
+ * or, for an image whose `/run` was a tmpfs of its own, the directory it is mounted on. Only
+ * while the desktop is stopped: removing a mountpoint that a running guest's mount namespace
+ * still uses would take its `/run` away.
+ */
+export async function ensureSkeletonRun(root: string, legacy: boolean): Promise<void> {
+  const path = join(root, 'run');
+  const now = await lstat(path).catch((err: NodeJS.ErrnoException) => {
+    if (err.code === 'ENOENT') return null;
+    throw err;
+  });
+  if (legacy) {
+    if (now?.isDirectory()) return;
+    if (now !== null) await unlink(path);
+    await mkdir(path);
+    return;
+  }
+  if (now?.isSymbolicLink()) return;
+  // An empty mountpoint of an earlier layout: rmdir refuses anything else.
+  if (now !== null) await rmdir(path);
+  await symlink(GUEST_RUN_DIR, path);
 }
 
 /** Writes a file atomically (temp file + rename) so a crash never leaves half a record. */
