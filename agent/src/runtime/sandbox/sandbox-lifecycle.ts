@@ -35,7 +35,7 @@ import type { KeyedMutex } from './host/keyed-mutex.js';
 import { compactFile, worthCompacting } from './host/sparse.js';
 import { collectLayers, createFork, freeze, mountDisk, releaseDisk } from './host/layers.js';
 import {
-  assertDesktopId, desktopPaths, desktopsDir, ensureDisk, ensureSkeleton, exists, hasDisk, removeTree,
+  assertDesktopId, desktopPaths, desktopsDir, ensureDisk, ensureSkeleton, exists, hasDisk, removeTree, retireSnapshot,
   TEMPLATE_CLONE_FILE, TEMPLATE_FILE, writeFileAtomic, type DesktopPaths,
 } from './host/layout.js';
 
@@ -134,7 +134,7 @@ export class SandboxLifecycle implements Omit<DesktopLifecycle, 'close' | 'usage
           if (unset !== null) this.log('could not set the display size again after a cold boot', { desktopId: spec.desktopId, error: unset });
         }
         // The images describe memory that no longer matches the disk once the guest has run.
-        if (restored) await rm(paths.snapshot, { recursive: true, force: true });
+        if (restored) await retireSnapshot(paths, (err) => this.log('could not remove a spent snapshot', { desktopId: spec.desktopId, error: String(err) }));
         await rm(join(paths.dir, TEMPLATE_CLONE_FILE), { force: true });
         this.log('desktop started', { desktopId: spec.desktopId, restored, ms: Math.round(performance.now() - t0) });
       }

@@ -14,7 +14,7 @@
  * snapshots) sit beside them where the guest cannot write.
  */
 import { randomBytes } from 'node:crypto';
-import { chmod, cp, lstat, mkdir, readFile, rename, rm, rmdir, stat, symlink, unlink, writeFile } from 'node:fs/promises';
+import { chmod, cp, lstat, mkdir, readdir, readFile, rename, rm, rmdir, stat, symlink, unlink, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { AgentFailure } from '../../../../../shared/src/protocol.js';
 import { runToEnd } from './spawner.js';
@@ -194,6 +194,26 @@ export async function ensureSkeletonRun(root: string, legacy: boolean): Promise<
   // An empty mountpoint of an earlier layout: rmdir refuses anything else.
   if (now !== null) await rmdir(path);
   await symlink(GUEST_RUN_DIR, path);
+}
+
+/** Restored snapshots waiting to be removed, in a desktop's directory. */
+const SPENT_SNAPSHOT = 'snapshot.spent-';
+
+/**
+ * Takes a restored snapshot out of the way with one rename and removes it (and any a stopped
+ * agent left behind) once the caller's turn is over: removing its fifty-odd files took 2-3 ms of a
+ * wake alone and 5-20 ms in a burst of wakes, measured, and nothing waits on their removal. A
+ * move's units list what goes, so a spent snapshot never travels.
+ */
+export async function retireSnapshot(paths: DesktopPaths, failed: (err: unknown) => void): Promise<void> {
+  await rename(paths.snapshot, join(paths.dir, `${SPENT_SNAPSHOT}${Date.now()}-${randomBytes(3).toString('hex')}`));
+  setImmediate(() => {
+    void (async () => {
+      for (const name of await readdir(paths.dir)) {
+        if (name.startsWith(SPENT_SNAPSHOT)) await rm(join(paths.dir, name), { recursive: true, force: true, maxRetries: 3 });
+      }
+    })().catch(failed);
+  });
 }
 
 /** Writes a file atomically (temp file + rename) so a crash never leaves half a record. */
