@@ -201,9 +201,9 @@ const SPENT_SNAPSHOT = 'snapshot.spent-';
 
 /**
  * Takes a restored snapshot out of the way with one rename and removes it (and any a stopped
- * agent left behind) once the caller's turn is over: removing its fifty-odd files took 2-3 ms of a
- * wake alone and 5-20 ms in a burst of wakes, measured, and nothing waits on their removal. A
- * move's units list what goes, so a spent snapshot never travels.
+ * agent left behind) in the next turn of the event loop, without the caller waiting: removing its
+ * fifty-odd files took 2-3 ms of a wake alone and 4-21 ms in a burst of wakes, measured, and
+ * nothing reads them. A move's units list what goes, so a spent snapshot never travels.
  */
 export async function retireSnapshot(paths: DesktopPaths, failed: (err: unknown) => void): Promise<void> {
   await rename(paths.snapshot, join(paths.dir, `${SPENT_SNAPSHOT}${Date.now()}-${randomBytes(3).toString('hex')}`));
