@@ -109,6 +109,7 @@ export class SandboxLifecycle implements Omit<DesktopLifecycle, 'close' | 'usage
       let init = await runningInit(paths);
       if (init === null) {
         const t0 = performance.now();
+        this.terminals.booting(spec.desktopId);
         // Warm servers of a previous init are dead or about to be: a new init gets its own.
         await this.guest.reset(spec.desktopId);
         // So does the port forwarder, which would otherwise hold the old network namespace.
