@@ -132,30 +132,32 @@ export class GenerationStore {
     try {
       while (this.pending.length > 0) {
         const group = this.pending.splice(0);
-        const updated = new Map(this.entries);
+        // Copied at the group's first change only: most commands (every guest call) change nothing.
+        let updated: Map<string, Entry> | null = null;
         const accepted: Mutation[] = [];
-        let changed = false;
         for (const m of group) {
           let result: Entry | undefined;
           try {
             // Each sees the group's earlier changes, as if they had been written one by one.
-            result = m.change(updated.get(m.desktopId));
+            result = m.change((updated ?? this.entries).get(m.desktopId));
           } catch (err) {
             m.reject(err);
             continue;
           }
           accepted.push(m);
           if (result === undefined) continue;
+          updated ??= new Map(this.entries);
           updated.set(m.desktopId, result);
-          changed = true;
         }
-        try {
-          if (changed) await writeEntries(this.file, updated);
-        } catch (err) {
-          for (const m of accepted) m.reject(err);
-          continue;
+        if (updated !== null) {
+          try {
+            await writeEntries(this.file, updated);
+          } catch (err) {
+            for (const m of accepted) m.reject(err);
+            continue;
+          }
+          this.entries = updated;
         }
-        this.entries = updated;
         for (const m of accepted) m.resolve();
       }
     } finally {
