@@ -5,6 +5,7 @@
  * directory that holds anything. A restored snapshot (`retireSnapshot`): out of the way at once,
  * removed afterwards with any an earlier agent left.
  */
+import { rmSync } from 'node:fs';
 import { lstat, mkdir, mkdtemp, readdir, readlink, rm, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
@@ -69,6 +70,17 @@ describe('retireSnapshot', () => {
     await until(async () => !(await readdir(paths.dir)).some((n) => n.startsWith('snapshot.spent-')), 5_000, 'the spent snapshots to go');
     // Images set aside after a failed restore are the operator's, not this removal's.
     expect(await readdir(paths.dir)).toEqual(['snapshot.failed-1']);
+    expect(failures).toEqual([]);
+  });
+
+  it('finds nothing to do when a destroy removed the directory first', async () => {
+    const paths = desktopPaths(root, 'dsk_retiregone00000000000000');
+    await mkdir(paths.snapshot, { recursive: true });
+    const failures: unknown[] = [];
+    await retireSnapshot(paths, (err) => failures.push(err));
+    // In the same turn, before the removal's turn comes.
+    rmSync(paths.dir, { recursive: true });
+    await new Promise((resolve) => setTimeout(resolve, 50));
     expect(failures).toEqual([]);
   });
 });

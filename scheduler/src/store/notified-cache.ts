@@ -25,6 +25,7 @@
 import type { Sql } from './db.js';
 
 export const API_KEY_CHANGED_CHANNEL = 'canto_api_key_changed';
+/** A desktop row's id; replicas of this version hear `DESKTOP_ROUTE_CHANNEL` instead, older ones still this. */
 export const DESKTOP_CHANGED_CHANNEL = 'canto_desktop_changed';
 export const ORG_CHANGED_CHANNEL = 'canto_org_changed';
 export const DESKTOP_ROUTE_CHANNEL = 'canto_desktop_route';

@@ -209,7 +209,12 @@ export async function retireSnapshot(paths: DesktopPaths, failed: (err: unknown)
   await rename(paths.snapshot, join(paths.dir, `${SPENT_SNAPSHOT}${Date.now()}-${randomBytes(3).toString('hex')}`));
   setImmediate(() => {
     void (async () => {
-      for (const name of await readdir(paths.dir)) {
+      // A destroy may have removed the whole directory meanwhile: then nothing is left to do.
+      const names = await readdir(paths.dir).catch((err: NodeJS.ErrnoException) => {
+        if (err.code === 'ENOENT') return [] as string[];
+        throw err;
+      });
+      for (const name of names) {
         if (name.startsWith(SPENT_SNAPSHOT)) await rm(join(paths.dir, name), { recursive: true, force: true, maxRetries: 3 });
       }
     })().catch(failed);
