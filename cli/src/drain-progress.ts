@@ -34,6 +34,12 @@ export async function readThrough<T>(read: () => Promise<T>, note: (line: string
 
 const mib = (bytes: number) => `${(bytes / 1024 / 1024).toFixed(1)} MiB`;
 
+/** " in 2.4 s" from the drain's own times (the server's, not this watch's); "" when one is missing. */
+function took(from: string, to: string | null | undefined): string {
+  const ms = to ? Date.parse(to) - Date.parse(from) : NaN;
+  return Number.isFinite(ms) && ms >= 0 ? ` in ${(ms / 1000).toFixed(1)} s` : '';
+}
+
 /** "1 desktop", "2 desktops". */
 export const desktopCount = (n: number) => `${n} desktop${n === 1 ? '' : 's'}`;
 
@@ -92,7 +98,9 @@ export function describeMove(op: AdminOperation): string {
 export function describeDrain(host: AdminHost): string {
   const d = host.drain;
   if (!d) return `${host.id}: no drain`;
-  if (d.state === 'drained') return `${host.id} drained: ${desktopCount(d.moved)} moved (${mib(d.moved_bytes)}); it holds none. Stop its agent, then: canto hosts remove ${host.id}`;
+  if (d.state === 'drained') {
+    return `${host.id} drained${took(d.requested_at, d.finished_at)}: ${desktopCount(d.moved)} moved (${mib(d.moved_bytes)}); it holds none. Stop its agent, then: canto hosts remove ${host.id}`;
+  }
   if (d.state === 'stopped') return `${host.id} drain stopped: ${d.error ?? 'a move failed'} (${d.moved} moved, ${d.remaining} left; drain again to resume)`;
   return `${host.id} draining: ${d.moved} moved, ${d.running} moving, ${d.remaining} left`;
 }

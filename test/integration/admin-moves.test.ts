@@ -181,7 +181,7 @@ describe('POST /admin/v1/hosts/{id}/drain', () => {
 
     const started = await admin('POST', `/admin/v1/hosts/${host}/drain`, { parallel: 2 });
     expect(started.status, started.text).toBe(202);
-    expect(started.json).toMatchObject({ cordoned: true, schedulable: false, drain: { state: 'draining', parallel: 2 } });
+    expect(started.json).toMatchObject({ cordoned: true, schedulable: false, drain: { state: 'draining', parallel: 2, finished_at: null } });
     const drained = await until(async () => {
       const h = (await admin('GET', `/admin/v1/hosts/${host}`)).json;
       if (h.drain?.state === 'stopped') throw new Error(`drain stopped: ${h.drain.error}`);
@@ -189,6 +189,8 @@ describe('POST /admin/v1/hosts/{id}/drain', () => {
     }, 30_000, 'the drain to finish');
     expect(drained.desktops.total).toBe(0);
     expect(drained.drain).toMatchObject({ remaining: 0, failed: 0, running: 0 });
+    // When it ended, by the server's clock: no earlier than it was asked for.
+    expect(Date.parse(drained.drain.finished_at)).toBeGreaterThanOrEqual(Date.parse(drained.drain.requested_at));
     for (const id of ids) {
       const d = (await call('GET', `/v1/desktops/${id}`)).json;
       expect(d.host_id).not.toBe(host);

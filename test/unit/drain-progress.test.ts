@@ -48,6 +48,14 @@ it('says how many desktops a finished drain moved, in words that fit the count',
   expect(describeDrain(host(3, 0, 0, 'drained'))).toMatch(/^host_a drained: 3 desktops moved/);
 });
 
+it('says how long a finished drain took, by the drain\'s own times', () => {
+  const done = host(4, 0, 0, 'drained');
+  done.drain = { ...done.drain!, finished_at: new Date(2_400).toISOString() };
+  expect(describeDrain(done)).toMatch(/^host_a drained in 2\.4 s: 4 desktops moved/);
+  done.drain = { ...done.drain, finished_at: null };
+  expect(describeDrain(done)).toMatch(/^host_a drained: 4 desktops moved/);
+});
+
 it('says where a move went, what it copied, and how long an awake desktop was down', () => {
   const op = (state: string, result: Record<string, unknown> | null, error: { code: string; message: string } | null = null) => ({
     id: 'op_a', kind: 'move', state, desktop_id: 'dsk_a', source_host_id: 'host_a', target_host_id: 'host_b',

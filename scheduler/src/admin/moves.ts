@@ -51,6 +51,9 @@ export const DrainJson = Type.Union(
         description: '`draining`: moves run; `drained`: the host holds no desktop; `stopped`: a move failed (see error)',
       }),
       requested_at: Type.String({ format: 'date-time' }),
+      finished_at: Type.Union([Type.String({ format: 'date-time' }), Type.Null()], {
+        description: 'When the host was found holding no desktop (`drained`); null before',
+      }),
       parallel: Type.Integer({ minimum: 1 }),
       remaining: Type.Integer({ minimum: 0, description: 'Desktops on the host that no move has taken yet (moved + running + remaining is the whole drain)' }),
       moved: Type.Integer({ minimum: 0 }),
@@ -111,6 +114,7 @@ export async function drainJson(sql: Sql, host: HostRow): Promise<DrainJson> {
   return {
     state,
     requested_at: host.drain_requested_at.toISOString(),
+    finished_at: host.drain_finished_at?.toISOString() ?? null,
     parallel: host.drain_parallel ?? 1,
     remaining: waiting,
     ...counts,

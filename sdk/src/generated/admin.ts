@@ -619,6 +619,8 @@ export interface operations {
                                 down_targets: string[];
                                 error: string | null;
                                 failed: number;
+                                /** @description When the host was found holding no desktop (`drained`); null before */
+                                finished_at: string | null;
                                 moved: number;
                                 /** @description Bytes of the moves settled, and copied so far of those running */
                                 moved_bytes: number;
@@ -787,6 +789,8 @@ export interface operations {
                             down_targets: string[];
                             error: string | null;
                             failed: number;
+                            /** @description When the host was found holding no desktop (`drained`); null before */
+                            finished_at: string | null;
                             moved: number;
                             /** @description Bytes of the moves settled, and copied so far of those running */
                             moved_bytes: number;
@@ -1044,6 +1048,8 @@ export interface operations {
                             down_targets: string[];
                             error: string | null;
                             failed: number;
+                            /** @description When the host was found holding no desktop (`drained`); null before */
+                            finished_at: string | null;
                             moved: number;
                             /** @description Bytes of the moves settled, and copied so far of those running */
                             moved_bytes: number;
@@ -1227,6 +1233,8 @@ export interface operations {
                             down_targets: string[];
                             error: string | null;
                             failed: number;
+                            /** @description When the host was found holding no desktop (`drained`); null before */
+                            finished_at: string | null;
                             moved: number;
                             /** @description Bytes of the moves settled, and copied so far of those running */
                             moved_bytes: number;
@@ -1416,6 +1424,8 @@ export interface operations {
                             down_targets: string[];
                             error: string | null;
                             failed: number;
+                            /** @description When the host was found holding no desktop (`drained`); null before */
+                            finished_at: string | null;
                             moved: number;
                             /** @description Bytes of the moves settled, and copied so far of those running */
                             moved_bytes: number;

@@ -63,6 +63,7 @@ import { SandboxLifecycle } from './sandbox-lifecycle.js';
 import { runningInit } from './host/cold-boot.js';
 import { helperPath } from './host/spawner.js';
 import { favorDynamicCgroups } from './host/cgroup-migrations.js';
+import { sweepDiscarded } from './host/discarded.js';
 import { noteQuickMigrations } from './guest/guest-entry.js';
 
 export interface SandboxDriverOptions {
@@ -143,6 +144,8 @@ export class SandboxDriver implements RuntimeDriver {
       const golden = await GoldenTemplates.open(stateDir, criu, driver.lifecycle, driver.log);
       driver.golden = golden;
     }
+    // What an earlier agent's destroys left to remove (host/discarded.ts), behind everything else.
+    void sweepDiscarded(stateDir).catch((err: unknown) => driver.log('could not remove destroyed desktops\' files', { error: String(err) }));
     driver.lifecycle.restoreFailed = async (desktopId) => {
       driver.restoreCounts.failed++;
       await driver.golden?.cloneFailed(desktopId);

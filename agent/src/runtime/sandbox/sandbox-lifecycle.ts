@@ -34,8 +34,9 @@ import { isSameProcess, signal, waitFor } from './host/host-procs.js';
 import type { KeyedMutex } from './host/keyed-mutex.js';
 import { compactFile, worthCompacting } from './host/sparse.js';
 import { collectLayers, createFork, freeze, mountDisk, releaseDisk } from './host/layers.js';
+import { discardTree } from './host/discarded.js';
 import {
-  assertDesktopId, desktopPaths, desktopsDir, ensureDisk, ensureSkeleton, exists, hasDisk, removeTree, retireSnapshot,
+  assertDesktopId, desktopPaths, desktopsDir, ensureDisk, ensureSkeleton, exists, hasDisk, retireSnapshot,
   TEMPLATE_CLONE_FILE, TEMPLATE_FILE, writeFileAtomic, type DesktopPaths,
 } from './host/layout.js';
 
@@ -209,7 +210,7 @@ export class SandboxLifecycle implements Omit<DesktopLifecycle, 'close' | 'usage
       if (init !== null) await this.stopProcesses(paths, desktopId, init);
       else await removeIfEmpty(desktopId);
       await releaseDisk(paths);
-      await removeTree(paths.dir);
+      await discardTree(this.stateDir, paths.dir, (err) => this.log('could not remove a destroyed desktop\'s files', { desktopId, error: String(err) }));
       const freed = await collectLayers(this.stateDir, desktopsDir(this.stateDir));
       if (freed > 0) this.log('disk layers no desktop stands on any more were removed', { desktopId, count: freed });
     });

@@ -1,0 +1,77 @@
+/**
+ * Removing a destroyed desktop's files without making the destroy wait for them.
+ *
+ * A destroy answers once the desktop is stopped, its disk unmounted and its directory renamed
+ * into `<stateDir>/discarded/`: from then on nothing finds it (its id is free, its layers count
+ * as unused), and what a client or a move waits for is done. The files themselves are removed
+ * behind it, one directory at a time. Removing them took 12-98 ms of each destroy of a desktop
+ * holding 24 MiB of files, measured, and a drain waits for every source copy's destroy before
+ * the next move takes its slot; a desktop holding gigabytes took seconds.
+ *
+ * An agent that stops before the removal finishes leaves the directory behind; the next agent
+ * removes it when its driver starts. Where the rename cannot be made (the desktops directory on
+ * another filesystem than the state directory), the destroy removes the files itself, as before.
+ */
+import { randomBytes } from 'node:crypto';
+import { mkdir, readdir, rename } from 'node:fs/promises';
+import { basename, join } from 'node:path';
+import { removeTree } from './layout.js';
+
+/** Where destroyed desktops wait for their removal. */
+export function discardedDir(stateDir: string): string {
+  return join(stateDir, 'discarded');
+}
+
+/** The sweep running per state directory; a discard while one runs is taken by its next pass. */
+const sweeps = new Map<string, { again: boolean; done: Promise<void> }>();
+
+/**
+ * Takes `dir` out of the way with one rename and removes it in the background. A `dir` that is
+ * not there is already gone. `failed` hears of a removal that failed (it is tried again at the
+ * next discard or start).
+ */
+export async function discardTree(stateDir: string, dir: string, failed: (err: unknown) => void): Promise<void> {
+  const bin = discardedDir(stateDir);
+  await mkdir(bin, { recursive: true, mode: 0o700 });
+  try {
+    await rename(dir, join(bin, `${basename(dir)}.${Date.now()}-${randomBytes(3).toString('hex')}`));
+  } catch (err) {
+    const code = (err as NodeJS.ErrnoException).code;
+    if (code === 'ENOENT') return;
+    if (code !== 'EXDEV' && code !== 'EBUSY') throw err;
+    await removeTree(dir);
+    return;
+  }
+  void sweepDiscarded(stateDir).catch(failed);
+}
+
+/**
+ * Removes everything in the discarded directory, and what is discarded while it runs; answers
+ * when it is empty. At most one sweep runs per state directory.
+ */
+export function sweepDiscarded(stateDir: string): Promise<void> {
+  const running = sweeps.get(stateDir);
+  if (running !== undefined) {
+    running.again = true;
+    return running.done;
+  }
+  const sweep = { again: true, done: Promise.resolve() };
+  sweep.done = (async () => {
+    try {
+      while (sweep.again) {
+        sweep.again = false;
+        // Out of the destroy's turn of the event loop: its answer goes first.
+        await new Promise((resolve) => setImmediate(resolve));
+        const bin = discardedDir(stateDir);
+        const names = await readdir(bin).catch((err: NodeJS.ErrnoException) => {
+          if (err.code === 'ENOENT') return [] as string[];
+          throw err;
+        });
+        for (const name of names) await removeTree(join(bin, name));
+      }
+    } finally {
+      sweeps.delete(stateDir);
+    }
+  })();
+  return sweep.done;
+}

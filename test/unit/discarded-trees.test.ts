@@ -1,0 +1,81 @@
+/**
+ * A destroyed desktop's files (host/discarded.ts): out of the desktops directory by the time the
+ * destroy answers, removed behind it, and what an earlier agent left is removed at the next start.
+ */
+import { existsSync } from 'node:fs';
+import { mkdir, mkdtemp, readdir, rm, writeFile } from 'node:fs/promises';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { afterEach, beforeEach, describe, expect, it } from 'vitest';
+import { discardedDir, discardTree, sweepDiscarded } from '../../agent/src/runtime/sandbox/host/discarded.js';
+import { until } from '../helpers/wait.js';
+
+let stateDir: string;
+
+beforeEach(async () => {
+  stateDir = await mkdtemp(join(tmpdir(), 'canto-discarded-'));
+});
+
+afterEach(async () => {
+  await rm(stateDir, { recursive: true, force: true });
+});
+
+/** A desktop directory with a few files in nested directories. */
+async function desktopDir(id: string): Promise<string> {
+  const dir = join(stateDir, 'desktops', id);
+  await mkdir(join(dir, 'upper', 'root', 'deep'), { recursive: true });
+  await writeFile(join(dir, 'upper', 'root', 'deep', 'data.bin'), Buffer.alloc(256 * 1024, 7));
+  await writeFile(join(dir, 'layers.json'), '[]');
+  return dir;
+}
+
+const failures: unknown[] = [];
+const failed = (err: unknown) => failures.push(err);
+
+describe('discardTree', () => {
+  it('moves the directory out of the way before it answers, and removes it afterwards', async () => {
+    const dir = await desktopDir('dsk_a');
+    await discardTree(stateDir, dir, failed);
+    expect(existsSync(dir)).toBe(false);
+    // The removal has not run yet: it waits for the next turn of the event loop.
+    const waiting = await readdir(discardedDir(stateDir));
+    expect(waiting).toHaveLength(1);
+    expect(waiting[0]).toMatch(/^dsk_a\.\d+-[0-9a-f]{6}$/);
+    await until(async () => (await readdir(discardedDir(stateDir))).length === 0, 5_000, 'the removal');
+    expect(failures).toEqual([]);
+  });
+
+  it('takes a directory that is not there as already gone', async () => {
+    await discardTree(stateDir, join(stateDir, 'desktops', 'dsk_missing'), failed);
+    await sweepDiscarded(stateDir);
+    expect(await readdir(discardedDir(stateDir))).toEqual([]);
+    expect(failures).toEqual([]);
+  });
+
+  it('removes every directory discarded while a removal may run, the same id twice included', async () => {
+    const dirs = await Promise.all(['dsk_b', 'dsk_c', 'dsk_d'].map(desktopDir));
+    for (const dir of dirs) await discardTree(stateDir, dir, failed);
+    // The same desktop again (a move back here, destroyed again) before the first removal ran.
+    const again = await desktopDir('dsk_b');
+    await discardTree(stateDir, again, failed);
+    expect(existsSync(again)).toBe(false);
+    await sweepDiscarded(stateDir);
+    expect(await readdir(discardedDir(stateDir))).toEqual([]);
+    expect(failures).toEqual([]);
+  });
+});
+
+describe('sweepDiscarded', () => {
+  it('removes what an agent that stopped mid-removal left behind', async () => {
+    const left = join(discardedDir(stateDir), 'dsk_e.1700000000000-abcdef');
+    await mkdir(join(left, 'upper', 'root'), { recursive: true });
+    await writeFile(join(left, 'upper', 'root', 'file'), 'x');
+    await sweepDiscarded(stateDir);
+    expect(await readdir(discardedDir(stateDir))).toEqual([]);
+  });
+
+  it('answers at once on a state directory that never discarded anything', async () => {
+    await sweepDiscarded(stateDir);
+    expect(existsSync(discardedDir(stateDir))).toBe(false);
+  });
+});
