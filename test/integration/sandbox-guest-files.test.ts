@@ -236,6 +236,12 @@ describe.skipIf(!isRoot)('sandbox driver file operations', () => {
     }
     expect(back.digest('hex')).toBe(sha256(data));
     expect(await sh('sha256sum /root/ap/big | cut -d" " -f1')).toBe(sha256(data));
+
+    // A chunk over the cap is refused by the helper while the upload still comes: the refusal
+    // arrives as such (not as a broken connection), and nothing is appended.
+    const over = await failure(append('/root/ap/big', data.length, randomBytes(9 * MiB)));
+    expect(over.code).toBe('too_large');
+    expect((await driver.statPath(id, '/root/ap/big')).sizeBytes).toBe(data.length);
   });
 
   it('deletes files, links and trees without following links', async () => {

@@ -22,9 +22,9 @@ import { fileURLToPath } from 'node:url';
 export type PerlValue = number | string;
 
 /** Raw system call numbers, which differ between architectures: the one table of them. */
-const SYSCALLS: Readonly<Record<string, Readonly<Record<'statx' | 'linkat' | 'setsid' | 'prctl' | 'ppoll' | 'pidfdOpen', number>>>> = {
-  x64: { statx: 332, linkat: 265, setsid: 112, prctl: 157, ppoll: 271, pidfdOpen: 434 },
-  arm64: { statx: 291, linkat: 37, setsid: 157, prctl: 167, ppoll: 73, pidfdOpen: 434 },
+const SYSCALLS: Readonly<Record<string, Readonly<Record<'statx' | 'linkat' | 'setsid' | 'prctl' | 'ppoll' | 'pidfdOpen' | 'exitGroup', number>>>> = {
+  x64: { statx: 332, linkat: 265, setsid: 112, prctl: 157, ppoll: 271, pidfdOpen: 434, exitGroup: 231 },
+  arm64: { statx: 291, linkat: 37, setsid: 157, prctl: 167, ppoll: 73, pidfdOpen: 434, exitGroup: 94 },
 };
 
 /** `__O_TMPFILE` is the same on every Linux architecture Node supports; O_TMPFILE adds O_DIRECTORY. */
@@ -67,6 +67,7 @@ function sharedValues(): Record<string, PerlValue> {
     SYS_prctl: sys.prctl,
     SYS_ppoll: sys.ppoll,
     SYS_pidfd_open: sys.pidfdOpen,
+    SYS_exit_group: sys.exitGroup,
     O_RDONLY_NB: fsc.O_RDONLY | NB,
     O_WRONLY_NB: fsc.O_WRONLY | NB,
     O_WRONLY_CREAT_NB: fsc.O_WRONLY | fsc.O_CREAT | NB,
