@@ -237,12 +237,14 @@ async function hibernateAll(
 }
 
 /**
- * Unmounts the overlays a stopped local agent's idle desktops held, so nothing of Canto stays
+ * Unmounts the overlays a stopped local agent's idle desktops (and destroyed ones not yet removed) held, so nothing of Canto stays
  * mounted once `up` has stopped (the data directory can then be removed); running desktops (a
  * stop told to skip the hibernation) keep theirs.
  */
 async function releaseDisks(stateDir: string, logger: Logger): Promise<void> {
-  const { releaseIdleDisks } = await import('../../agent/src/runtime/sandbox/index.js');
+  const { releaseIdleDisks, sweepDiscarded } = await import('../../agent/src/runtime/sandbox/index.js');
+  // Destroyed desktops whose removal (and overlay) the agent left for later: finished now.
+  await sweepDiscarded(stateDir).catch((err: unknown) => logger.warn({ err, stateDir }, 'could not remove destroyed desktops\' files'));
   const released = await releaseIdleDisks(stateDir);
   if (released > 0) logger.info({ stateDir, released }, 'unmounted the disks of hibernated desktops');
 }

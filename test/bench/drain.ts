@@ -6,6 +6,9 @@
  *   reads a small file from it as fast as it can; downtime is from the last read answered before
  *   the move to the first answered after it. Baseline: the same measure across a hibernate and a
  *   wake on one host (what a user sees of a restart there).
+ * - destroy: that awake desktop's destroy, once it also holds 20,000 small files, as the client
+ *   waits for it. Baseline: `rm -rf` of as many files and bytes on this disk, which a destroy does
+ *   not wait for (its files are removed behind its answer).
  * - drain rate: four hibernated desktops of 24 MiB each are drained off their host; bytes moved
  *   over the drain's wall time, from its request to its end as the scheduler recorded them.
  *   Baseline: `cp -a` of the same desktop directories on this disk.
@@ -15,14 +18,14 @@
  */
 import { execFileSync } from 'node:child_process';
 import { randomBytes } from 'node:crypto';
-import { mkdtempSync, rmSync } from 'node:fs';
+import { mkdirSync, mkdtempSync, readdirSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { connectDatabase } from '../../scheduler/src/store/db.js';
 import { createApiKey } from '../../scheduler/src/services/keys.js';
 import { generateSecretKey } from '../../scheduler/src/crypto/secret-box.js';
 import { freePort, startAgentProcess, startSchedulerProcess, type Child } from '../helpers/processes.js';
-import { median, table } from './stats.js';
+import { median, table, timed } from './stats.js';
 import { until } from '../helpers/wait.js';
 
 export interface DrainBenchOptions {
@@ -36,6 +39,8 @@ const ADMIN_TOKEN = `bench-admin-${randomBytes(16).toString('hex')}`;
 const MIB = 1024 * 1024;
 /** How often the drain is read while it runs, as the CLI's `--wait` reads it. */
 const DRAIN_POLL_MS = 250;
+/** Empty files the moved desktop gets before its destroy, as a home directory with a dev setup has. */
+const SMALL_FILES = 20_000;
 
 
 export async function benchDrain(options: DrainBenchOptions): Promise<void> {
@@ -65,6 +70,8 @@ export async function benchDrain(options: DrainBenchOptions): Promise<void> {
     const restartDowntime: number[] = [];
     const phases: Array<Record<string, number>> = [];
     const bytes: Array<Record<string, number>> = [];
+    const destroyMs: number[] = [];
+    const removeMs: number[] = [];
     for (let i = 0; i < runs; i++) {
       const id = await client.awakeDesktop();
       // 100 MiB in files of 8 MiB, the API's largest single write.
@@ -80,7 +87,12 @@ export async function benchDrain(options: DrainBenchOptions): Promise<void> {
         phases.push(result.phase_ms ?? {});
         bytes.push({ total: result.total_bytes ?? 0, 'fetched after the stop': result.fetched_bytes ?? 0, 'pre-copied': result.precopied_bytes ?? 0 });
       }));
-      await client.api('POST', `/v1/desktops/${id}/destroy?wait=true`);
+      // A home directory's worth of small files beside the written ones, as a dev setup leaves.
+      await client.api('POST', `/v1/desktops/${id}/exec`, { command: `mkdir -p /root/many && cd /root/many && seq ${SMALL_FILES} | xargs touch`, timeout_secs: 60 });
+      destroyMs.push(await timed(() => client.api('POST', `/v1/desktops/${id}/destroy?wait=true`)));
+      // Its removal runs behind the answer; the next run (and the drain) starts once it is done.
+      await until(() => ['a', 'b'].every((h) => (readdirSafe(join(options.stateDir, h, 'runtime', 'discarded')).length === 0)), 60_000, 'the destroyed desktop\'s removal');
+      removeMs.push(localRemoveMs(options.stateDir, 12, 8 * MIB + 4 * MIB / 12));
     }
 
     // Drain: four hibernated desktops on one host, 24 MiB each.
@@ -119,6 +131,7 @@ export async function benchDrain(options: DrainBenchOptions): Promise<void> {
     table(`Moves and drains (median of ${runs}; move downtime with 100 MiB written; ${mb.toFixed(0)} MB drained)`, [
       ['move downtime, awake desktop (baseline: hibernate + wake on one host)', median(moveDowntime), median(restartDowntime), 'ms', '< 500 ms', moveDowntime],
       ['drain rate, 4 desktops, 2 at a time (baseline: cp -a on this disk)', mb / (drainMs / 1000), mb / (copyMs / 1000), 'MB/s', '≥ 500 MB/s'],
+      [`destroy of that awake desktop, with ${SMALL_FILES} small files besides (baseline: rm -rf of as much on this disk)`, median(destroyMs), median(removeMs), 'ms', '(lower is better)', destroyMs],
     ]);
     // Where a move's time goes, by the phase each step reaches (scheduler/src/engine/move.ts).
     const names = [...new Set(phases.flatMap((p) => Object.keys(p)))];
@@ -160,6 +173,27 @@ async function readGap(client: Client, id: string, disrupt: () => Promise<void>)
   await reader;
   longest = Math.max(longest, performance.now() - last);
   return longest;
+}
+
+/** The names in `dir`, none when it does not exist. */
+function readdirSafe(dir: string): string[] {
+  try {
+    return readdirSync(dir);
+  } catch {
+    return [];
+  }
+}
+
+/** `rm -rf` of `files` files of `size` bytes each and SMALL_FILES empty ones, written and flushed, in ms. */
+function localRemoveMs(dir: string, files: number, size: number): number {
+  const target = mkdtempSync(join(dir, 'bench-remove-'));
+  for (let i = 0; i < files; i++) writeFileSync(join(target, `f${i}`), randomBytes(Math.round(size)));
+  mkdirSync(join(target, 'many'));
+  for (let i = 1; i <= SMALL_FILES; i++) writeFileSync(join(target, 'many', String(i)), '');
+  execFileSync('sync');
+  const started = performance.now();
+  execFileSync('rm', ['-rf', target]);
+  return performance.now() - started;
 }
 
 /** `cp -a` of an agent's desktop directories, in ms. */

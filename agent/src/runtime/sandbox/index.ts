@@ -6,6 +6,7 @@ import { SandboxDriver, type SandboxDriverOptions } from './sandbox-driver.js';
 
 export { SandboxDriver, type SandboxDriverOptions };
 export { releaseIdleDisks } from './host/layers.js';
+export { sweepDiscarded } from './host/discarded.js';
 
 export function createSandboxDriver(options: SandboxDriverOptions): Promise<SandboxDriver> {
   return SandboxDriver.create(options);

@@ -278,5 +278,8 @@ export class SandboxDriver implements RuntimeDriver {
     await this.ports.close();
     await this.guest.close();
     await this.mutex.idle();
+    // Destroyed desktops still being removed (host/discarded.ts): their overlays are unmounted
+    // and their files gone once this resolves, so a caller may remove the state directory.
+    await sweepDiscarded(this.stateDir).catch((err: unknown) => this.log('could not remove destroyed desktops\' files', { error: String(err) }));
   }
 }

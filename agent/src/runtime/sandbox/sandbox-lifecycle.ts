@@ -33,7 +33,7 @@ import { FRAMEBUFFER_FILE } from './computer-use/screenshot.js';
 import { isSameProcess, signal, waitFor } from './host/host-procs.js';
 import type { KeyedMutex } from './host/keyed-mutex.js';
 import { compactFile, worthCompacting } from './host/sparse.js';
-import { collectLayers, createFork, freeze, mountDisk, releaseDisk } from './host/layers.js';
+import { collectLayers, createFork, freeze, mountDisk } from './host/layers.js';
 import { discardTree } from './host/discarded.js';
 import {
   assertDesktopId, desktopPaths, desktopsDir, ensureDisk, ensureSkeleton, exists, hasDisk, retireSnapshot,
@@ -209,7 +209,7 @@ export class SandboxLifecycle implements Omit<DesktopLifecycle, 'close' | 'usage
       const init = await runningInit(paths);
       if (init !== null) await this.stopProcesses(paths, desktopId, init);
       else await removeIfEmpty(desktopId);
-      await releaseDisk(paths);
+      // Its overlay goes with the directory, released behind the answer (host/discarded.ts).
       await discardTree(this.stateDir, paths.dir, (err) => this.log('could not remove a destroyed desktop\'s files', { desktopId, error: String(err) }));
       const freed = await collectLayers(this.stateDir, desktopsDir(this.stateDir));
       if (freed > 0) this.log('disk layers no desktop stands on any more were removed', { desktopId, count: freed });

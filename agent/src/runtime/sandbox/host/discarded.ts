@@ -1,21 +1,27 @@
 /**
  * Removing a destroyed desktop's files without making the destroy wait for them.
  *
- * A destroy answers once the desktop is stopped, its disk unmounted and its directory renamed
- * into `<stateDir>/discarded/`: from then on nothing finds it (its id is free, its layers count
- * as unused), and what a client or a move waits for is done. The files themselves are removed
- * behind it, one directory at a time. Removing them took 12-98 ms of each destroy of a desktop
- * holding 24 MiB of files, measured, and a drain waits for every source copy's destroy before
- * the next move takes its slot; a desktop holding gigabytes took seconds.
+ * A destroy answers once the desktop is stopped and its directory renamed into
+ * `<stateDir>/discarded/`: from then on nothing finds it (its id is free, its layers count as
+ * unused), and what a client or a move waits for is done. Behind the answer, one directory at a
+ * time, its overlay's writable layer is emptied and the overlay unmounted (layers.ts
+ * `releaseDisk`: emptied first, so that its dirty pages are dropped rather than written out),
+ * then the rest is removed. That work took most of a destroy: about 0.4 s for a desktop holding
+ * 20,000 small files and 100 MiB, measured, 1 s for 2 GiB in 256 files and 2 s for 20,000 small
+ * files on this machine's disk alone; a drain waits for every source copy's destroy.
  *
- * An agent that stops before the removal finishes leaves the directory behind; the next agent
- * removes it when its driver starts. Where the rename cannot be made (the desktops directory on
- * another filesystem than the state directory), the destroy removes the files itself, as before.
+ * The overlay stays mounted on the renamed directory until then: a mount follows its directory
+ * through a rename, and the mount table names the new path. Its lower layers may be collected
+ * meanwhile (nothing runs on the overlay). An agent that stops before a removal finishes leaves
+ * the directory behind, mounted or not; the next agent releases and removes it when its driver
+ * starts. Where the rename cannot be made (the desktops directory on another filesystem than the
+ * state directory), the destroy releases and removes the files itself, as before.
  */
 import { randomBytes } from 'node:crypto';
 import { mkdir, readdir, rename } from 'node:fs/promises';
 import { basename, join } from 'node:path';
 import { removeTree } from './layout.js';
+import { releaseDisk } from './layers.js';
 
 /** Where destroyed desktops wait for their removal. */
 export function discardedDir(stateDir: string): string {
@@ -26,9 +32,9 @@ export function discardedDir(stateDir: string): string {
 const sweeps = new Map<string, { again: boolean; done: Promise<void> }>();
 
 /**
- * Takes `dir` out of the way with one rename and removes it in the background. A `dir` that is
- * not there is already gone. `failed` hears of a removal that failed (it is tried again at the
- * next discard or start).
+ * Takes a stopped desktop's directory out of the way with one rename and removes it in the
+ * background, its overlay included. A directory that is not there is already gone. `failed`
+ * hears of a removal that failed (it is tried again at the next discard or start).
  */
 export async function discardTree(stateDir: string, dir: string, failed: (err: unknown) => void): Promise<void> {
   const bin = discardedDir(stateDir);
@@ -39,10 +45,16 @@ export async function discardTree(stateDir: string, dir: string, failed: (err: u
     const code = (err as NodeJS.ErrnoException).code;
     if (code === 'ENOENT') return;
     if (code !== 'EXDEV' && code !== 'EBUSY') throw err;
-    await removeTree(dir);
+    await removeDesktopTree(dir);
     return;
   }
   void sweepDiscarded(stateDir).catch(failed);
+}
+
+/** A desktop directory's overlay released (emptied, unmounted), then the directory removed. */
+async function removeDesktopTree(dir: string): Promise<void> {
+  await releaseDisk({ dir, disk: join(dir, 'disk') });
+  await removeTree(dir);
 }
 
 /**
@@ -67,7 +79,7 @@ export function sweepDiscarded(stateDir: string): Promise<void> {
           if (err.code === 'ENOENT') return [] as string[];
           throw err;
         });
-        for (const name of names) await removeTree(join(bin, name));
+        for (const name of names) await removeDesktopTree(join(bin, name));
       }
     } finally {
       sweeps.delete(stateDir);

@@ -180,7 +180,7 @@ export async function createFork(source: DesktopPaths, fork: DesktopPaths, chain
  * sync the unmount sets off (see unmount), which a removal would otherwise wait for. Nothing
  * uses the overlay any more, so changing its upper layer beneath it is safe here.
  */
-export async function releaseDisk(paths: DesktopPaths): Promise<void> {
+export async function releaseDisk(paths: Pick<DesktopPaths, 'dir' | 'disk'>): Promise<void> {
   if (await isMounted(paths.disk)) await rm(join(paths.dir, 'upper'), { recursive: true, force: true, maxRetries: 3 });
   await unmount(paths.disk);
 }
