@@ -153,7 +153,7 @@ export async function startScheduler(config: SchedulerConfig, logger?: Logger, m
   }, log);
 
   const ports = new PortService({ sql, ingress: config.ingress });
-  const keys = new KeyService(sql);
+  const keys = new KeyService(sql, authCaches.keys);
   unlisten.push(await ports.listen());
   const app = await buildApp({
     logger: log,

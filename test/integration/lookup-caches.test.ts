@@ -12,7 +12,7 @@ import { connectDatabase, type Sql } from '../../scheduler/src/store/db.js';
 import { API_KEY_CHANGED_CHANNEL, DESKTOP_CHANGED_CHANNEL, DESKTOP_ROUTE_CHANNEL, NotifiedCache } from '../../scheduler/src/store/notified-cache.js';
 import { isRoutable, routeNotification, type DesktopRoute } from '../../scheduler/src/services/guest.js';
 import { PROTOCOL_VERSION } from '../../shared/src/protocol.js';
-import { createApiKey } from '../../scheduler/src/services/keys.js';
+import { createApiKey, KeyService, orgForApiKey } from '../../scheduler/src/services/keys.js';
 import { hashToken } from '../../scheduler/src/crypto/secret-box.js';
 import { ensureOrg, orgForKeyHash } from '../../scheduler/src/store/orgs.js';
 import { freshDatabaseUrl } from '../helpers/db.js';
@@ -68,6 +68,16 @@ describe('NotifiedCache', () => {
     await until(() => cache.size === 0, 5_000, 'the revocation notification');
     expect(await cache.get(hash, loader.load, () => true)).toBeNull();
     expect(loader.loads).toBe(2);
+  });
+
+  it('drops a key its own replica revoked before the revocation is heard', async () => {
+    const { orgId, key } = await createApiKey(sql, 'cache-revoke');
+    // Listening where nothing comes: only the revoke itself can drop the key here.
+    const cache = await listening('canto_test_silent');
+    expect(await orgForApiKey(sql, key, cache)).toBe(orgId);
+    const [row] = await sql<Array<{ id: string }>>`SELECT id FROM api_keys WHERE token_hash = ${hashToken(key)}`;
+    await new KeyService(sql, cache).revoke(orgId, row!.id);
+    expect(await orgForApiKey(sql, key, cache)).toBeNull();
   });
 
   it('keeps only what `keep` accepts, and never a missing row', async () => {

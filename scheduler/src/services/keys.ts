@@ -62,7 +62,15 @@ export class KeyService {
   /** When this replica last wrote `last_used_at`, by key hash. */
   private readonly touched = new Map<string, number>();
 
-  constructor(private readonly sql: Sql) {}
+  /**
+   * `cache`: this replica's key lookups (orgForApiKey). A revoke drops its key there at once:
+   * the other replicas hear of it by notification, but the one that revoked it must not answer
+   * with the key even for the moment its own notification takes.
+   */
+  constructor(
+    private readonly sql: Sql,
+    private readonly cache: NotifiedCache<string> | null = null,
+  ) {}
 
   async create(orgId: string, name: string | null): Promise<ApiKeyJson & { key: string }> {
     const minted = mintKey();
@@ -75,7 +83,9 @@ export class KeyService {
   }
 
   async revoke(orgId: string, id: string): Promise<void> {
-    if (!(await revokeApiKey(this.sql, orgId, id))) throw errors.keyNotFound();
+    const hash = await revokeApiKey(this.sql, orgId, id);
+    if (hash === null) throw errors.keyNotFound();
+    this.cache?.evict(hash);
   }
 
   /** Records a use of the key, at most once a minute per replica; never fails the request. */

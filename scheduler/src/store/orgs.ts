@@ -41,9 +41,11 @@ export async function listApiKeys(sql: Sql, orgId: string): Promise<ApiKeyRow[]>
 }
 
 /** Revokes a live key of the org; false when there is none with that id. */
-export async function revokeApiKey(sql: Sql, orgId: string, id: string): Promise<boolean> {
-  const rows = await sql`UPDATE api_keys SET revoked_at = now() WHERE id = ${id} AND org_id = ${orgId} AND revoked_at IS NULL RETURNING id`;
-  return rows.length === 1;
+/** Revokes the key; answers its token hash, or null when the org has no such live key. */
+export async function revokeApiKey(sql: Sql, orgId: string, id: string): Promise<string | null> {
+  const rows = await sql<Array<{ token_hash: string }>>`
+    UPDATE api_keys SET revoked_at = now() WHERE id = ${id} AND org_id = ${orgId} AND revoked_at IS NULL RETURNING token_hash`;
+  return rows[0]?.token_hash ?? null;
 }
 
 /** Records that the key was used (callers limit how often). */
