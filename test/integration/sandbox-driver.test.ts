@@ -4,7 +4,7 @@
  * Every desktop created here is destroyed in afterAll, and timings are printed for the docs.
  */
 import { execFile } from 'node:child_process';
-import { existsSync, readdirSync } from 'node:fs';
+import { existsSync } from 'node:fs';
 import { createHash } from 'node:crypto';
 import { promisify } from 'node:util';
 import { mkdtemp, readdir, readFile, rm, writeFile } from 'node:fs/promises';
@@ -16,13 +16,11 @@ import { AgentFailure } from '../../shared/src/protocol.js';
 import { TIER_SPECS } from '../../shared/src/tiers.js';
 import { createSandboxDriver, type SandboxDriver } from '../../agent/src/runtime/sandbox/index.js';
 import { hostnameFor } from '../../agent/src/runtime/sandbox/guest/guest-init.js';
-import { discardedDir } from '../../agent/src/runtime/sandbox/host/discarded.js';
 import { isAlive, isRoot, stopwatch } from '../helpers/sandbox.js';
 import { until } from '../helpers/wait.js';
 import { coldExecIsQuick } from '../../agent/src/runtime/sandbox/guest/guest-entry.js';
 
 const execFileAsync = promisify(execFile);
-
 if (!isRoot) console.warn('sandbox-driver tests skipped: they need root (namespaces, cgroups, CRIU)');
 
 const { timings, timed } = stopwatch();
@@ -386,8 +384,7 @@ await d.close();
     }
     await driver.destroy(id);
     expect(existsSync(join(stateDir, 'desktops', id))).toBe(false);
-    // Its files went aside at once (host/discarded.ts) and are removed behind the answer.
-    await until(() => readdirSync(discardedDir(stateDir)).length === 0, 10_000, 'the destroyed files to be removed');
+    await until(async () => (await readdir(join(stateDir, 'discarded'))).length === 0, 10_000, 'its files, set aside, to be removed behind the answer');
     for (const ctrl of ['memory', 'cpu', 'pids']) {
       expect(existsSync(`/sys/fs/cgroup/${ctrl}/canto/${id}`)).toBe(false);
     }
