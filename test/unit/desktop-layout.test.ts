@@ -2,16 +2,13 @@
  * Upkeep of a desktop's directory (host/layout.ts). The restore skeleton's `/run`
  * (`ensureSkeletonRun`): a symlink to `/dev/run` for images of protocol 1.14 on, the directory a
  * tmpfs is mounted on for older images, switched either way between restores, and never a
- * directory that holds anything. A restored snapshot (`retireSnapshot`): out of the way at once,
- * removed afterwards with any an earlier agent left.
+ * directory that holds anything.
  */
-import { rmSync } from 'node:fs';
-import { lstat, mkdir, mkdtemp, readdir, readlink, rm, writeFile } from 'node:fs/promises';
+import { lstat, mkdir, mkdtemp, readlink, rm, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterEach, beforeEach, describe, expect, it } from 'vitest';
-import { desktopPaths, ensureSkeletonRun, GUEST_RUN_DIR, retireSnapshot } from '../../agent/src/runtime/sandbox/host/layout.js';
-import { until } from '../helpers/wait.js';
+import { ensureSkeletonRun, GUEST_RUN_DIR } from '../../agent/src/runtime/sandbox/host/layout.js';
 
 let root: string;
 const run = () => join(root, 'run');
@@ -51,36 +48,5 @@ describe('ensureSkeletonRun', () => {
     await writeFile(join(run(), 'kept'), 'x');
     await expect(ensureSkeletonRun(root, false)).rejects.toMatchObject({ code: 'ENOTEMPTY' });
     expect((await lstat(join(run(), 'kept'))).isFile()).toBe(true);
-  });
-});
-
-describe('retireSnapshot', () => {
-  it('renames the snapshot away at once and then removes it, and what an earlier agent left', async () => {
-    const paths = desktopPaths(root, 'dsk_retire000000000000000000');
-    await mkdir(paths.snapshot, { recursive: true });
-    for (let i = 0; i < 50; i++) await writeFile(join(paths.snapshot, `pages-${i}.img`), 'x');
-    await mkdir(join(paths.dir, 'snapshot.spent-1-abcdef'));
-    await writeFile(join(paths.dir, 'snapshot.spent-1-abcdef', 'core-1.img'), 'x');
-    await mkdir(join(paths.dir, 'snapshot.failed-1'));
-    const failures: unknown[] = [];
-    await retireSnapshot(paths, (err) => failures.push(err));
-    const names = await readdir(paths.dir);
-    expect(names).not.toContain('snapshot');
-    expect(names.filter((n) => n.startsWith('snapshot.spent-'))).toHaveLength(2);
-    await until(async () => !(await readdir(paths.dir)).some((n) => n.startsWith('snapshot.spent-')), 5_000, 'the spent snapshots to go');
-    // Images set aside after a failed restore are the operator's, not this removal's.
-    expect(await readdir(paths.dir)).toEqual(['snapshot.failed-1']);
-    expect(failures).toEqual([]);
-  });
-
-  it('finds nothing to do when a destroy removed the directory first', async () => {
-    const paths = desktopPaths(root, 'dsk_retiregone00000000000000');
-    await mkdir(paths.snapshot, { recursive: true });
-    const failures: unknown[] = [];
-    await retireSnapshot(paths, (err) => failures.push(err));
-    // In the same turn, before the removal's turn comes.
-    rmSync(paths.dir, { recursive: true });
-    await new Promise((resolve) => setTimeout(resolve, 50));
-    expect(failures).toEqual([]);
   });
 });

@@ -45,6 +45,20 @@ describe('discardTree', () => {
     expect(failures).toEqual([]);
   });
 
+  it('takes a restored snapshot out of its desktop under the desktop\'s name, and leaves the rest', async () => {
+    const dir = await desktopDir('dsk_f');
+    await mkdir(join(dir, 'snapshot'));
+    for (let i = 0; i < 50; i++) await writeFile(join(dir, 'snapshot', `pages-${i}.img`), 'x');
+    await mkdir(join(dir, 'snapshot.failed-1'));
+    await discardTree(stateDir, join(dir, 'snapshot'), failed, 'dsk_f.snapshot');
+    expect((await readdir(discardedDir(stateDir)))[0]).toMatch(/^dsk_f\.snapshot\.\d+-[0-9a-f]{6}$/);
+    await sweepDiscarded(stateDir);
+    expect(await readdir(discardedDir(stateDir))).toEqual([]);
+    // Images set aside after a failed restore are the operator's; the desktop itself stays.
+    expect((await readdir(dir)).sort()).toEqual(['layers.json', 'snapshot.failed-1', 'upper']);
+    expect(failures).toEqual([]);
+  });
+
   it('takes a directory that is not there as already gone', async () => {
     await discardTree(stateDir, join(stateDir, 'desktops', 'dsk_missing'), failed);
     await sweepDiscarded(stateDir);

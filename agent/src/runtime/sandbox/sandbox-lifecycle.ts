@@ -36,7 +36,7 @@ import { compactFile, worthCompacting } from './host/sparse.js';
 import { collectLayers, createFork, freeze, mountDisk } from './host/layers.js';
 import { discardTree } from './host/discarded.js';
 import {
-  assertDesktopId, desktopPaths, desktopsDir, ensureDisk, ensureSkeleton, exists, hasDisk, retireSnapshot,
+  assertDesktopId, desktopPaths, desktopsDir, ensureDisk, ensureSkeleton, exists, hasDisk,
   TEMPLATE_CLONE_FILE, TEMPLATE_FILE, writeFileAtomic, type DesktopPaths,
 } from './host/layout.js';
 
@@ -136,7 +136,7 @@ export class SandboxLifecycle implements Omit<DesktopLifecycle, 'close' | 'usage
           if (unset !== null) this.log('could not set the display size again after a cold boot', { desktopId: spec.desktopId, error: unset });
         }
         // The images describe memory that no longer matches the disk once the guest has run.
-        if (restored) await retireSnapshot(paths, (err) => this.log('could not remove a spent snapshot', { desktopId: spec.desktopId, error: String(err) }));
+        if (restored) await discardTree(this.stateDir, paths.snapshot, (err) => this.log('could not remove a spent snapshot', { desktopId: spec.desktopId, error: String(err) }), `${spec.desktopId}.snapshot`);
         await rm(join(paths.dir, TEMPLATE_CLONE_FILE), { force: true });
         this.log('desktop started', { desktopId: spec.desktopId, restored, ms: Math.round(performance.now() - t0) });
       }

@@ -10,6 +10,9 @@
  * 20,000 small files and 100 MiB, measured, 1 s for 2 GiB in 256 files and 2 s for 20,000 small
  * files on this machine's disk alone; a drain waits for every source copy's destroy.
  *
+ * A wake's restored snapshot goes the same way: removing its fifty-odd files took 2-3 ms of a wake
+ * alone and 4-21 ms in a burst of wakes, measured, and nothing reads them again.
+ *
  * The overlay stays mounted on the renamed directory until then: a mount follows its directory
  * through a rename, and the mount table names the new path. Its lower layers may be collected
  * meanwhile (nothing runs on the overlay). An agent that stops before a removal finishes leaves
@@ -20,7 +23,7 @@
 import { randomBytes } from 'node:crypto';
 import { mkdir, readdir, rename } from 'node:fs/promises';
 import { basename, join } from 'node:path';
-import { removeTree } from './layout.js';
+import { exists, removeTree } from './layout.js';
 import { releaseDisk } from './layers.js';
 
 /** Where destroyed desktops wait for their removal. */
@@ -32,15 +35,16 @@ export function discardedDir(stateDir: string): string {
 const sweeps = new Map<string, { again: boolean; done: Promise<void> }>();
 
 /**
- * Takes a stopped desktop's directory out of the way with one rename and removes it in the
- * background, its overlay included. A directory that is not there is already gone. `failed`
- * hears of a removal that failed (it is tried again at the next discard or start).
+ * Takes a stopped desktop's directory (or a restored snapshot: `name` then says whose) out of the
+ * way with one rename and removes it in the background, its overlay included. A directory that
+ * is not there is already gone. `failed` hears of a removal that failed (it is tried again at
+ * the next discard or start).
  */
-export async function discardTree(stateDir: string, dir: string, failed: (err: unknown) => void): Promise<void> {
+export async function discardTree(stateDir: string, dir: string, failed: (err: unknown) => void, name = basename(dir)): Promise<void> {
   const bin = discardedDir(stateDir);
   await mkdir(bin, { recursive: true, mode: 0o700 });
   try {
-    await rename(dir, join(bin, `${basename(dir)}.${Date.now()}-${randomBytes(3).toString('hex')}`));
+    await rename(dir, join(bin, `${name}.${Date.now()}-${randomBytes(3).toString('hex')}`));
   } catch (err) {
     const code = (err as NodeJS.ErrnoException).code;
     if (code === 'ENOENT') return;
@@ -53,7 +57,9 @@ export async function discardTree(stateDir: string, dir: string, failed: (err: u
 
 /** A desktop directory's overlay released (emptied, unmounted), then the directory removed. */
 async function removeDesktopTree(dir: string): Promise<void> {
-  await releaseDisk({ dir, disk: join(dir, 'disk') });
+  const disk = join(dir, 'disk');
+  // A snapshot has no disk, and then the mount table need not be read.
+  if (await exists(disk)) await releaseDisk({ dir, disk });
   await removeTree(dir);
 }
 

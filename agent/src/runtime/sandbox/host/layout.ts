@@ -14,7 +14,7 @@
  * snapshots) sit beside them where the guest cannot write.
  */
 import { randomBytes } from 'node:crypto';
-import { chmod, cp, lstat, mkdir, readdir, readFile, rename, rm, rmdir, stat, symlink, unlink, writeFile } from 'node:fs/promises';
+import { chmod, cp, lstat, mkdir, readFile, rename, rm, rmdir, stat, symlink, unlink, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { AgentFailure } from '../../../../../shared/src/protocol.js';
 import { runToEnd } from './spawner.js';
@@ -194,31 +194,6 @@ export async function ensureSkeletonRun(root: string, legacy: boolean): Promise<
   // An empty mountpoint of an earlier layout: rmdir refuses anything else.
   if (now !== null) await rmdir(path);
   await symlink(GUEST_RUN_DIR, path);
-}
-
-/** Restored snapshots waiting to be removed, in a desktop's directory. */
-const SPENT_SNAPSHOT = 'snapshot.spent-';
-
-/**
- * Takes a restored snapshot out of the way with one rename and removes it (and any a stopped
- * agent left behind) in the next turn of the event loop, without the caller waiting: removing its
- * fifty-odd files took 2-3 ms of a wake alone and 4-21 ms in a burst of wakes, measured, and
- * nothing reads them. A move's units list what goes, so a spent snapshot never travels.
- */
-export async function retireSnapshot(paths: DesktopPaths, failed: (err: unknown) => void): Promise<void> {
-  await rename(paths.snapshot, join(paths.dir, `${SPENT_SNAPSHOT}${Date.now()}-${randomBytes(3).toString('hex')}`));
-  setImmediate(() => {
-    void (async () => {
-      // A destroy may have removed the whole directory meanwhile: then nothing is left to do.
-      const names = await readdir(paths.dir).catch((err: NodeJS.ErrnoException) => {
-        if (err.code === 'ENOENT') return [] as string[];
-        throw err;
-      });
-      for (const name of names) {
-        if (name.startsWith(SPENT_SNAPSHOT)) await rm(join(paths.dir, name), { recursive: true, force: true, maxRetries: 3 });
-      }
-    })().catch(failed);
-  });
 }
 
 /** Writes a file atomically (temp file + rename) so a crash never leaves half a record. */
