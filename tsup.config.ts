@@ -26,7 +26,7 @@ export default defineConfig({
     cpSync('console', 'dist/console', { recursive: true });
     cpSync('scheduler/src/store/migrations', 'dist/migrations', { recursive: true });
     try {
-      const sources = ['canto-spawn.c', 'keeper.c', 'restore-action.c', 'handoff.c', 'port-relay.c', 'guest-enter.c', 'spawn-paths.c'].map((f) => `agent/native/${f}`);
+      const sources = ['canto-spawn.c', 'keeper.c', 'restore-action.c', 'handoff.c', 'port-relay.c', 'guest-enter.c', 'spawn-paths.c', 'clean-fds.c'].map((f) => `agent/native/${f}`);
       execFileSync('cc', ['-O2', '-Wall', '-Wextra', '-Werror', '-o', 'dist/canto-spawn', ...sources], { stdio: 'inherit' });
     } catch (err) {
       console.warn(`canto-spawn not built (${(err as Error).message}): the agent will start processes with Node's spawn`);

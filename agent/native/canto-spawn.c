@@ -4,9 +4,8 @@
  * The agent's Node starts children with fork and exec (libuv), and fork copies the page tables
  * of the agent's whole resident memory: on a VM that costs the agent's event loop 4-25 ms per
  * child at 100-250 MB. This helper uses posix_spawn (glibc's clone with CLONE_VFORK), which
- * copies no page tables: a child costs it a fraction of a millisecond. The same binary is a
- * restore's keeper (keeper.c), CRIU's action script at a restore (restore-action.c), a port
- * gateway's relay (port-relay.c), and the way into a guest of cold guest calls (guest-enter.c).
+ * copies no page tables: a child costs it a fraction of a millisecond. The same binary has other
+ * modes (canto-spawn.h), each in a file of its own.
  *
  * Protocol. The agent starts the helper once, with its stdin a pipe the helper only watches
  * (end of file: the agent is gone, the helper exits; its children live on, as the agent's would)
@@ -311,6 +310,7 @@ int main(int argc, char **argv) {
   if (argc > 1 && strcmp(argv[1], "--relay") == 0) return port_relay(argc, argv);
   if (argc > 1 && strcmp(argv[1], "--enter") == 0) return guest_enter(argc, argv);
   if (argc > 1 && strcmp(argv[1], "--exec") == 0) return guest_exec(argc, argv);
+  if (argc > 1 && strcmp(argv[1], "--clean") == 0) return clean_exec(argc, argv);
   if (argc != 2) {
     fprintf(stderr, "usage: canto-spawn SOCKET-PATH (started by the canto agent)\n");
     return 2;
@@ -325,6 +325,7 @@ int main(int argc, char **argv) {
   if (dup2(fcntl(3, F_GETFD) >= 0 ? 3 : null, 1) < 0) return 2;
   if (null > 2) close(null);
   close(3);
+  cloexec_from(3); /* what the agent inherited reaches no child (clean-fds.c) */
   signal(SIGPIPE, SIG_IGN);
 
   sigset_t chld;

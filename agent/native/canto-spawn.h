@@ -1,8 +1,9 @@
 /*
  * The modes of the canto-spawn binary besides the process spawner itself (canto-spawn.c): a
  * restore's keeper (keeper.c), CRIU's action script at a restore (restore-action.c), a port
- * gateway's relay (port-relay.c) and the way into a guest of cold guest calls (guest-enter.c);
- * and the spawner's IPC channel to the agent (handoff.c).
+ * gateway's relay (port-relay.c), the way into a guest of cold guest calls (guest-enter.c) and
+ * an exec that hands on no stray descriptor (clean-fds.c); and the spawner's IPC channel to the
+ * agent (handoff.c).
  */
 #ifndef CANTO_SPAWN_H
 #define CANTO_SPAWN_H
@@ -36,6 +37,12 @@ int handoff_channel(void);
 
 /* Reads the channel; `got` takes each socket handed over with its request id. -1: it closed. */
 int handoff_read(int channel, void (*got)(uint32_t id, int sock));
+
+/* Marks every descriptor from `first` up close-on-exec (clean-fds.c). */
+void cloexec_from(int first);
+
+/* `canto-spawn --clean FIRST PROGRAM ARGS...`: cloexec_from(FIRST), then exec the program. */
+int clean_exec(int argc, char **argv);
 
 /* Removes the spawner's socket and its private directory (spawn-paths.c). */
 void leave(const char *path);

@@ -8,14 +8,15 @@
  */
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { createHash, randomBytes } from 'node:crypto';
-import { mkdtempSync, rmSync, existsSync, readdirSync } from 'node:fs';
+import { closeSync, mkdtempSync, openSync, readlinkSync, rmSync, existsSync, readdirSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { Readable } from 'node:stream';
 import type { ReadableStream as NodeReadableStream } from 'node:stream/web';
 import { freshDatabaseUrl } from '../helpers/db.js';
 import { mintKey, until } from '../helpers/scheduler.js';
-import { freePort, startAgentProcess, startSchedulerProcess, type Child } from '../helpers/processes.js';
+import { freePort, startAgentProcess, startSchedulerProcess, STRAY_CHILD_FD, type Child } from '../helpers/processes.js';
+import { cgroupPids } from '../../agent/src/runtime/sandbox/host/cgroups.js';
 import { createSandboxDriver } from '../../agent/src/runtime/sandbox/index.js';
 import type { RuntimeDriver } from '../../agent/src/runtime/driver.js';
 import { createCanto, unwrap, type Canto } from '../../sdk/src/index.js';
@@ -29,12 +30,17 @@ describe.skipIf(!isRoot)('desktop lifecycle, end to end', () => {
   let stateDir: string;
   let guest: RuntimeDriver;
   let canto: Canto;
+  // The agent runs under a supervisor that leaks its log file's descriptor (not close-on-exec).
+  let strayPath: string;
+  let strayFd: number;
 
   beforeAll(async () => {
     stateDir = mkdtempSync(join(tmpdir(), 'canto-e2e-'));
+    strayPath = join(stateDir, 'supervisor.log');
+    strayFd = openSync(strayPath, 'a');
     const databaseUrl = await freshDatabaseUrl();
     scheduler = await startSchedulerProcess({ databaseUrl, port: await freePort() });
-    agent = startAgentProcess(scheduler.url, stateDir);
+    agent = startAgentProcess(scheduler.url, stateDir, {}, strayFd);
     canto = createCanto({ baseUrl: scheduler.url, apiKey: await mintKey(databaseUrl, 'e2e') });
     guest = await createSandboxDriver({ stateDir: join(stateDir, 'runtime') });
   });
@@ -43,6 +49,7 @@ describe.skipIf(!isRoot)('desktop lifecycle, end to end', () => {
     await guest?.close();
     await agent?.kill('SIGTERM');
     await scheduler?.kill('SIGTERM');
+    if (strayFd !== undefined) closeSync(strayFd);
     // Desktops outlive their agent by design; destroy whatever a failed test left behind.
     if (stateDir && existsSync(join(stateDir, 'runtime'))) {
       const cleaner = await createSandboxDriver({ stateDir: join(stateDir, 'runtime') });
@@ -67,6 +74,22 @@ describe.skipIf(!isRoot)('desktop lifecycle, end to end', () => {
     expect(desktop.state).toBe('awake');
     expect(desktop.host_id).toMatch(/^host_/);
     generations.push(desktop.generation);
+
+    // What the agent inherited stays with it: no process of the desktop holds a host file it did
+    // not open (such a descriptor would also keep CRIU from dumping the desktop's memory).
+    expect(readlinkSync(`/proc/${agent.proc.pid}/fd/${STRAY_CHILD_FD}`)).toBe(strayPath);
+    const pids = await cgroupPids(id);
+    expect(pids.length).toBeGreaterThan(0);
+    // A process of the setup script may end (and its descriptors go) while they are read.
+    const gone = <T>(read: () => T, none: T): T => {
+      try {
+        return read();
+      } catch {
+        return none;
+      }
+    };
+    const held = pids.flatMap((pid) => gone(() => readdirSync(`/proc/${pid}/fd`), []).map((fd) => gone(() => readlinkSync(`/proc/${pid}/fd/${fd}`), '')));
+    expect(held).not.toContain(strayPath);
 
     // First wake: env written, setup script run under process id `setup`.
     const envFile = await guest.exec(id, { command: 'cat /root/.canto/env', timeoutMs: 10_000, maxOutputBytes: 1 << 20 });
@@ -94,7 +117,7 @@ describe.skipIf(!isRoot)('desktop lifecycle, end to end', () => {
     // Desktops outlive their agent: restart it; the desktop keeps running and stays drivable.
     await agent.kill('SIGTERM');
     expect((await guest.exec(id, { command: `kill -0 ${sleeperPid} && echo up`, timeoutMs: 10_000, maxOutputBytes: 1 << 20 })).stdout).toBe('up\n');
-    agent = startAgentProcess(scheduler.url, stateDir);
+    agent = startAgentProcess(scheduler.url, stateDir, {}, strayFd);
 
     const hibernated = await canto.hibernate(id, { wait: true });
     desktop = await canto.getDesktop(id);

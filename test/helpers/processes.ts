@@ -19,11 +19,24 @@ export interface Child {
   kill(signal?: NodeJS.Signals): Promise<void>;
 }
 
-function startChild(args: string[], env: Record<string, string>): Child {
+/**
+ * The fd a stray descriptor gets in a child: above the low ones Node itself marks close-on-exec
+ * as it starts (measured: 3 to about 19), so the child keeps it open across its own execs.
+ */
+export const STRAY_CHILD_FD = 40;
+
+/** The stdio entries from fd 3 on that hand `stray` to a child as STRAY_CHILD_FD, as a leaking supervisor would. */
+export function strayStdio(stray: number | undefined): Array<'ignore' | number> {
+  return stray === undefined ? [] : [...Array<'ignore'>(STRAY_CHILD_FD - 3).fill('ignore'), stray];
+}
+
+/** `stray`: see strayStdio. */
+function startChild(args: string[], env: Record<string, string>, stray?: number): Child {
   if (!existsSync(CLI)) throw new Error('dist/cli.js is missing: run `npm run build` (npm test does)');
+  const extra = strayStdio(stray);
   const proc = spawn(process.execPath, [CLI, ...args], {
     env: { PATH: process.env.PATH ?? '/usr/bin:/bin', HOME: process.env.HOME ?? '/root', ...env },
-    stdio: ['ignore', 'pipe', 'pipe'],
+    stdio: ['ignore', 'pipe', 'pipe', ...extra],
   });
   let out = '';
   proc.stdout!.on('data', (d: Buffer) => (out += d.toString()));
@@ -85,7 +98,7 @@ export async function startSchedulerProcess(opts: SchedulerProcessEnv): Promise<
   return Object.assign(child, { url });
 }
 
-export function startAgentProcess(schedulerUrl: string, stateDir: string, extra: Record<string, string> = {}): Child {
+export function startAgentProcess(schedulerUrl: string, stateDir: string, extra: Record<string, string> = {}, stray?: number): Child {
   return startChild(['agent', '--scheduler', schedulerUrl, '--state-dir', stateDir], {
     CANTO_AGENT_TOKEN: JOIN_TOKEN,
     CANTO_AGENT_RECONNECT_MAX_MS: '500',
@@ -96,7 +109,7 @@ export function startAgentProcess(schedulerUrl: string, stateDir: string, extra:
     CANTO_AGENT_METRICS_LISTEN: '127.0.0.1:0',
     CANTO_AGENT_ADDRESS: '127.0.0.1',
     ...extra,
-  });
+  }, stray);
 }
 
 /** `pid` and every process below it, parents before children, read from /proc. */

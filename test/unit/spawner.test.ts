@@ -8,7 +8,7 @@
 import { spawn } from 'node:child_process';
 import { createHash } from 'node:crypto';
 import { once } from 'node:events';
-import { existsSync } from 'node:fs';
+import { closeSync, existsSync, openSync } from 'node:fs';
 import { chmod, mkdtemp, readFile, rm, utimes, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { dirname, join } from 'node:path';
@@ -18,7 +18,8 @@ import { helperPath, requestFrame, spawnerStats, runningSpawner, spawnProcess, s
 import { JOIN_FAILED } from '../../agent/src/runtime/sandbox/host/cgroups.js';
 import { AgentMetrics } from '../../agent/src/observability.js';
 import { until } from '../helpers/wait.js';
-import { runWithoutSpawner, SPAWNER } from '../helpers/spawner-off.js';
+import { runWithoutSpawner, runWithStray, SPAWNER } from '../helpers/spawner-off.js';
+import { STRAY_CHILD_FD } from '../helpers/processes.js';
 
 let dir: string;
 
@@ -234,6 +235,43 @@ it('starts processes with Node spawn when told to (CANTO_AGENT_SPAWN_HELPER=off)
     let out = ''; child.stdout.on('data', (c) => (out += c)); child.on('close', async () => console.log(JSON.stringify({ helper: await runningSpawner(), ppid: Number(out), self: process.pid })));`);
   expect(got.helper).toBeNull();
   expect(got.ppid).toBe(got.self);
+});
+
+describe('descriptors the agent inherited (a leaking supervisor or shell)', () => {
+  /** The targets of the descriptors `ls -l /proc/self/fd` listed. */
+  const targets = (listing: string) => [...listing.matchAll(/ -> (.*)$/gm)].map((m) => m[1]);
+
+  it("reach none of the spawner's children, though the agent holds them", async () => {
+    const stray = join(dir, 'supervisor.log');
+    const fd = openSync(stray, 'a');
+    try {
+      const got = await runWithStray<{ held: string; listing: string }>(dir, 'stray', `import { readlinkSync } from 'node:fs';
+        import { spawnProcess } from ${SPAWNER};
+        const child = await spawnProcess('ls', ['-l', '/proc/self/fd'], { stdio: ['ignore', 'pipe', 'ignore'] });
+        let out = ''; child.stdout.on('data', (c) => (out += c));
+        child.on('close', () => console.log(JSON.stringify({ held: readlinkSync('/proc/self/fd/${STRAY_CHILD_FD}'), listing: out })));`, fd);
+      expect(got.held).toBe(stray);
+      expect(targets(got.listing).length).toBeGreaterThanOrEqual(3);
+      expect(targets(got.listing)).not.toContain(stray);
+    } finally {
+      closeSync(fd);
+    }
+  });
+
+  it('reach no program started through `--clean FIRST`, from FIRST up; those below it are handed on', async () => {
+    const [given, leaked] = [join(dir, 'given'), join(dir, 'leaked')];
+    const fds = [openSync(given, 'a'), openSync(leaked, 'a')];
+    try {
+      const child = spawn(helperPath()!, ['--clean', '5', 'ls', '-l', '/proc/self/fd'], { stdio: ['ignore', 'pipe', 'ignore', 'ignore', fds[0]!, 'ignore', 'ignore', fds[1]!] });
+      let out = '';
+      child.stdout!.on('data', (c: Buffer) => (out += c.toString()));
+      expect(await once(child, 'close')).toEqual([0, null]);
+      expect(targets(out)).toContain(given);
+      expect(targets(out)).not.toContain(leaked);
+    } finally {
+      fds.forEach((fd) => closeSync(fd));
+    }
+  });
 });
 
 it("counts the processes started each way, and the spawners started, in the agent's metrics", async () => {

@@ -286,7 +286,7 @@ export class VncSessions {
     return spawn(
       '/bin/sh',
       [
-        ...joinArgv(desktopId),
+        ...joinArgv(desktopId, 3),
         ...nsenterArgv(this.options.nsenterPath, init.pid),
         ...GUEST_CAPS_ONLY, '/usr/bin/setsid', X11VNC, ...x11vncArgs(desktopId, viewOnly),
       ],

@@ -228,7 +228,7 @@ export class TerminalSessions {
     // From the fence check to the registration nothing awaits: closeAll sees this session or
     // this call sees the fence.
     const argv = [
-      ...joinArgv(desktopId),
+      ...joinArgv(desktopId, 3),
       ...nsenterArgv(this.options.nsenterPath, init.pid, '/root'),
       '/usr/bin/setsid', '--ctty', ...GUEST_CAPS_ONLY,
       '/bin/sh', '-c', guestFile('terminal.sh'), 'canto-terminal', ...(spec.command === null ? [] : [spec.command]),

@@ -11,6 +11,7 @@ import { TIER_SPECS, type Tier } from '../../../../../shared/src/tiers.js';
 import { AgentFailure } from '../../../../../shared/src/protocol.js';
 import { guestFile } from '../guest/guest-programs.js';
 import { signal, waitFor } from './host-procs.js';
+import { helperPath } from './spawner.js';
 
 const CONTROLLERS = ['memory', 'cpu', 'pids'] as const;
 const CGROUP_ROOT = '/sys/fs/cgroup';
@@ -27,10 +28,17 @@ export function cgroupDirs(desktopId: string): string[] {
   return CONTROLLERS.map((c) => join(CGROUP_ROOT, c, 'canto', desktopId));
 }
 
-/** The argv prefix that runs a program inside the desktop's groups. */
-export function joinArgv(desktopId: string): string[] {
+/**
+ * The argv prefix (for `/bin/sh`) that runs a program inside the desktop's groups. A program the
+ * agent starts with Node's spawn names `firstStray`, its first descriptor not handed on on purpose
+ * (3 when it has only stdio): the spawner's `--clean` mode then keeps what the agent inherited
+ * from reaching the desktop (agent/native/clean-fds.c). The spawner's own children need not.
+ */
+export function joinArgv(desktopId: string, firstStray?: number): string[] {
   const dirs = cgroupDirs(desktopId);
-  return ['-c', guestFile('cgroup-join.sh'), 'canto-join', String(dirs.length), ...dirs];
+  const cleaner = firstStray === undefined ? null : helperPath();
+  const clean = cleaner === null ? [] : [cleaner, '--clean', String(firstStray)];
+  return ['-c', guestFile('cgroup-join.sh'), 'canto-join', String(dirs.length), ...dirs, ...clean];
 }
 
 /**

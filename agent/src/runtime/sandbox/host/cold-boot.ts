@@ -52,7 +52,7 @@ export async function coldBoot(
   const log = openSync(join(paths.run, 'boot.log'), 'a');
   let child;
   try {
-    child = spawn('/bin/sh', [...joinArgv(desktopId), bwrapPath, ...bwrapArgs(paths, desktopId, envFile !== null)], {
+    child = spawn('/bin/sh', [...joinArgv(desktopId, 6), bwrapPath, ...bwrapArgs(paths, desktopId, envFile !== null)], {
       detached: true,
       env: { ...GUEST_ENV },
       stdio: ['ignore', log, log, 'pipe', 'pipe', envFile === null ? 'ignore' : 'pipe'],

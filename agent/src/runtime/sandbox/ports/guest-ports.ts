@@ -358,7 +358,7 @@ export class GuestPorts {
     return spawn(
       '/bin/sh',
       [
-        ...joinArgv(desktopId), '/usr/bin/perl', '-e', warmPrologue(), '--', dir, name,
+        ...joinArgv(desktopId, 3), '/usr/bin/perl', '-e', warmPrologue(), '--', dir, name,
         this.options.nsenterPath, '-t', String(init.pid), '-n',
         '/usr/bin/setpriv', `--reuid=${NOBODY}`, `--regid=${NOBODY}`, '--clear-groups', '--inh-caps=-all', '--bounding-set=-all', '--no-new-privs',
         '/usr/bin/perl', '-e', forwarderProgram(), '--', desktopId,
