@@ -90,6 +90,6 @@ async function createDriver(config: AgentConfig, logger: Logger): Promise<Runtim
     stateDir: join(config.stateDir, 'runtime'),
     memorySnapshots: config.memorySnapshots,
     goldenTemplates: config.goldenTemplates,
-    log: (msg: string, fields?: object) => runtimeLog.info(fields ?? {}, msg),
+    log: (msg, fields, level) => (level === 'warn' ? runtimeLog.warn(fields ?? {}, msg) : runtimeLog.info(fields ?? {}, msg)),
   });
 }

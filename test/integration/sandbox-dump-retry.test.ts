@@ -17,6 +17,8 @@ const criu = isRoot ? await detectCriu(undefined) : null;
 
 describe.skipIf(criu === null)('a hibernate whose first dump fails', () => {
   const id = newId('desktop');
+  /** A desktop every dump of which fails. */
+  const failing = newId('desktop');
   const logged: string[] = [];
   let base: string;
   let driver: SandboxDriver;
@@ -32,11 +34,12 @@ describe.skipIf(criu === null)('a hibernate whose first dump fails', () => {
       `if [ "$1" = dump ] && [ ! -e ${mark} ]; then`,
       `  case "$*" in *${id}/snapshot.tmp*) : > ${mark}; echo "Error (test): a passing failure" >&2; exit 1;; esac`,
       'fi',
+      `case "$1 $*" in "dump "*${failing}/snapshot.tmp*) echo "Error (test): a lasting failure" >&2; exit 1;; esac`,
       `exec ${criu!.path} "$@"`,
       '',
     ].join('\n'));
     await chmod(wrapper, 0o755);
-    const log = (msg: string, fields?: object) => void logged.push(`${msg} ${JSON.stringify(fields ?? {})}`);
+    const log = (msg: string, fields?: object, level?: 'warn') => void logged.push(`${level ?? 'info'}: ${msg} ${JSON.stringify(fields ?? {})}`);
     driver = await createSandboxDriver({ stateDir: join(base, 'state'), criuPath: wrapper, log });
   });
 
@@ -53,10 +56,23 @@ describe.skipIf(criu === null)('a hibernate whose first dump fails', () => {
     const started = await driver.exec(id, { command: 'sleep 1000 >/dev/null 2>&1 & echo $!', timeoutMs: 10_000, maxOutputBytes: 100 });
     const pid = started.stdout.trim();
     expect(await driver.hibernate(id), logged.join('\n')).toEqual({ snapshot: true });
-    expect(logged.filter((line) => line.startsWith('memory snapshot failed; trying once more'))).toHaveLength(1);
+    expect(logged.filter((line) => line.startsWith('info: memory snapshot failed; trying once more'))).toHaveLength(1);
     expect((await driver.start({ desktopId: id, tier: 'small', firstBoot: null })).restored).toBe(true);
     const alive = await driver.exec(id, { command: `kill -0 ${pid} && tr '\\0' ' ' < /proc/${pid}/cmdline`, timeoutMs: 10_000, maxOutputBytes: 100 });
     expect(alive.exitCode, alive.stderr).toBe(0);
     expect(alive.stdout).toContain('sleep 1000');
+  });
+
+  it('falls back to a cold stop when the dump fails again, and warns that the programs ended', async () => {
+    await driver.prepare(failing, 'small');
+    await driver.start({ desktopId: failing, tier: 'small', firstBoot: null });
+    expect(await driver.hibernate(failing)).toEqual({ snapshot: false });
+    const mine = logged.filter((line) => line.includes(failing) && line.includes('memory snapshot failed'));
+    expect(mine.map((line) => line.slice(0, line.indexOf(' {')))).toEqual([
+      'info: memory snapshot failed; trying once more',
+      'warn: memory snapshot failed; cold stop instead: its running programs end',
+    ]);
+    expect(mine[1]).toContain('criu dump failed (1)');
+    expect((await driver.start({ desktopId: failing, tier: 'small', firstBoot: null })).restored).toBe(false);
   });
 });

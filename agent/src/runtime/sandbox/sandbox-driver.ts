@@ -65,6 +65,7 @@ import { helperPath } from './host/spawner.js';
 import { favorDynamicCgroups } from './host/cgroup-migrations.js';
 import { sweepDiscarded } from './host/discarded.js';
 import { noteQuickMigrations } from './guest/guest-entry.js';
+import type { RuntimeLog } from './runtime-log.js';
 
 export interface SandboxDriverOptions {
   /** Directory holding every desktop's disk, snapshot and runtime files. */
@@ -78,7 +79,7 @@ export interface SandboxDriverOptions {
    * restore, where CRIU works. Default false here; the agent turns it on (CANTO_AGENT_GOLDEN_TEMPLATES).
    */
   readonly goldenTemplates?: boolean;
-  readonly log?: (msg: string, fields?: object) => void;
+  readonly log?: RuntimeLog;
 }
 
 export class SandboxDriver implements RuntimeDriver {
@@ -92,13 +93,13 @@ export class SandboxDriver implements RuntimeDriver {
   private readonly lifecycle: SandboxLifecycle;
   private golden: GoldenTemplates | null = null;
   private readonly restoreCounts = { restored: 0, failed: 0 };
-  private readonly log: (msg: string, fields?: object) => void;
+  private readonly log: RuntimeLog;
 
   private constructor(
     private readonly stateDir: string,
     criu: CriuInfo | null,
     tools: { readonly bwrap: string; readonly nsenter: string },
-    log: ((msg: string, fields?: object) => void) | undefined,
+    log: RuntimeLog | undefined,
   ) {
     this.log = log ?? (() => undefined);
     this.transfer = new SandboxTransfer(stateDir, this.mutex);
@@ -145,7 +146,7 @@ export class SandboxDriver implements RuntimeDriver {
       driver.golden = golden;
     }
     // What an earlier agent's destroys left to remove (host/discarded.ts), behind everything else.
-    void sweepDiscarded(stateDir).catch((err: unknown) => driver.log('could not remove destroyed desktops\' files', { error: String(err) }));
+    void sweepDiscarded(stateDir).catch((err: unknown) => driver.log('could not remove destroyed desktops\' files', { error: String(err) }, 'warn'));
     driver.lifecycle.restoreFailed = async (desktopId) => {
       driver.restoreCounts.failed++;
       await driver.golden?.cloneFailed(desktopId);
@@ -280,6 +281,6 @@ export class SandboxDriver implements RuntimeDriver {
     await this.mutex.idle();
     // Destroyed desktops still being removed (host/discarded.ts): their overlays are unmounted
     // and their files gone once this resolves, so a caller may remove the state directory.
-    await sweepDiscarded(this.stateDir).catch((err: unknown) => this.log('could not remove destroyed desktops\' files', { error: String(err) }));
+    await sweepDiscarded(this.stateDir).catch((err: unknown) => this.log('could not remove destroyed desktops\' files', { error: String(err) }, 'warn'));
   }
 }

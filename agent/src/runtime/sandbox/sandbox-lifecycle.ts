@@ -39,6 +39,7 @@ import {
   assertDesktopId, desktopPaths, desktopsDir, ensureDisk, ensureSkeleton, exists, hasDisk,
   TEMPLATE_CLONE_FILE, TEMPLATE_FILE, writeFileAtomic, type DesktopPaths,
 } from './host/layout.js';
+import type { RuntimeLog } from './runtime-log.js';
 
 /** Grace for a desktop's processes to leave its cgroups after a dump or a kill. */
 const DRAIN_MS = 3_000;
@@ -59,7 +60,7 @@ export interface LifecycleParts {
   readonly vnc: VncSessions;
   readonly terminals: TerminalSessions;
   readonly ports: GuestPorts;
-  readonly log: (msg: string, fields?: object) => void;
+  readonly log: RuntimeLog;
 }
 
 export class SandboxLifecycle implements Omit<DesktopLifecycle, 'close' | 'usage'> {
@@ -71,7 +72,7 @@ export class SandboxLifecycle implements Omit<DesktopLifecycle, 'close' | 'usage
   private readonly vnc: VncSessions;
   private readonly terminals: TerminalSessions;
   private readonly ports: GuestPorts;
-  private readonly log: (msg: string, fields?: object) => void;
+  private readonly log: RuntimeLog;
   /** Told when a snapshot could not be restored (the desktop then boots cold): host/golden.ts. */
   restoreFailed: ((desktopId: string) => Promise<void>) | null = null;
   /** Framebuffer compactions queued or under way, by desktop (`compactFramebufferNext`). */
@@ -133,7 +134,7 @@ export class SandboxLifecycle implements Omit<DesktopLifecycle, 'close' | 'usage
           await writeFileAtomic(paths.initFile, JSON.stringify(init));
           const booted = init;
           const unset = await reapplyRecordedDisplay((e) => this.execIn(spec.desktopId, booted, e.command, e.timeoutMs), paths.displayFile);
-          if (unset !== null) this.log('could not set the display size again after a cold boot', { desktopId: spec.desktopId, error: unset });
+          if (unset !== null) this.log('could not set the display size again after a cold boot', { desktopId: spec.desktopId, error: unset }, 'warn');
         }
         // The images describe memory that no longer matches the disk once the guest has run.
         if (restored) await discardTree(this.stateDir, paths.snapshot, (err) => this.log('could not remove a spent snapshot', { desktopId: spec.desktopId, error: String(err) }), `${spec.desktopId}.snapshot`);
@@ -189,7 +190,7 @@ export class SandboxLifecycle implements Omit<DesktopLifecycle, 'close' | 'usage
           // CRIU resumes the tree when a dump fails: one more try is safe while the guest runs. Then
           // a desktop that cannot be dumped must still stop (metering, drain): cold, disk kept.
           const again = attempt < DUMP_ATTEMPTS && (await isSameProcess(init.pid, init.startTime));
-          this.log(again ? 'memory snapshot failed; trying once more' : 'memory snapshot failed; cold stop instead', { desktopId, attempt, error: String(err) });
+          this.log(again ? 'memory snapshot failed; trying once more' : 'memory snapshot failed; cold stop instead: its running programs end', { desktopId, attempt, error: String(err) }, again ? undefined : 'warn');
           if (!again) break;
         }
       }
@@ -210,7 +211,7 @@ export class SandboxLifecycle implements Omit<DesktopLifecycle, 'close' | 'usage
       if (init !== null) await this.stopProcesses(paths, desktopId, init);
       else await removeIfEmpty(desktopId);
       // Its overlay goes with the directory, released behind the answer (host/discarded.ts).
-      await discardTree(this.stateDir, paths.dir, (err) => this.log('could not remove a destroyed desktop\'s files', { desktopId, error: String(err) }));
+      await discardTree(this.stateDir, paths.dir, (err) => this.log('could not remove a destroyed desktop\'s files', { desktopId, error: String(err) }, 'warn'));
       const freed = await collectLayers(this.stateDir, desktopsDir(this.stateDir));
       if (freed > 0) this.log('disk layers no desktop stands on any more were removed', { desktopId, count: freed });
     });
@@ -333,7 +334,7 @@ export class SandboxLifecycle implements Omit<DesktopLifecycle, 'close' | 'usage
       const n = await killGuestDetached(this.guest.target(desktopId, init));
       if (n > 0) this.log('detached processes killed', { desktopId, count: n });
     } catch (err) {
-      this.log('could not kill detached processes', { desktopId, error: String(err) });
+      this.log('could not kill detached processes', { desktopId, error: String(err) }, 'warn');
     }
   }
 
@@ -341,7 +342,7 @@ export class SandboxLifecycle implements Omit<DesktopLifecycle, 'close' | 'usage
   private async tryRestore(paths: DesktopPaths, desktopId: string): Promise<InitProcess | null> {
     const aside = `${paths.snapshot}.failed-${Date.now()}`;
     if (this.criu === null) {
-      this.log('snapshot present but memory snapshots are off; booting cold', { desktopId });
+      this.log('snapshot present but memory snapshots are off; booting cold', { desktopId }, 'warn');
       await rename(paths.snapshot, aside);
       await this.restoreFailed?.(desktopId);
       return null;
@@ -359,7 +360,7 @@ export class SandboxLifecycle implements Omit<DesktopLifecycle, 'close' | 'usage
       if (!restored.answer.ok) throw new Error(`restored desktop does not answer: ${restored.answer.error}`);
       return init;
     } catch (err) {
-      this.log('restore failed; booting cold, images kept aside', { desktopId, aside, error: String(err) });
+      this.log('restore failed; booting cold, images kept aside', { desktopId, aside, error: String(err) }, 'warn');
       if (init !== null) await this.stopProcesses(paths, desktopId, init);
       await rename(paths.snapshot, aside).catch(() => undefined);
       await this.restoreFailed?.(desktopId);
@@ -373,7 +374,7 @@ export class SandboxLifecycle implements Omit<DesktopLifecycle, 'close' | 'usage
     await waitFor(async () => !(await isSameProcess(init.pid, init.startTime)), DRAIN_MS);
     await rm(paths.initFile, { force: true });
     if (!(await drainAndRemove(desktopId, DRAIN_MS))) {
-      this.log('cgroups could not be removed', { desktopId });
+      this.log('cgroups could not be removed', { desktopId }, 'warn');
     }
   }
 

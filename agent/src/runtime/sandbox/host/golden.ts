@@ -34,6 +34,7 @@ import { guestFile } from '../guest/guest-programs.js';
 import type { CriuInfo } from './criu.js';
 import { renderEnvFile, writeEnvOnFreshDisk } from './first-boot.js';
 import { desktopPaths, desktopsDir, exists, hasDisk, readJson, TEMPLATE_CLONE_FILE, TEMPLATE_FILE, type DesktopPaths } from './layout.js';
+import type { RuntimeLog } from '../runtime-log.js';
 
 /** What the templates need of the lifecycle (sandbox-lifecycle.ts). */
 export interface TemplateLifecycle {
@@ -69,11 +70,11 @@ export class GoldenTemplates {
     private readonly stateDir: string,
     private readonly key: string,
     private readonly lifecycle: TemplateLifecycle,
-    private readonly log: (msg: string, fields?: object) => void,
+    private readonly log: RuntimeLog,
   ) {}
 
   /** Finds the current template, destroys the others, and starts building one if there is none. */
-  static async open(stateDir: string, criu: CriuInfo, lifecycle: TemplateLifecycle, log: (msg: string, fields?: object) => void): Promise<GoldenTemplates> {
+  static async open(stateDir: string, criu: CriuInfo, lifecycle: TemplateLifecycle, log: RuntimeLog): Promise<GoldenTemplates> {
     const templates = new GoldenTemplates(stateDir, await templateKey(criu), lifecycle, log);
     for (const { id, record } of await templates.found()) {
       if (record?.state === 'ready' && record.key === templates.key && templates.current === null) templates.current = id;
@@ -98,7 +99,7 @@ export class GoldenTemplates {
           this.cloned++;
           return;
         } catch (err) {
-          this.log('cloning the template failed; the desktop boots cold', { desktopId, template, error: String(err) });
+          this.log('cloning the template failed; the desktop boots cold', { desktopId, template, error: String(err) }, 'warn');
         }
       }
       this.empty++;
@@ -124,7 +125,7 @@ export class GoldenTemplates {
     const now = performance.now();
     if (now - this.cloneFailedAt < RETRY_BUILD_MS) {
       this.failedAt = now;
-      this.log('clones of a fresh desktop template fail to restore too: new desktops boot cold', { retryInMs: RETRY_BUILD_MS });
+      this.log('clones of a fresh desktop template fail to restore too: new desktops boot cold', { retryInMs: RETRY_BUILD_MS }, 'warn');
     }
     this.cloneFailedAt = now;
     this.buildIfMissing();
@@ -171,7 +172,7 @@ export class GoldenTemplates {
       return id;
     } catch (err) {
       this.failedAt = performance.now();
-      this.log('no desktop template: new desktops boot cold', { error: String(err), retryInMs: RETRY_BUILD_MS });
+      this.log('no desktop template: new desktops boot cold', { error: String(err), retryInMs: RETRY_BUILD_MS }, 'warn');
       await this.drop(id, 'its build failed');
       return null;
     }
@@ -194,7 +195,7 @@ export class GoldenTemplates {
       await this.lifecycle.destroy(id);
       this.log('desktop template removed', { template: id, why });
     } catch (err) {
-      this.log('a desktop template could not be removed', { template: id, why, error: String(err) });
+      this.log('a desktop template could not be removed', { template: id, why, error: String(err) }, 'warn');
     }
   }
 }

@@ -31,6 +31,7 @@ import type { Socket } from 'node:net';
 import type { InitProcess } from './cold-boot.js';
 import type { SpawnedProcess } from './spawner.js';
 import { WarmServer } from './warm-server.js';
+import type { RuntimeLog } from '../runtime-log.js';
 
 export type WarmKind = 'file' | 'exec';
 
@@ -51,7 +52,7 @@ export interface WarmPoolOptions {
   readonly socketDir: (desktopId: string) => string;
   /** True while the desktop is stopping: nothing new may enter it. */
   readonly fenced: (desktopId: string) => boolean;
-  readonly log?: (msg: string, fields?: object) => void;
+  readonly log?: RuntimeLog;
 }
 
 /**
@@ -79,7 +80,7 @@ interface DesktopWarm {
 export class WarmPool {
   private readonly desktops = new Map<string, DesktopWarm>();
   private closed = false;
-  private readonly log: (msg: string, fields?: object) => void;
+  private readonly log: RuntimeLog;
 
   constructor(private readonly opts: WarmPoolOptions) {
     this.log = opts.log ?? (() => undefined);
@@ -107,7 +108,7 @@ export class WarmPool {
       if (socket !== null) return { socket, serverPid: server.pid };
       // Alive but not serving: the next operation starts another. This one runs cold at once;
       // the server goes when the operations its children still serve have ended.
-      this.log('warm guest server does not answer; replacing it', { desktopId, kind });
+      this.log('warm guest server does not answer; replacing it', { desktopId, kind }, 'warn');
       if (desktop.servers[kind] === server) delete desktop.servers[kind];
       desktop.draining.add(server);
       server.retireWhenIdle();
@@ -180,7 +181,7 @@ export class WarmPool {
       server = new WarmServer(child, { dir, name, dirFd }, this.log, () => void this.stop(desktopId, kind, server));
     } catch (err) {
       if (dirFd !== null) closeSync(dirFd);
-      this.log('could not start a warm guest server', { desktopId, kind, error: String(err) });
+      this.log('could not start a warm guest server', { desktopId, kind, error: String(err) }, 'warn');
       return;
     }
     desktop.servers[kind] = server;
