@@ -7,9 +7,8 @@
  * therefore fence the desktop first (new operations get `not_running`), give file operations a
  * short grace, and kill whatever is still in flight before CRIU dumps or the guest is killed;
  * hibernate also kills the detached processes, which docs/api.md §3.2 says do not survive it.
- * The sessions that lead out of the guest (VNC, terminals, port forwarders) and the warm servers
- * kept for guest operations (warm-pool.ts) are closed right after that drain, and whenever a
- * desktop starts they are dropped with the init they belong to.
+ * Sessions out of the guest (VNC, terminals, port forwarders) and warm servers (warm-pool.ts)
+ * close right after that drain; a desktop that starts drops those of its previous init.
  */
 import { mkdir, readdir, rename, rm } from 'node:fs/promises';
 import { join } from 'node:path';
