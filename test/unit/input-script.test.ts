@@ -66,10 +66,12 @@ beforeAll(() => {
       '#!/bin/sh',
       record(`printf '%s\\0' xdotool "$DISPLAY" "$LC_ALL"; for a; do printf '%s\\0' "$a"; done;`),
       'case "$1" in',
-      '  getmouselocation) printf "X=${FAKE_X:-7}\\nY=${FAKE_Y:-9}\\nSCREEN=0\\nWINDOW=42\\n";;',
       "  key) case \"$*\" in *Bogus*) echo \"(symbol) No such key name 'Bogus'. Ignoring it.\" >&2;; esac;;",
       '  type) case "$*" in *FAIL*) echo "xdo_enter_text_window reported an error" >&2; exit 1;; esac;;',
+      '  mousemove) case "$*" in *666*) echo "XWarpPointer failed" >&2; exit 1;; esac;;',
       'esac',
+      // Chained after an action, as a command of its own: the cursor, as the real one prints it.
+      'for a; do [ "$a" = getmouselocation ] && printf "X=${FAKE_X:-7}\\nY=${FAKE_Y:-9}\\nSCREEN=0\\nWINDOW=42\\n"; done; exit 0',
       '',
     ].join('\n'),
   );
@@ -187,8 +189,8 @@ describe('inputScript', () => {
       ['type', '--delay', '12', '--', 'hello'],
       ['type', '--delay', '0', '--', 'x'],
       ['key', '--delay', '0', '--', 'ctrl+shift+Return'],
-      ['mousemove', '32767', '0'],
-      CURSOR,
+      // The last action, a pointer action, reads the cursor in its own xdotool.
+      ['mousemove', '32767', '0', ...CURSOR],
     ]);
     expect(INPUT_LIMITS.doubleClickGapMs).toBe(120);
   });
@@ -198,8 +200,7 @@ describe('inputScript', () => {
     // The stand-in cursor is at (7, 9): halfway to (101, 49) is (54, 29).
     expect(seen).toEqual([
       CURSOR,
-      ['mousedown', '2', 'sleep', '0.05', 'mousemove', '54', '29', 'mousemove', '101', '49', 'sleep', '0.05', 'mouseup', '2'],
-      CURSOR,
+      ['mousedown', '2', 'sleep', '0.05', 'mousemove', '54', '29', 'mousemove', '101', '49', 'sleep', '0.05', 'mouseup', '2', ...CURSOR],
     ]);
   });
 
@@ -216,7 +217,7 @@ describe('inputScript', () => {
     const t0 = performance.now();
     const seen = await calls([{ type: 'mouse_move', x: 1, y: 1 }, { type: 'wait', ms: 150 }, { type: 'mouse_move', x: 2, y: 2 }]);
     expect(performance.now() - t0).toBeGreaterThanOrEqual(150);
-    expect(seen).toEqual([['mousemove', '1', '1'], ['mousemove', '2', '2'], CURSOR]);
+    expect(seen).toEqual([['mousemove', '1', '1'], ['mousemove', '2', '2', ...CURSOR]]);
   });
 
   it('stays under the 128 KiB argv string limit for the largest batch of quotes', () => {
@@ -347,6 +348,13 @@ describe('runInput failures', () => {
     expect([err.code, err.retryable]).toEqual(['runtime_error', false]);
     expect(err.message).toBe('input action 1 (type) failed: xdo_enter_text_window reported an error');
     // Nothing after the failed action ran, not even the cursor read.
+    expect(readFileSync(log, 'utf8').split('\u0001\0')).toHaveLength(3);
+  });
+
+  it('names a failed last pointer action, whose xdotool was to read the cursor too', async () => {
+    writeFileSync(log, '');
+    const err = await failure(runInput(fakeExec, [{ type: 'click' }, { type: 'mouse_move', x: 666, y: 1 }]));
+    expect(err.message).toBe('input action 1 (mouse_move) failed: XWarpPointer failed');
     expect(readFileSync(log, 'utf8').split('\u0001\0')).toHaveLength(3);
   });
 
