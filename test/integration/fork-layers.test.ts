@@ -11,7 +11,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { newId } from '../../shared/src/ids.js';
 import { AgentFailure } from '../../shared/src/protocol.js';
 import { createSandboxDriver, type SandboxDriver } from '../../agent/src/runtime/sandbox/index.js';
-import { discardedDir } from '../../agent/src/runtime/sandbox/host/discarded.js';
+import { discardedDir, discardsSettled } from '../../agent/src/runtime/sandbox/host/discarded.js';
 import { until } from '../helpers/wait.js';
 
 const isRoot = process.getuid?.() === 0;
@@ -71,6 +71,8 @@ describe.skipIf(!isRoot)('fork layers on the sandbox driver', () => {
     expect(await layers()).toHaveLength(2);
 
     await driver.destroy(source);
+    // Layers are collected behind the destroy's answer; the forks still stand on both.
+    await discardsSettled(stateDir);
     expect(await layers()).toHaveLength(2);
     await driver.start({ desktopId: grandchild, tier: 'small', firstBoot: null });
     expect(await exec(grandchild, 'cat /root/f')).toBe('two\n');
@@ -78,8 +80,9 @@ describe.skipIf(!isRoot)('fork layers on the sandbox driver', () => {
     expect(await exec(b, 'cat /root/f')).toBe('one\n');
 
     for (const id of [a, b, c, grandchild]) await driver.destroy(id);
-    expect(await layers()).toEqual([]);
-    // Their overlays go with their directories, released and removed behind each destroy's answer.
+    // Their overlays go with their directories, released and removed behind each destroy's
+    // answer, and the layers once no overlay uses them.
+    await until(async () => (await layers()).length === 0, 10_000, 'the layers to be collected');
     await until(async () => (await mountsUnder()).length === 0 && (await readdir(discardedDir(stateDir))).length === 0, 10_000, 'the destroyed desktops to be released');
   }, 120_000);
 
@@ -104,6 +107,7 @@ describe.skipIf(!isRoot)('fork layers on the sandbox driver', () => {
     expect(await layers()).toEqual([layer]);
     expect(await exec(source, 'cat /root/f')).toBe('kept\n');
     await driver.destroy(source);
+    await discardsSettled(stateDir);
     expect(await layers()).toEqual([]);
   }, 60_000);
 });

@@ -20,6 +20,7 @@ import { startMoveHost, type MoveHost as Host } from '../helpers/move-hosts.js';
 import { isRoot } from '../helpers/sandbox.js';
 import { startTransferProxy, type TransferProxy } from '../helpers/transfer-proxy.js';
 import { until } from '../helpers/wait.js';
+import { discardsSettled } from '../../agent/src/runtime/sandbox/host/discarded.js';
 import { coldExecIsQuick } from '../../agent/src/runtime/sandbox/guest/guest-entry.js';
 
 /** What a guest's /root holds: every entry with its type, link target, link count and hash. */
@@ -122,6 +123,7 @@ describe.skipIf(!isRoot)('moving sandbox desktops between two agents', () => {
 
     // The source copy goes before the moved one starts (see the module comment).
     await destroy(a, f1);
+    await discardsSettled(join(a.state, 'runtime'));
     expect(await layers(a)).toHaveLength(1); // d and f2 still stand on it
     await start(b, f1);
     // Its first start since the move: its warm servers come up before any call is made (the exec
@@ -177,6 +179,7 @@ describe.skipIf(!isRoot)('moving sandbox desktops between two agents', () => {
     await hibernate(b, f1);
     expect((await failure(b.handlers.handle('desktop.import.abort', { desktop_id: f1, generation: generation.get(f1) }))).code).toBe('conflict');
     await destroy(b, f1);
-    expect(await layers(b)).toEqual([]);
+    // Collected behind the destroy's answer.
+    await until(async () => (await layers(b)).length === 0, 10_000, "the layer to be collected once f1's overlay is released");
   }, 60_000);
 });

@@ -7,7 +7,7 @@ import { mkdir, mkdtemp, readdir, rm, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterEach, beforeEach, describe, expect, it } from 'vitest';
-import { discardedDir, discardTree, sweepDiscarded } from '../../agent/src/runtime/sandbox/host/discarded.js';
+import { collectUnusedLayers, discardedDir, discardsSettled, discardTree, sweepDiscarded } from '../../agent/src/runtime/sandbox/host/discarded.js';
 import { until } from '../helpers/wait.js';
 
 let stateDir: string;
@@ -88,8 +88,36 @@ describe('sweepDiscarded', () => {
     expect(await readdir(discardedDir(stateDir))).toEqual([]);
   });
 
+  it('runs once at a time per state directory: a sweep asked for while one runs is that one', async () => {
+    for (const n of [1, 2, 3]) await mkdir(join(discardedDir(stateDir), `dsk_${n}.1700000000000-abcdef`, 'upper'), { recursive: true });
+    const first = sweepDiscarded(stateDir);
+    expect(sweepDiscarded(stateDir)).toBe(first);
+    await first;
+    expect(await readdir(discardedDir(stateDir))).toEqual([]);
+    expect(sweepDiscarded(stateDir)).not.toBe(first);
+  });
+
   it('answers at once on a state directory that never discarded anything', async () => {
     await sweepDiscarded(stateDir);
     expect(existsSync(discardedDir(stateDir))).toBe(false);
+  });
+});
+
+describe('collectUnusedLayers', () => {
+  it('removes the layers no desktop stands on once the discarded directories are gone, and says how many', async () => {
+    const logged: string[] = [];
+    const log = (msg: string, fields?: object) => void logged.push(`${msg} ${JSON.stringify(fields)}`);
+    for (const layer of ['lay_kept', 'lay_free']) await mkdir(join(stateDir, 'layers', layer, 'root'), { recursive: true });
+    const fork = await desktopDir('dsk_fork');
+    await writeFile(join(fork, 'layers.json'), JSON.stringify({ lower: ['lay_kept'] }));
+    await discardTree(stateDir, await desktopDir('dsk_gone'), failed);
+    // A second request while the first runs is folded into it: the layer is removed, and told, once.
+    void collectUnusedLayers(stateDir, log, { desktopId: 'dsk_gone' });
+    void collectUnusedLayers(stateDir, log, { desktopId: 'dsk_gone' });
+    await discardsSettled(stateDir);
+    expect(await readdir(discardedDir(stateDir))).toEqual([]);
+    expect(await readdir(join(stateDir, 'layers'))).toEqual(['lay_kept']);
+    expect(logged).toEqual(['disk layers no desktop stands on any more were removed {"desktopId":"dsk_gone","count":1}']);
+    expect(failures).toEqual([]);
   });
 });

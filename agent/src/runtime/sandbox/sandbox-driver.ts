@@ -63,7 +63,7 @@ import { SandboxLifecycle } from './sandbox-lifecycle.js';
 import { runningInit } from './host/cold-boot.js';
 import { helperPath } from './host/spawner.js';
 import { favorDynamicCgroups } from './host/cgroup-migrations.js';
-import { sweepDiscarded } from './host/discarded.js';
+import { collectUnusedLayers, discardsSettled } from './host/discarded.js';
 import { noteQuickMigrations } from './guest/guest-entry.js';
 import type { RuntimeLog } from './runtime-log.js';
 
@@ -145,8 +145,9 @@ export class SandboxDriver implements RuntimeDriver {
       const golden = await GoldenTemplates.open(stateDir, criu, driver.lifecycle, driver.log);
       driver.golden = golden;
     }
-    // What an earlier agent's destroys left to remove (host/discarded.ts), behind everything else.
-    void sweepDiscarded(stateDir).catch((err: unknown) => driver.log('could not remove destroyed desktops\' files', { error: String(err) }, 'warn'));
+    // What an earlier agent's destroys left to remove (host/discarded.ts), behind everything else:
+    // the directories, then the layers none stands on (that agent may have stopped before that).
+    void collectUnusedLayers(stateDir, driver.log);
     driver.lifecycle.restoreFailed = async (desktopId) => {
       driver.restoreCounts.failed++;
       await driver.golden?.cloneFailed(desktopId);
@@ -279,8 +280,9 @@ export class SandboxDriver implements RuntimeDriver {
     await this.ports.close();
     await this.guest.close();
     await this.mutex.idle();
-    // Destroyed desktops still being removed (host/discarded.ts): their overlays are unmounted
-    // and their files gone once this resolves, so a caller may remove the state directory.
-    await sweepDiscarded(this.stateDir).catch((err: unknown) => this.log('could not remove destroyed desktops\' files', { error: String(err) }, 'warn'));
+    // Destroyed desktops still being removed (host/discarded.ts): their overlays are unmounted,
+    // their files and unused layers gone once this resolves, so a caller may remove the state
+    // directory.
+    await discardsSettled(this.stateDir).catch((err: unknown) => this.log('could not remove destroyed desktops\' files or unused layers', { error: String(err) }, 'warn'));
   }
 }

@@ -32,8 +32,8 @@ import { FRAMEBUFFER_FILE } from './computer-use/screenshot.js';
 import { isSameProcess, signal, waitFor } from './host/host-procs.js';
 import type { KeyedMutex } from './host/keyed-mutex.js';
 import { compactFile, worthCompacting } from './host/sparse.js';
-import { collectLayers, createFork, freeze, mountDisk } from './host/layers.js';
-import { discardTree } from './host/discarded.js';
+import { createFork, freeze, mountDisk, standsOnLayers } from './host/layers.js';
+import { collectUnusedLayers, discardTree } from './host/discarded.js';
 import {
   assertDesktopId, desktopPaths, desktopsDir, ensureDisk, ensureSkeleton, exists, hasDisk,
   TEMPLATE_CLONE_FILE, TEMPLATE_FILE, writeFileAtomic, type DesktopPaths,
@@ -209,10 +209,10 @@ export class SandboxLifecycle implements Omit<DesktopLifecycle, 'close' | 'usage
       const init = await runningInit(paths);
       if (init !== null) await this.stopProcesses(paths, desktopId, init);
       else await removeIfEmpty(desktopId);
-      // Its overlay goes with the directory, released behind the answer (host/discarded.ts).
+      // Its overlay, then the layers it alone stood on, go behind the answer (host/discarded.ts).
+      const layered = await standsOnLayers(paths);
       await discardTree(this.stateDir, paths.dir, (err) => this.log('could not remove a destroyed desktop\'s files', { desktopId, error: String(err) }, 'warn'));
-      const freed = await collectLayers(this.stateDir, desktopsDir(this.stateDir));
-      if (freed > 0) this.log('disk layers no desktop stands on any more were removed', { desktopId, count: freed });
+      if (layered) void collectUnusedLayers(this.stateDir, this.log, { desktopId });
     });
   }
 

@@ -23,16 +23,49 @@
 import { randomBytes } from 'node:crypto';
 import { mkdir, readdir, rename } from 'node:fs/promises';
 import { basename, join } from 'node:path';
-import { exists, removeTree } from './layout.js';
-import { releaseDisk } from './layers.js';
+import { desktopsDir, exists, removeTree } from './layout.js';
+import { collectLayers, releaseDisk } from './layers.js';
+import type { RuntimeLog } from '../runtime-log.js';
 
 /** Where destroyed desktops wait for their removal. */
 export function discardedDir(stateDir: string): string {
   return join(stateDir, 'discarded');
 }
 
-/** The sweep running per state directory; a discard while one runs is taken by its next pass. */
-const sweeps = new Map<string, { again: boolean; done: Promise<void> }>();
+/** Work that runs in the background at most once at a time per state directory (`coalesced`). */
+interface Run {
+  again: boolean;
+  done: Promise<void>;
+}
+const sweeps = new Map<string, Run>();
+const collections = new Map<string, Run>();
+
+/**
+ * Runs `pass` for `key` unless a run is under way, in which case that run makes one more pass
+ * (what was asked for meanwhile is taken by it); answers when the run ends. Each pass starts out
+ * of the caller's turn of the event loop: the answer the caller is about to send goes first.
+ */
+function coalesced(runs: Map<string, Run>, key: string, pass: () => Promise<void>): Promise<void> {
+  const running = runs.get(key);
+  if (running !== undefined) {
+    running.again = true;
+    return running.done;
+  }
+  const run: Run = { again: true, done: Promise.resolve() };
+  runs.set(key, run);
+  run.done = (async () => {
+    try {
+      while (run.again) {
+        run.again = false;
+        await new Promise((resolve) => setImmediate(resolve));
+        await pass();
+      }
+    } finally {
+      runs.delete(key);
+    }
+  })();
+  return run.done;
+}
 
 /**
  * Takes a stopped desktop's directory (or a restored snapshot: `name` then says whose) out of the
@@ -68,28 +101,33 @@ async function removeDesktopTree(dir: string): Promise<void> {
  * when it is empty. At most one sweep runs per state directory.
  */
 export function sweepDiscarded(stateDir: string): Promise<void> {
-  const running = sweeps.get(stateDir);
-  if (running !== undefined) {
-    running.again = true;
-    return running.done;
-  }
-  const sweep = { again: true, done: Promise.resolve() };
-  sweep.done = (async () => {
-    try {
-      while (sweep.again) {
-        sweep.again = false;
-        // Out of the destroy's turn of the event loop: its answer goes first.
-        await new Promise((resolve) => setImmediate(resolve));
-        const bin = discardedDir(stateDir);
-        const names = await readdir(bin).catch((err: NodeJS.ErrnoException) => {
-          if (err.code === 'ENOENT') return [] as string[];
-          throw err;
-        });
-        for (const name of names) await removeDesktopTree(join(bin, name));
-      }
-    } finally {
-      sweeps.delete(stateDir);
-    }
-  })();
-  return sweep.done;
+  return coalesced(sweeps, stateDir, async () => {
+    const bin = discardedDir(stateDir);
+    const names = await readdir(bin).catch((err: NodeJS.ErrnoException) => {
+      if (err.code === 'ENOENT') return [] as string[];
+      throw err;
+    });
+    for (const name of names) await removeDesktopTree(join(bin, name));
+  });
+}
+
+/**
+ * Removes the layers no desktop stands on any more (layers.ts `collectLayers`), in the background
+ * and after the discarded directories are swept: a destroyed fork's overlay uses its layers
+ * until the sweep unmounts it. Reading every desktop's chain costs a destroy nothing this way
+ * (two file reads per desktop on the host, tens of milliseconds with a few hundred). At most one
+ * collection runs per state directory. Never rejects: what it removed, or could not, is logged.
+ */
+export function collectUnusedLayers(stateDir: string, log: RuntimeLog, fields: object = {}): Promise<void> {
+  return coalesced(collections, stateDir, async () => {
+    await sweepDiscarded(stateDir);
+    const count = await collectLayers(stateDir, desktopsDir(stateDir));
+    if (count > 0) log('disk layers no desktop stands on any more were removed', { ...fields, count });
+  }).catch((err: unknown) => log('could not remove destroyed desktops\' files or unused layers', { ...fields, error: String(err) }, 'warn'));
+}
+
+/** Resolves once no sweep and no collection runs for the state directory. */
+export async function discardsSettled(stateDir: string): Promise<void> {
+  await sweepDiscarded(stateDir);
+  await collections.get(stateDir)?.done;
 }

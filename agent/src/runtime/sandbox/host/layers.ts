@@ -61,6 +61,11 @@ export async function readChain(paths: DesktopPaths): Promise<Chain | null> {
   return chain && Array.isArray(chain.lower) && chain.lower.length > 0 ? chain : null;
 }
 
+/** Whether the desktop stands on layers, or was being frozen onto one: its removal may leave some unused. */
+export async function standsOnLayers(paths: DesktopPaths): Promise<boolean> {
+  return (await readChain(paths)) !== null || (await exists(nextChainFile(paths)));
+}
+
 /** Whether `dir` is a mountpoint, from the kernel's mount table. */
 export async function isMounted(dir: string): Promise<boolean> {
   return parseMountTable(await readFile('/proc/self/mountinfo', 'utf8')).some((m) => m.mountPoint === dir);
