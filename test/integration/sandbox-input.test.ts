@@ -304,6 +304,21 @@ describe.skipIf(!isRoot)('sandbox driver input', () => {
     expect(await input([])).toEqual(a);
   });
 
+  it('a pointer batch fails within seconds, saying why, when the X server does not answer', async () => {
+    // Pointer batches are played by the guest helper over one X connection (op-pointer.pl).
+    await sh('kill -STOP $(pidof Xvfb)');
+    try {
+      const t0 = performance.now();
+      const err = await failure(input([{ type: 'click', ...inside(5, 5) }]));
+      expect([err.code, err.retryable]).toEqual(['runtime_error', false]);
+      expect(err.message).toMatch(/^input failed: X session down: the X server did not answer/);
+      expect(performance.now() - t0).toBeLessThan(5_000);
+    } finally {
+      await sh('kill -CONT $(pidof Xvfb)');
+    }
+    expect(await input([{ type: 'mouse_move', ...inside(7, 8) }])).toEqual(inside(7, 8));
+  });
+
   it('waits take their time between actions', async () => {
     const t0 = performance.now();
     expect(await input([{ type: 'mouse_move', x: 1, y: 1 }, { type: 'wait', ms: 300 }, { type: 'mouse_move', x: 2, y: 3 }])).toEqual({ x: 2, y: 3 });

@@ -1,7 +1,7 @@
 /**
  * The pure parts of the input batch script (agent/src/runtime/sandbox/computer-use/guest-input.ts):
- * shell quoting (checked by the real /bin/sh), typed text, the cursor answer and the batch's
- * timeout. The script itself, run against stand-ins, is input-script.test.ts.
+ * shell quoting (checked by the real /bin/sh), typed text, the cursor answer, the batch's
+ * timeout and the pointer steps the guest helper plays. The script itself, run against stand-ins, is input-script.test.ts.
  */
 import { spawnSync } from 'node:child_process';
 import { describe, expect, it } from 'vitest';
@@ -9,10 +9,12 @@ import {
   inputTimeoutMs,
   MAX_TIMEOUT_MS,
   parseCursor,
+  pointerSteps,
   shellQuote,
   typedText,
 } from '../../agent/src/runtime/sandbox/computer-use/guest-input.js';
 import { NASTY } from '../helpers/nasty-text.js';
+import { POINTER_ACTIONS } from '../helpers/input-actions.js';
 
 describe('shellQuote', () => {
   it('gives back every string exactly through /bin/sh', () => {
@@ -63,5 +65,35 @@ describe('inputTimeoutMs', () => {
     expect(inputTimeoutMs([{ type: 'type', text: 'x'.repeat(8192), delay_ms: 500 }])).toBe(MAX_TIMEOUT_MS);
     // Binding off-map characters takes time of its own, per segment.
     expect(inputTimeoutMs([{ type: 'type', text: 'é'.repeat(10) }])).toBeGreaterThan(inputTimeoutMs([{ type: 'type', text: 'e'.repeat(10) }]));
+  });
+});
+
+describe('pointerSteps', () => {
+  it("gives each pointer action xdotool's events in order, with its pauses", () => {
+    expect(pointerSteps([
+      ...POINTER_ACTIONS,
+      { type: 'drag', to: { x: 7, y: 8 }, button: 'middle' },
+      { type: 'scroll', direction: 'up' },
+      { type: 'scroll', direction: 'right', amount: 2 },
+      { type: 'wait', ms: 250 },
+    ])?.join(' ')).toBe([
+      'm 10 20',
+      'p 1 r 1',
+      'm 5 6 p 3 r 3',
+      'p 2 r 2 s 120 p 2 r 2',
+      'p 1',
+      'r 3',
+      'm 100 200 p 1 s 50 m 201 300 m 301 400 s 50 r 1',
+      'p 2 s 50 h 7 8 m 7 8 s 50 r 2',
+      'p 4 r 4',
+      'p 7 r 7 p 7 r 7',
+      's 250',
+    ].join(' '));
+    expect(pointerSteps([])).toEqual([]);
+  });
+
+  it('leaves a batch that types or presses keys to the script', () => {
+    expect(pointerSteps([{ type: 'mouse_move', x: 1, y: 1 }, { type: 'type', text: 'a' }])).toBeNull();
+    expect(pointerSteps([{ type: 'key', combo: 'Return' }, { type: 'click' }])).toBeNull();
   });
 });

@@ -19,6 +19,7 @@ import {
 } from '../../agent/src/runtime/sandbox/computer-use/guest-input.js';
 import { failure } from '../helpers/agent-failure.js';
 import { NASTY } from '../helpers/nasty-text.js';
+import { POINTER_ACTIONS } from '../helpers/input-actions.js';
 
 /**
  * Stand-ins that append one record each to a log, NUL-separated fields ending in \x01: xdotool
@@ -157,13 +158,7 @@ describe('inputScript', () => {
 
   it('gives each action its xdotool words', async () => {
     const seen = await calls([
-      { type: 'mouse_move', x: 10, y: 20 },
-      { type: 'click' },
-      { type: 'click', x: 5, y: 6, button: 'right' },
-      { type: 'click', button: 'middle', double: true },
-      { type: 'button_press', button: 'left' },
-      { type: 'button_release', button: 'right' },
-      { type: 'drag', from: { x: 100, y: 200 }, to: { x: 301, y: 400 } },
+      ...POINTER_ACTIONS,
       { type: 'scroll', direction: 'up' },
       { type: 'scroll', direction: 'down', amount: 3 },
       { type: 'scroll', direction: 'left', amount: 2 },

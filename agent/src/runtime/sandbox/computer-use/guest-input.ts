@@ -29,6 +29,7 @@ import { AgentFailure } from '../../../../../shared/src/protocol.js';
 import { INPUT_LIMITS, type InputAction, type MouseButton, type ScrollDirection } from '../../../../../shared/src/computer-use.js';
 import type { CursorPosition, ExecOutcome, ExecSpec } from '../../driver.js';
 import { guestFile } from '../guest/guest-programs.js';
+import { GuestCall, type GuestTarget } from '../guest/guest-call.js';
 
 type Exec = (spec: ExecSpec) => Promise<ExecOutcome>;
 
@@ -266,6 +267,61 @@ export function inputScript(actions: readonly InputAction[]): string {
   return `${lines.join('\n')}\n`;
 }
 
+/**
+ * A batch of pointer actions and waits as the guest helper's `pointer` steps
+ * (agent/guest/helper/op-pointer.pl), the same events xdotool sends for them, in the same order,
+ * with the same pauses; null when the batch types or presses keys, which xdotool does (see the
+ * module comment). One connection to the X server for the whole batch, in the desktop's warm file
+ * server when it has one: no shell, no process per action.
+ */
+export function pointerSteps(actions: readonly InputAction[]): string[] | null {
+  const steps: Array<string | number> = [];
+  const click = (b: number) => steps.push('p', b, 'r', b);
+  for (const action of actions) {
+    switch (action.type) {
+      case 'mouse_move':
+        steps.push('m', action.x, action.y);
+        break;
+      case 'click': {
+        const b = BUTTONS[action.button ?? 'left'];
+        if (action.x !== undefined && action.y !== undefined) steps.push('m', action.x, action.y);
+        click(b);
+        if (action.double === true) {
+          steps.push('s', INPUT_LIMITS.doubleClickGapMs);
+          click(b);
+        }
+        break;
+      }
+      case 'button_press':
+        steps.push('p', BUTTONS[action.button]);
+        break;
+      case 'button_release':
+        steps.push('r', BUTTONS[action.button]);
+        break;
+      case 'drag': {
+        const b = BUTTONS[action.button ?? 'left'];
+        const { from, to } = action;
+        if (from) steps.push('m', from.x, from.y);
+        steps.push('p', b, 's', DRAG_PAUSE_MS);
+        if (from) steps.push('m', Math.round((from.x + to.x) / 2), Math.round((from.y + to.y) / 2));
+        else steps.push('h', to.x, to.y);
+        steps.push('m', to.x, to.y, 's', DRAG_PAUSE_MS, 'r', b);
+        break;
+      }
+      case 'scroll':
+        for (let i = 0; i < (action.amount ?? 1); i++) click(SCROLL_BUTTONS[action.direction]);
+        break;
+      case 'wait':
+        steps.push('s', action.ms);
+        break;
+      case 'type':
+      case 'key':
+        return null;
+    }
+  }
+  return steps.map(String);
+}
+
 /** `X=10\nY=20\nSCREEN=0\nWINDOW=…` (getmouselocation --shell) → the cursor. */
 export function parseCursor(stdout: string): CursorPosition | null {
   const x = /^X=(\d+)$/m.exec(stdout);
@@ -294,12 +350,35 @@ function clip(text: string): string {
   return flat.length > 300 ? `${flat.slice(0, 300)}…` : flat;
 }
 
+/** Plays pointer steps through the guest helper (`pointer`) and reads the cursor it answers. */
+export async function guestPointer(target: GuestTarget, steps: readonly string[], timeoutMs: number): Promise<CursorPosition> {
+  const call = await GuestCall.start(target, 'pointer', steps, { timeoutMs });
+  const fields = await call.status();
+  if (fields.length !== 2 || !fields.every((f) => /^-?[0-9]{1,5}$/.test(f))) {
+    throw new AgentFailure('runtime_error', 'guest helper sent a malformed reply', true);
+  }
+  return { x: Number(fields[0]), y: Number(fields[1]) };
+}
+
+/** Plays pointer steps (pointerSteps) in the desktop and answers where the cursor ended. */
+export type PlayPointer = (steps: readonly string[], timeoutMs: number) => Promise<CursorPosition>;
+
 /**
- * Runs the batch and returns where the cursor ended. An exec timeout is the exec's own
+ * Runs the batch and returns where the cursor ended: pointer actions and waits alone through
+ * `pointer` when given, anything else as the script. An exec timeout is the exec's own
  * `AgentFailure('timeout')`, passed through. A failed action is not retryable: the actions
  * before it have happened.
  */
-export async function runInput(exec: Exec, actions: readonly InputAction[]): Promise<CursorPosition> {
+export async function runInput(exec: Exec, actions: readonly InputAction[], pointer?: PlayPointer): Promise<CursorPosition> {
+  const steps = pointer === undefined ? null : pointerSteps(actions);
+  if (pointer !== undefined && steps !== null) {
+    try {
+      return await pointer(steps, inputTimeoutMs(actions));
+    } catch (err) {
+      if (!(err instanceof AgentFailure) || err.code !== 'runtime_error') throw err;
+      throw new AgentFailure('runtime_error', `input failed: ${clip(err.message)}`, false);
+    }
+  }
   const out = await exec({ command: inputScript(actions), timeoutMs: inputTimeoutMs(actions), maxOutputBytes: 64 * 1024 });
   if (out.exitCode !== 0) {
     const at = out.stderr.indexOf(FAILURE_PREFIX);

@@ -16,6 +16,7 @@
  */
 import { AgentFailure } from '../../../../../shared/src/protocol.js';
 import type {
+  CursorPosition,
   DetachedSpec,
   DirListing,
   DisplaySize,
@@ -40,6 +41,7 @@ import { InFlight, type GuestOp, type GuestOpKind } from './in-flight.js';
 import { isSameProcessSync } from '../host/host-procs.js';
 import { desktopPaths, hasDisk, type DesktopPaths } from '../host/layout.js';
 import { captureScreenshot, guestScreenSize } from '../computer-use/screenshot.js';
+import { guestPointer } from '../computer-use/guest-input.js';
 import { WarmPool } from '../host/warm-pool.js';
 import { coldExecIsQuick } from './guest-entry.js';
 
@@ -174,6 +176,11 @@ export class GuestOperations {
   /** The X screen's current size, from the X server itself (the helper's `xsize`, ≈1 ms warm). */
   screenSize(desktopId: string): Promise<DisplaySize> {
     return this.helperOp(desktopId, (t) => guestScreenSize(t));
+  }
+
+  /** Pointer input played by the guest helper (guest-input.ts `pointerSteps`); the cursor after it. */
+  pointer(desktopId: string, steps: readonly string[], timeoutMs: number): Promise<CursorPosition> {
+    return this.helperOp(desktopId, (t) => guestPointer(t, steps, timeoutMs));
   }
 
   /** The running guest init of an awake desktop: `not_found` or `not_running` otherwise. */
