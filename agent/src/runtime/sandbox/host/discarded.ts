@@ -14,11 +14,12 @@
  * alone and 4-21 ms in a burst of wakes, measured, and nothing reads them again.
  *
  * The overlay stays mounted on the renamed directory until then: a mount follows its directory
- * through a rename, and the mount table names the new path. Its lower layers may be collected
- * meanwhile (nothing runs on the overlay). An agent that stops before a removal finishes leaves
- * the directory behind, mounted or not; the next agent releases and removes it when its driver
- * starts. Where the rename cannot be made (the desktops directory on another filesystem than the
- * state directory), the destroy releases and removes the files itself, as before.
+ * through a rename, and the mount table names the new path. The layers only a destroyed desktop
+ * stood on are collected after the sweep has unmounted its overlay (`collectUnusedLayers`). An
+ * agent that stops before a removal finishes leaves the directory behind, mounted or not; the
+ * next agent releases and removes it (and collects) when its driver starts. Where the rename
+ * cannot be made (the desktops directory on another filesystem than the state directory), the
+ * destroy releases and removes the files itself, as before.
  */
 import { randomBytes } from 'node:crypto';
 import { mkdir, readdir, rename } from 'node:fs/promises';
