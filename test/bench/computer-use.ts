@@ -83,16 +83,21 @@ export async function benchComputerUse(ctx: ComputerUseBenchContext): Promise<vo
 
     const move: number[] = [];
     const moveBase: number[] = [];
+    const key: number[] = [];
+    const keyBase: number[] = [];
     const type: number[] = [];
     const typeBase: number[] = [];
     for (let i = 0; i < INPUT_RUNS; i++) {
       const x = 100 + i;
       move.push(await timed(() => call(`/v1/desktops/${id}/input`, { actions: [{ type: 'mouse_move', x, y: 200 }] })));
       moveBase.push(await inGuestMs(`DISPLAY=:0 xdotool mousemove ${x} 300`));
+      key.push(await timed(() => call(`/v1/desktops/${id}/input`, { actions: [{ type: 'key', combo: 'ctrl+Home' }] })));
+      keyBase.push(await inGuestMs('DISPLAY=:0 xdotool key ctrl+Home'));
       type.push(await timed(() => call(`/v1/desktops/${id}/input`, { actions: [{ type: 'type', text: TWENTY_CHARS }] })));
       typeBase.push(await inGuestMs(`DISPLAY=:0 xdotool type --delay 12 '${TWENTY_CHARS}'`));
     }
     rows.push(['input: mouse_move', median(move), median(moveBase), 'ms', '', move]);
+    rows.push(['input: key ctrl+Home', median(key), median(keyBase), 'ms', '', key]);
     rows.push(['input: type 20 chars (12 ms per key)', median(type), median(typeBase), 'ms', '', type]);
 
     table(

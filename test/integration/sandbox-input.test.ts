@@ -305,7 +305,7 @@ describe.skipIf(!isRoot)('sandbox driver input', () => {
   });
 
   it('a pointer batch fails within seconds, saying why, when the X server does not answer', async () => {
-    // Pointer batches are played by the guest helper over one X connection (op-pointer.pl).
+    // Pointer batches are played by the guest helper over one X connection (op-xinput.pl).
     await sh('kill -STOP $(pidof Xvfb)');
     try {
       const t0 = performance.now();

@@ -1,18 +1,19 @@
 /**
  * The pure parts of the input batch script (agent/src/runtime/sandbox/computer-use/guest-input.ts):
  * shell quoting (checked by the real /bin/sh), typed text, the cursor answer, the batch's
- * timeout and the pointer steps the guest helper plays. The script itself, run against stand-ins, is input-script.test.ts.
+ * timeout, and the steps the guest helper plays (input-steps.ts). The script itself, run against stand-ins, is input-script.test.ts.
  */
 import { spawnSync } from 'node:child_process';
+import { existsSync, readFileSync } from 'node:fs';
 import { describe, expect, it } from 'vitest';
 import {
   inputTimeoutMs,
   MAX_TIMEOUT_MS,
   parseCursor,
-  pointerSteps,
   shellQuote,
   typedText,
 } from '../../agent/src/runtime/sandbox/computer-use/guest-input.js';
+import { KEYSYMS, keysymsOf, xinputSteps } from '../../agent/src/runtime/sandbox/computer-use/input-steps.js';
 import { NASTY } from '../helpers/nasty-text.js';
 import { POINTER_ACTIONS } from '../helpers/input-actions.js';
 
@@ -68,13 +69,14 @@ describe('inputTimeoutMs', () => {
   });
 });
 
-describe('pointerSteps', () => {
-  it("gives each pointer action xdotool's events in order, with its pauses", () => {
-    expect(pointerSteps([
+describe('xinputSteps', () => {
+  it("gives each action xdotool's events in order, with its pauses", () => {
+    expect(xinputSteps([
       ...POINTER_ACTIONS,
       { type: 'drag', to: { x: 7, y: 8 }, button: 'middle' },
       { type: 'scroll', direction: 'up' },
       { type: 'scroll', direction: 'right', amount: 2 },
+      { type: 'key', combo: 'ctrl+shift+Return' },
       { type: 'wait', ms: 250 },
     ])?.join(' ')).toBe([
       'm 10 20',
@@ -87,13 +89,33 @@ describe('pointerSteps', () => {
       'p 2 s 50 h 7 8 m 7 8 s 50 r 2',
       'p 4 r 4',
       'p 7 r 7 p 7 r 7',
+      // Pressed in order and released in the same order, as xdotool does.
+      `k ${0xffe3} k ${0xffe1} k ${0xff0d} u ${0xffe3} u ${0xffe1} u ${0xff0d}`,
       's 250',
     ].join(' '));
-    expect(pointerSteps([])).toEqual([]);
+    expect(xinputSteps([])).toEqual([]);
   });
 
-  it('leaves a batch that types or presses keys to the script', () => {
-    expect(pointerSteps([{ type: 'mouse_move', x: 1, y: 1 }, { type: 'type', text: 'a' }])).toBeNull();
-    expect(pointerSteps([{ type: 'key', combo: 'Return' }, { type: 'click' }])).toBeNull();
+  it('leaves a batch that types, or names a key not known here, to the script', () => {
+    expect(xinputSteps([{ type: 'mouse_move', x: 1, y: 1 }, { type: 'type', text: 'a' }])).toBeNull();
+    expect(xinputSteps([{ type: 'key', combo: 'ctrl+Nonexistent_Key' }, { type: 'click' }])).toBeNull();
+  });
+});
+
+describe('keysymsOf', () => {
+  it("reads xdotool's aliases in any case and keysym names exactly", () => {
+    expect(keysymsOf('CTRL+Alt+super+Shift+META+enter+Return')).toEqual([0xffe3, 0xffe9, 0xffeb, 0xffe1, 0xffe7, 0xff0d, 0xff0d]);
+    expect(keysymsOf('a')).toEqual([0x61]);
+    expect(keysymsOf('F12')).toEqual([0xffc9]);
+    for (const unknown of ['TAB', 'A', 'ctrl++a', '', 'ctrl+a c', '38', 'eacute']) expect(keysymsOf(unknown), unknown).toBeNull();
+  });
+
+  it.skipIf(!existsSync('/usr/include/X11/keysymdef.h'))('gives the values X11/keysymdef.h gives', () => {
+    const header = readFileSync('/usr/include/X11/keysymdef.h', 'utf8');
+    for (const [name, sym] of KEYSYMS) {
+      const defined = new RegExp(`^#define XK_${name}\\s+0x([0-9a-f]+)`, 'm').exec(header);
+      expect(defined, name).not.toBeNull();
+      expect(Number.parseInt(defined![1]!, 16), name).toBe(sym);
+    }
   });
 });

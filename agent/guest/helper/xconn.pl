@@ -1,4 +1,4 @@
-# A connection to the guest's X server, for `xsize` and `pointer`: the setup request and the
+# A connection to the guest's X server, for `xsize` and `xinput`: the setup request and the
 # server's setup reply, read whole. No module: the socket constants of Linux (AF_UNIX 1,
 # SOCK_STREAM 1) and sockaddr_un are written out, as the warm prologue does. Anything the guest put
 # at the socket's path may answer, or not; the caller arms a deadline, and reads are bounded.

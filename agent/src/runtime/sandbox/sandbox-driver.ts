@@ -208,7 +208,7 @@ export class SandboxDriver implements RuntimeDriver {
   }
 
   input(desktopId: string, actions: readonly InputAction[]): Promise<CursorPosition> {
-    return runInput((spec) => this.guest.exec(desktopId, spec), actions, (steps, ms) => this.guest.pointer(desktopId, steps, ms));
+    return runInput((spec) => this.guest.exec(desktopId, spec), actions, (steps, ms) => this.guest.xinput(desktopId, steps, ms));
   }
 
   openVnc(desktopId: string, viewOnly: boolean): Promise<VncSession> {

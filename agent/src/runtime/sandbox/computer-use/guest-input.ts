@@ -1,5 +1,8 @@
 /**
- * Input batches (docs/api.md §4.5): a batch runs inside the desktop as one shell script, one exec, so it
+ * Input batches (docs/api.md §4.5) that type text, or name keys the guest helper does not press
+ * itself (input-steps.ts plays the others over one X connection), as a script.
+ *
+ * Such a batch runs inside the desktop as one shell script, one exec, so it
  * costs a single guest round trip however many actions it holds, and its actions reach the X
  * server in order with no host-side gaps between them. The script runs one xdotool process per
  * action. Chaining the whole batch into a single xdotool would save about 3 ms per action (one
@@ -26,23 +29,14 @@
  * off-map characters runs no such step.
  */
 import { AgentFailure } from '../../../../../shared/src/protocol.js';
-import { INPUT_LIMITS, type InputAction, type MouseButton, type ScrollDirection } from '../../../../../shared/src/computer-use.js';
+import { INPUT_LIMITS, type InputAction } from '../../../../../shared/src/computer-use.js';
 import type { CursorPosition, ExecOutcome, ExecSpec } from '../../driver.js';
 import { guestFile } from '../guest/guest-programs.js';
-import { GuestCall, type GuestTarget } from '../guest/guest-call.js';
+import { BUTTONS, DRAG_PAUSE_MS, SCROLL_BUTTONS, xinputSteps } from './input-steps.js';
 
 type Exec = (spec: ExecSpec) => Promise<ExecOutcome>;
 
 const XDOTOOL = '/usr/bin/xdotool';
-const BUTTONS: Readonly<Record<MouseButton, number>> = { left: 1, middle: 2, right: 3 };
-const SCROLL_BUTTONS: Readonly<Record<ScrollDirection, number>> = { up: 4, down: 5, left: 6, right: 7 };
-
-/**
- * Between a drag's press and its first motion, and between its last motion and the release.
- * X delivers the events in order anyway; the pauses are for toolkits whose drag-and-drop talks
- * to the drop target asynchronously (XDND) and drops nothing if the release comes first.
- */
-const DRAG_PAUSE_MS = 50;
 /**
  * Between wheel clicks. The X server does not merge button events: every notch reaches the
  * client as its own press and release (the integration test counts them), so none is needed.
@@ -267,61 +261,6 @@ export function inputScript(actions: readonly InputAction[]): string {
   return `${lines.join('\n')}\n`;
 }
 
-/**
- * A batch of pointer actions and waits as the guest helper's `pointer` steps
- * (agent/guest/helper/op-pointer.pl), the same events xdotool sends for them, in the same order,
- * with the same pauses; null when the batch types or presses keys, which xdotool does (see the
- * module comment). One connection to the X server for the whole batch, in the desktop's warm file
- * server when it has one: no shell, no process per action.
- */
-export function pointerSteps(actions: readonly InputAction[]): string[] | null {
-  const steps: Array<string | number> = [];
-  const click = (b: number) => steps.push('p', b, 'r', b);
-  for (const action of actions) {
-    switch (action.type) {
-      case 'mouse_move':
-        steps.push('m', action.x, action.y);
-        break;
-      case 'click': {
-        const b = BUTTONS[action.button ?? 'left'];
-        if (action.x !== undefined && action.y !== undefined) steps.push('m', action.x, action.y);
-        click(b);
-        if (action.double === true) {
-          steps.push('s', INPUT_LIMITS.doubleClickGapMs);
-          click(b);
-        }
-        break;
-      }
-      case 'button_press':
-        steps.push('p', BUTTONS[action.button]);
-        break;
-      case 'button_release':
-        steps.push('r', BUTTONS[action.button]);
-        break;
-      case 'drag': {
-        const b = BUTTONS[action.button ?? 'left'];
-        const { from, to } = action;
-        if (from) steps.push('m', from.x, from.y);
-        steps.push('p', b, 's', DRAG_PAUSE_MS);
-        if (from) steps.push('m', Math.round((from.x + to.x) / 2), Math.round((from.y + to.y) / 2));
-        else steps.push('h', to.x, to.y);
-        steps.push('m', to.x, to.y, 's', DRAG_PAUSE_MS, 'r', b);
-        break;
-      }
-      case 'scroll':
-        for (let i = 0; i < (action.amount ?? 1); i++) click(SCROLL_BUTTONS[action.direction]);
-        break;
-      case 'wait':
-        steps.push('s', action.ms);
-        break;
-      case 'type':
-      case 'key':
-        return null;
-    }
-  }
-  return steps.map(String);
-}
-
 /** `X=10\nY=20\nSCREEN=0\nWINDOW=…` (getmouselocation --shell) → the cursor. */
 export function parseCursor(stdout: string): CursorPosition | null {
   const x = /^X=(\d+)$/m.exec(stdout);
@@ -350,34 +289,27 @@ function clip(text: string): string {
   return flat.length > 300 ? `${flat.slice(0, 300)}…` : flat;
 }
 
-/** Plays pointer steps through the guest helper (`pointer`) and reads the cursor it answers. */
-export async function guestPointer(target: GuestTarget, steps: readonly string[], timeoutMs: number): Promise<CursorPosition> {
-  const call = await GuestCall.start(target, 'pointer', steps, { timeoutMs });
-  const fields = await call.status();
-  if (fields.length !== 2 || !fields.every((f) => /^-?[0-9]{1,5}$/.test(f))) {
-    throw new AgentFailure('runtime_error', 'guest helper sent a malformed reply', true);
-  }
-  return { x: Number(fields[0]), y: Number(fields[1]) };
-}
-
-/** Plays pointer steps (pointerSteps) in the desktop and answers where the cursor ended. */
-export type PlayPointer = (steps: readonly string[], timeoutMs: number) => Promise<CursorPosition>;
+/** Plays xinput steps (input-steps.ts) in the desktop: the cursor after them, or null to run the batch as the script. */
+export type PlaySteps = (steps: readonly string[], timeoutMs: number) => Promise<CursorPosition | null>;
 
 /**
- * Runs the batch and returns where the cursor ended: pointer actions and waits alone through
- * `pointer` when given, anything else as the script. An exec timeout is the exec's own
+ * Runs the batch and returns where the cursor ended: through `play` when given and the batch
+ * types nothing (input-steps.ts), unless the helper finds a key it cannot press as xdotool
+ * would; as the script otherwise. An exec timeout is the exec's own
  * `AgentFailure('timeout')`, passed through. A failed action is not retryable: the actions
  * before it have happened.
  */
-export async function runInput(exec: Exec, actions: readonly InputAction[], pointer?: PlayPointer): Promise<CursorPosition> {
-  const steps = pointer === undefined ? null : pointerSteps(actions);
-  if (pointer !== undefined && steps !== null) {
+export async function runInput(exec: Exec, actions: readonly InputAction[], play?: PlaySteps): Promise<CursorPosition> {
+  const steps = play === undefined ? null : xinputSteps(actions);
+  if (play !== undefined && steps !== null) {
+    let cursor: CursorPosition | null;
     try {
-      return await pointer(steps, inputTimeoutMs(actions));
+      cursor = await play(steps, inputTimeoutMs(actions));
     } catch (err) {
       if (!(err instanceof AgentFailure) || err.code !== 'runtime_error') throw err;
       throw new AgentFailure('runtime_error', `input failed: ${clip(err.message)}`, false);
     }
+    if (cursor !== null) return cursor;
   }
   const out = await exec({ command: inputScript(actions), timeoutMs: inputTimeoutMs(actions), maxOutputBytes: 64 * 1024 });
   if (out.exitCode !== 0) {

@@ -1,6 +1,6 @@
 /**
  * The guest helper: a short Perl program that does every file and detached-process operation
- * (and talks to the X server: the screen size, pointer input) from inside a desktop. The driver runs it through nsenter with the guest init's mount namespace
+ * (and talks to the X server: the screen size, pointer and key input) from inside a desktop. The driver runs it through nsenter with the guest init's mount namespace
  * and root (see guest-call.ts), so every path it touches is resolved by the kernel against the
  * guest's own tree: an absolute symlink, `..` at the root or `/proc/1/root` all stay inside the
  * guest. No guest path is ever opened from the host side.
@@ -41,8 +41,9 @@
  *   kill-detached                  OK <number of process sessions killed>
  *   xsize                          OK <width> <height> of the X screen now; the X server not
  *                                  answering is ERR runtime_error (the X session is down)
- *   pointer <step>...              OK <x> <y> of the cursor once the steps are played
- *                                  (helper/op-pointer.pl: m X Y, h X Y, p B, r B, s MS)
+ *   xinput <step>...               OK <x> <y> of the cursor once the steps are played, or OK
+ *                                  script when a key is not one to press as xdotool would
+ *                                  (helper/op-xinput.pl lists the steps)
  * A helper that dies without a status line (killed, desktop stopped) is reported by the caller.
  */
 import { guestFile, perlProgram, type PerlValue } from './guest-programs.js';
@@ -61,11 +62,11 @@ export const MAX_APPEND_BYTES = 8 * 1024 * 1024;
 /** Where detached processes keep their files inside the guest. */
 export const PROCESSES_DIR = '/root/.canto/processes';
 
-export type HelperOp = 'stat' | 'list' | 'read' | 'write' | 'delete' | 'spawn' | 'status' | 'kill-detached' | 'xsize' | 'pointer';
+export type HelperOp = 'stat' | 'list' | 'read' | 'write' | 'delete' | 'spawn' | 'status' | 'kill-detached' | 'xsize' | 'xinput';
 
 /** The guest's X server (display :0, guest-init.ts) listens here. */
 const X_SOCKET = '/tmp/.X11-unix/X0';
-/** `xsize` and `pointer` give up on an X server that accepts but does not answer (stopped, or an impostor). */
+/** `xsize` and `xinput` give up on an X server that accepts but does not answer (stopped, or an impostor). */
 export const X_ANSWER_SEC = 2;
 
 /**
@@ -101,7 +102,7 @@ const OPS: Readonly<Record<HelperOp, readonly string[]>> = {
   status: ['procs'],
   'kill-detached': ['procs'],
   xsize: ['xconn'],
-  pointer: ['xconn'],
+  xinput: ['xconn'],
 };
 
 /** The helper's values (the shared ones, system calls, errno and open flags, come on their own). */

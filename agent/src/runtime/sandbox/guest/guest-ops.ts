@@ -41,7 +41,7 @@ import { InFlight, type GuestOp, type GuestOpKind } from './in-flight.js';
 import { isSameProcessSync } from '../host/host-procs.js';
 import { desktopPaths, hasDisk, type DesktopPaths } from '../host/layout.js';
 import { captureScreenshot, guestScreenSize } from '../computer-use/screenshot.js';
-import { guestPointer } from '../computer-use/guest-input.js';
+import { guestXInput } from '../computer-use/input-steps.js';
 import { WarmPool } from '../host/warm-pool.js';
 import { coldExecIsQuick } from './guest-entry.js';
 
@@ -178,9 +178,9 @@ export class GuestOperations {
     return this.helperOp(desktopId, (t) => guestScreenSize(t));
   }
 
-  /** Pointer input played by the guest helper (guest-input.ts `pointerSteps`); the cursor after it. */
-  pointer(desktopId: string, steps: readonly string[], timeoutMs: number): Promise<CursorPosition> {
-    return this.helperOp(desktopId, (t) => guestPointer(t, steps, timeoutMs));
+  /** Input played by the guest helper (input-steps.ts): the cursor after it, or null to run it as a script. */
+  xinput(desktopId: string, steps: readonly string[], timeoutMs: number): Promise<CursorPosition | null> {
+    return this.helperOp(desktopId, (t) => guestXInput(t, steps, timeoutMs));
   }
 
   /** The running guest init of an awake desktop: `not_found` or `not_running` otherwise. */
