@@ -7,9 +7,11 @@
  * (a new pid namespace).
  */
 import { spawn } from 'node:child_process';
-import { existsSync, readFileSync } from 'node:fs';
+import { existsSync, mkdirSync, readFileSync, rmdirSync } from 'node:fs';
+import { join } from 'node:path';
+import { newId } from '../../shared/src/ids.js';
 import { describe, expect, it } from 'vitest';
-import { childPidsSync, killTree } from '../../agent/src/runtime/sandbox/host/host-procs.js';
+import { childPidsSync, desktopPeers, killTree, procStatSync } from '../../agent/src/runtime/sandbox/host/host-procs.js';
 import { isRoot } from '../helpers/sandbox.js';
 import { until } from '../helpers/wait.js';
 
@@ -39,5 +41,43 @@ describe.skipIf(!isRoot)('killTree', () => {
     await killTree(outer.pid!);
     expect(existsSync(`/proc/${inner}`)).toBe(false);
     await exited;
+  });
+
+  it("kills a session's member that left the tree, found among its desktop's processes alone", async () => {
+    const group = join('/sys/fs/cgroup/pids/canto', newId('desktop'));
+    mkdirSync(group, { recursive: true });
+    try {
+      // root (in the desktop's groups) → a session leader → a sleep; the subshell's sleep is
+      // handed to init: in the session and the groups, no longer in the tree.
+      const root = spawn('sh', ['-c', `echo $$ > ${group}/cgroup.procs && setsid sh -c '(sleep 1000 &); exec sleep 1001'; wait`], { stdio: 'ignore' });
+      const exited = new Promise<void>((resolve) => root.once('exit', () => resolve()));
+      const members = () => readFileSync(`${group}/cgroup.procs`, 'utf8').split('\n').filter(Boolean).map(Number);
+      await until(() => members().length === 3, 5_000, 'the three processes in the group');
+      const lost = members().find((pid) => readFileSync(`/proc/${pid}/cmdline`, 'utf8') === 'sleep\u00001000\u0000')!;
+      expect(childPidsSync(root.pid!).flatMap((c) => [c, ...childPidsSync(c)])).not.toContain(lost);
+      expect(desktopPeers(root.pid!)?.sort()).toEqual(members().sort());
+      expect(desktopPeers(process.pid)).toBeNull();
+
+      await killTree(root.pid!);
+      // Dead, maybe a zombie until init reaps it.
+      const dead = () => {
+        try {
+          return /^State:\s+Z/m.test(readFileSync(`/proc/${lost}/status`, 'utf8'));
+        } catch {
+          return procStatSync(lost) === null;
+        }
+      };
+      await until(dead, 5_000, 'the lost member killed');
+      await exited;
+    } finally {
+      await until(() => {
+        try {
+          rmdirSync(group);
+          return true;
+        } catch {
+          return false;
+        }
+      }, 10_000, 'the group to empty');
+    }
   });
 });

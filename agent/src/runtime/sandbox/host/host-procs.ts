@@ -87,11 +87,28 @@ export async function allProcs(): Promise<ProcStat[]> {
   return stats.filter((s): s is ProcStat => s !== null);
 }
 
-/** SIGKILLs every process of a session (an exec'd command and whatever it left behind). */
-export async function killSession(session: number): Promise<void> {
-  for (const p of await allProcs()) {
+/**
+ * SIGKILLs every process of a session (an exec'd command and whatever it left behind), looked for
+ * among `among` (the processes of the session's desktop) or, when null, among all the host's.
+ */
+export async function killSession(session: number, among: readonly number[] | null = null): Promise<void> {
+  const candidates = among === null ? await allProcs() : among.map(procStatSync).filter((s): s is ProcStat => s !== null);
+  for (const p of candidates) {
     if (p.session === session) signal(p.pid, 'SIGKILL');
   }
+}
+
+/**
+ * The processes in the same desktop's groups as `pid` (its pids cgroup under `canto/`), or null
+ * when it is in none. A guest process cannot leave its desktop's groups, so a session inside the
+ * guest has all its members there: searching them instead of the whole host keeps a kill's cost
+ * bounded by the desktop, not by the host's thousands of processes.
+ */
+export function desktopPeers(pid: number): number[] | null {
+  const path = /^\d+:pids:(\/canto\/[^/\n]+)$/m.exec(readOrNull(() => readFileSync(`/proc/${pid}/cgroup`, 'utf8')) ?? '')?.[1];
+  if (path === undefined) return null;
+  const procs = readOrNull(() => readFileSync(`/sys/fs/cgroup/pids${path}/cgroup.procs`, 'utf8'));
+  return procs === null ? null : procs.split('\n').filter(Boolean).map(Number);
 }
 
 /**
@@ -113,12 +130,14 @@ export async function killTree(root: number): Promise<void> {
     const st = await procStat(pid);
     if (st !== null && st.session === pid && st.session !== rootStat?.session) sessions.add(pid);
   }
+  // Read before anything dies: a killed process's cgroup file no longer names its groups.
+  const peers = sessions.size > 0 ? desktopPeers(root) : null;
   const own = await pidNamespace('self');
   const guest: number[] = [];
   const host: number[] = [];
   for (const pid of tree) ((await pidNamespace(pid)) === own ? host : guest).push(pid);
   for (const pid of guest) signal(pid, 'SIGKILL');
-  for (const s of sessions) await killSession(s);
+  for (const s of sessions) await killSession(s, peers);
   if (guest.length > 0 && host.length > 0) {
     // nsenter stops itself when its child stops (to pass the stop on), and a stopped nsenter
     // cannot reap: it goes on, to be killed next.
@@ -174,7 +193,8 @@ export function childPidsSync(pid: number): number[] {
  */
 const CHILDREN_READS = 8;
 
-function readOrNull(read: () => string): string | null {
+/** What `read` gives, or null when it throws (a process or descriptor gone meanwhile). */
+function readOrNull<T>(read: () => T): T | null {
   try {
     return read();
   } catch {
