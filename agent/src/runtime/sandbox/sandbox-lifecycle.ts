@@ -10,13 +10,14 @@
  * Sessions out of the guest (VNC, terminals, port forwarders) and warm servers (warm-pool.ts)
  * close right after that drain; a desktop that starts drops those of its previous init.
  */
-import { mkdir, readdir, rename, rm } from 'node:fs/promises';
+import { mkdir, rename, rm } from 'node:fs/promises';
 import { join } from 'node:path';
 import { AgentFailure } from '../../../../shared/src/protocol.js';
 import type { Tier } from '../../../../shared/src/tiers.js';
 import type { DesktopLifecycle, DesktopStatus, ExecOutcome, RuntimeCapabilities, StartSpec } from '../driver.js';
 import { applyTier, drainAndRemove, removeIfEmpty } from './host/cgroups.js';
 import { coldBoot, runningInit, type InitProcess } from './host/cold-boot.js';
+import { desktopStatus, listDesktops } from './host/desktop-status.js';
 import { dump, restore, type CriuInfo } from './host/criu.js';
 import { applyFirstBoot, renderEnvFile, WRITE_ENV_COMMAND } from './host/first-boot.js';
 import { writeCloneEnv } from './host/golden.js';
@@ -35,8 +36,7 @@ import { compactFile, worthCompacting } from './host/sparse.js';
 import { createFork, freeze, mountDisk, standsOnLayers } from './host/layers.js';
 import { collectUnusedLayers, discardTree } from './host/discarded.js';
 import {
-  assertDesktopId, desktopPaths, desktopsDir, ensureDisk, ensureSkeleton, exists, hasDisk,
-  TEMPLATE_CLONE_FILE, TEMPLATE_FILE, writeFileAtomic, type DesktopPaths,
+  desktopPaths, ensureDisk, ensureSkeleton, exists, hasDisk, TEMPLATE_CLONE_FILE, writeFileAtomic, type DesktopPaths,
 } from './host/layout.js';
 import type { RuntimeLog } from './runtime-log.js';
 
@@ -245,31 +245,12 @@ export class SandboxLifecycle implements Omit<DesktopLifecycle, 'close' | 'usage
     });
   }
 
-  async list(): Promise<DesktopStatus[]> {
-    let names: string[];
-    try {
-      names = await readdir(desktopsDir(this.stateDir));
-    } catch {
-      return [];
-    }
-    const out: DesktopStatus[] = [];
-    for (const desktopId of names.sort()) {
-      try {
-        assertDesktopId(desktopId);
-      } catch {
-        continue;
-      }
-      if (await exists(join(desktopsDir(this.stateDir), desktopId, TEMPLATE_FILE))) continue;
-      const status = await this.status(desktopId);
-      if (status !== null) out.push(status);
-    }
-    return out;
+  list(): Promise<DesktopStatus[]> {
+    return listDesktops(this.stateDir);
   }
 
   async status(desktopId: string): Promise<DesktopStatus | null> {
-    const paths = desktopPaths(this.stateDir, desktopId);
-    if (!(await hasDisk(paths))) return null;
-    return { desktopId, running: (await runningInit(paths)) !== null, hasSnapshot: await exists(paths.snapshot) };
+    return desktopStatus(this.stateDir, desktopId);
   }
 
   /* ---------------------------------------------------------------- internals */
@@ -398,3 +379,4 @@ export class SandboxLifecycle implements Omit<DesktopLifecycle, 'close' | 'usage
     });
   }
 }
+

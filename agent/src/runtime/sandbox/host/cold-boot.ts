@@ -15,8 +15,8 @@ import type { Readable, Writable } from 'node:stream';
 import { AgentFailure } from '../../../../../shared/src/protocol.js';
 import { joinArgv } from './cgroups.js';
 import { bwrapArgs, GUEST_ENV } from '../guest/guest-init.js';
-import { isSameProcess, procStat, signal } from './host-procs.js';
-import { readJson, type DesktopPaths } from './layout.js';
+import { isSameProcessSync, procStat, signal } from './host-procs.js';
+import { readJson, readJsonSync, type DesktopPaths } from './layout.js';
 
 export interface InitProcess {
   readonly pid: number;
@@ -97,7 +97,19 @@ export async function coldBoot(
 
 /** The guest init recorded for the desktop, if that process is still alive. */
 export async function runningInit(paths: DesktopPaths): Promise<InitProcess | null> {
-  const init = await readJson<InitProcess>(paths.initFile);
+  return aliveInit(await readJson<InitProcess>(paths.initFile));
+}
+
+/**
+ * runningInit, synchronously, for a walk over every desktop of the host (the driver's `list`):
+ * a small local file and a /proc read each, cheaper done at once than as two thread-pool round
+ * trips.
+ */
+export function runningInitSync(paths: DesktopPaths): InitProcess | null {
+  return aliveInit(readJsonSync<InitProcess>(paths.initFile));
+}
+
+function aliveInit(init: InitProcess | null): InitProcess | null {
   if (init === null || !Number.isInteger(init.pid)) return null;
-  return (await isSameProcess(init.pid, init.startTime)) ? init : null;
+  return isSameProcessSync(init.pid, init.startTime) ? init : null;
 }

@@ -14,6 +14,7 @@
  * snapshots) sit beside them where the guest cannot write.
  */
 import { randomBytes } from 'node:crypto';
+import { existsSync, readFileSync } from 'node:fs';
 import { chmod, cp, lstat, mkdir, readFile, rename, rm, rmdir, stat, symlink, unlink, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { AgentFailure } from '../../../../../shared/src/protocol.js';
@@ -22,8 +23,12 @@ import { runToEnd } from './spawner.js';
 /** Desktop ids are opaque to the driver, but they become path components, so they are checked. */
 const DESKTOP_ID = /^dsk_[0-9a-v]{24}$/;
 
+export function isDesktopId(name: string): boolean {
+  return DESKTOP_ID.test(name);
+}
+
 export function assertDesktopId(desktopId: string): void {
-  if (!DESKTOP_ID.test(desktopId)) {
+  if (!isDesktopId(desktopId)) {
     throw new AgentFailure('bad_request', `invalid desktop id ${JSON.stringify(desktopId)}`, false);
   }
 }
@@ -157,6 +162,10 @@ export async function hasDisk(paths: DesktopPaths): Promise<boolean> {
   return exists(join(paths.dir, '.ready'));
 }
 
+export function hasDiskSync(paths: DesktopPaths): boolean {
+  return existsSync(join(paths.dir, '.ready'));
+}
+
 /**
  * The skeleton matches the root bwrap builds (see guest-init.ts), which CRIU needs on restore. It
  * is per desktop because CRIU binds it read-write until the driver remounts it read-only.
@@ -220,6 +229,14 @@ export async function syncFilesystem(path: string): Promise<void> {
 export async function readJson<T>(path: string): Promise<T | null> {
   try {
     return JSON.parse(await readFile(path, 'utf8')) as T;
+  } catch {
+    return null;
+  }
+}
+
+export function readJsonSync<T>(path: string): T | null {
+  try {
+    return JSON.parse(readFileSync(path, 'utf8')) as T;
   } catch {
     return null;
   }
