@@ -96,8 +96,16 @@ describe('xinputSteps', () => {
     expect(xinputSteps([])).toEqual([]);
   });
 
-  it('leaves a batch that types, or names a key not known here, to the script', () => {
-    expect(xinputSteps([{ type: 'mouse_move', x: 1, y: 1 }, { type: 'type', text: 'a' }])).toBeNull();
+  it('types printable ASCII, tabs and line breaks, with the pause xdotool makes after each key event', () => {
+    // `\r\n` is one line break, one Return.
+    expect(xinputSteps([{ type: 'type', text: 'aB\t\r\n\n' }, { type: 'type', text: ' ', delay_ms: 0 }])?.join(' ')).toBe(
+      `c 97 3000 c 66 3000 c ${0xff09} 3000 c ${0xff0d} 3000 c ${0xff0d} 3000 c 32 0`,
+    );
+  });
+
+  it('leaves a batch that types other text, or names a key not known here, to the script', () => {
+    expect(xinputSteps([{ type: 'mouse_move', x: 1, y: 1 }, { type: 'type', text: 'a é' }])).toBeNull();
+    expect(xinputSteps([{ type: 'type', text: '\u0007' }])).toBeNull();
     expect(xinputSteps([{ type: 'key', combo: 'ctrl+Nonexistent_Key' }, { type: 'click' }])).toBeNull();
   });
 });

@@ -94,6 +94,11 @@ function serve(client: Socket): void {
           syms.writeUInt32LE(b, 24 + 8 * k + 4);
         }
         answer(reply(seq, syms, 2));
+      } else if (op === 119) {
+        requests.push('GetModifierMapping');
+        const data = Buffer.alloc(24 + 8);
+        data[24] = 50; // Shift: keycode 50; the other seven modifiers none
+        answer(reply(seq, data, 1));
       } else if (op === 41) {
         expect(req.readUInt32LE(8)).toBe(ROOT);
         pointer = { x: req.readInt16LE(20), y: req.readInt16LE(22) };
@@ -158,6 +163,17 @@ describe('the xinput helper operation', () => {
       'KeyRelease 38',
       'QueryPointer',
     ]);
+  });
+
+  it('types a character on its key, with Shift around it when it is on the second level, and pauses', async () => {
+    const t0 = performance.now();
+    expect(await xinput('c', 0x61, 20_000, 'c', 0x41, 20_000)).toBe(`OK ${pointer.x} ${pointer.y}\n`);
+    expect(performance.now() - t0).toBeGreaterThanOrEqual(80);
+    // As xdotool: Shift goes up before the key.
+    const typing = 'KeyPress 38, KeyRelease 38, KeyPress 50, KeyPress 38, KeyRelease 50, KeyRelease 38';
+    expect(requests.join(', ')).toBe(`GetKeyboardMapping ${MIN_KEYCODE} 32, GetModifierMapping, QueryExtension XTEST, ${typing}, QueryPointer`);
+    // A key on a third level, or none, is left to the script.
+    expect(await xinput('c', 0xffff, 0)).toBe('OK script\n');
   });
 
   it('moves halfway from where the cursor is, and skips an event that comes before a reply', async () => {

@@ -7,10 +7,13 @@
 #   h X Y   move halfway from where the cursor is to (X, Y) (a drag's middle motion)
 #   p B     press button B        r B   release button B
 #   k S     press the key of keysym S   u S   release it
+#   c S US  type keysym S as xdotool's type does: Shift down when S is on its key's second level,
+#           the key down, US microseconds, Shift up, the key up, US microseconds
 #   s MS    sleep MS milliseconds (the server keeps what was sent; nothing waits on it)
 # A keysym is pressed on the lowest keycode that carries it, as xdotool picks it, and only when it
-# is that key's first level: otherwise xdotool would add Shift or bind a spare key, and the answer
-# is `OK script` (run the batch as the script), given before anything is sent.
+# is that key's first level (or, typed, its second): otherwise xdotool would add other modifiers
+# or bind a spare key, and the answer is `OK script` (run the batch as the script), given before
+# anything is sent.
 # Requests that answer nothing are written as they come; a reply is awaited only for the XTEST
 # opcode, the keyboard mapping, a halfway move and the final QueryPointer, which also tells that
 # every request before it was carried out. An X error fails the call, as a failing xdotool fails
@@ -18,7 +21,7 @@
 # the X_ANSWER_SEC deadline.
 $SIG{ALRM} = sub { fail('runtime_error', 'X session down: the X server did not answer') };
 alarm X_ANSWER_SEC;
-my %arity = (m => 2, h => 2, p => 1, r => 1, k => 1, u => 1, s => 1);
+my %arity = (m => 2, h => 2, p => 1, r => 1, k => 1, u => 1, c => 2, s => 1);
 my @plan;
 while (@arg) {
   my $step = shift @arg;
@@ -56,7 +59,9 @@ my $warp = sub { $send->(pack('C x v V V s s v v s s', 41, 6, 0, $root, 0, 0, 0,
 my $xtest;
 # The keycode of each keysym the steps name (see above), from the core keyboard mapping.
 my %key;
-my @syms = map { $_->[1] } grep { $_->[0] eq 'k' || $_->[0] eq 'u' } @plan;
+my %shifted;
+my $shift;
+my @syms = map { [$_->[1], $_->[0] eq 'c'] } grep { $_->[0] eq 'k' || $_->[0] eq 'u' || $_->[0] eq 'c' } @plan;
 if (@syms) {
   my ($min, $max) = unpack('x26 C C', $body);
   $send->(pack('C x v C C x2', 101, 2, $min, $max - $min + 1));
@@ -67,10 +72,19 @@ if (@syms) {
   for my $i (0 .. $#codes) {
     $first{$codes[$i]} //= [$min + int($i / $per), $i % $per] if $codes[$i];
   }
-  for my $sym (@syms) {
+  for (@syms) {
+    my ($sym, $typed) = @$_;
     my $place = $first{$sym};
-    if (!$place || $place->[1] != 0) { out("OK script\n"); exit 0; }
+    if (!$place || $place->[1] > ($typed ? 1 : 0)) { out("OK script\n"); exit 0; }
     $key{$sym} = $place->[0];
+    $shifted{$sym} = 1 if $place->[1] == 1;
+  }
+  if (%shifted) {
+    # The first key of the Shift modifier, as xdotool presses it (GetModifierMapping).
+    $send->(pack('C x v', 119, 1));
+    my $mods = $reply->();
+    $shift = unpack('x32 C', $mods);
+    if (!$shift) { out("OK script\n"); exit 0; }
   }
 }
 my $fake = sub {
@@ -96,6 +110,14 @@ for my $step (@plan) {
     $fake->($s eq 'p' ? 4 : 5, $v[0]);
   } elsif ($s eq 'k' || $s eq 'u') {
     $fake->($s eq 'k' ? 2 : 3, $key{$v[0]});
+  } elsif ($s eq 'c') {
+    my ($code, $half) = ($key{$v[0]}, $v[1] / 1e6);
+    $fake->(2, $shift) if $shifted{$v[0]};
+    $fake->(2, $code);
+    select(undef, undef, undef, $half) if $half;
+    $fake->(3, $shift) if $shifted{$v[0]};
+    $fake->(3, $code);
+    select(undef, undef, undef, $half) if $half;
   } else {
     select(undef, undef, undef, $v[0] / 1000);
   }

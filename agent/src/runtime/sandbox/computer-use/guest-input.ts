@@ -32,7 +32,9 @@ import { AgentFailure } from '../../../../../shared/src/protocol.js';
 import { INPUT_LIMITS, type InputAction } from '../../../../../shared/src/computer-use.js';
 import type { CursorPosition, ExecOutcome, ExecSpec } from '../../driver.js';
 import { guestFile } from '../guest/guest-programs.js';
-import { BUTTONS, DRAG_PAUSE_MS, SCROLL_BUTTONS, xinputSteps } from './input-steps.js';
+import { BUTTONS, DRAG_PAUSE_MS, SCROLL_BUTTONS, typedText, xinputSteps } from './input-steps.js';
+
+export { typedText };
 
 type Exec = (spec: ExecSpec) => Promise<ExecOutcome>;
 
@@ -69,13 +71,6 @@ export function shellQuote(word: string): string {
   return `'${word.replace(/'+/g, (run) => `'${"\\'".repeat(run.length)}'`)}'`;
 }
 
-/**
- * xdotool types `\n` as the Linefeed keysym, which GUI toolkits ignore, and `\r` as Return. A
- * person ends a line with Return, so every line break (`\r\n`, `\n` or `\r`) becomes one Return.
- */
-export function typedText(text: string): string {
-  return text.replace(/\r\n|\n/g, '\r');
-}
 
 function seconds(ms: number): string {
   return String(ms / 1000);

@@ -6,13 +6,17 @@
  * mousemove); a button or a key goes down and up through the XTEST extension (its click,
  * mousedown, mouseup and key).
  *
+ * Typed text of printable ASCII, tabs and line breaks goes the same way (each character's key,
+ * with Shift when it is on the key's second level); other text runs as the script, whose binder
+ * handles characters the keymap lacks.
+ *
  * Keys are named as xdotool names them: a combo's `+`-separated tokens, each an alias (`ctrl`,
  * `shift`, `alt`, `super`, `meta`, `enter`, `return`, any case) or a keysym name. The names known
- * here are those of the keys a combo usually holds; a batch with any other, or with `type`,
- * runs as the script, so every name xdotool takes still works and every one it refuses still
- * fails the same way. The helper, which knows the keyboard mapping, also leaves a batch to the
- * script when a key's keysym is not on a key's first level (xdotool would add Shift, or bind a
- * spare key): it answers so before it sends anything.
+ * here are those of the keys a combo usually holds; a batch with any other runs as the script,
+ * so every name xdotool takes still works and every one it refuses still fails the same way. The
+ * helper, which knows the keyboard mapping, also leaves a batch to the script when a key's keysym
+ * is not on a key's first level (xdotool would add Shift, or bind a spare key): it answers so
+ * before it sends anything.
  */
 import { INPUT_LIMITS, type InputAction, type MouseButton, type ScrollDirection } from '../../../../../shared/src/computer-use.js';
 import { AgentFailure } from '../../../../../shared/src/protocol.js';
@@ -28,6 +32,14 @@ export const SCROLL_BUTTONS: Readonly<Record<ScrollDirection, number>> = { up: 4
  * to the drop target asynchronously (XDND) and drops nothing if the release comes first.
  */
 export const DRAG_PAUSE_MS = 50;
+
+/**
+ * xdotool types `\n` as the Linefeed keysym, which GUI toolkits ignore, and `\r` as Return. A
+ * person ends a line with Return, so every line break (`\r\n`, `\n` or `\r`) becomes one Return.
+ */
+export function typedText(text: string): string {
+  return text.replace(/\r\n|\n/g, '\r');
+}
 
 /** xdotool's aliases (xdo_util.h), matched in any case. */
 const ALIASES: Readonly<Record<string, string>> = {
@@ -111,8 +123,17 @@ export function xinputSteps(actions: readonly InputAction[]): string[] | null {
       case 'wait':
         steps.push('s', action.ms);
         break;
-      case 'type':
-        return null;
+      case 'type': {
+        // Printable ASCII, tabs and line breaks (typedText makes them Return); anything else is
+        // the binder's and xdotool's (guest-input.ts).
+        const text = typedText(action.text);
+        if (!/^[\x20-\x7e\t\r]*$/.test(text)) return null;
+        // The pause after each key event, as this platform's xdotool (3.20160805) makes it: it
+        // halves the delay for the press and release pair, then waits half of that after each.
+        const half = (action.delay_ms ?? INPUT_LIMITS.defaultDelayMs) * 250;
+        for (const ch of text) steps.push('c', ch === '\r' ? 0xff0d : ch === '\t' ? 0xff09 : ch.charCodeAt(0), half);
+        break;
+      }
     }
   }
   return steps.map(String);
