@@ -325,6 +325,17 @@ describe.skipIf(!isRoot)('sandbox driver input', () => {
     expect(performance.now() - t0).toBeGreaterThanOrEqual(300);
   });
 
+  it('types delay_ms per keystroke, through the helper (ASCII) and through xdotool (beyond it)', async () => {
+    await markNow();
+    for (const text of ['abcde', 'abcdé']) {
+      const t0 = performance.now();
+      await input([{ type: 'type', text, delay_ms: 60 }]);
+      expect(performance.now() - t0, text).toBeGreaterThanOrEqual(5 * 60);
+    }
+    const events = await eventsUntil((ev) => ev.filter((e) => e.type === 'KeyPress' && e.keysym !== 'Shift_L').length >= 10, 'the ten letters');
+    expect(events.filter((e) => e.type === 'KeyPress' && e.keysym !== 'Shift_L').map((e) => e.keysym).join(' ')).toBe('a b c d e a b c d eacute');
+  });
+
   it('timings: typing, and one xdotool per action against one chained xdotool', async () => {
     await markNow();
     for (let i = 0; i < 10; i++) await timed('type 20 chars (delay 12)', () => input([{ type: 'type', text: 'abcdefghijklmnopqrst' }]));

@@ -96,10 +96,10 @@ describe('xinputSteps', () => {
     expect(xinputSteps([])).toEqual([]);
   });
 
-  it('types printable ASCII, tabs and line breaks, with the pause xdotool makes after each key event', () => {
+  it('types printable ASCII, tabs and line breaks, delay_ms per keystroke: half after the press, half after the release', () => {
     // `\r\n` is one line break, one Return.
     expect(xinputSteps([{ type: 'type', text: 'aB\t\r\n\n' }, { type: 'type', text: ' ', delay_ms: 0 }])?.join(' ')).toBe(
-      `c 97 3000 c 66 3000 c ${0xff09} 3000 c ${0xff0d} 3000 c ${0xff0d} 3000 c 32 0`,
+      `c 97 6000 c 66 6000 c ${0xff09} 6000 c ${0xff0d} 6000 c ${0xff0d} 6000 c 32 0`,
     );
   });
 

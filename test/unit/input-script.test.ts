@@ -181,7 +181,7 @@ describe('inputScript', () => {
       ['click', '--repeat', '3', '--delay', '0', '5'],
       ['click', '--repeat', '2', '--delay', '0', '6'],
       ['click', '--repeat', '50', '--delay', '0', '7'],
-      ['type', '--delay', '12', '--', 'hello'],
+      ['type', '--delay', '24', '--', 'hello'],
       ['type', '--delay', '0', '--', 'x'],
       ['key', '--delay', '0', '--', 'ctrl+shift+Return'],
       // The last action, a pointer action, reads the cursor in its own xdotool.
@@ -202,7 +202,7 @@ describe('inputScript', () => {
   it('passes nasty text to xdotool type as one exact word', async () => {
     for (const text of NASTY.filter((t) => t !== '')) {
       const seen = await calls([{ type: 'type', text, delay_ms: 5 }]);
-      expect(seen, JSON.stringify(text)).toEqual([['type', '--delay', '5', '--', typedText(text)], CURSOR]);
+      expect(seen, JSON.stringify(text)).toEqual([['type', '--delay', '10', '--', typedText(text)], CURSOR]);
     }
     const seen = await calls([{ type: 'type', text: '$((1+1))' }, { type: 'type', text: "'$(id)'" }]);
     expect(seen.slice(0, 2).map((argv) => argv[4])).toEqual(['$((1+1))', "'$(id)'"]);
@@ -328,7 +328,7 @@ describe('binding off-map characters', () => {
     resetKeymap();
     const seen = await records([{ type: 'type', text, delay_ms: 3 }]);
     const typed = seen.filter(([tool, , , cmd]) => tool === 'xdotool' && cmd === 'type');
-    expect(typed.map((r) => r.slice(3, -1))).toEqual(segments.map(() => ['type', '--delay', '3', '--']));
+    expect(typed.map((r) => r.slice(3, -1))).toEqual(segments.map(() => ['type', '--delay', '6', '--']));
     expect(typed.map((r) => r.at(-1))).toEqual(segments);
     expect(seen[0]?.[0]).toBe('xmodmap');
   });

@@ -197,8 +197,13 @@ function binderFunction(): string {
   );
 }
 
+/**
+ * The contract's `delay_ms` is per keystroke. This platform's xdotool (3.20160805) waits half its
+ * `--delay` per character (it halves the delay for the press and release pair, then waits half of
+ * that after each), so it is given twice the delay.
+ */
 function typeWords(delayMs: number | undefined, text: Word): Word[] {
-  return ['type', '--delay', String(delayMs ?? INPUT_LIMITS.defaultDelayMs), '--', text];
+  return ['type', '--delay', String(2 * (delayMs ?? INPUT_LIMITS.defaultDelayMs)), '--', text];
 }
 
 function shellWords(words: readonly Word[]): string {

@@ -128,9 +128,8 @@ export function xinputSteps(actions: readonly InputAction[]): string[] | null {
         // the binder's and xdotool's (guest-input.ts).
         const text = typedText(action.text);
         if (!/^[\x20-\x7e\t\r]*$/.test(text)) return null;
-        // The pause after each key event, as this platform's xdotool (3.20160805) makes it: it
-        // halves the delay for the press and release pair, then waits half of that after each.
-        const half = (action.delay_ms ?? INPUT_LIMITS.defaultDelayMs) * 250;
+        // `delay_ms` per keystroke (the contract's): half of it after the press, half after the release.
+        const half = (action.delay_ms ?? INPUT_LIMITS.defaultDelayMs) * 500;
         for (const ch of text) steps.push('c', ch === '\r' ? 0xff0d : ch === '\t' ? 0xff09 : ch.charCodeAt(0), half);
         break;
       }
