@@ -17,6 +17,8 @@ describe.skipIf(!isRoot)('sandbox driver guest operations', () => {
   useGuestDesktop();
 
   it('runs detached processes with the env file and reports status and tails', async () => {
+    // The first boot's setup script runs detached: the start answers once it is started.
+    await until(async () => (await driver.processStatus(id, 'setup', 100))?.status === 'exited', 10_000, 'the setup script to end');
     expect(await driver.processStatus(id, 'setup', 100)).toEqual({
       status: 'exited', exitCode: 4, stdoutTail: 'setup-out\n', stderrTail: 'setup-err\n',
     });
