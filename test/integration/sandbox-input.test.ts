@@ -11,7 +11,7 @@ import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import type { InputAction } from '../../shared/src/computer-use.js';
 import { newId } from '../../shared/src/ids.js';
-import { typedText } from '../../agent/src/runtime/sandbox/computer-use/guest-input.js';
+import { typedText } from '../../agent/src/runtime/sandbox/computer-use/input-steps.js';
 import { createSandboxDriver, type SandboxDriver } from '../../agent/src/runtime/sandbox/index.js';
 import { failure } from '../helpers/agent-failure.js';
 import { isRoot, median, stopwatch } from '../helpers/sandbox.js';

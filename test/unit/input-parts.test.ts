@@ -11,9 +11,8 @@ import {
   MAX_TIMEOUT_MS,
   parseCursor,
   shellQuote,
-  typedText,
 } from '../../agent/src/runtime/sandbox/computer-use/guest-input.js';
-import { KEYSYMS, keysymsOf, xinputSteps } from '../../agent/src/runtime/sandbox/computer-use/input-steps.js';
+import { KEYSYMS, keysymsOf, typedText, xinputSteps } from '../../agent/src/runtime/sandbox/computer-use/input-steps.js';
 import { NASTY } from '../helpers/nasty-text.js';
 import { POINTER_ACTIONS } from '../helpers/input-actions.js';
 

@@ -15,11 +15,12 @@ import { INPUT_LIMITS, type InputAction } from '../../shared/src/computer-use.js
 import { AgentFailure } from '../../shared/src/protocol.js';
 import type { ExecOutcome, ExecSpec } from '../../agent/src/runtime/driver.js';
 import {
-  inputScript, inputTimeoutMs, KEYMAP_LOCK, runInput, SEGMENT_CHARS, shellQuote, typedText, typingSegments,
+  inputScript, inputTimeoutMs, KEYMAP_LOCK, runInput, SEGMENT_CHARS, shellQuote, typingSegments,
 } from '../../agent/src/runtime/sandbox/computer-use/guest-input.js';
 import { failure } from '../helpers/agent-failure.js';
 import { NASTY } from '../helpers/nasty-text.js';
 import { POINTER_ACTIONS } from '../helpers/input-actions.js';
+import { typedText } from '../../agent/src/runtime/sandbox/computer-use/input-steps.js';
 
 /**
  * Stand-ins that append one record each to a log, NUL-separated fields ending in \x01: xdotool

@@ -136,7 +136,7 @@ export class SandboxLifecycle implements Omit<DesktopLifecycle, 'close' | 'usage
           if (unset !== null) this.log('could not set the display size again after a cold boot', { desktopId: spec.desktopId, error: unset }, 'warn');
         }
         // The images describe memory that no longer matches the disk once the guest has run.
-        if (restored) await discardTree(this.stateDir, paths.snapshot, (err) => this.log('could not remove a spent snapshot', { desktopId: spec.desktopId, error: String(err) }), `${spec.desktopId}.snapshot`);
+        if (restored) await discardTree(this.stateDir, paths.snapshot, (err) => this.log('could not remove a spent snapshot', { desktopId: spec.desktopId, error: String(err) }, 'warn'), `${spec.desktopId}.snapshot`);
         await rm(join(paths.dir, TEMPLATE_CLONE_FILE), { force: true });
         this.log('desktop started', { desktopId: spec.desktopId, restored, ms: Math.round(performance.now() - t0) });
       }

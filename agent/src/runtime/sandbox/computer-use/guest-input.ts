@@ -1,6 +1,7 @@
 /**
- * Input batches (docs/api.md §4.5) that type text, or name keys the guest helper does not press
- * itself (input-steps.ts plays the others over one X connection), as a script.
+ * Input batches (docs/api.md §4.5) that type beyond printable ASCII, or name keys the guest
+ * helper does not press itself (input-steps.ts plays the others over one X connection), as a
+ * script.
  *
  * Such a batch runs inside the desktop as one shell script, one exec, so it
  * costs a single guest round trip however many actions it holds, and its actions reach the X
@@ -33,8 +34,6 @@ import { INPUT_LIMITS, type InputAction } from '../../../../../shared/src/comput
 import type { CursorPosition, ExecOutcome, ExecSpec } from '../../driver.js';
 import { guestFile } from '../guest/guest-programs.js';
 import { BUTTONS, DRAG_PAUSE_MS, SCROLL_BUTTONS, typedText, xinputSteps } from './input-steps.js';
-
-export { typedText };
 
 type Exec = (spec: ExecSpec) => Promise<ExecOutcome>;
 
@@ -70,7 +69,6 @@ const FAILURE_PREFIX = 'input action ';
 export function shellQuote(word: string): string {
   return `'${word.replace(/'+/g, (run) => `'${"\\'".repeat(run.length)}'`)}'`;
 }
-
 
 function seconds(ms: number): string {
   return String(ms / 1000);

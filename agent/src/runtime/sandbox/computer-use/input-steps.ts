@@ -72,8 +72,8 @@ export function keysymsOf(combo: string): number[] | null {
 }
 
 /**
- * The batch as the helper's steps (op-xinput.pl lists them); null when it types, or names a key
- * not known here: the script runs it.
+ * The batch as the helper's steps (op-xinput.pl lists them); null when it types beyond printable
+ * ASCII, or names a key not known here: the script runs it.
  */
 export function xinputSteps(actions: readonly InputAction[]): string[] | null {
   const steps: Array<string | number> = [];

@@ -30,8 +30,7 @@ import { AgentFailure } from '../../../../../shared/src/protocol.js';
 import {
   DESKTOP_UNIT, layerUnit, type DesktopTransfer, type HeldDesktop, type ImportRecord, type InstallSpec, type PrecopyFiles, type ReadOptions, type UnitSink, type UnitStream,
 } from '../../transfer.js';
-import type { InitProcess } from './cold-boot.js';
-import { isSameProcess } from './host-procs.js';
+import { runningInit } from './cold-boot.js';
 import type { KeyedMutex } from './keyed-mutex.js';
 import { collectLayers, layersDir, readChain, recoverFreeze, releaseDisk, stagedChainFile, withLayerStore } from './layers.js';
 import { assertDesktopId, desktopPaths, desktopsDir, exists, hasDisk, readJson, removeTree, syncFilesystem, type DesktopPaths } from './layout.js';
@@ -245,6 +244,5 @@ export class SandboxTransfer implements DesktopTransfer {
 }
 
 async function isRunning(paths: DesktopPaths): Promise<boolean> {
-  const init = await readJson<InitProcess>(paths.initFile);
-  return init !== null && Number.isInteger(init.pid) && (await isSameProcess(init.pid, init.startTime));
+  return (await runningInit(paths)) !== null;
 }
