@@ -2,9 +2,11 @@
  * Copy-on-write fork storage of the sandbox driver (agent/src/runtime/sandbox/layers.ts) on the
  * real machine: forks share the frozen layer instead of copying the disk, a repeated fork adds
  * nothing, layers outlive the source and go with their last desktop, no overlay stays mounted
- * after destroy, and a freeze interrupted by a crash is completed on the next start. Needs root.
+ * after destroy, a freeze interrupted by a crash is completed on the next start, and what an
+ * agent stopped in the middle of its destroys left behind is removed when the next one starts.
+ * Needs root.
  */
-import { mkdtemp, readdir, readFile, rm, writeFile } from 'node:fs/promises';
+import { mkdir, mkdtemp, readdir, readFile, rename, rm, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
@@ -108,6 +110,25 @@ describe.skipIf(!isRoot)('fork layers on the sandbox driver', () => {
     expect(await exec(source, 'cat /root/f')).toBe('kept\n');
     await driver.destroy(source);
     await discardsSettled(stateDir);
+    expect(await layers()).toEqual([]);
+  }, 60_000);
+
+  it('removes at start what destroys left when their agent stopped before removing it', async () => {
+    const source = newId('desktop');
+    await started(source);
+    await driver.hibernate(source);
+    const fork = newId('desktop');
+    await driver.fork(source, [fork]);
+    expect(await layers()).toHaveLength(1);
+    await driver.close();
+    // Both destroys answered (their directories renamed into the discarded directory), and the
+    // agent stopped before its sweep and collection ran.
+    await mkdir(discardedDir(stateDir), { recursive: true });
+    for (const id of [source, fork]) await rename(join(stateDir, 'desktops', id), join(discardedDir(stateDir), id));
+
+    driver = await createSandboxDriver({ stateDir });
+    await discardsSettled(stateDir);
+    expect(await readdir(discardedDir(stateDir))).toEqual([]);
     expect(await layers()).toEqual([]);
   }, 60_000);
 });
