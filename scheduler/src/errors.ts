@@ -53,6 +53,8 @@ export const errors = {
   notAwake: (state: string) => new ApiError(409, `desktop is ${state}, not awake`),
   desktopMoving: () =>
     new ApiError(503, 'the desktop is moving to another host; retry in a moment', {}, { 'retry-after': '1' }),
+  replicaStopping: () =>
+    new ApiError(503, 'this scheduler replica is stopping; retry on a new connection', {}, { 'retry-after': '1' }),
   hostUnreachable: () =>
     new ApiError(503, "the desktop's host is unreachable; retry", {}, { 'retry-after': '5' }),
   guestTimeout: () => new ApiError(504, 'the operation did not finish in the guest before its deadline; retry'),

@@ -64,7 +64,8 @@ export async function buildApp(deps: AppDeps): Promise<App> {
     routerOptions: { maxParamLength: 8192 },
     ajv: { customOptions: { coerceTypes: false, removeAdditional: false, allErrors: false, discriminator: true } },
     schemaController: { compilersFactory: { buildSerializer: buildSerializerOncePerSchema } },
-    return503OnClosing: true,
+    // Fastify's own 503 while closing is not a problem (docs/api.md §7): the hook below answers it.
+    return503OnClosing: false,
     // Refused below with problem+json rather than by Node with a bare 400 (client-errors.ts).
     http: { requireHostHeader: false },
     // A request id is ours to give, never the client's: it is what a 500's answer and its log
@@ -141,7 +142,15 @@ export async function buildApp(deps: AppDeps): Promise<App> {
     if (request.body === undefined && request.method !== 'GET') request.body = {};
   });
 
+  // From the stop on, what still arrives on an open connection (pipelined behind a request in
+  // flight, or sent as the stop began) is refused before any work; Fastify has marked the answer
+  // `Connection: close`, so the retry goes out on a new connection.
+  let stopping = false;
+  app.addHook('preClose', async () => {
+    stopping = true;
+  });
   app.addHook('onRequest', async (request) => {
+    if (stopping) throw errors.replicaStopping();
     if (request.headers.host === undefined && request.raw.httpVersion === '1.1') throw errors.badRequest(MISSING_HOST);
     // Answered before the body is read: an upload to a mistyped path is a 404, not a 413 for a
     // body over the JSON limit that no route would have taken.
