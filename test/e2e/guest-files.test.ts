@@ -47,7 +47,8 @@ describe.skipIf(!isRoot)('files through the API, on a real sandbox desktop', () 
       const rest = await raw('GET', file('root/notes/a/hello.txt', '?offset=3'));
       expect(rest.text).toBe('lo');
       expect(rest.headers.get('x-svc-eof')).toBe('true');
-      for (const offset of [5, 1000]) {
+      // Any int64 offset, however far past what a disk can hold: the contract types it int64.
+      for (const offset of ['5', '1000', '9007199254740993', '9223372036854775807']) {
         const past = await raw('GET', file('root/notes/a/hello.txt', `?offset=${offset}`));
         expect(past.status).toBe(200);
         expect(past.bytes.length).toBe(0);
@@ -61,6 +62,8 @@ describe.skipIf(!isRoot)('files through the API, on a real sandbox desktop', () 
       expectProblem(await call('GET', file('root/notes/a/hello.txt', '?offset=x')), 400, 'offset not numeric');
       expectProblem(await call('GET', file('root/notes/a/hello.txt', '?offset=0&length=1e3')), 400, 'length not an integer');
       expectProblem(await call('GET', file('root/notes/a/hello.txt', `?offset=0&length=${8 * MiB + 1}`)), 400, 'length over 8 MiB');
+      expectProblem(await call('GET', file('root/notes/a/hello.txt', '?offset=0&length=9223372036854775807')), 400, 'length over 8 MiB');
+      expectProblem(await call('GET', file('root/notes/a/hello.txt', '?offset=9223372036854775808')), 400, 'offset beyond int64');
       expect((await exec(`head -c ${8 * MiB + 1} /dev/zero > /root/big.bin`)).json.exit_code).toBe(0);
       expectProblem(await call('GET', file('root/big.bin')), 413, 'whole read over 8 MiB');
       const window = await raw('GET', file('root/big.bin', `?offset=${8 * MiB - 1}`));
@@ -117,6 +120,9 @@ describe.skipIf(!isRoot)('files through the API, on a real sandbox desktop', () 
       const ahead = await raw('PUT', file('root/fresh.txt', '?append=true&offset=3'), Buffer.from('x'));
       expect(ahead.status).toBe(409);
       expect(ahead.json.currentSize).toBe(0);
+      const far = await raw('PUT', file('root/log.txt', '?append=true&offset=9223372036854775807'), Buffer.from('x'));
+      expectProblem(far, 409, 'append far past the end');
+      expect(far.json.currentSize).toBe(8);
       expectProblem(await call('PUT', file('root/log.txt', '?append=true'), 'x'), 400, 'append without offset');
       expectProblem(await call('PUT', file('root/log.txt', '?append=yes&offset=0'), 'x'), 400, 'append not boolean');
     });

@@ -158,8 +158,8 @@ export const UsageResponse = Type.Object(
   { $id: 'UsageResponse' },
 );
 
-/** A query integer as text (checked for digits here, converted by the route). */
-export const DIGITS = '^[0-9]{1,16}$';
+/** A query integer as text, up to int64's 19 digits (checked for digits here, converted by the route). */
+export const DIGITS = '^[0-9]{1,19}$';
 
 export const DesktopIdParams = Type.Object({ id: Type.String({ pattern: idPattern('desktop') }) });
 export const OperationIdParams = Type.Object({ id: Type.String({ pattern: idPattern('operation') }) });

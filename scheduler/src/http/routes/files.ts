@@ -29,11 +29,16 @@ const octetStream = {
 
 const noContent = { description: 'Done', type: 'null' };
 
-/** A query integer (already digits by schema) as a safe JS number. */
+const INT64_MAX = 2n ** 63n - 1n;
+
+/**
+ * A query integer (already digits by schema): an int64, as the contract types offsets and
+ * lengths. Values past 2^53 are held as 2^53 - 1: no file is that large, so an offset there is
+ * past the end either way (an empty read, a failed append guard) and a length is over the cap.
+ */
 function queryInteger(value: string, name: string): number {
-  const n = Number(value);
-  if (!Number.isSafeInteger(n)) throw errors.badRequest(`${name} is out of range`);
-  return n;
+  if (BigInt(value) > INT64_MAX) throw errors.badRequest(`${name} is out of range: at most ${INT64_MAX}`);
+  return Math.min(Number(value), Number.MAX_SAFE_INTEGER);
 }
 
 /** Why an upload stopped early; the agent only sees that it was aborted. */
