@@ -62,13 +62,18 @@ describe('POST /v1/desktops/{id}/screenshot', () => {
   it('clamps a region reaching off the screen', async () => {
     const res = await call('POST', `/v1/desktops/${id}/screenshot`, { encoding: 'base64', region: { x: 1000, y: 700, width: 500, height: 500 } });
     expect([res.json.width, res.json.height]).toEqual([24, 68]);
+    // Off the top and left edges as well: what is on the screen of it.
+    const before = await call('POST', `/v1/desktops/${id}/screenshot`, { encoding: 'base64', region: { x: -10, y: -700, width: 30, height: 720 } });
+    expect([before.json.width, before.json.height]).toEqual([20, 20]);
+    const beyond = await call('POST', `/v1/desktops/${id}/screenshot`, { encoding: 'base64', region: { x: -50, y: 0, width: 30, height: 5 } });
+    expect([beyond.json.width, beyond.json.height]).toEqual([1, 5]);
   });
 
   it('refuses a partial region, a bad scale and a bad encoding with 400', async () => {
     for (const body of [
       { region: { x: 0, y: 0, width: 10 } },
       { region: { x: 0, y: 0, width: 0, height: 10 } },
-      { region: { x: -1, y: 0, width: 10, height: 10 } },
+      { region: { x: -40000, y: 0, width: 10, height: 10 } },
       { scale_percent: 0 },
       { scale_percent: 101 },
       { scale_percent: 50.5 },

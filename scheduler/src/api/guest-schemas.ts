@@ -105,8 +105,8 @@ export const ScreenshotBody = Type.Object(
     region: Type.Optional(Type.Union([
       Type.Object(
         {
-          x: Type.Integer({ minimum: 0, maximum: 32767 }),
-          y: Type.Integer({ minimum: 0, maximum: 32767 }),
+          x: Type.Integer({ minimum: -32768, maximum: 32767 }),
+          y: Type.Integer({ minimum: -32768, maximum: 32767 }),
           width: Type.Integer({ minimum: 1, maximum: 32767 }),
           height: Type.Integer({ minimum: 1, maximum: 32767 }),
         },

@@ -8,6 +8,7 @@ import { Type } from '@sinclair/typebox';
 import type { App, AppDeps } from '../route-types.js';
 import { errorResponses } from '../error-responses.js';
 import { DesktopIdParams } from '../../api/schemas.js';
+import type { ScreenRegion } from '../../../../shared/src/guest-commands.js';
 import { InputBody, InputResponse, ScreenshotBody, StreamBody, StreamTicketResponse } from '../../api/guest-schemas.js';
 
 const screenshotResponse = {
@@ -17,6 +18,18 @@ const screenshotResponse = {
     'application/json': { schema: { $ref: 'ScreenshotBase64Response#' } },
   },
 };
+
+/**
+ * The region cut at the screen's top and left edges, which need no screen size; the agent cuts
+ * it at the other two (agent/src/runtime/screen-geometry.ts). A region wholly before an edge
+ * keeps the first row or column, as one wholly past the far edge keeps the last: never empty.
+ */
+function onScreenSide(region: ScreenRegion): ScreenRegion {
+  const cut = (start: number, size: number): [number, number] => (start >= 0 ? [start, size] : [0, Math.max(1, start + size)]);
+  const [x, width] = cut(region.x, region.width);
+  const [y, height] = cut(region.y, region.height);
+  return { x, y, width, height };
+}
 
 export function registerComputerUseRoutes(app: App, deps: AppDeps): void {
   app.post(
@@ -34,7 +47,8 @@ export function registerComputerUseRoutes(app: App, deps: AppDeps): void {
     },
     async (request, reply) => {
       const body = request.body;
-      const shot = await deps.guest.screenshot(request.orgId, request.params.id, body.region ?? null, body.scale_percent ?? null);
+      const region = body.region ? onScreenSide(body.region) : null;
+      const shot = await deps.guest.screenshot(request.orgId, request.params.id, region, body.scale_percent ?? null);
       if (body.encoding === 'base64') {
         return reply.type('application/json').send({ data_base64: shot.png.toString('base64'), width: shot.width, height: shot.height });
       }
