@@ -66,6 +66,8 @@ export const errors = {
   tooLarge: (detail: string) => new ApiError(413, detail),
   controlClaimed: () => new ApiError(409, 'a stream client holds the control claim on this desktop; retry once it is released'),
   streamControlTaken: () => new ApiError(409, 'another stream client holds the control claim on this desktop'),
+  /** `detail`: the agent's sentence, which names its limit. */
+  viewLimit: (detail: string) => new ApiError(409, `${detail}, counting tickets granted and not yet used; close one first`),
   terminalLimit: () => new ApiError(409, 'the desktop has as many terminals open (or granted) as it may; close one first'),
   /** A failure inside the guest; the detail is a fixed sentence, the agent's text goes to the log. */
   guestFailed: (detail: string) => new ApiError(500, detail),

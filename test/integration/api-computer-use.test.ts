@@ -162,6 +162,16 @@ describe('POST /v1/desktops/{id}/stream', () => {
     const again = await call('POST', `/v1/desktops/${id}/stream`, { claim: 'view' });
     expect(again.json.url).not.toBe(res.json.url);
   });
+
+  it('answers 409 once the desktop has as many view sessions as it may, counting granted tickets', async () => {
+    let refused;
+    for (let i = 0; i < 9 && refused === undefined; i++) {
+      const res = await call('POST', `/v1/desktops/${id}/stream`, { claim: 'view' });
+      if (res.status !== 201) refused = res;
+    }
+    expectProblem(refused!, 409, 'a ninth view session');
+    expect(refused!.json.detail).toMatch(/at most 8 view sessions/);
+  });
 });
 
 describe('every computer-use route', () => {

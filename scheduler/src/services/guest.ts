@@ -326,7 +326,9 @@ export class GuestService {
       case 'path_conflict':
         return err.currentSize !== undefined ? errors.appendMismatch(err.currentSize) : errors.pathConflict(err.message);
       case 'too_large':
+        // Limits of the desktop's sessions are its state, like a held control claim: 409.
         if (command === 'terminal.grant') return errors.terminalLimit();
+        if (command === 'stream.grant') return errors.viewLimit(err.message);
         return command === 'guest.screenshot'
           ? errors.tooLarge('the image is over the 8 MiB cap; retry with region or scale_percent')
           : errors.tooLarge(err.message);
