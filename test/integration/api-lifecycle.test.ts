@@ -184,8 +184,9 @@ describe('wrong-state transitions and generation fencing', () => {
 
   it('a stale expected_generation is 409 with operation_id; the operation is failed; nothing moves', async () => {
     const d = await placedDesktop();
-    for (const wait of ['', '?wait=true']) {
-      const res = await call('POST', `/v1/desktops/${d.id}/wake${wait}`, { expected_generation: d.generation + 7 });
+    // Any integer that differs is stale, one no desktop can be at as well (the contract: "given and differs").
+    for (const [wait, expected] of [['', d.generation + 7], ['?wait=true', d.generation + 7], ['?wait=true', -1]] as const) {
+      const res = await call('POST', `/v1/desktops/${d.id}/wake${wait}`, { expected_generation: expected });
       expectProblem(res, 409, `stale${wait}`);
       expect(res.json.operation_id).toMatch(/^op_/);
       const op = await call('GET', `/v1/operations/${res.json.operation_id}`);

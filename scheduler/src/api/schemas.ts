@@ -105,7 +105,8 @@ export const UpdateDesktopBody = Type.Object(
 export type UpdateDesktopBody = Static<typeof UpdateDesktopBody>;
 
 export const MutationBody = Type.Object(
-  { expected_generation: Type.Optional(Type.Union([Type.Integer({ minimum: 0 }), Type.Null()])) },
+  // Any integer: one that differs from the generation fails the operation (docs/api.md §3.4), even one no desktop can be at.
+  { expected_generation: Type.Optional(Type.Union([Type.Integer(), Type.Null()])) },
   CLOSED,
 );
 export type MutationBody = Static<typeof MutationBody>;
