@@ -28,6 +28,7 @@ const SHIPPED = [
   { id: 8, name: 'moves and drains' },
   { id: 9, name: 'measured use' },
   { id: 10, name: 'desktop route notifications' },
+  { id: 11, name: 'drain resume' },
 ];
 
 const made: string[] = [];

@@ -54,11 +54,14 @@ export const DrainJson = Type.Union(
       finished_at: Type.Union([Type.String({ format: 'date-time' }), Type.Null()], {
         description: 'When the host was found holding no desktop (`drained`); null before',
       }),
+      resumed_at: Type.Union([Type.String({ format: 'date-time' }), Type.Null()], {
+        description: 'When the drain, stopped by a failed move, was last asked for again; `failed` counts the moves that failed since',
+      }),
       parallel: Type.Integer({ minimum: 1 }),
       remaining: Type.Integer({ minimum: 0, description: 'Desktops on the host that no move has taken yet (moved + running + remaining is the whole drain)' }),
       moved: Type.Integer({ minimum: 0 }),
       running: Type.Integer({ minimum: 0, description: 'Moves in progress' }),
-      failed: Type.Integer({ minimum: 0 }),
+      failed: Type.Integer({ minimum: 0, description: 'Moves that failed (since `resumed_at` when set); one stops the drain' }),
       moved_bytes: Type.Integer({ minimum: 0, description: 'Bytes of the moves settled, and copied so far of those running' }),
       total_bytes: Type.Integer({ minimum: 0, description: 'Bytes of the moves settled and running, as far as known' }),
       down_targets: Type.Array(Type.String(), {
@@ -115,6 +118,7 @@ export async function drainJson(sql: Sql, host: HostRow): Promise<DrainJson> {
     state,
     requested_at: host.drain_requested_at.toISOString(),
     finished_at: host.drain_finished_at?.toISOString() ?? null,
+    resumed_at: host.drain_resumed_at?.toISOString() ?? null,
     parallel: host.drain_parallel ?? 1,
     remaining: waiting,
     ...counts,

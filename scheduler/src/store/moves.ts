@@ -49,11 +49,18 @@ export async function operationById(sql: Sql, id: string): Promise<OperationRow 
   return row ?? null;
 }
 
-/** Starts (or restarts, clearing a stopped drain's error) the host's drain and cordons it. */
+/**
+ * Starts the host's drain and cordons it. A drain that runs keeps running (with the new
+ * `parallel`); one stopped by a failed move is resumed: its error cleared, the failures before
+ * now no longer counted (`drain_resumed_at`), what it moved still counted (the same start).
+ * Every SET expression reads the row as it was before the update.
+ */
 export async function startDrain(sql: Sql, hostId: string, parallel: number): Promise<HostRow | null> {
   const [row] = await sql<HostRow[]>`
     UPDATE hosts SET cordoned = true, drain_parallel = ${parallel}, drain_error = NULL, drain_finished_at = NULL,
-      drain_requested_at = CASE WHEN drain_requested_at IS NULL OR drain_finished_at IS NOT NULL THEN now() ELSE drain_requested_at END
+      drain_requested_at = CASE WHEN drain_requested_at IS NULL OR drain_finished_at IS NOT NULL THEN now() ELSE drain_requested_at END,
+      drain_resumed_at = CASE WHEN drain_requested_at IS NULL OR drain_finished_at IS NOT NULL THEN NULL
+                              WHEN drain_error IS NOT NULL THEN now() ELSE drain_resumed_at END
     WHERE id = ${hostId} RETURNING *`;
   return row ?? null;
 }
@@ -66,7 +73,7 @@ export async function endDrain(sql: Sql, hostId: string, error: string | null): 
 
 /** Uncordoning a host stops its drain: the operator wants it in service. */
 export async function cancelDrain(sql: Sql, hostId: string): Promise<void> {
-  await sql`UPDATE hosts SET drain_requested_at = NULL, drain_parallel = NULL, drain_finished_at = NULL, drain_error = NULL WHERE id = ${hostId}`;
+  await sql`UPDATE hosts SET drain_requested_at = NULL, drain_parallel = NULL, drain_finished_at = NULL, drain_error = NULL, drain_resumed_at = NULL WHERE id = ${hostId}`;
 }
 
 export type DrainState = 'draining' | 'drained' | 'stopped';
@@ -106,6 +113,7 @@ export interface DrainCounts {
 
 export async function drainCounts(sql: Sql, host: HostRow): Promise<DrainCounts> {
   const drain = host.drain_requested_at?.toISOString() ?? '';
+  const resumed = host.drain_resumed_at?.toISOString() ?? null;
   // One statement, so one snapshot: read apart, a move the drainer created between the two
   // readings counted both as waiting and as running.
   const [c] = await sql<Array<{
@@ -118,7 +126,7 @@ export async function drainCounts(sql: Sql, host: HostRow): Promise<DrainCounts>
       FROM desktops d WHERE d.host_id = ${host.id} AND d.state <> 'destroyed'
     ), ops AS (
       SELECT count(*) FILTER (WHERE state = 'succeeded')::int AS moved,
-             count(*) FILTER (WHERE state = 'failed')::int AS failed,
+             count(*) FILTER (WHERE state = 'failed' AND (${resumed}::timestamptz IS NULL OR settled_at >= ${resumed}::timestamptz))::int AS failed,
              count(*) FILTER (WHERE state IN ('pending', 'running'))::int AS running,
              count(*) FILTER (WHERE state IN ('pending', 'running') AND COALESCE(params->>'phase', '') <> 'started')::int AS copying,
              COALESCE(sum(CASE WHEN state = 'succeeded' THEN (result->>'total_bytes')::bigint
@@ -172,8 +180,10 @@ export async function recordCopyProgress(sql: Sql, desktopId: string, doneBytes:
 /** The latest failed move of the drain, for the reason it stopped. */
 export async function lastFailedMove(sql: Sql, host: HostRow): Promise<OperationRow | null> {
   const drain = host.drain_requested_at?.toISOString() ?? '';
+  const resumed = host.drain_resumed_at?.toISOString() ?? null;
   const [row] = await sql<OperationRow[]>`
     SELECT * FROM operations WHERE kind = 'move' AND state = 'failed' AND params->>'source_host_id' = ${host.id} AND params->>'drain' = ${drain}
+      AND (${resumed}::timestamptz IS NULL OR settled_at >= ${resumed}::timestamptz)
     ORDER BY settled_at DESC LIMIT 1`;
   return row ?? null;
 }

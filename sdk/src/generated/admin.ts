@@ -618,6 +618,7 @@ export interface operations {
                                 /** @description Hosts that running moves of this drain copy to and that are down: those moves wait for their agents (or fail at their deadline) */
                                 down_targets: string[];
                                 error: string | null;
+                                /** @description Moves that failed (since `resumed_at` when set); one stops the drain */
                                 failed: number;
                                 /** @description When the host was found holding no desktop (`drained`); null before */
                                 finished_at: string | null;
@@ -629,6 +630,8 @@ export interface operations {
                                 remaining: number;
                                 /** Format: date-time */
                                 requested_at: string;
+                                /** @description When the drain, stopped by a failed move, was last asked for again; `failed` counts the moves that failed since */
+                                resumed_at: string | null;
                                 /** @description Moves in progress */
                                 running: number;
                                 /** @description `draining`: moves run; `drained`: the host holds no desktop; `stopped`: a move failed (see error) */
@@ -788,6 +791,7 @@ export interface operations {
                             /** @description Hosts that running moves of this drain copy to and that are down: those moves wait for their agents (or fail at their deadline) */
                             down_targets: string[];
                             error: string | null;
+                            /** @description Moves that failed (since `resumed_at` when set); one stops the drain */
                             failed: number;
                             /** @description When the host was found holding no desktop (`drained`); null before */
                             finished_at: string | null;
@@ -799,6 +803,8 @@ export interface operations {
                             remaining: number;
                             /** Format: date-time */
                             requested_at: string;
+                            /** @description When the drain, stopped by a failed move, was last asked for again; `failed` counts the moves that failed since */
+                            resumed_at: string | null;
                             /** @description Moves in progress */
                             running: number;
                             /** @description `draining`: moves run; `drained`: the host holds no desktop; `stopped`: a move failed (see error) */
@@ -1047,6 +1053,7 @@ export interface operations {
                             /** @description Hosts that running moves of this drain copy to and that are down: those moves wait for their agents (or fail at their deadline) */
                             down_targets: string[];
                             error: string | null;
+                            /** @description Moves that failed (since `resumed_at` when set); one stops the drain */
                             failed: number;
                             /** @description When the host was found holding no desktop (`drained`); null before */
                             finished_at: string | null;
@@ -1058,6 +1065,8 @@ export interface operations {
                             remaining: number;
                             /** Format: date-time */
                             requested_at: string;
+                            /** @description When the drain, stopped by a failed move, was last asked for again; `failed` counts the moves that failed since */
+                            resumed_at: string | null;
                             /** @description Moves in progress */
                             running: number;
                             /** @description `draining`: moves run; `drained`: the host holds no desktop; `stopped`: a move failed (see error) */
@@ -1232,6 +1241,7 @@ export interface operations {
                             /** @description Hosts that running moves of this drain copy to and that are down: those moves wait for their agents (or fail at their deadline) */
                             down_targets: string[];
                             error: string | null;
+                            /** @description Moves that failed (since `resumed_at` when set); one stops the drain */
                             failed: number;
                             /** @description When the host was found holding no desktop (`drained`); null before */
                             finished_at: string | null;
@@ -1243,6 +1253,8 @@ export interface operations {
                             remaining: number;
                             /** Format: date-time */
                             requested_at: string;
+                            /** @description When the drain, stopped by a failed move, was last asked for again; `failed` counts the moves that failed since */
+                            resumed_at: string | null;
                             /** @description Moves in progress */
                             running: number;
                             /** @description `draining`: moves run; `drained`: the host holds no desktop; `stopped`: a move failed (see error) */
@@ -1423,6 +1435,7 @@ export interface operations {
                             /** @description Hosts that running moves of this drain copy to and that are down: those moves wait for their agents (or fail at their deadline) */
                             down_targets: string[];
                             error: string | null;
+                            /** @description Moves that failed (since `resumed_at` when set); one stops the drain */
                             failed: number;
                             /** @description When the host was found holding no desktop (`drained`); null before */
                             finished_at: string | null;
@@ -1434,6 +1447,8 @@ export interface operations {
                             remaining: number;
                             /** Format: date-time */
                             requested_at: string;
+                            /** @description When the drain, stopped by a failed move, was last asked for again; `failed` counts the moves that failed since */
+                            resumed_at: string | null;
                             /** @description Moves in progress */
                             running: number;
                             /** @description `draining`: moves run; `drained`: the host holds no desktop; `stopped`: a move failed (see error) */
