@@ -10,7 +10,7 @@
 import { afterAll, describe, expect, it } from 'vitest';
 import { spawn, type ChildProcess } from 'node:child_process';
 import { createHash, randomBytes } from 'node:crypto';
-import { mkdtempSync, rmSync } from 'node:fs';
+import { mkdtempSync, readFileSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { HOST_ID_FILE } from '../../agent/src/host-identity.js';
@@ -125,7 +125,17 @@ describe.skipIf(!isRoot)('draining a host of three on one machine', () => {
 
     // Drain B; kill -9 C (a target) while it runs, then bring C back with the same state.
     const draining = admin(['hosts', 'drain', hostB, '--wait', '--parallel', '2']);
-    await until(async () => (await admin(['hosts', 'show', hostB, '--json'])).out.includes('"running": '), 10_000, 'the drain to start');
+    // Killed mid-transfer: once a move to C is copying (its pre-copy, or the copy after the stop).
+    const adminToken = (JSON.parse(readFileSync(join(dataDir, 'secrets.json'), 'utf8')) as { admin_token: string }).admin_token;
+    const adminGet = async (path: string) => (await fetch(base + path, { headers: { authorization: `Bearer ${adminToken}` } })).json();
+    await until(async () => {
+      const { desktops } = (await adminGet(`/admin/v1/desktops?host_id=${hostB}`)) as { desktops: Array<{ operation: { id: string; kind: string; phase: string | null } | null }> };
+      for (const d of desktops) {
+        if (d.operation?.kind !== 'move' || !['planned', 'precopied', 'stopped'].includes(d.operation.phase ?? '')) continue;
+        if (((await adminGet(`/admin/v1/operations/${d.operation.id}`)) as { target_host_id: string | null }).target_host_id === hostC) return true;
+      }
+      return false;
+    }, 30_000, 'a move to C copying');
     const c = agents[1]!;
     await c.kill('SIGKILL');
     await new Promise((r) => setTimeout(r, 1500));
