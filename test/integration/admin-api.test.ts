@@ -132,6 +132,8 @@ describe('hosts', () => {
     for (const h of hosts) {
       expect(h).toMatchObject({
         state: 'ready', linked: true, cordoned: false, schedulable: true,
+        // Where the ingress dials its port gateway: the address it gives, and the port it took.
+        address: expect.stringMatching(/^127\.0\.0\.1:[1-9]\d*$/),
         agent: { protocol: expect.stringMatching(/^\d+\.\d+$/), runtime: 'fake', memory_snapshots: expect.any(Boolean), instance_id: expect.any(String) },
         used: { vcpus: 0, memory_mb: 0, slots: 0 },
         desktops: { provisioning: 0, waking: 0, awake: 0, hibernating: 0, hibernated: 0, total: 0 },

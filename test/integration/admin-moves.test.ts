@@ -43,6 +43,20 @@ async function readFile(id: string, path: string): Promise<string> {
   return res.text;
 }
 
+/** What a user's meter, idle timer and webhooks see of a desktop. */
+async function moveInvisible(id: string) {
+  const sql = connectDatabase(s.databaseUrl, { max: 1 });
+  try {
+    const meters = await sql<Array<{ started_at: Date; ended_at: Date | null }>>`
+      SELECT started_at, ended_at FROM meter_intervals WHERE desktop_id = ${id} ORDER BY started_at`;
+    const [row] = await sql<Array<{ last_woken_at: Date | null }>>`SELECT last_woken_at FROM desktops WHERE id = ${id}`;
+    const events = await sql<Array<{ type: string }>>`SELECT type FROM outbox WHERE desktop_id = ${id} ORDER BY id`;
+    return { meters: [...meters], lastWokenAt: row!.last_woken_at, events: events.map((e) => e.type) };
+  } finally {
+    await sql.end();
+  }
+}
+
 beforeAll(async () => {
   s = await startTestScheduler({ CANTO_ADMIN_TOKEN: TEST_ADMIN_TOKEN, CANTO_HEARTBEAT_MS: '200' });
   call = api(s.url, await mintKey(s.databaseUrl, 'movers'));
@@ -60,6 +74,8 @@ describe('POST /admin/v1/desktops/{id}/move', () => {
     const id = await newDesktop();
     await writeFile(id, 'root/notes.txt', 'kept across hosts');
     const before = (await call('GET', `/v1/desktops/${id}`)).json;
+    const untouched = await moveInvisible(id);
+    expect(untouched.meters).toEqual([{ started_at: expect.any(Date), ended_at: null }]);
     const requested = await admin('POST', `/admin/v1/desktops/${id}/move`, {});
     expect(requested.status, requested.text).toBe(202);
     expect(requested.json).toMatchObject({ kind: 'move', desktop_id: id, reason: 'admin', source_host_id: before.host_id });
@@ -72,6 +88,9 @@ describe('POST /admin/v1/desktops/{id}/move', () => {
     expect(after).toMatchObject({ state: 'awake', host_id: op.result.target_host_id });
     expect(after.generation).toBeGreaterThan(before.generation);
     expect(await readFile(id, 'root/notes.txt')).toBe('kept across hosts');
+    // For its user nothing happened: the meter runs on in the interval it was in, the idle timer
+    // counts from the same wake, and no lifecycle event went out.
+    expect(await moveInvisible(id)).toEqual(untouched);
     // The org sees the operation too, as a move.
     expect((await call('GET', `/v1/operations/${op.id}`)).json).toMatchObject({ kind: 'move', state: 'succeeded' });
   });
