@@ -15,7 +15,8 @@
  * `-displayfd`, shrinks the screen to the default size with xrandr, starts openbox and waits until
  * it manages the screen, reports `ready` on fd 4 and then only reaps orphans.
  */
-import { existsSync } from 'node:fs';
+import { existsSync, lstatSync } from 'node:fs';
+import { hostEtcSecrets } from './etc-secrets.js';
 import { join } from 'node:path';
 import { guestFile } from './guest-programs.js';
 import {
@@ -74,9 +75,10 @@ export function nsenterArgv(nsenterPath: string, initPid: number, workdir = '/')
 export const NESTED_MOUNTPOINTS = ['/dev', '/proc'] as const;
 
 /**
- * Host secrets inside the shared read-only `/etc`: each is covered by a read-only bind of
- * `/dev/null`, so a guest (root inside its namespaces) reads an empty file instead of the host's
- * password hashes.
+ * Host secrets inside the shared read-only `/etc`, covered even where their modes would let others
+ * read them: each file by a read-only bind of `/dev/null`, so a guest (root inside its namespaces)
+ * reads an empty file instead of the host's password hashes. The rest of what only the host's
+ * root may read there is found by etc-secrets.ts and covered the same way.
  */
 export const MASKED_HOST_FILES = ['/etc/shadow', '/etc/shadow-', '/etc/gshadow', '/etc/gshadow-'] as const;
 /**
@@ -85,6 +87,15 @@ export const MASKED_HOST_FILES = ['/etc/shadow', '/etc/shadow-', '/etc/gshadow',
  * `tar --gzip` at each dump and restore (≈7 ms each here), and only names a bind.
  */
 export const MASKED_HOST_DIRS = ['/etc/ssl/private'] as const;
+
+/** The files and directories of the host's `/etc` a new desktop gets covered, as they exist now. */
+export function maskedHostPaths(): { files: string[]; dirs: string[] } {
+  const secrets = hostEtcSecrets();
+  return {
+    files: [...new Set([...MASKED_HOST_FILES, ...secrets.files])].filter((f) => existsSync(f)),
+    dirs: [...new Set([...MASKED_HOST_DIRS, ...secrets.dirs])].filter((d) => existsSync(d)),
+  };
+}
 
 /** Guest mountpoint → host path for every bind mount of a desktop, for CRIU's externals. */
 export function bindMounts(paths: DesktopPaths): Map<string, string> {
@@ -98,11 +109,25 @@ export function bindMounts(paths: DesktopPaths): Map<string, string> {
   return m;
 }
 
-/** bwrap --dev binds single device nodes from the host's /dev; they map back to the same path. */
+/**
+ * bwrap --dev binds single device nodes from the host's /dev; they map back to the same path. A
+ * cover inside `/etc` (the image may come from another host, or from an agent that scanned
+ * before) maps to what covers its kind here; one whose path this host lacks maps to nothing, and
+ * the restore fails (the desktop then boots cold, covered as this host's scan says).
+ */
 export function hostPathForGuestMount(paths: DesktopPaths, guestPath: string): string | null {
   const known = bindMounts(paths).get(guestPath);
   if (known !== undefined) return known;
   if (/^\/dev\/[a-z]+$/.test(guestPath)) return guestPath;
+  if (guestPath.startsWith('/etc/') && !guestPath.includes('/../')) {
+    try {
+      const st = lstatSync(guestPath);
+      if (st.isDirectory()) return paths.empty;
+      if (st.isFile()) return '/dev/null';
+    } catch {
+      return null;
+    }
+  }
   return null;
 }
 
@@ -120,8 +145,9 @@ export function bwrapArgs(paths: DesktopPaths, desktopId: string, envOnFd5 = fal
     '--hostname', hostnameFor(desktopId),
   ];
   for (const d of HOST_RO_DIRS) args.push('--ro-bind', d, d);
-  for (const f of MASKED_HOST_FILES) if (existsSync(f)) args.push('--ro-bind', '/dev/null', f);
-  for (const d of MASKED_HOST_DIRS) if (existsSync(d)) args.push('--ro-bind', paths.empty, d);
+  const masked = maskedHostPaths();
+  for (const f of masked.files) args.push('--ro-bind', '/dev/null', f);
+  for (const d of masked.dirs) args.push('--ro-bind', paths.empty, d);
   for (const [name, target] of ROOT_SYMLINKS) args.push('--symlink', target, `/${name}`);
   args.push('--symlink', GUEST_RUN_DIR, '/run');
   for (const d of DISK_DIRS) args.push('--bind', join(paths.disk, d), `/${d}`);

@@ -24,7 +24,7 @@ import { ensureKdatCache, KDAT_FILE } from './criu-kdat.js';
 import { procStat } from './host-procs.js';
 import { helperPath, runToEnd, spawnProcess } from './spawner.js';
 import { ensureSkeletonRun, exists, GUEST_FB_DIR, type DesktopPaths } from './layout.js';
-import { GUEST_CAPS_ONLY, hostnameFor, hostPathForGuestMount } from '../guest/guest-init.js';
+import { GUEST_CAPS_ONLY, hostnameFor, hostPathForGuestMount, maskedHostPaths } from '../guest/guest-init.js';
 import { guestFile, perlProgram } from '../guest/guest-programs.js';
 import type { InitProcess } from './cold-boot.js';
 import { parseMountTable } from './mount-table.js';
@@ -222,6 +222,14 @@ export async function restore(
   skeleton: string,
 ): Promise<Restored> {
   const externals = JSON.parse(await readFile(join(paths.snapshot, 'externals.json'), 'utf8')) as External[];
+  // An image without the cover of a host secret (dumped before the cover existed, or on a host
+  // without that secret) would leave the secret readable: the desktop boots cold instead, covered.
+  const mounted = new Set(externals.map((e) => e.guestPath));
+  const masked = maskedHostPaths();
+  const uncovered = [...masked.files, ...masked.dirs].filter((path) => !mounted.has(path));
+  if (uncovered.length > 0) {
+    throw new Error(`the memory snapshot does not cover host secrets of /etc a guest must not read (${uncovered.slice(0, 3).join(', ')}${uncovered.length > 3 ? ', …' : ''})`);
+  }
   // An image whose framebuffer is not mounted inside /dev/run had a /run tmpfs of its own.
   await ensureSkeletonRun(skeleton, !externals.some((e) => e.guestPath === GUEST_FB_DIR));
   const pidfile = join(paths.run, 'restore.pid');
