@@ -4,7 +4,8 @@
  * a 1024x768 screen, hibernated, forked and woken, showing the same screen each time.
  */
 import { createHash } from 'node:crypto';
-import { chmod, mkdtemp, open, readdir, readFile, rm, stat, writeFile } from 'node:fs/promises';
+import { execFileSync } from 'node:child_process';
+import { chmod, lstat, mkdtemp, open, readdir, readFile, rm, stat, symlink, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
@@ -64,6 +65,22 @@ describe('framebuffer files without their zeros', () => {
     // Never over a file that exists.
     await expect(copySparse(file, copy)).rejects.toThrow(/EEXIST/);
   });
+
+  it('copy and compact only a regular file reached without a symlink (the guest writes that directory)', async () => {
+    const secret = join(dir, 'host-secret');
+    await writeFile(secret, 'TOP-SECRET');
+    const link = join(dir, 'fb-link');
+    await symlink(secret, link);
+    await expect(copySparse(link, join(dir, 'stolen'))).rejects.toThrow(/ELOOP/);
+    expect(await worthCompacting(link)).toBe(false);
+    await expect(compactFile(link)).rejects.toThrow(/ELOOP/);
+    expect((await lstat(link)).isSymbolicLink()).toBe(true);
+    // A fifo would hang a copy that waited for a writer.
+    const fifo = join(dir, 'fb-fifo');
+    execFileSync('mkfifo', [fifo]);
+    await expect(copySparse(fifo, join(dir, 'from-fifo'))).rejects.toThrow(/not a regular file/);
+    await expect(readdir(dir)).resolves.not.toContain('stolen');
+  });
 });
 
 const snapshots = isRoot && (await memorySnapshotsHere());
@@ -112,6 +129,16 @@ describe.skipIf(!snapshots)("a hibernated desktop's framebuffer", () => {
     expect(await driver.fork(id, [fork])).toEqual({ snapshot: true });
     expect(await sha256(fbOf(fork))).toBe(content);
     expect(await allocated(fbOf(fork))).toBeLessThan(8 * MiB);
+
+    // What a guest leaves beside its framebuffer (the directory is its /run/canto-fb) is not
+    // copied by a fork: a link to a host file would be read as the host's root.
+    await driver.start({ desktopId: id, tier: 'small', firstBoot: null });
+    await sh(id, 'ln -s /proc/self/environ /run/canto-fb/environ && mkfifo /run/canto-fb/fifo');
+    expect(await driver.hibernate(id)).toEqual({ snapshot: true });
+    const second = newId('desktop');
+    expect(await driver.fork(id, [second])).toEqual({ snapshot: true });
+    expect(await readdir(desktopPaths(base, second).fb)).toEqual([FRAMEBUFFER_FILE]);
+    await driver.destroy(second);
 
     for (const desktop of [id, fork]) {
       expect(await driver.start({ desktopId: desktop, tier: 'small', firstBoot: null })).toEqual({ restored: true });

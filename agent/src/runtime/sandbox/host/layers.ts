@@ -22,7 +22,7 @@
  * the store follows, and `layers.next.json` replaces `layers.json` last; a freeze found half done
  * is completed by `recoverFreeze` before anything else touches the desktop.
  */
-import { copyFile, link, mkdir, readdir, readFile, rename, rm, writeFile } from 'node:fs/promises';
+import { copyFile, link, lstat, mkdir, readdir, readFile, rename, rm, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { newId } from '../../../../../shared/src/ids.js';
@@ -171,7 +171,11 @@ export async function createFork(source: DesktopPaths, fork: DesktopPaths, chain
     await mkdir(at(fork.snapshot));
     for (const name of await readdir(source.snapshot)) await link(join(source.snapshot, name), join(at(fork.snapshot), name));
   }
-  for (const name of await readdir(source.fb).catch(() => [] as string[])) await copySparse(join(source.fb, name), join(at(fork.fb), name));
+  // The guest writes that directory too: only its regular files are copied (copySparse opens
+  // none through a symlink), so a fork never carries a host file a guest pointed at.
+  for (const name of await readdir(source.fb).catch(() => [] as string[])) {
+    if ((await lstat(join(source.fb, name)).catch(() => null))?.isFile()) await copySparse(join(source.fb, name), join(at(fork.fb), name));
+  }
   for (const marker of markers) {
     const from = join(source.dir, marker);
     if (await exists(from)) await copyFile(from, join(tmp, marker));

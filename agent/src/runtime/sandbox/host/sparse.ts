@@ -12,7 +12,8 @@
  * Only ever done to a file no process maps: a process mapping it would go on writing to the
  * file replaced.
  */
-import { open, rename, rm, stat } from 'node:fs/promises';
+import { constants as fsc } from 'node:fs';
+import { lstat, open, rename, rm } from 'node:fs/promises';
 
 /** Zero blocks of at least this size become holes (the file system's block). */
 const BLOCK = 4096;
@@ -28,8 +29,8 @@ const ZEROS = Buffer.alloc(BLOCK);
  * nothing to free took 15–40 ms under the desktop's mutex, which a move's export waited for.
  */
 export async function worthCompacting(file: string): Promise<boolean> {
-  const st = await stat(file);
-  return st.blocks * 512 > st.size / 2;
+  const st = await lstat(file);
+  return st.isFile() && st.blocks * 512 > st.size / 2;
 }
 
 /**
@@ -55,10 +56,15 @@ export async function compactFile(file: string, signal?: AbortSignal): Promise<v
  * Copies `from` to a new file `to`, writing only blocks that are not all zeros: the copy has
  * holes where the source has holes or zeros. Fails if `to` exists; stops between reads once
  * `signal` is aborted.
+ *
+ * `from` lives where the guest writes (the framebuffer directory is bound into it), and the agent
+ * reads it as the host's root: it must be a regular file reached without a symlink, or a guest
+ * would have a host file of its choice copied to where it reads (a fifo would hang the copy).
  */
 export async function copySparse(from: string, to: string, signal?: AbortSignal): Promise<void> {
-  const src = await open(from, 'r');
+  const src = await open(from, fsc.O_RDONLY | fsc.O_NOFOLLOW | fsc.O_NONBLOCK | fsc.O_NOCTTY);
   try {
+    if (!(await src.stat()).isFile()) throw new Error(`${from} is not a regular file`);
     const dst = await open(to, 'wx', (await src.stat()).mode & 0o7777);
     try {
       const buf = Buffer.allocUnsafe(CHUNK);
