@@ -41,6 +41,8 @@ export interface EngineDeps extends Omit<steps.StepDeps, 'fence' | 'leading' | '
 
 /** How long a stopping engine waits for its steps in flight. */
 const STOP_GRACE_MS = 2_000;
+/** How often an operation whose step found the lease's view lapsed looks whether its term leads again. */
+const LEASE_RECHECK_MS = 100;
 
 export class OperationEngine {
   private running = false;
@@ -87,6 +89,18 @@ export class OperationEngine {
     }
     for (const op of await runningOperations(this.deps.sql)) this.launch(op);
     this.kick();
+  }
+
+  /**
+   * After a step found the lease's view lapsed: true once this term leads again, false once the
+   * engine stops (the term ended: its revoke stops the engine, and the next leader re-drives).
+   */
+  private async termGoesOn(): Promise<boolean> {
+    for (;;) {
+      if (!this.running) return false;
+      if (this.deps.leading()) return true;
+      await this.pause(LEASE_RECHECK_MS);
+    }
   }
 
   /** Waits `ms`, or less if the engine stops meanwhile (a stop does not wait out a backoff). */
@@ -231,7 +245,16 @@ export class OperationEngine {
         this.base.onSettled?.(op, 'succeeded');
         return;
       } catch (err) {
-        if (err instanceof steps.LeaseLost) return log.warn('lease lost; the next leader re-drives');
+        if (err instanceof steps.LeaseLost) {
+          // This replica could not tell that it still leads (a renewal slower than the lease's
+          // margin). If the same term renews, the operation is still this term's to finish: only
+          // a new term re-drives running operations.
+          if (await this.termGoesOn()) {
+            log.info('the lease renewed in the same term; the operation goes on');
+            continue;
+          }
+          return log.warn('lease lost; the next leader re-drives');
+        }
         const age = Date.now() - (op.started_at ?? op.created_at).getTime();
         const retryable = (err instanceof AgentFailure && err.retryable) || (err instanceof steps.NoCapacity && age < this.deps.capacityWaitMs);
         if (retryable && age < this.deps.operationDeadlineMs) {
