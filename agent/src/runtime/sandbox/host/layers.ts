@@ -22,7 +22,7 @@
  * the store follows, and `layers.next.json` replaces `layers.json` last; a freeze found half done
  * is completed by `recoverFreeze` before anything else touches the desktop.
  */
-import { copyFile, link, lstat, mkdir, readdir, readFile, rename, rm, writeFile } from 'node:fs/promises';
+import { copyFile, link, lstat, mkdir, open, readdir, readFile, rename, rm } from 'node:fs/promises';
 import { join } from 'node:path';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { newId } from '../../../../../shared/src/ids.js';
@@ -51,8 +51,19 @@ function nextChainFile(paths: DesktopPaths): string {
   return join(paths.dir, 'layers.next.json');
 }
 
+/**
+ * Written to disk before it is renamed into place: a chain file is a new name (no replace-rename
+ * the file system orders after its data), and one that a power loss left empty would leave its
+ * desktop unable to mount, and the layers it names unclaimed, so removed at the next start.
+ */
 async function writeChain(path: string, chain: Chain): Promise<void> {
-  await writeFile(`${path}.tmp`, JSON.stringify(chain));
+  const file = await open(`${path}.tmp`, 'w');
+  try {
+    await file.writeFile(JSON.stringify(chain));
+    await file.sync();
+  } finally {
+    await file.close();
+  }
   await rename(`${path}.tmp`, path);
 }
 
