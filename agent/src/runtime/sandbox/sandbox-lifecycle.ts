@@ -107,6 +107,8 @@ export class SandboxLifecycle implements Omit<DesktopLifecycle, 'close' | 'usage
       // same file an exec would write afterwards, without a cold guest process on the way.
       const firstBoot = spec.firstBoot !== null && !(await exists(paths.firstBootMarker)) ? spec.firstBoot : null;
       let envAtBoot = false;
+      const discardSpent = () =>
+        discardTree(this.stateDir, paths.snapshot, (err) => this.log('could not remove a spent snapshot', { desktopId: spec.desktopId, error: String(err) }, 'warn'), `${spec.desktopId}.snapshot`);
       let init = await runningInit(paths);
       if (init === null) {
         const t0 = performance.now();
@@ -136,9 +138,14 @@ export class SandboxLifecycle implements Omit<DesktopLifecycle, 'close' | 'usage
           if (unset !== null) this.log('could not set the display size again after a cold boot', { desktopId: spec.desktopId, error: unset }, 'warn');
         }
         // The images describe memory that no longer matches the disk once the guest has run.
-        if (restored) await discardTree(this.stateDir, paths.snapshot, (err) => this.log('could not remove a spent snapshot', { desktopId: spec.desktopId, error: String(err) }, 'warn'), `${spec.desktopId}.snapshot`);
+        if (restored) await discardSpent();
         await rm(join(paths.dir, TEMPLATE_CLONE_FILE), { force: true });
         this.log('desktop started', { desktopId: spec.desktopId, restored, ms: Math.round(performance.now() - t0) });
+      } else if (await exists(paths.snapshot)) {
+        // The guest runs, so these images are spent: an agent stopped between a restore and
+        // their removal left them. Kept, the next hibernate could not put its own in their place,
+        // and a wake after the guest died would rewind it to them.
+        await discardSpent();
       }
       if (firstBoot !== null) {
         await applyFirstBoot(

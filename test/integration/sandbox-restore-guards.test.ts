@@ -1,0 +1,98 @@
+/**
+ * What a restore leaves behind, and what it refuses. A memory snapshot whose guest lacks a cover
+ * of a host secret in /etc (dumped before the covers existed, or on a host without that secret)
+ * is not restored: the desktop boots cold, with every cover this host requires, and the runtime
+ * warns why; its disk is kept, its programs end. Spent images an agent stopped before removing
+ * (between a restore and their removal) are removed when the running guest is next adopted, so
+ * the next hibernate keeps its own memory, not those images.
+ */
+import { existsSync } from 'node:fs';
+import { cp, mkdtemp, readFile, rm, writeFile } from 'node:fs/promises';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { newId } from '../../shared/src/ids.js';
+import { detectCriu } from '../../agent/src/runtime/sandbox/host/criu.js';
+import { maskedHostPaths } from '../../agent/src/runtime/sandbox/guest/guest-init.js';
+import { createSandboxDriver, type SandboxDriver } from '../../agent/src/runtime/sandbox/index.js';
+import { destroyLeftDesktops, isRoot } from '../helpers/sandbox.js';
+import { until } from '../helpers/wait.js';
+
+const criu = isRoot ? await detectCriu(undefined) : null;
+
+describe.skipIf(criu === null)('a memory snapshot without the covers of host secrets', () => {
+  const id = newId('desktop');
+  const logged: string[] = [];
+  let base: string;
+  let driver: SandboxDriver;
+
+  beforeAll(async () => {
+    base = await mkdtemp(join(tmpdir(), 'canto-etc-covers-'));
+    const log = (msg: string, fields?: object, level?: 'warn') => void logged.push(`${level ?? 'info'}: ${msg} ${JSON.stringify(fields ?? {})}`);
+    driver = await createSandboxDriver({ stateDir: join(base, 'state'), log, goldenTemplates: false });
+  });
+
+  afterAll(async () => {
+    await driver?.close();
+    await destroyLeftDesktops(join(base, 'state'));
+    await rm(base, { recursive: true, force: true });
+  });
+
+  it('boots cold, covered, instead of restoring a guest that could read them', async () => {
+    await driver.prepare(id, 'small');
+    await driver.start({ desktopId: id, tier: 'small', firstBoot: null });
+    await driver.exec(id, { command: 'echo kept > /root/note', timeoutMs: 10_000, maxOutputBytes: 100 });
+    expect(await driver.hibernate(id)).toEqual({ snapshot: true });
+    // What an image dumped before /etc/shadow was covered says of its mounts.
+    const externalsFile = join(base, 'state', 'desktops', id, 'snapshot', 'externals.json');
+    const externals = JSON.parse(await readFile(externalsFile, 'utf8')) as Array<{ guestPath: string }>;
+    expect(externals.map((e) => e.guestPath)).toEqual(expect.arrayContaining(maskedHostPaths().files));
+    await writeFile(externalsFile, JSON.stringify(externals.filter((e) => e.guestPath !== '/etc/shadow')));
+
+    expect((await driver.start({ desktopId: id, tier: 'small', firstBoot: null })).restored).toBe(false);
+    expect(logged.filter((line) => line.startsWith('warn: restore failed; booting cold') && line.includes('/etc/shadow'))).toHaveLength(1);
+    const read = await driver.exec(id, { command: 'cat /etc/shadow | wc -c; cat /root/note', timeoutMs: 10_000, maxOutputBytes: 1000 });
+    expect(read.stdout).toBe('0\nkept\n');
+    await driver.destroy(id);
+  }, 60_000);
+});
+
+describe.skipIf(criu === null)('spent images left beside a running guest', () => {
+  const id = newId('desktop');
+  let base: string;
+  let driver: SandboxDriver;
+
+  beforeAll(async () => {
+    base = await mkdtemp(join(tmpdir(), 'canto-spent-'));
+    driver = await createSandboxDriver({ stateDir: join(base, 'state'), goldenTemplates: false });
+  });
+
+  afterAll(async () => {
+    await driver?.close();
+    await destroyLeftDesktops(join(base, 'state'));
+    await rm(base, { recursive: true, force: true });
+  });
+
+  it('are removed when the guest is adopted, and the next hibernate keeps the memory of now', async () => {
+    await driver.prepare(id, 'small');
+    await driver.start({ desktopId: id, tier: 'small', firstBoot: null });
+    expect(await driver.hibernate(id)).toEqual({ snapshot: true });
+    const snapshot = join(base, 'state', 'desktops', id, 'snapshot');
+    const spent = join(base, 'spent');
+    await cp(snapshot, spent, { recursive: true });
+    expect((await driver.start({ desktopId: id, tier: 'small', firstBoot: null })).restored).toBe(true);
+    // What an agent stopped right after the restore leaves: the images still in place.
+    await cp(spent, snapshot, { recursive: true });
+    const counter = await driver.exec(id, { command: 'sleep 1000 >/dev/null 2>&1 & echo $!', timeoutMs: 10_000, maxOutputBytes: 100 });
+
+    // The next agent's start of the running desktop adopts it.
+    expect((await driver.start({ desktopId: id, tier: 'small', firstBoot: null })).restored).toBe(false);
+    await until(async () => !existsSync(snapshot), 5_000, 'the spent images removed');
+    expect(await driver.hibernate(id)).toEqual({ snapshot: true });
+    expect((await driver.start({ desktopId: id, tier: 'small', firstBoot: null })).restored).toBe(true);
+    // The process started after the restore runs on: the memory is the latest hibernate's.
+    const alive = await driver.exec(id, { command: `kill -0 ${counter.stdout.trim()} && echo alive`, timeoutMs: 10_000, maxOutputBytes: 100 });
+    expect(alive.stdout).toBe('alive\n');
+    await driver.destroy(id);
+  }, 60_000);
+});
