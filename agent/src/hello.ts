@@ -29,6 +29,7 @@ export async function buildHello(sources: HelloSources): Promise<HelloPayload> {
   return {
     protocol,
     host_id: identity.hostId,
+    host_key: identity.hostKey,
     agent_instance_id: identity.agentInstanceId,
     hostname: hostname(),
     capabilities: { runtime: capabilities.runtime, memory_snapshots: capabilities.memorySnapshots },

@@ -10,8 +10,14 @@
  *
  * A host-id file that exists but does not hold a host id is an error, not something to overwrite:
  * minting a new id would orphan every desktop disk the scheduler believes lives on this host.
+ *
+ * Beside the id, the host key (`<stateDir>/host-key`, mode 0600): 32 random bytes minted with it
+ * (or at the first start of an agent that had none), sent in every hello. The schedulers keep the
+ * hash of the first key a host id said hello with and refuse any other for that id, so the join
+ * token, which every agent holds, lets no one take over another host's id, its desktops and its
+ * port-link key. Moving a host to another machine means moving both files.
  */
-import { randomUUID } from 'node:crypto';
+import { randomBytes, randomUUID } from 'node:crypto';
 import { mkdir, readFile, rename, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { isId, newId } from '../../shared/src/ids.js';
@@ -21,9 +27,13 @@ export interface HostIdentity {
   readonly hostId: string;
   /** Fresh per process. */
   readonly agentInstanceId: string;
+  /** Stable across restarts: the secret that proves the host id is this host's (base64url). */
+  readonly hostKey: string;
 }
 
 export const HOST_ID_FILE = 'host-id';
+export const HOST_KEY_FILE = 'host-key';
+const HOST_KEY = /^[A-Za-z0-9_-]{43}$/;
 
 export async function loadHostIdentity(stateDir: string): Promise<HostIdentity> {
   await mkdir(stateDir, { recursive: true, mode: 0o700 });
@@ -37,7 +47,25 @@ export async function loadHostIdentity(stateDir: string): Promise<HostIdentity> 
     await writeFile(temp, `${hostId}\n`, { mode: 0o644 });
     await rename(temp, file);
   }
-  return Object.freeze({ hostId, agentInstanceId: randomUUID() });
+  return Object.freeze({ hostId, agentInstanceId: randomUUID(), hostKey: await loadHostKey(join(stateDir, HOST_KEY_FILE)) });
+}
+
+async function loadHostKey(file: string): Promise<string> {
+  const text = await readFile(file, 'utf8').catch((err: NodeJS.ErrnoException) => {
+    if (err.code === 'ENOENT') return null;
+    throw err;
+  });
+  if (text !== null) {
+    const key = text.trim();
+    // Not replaced: a new key would lock this host out of its own id.
+    if (!HOST_KEY.test(key)) throw new Error(`${file} does not hold a host key; restore it from a backup (removing it locks this host out of its id)`);
+    return key;
+  }
+  const key = randomBytes(32).toString('base64url');
+  const temp = `${file}.tmp-${process.pid}`;
+  await writeFile(temp, `${key}\n`, { mode: 0o600 });
+  await rename(temp, file);
+  return key;
 }
 
 async function readHostId(file: string): Promise<string | undefined> {

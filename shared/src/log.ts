@@ -19,6 +19,8 @@ export const REDACT_PATHS = [
   '*.env',
   'setup_script',
   '*.setup_script',
+  'host_key',
+  '*.host_key',
   'password',
   '*.password',
 ];

@@ -48,6 +48,10 @@
  *   1.14 — memory snapshots hold the guest's /run as a directory of /dev's tmpfs (the guest sees
  *         it through a symlink), not as a tmpfs of its own; an agent older than 1.14 cannot
  *         restore such a snapshot, so the scheduler moves none to it.
+ *   1.15 — hello `host_key`: the host's own secret, without which a returning host id is refused
+ *         once it said hello with one. Memory snapshots hold read-only covers of the host secrets
+ *         in /etc (guest/etc-secrets.ts); an agent older than 1.15 cannot map them back at a
+ *         restore, so the scheduler moves none to it.
  *
  * Every desktop command carries the desktop's `generation`. The agent remembers the highest
  * generation it has seen per desktop and refuses an older one with `stale_generation`: after a
@@ -67,11 +71,11 @@ import {
   ScreenshotResult, SpawnPayload, SpawnResult, StreamGrantPayload, StreamGrantResult, TerminalGrantPayload, TerminalGrantResult,
 } from './guest-commands.js';
 
-export const PROTOCOL_VERSION = '1.14';
+export const PROTOCOL_VERSION = '1.15';
 export const WIRE_VERSION = 1;
 
-/** The protocol minors (of major 1) that changed what a memory snapshot holds: 1.13 and 1.14 above. */
-export const SNAPSHOT_FORMAT_MINORS: readonly number[] = [13, 14];
+/** The protocol minors (of major 1) that changed what a memory snapshot holds: 1.13, 1.14 and 1.15 above. */
+export const SNAPSHOT_FORMAT_MINORS: readonly number[] = [13, 14, 15];
 
 /**
  * The newest snapshot format an agent dumps, as the minor of the protocol that brought it (0: one
@@ -135,6 +139,8 @@ const LeaderEpoch = { leader_epoch: Type.Optional(Type.Integer({ minimum: 0 })) 
 export const HelloPayload = Type.Object({
   protocol: Type.String(),
   host_id: Type.String(),
+  /** 1.15: the host's key (agent/src/host-identity.ts); a host id is refused with any other once it said hello with one. */
+  host_key: Type.Optional(Type.String({ pattern: '^[A-Za-z0-9_-]{43}$' })),
   agent_instance_id: Type.String(),
   hostname: Type.String(),
   capabilities: Type.Object({

@@ -29,6 +29,7 @@ const SHIPPED = [
   { id: 9, name: 'measured use' },
   { id: 10, name: 'desktop route notifications' },
   { id: 11, name: 'drain resume' },
+  { id: 12, name: 'host keys' },
 ];
 
 const made: string[] = [];

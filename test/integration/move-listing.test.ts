@@ -4,7 +4,7 @@
  * either agent is older, the listing is hashed, which reads every unit once more before the
  * first byte moves (the older agent would not know a listing without hashes). Between agents
  * that both speak 1.12 an awake desktop is pre-copied first (shared/src/precopy.ts); with an
- * older agent on either side, it is not. Agents of 1.13 and 1.14 dump memory snapshots older
+ * older agent on either side, it is not. Agents of 1.13, 1.14 and 1.15 dump memory snapshots older
  * ones could not wake: moves from such an agent go to none older than its snapshot format, asked
  * for or chosen.
  */
@@ -106,7 +106,7 @@ it('pre-copies an awake desktop only when both agents speak 1.12', async () => {
 
 it('reads the newest snapshot format an agent dumps from the protocol it speaks', () => {
   const upTo = (newest: number) => (minor: number) => minor <= newest;
-  expect([12, 13, 14, 15].map((newest) => snapshotFormat(upTo(newest)))).toEqual([0, 13, 14, 14]);
+  expect([12, 13, 14, 15, 16].map((newest) => snapshotFormat(upTo(newest)))).toEqual([0, 13, 14, 15, 15]);
 });
 
 it('moves nothing from a current agent to one of 1.13 (an older snapshot format), and everything the other way', async () => {
@@ -133,7 +133,7 @@ it('moves nothing from a current agent to one of 1.13 (an older snapshot format)
   for (const body of [{ host_id: older.hostId }, {}]) {
     const op = await move(fromCurrent, body);
     expect(op.state).toBe('failed');
-    expect(JSON.stringify(op.error)).toMatch(body.host_id === undefined ? /no other host is up.*1 more run an agent older than protocol 1\.14/ : /older than protocol 1\.14/);
+    expect(JSON.stringify(op.error)).toMatch(body.host_id === undefined ? /no other host is up.*1 more run an agent older than protocol 1\.15/ : /older than protocol 1\.15/);
     expect((await call('GET', `/v1/desktops/${fromCurrent}`)).json).toMatchObject({ host_id: current.hostId, state: 'awake' });
   }
   const op = await move(on.get(older.hostId)!, {});
@@ -152,7 +152,7 @@ it('refuses up front a drain that only older agents could take', async () => {
   expect((await call('GET', `/v1/desktops/${id}`)).json.host_id).toBe(current.hostId);
   const refused = await admin('POST', `/admin/v1/hosts/${current.hostId}/drain`, {});
   expect(refused.status, refused.text).toBe(409);
-  expect(refused.json.detail, refused.json.detail).toMatch(/1 other hosts run an agent older than protocol 1\.14/);
+  expect(refused.json.detail, refused.json.detail).toMatch(/1 other hosts run an agent older than protocol 1\.15/);
   // Nothing changed: the host is not cordoned, and the desktop is where it was.
   const host = (await admin('GET', `/admin/v1/hosts/${current.hostId}`)).json;
   expect(host.schedulable).toBe(true);

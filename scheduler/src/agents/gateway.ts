@@ -54,6 +54,8 @@ import type { ReplicaAddress } from '../fleet/registry.js';
 
 export const AGENT_LINK_PATH = '/internal/agents/ws';
 const HELLO_TIMEOUT_MS = 10_000;
+/** What the agent's log says of a refused host key. */
+const HOST_KEY_HELP = 'restore <state-dir>/host-key from the machine that registered it, or remove the host (canto hosts remove) to register it anew';
 
 export type HelloDesktops = HelloPayload['desktops'];
 export type HelloListener = (hostId: string, desktops: HelloDesktops) => void;
@@ -246,7 +248,7 @@ export class AgentGateway {
         throw new AgentFailure('unsupported', `protocol ${hello.protocol} is newer than ${PROTOCOL_VERSION}`, false);
       }
       const fences = protocolAtLeast(hello.protocol, 1, 7);
-      await upsertHost(this.deps.sql, {
+      const recorded = await upsertHost(this.deps.sql, {
         id: hello.host_id,
         hostname: hello.hostname,
         agentInstanceId: hello.agent_instance_id,
@@ -258,7 +260,14 @@ export class AgentGateway {
         // Recorded on every hello, so an agent that turned its port gateway off clears it.
         ingressAddress: hello.ingress ? formatHostPort(hello.ingress.host, hello.ingress.port) : null,
         transferAddress: hello.transfer ? formatHostPort(hello.transfer.host, hello.transfer.port) : null,
+        hostKeyHash: hello.host_key === undefined ? null : hashToken(hello.host_key),
       }, !fences);
+      if (!recorded) {
+        // The join token is every agent's: only the host's own key proves the id is its own.
+        this.log.warn({ hostId: hello.host_id, hostname: hello.hostname }, `agent refused: host ${hello.host_id} said hello before with another host key`);
+        setImmediate(() => peer.close(1008, 'host key mismatch'));
+        throw new AgentFailure('unauthorized', `host ${hello.host_id} is registered with another host key (${HOST_KEY_HELP})`, false);
+      }
       const [fence, lease] = fences
         ? await Promise.all([helloFence(this.deps.sql, hello.host_id, hello.desktops), readLease(this.deps.sql, LEADER_LEASE)])
         : [[], null];

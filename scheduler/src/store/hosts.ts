@@ -17,19 +17,24 @@ export interface HostHello {
   ingressAddress: string | null;
   /** `host:port` of the agent's transfer server (protocol 1.8); null when the hello has none. */
   transferAddress: string | null;
+  /** SHA-256 (hex) of the host's key (protocol 1.15); null when the hello has none. */
+  hostKeyHash: string | null;
 }
 
 /**
- * Records a hello. An agent that fences before taking work (protocol 1.7) leaves the status as
- * it was until `markHostReady`; an older one is ready at once. A new agent instance (a restart)
- * keeps when the previous one was last heard from, in `previous_seen_at`.
+ * Records a hello; answers false, recording nothing, when the host id already has a key and the
+ * hello brings another one or none (a host id is its first key's: migration 0012). An agent that
+ * fences before taking work (protocol 1.7) leaves the status as it was until `markHostReady`; an
+ * older one is ready at once. A new agent instance (a restart) keeps when the previous one was
+ * last heard from, in `previous_seen_at`.
  */
-export async function upsertHost(sql: Sql, h: HostHello, readyNow: boolean): Promise<void> {
-  await sql`
-    INSERT INTO hosts (id, hostname, agent_instance_id, protocol, runtime, memory_snapshots, vcpus, memory_mb, ingress_address, transfer_address, status, last_seen_at)
+export async function upsertHost(sql: Sql, h: HostHello, readyNow: boolean): Promise<boolean> {
+  const recorded = await sql`
+    INSERT INTO hosts (id, hostname, agent_instance_id, protocol, runtime, memory_snapshots, vcpus, memory_mb, ingress_address, transfer_address, status, last_seen_at, host_key_hash)
     VALUES (${h.id}, ${h.hostname}, ${h.agentInstanceId}, ${h.protocol}, ${h.runtime}, ${h.memorySnapshots}, ${h.vcpus}, ${h.memoryMb}, ${h.ingressAddress},
-            ${h.transferAddress}, ${readyNow ? 'ready' : 'down'}, now())
+            ${h.transferAddress}, ${readyNow ? 'ready' : 'down'}, now(), ${h.hostKeyHash})
     ON CONFLICT (id) DO UPDATE SET
+      host_key_hash = COALESCE(hosts.host_key_hash, EXCLUDED.host_key_hash),
       hostname = EXCLUDED.hostname, agent_instance_id = EXCLUDED.agent_instance_id,
       protocol = EXCLUDED.protocol, runtime = EXCLUDED.runtime,
       memory_snapshots = EXCLUDED.memory_snapshots, vcpus = EXCLUDED.vcpus,
@@ -39,7 +44,10 @@ export async function upsertHost(sql: Sql, h: HostHello, readyNow: boolean): Pro
       measured_at = ${keptMeasure(sql, 'measured_at')}, running_desktops = ${keptMeasure(sql, 'running_desktops')},
       memory_available_mb = ${keptMeasure(sql, 'memory_available_mb')}, desktops_memory_mb = ${keptMeasure(sql, 'desktops_memory_mb')},
       cpu_busy = ${keptMeasure(sql, 'cpu_busy')},
-      last_seen_at = now()`;
+      last_seen_at = now()
+    WHERE hosts.host_key_hash IS NULL OR hosts.host_key_hash = EXCLUDED.host_key_hash
+    RETURNING id`;
+  return recorded.length === 1;
 }
 
 /**
