@@ -9,7 +9,7 @@
 import { execFileSync, spawn } from 'node:child_process';
 import { once } from 'node:events';
 import { createHash } from 'node:crypto';
-import { appendFileSync, existsSync, chmodSync, chownSync, linkSync, mkdirSync, mkdtempSync, renameSync, rmSync, truncateSync, unlinkSync, writeFileSync } from 'node:fs';
+import { appendFileSync, existsSync, chmodSync, chownSync, linkSync, mkdirSync, mkdtempSync, renameSync, rmSync, symlinkSync, truncateSync, unlinkSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterEach, describe, expect, it } from 'vitest';
@@ -324,6 +324,29 @@ describe.skipIf(!isRoot)('pre-copy of a desktop being moved, on real files', () 
     } finally {
       mapper.stdin.end();
       await once(mapper, 'exit');
+    }
+  });
+
+  it('reads nothing of the host through a directory the guest swapped for a symlink after the scan', async () => {
+    const s = await host();
+    desktopOn(s);
+    // A host file the guest should never see, and what a guest that won the race leaves: the
+    // scanned directory is now a link to the host's directory (absolute, as `ln -s /etc d` makes).
+    const outside = mkdtempSync(join(tmpdir(), 'canto-host-side-'));
+    try {
+      writeFileSync(join(outside, 'f0.bin'), 'HOST-SECRET '.repeat(30_000));
+      renameSync(disk(s, 'root', 'docs'), disk(s, 'root', 'docs-real'));
+      symlinkSync(outside, disk(s, 'root', 'docs'));
+      const stream = await s.transfer.precopy.read(D, ['disk/root/docs/f0.bin', 'disk/root/docs-real/f1.bin']);
+      const chunks: Buffer[] = [];
+      for await (const chunk of stream.body) chunks.push(chunk as Buffer);
+      await stream.done;
+      const tar = Buffer.concat(chunks);
+      expect(tar.includes('HOST-SECRET')).toBe(false);
+      // The file the path names inside the desktop is read as before.
+      expect(tar.includes(bytes(1, 300 * KIB).subarray(0, 4096))).toBe(true);
+    } finally {
+      rmSync(outside, { recursive: true, force: true });
     }
   });
 

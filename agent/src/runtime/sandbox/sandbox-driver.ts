@@ -57,7 +57,7 @@ import { GuestOperations } from './guest/guest-ops.js';
 import { GoldenTemplates } from './host/golden.js';
 import { KeyedMutex } from './host/keyed-mutex.js';
 import { SandboxTransfer } from './host/sandbox-transfer.js';
-import { desktopPaths, desktopsDir } from './host/layout.js';
+import { desktopPaths, desktopsDir, syncFilesystem } from './host/layout.js';
 import { desktopUsage } from './host/cgroups.js';
 import { SandboxLifecycle } from './sandbox-lifecycle.js';
 import { runningInit } from './host/cold-boot.js';
@@ -102,7 +102,7 @@ export class SandboxDriver implements RuntimeDriver {
     log: RuntimeLog | undefined,
   ) {
     this.log = log ?? (() => undefined);
-    this.transfer = new SandboxTransfer(stateDir, this.mutex);
+    this.transfer = new SandboxTransfer(stateDir, this.mutex, syncFilesystem, tools.bwrap);
     this.guest = new GuestOperations(stateDir, tools.nsenter, runningInit, this.log);
     const fenced = (desktopId: string) => this.guest.inFlight.fenced(desktopId);
     this.vnc = new VncSessions({

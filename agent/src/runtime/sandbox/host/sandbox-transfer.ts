@@ -68,6 +68,8 @@ export class SandboxTransfer implements DesktopTransfer {
     private readonly mutex: KeyedMutex,
     /** Writes the filesystem holding a path to disk (tests watch when it is called). */
     private readonly flushFs: (path: string) => Promise<void> = syncFilesystem,
+    /** bubblewrap, which confines the pre-copy's reads of a running desktop (unit-tar.ts). */
+    private readonly bwrap = 'bwrap',
   ) {}
 
   async inspect(desktopId: string): Promise<HeldDesktop> {
@@ -140,7 +142,7 @@ export class SandboxTransfer implements DesktopTransfer {
       const mapped = await sharedWritableMaps(await cgroupPids(desktopId));
       return scanCold(paths.dir, roots, { coldMs: PRECOPY_COLD_MS, minBytes: PRECOPY_MIN_BYTES, mapped });
     },
-    read: (desktopId, files, how) => fileListStream(desktopPaths(this.stateDir, desktopId).dir, files, how),
+    read: (desktopId, files, how) => fileListStream(desktopPaths(this.stateDir, desktopId).dir, files, how, this.bwrap),
     identify: (desktopId, files) => identify(desktopPaths(this.stateDir, desktopId).dir, files),
     unpack: async (desktopId) => {
       const dest = this.preDir(desktopId);

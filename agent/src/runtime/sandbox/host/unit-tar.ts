@@ -75,21 +75,40 @@ export async function tarStream(dir: string, members: readonly string[], leaveOu
   return produced(child, 'tar --create', false, reader);
 }
 
+/** Where a confined tar sees the desktop's directory. */
+const CONFINED_DIR = '/desktop';
+
+/**
+ * `tar args` in a mount namespace whose root holds only the host's `/usr` (read-only: tar and its
+ * libraries, which every guest sees anyway) and the desktop's directory `dir` (read-only, at
+ * CONFINED_DIR). Paths a running guest can change under the reader resolve inside that root: a
+ * directory swapped for a symlink to `/etc` between the pre-copy's scan and its read names a
+ * path that does not exist there, never the host's file, which the agent as the host's root
+ * would otherwise have read and sent into the desktop.
+ */
+function confinedTar(bwrap: string, dir: string, args: readonly string[]): [string, string[]] {
+  return [bwrap, [
+    '--die-with-parent', '--ro-bind', '/usr', '/usr',
+    '--symlink', 'usr/lib', '/lib', '--symlink', 'usr/lib64', '/lib64', '--symlink', 'usr/bin', '/bin',
+    '--ro-bind', dir, CONFINED_DIR, '--chdir', CONFINED_DIR,
+    '--', '/usr/bin/tar', ...args,
+  ]];
+}
+
 /**
  * A tar stream of exactly the regular files `files` (paths relative to `dir`, no directories),
  * in the unit format, for a pre-copy while the desktop runs. Files change and vanish meanwhile:
  * tar then stores what it could (it never writes more of a file than the size it first saw) and
  * exits 1, which is not a failure here; the pre-copy compares every file's identity afterwards
- * and keeps only those unchanged.
+ * and keeps only those unchanged. The guest runs meanwhile, so tar reads confined (confinedTar).
  */
-export async function fileListStream(dir: string, files: readonly string[], how: ReadOptions = {}): Promise<UnitStream> {
+export async function fileListStream(dir: string, files: readonly string[], how: ReadOptions = {}, bwrap = 'bwrap'): Promise<UnitStream> {
   const reader = how.slabs === true ? new SlabReader() : null;
-  const child = await spawnProcess(
-    'tar',
-    ['--create', '--file=-', ...CREATE_FLAGS, '--ignore-failed-read', '--warning=no-file-changed', '--warning=no-file-removed', '--no-recursion',
-      '-C', dir, '--null', '--verbatim-files-from', '--files-from=-'],
-    { env: TAR_ENV, stdio: ['pipe', 'pipe', 'pipe'], ...(reader === null ? {} : { stdoutOnread: reader.onread }) },
-  );
+  const [program, argv] = confinedTar(bwrap, dir, [
+    '--create', '--file=-', ...CREATE_FLAGS, '--ignore-failed-read', '--warning=no-file-changed', '--warning=no-file-removed', '--no-recursion',
+    '-C', CONFINED_DIR, '--null', '--verbatim-files-from', '--files-from=-',
+  ]);
+  const child = await spawnProcess(program, argv, { env: TAR_ENV, stdio: ['pipe', 'pipe', 'pipe'], ...(reader === null ? {} : { stdoutOnread: reader.onread }) });
   child.stdin!.on('error', () => undefined);
   child.stdin!.end(files.map((name) => `${name}\0`).join(''));
   return produced(child, 'tar --create', true, reader);
