@@ -49,7 +49,8 @@
  *         it through a symlink), not as a tmpfs of its own; an agent older than 1.14 cannot
  *         restore such a snapshot, so the scheduler moves none to it.
  *   1.15 — hello `host_key`: the host's own secret, without which a returning host id is refused
- *         once it said hello with one. Memory snapshots hold read-only covers of the host secrets
+ *         once it said hello with one. desktop.import `operation_id`: the move it belongs to, so a
+ *         copy an earlier move left on the target is not taken for this one's. Memory snapshots hold read-only covers of the host secrets
  *         in /etc (guest/etc-secrets.ts); an agent older than 1.15 cannot map them back at a
  *         restore, so the scheduler moves none to it.
  *

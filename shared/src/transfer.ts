@@ -83,6 +83,11 @@ export type ExportResult = Static<typeof ExportResult>;
 export const ImportPayload = Type.Object({
   ...DesktopRef,
   ...LeaderEpoch,
+  /**
+   * 1.15: the move this import belongs to. A copy an earlier move left here at the same generation
+   * (it failed after the install and could not abort it) is another move's: fetched afresh.
+   */
+  operation_id: Type.Optional(Type.String({ minLength: 1 })),
   tier: TierSchema,
   source: Type.Object({ url: Type.String({ minLength: 1 }), ticket: Type.String({ minLength: 32 }) }),
 });

@@ -69,7 +69,7 @@ export async function stoppedDesktop(h: FakeMoveHost, id = D): Promise<void> {
 export const exportFrom = (h: FakeMoveHost, generation = 4, id = D, listing?: 'hashed' | 'sized') =>
   h.handlers.handle('desktop.export', { desktop_id: id, generation, ttl_ms: 60_000, ...(listing ? { listing } : {}) }) as Promise<ExportResult>;
 
-export function importInto(h: FakeMoveHost, exp: { url: string; ticket: string }, notify?: (type: string, payload: unknown) => void, generation = 4) {
-  const payload = { desktop_id: D, generation, tier: 'default', source: { url: exp.url, ticket: exp.ticket } };
+export function importInto(h: FakeMoveHost, exp: { url: string; ticket: string }, notify?: (type: string, payload: unknown) => void, generation = 4, operationId?: string) {
+  const payload = { desktop_id: D, generation, tier: 'default', source: { url: exp.url, ticket: exp.ticket }, ...(operationId === undefined ? {} : { operation_id: operationId }) };
   return h.handlers.handle('desktop.import', payload, { upload: null, ...(notify ? { notify } : {}) }) as Promise<ImportResult>;
 }

@@ -59,6 +59,25 @@ describe('moving a fake desktop between two agents', () => {
     expect((await fetchUnits(a.server.url, exp.ticket)).status).toBe(404);
   });
 
+  it("fetches afresh over a copy another move left at the same generation, and finds a repeat of its own move's done", async () => {
+    const [a, b] = [await host(), await host()];
+    await stoppedDesktop(a);
+    const first = await exportFrom(a);
+    expect((await importInto(b, first, undefined, 4, 'op_move_1')).fetched_bytes).toBe(first.total_bytes);
+    // That move failed after the install and could not abort it here; the desktop ran on at its
+    // source at the same generation, and was written to.
+    await a.handlers.handle('desktop.start', { desktop_id: D, generation: 4, operation_id: 'op_move_1', tier: 'small', first_boot: null });
+    await a.driver.writeFile(D, { path: '/root/note', appendAt: null }, (async function* () { yield Buffer.from('written after'); })());
+    await a.handlers.handle('desktop.hibernate', { desktop_id: D, generation: 4, operation_id: 'op_move_2' });
+    const second = await exportFrom(a);
+
+    const moved = await importInto(b, second, undefined, 4, 'op_move_2');
+    expect(moved.fetched_bytes).toBe(second.total_bytes);
+    expect(b.driver.desktops.get(D)?.files.get('/root/note')?.toString()).toBe('written after');
+    // A repeat of the same move's import finds its work done.
+    expect(await importInto(b, second, undefined, 4, 'op_move_2')).toEqual({ fetched_bytes: 0, resumed_bytes: second.total_bytes, units: 1 });
+  });
+
   it('refuses to export a running or absent desktop, and serves nothing while it runs', async () => {
     const a = await host();
     expect((await failure(exportFrom(a, 4, 'dsk_cccccccccccccccccccccccc'))).code).toBe('not_found');

@@ -35,6 +35,8 @@ export function layerUnit(layerId: string): string {
 export interface ImportRecord {
   /** The generation the import command carried: a repeat of it finds the work done. */
   readonly generation: number;
+  /** The move the import command named (1.15), with the generation: a repeat names both. */
+  readonly operationId?: string;
   readonly units: number;
   readonly totalBytes: number;
 }

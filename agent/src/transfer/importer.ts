@@ -41,6 +41,8 @@ const PROGRESS_MS = 250;
 export interface ImportSpec {
   readonly desktopId: string;
   readonly generation: number;
+  /** The move it belongs to (1.15); absent from an older scheduler. */
+  readonly operationId?: string;
   readonly tier: Tier;
   readonly source: { readonly url: string; readonly ticket: string };
 }
@@ -61,12 +63,14 @@ export async function importDesktop(options: ImportOptions, spec: ImportSpec): P
   const here = await transfer.inspect(spec.desktopId);
   if (here.running) throw new AgentFailure('conflict', `${spec.desktopId} is running on this host`, false);
   if (here.held) {
-    if (here.imported?.generation === spec.generation) {
-      // An earlier command installed it and may have failed writing it to disk.
+    if (here.imported?.generation === spec.generation && here.imported.operationId === spec.operationId) {
+      // An earlier command of this move installed it and may have failed writing it to disk.
       await transfer.flush(spec.desktopId);
       return { fetched_bytes: 0, resumed_bytes: here.imported.totalBytes, units: here.imported.units };
     }
-    // An earlier import's copy that never ran here is an outdated copy of the same desktop.
+    // An earlier import's copy that never ran here is an outdated copy of the same desktop (at the
+    // same generation too, when the move that made it failed after the install and the desktop
+    // ran on at its source: it holds what the desktop was then).
     if (here.imported === null) throw new AgentFailure('conflict', `another copy of ${spec.desktopId} is on this host`, false);
     await transfer.discard(spec.desktopId);
   }
@@ -146,7 +150,12 @@ export async function importDesktop(options: ImportOptions, spec: ImportSpec): P
     await take(unit);
   }
 
-  const record = { generation: spec.generation, units: listing.units.length, totalBytes: listing.total_bytes };
+  const record = {
+    generation: spec.generation,
+    ...(spec.operationId === undefined ? {} : { operationId: spec.operationId }),
+    units: listing.units.length,
+    totalBytes: listing.total_bytes,
+  };
   await transfer.install(spec.desktopId, { tier: spec.tier, unpacked, record });
   progress.flush();
   options.log('desktop imported', { desktopId: spec.desktopId, units: listing.units.length, fetched, resumed });

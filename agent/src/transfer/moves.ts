@@ -12,14 +12,13 @@
  *   stream goes out from the transfer server while the desktop runs on.
  */
 import { AgentFailure, parseMessage } from '../../../shared/src/protocol.js';
-import type { Tier } from '../../../shared/src/tiers.js';
 import {
   ExportPayload, ImportAbortPayload, ImportPayload, type ExportResult, type ImportProgressPayload, type ImportResult, type ListingMode,
 } from '../../../shared/src/transfer.js';
 import { PrecopyExportPayload, PrecopyImportPayload, type PrecopyExportResult, type PrecopyImportResult } from '../../../shared/src/precopy.js';
 import type { RuntimeDriver } from '../runtime/driver.js';
 import type { DesktopTransfer } from '../runtime/transfer.js';
-import { importDesktop } from './importer.js';
+import { importDesktop, type ImportSpec } from './importer.js';
 import { importPrecopy } from './precopy-import.js';
 import type { TransferSource } from './source.js';
 
@@ -70,7 +69,7 @@ export class DesktopMoves {
           const p = parseMessage(ImportPayload, raw, `${type} payload`);
           const { notify } = run;
           const progress = notify && ((payload: ImportProgressPayload) => notify('desktop.import.progress', payload));
-          const spec = { desktopId: p.desktop_id, generation: p.generation, tier: p.tier, source: p.source };
+          const spec = { desktopId: p.desktop_id, generation: p.generation, tier: p.tier, source: p.source, ...(p.operation_id === undefined ? {} : { operationId: p.operation_id }) };
           return run.lifecycle(p, () => this.importDesktop(spec, progress));
         }
         case 'desktop.precopy.export': {
@@ -131,7 +130,7 @@ export class DesktopMoves {
   }
 
   async importDesktop(
-    spec: { desktopId: string; generation: number; tier: Tier; source: { url: string; ticket: string } },
+    spec: ImportSpec,
     progress?: (payload: ImportProgressPayload) => void,
   ): Promise<ImportResult> {
     const transfer = this.transfer();

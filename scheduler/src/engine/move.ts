@@ -270,7 +270,9 @@ async function copy(deps: StepDeps, op: OperationRow, d: DesktopRow, p: MovePara
   }
   let imported: CommandResult<'desktop.import'>;
   try {
-    imported = await command(deps, p.target_host_id!, 'desktop.import', { desktop_id: d.id, generation: targetGeneration(d), tier: d.tier, source }, timeoutMs);
+    // Named by the move (1.15), so a copy an earlier move left on the target is not taken for this one's.
+    const move = deps.agents.speaks(p.target_host_id!, 1, 15) ? { operation_id: op.id } : {};
+    imported = await command(deps, p.target_host_id!, 'desktop.import', { desktop_id: d.id, generation: targetGeneration(d), tier: d.tier, source, ...move }, timeoutMs);
   } catch (err) {
     // The grant names the source process that made it: its tickets live in that process's
     // memory and its transfer listener may be elsewhere once it is started again. A copy that
