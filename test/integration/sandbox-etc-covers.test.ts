@@ -1,0 +1,51 @@
+/**
+ * A guest reads nothing of the host's /etc that only the host's root may read (guest/etc-secrets.ts):
+ * the agent's join token in /etc/canto/agent.env, SSH host keys, a database's access rules, the
+ * password hashes. Every such file is covered by /dev/null, every such directory by an empty one,
+ * on the real runtime. Needs root.
+ */
+import { mkdtemp, rm } from 'node:fs/promises';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { newId } from '../../shared/src/ids.js';
+import { maskedHostPaths } from '../../agent/src/runtime/sandbox/guest/guest-init.js';
+import { createSandboxDriver, type SandboxDriver } from '../../agent/src/runtime/sandbox/index.js';
+import { destroyLeftDesktops, isRoot } from '../helpers/sandbox.js';
+
+describe.skipIf(!isRoot)("the host's /etc in a guest", () => {
+  const id = newId('desktop');
+  let base: string;
+  let driver: SandboxDriver;
+
+  beforeAll(async () => {
+    base = await mkdtemp(join(tmpdir(), 'canto-etc-covers-'));
+    driver = await createSandboxDriver({ stateDir: base, goldenTemplates: false, memorySnapshots: false });
+  });
+
+  afterAll(async () => {
+    await driver?.close();
+    await destroyLeftDesktops(base);
+    await rm(base, { recursive: true, force: true });
+  });
+
+  it('shows nothing of what only the host root may read there', async () => {
+    await driver.prepare(id, 'small');
+    await driver.start({ desktopId: id, tier: 'small', firstBoot: null });
+    const masked = maskedHostPaths();
+    expect(masked.files).toContain('/etc/shadow');
+    const quote = (path: string) => `'${path.replace(/'/g, `'\\''`)}'`;
+    for (const file of masked.files) {
+      // A cover refuses to open (a device node under a nodev bind) or reads empty: never a byte.
+      const read = await driver.exec(id, { command: `cat ${quote(file)} | wc -c`, timeoutMs: 5_000, maxOutputBytes: 65536 });
+      expect(read.stdout.trim(), `${file}: ${read.stderr}`).toBe('0');
+    }
+    for (const dir of masked.dirs) {
+      const listed = await driver.exec(id, { command: `ls -A ${quote(dir)}`, timeoutMs: 5_000, maxOutputBytes: 65536 });
+      expect(listed.stdout, dir).toBe('');
+    }
+    // What others may read stays as the host has it.
+    expect((await driver.exec(id, { command: 'grep -c "^root:" /etc/passwd', timeoutMs: 5_000, maxOutputBytes: 100 })).stdout).toBe('1\n');
+    await driver.destroy(id);
+  }, 60_000);
+});
