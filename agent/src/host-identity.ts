@@ -18,7 +18,7 @@
  * port-link key. Moving a host to another machine means moving both files.
  */
 import { randomBytes, randomUUID } from 'node:crypto';
-import { mkdir, readFile, rename, writeFile } from 'node:fs/promises';
+import { mkdir, open, readFile, rename, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { isId, newId } from '../../shared/src/ids.js';
 
@@ -63,7 +63,14 @@ async function loadHostKey(file: string): Promise<string> {
   }
   const key = randomBytes(32).toString('base64url');
   const temp = `${file}.tmp-${process.pid}`;
-  await writeFile(temp, `${key}\n`, { mode: 0o600 });
+  // On disk before the schedulers hear of it: a key lost to a power loss would lock the host out.
+  const handle = await open(temp, 'w', 0o600);
+  try {
+    await handle.writeFile(`${key}\n`);
+    await handle.sync();
+  } finally {
+    await handle.close();
+  }
   await rename(temp, file);
   return key;
 }
