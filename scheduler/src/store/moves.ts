@@ -113,7 +113,6 @@ export interface DrainCounts {
 
 export async function drainCounts(sql: Sql, host: HostRow): Promise<DrainCounts> {
   const drain = host.drain_requested_at?.toISOString() ?? '';
-  const resumed = host.drain_resumed_at?.toISOString() ?? null;
   // One statement, so one snapshot: read apart, a move the drainer created between the two
   // readings counted both as waiting and as running.
   const [c] = await sql<Array<{
@@ -126,7 +125,7 @@ export async function drainCounts(sql: Sql, host: HostRow): Promise<DrainCounts>
       FROM desktops d WHERE d.host_id = ${host.id} AND d.state <> 'destroyed'
     ), ops AS (
       SELECT count(*) FILTER (WHERE state = 'succeeded')::int AS moved,
-             count(*) FILTER (WHERE state = 'failed' AND (${resumed}::timestamptz IS NULL OR settled_at >= ${resumed}::timestamptz))::int AS failed,
+             count(*) FILTER (WHERE state = 'failed' AND settled_at >= COALESCE((SELECT drain_resumed_at FROM hosts WHERE id = ${host.id}), '-infinity'))::int AS failed,
              count(*) FILTER (WHERE state IN ('pending', 'running'))::int AS running,
              count(*) FILTER (WHERE state IN ('pending', 'running') AND COALESCE(params->>'phase', '') <> 'started')::int AS copying,
              COALESCE(sum(CASE WHEN state = 'succeeded' THEN (result->>'total_bytes')::bigint
@@ -180,10 +179,10 @@ export async function recordCopyProgress(sql: Sql, desktopId: string, doneBytes:
 /** The latest failed move of the drain, for the reason it stopped. */
 export async function lastFailedMove(sql: Sql, host: HostRow): Promise<OperationRow | null> {
   const drain = host.drain_requested_at?.toISOString() ?? '';
-  const resumed = host.drain_resumed_at?.toISOString() ?? null;
+  // The resume as the row holds it (microseconds), not as a Date rounds it.
   const [row] = await sql<OperationRow[]>`
     SELECT * FROM operations WHERE kind = 'move' AND state = 'failed' AND params->>'source_host_id' = ${host.id} AND params->>'drain' = ${drain}
-      AND (${resumed}::timestamptz IS NULL OR settled_at >= ${resumed}::timestamptz)
+      AND settled_at >= COALESCE((SELECT drain_resumed_at FROM hosts WHERE id = ${host.id}), '-infinity')
     ORDER BY settled_at DESC LIMIT 1`;
   return row ?? null;
 }
