@@ -4,10 +4,11 @@
  * is not restored: the desktop boots cold, with every cover this host requires, and the runtime
  * warns why; its disk is kept, its programs end. Spent images an agent stopped before removing
  * (between a restore and their removal) are removed when the running guest is next adopted, so
- * the next hibernate keeps its own memory, not those images.
+ * the next hibernate keeps its own memory, not those images. A dump that ended after its agent
+ * stopped (CRIU goes on in a process group of its own) is kept by the next hibernate or start.
  */
 import { existsSync } from 'node:fs';
-import { cp, mkdtemp, readFile, rm, writeFile } from 'node:fs/promises';
+import { cp, mkdtemp, readFile, rename, rm, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
@@ -93,6 +94,45 @@ describe.skipIf(criu === null)('spent images left beside a running guest', () =>
     // The process started after the restore runs on: the memory is the latest hibernate's.
     const alive = await driver.exec(id, { command: `kill -0 ${counter.stdout.trim()} && echo alive`, timeoutMs: 10_000, maxOutputBytes: 100 });
     expect(alive.stdout).toBe('alive\n');
+    await driver.destroy(id);
+  }, 60_000);
+});
+
+describe.skipIf(criu === null)('a dump that ended after its agent stopped', () => {
+  const id = newId('desktop');
+  let base: string;
+  let driver: SandboxDriver;
+
+  beforeAll(async () => {
+    base = await mkdtemp(join(tmpdir(), 'canto-late-dump-'));
+    driver = await createSandboxDriver({ stateDir: join(base, 'state'), goldenTemplates: false });
+  });
+
+  afterAll(async () => {
+    await driver?.close();
+    await destroyLeftDesktops(join(base, 'state'));
+    await rm(base, { recursive: true, force: true });
+  });
+
+  it('is kept when the hibernate is sent again, and the wake restores its memory; an unfinished one is not', async () => {
+    await driver.prepare(id, 'small');
+    await driver.start({ desktopId: id, tier: 'small', firstBoot: null });
+    const sleeper = (await driver.exec(id, { command: 'sleep 1000 >/dev/null 2>&1 & echo $!', timeoutMs: 10_000, maxOutputBytes: 100 })).stdout.trim();
+    expect(await driver.hibernate(id)).toEqual({ snapshot: true });
+    // What an agent killed after CRIU finished but before its rename leaves.
+    const dir = join(base, 'state', 'desktops', id);
+    await rename(join(dir, 'snapshot'), join(dir, 'snapshot.tmp'));
+    expect(await driver.hibernate(id)).toEqual({ snapshot: true });
+    expect((await driver.start({ desktopId: id, tier: 'small', firstBoot: null })).restored).toBe(true);
+    expect((await driver.exec(id, { command: `kill -0 ${sleeper} && echo alive`, timeoutMs: 10_000, maxOutputBytes: 100 })).stdout).toBe('alive\n');
+
+    // A dump cut short (CRIU writes stats-dump last, on success only) is not kept: the wake is cold.
+    expect(await driver.hibernate(id)).toEqual({ snapshot: true });
+    await rename(join(dir, 'snapshot'), join(dir, 'snapshot.tmp'));
+    await rm(join(dir, 'snapshot.tmp', 'stats-dump'));
+    expect(await driver.hibernate(id)).toEqual({ snapshot: false });
+    expect((await driver.start({ desktopId: id, tier: 'small', firstBoot: null })).restored).toBe(false);
+    expect(existsSync(join(dir, 'snapshot.tmp'))).toBe(false);
     await driver.destroy(id);
   }, 60_000);
 });

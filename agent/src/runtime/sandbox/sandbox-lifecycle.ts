@@ -18,7 +18,7 @@ import type { DesktopLifecycle, DesktopStatus, ExecOutcome, RuntimeCapabilities,
 import { applyTier, drainAndRemove, removeIfEmpty } from './host/cgroups.js';
 import { coldBoot, runningInit, type InitProcess } from './host/cold-boot.js';
 import { desktopStatus, listDesktops } from './host/desktop-status.js';
-import { dump, restore, type CriuInfo } from './host/criu.js';
+import { dump, keepFinishedDump, restore, type CriuInfo } from './host/criu.js';
 import { applyFirstBoot, renderEnvFile, WRITE_ENV_COMMAND } from './host/first-boot.js';
 import { writeCloneEnv } from './host/golden.js';
 import { reapplyRecordedDisplay } from './computer-use/guest-display.js';
@@ -117,6 +117,7 @@ export class SandboxLifecycle implements Omit<DesktopLifecycle, 'close' | 'usage
         await this.guest.reset(spec.desktopId);
         // So does the port forwarder, which would otherwise hold the old network namespace.
         await this.ports.closeAll(spec.desktopId);
+        if (await keepFinishedDump(paths)) this.log('a memory snapshot whose dump ended after its agent stopped is kept', { desktopId: spec.desktopId });
         await rm(paths.snapshotTmp, { recursive: true, force: true });
         // Leftovers of a desktop whose init died (or of a restore the agent crashed during) would
         // otherwise run beside the new guest: kill them, and start from fresh groups.
@@ -175,6 +176,7 @@ export class SandboxLifecycle implements Omit<DesktopLifecycle, 'close' | 'usage
       if (init === null) {
         await this.guest.reset(desktopId);
         await this.ports.closeAll(desktopId);
+        if (await keepFinishedDump(paths)) this.log('a memory snapshot whose dump ended after its agent stopped is kept', { desktopId });
         return { snapshot: await exists(paths.snapshot) };
       }
       const t0 = performance.now();

@@ -14,7 +14,7 @@
  * Perl program (Perl is always present on Debian and can call prctl directly).
  */
 import { spawn } from 'node:child_process';
-import { access, constants, mkdir, mkdtemp, readFile, rm, stat, writeFile } from 'node:fs/promises';
+import { access, constants, mkdir, mkdtemp, readFile, rename, rm, stat, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { delimiter, dirname, join } from 'node:path';
 import type { Readable } from 'node:stream';
@@ -161,6 +161,19 @@ async function logTail(path: string): Promise<string> {
     .filter((l) => l.includes('Error'))
     .slice(-4)
     .join(' | ');
+}
+
+/**
+ * Keeps the images of a dump that ended well after its agent stopped, which the agent would have
+ * renamed into place itself: CRIU runs in a process group of its own and goes on when the agent
+ * is killed. CRIU writes `stats-dump` last, and only when the dump succeeded (after it has killed
+ * the guest), and nothing starts the guest but a start, which removes `snapshot.tmp/` first: such
+ * images are the desktop's memory as its disk still is. True when there were some to keep.
+ */
+export async function keepFinishedDump(paths: DesktopPaths): Promise<boolean> {
+  if ((await exists(paths.snapshot)) || !(await exists(join(paths.snapshotTmp, 'stats-dump')))) return false;
+  await rename(paths.snapshotTmp, paths.snapshot);
+  return true;
 }
 
 /** Dumps the guest into `paths.snapshotTmp` (which the caller renames). Throws with CRIU's errors. */
