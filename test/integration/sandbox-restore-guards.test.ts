@@ -5,7 +5,8 @@
  * warns why; its disk is kept, its programs end. Spent images an agent stopped before removing
  * (between a restore and their removal) are removed when the running guest is next adopted, so
  * the next hibernate keeps its own memory, not those images. A dump that ended after its agent
- * stopped (CRIU goes on in a process group of its own) is kept by the next hibernate or start.
+ * stopped (CRIU goes on in a process group of its own) is kept by the next hibernate or start, and
+ * a guest a restore brought back after its agent stopped is adopted, not restored a second time.
  */
 import { existsSync } from 'node:fs';
 import { cp, mkdtemp, readFile, rename, rm, writeFile } from 'node:fs/promises';
@@ -98,7 +99,7 @@ describe.skipIf(criu === null)('spent images left beside a running guest', () =>
   }, 60_000);
 });
 
-describe.skipIf(criu === null)('a dump that ended after its agent stopped', () => {
+describe.skipIf(criu === null)('a dump or a restore that ended after its agent stopped', () => {
   const id = newId('desktop');
   let base: string;
   let driver: SandboxDriver;
@@ -114,7 +115,7 @@ describe.skipIf(criu === null)('a dump that ended after its agent stopped', () =
     await rm(base, { recursive: true, force: true });
   });
 
-  it('is kept when the hibernate is sent again, and the wake restores its memory; an unfinished one is not', async () => {
+  it('keeps a finished dump and adopts a restored guest, and keeps no unfinished dump', async () => {
     await driver.prepare(id, 'small');
     await driver.start({ desktopId: id, tier: 'small', firstBoot: null });
     const sleeper = (await driver.exec(id, { command: 'sleep 1000 >/dev/null 2>&1 & echo $!', timeoutMs: 10_000, maxOutputBytes: 100 })).stdout.trim();
@@ -125,6 +126,23 @@ describe.skipIf(criu === null)('a dump that ended after its agent stopped', () =
     expect(await driver.hibernate(id)).toEqual({ snapshot: true });
     expect((await driver.start({ desktopId: id, tier: 'small', firstBoot: null })).restored).toBe(true);
     expect((await driver.exec(id, { command: `kill -0 ${sleeper} && echo alive`, timeoutMs: 10_000, maxOutputBytes: 100 })).stdout).toBe('alive\n');
+
+    // A restore that ended after its agent stopped, before the agent recorded the guest (its
+    // images still in place, CRIU's pidfile naming the init): the next start adopts that guest
+    // instead of restoring the images again over what it has written since.
+    expect(await driver.hibernate(id)).toEqual({ snapshot: true });
+    const images = join(base, 'images');
+    await cp(join(dir, 'snapshot'), images, { recursive: true });
+    expect((await driver.start({ desktopId: id, tier: 'small', firstBoot: null })).restored).toBe(true);
+    const init = JSON.parse(await readFile(join(dir, 'run', 'init.json'), 'utf8')) as { pid: number };
+    const after = (await driver.exec(id, { command: 'echo written-since > /root/since; sleep 1001 >/dev/null 2>&1 & echo $!', timeoutMs: 10_000, maxOutputBytes: 100 })).stdout.trim();
+    await cp(images, join(dir, 'snapshot'), { recursive: true });
+    await writeFile(join(dir, 'run', 'restore.pid'), `${init.pid}\n`);
+    await rm(join(dir, 'run', 'init.json'));
+    expect((await driver.start({ desktopId: id, tier: 'small', firstBoot: null })).restored).toBe(true);
+    expect((JSON.parse(await readFile(join(dir, 'run', 'init.json'), 'utf8')) as { pid: number }).pid).toBe(init.pid);
+    expect((await driver.exec(id, { command: `kill -0 ${after} && cat /root/since`, timeoutMs: 10_000, maxOutputBytes: 100 })).stdout).toBe('written-since\n');
+    expect(existsSync(join(dir, 'snapshot'))).toBe(false);
 
     // A dump cut short (CRIU writes stats-dump last, on success only) is not kept: the wake is cold.
     expect(await driver.hibernate(id)).toEqual({ snapshot: true });

@@ -18,7 +18,7 @@ import type { DesktopLifecycle, DesktopStatus, ExecOutcome, RuntimeCapabilities,
 import { applyTier, drainAndRemove, removeIfEmpty } from './host/cgroups.js';
 import { coldBoot, runningInit, type InitProcess } from './host/cold-boot.js';
 import { desktopStatus, listDesktops } from './host/desktop-status.js';
-import { dump, keepFinishedDump, restore, type CriuInfo } from './host/criu.js';
+import { dump, keepFinishedDump, orphanedRestore, restore, type CriuInfo } from './host/criu.js';
 import { applyFirstBoot, renderEnvFile, WRITE_ENV_COMMAND } from './host/first-boot.js';
 import { writeCloneEnv } from './host/golden.js';
 import { reapplyRecordedDisplay } from './computer-use/guest-display.js';
@@ -110,6 +110,12 @@ export class SandboxLifecycle implements Omit<DesktopLifecycle, 'close' | 'usage
       const discardSpent = () =>
         discardTree(this.stateDir, paths.snapshot, (err) => this.log('could not remove a spent snapshot', { desktopId: spec.desktopId, error: String(err) }, 'warn'), `${spec.desktopId}.snapshot`);
       let init = await runningInit(paths);
+      const orphan = init === null ? await orphanedRestore(paths, spec.desktopId) : null;
+      if (orphan !== null) {
+        init = orphan;
+        await writeFileAtomic(paths.initFile, JSON.stringify(init));
+        this.log('a guest restored after its agent stopped is adopted', { desktopId: spec.desktopId });
+      }
       if (init === null) {
         const t0 = performance.now();
         this.terminals.booting(spec.desktopId);
@@ -161,7 +167,7 @@ export class SandboxLifecycle implements Omit<DesktopLifecycle, 'close' | 'usage
       }
       // Once the answer has gone out (a spawn holds the agent's event loop for a fork's time).
       if (spec.inUse === true) setImmediate((ready: InitProcess) => this.guest.prewarm(spec.desktopId, ready), init);
-      return { restored };
+      return { restored: restored || orphan !== null };
     });
   }
 
@@ -343,6 +349,7 @@ export class SandboxLifecycle implements Omit<DesktopLifecycle, 'close' | 'usage
       // Recorded at once, so an agent restart from here on adopts this guest instead of
       // restoring a second copy.
       await writeFileAtomic(paths.initFile, JSON.stringify(init));
+      await rm(join(paths.run, 'restore.pid'), { force: true });
       // The root is read-only again, the hostname the desktop's own, and the desktop answered (X
       // took a client): the restore's action script did all three (agent/native/restore-action.c,
       // or agent/guest/criu-restore-action.sh where the process spawner is not built).

@@ -176,6 +176,20 @@ export async function keepFinishedDump(paths: DesktopPaths): Promise<boolean> {
   return true;
 }
 
+/**
+ * The guest a restore brought back after its agent stopped, before the agent recorded it: CRIU's
+ * pidfile names its init (the caller removes the file once it has recorded one), the desktop
+ * answered the restore's check, and the process is still this desktop's. Restoring the same
+ * images again would put memory from before that guest ran over the disk it has written since.
+ */
+export async function orphanedRestore(paths: DesktopPaths, desktopId: string): Promise<InitProcess | null> {
+  const pid = Number((await readFile(join(paths.run, 'restore.pid'), 'utf8').catch(() => '')).trim());
+  if (!Number.isInteger(pid) || pid <= 0 || !(await exists(join(paths.run, 'restore-answered')))) return null;
+  const cgroup = await readFile(`/proc/${pid}/cgroup`, 'utf8').catch(() => '');
+  const st = await procStat(pid);
+  return st !== null && cgroup.includes(`/canto/${desktopId}\n`) ? { pid, startTime: st.startTime } : null;
+}
+
 /** Dumps the guest into `paths.snapshotTmp` (which the caller renames). Throws with CRIU's errors. */
 export async function dump(criu: CriuInfo, paths: DesktopPaths, init: InitProcess): Promise<void> {
   await rm(paths.snapshotTmp, { recursive: true, force: true });
