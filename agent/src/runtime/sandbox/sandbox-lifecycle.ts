@@ -349,11 +349,12 @@ export class SandboxLifecycle implements Omit<DesktopLifecycle, 'close' | 'usage
       // Recorded at once, so an agent restart from here on adopts this guest instead of
       // restoring a second copy.
       await writeFileAtomic(paths.initFile, JSON.stringify(init));
-      await rm(join(paths.run, 'restore.pid'), { force: true });
       // The root is read-only again, the hostname the desktop's own, and the desktop answered (X
       // took a client): the restore's action script did all three (agent/native/restore-action.c,
       // or agent/guest/criu-restore-action.sh where the process spawner is not built).
       if (!restored.answer.ok) throw new Error(`restored desktop does not answer: ${restored.answer.error}`);
+      // Recorded and answering: CRIU's pidfile now names no restore that nobody recorded.
+      await rm(join(paths.run, 'restore.pid'), { force: true });
       return init;
     } catch (err) {
       this.log('restore failed; booting cold, images kept aside', { desktopId, aside, error: String(err) }, 'warn');
