@@ -6,8 +6,11 @@
  * (between a restore and their removal) are removed when the running guest is next adopted, so
  * the next hibernate keeps its own memory, not those images. A dump that ended after its agent
  * stopped (CRIU goes on in a process group of its own) is kept by the next hibernate or start, and
- * a guest a restore brought back after its agent stopped is adopted, not restored a second time.
+ * a guest a restore brought back after its agent stopped is adopted, not restored a second time;
+ * a hibernate waits for a dump such an agent left running rather than dumping under it.
  */
+import { spawn } from 'node:child_process';
+import { once } from 'node:events';
 import { existsSync } from 'node:fs';
 import { cp, mkdtemp, readFile, rename, rm, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
@@ -152,5 +155,23 @@ describe.skipIf(criu === null)('a dump or a restore that ended after its agent s
     expect((await driver.start({ desktopId: id, tier: 'small', firstBoot: null })).restored).toBe(false);
     expect(existsSync(join(dir, 'snapshot.tmp'))).toBe(false);
     await driver.destroy(id);
+  }, 60_000);
+
+  it('waits for a dump another agent process left running, instead of dumping under it', async () => {
+    const other = newId('desktop');
+    await driver.prepare(other, 'small');
+    await driver.start({ desktopId: other, tier: 'small', firstBoot: null });
+    const sleeper = (await driver.exec(other, { command: 'sleep 1000 >/dev/null 2>&1 & echo $!', timeoutMs: 10_000, maxOutputBytes: 100 })).stdout.trim();
+    const init = JSON.parse(await readFile(join(base, 'state', 'desktops', other, 'run', 'init.json'), 'utf8')) as { pid: number };
+    // What CRIU holding the guest looks like from outside: its init traced (ptrace, syscall 101 on
+    // x86-64, with PTRACE_SEIZE, which does not stop it), until the tracer ends.
+    const holder = spawn('perl', ['-e', 'syscall(101, 0x4206, $ARGV[0] + 0, 0, 0) == 0 or die "seize: $!"; $| = 1; print "held\\n"; select(undef, undef, undef, 0.8);', String(init.pid)], { stdio: ['ignore', 'pipe', 'inherit'] });
+    await once(holder.stdout!, 'data');
+    const t0 = Date.now();
+    expect(await driver.hibernate(other)).toEqual({ snapshot: true });
+    expect(Date.now() - t0).toBeGreaterThanOrEqual(500);
+    expect((await driver.start({ desktopId: other, tier: 'small', firstBoot: null })).restored).toBe(true);
+    expect((await driver.exec(other, { command: `kill -0 ${sleeper} && echo alive`, timeoutMs: 10_000, maxOutputBytes: 100 })).stdout).toBe('alive\n');
+    await driver.destroy(other);
   }, 60_000);
 });

@@ -18,7 +18,7 @@ import type { DesktopLifecycle, DesktopStatus, ExecOutcome, RuntimeCapabilities,
 import { applyTier, drainAndRemove, removeIfEmpty } from './host/cgroups.js';
 import { coldBoot, runningInit, type InitProcess } from './host/cold-boot.js';
 import { desktopStatus, listDesktops } from './host/desktop-status.js';
-import { dump, keepFinishedDump, orphanedRestore, restore, type CriuInfo } from './host/criu.js';
+import { dump, initOnceUndumped, keepFinishedDump, orphanedRestore, restore, type CriuInfo } from './host/criu.js';
 import { applyFirstBoot, renderEnvFile, WRITE_ENV_COMMAND } from './host/first-boot.js';
 import { writeCloneEnv } from './host/golden.js';
 import { reapplyRecordedDisplay } from './computer-use/guest-display.js';
@@ -178,7 +178,7 @@ export class SandboxLifecycle implements Omit<DesktopLifecycle, 'close' | 'usage
         await this.guest.reset(desktopId);
         return { snapshot: false };
       }
-      const init = await runningInit(paths);
+      const init = await initOnceUndumped(paths);
       if (init === null) {
         await this.guest.reset(desktopId);
         await this.ports.closeAll(desktopId);

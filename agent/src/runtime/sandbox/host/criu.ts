@@ -21,12 +21,12 @@ import type { Readable } from 'node:stream';
 import { execa } from 'execa';
 import { cgroupDirs, joinArgv } from './cgroups.js';
 import { ensureKdatCache, KDAT_FILE } from './criu-kdat.js';
-import { procStat } from './host-procs.js';
+import { procStat, waitFor } from './host-procs.js';
 import { helperPath, runToEnd, spawnProcess } from './spawner.js';
 import { ensureSkeletonRun, exists, GUEST_FB_DIR, type DesktopPaths } from './layout.js';
 import { GUEST_CAPS_ONLY, hostnameFor, hostPathForGuestMount, maskedHostPaths } from '../guest/guest-init.js';
 import { guestFile, perlProgram } from '../guest/guest-programs.js';
-import type { InitProcess } from './cold-boot.js';
+import { runningInit, type InitProcess } from './cold-boot.js';
 import { parseMountTable } from './mount-table.js';
 
 export interface CriuInfo {
@@ -188,6 +188,29 @@ export async function orphanedRestore(paths: DesktopPaths, desktopId: string): P
   const cgroup = await readFile(`/proc/${pid}/cgroup`, 'utf8').catch(() => '');
   const st = await procStat(pid);
   return st !== null && cgroup.includes(`/canto/${desktopId}\n`) ? { pid, startTime: st.startTime } : null;
+}
+
+/** How long a hibernate waits for a dump another agent process left running (a dump's own bound). */
+const FOREIGN_DUMP_WAIT_MS = 60_000;
+
+/**
+ * The guest's running init for a hibernate, once no dump holds it: a dump an agent started before
+ * it was killed goes on (CRIU's own process group) and has seized the guest's processes, so its
+ * init reads traced. A second dump would fail on them and fall back to a cold stop, killing the
+ * guest under the first. So the hibernate waits for that dump to end: the guest then runs on
+ * (the dump failed) or is gone with its images (keepFinishedDump keeps them).
+ */
+export async function initOnceUndumped(paths: DesktopPaths): Promise<InitProcess | null> {
+  const init = await runningInit(paths);
+  if (init === null || (await tracerOf(init.pid)) === 0) return init;
+  await waitFor(async () => (await tracerOf(init.pid)) === 0, FOREIGN_DUMP_WAIT_MS, 20);
+  return runningInit(paths);
+}
+
+/** The pid tracing `pid` (0: none, or `pid` is gone). */
+async function tracerOf(pid: number): Promise<number> {
+  const status = await readFile(`/proc/${pid}/status`, 'utf8').catch(() => '');
+  return Number(/^TracerPid:\s+(\d+)$/m.exec(status)?.[1] ?? 0);
 }
 
 /** Dumps the guest into `paths.snapshotTmp` (which the caller renames). Throws with CRIU's errors. */
