@@ -25,14 +25,14 @@ import { until } from '../helpers/wait.js';
 
 const criu = isRoot ? await detectCriu(undefined) : null;
 
-describe.skipIf(criu === null)('a memory snapshot without the covers of host secrets', () => {
-  const id = newId('desktop');
+describe.skipIf(criu === null)('restores after an interruption, and restores refused', () => {
   const logged: string[] = [];
   let base: string;
   let driver: SandboxDriver;
+  const dirOf = (id: string) => join(base, 'state', 'desktops', id);
 
   beforeAll(async () => {
-    base = await mkdtemp(join(tmpdir(), 'canto-etc-covers-'));
+    base = await mkdtemp(join(tmpdir(), 'canto-restore-guards-'));
     const log = (msg: string, fields?: object, level?: 'warn') => void logged.push(`${level ?? 'info'}: ${msg} ${JSON.stringify(fields ?? {})}`);
     driver = await createSandboxDriver({ stateDir: join(base, 'state'), log, goldenTemplates: false });
   });
@@ -43,13 +43,20 @@ describe.skipIf(criu === null)('a memory snapshot without the covers of host sec
     await rm(base, { recursive: true, force: true });
   });
 
-  it('boots cold, covered, instead of restoring a guest that could read them', async () => {
+  /** A new desktop, started. */
+  const started = async () => {
+    const id = newId('desktop');
     await driver.prepare(id, 'small');
     await driver.start({ desktopId: id, tier: 'small', firstBoot: null });
+    return id;
+  };
+
+  it('boots cold, covered, instead of restoring a snapshot without the covers of host secrets', async () => {
+    const id = await started();
     await driver.exec(id, { command: 'echo kept > /root/note', timeoutMs: 10_000, maxOutputBytes: 100 });
     expect(await driver.hibernate(id)).toEqual({ snapshot: true });
     // What an image dumped before /etc/shadow was covered says of its mounts.
-    const externalsFile = join(base, 'state', 'desktops', id, 'snapshot', 'externals.json');
+    const externalsFile = join(dirOf(id), 'snapshot', 'externals.json');
     const externals = JSON.parse(await readFile(externalsFile, 'utf8')) as Array<{ guestPath: string }>;
     expect(externals.map((e) => e.guestPath)).toEqual(expect.arrayContaining(maskedHostPaths().files));
     await writeFile(externalsFile, JSON.stringify(externals.filter((e) => e.guestPath !== '/etc/shadow')));
@@ -60,29 +67,11 @@ describe.skipIf(criu === null)('a memory snapshot without the covers of host sec
     expect(read.stdout).toBe('0\nkept\n');
     await driver.destroy(id);
   }, 60_000);
-});
 
-describe.skipIf(criu === null)('spent images left beside a running guest', () => {
-  const id = newId('desktop');
-  let base: string;
-  let driver: SandboxDriver;
-
-  beforeAll(async () => {
-    base = await mkdtemp(join(tmpdir(), 'canto-spent-'));
-    driver = await createSandboxDriver({ stateDir: join(base, 'state'), goldenTemplates: false });
-  });
-
-  afterAll(async () => {
-    await driver?.close();
-    await destroyLeftDesktops(join(base, 'state'));
-    await rm(base, { recursive: true, force: true });
-  });
-
-  it('are removed when the guest is adopted, and the next hibernate keeps the memory of now', async () => {
-    await driver.prepare(id, 'small');
-    await driver.start({ desktopId: id, tier: 'small', firstBoot: null });
+  it('removes spent images left beside a running guest when it adopts it, and the next hibernate keeps the memory of now', async () => {
+    const id = await started();
     expect(await driver.hibernate(id)).toEqual({ snapshot: true });
-    const snapshot = join(base, 'state', 'desktops', id, 'snapshot');
+    const snapshot = join(dirOf(id), 'snapshot');
     const spent = join(base, 'spent');
     await cp(snapshot, spent, { recursive: true });
     expect((await driver.start({ desktopId: id, tier: 'small', firstBoot: null })).restored).toBe(true);
@@ -100,31 +89,13 @@ describe.skipIf(criu === null)('spent images left beside a running guest', () =>
     expect(alive.stdout).toBe('alive\n');
     await driver.destroy(id);
   }, 60_000);
-});
 
-describe.skipIf(criu === null)('a dump or a restore that ended after its agent stopped', () => {
-  const id = newId('desktop');
-  let base: string;
-  let driver: SandboxDriver;
-
-  beforeAll(async () => {
-    base = await mkdtemp(join(tmpdir(), 'canto-late-dump-'));
-    driver = await createSandboxDriver({ stateDir: join(base, 'state'), goldenTemplates: false });
-  });
-
-  afterAll(async () => {
-    await driver?.close();
-    await destroyLeftDesktops(join(base, 'state'));
-    await rm(base, { recursive: true, force: true });
-  });
-
-  it('keeps a finished dump and adopts a restored guest, and keeps no unfinished dump', async () => {
-    await driver.prepare(id, 'small');
-    await driver.start({ desktopId: id, tier: 'small', firstBoot: null });
+  it('keeps a dump that ended after its agent stopped, adopts a guest restored after it, and keeps no unfinished dump', async () => {
+    const id = await started();
     const sleeper = (await driver.exec(id, { command: 'sleep 1000 >/dev/null 2>&1 & echo $!', timeoutMs: 10_000, maxOutputBytes: 100 })).stdout.trim();
     expect(await driver.hibernate(id)).toEqual({ snapshot: true });
     // What an agent killed after CRIU finished but before its rename leaves.
-    const dir = join(base, 'state', 'desktops', id);
+    const dir = dirOf(id);
     await rename(join(dir, 'snapshot'), join(dir, 'snapshot.tmp'));
     expect(await driver.hibernate(id)).toEqual({ snapshot: true });
     expect((await driver.start({ desktopId: id, tier: 'small', firstBoot: null })).restored).toBe(true);
@@ -158,11 +129,9 @@ describe.skipIf(criu === null)('a dump or a restore that ended after its agent s
   }, 60_000);
 
   it('waits for a dump another agent process left running, instead of dumping under it', async () => {
-    const other = newId('desktop');
-    await driver.prepare(other, 'small');
-    await driver.start({ desktopId: other, tier: 'small', firstBoot: null });
+    const other = await started();
     const sleeper = (await driver.exec(other, { command: 'sleep 1000 >/dev/null 2>&1 & echo $!', timeoutMs: 10_000, maxOutputBytes: 100 })).stdout.trim();
-    const init = JSON.parse(await readFile(join(base, 'state', 'desktops', other, 'run', 'init.json'), 'utf8')) as { pid: number };
+    const init = JSON.parse(await readFile(join(dirOf(other), 'run', 'init.json'), 'utf8')) as { pid: number };
     // What CRIU holding the guest looks like from outside: its init traced (ptrace, syscall 101 on
     // x86-64, with PTRACE_SEIZE, which does not stop it), until the tracer ends.
     const holder = spawn('perl', ['-e', 'syscall(101, 0x4206, $ARGV[0] + 0, 0, 0) == 0 or die "seize: $!"; $| = 1; print "held\\n"; select(undef, undef, undef, 0.8);', String(init.pid)], { stdio: ['ignore', 'pipe', 'inherit'] });
