@@ -57,8 +57,10 @@ it('goes on after the leader stops mid-drain, and ends with the host empty and e
   }, 10_000, 'the first move under way');
   expect(before).toMatchObject({ state: 'draining' });
   expect(before.moved).toBeLessThan(DESKTOPS);
-  await leader.close();
+  // Taken as the old leader begins to stop: its stop hands the lease over first, and the new
+  // leader may settle moves while the rest of that stop (a second or two) goes on.
   const handedOver = new Date();
+  await leader.close();
   await until(() => follower.leadership.isLeader(), 5_000, 'the follower to lead');
 
   const drained = await until(async () => {
@@ -81,8 +83,11 @@ it('goes on after the leader stops mid-drain, and ends with the host empty and e
     // One move per desktop, each settled once as succeeded: the one the old leader was running was resumed, not redone.
     expect(moves.map((m) => m.desktop_id).sort()).toEqual([...ids].sort());
     expect(moves.every((m) => m.state === 'succeeded')).toBe(true);
-    // The new leader finished what the old one left.
-    expect(moves.filter((m) => m.settled_at > handedOver).length).toBeGreaterThanOrEqual(DESKTOPS - before.moved);
+    // The new leader finished what the old one left (moves settled before the handover are the
+    // old leader's; one may have settled just after `before` was read).
+    const settledBefore = moves.filter((m) => m.settled_at <= handedOver).length;
+    expect(settledBefore).toBeLessThanOrEqual(before.moved + 1);
+    expect(moves.length - settledBefore).toBeGreaterThanOrEqual(1);
   } finally {
     await sql.end();
   }
