@@ -64,6 +64,7 @@ import { runningInit } from './host/cold-boot.js';
 import { helperPath } from './host/spawner.js';
 import { favorDynamicCgroups } from './host/cgroup-migrations.js';
 import { collectUnusedLayers, discardsSettled } from './host/discarded.js';
+import { assertOneFilesystem } from './host/state-filesystem.js';
 import { noteQuickMigrations } from './guest/guest-entry.js';
 import type { RuntimeLog } from './runtime-log.js';
 
@@ -137,6 +138,7 @@ export class SandboxDriver implements RuntimeDriver {
       resolveTool('bwrap', '/usr/bin/bwrap'),
       resolveTool('nsenter', '/usr/bin/nsenter'),
     ]);
+    await assertOneFilesystem(stateDir);
     const criu = options.memorySnapshots === false ? null : await detectCriu(options.criuPath, options.log);
     const driver = new SandboxDriver(stateDir, criu, { bwrap, nsenter }, options.log);
     const migrations = await favorDynamicCgroups(process.env.CANTO_AGENT_CGROUP_FAVOR_DYNMODS !== 'false', driver.log);

@@ -29,7 +29,7 @@ import { newId } from '../../../../../shared/src/ids.js';
 import { KeyedMutex } from './keyed-mutex.js';
 import { copySparse } from './sparse.js';
 import { runToEnd, spawnProcess } from './spawner.js';
-import { desktopPaths, desktopsDir, exists, readJson, type DesktopPaths } from './layout.js';
+import { desktopPaths, desktopsDir, exists, incomingDir, readJson, type DesktopPaths } from './layout.js';
 import { runningInit } from './cold-boot.js';
 import { parseMountTable } from './mount-table.js';
 
@@ -142,11 +142,19 @@ export async function freeze(stateDir: string, paths: DesktopPaths): Promise<Cha
   const layer = newId('layer');
   const next: Chain = { lower: [layer, ...(current?.lower ?? [])] };
   await writeChain(nextChainFile(paths), next);
-  if (current === null) {
-    await rename(paths.disk, join(layersDir(stateDir), layer));
-  } else {
-    await unmount(paths.disk);
-    await rename(join(paths.dir, 'upper'), join(layersDir(stateDir), layer));
+  try {
+    if (current === null) {
+      await rename(paths.disk, join(layersDir(stateDir), layer));
+    } else {
+      await unmount(paths.disk);
+      await rename(join(paths.dir, 'upper'), join(layersDir(stateDir), layer));
+    }
+  } catch (err) {
+    // Nothing moved (a rename is whole or not at all): the freeze is undone, so the desktop
+    // keeps its chain and starts as before, instead of every start retrying a rename that
+    // cannot work (EXDEV: the store on another filesystem).
+    await rm(nextChainFile(paths), { force: true });
+    throw err;
   }
   await rename(nextChainFile(paths), chainFile(paths));
   return next;
@@ -161,7 +169,13 @@ export async function recoverFreeze(stateDir: string, paths: DesktopPaths): Prom
   const source = current === null ? paths.disk : join(paths.dir, 'upper');
   if (!(await exists(layer))) {
     if (current !== null) await unmount(paths.disk);
-    if (await exists(source)) await rename(source, layer);
+    try {
+      if (await exists(source)) await rename(source, layer);
+    } catch {
+      // The layer never moved: the freeze is undone (see freeze) and the desktop keeps its chain.
+      await rm(nextChainFile(paths), { force: true });
+      return;
+    }
   }
   await rename(nextChainFile(paths), chainFile(paths));
 }
@@ -228,7 +242,7 @@ export async function releaseIdleDisks(stateDir: string): Promise<number> {
  * from under it.
  */
 export function stagedChainFile(stateDir: string, desktopId: string): string {
-  return join(stateDir, 'incoming', desktopId, 'x', 'desktop', 'layers.json');
+  return join(incomingDir(stateDir), desktopId, 'x', 'desktop', 'layers.json');
 }
 
 const storeLocks = new Map<string, KeyedMutex>();
@@ -254,7 +268,7 @@ export function collectLayers(stateDir: string, desktopsDir: string): Promise<nu
         for (const id of chain?.lower ?? []) inUse.add(id);
       }
     }
-    for (const name of await readdir(join(stateDir, 'incoming')).catch(() => [] as string[])) {
+    for (const name of await readdir(incomingDir(stateDir)).catch(() => [] as string[])) {
       const chain = await readJson<Chain>(stagedChainFile(stateDir, name));
       for (const id of chain?.lower ?? []) inUse.add(id);
     }

@@ -88,6 +88,11 @@ export function desktopsDir(stateDir: string): string {
   return join(stateDir, 'desktops');
 }
 
+/** Where a move's import stages a desktop before renaming it into `desktopsDir`. */
+export function incomingDir(stateDir: string): string {
+  return join(stateDir, 'incoming');
+}
+
 export function desktopPaths(stateDir: string, desktopId: string): DesktopPaths {
   assertDesktopId(desktopId);
   const dir = join(desktopsDir(stateDir), desktopId);

@@ -33,7 +33,7 @@ import {
 import { runningInit } from './cold-boot.js';
 import type { KeyedMutex } from './keyed-mutex.js';
 import { collectLayers, layersDir, readChain, recoverFreeze, releaseDisk, stagedChainFile, withLayerStore } from './layers.js';
-import { assertDesktopId, desktopPaths, desktopsDir, exists, hasDisk, readJson, removeTree, syncFilesystem, type DesktopPaths } from './layout.js';
+import { assertDesktopId, desktopPaths, desktopsDir, exists, hasDisk, incomingDir, readJson, removeTree, syncFilesystem, type DesktopPaths } from './layout.js';
 import { cgroupPids } from './cgroups.js';
 import { identify, linkPrecopied, scanCold, sharedWritableMaps } from './precopy-files.js';
 import { fileListStream, tarSize, tarStream, untar } from './unit-tar.js';
@@ -116,7 +116,7 @@ export class SandboxTransfer implements DesktopTransfer {
 
   stagingDir(desktopId: string): string {
     assertDesktopId(desktopId);
-    return join(this.stateDir, 'incoming', desktopId);
+    return join(incomingDir(this.stateDir), desktopId);
   }
 
   async stagedChain(desktopId: string): Promise<string[]> {
