@@ -7,7 +7,8 @@
  * the next hibernate keeps its own memory, not those images. A dump that ended after its agent
  * stopped (CRIU goes on in a process group of its own) is kept by the next hibernate or start, and
  * a guest a restore brought back after its agent stopped is adopted, not restored a second time;
- * a hibernate waits for a dump such an agent left running rather than dumping under it.
+ * a hibernate waits for a dump such an agent left running rather than dumping under it, and a start
+ * waits for it rather than adopting a guest that dump is about to end.
  */
 import { spawn } from 'node:child_process';
 import { once } from 'node:events';
@@ -17,8 +18,10 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { newId } from '../../shared/src/ids.js';
-import { detectCriu } from '../../agent/src/runtime/sandbox/host/criu.js';
+import { detectCriu, dump } from '../../agent/src/runtime/sandbox/host/criu.js';
 import { maskedHostPaths } from '../../agent/src/runtime/sandbox/guest/guest-init.js';
+import { desktopPaths } from '../../agent/src/runtime/sandbox/host/layout.js';
+import type { InitProcess } from '../../agent/src/runtime/sandbox/host/cold-boot.js';
 import { createSandboxDriver, type SandboxDriver } from '../../agent/src/runtime/sandbox/index.js';
 import { destroyLeftDesktops, isRoot } from '../helpers/sandbox.js';
 import { until } from '../helpers/wait.js';
@@ -140,6 +143,21 @@ describe.skipIf(criu === null)('restores after an interruption, and restores ref
     expect(await driver.hibernate(other)).toEqual({ snapshot: true });
     expect(Date.now() - t0).toBeGreaterThanOrEqual(500);
     expect((await driver.start({ desktopId: other, tier: 'small', firstBoot: null })).restored).toBe(true);
+    expect((await driver.exec(other, { command: `kill -0 ${sleeper} && echo alive`, timeoutMs: 10_000, maxOutputBytes: 100 })).stdout).toBe('alive\n');
+    await driver.destroy(other);
+  }, 60_000);
+
+  it('waits for a dump another agent process left running before it adopts the guest, and wakes from that dump', async () => {
+    const other = await started();
+    const sleeper = (await driver.exec(other, { command: 'sleep 1000 >/dev/null 2>&1 & echo $!', timeoutMs: 10_000, maxOutputBytes: 100 })).stdout.trim();
+    const paths = desktopPaths(join(base, 'state'), other);
+    const init = JSON.parse(await readFile(paths.initFile, 'utf8')) as InitProcess;
+    // A dump started by an agent process that was then killed: outside this driver and its lock.
+    const foreign = dump(criu!, paths, init);
+    await until(async () => /^TracerPid:\s+[1-9]/m.test(await readFile(`/proc/${init.pid}/status`, 'utf8').catch(() => '')), 10_000);
+    const start = await driver.start({ desktopId: other, tier: 'small', firstBoot: null });
+    await foreign;
+    expect(start).toEqual({ restored: true });
     expect((await driver.exec(other, { command: `kill -0 ${sleeper} && echo alive`, timeoutMs: 10_000, maxOutputBytes: 100 })).stdout).toBe('alive\n');
     await driver.destroy(other);
   }, 60_000);

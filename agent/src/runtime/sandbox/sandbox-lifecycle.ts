@@ -109,7 +109,8 @@ export class SandboxLifecycle implements Omit<DesktopLifecycle, 'close' | 'usage
       let envAtBoot = false;
       const discardSpent = () =>
         discardTree(this.stateDir, paths.snapshot, (err) => this.log('could not remove a spent snapshot', { desktopId: spec.desktopId, error: String(err) }, 'warn'), `${spec.desktopId}.snapshot`);
-      let init = await runningInit(paths);
+      // A dump an agent killed before it left running would end this guest once it is adopted.
+      let init = await initOnceUndumped(paths);
       const orphan = init === null ? await orphanedRestore(paths, spec.desktopId) : null;
       if (orphan !== null) {
         init = orphan;

@@ -190,15 +190,16 @@ export async function orphanedRestore(paths: DesktopPaths, desktopId: string): P
   return st !== null && cgroup.includes(`/canto/${desktopId}\n`) ? { pid, startTime: st.startTime } : null;
 }
 
-/** How long a hibernate waits for a dump another agent process left running (a dump's own bound). */
+/** How long a hibernate or start waits for a dump another agent process left running (a dump's own bound). */
 const FOREIGN_DUMP_WAIT_MS = 60_000;
 
 /**
- * The guest's running init for a hibernate, once no dump holds it: a dump an agent started before
- * it was killed goes on (CRIU's own process group) and has seized the guest's processes, so its
- * init reads traced. A second dump would fail on them and fall back to a cold stop, killing the
- * guest under the first. So the hibernate waits for that dump to end: the guest then runs on
- * (the dump failed) or is gone with its images (keepFinishedDump keeps them).
+ * The guest's running init for a hibernate or a start, once no dump holds it: a dump an agent
+ * started before it was killed goes on (CRIU's own process group) and has seized the guest's
+ * processes, so its init reads traced. A second dump would fail on them and fall back to a cold
+ * stop, killing the guest under the first; a start would adopt a guest that dump then ends. So
+ * both wait for that dump to end: the guest then runs on (the dump failed) or is gone with its
+ * images (keepFinishedDump keeps them, and a start restores them).
  */
 export async function initOnceUndumped(paths: DesktopPaths): Promise<InitProcess | null> {
   const init = await runningInit(paths);
