@@ -39,6 +39,9 @@ program
     if (!Number.isInteger(hosts) || hosts < 1 || hosts > 8) throw new Error('--hosts must be a whole number from 1 to 8');
     tuneHeapForStreaming();
     await up({ ...opts, hosts }, env);
+    // Everything has stopped by now; a handle a library left open must not keep the process
+    // running after it said so (stdout to a pipe or terminal is written synchronously).
+    process.exit(process.exitCode ?? 0);
   });
 
 program

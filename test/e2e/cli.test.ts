@@ -40,8 +40,9 @@ async function startUp(dataDir: string, port: number, extraEnv: Record<string, s
   });
   started.push(proc);
   let out = '';
+  let err = '';
   proc.stdout.on('data', (d: Buffer) => (out += d.toString()));
-  proc.stderr.on('data', () => {});
+  proc.stderr.on('data', (d: Buffer) => (err = (err + d.toString()).slice(-16_384)));
   const exited = new Promise<number | null>((resolve) => proc.once('exit', (code) => resolve(code)));
   await until(() => {
     if (proc.exitCode !== null) throw new Error(`canto up exited: ${out}`);
@@ -49,9 +50,18 @@ async function startUp(dataDir: string, port: number, extraEnv: Record<string, s
   }, 60_000, 'canto up');
   return {
     out: () => out,
-    async stop() {
+    /** Ctrl-C, then its exit code; a stop that hangs fails with what it printed. */
+    async stop(timeoutMs = 60_000) {
       proc.kill('SIGINT');
-      return exited;
+      let timer: NodeJS.Timeout | undefined;
+      const late = new Promise<never>((_, reject) => {
+        timer = setTimeout(() => reject(new Error(`canto up still running ${timeoutMs} ms after Ctrl-C:\n${out}\n${err}`)), timeoutMs);
+      });
+      try {
+        return await Promise.race([exited, late]);
+      } finally {
+        clearTimeout(timer);
+      }
     },
   };
 }
@@ -143,7 +153,8 @@ describe.skipIf(!isRoot)('canto CLI', () => {
     expect(((await again.json()) as { state: string }).state).toBe('hibernated');
     expect(await second.stop()).toBe(0);
     expect(second.out()).not.toMatch(/hibernated \d+ of/);
-  });
+    // Two starts and stops of a whole `canto up`, its PostgreSQL syncing to disk, on a loaded host.
+  }, 180_000);
 
   it('hibernates on Ctrl-C only the desktops of its own agents, not those of an agent joined from outside', async () => {
     const ownDir = mkdtempSync(join(tmpdir(), 'canto-up-'));
@@ -187,7 +198,7 @@ describe.skipIf(!isRoot)('canto CLI', () => {
       if (outside?.exitCode === null) crashTree(outside.pid!);
       rmSync(ownDir, { recursive: true, force: true });
     }
-  });
+  }, 180_000);
 
   it('refuses a join token on the command line, and names a token file it cannot read', async () => {
     const onCommandLine = await run(process.execPath, [CLI, 'agent', '--scheduler', 'http://127.0.0.1:9', '--token', 'visible-in-ps']).catch((err: { code: number; stderr: string }) => err);

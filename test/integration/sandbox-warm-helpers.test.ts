@@ -174,10 +174,13 @@ describe.skipIf(!isRoot)('sandbox driver warm guest servers', () => {
     expect(await sh('ps -eo args= | grep -cE "^sleep 10(05|06|10)$" || true')).toBe('0');
 
     // Files: a child of the server does the upload, titled with what it does.
+    // The gate exists before the body is pulled: the child takes its title before the agent asks
+    // for the second piece, and a resume that came first must not be lost.
     let resume: () => void = () => undefined;
+    const gate = new Promise<void>((r) => (resume = r));
     const upload = driver.writeFile(id, { path: '/root/warm.txt', appendAt: null }, (async function* () {
       yield Buffer.from('one ');
-      await new Promise<void>((r) => (resume = r));
+      await gate;
       yield Buffer.from('two');
     })());
     await until(async () => (await warmProcs(id)).file.some((p) => p.comm.startsWith('canto-helper wr')));
