@@ -8,7 +8,7 @@
 import { Command, Option } from 'commander';
 import { isId } from '../../shared/src/ids.js';
 import { unwrap, type AdminDesktop, type AdminHost, type CantoAdmin } from '../../sdk/src/index.js';
-import { describeDrain, describeMove, desktopCount, drainTotal, moveLine, readThrough, watchDrain } from './drain-progress.js';
+import { describeDrain, describeMove, desktopCount, drainDetails, drainTotal, moveLine, readThrough, watchDrain, WatchLost } from './drain-progress.js';
 import { adminClient, adminTarget, explainAdminError, type AdminOptions } from './admin-client.js';
 import { agoSince, hostStatusLabel, table } from './status.js';
 
@@ -56,6 +56,19 @@ export function registerAdminCommands(program: Command, env: NodeJS.ProcessEnv):
     process.stdout.write(`${line}\n`);
   };
   const json = (value: unknown): void => out(JSON.stringify(value, null, 2));
+  /** Watches a drain to its end: exit 0 drained, 1 stopped or ended, 2 lost sight of it (it goes on). */
+  const followDrain = async (admin: CantoAdmin, opts: CommonOptions, hostId: string): Promise<void> => {
+    try {
+      const done = await watchDrain(admin, hostId, opts.json ? null : process.stderr);
+      if (opts.json) json(done);
+      else out(describeDrain(done));
+      if (done.drain?.state !== 'drained') process.exitCode = 1;
+    } catch (err) {
+      if (!(err instanceof WatchLost)) throw err;
+      process.stderr.write(`${err.message}\n`);
+      process.exitCode = 2;
+    }
+  };
 
   const hosts = program.command('hosts').description('agent hosts, over the admin API');
   adminCommand(hosts, 'list', 'list hosts: state, schedulable, capacity and use, desktops', async (admin, opts) => {
@@ -63,17 +76,24 @@ export function registerAdminCommands(program: Command, env: NodeJS.ProcessEnv):
     if (opts.json) return json(answer);
     out(table(answer.hosts.map(hostRow), ['ID', 'HOSTNAME', 'STATUS', 'RUNTIME', 'SCHEDULABLE', 'DESKTOPS', 'VCPU', 'MEMORY', 'FREE MEMORY', 'ROOM', 'SLOTS', 'LAST HEARD']));
   });
-  adminCommand<[string]>(hosts, 'show', 'one host in detail', async (admin, opts, id) => {
+  adminCommand<[string]>(hosts, 'show', 'one host in detail; with --wait, follow its drain until it ends (asks for nothing)', async (admin, opts, id) => {
     const host = unwrap(await admin.api.GET('/admin/v1/hosts/{host_id}', { params: { path: { host_id: id } } }));
+    if (opts.wait && host.drain?.state === 'draining') return followDrain(admin, opts, host.id);
     if (opts.json) return json(host);
     out(describeHost(host));
-  }).argument('<host-id>');
+  })
+    .argument('<host-id>')
+    .option('--wait', 'follow a drain under way as drain --wait does, and exit as it would');
   for (const [action, words] of [['cordon', 'cordoned: no new desktop is placed on it'], ['uncordon', 'uncordoned: placement may use it again']] as const) {
-    adminCommand<[string]>(hosts, action, action === 'cordon' ? 'place no new desktop on the host (those on it stay)' : 'let placement use the host again', async (admin, opts, id) => {
+    const description = action === 'cordon' ? 'place no new desktop on the host (those on it stay)' : 'let placement use the host again (this ends its drain; moves under way finish)';
+    adminCommand<[string]>(hosts, action, description, async (admin, opts, id) => {
       const init = { params: { path: { host_id: id } } };
+      // Read first, to say so when the uncordon ends a drain (a watch elsewhere then ends too).
+      const before = action === 'uncordon' ? unwrap(await admin.api.GET('/admin/v1/hosts/{host_id}', init)) : null;
       const host = unwrap(action === 'cordon' ? await admin.api.POST('/admin/v1/hosts/{host_id}/cordon', init) : await admin.api.POST('/admin/v1/hosts/{host_id}/uncordon', init));
       if (opts.json) return json(host);
-      out(`host ${host.id} ${words}`);
+      const ended = before?.drain && before.drain.state !== 'drained' ? `; its drain (${before.drain.state}) ended, moves under way finish` : '';
+      out(`host ${host.id} ${words}${ended}`);
     }).argument('<host-id>');
   }
   adminCommand<[string]>(hosts, 'remove', "remove a host's record: it must hold no desktop and its agent must be stopped", async (admin, opts, id) => {
@@ -85,15 +105,12 @@ export function registerAdminCommands(program: Command, env: NodeJS.ProcessEnv):
   adminCommand<[string]>(hosts, 'drain', 'cordon the host and move every desktop off it (awake ones come back awake)', async (admin, opts, id) => {
     const body = opts.parallel === undefined ? {} : { parallel: Number(opts.parallel) };
     const host = unwrap(await admin.api.POST('/admin/v1/hosts/{host_id}/drain', { params: { path: { host_id: id } }, body }));
-    if (!opts.wait) return opts.json ? json(host) : out(`host ${host.id} draining: ${desktopCount(drainTotal(host))} to move (canto hosts show ${host.id})`);
-    const done = await watchDrain(admin, host.id, opts.json ? null : process.stderr);
-    if (opts.json) json(done);
-    else out(describeDrain(done));
-    if (done.drain?.state !== 'drained') process.exitCode = 1;
+    if (!opts.wait) return opts.json ? json(host) : out(`host ${host.id} draining: ${desktopCount(drainTotal(host))} to move (canto hosts show ${host.id} --wait)`);
+    await followDrain(admin, opts, host.id);
   })
     .argument('<host-id>')
-    .option('--parallel <n>', 'moves at a time (default 2)')
-    .option('--wait', 'show progress until the host is empty; exit non-zero if a desktop could not be moved');
+    .option('--parallel <n>', 'moves at a time, 1-32 (default 2; asked again without it, a drain keeps its own)')
+    .option('--wait', 'show progress until the host is empty; exit 1 if a desktop could not be moved, 2 if the admin API stayed out of reach');
 
   const desktops = program.command('desktops').description('desktops of any org, over the admin API');
   adminCommand(desktops, 'list', 'list desktops of every org: state, host, and the operation at work on each', async (admin, opts) => {
@@ -282,7 +299,7 @@ function describeHost(h: AdminHost): string {
     ['Room', `${h.memory.room_mb} MiB above its ${h.memory.reserve_mb} MiB reserve: ${h.memory.room_desktops} more desktops by measured memory`],
     ['Slots', `${h.used.slots} of ${h.capacity.slots} held`],
     ['Desktops', h.desktops.total === 0 ? 'none' : `${states.map((s) => `${h.desktops[s]} ${s}`).join(', ')} (${h.desktops.total} in all)`],
-    ['Drain', h.drain ? describeDrain(h) : 'none'],
+    ...drainDetails(h),
   ];
   return keyValues(lines);
 }

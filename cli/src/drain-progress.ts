@@ -54,15 +54,34 @@ export function drainTotal(host: AdminHost): number {
   return d ? d.moved + d.running + d.remaining : 0;
 }
 
-/** One line: what moved, of how much, how fast, and what is left. */
-export function progressLine(host: AdminHost, elapsedMs: number): string {
+/** Where a watch began: rate and time left count only what moved since (a resumed drain keeps what it moved before). */
+export interface WatchStart {
+  readonly atMs: number;
+  readonly moved: number;
+  readonly bytes: number;
+}
+
+export function watchStart(host: AdminHost, atMs = Date.now()): WatchStart {
+  return { atMs, moved: host.drain?.moved ?? 0, bytes: host.drain?.moved_bytes ?? 0 };
+}
+
+/** What a plain (non-terminal) watch prints a line for: counts and down hosts, not the rate. */
+function progressCounts(host: AdminHost): string {
+  const d = host.drain;
+  if (!d) return `${host.id}: no drain`;
+  return `${d.moved}/${drainTotal(host)} desktops, ${mib(d.moved_bytes)}, ${d.running} moving${downHosts(host)}`;
+}
+
+/** One line: what moved, of how much, how fast (since the watch began), and what is left. */
+export function progressLine(host: AdminHost, since: WatchStart, nowMs = Date.now()): string {
   const d = host.drain;
   if (!d) return `${host.id}: no drain`;
   const total = drainTotal(host);
-  const rate = elapsedMs > 0 ? d.moved_bytes / (elapsedMs / 1000) : 0;
+  const elapsedMs = nowMs - since.atMs;
+  const rate = elapsedMs > 0 ? Math.max(0, d.moved_bytes - since.bytes) / (elapsedMs / 1000) : 0;
   const left = total - d.moved;
-  const perDesktopMs = d.moved > 0 ? elapsedMs / d.moved : null;
-  const eta = perDesktopMs === null || left === 0 ? '' : ` ETA ${Math.ceil((perDesktopMs * left) / 1000)} s`;
+  const movedHere = d.moved - since.moved;
+  const eta = movedHere <= 0 || left === 0 ? '' : ` ETA ${Math.ceil(((elapsedMs / movedHere) * left) / 1000)} s`;
   return `${bar(total === 0 ? 1 : d.moved / total)} ${d.moved}/${total} desktops, ${mib(d.moved_bytes)} at ${mib(rate)}/s, ${d.running} moving${eta}${downHosts(host)}`;
 }
 
@@ -97,29 +116,63 @@ export function describeMove(op: AdminOperation): string {
 
 export function describeDrain(host: AdminHost): string {
   const d = host.drain;
-  if (!d) return `${host.id}: no drain`;
+  if (!d) return `${host.id}: no drain (it ended when the host was uncordoned, or none was asked for)`;
   if (d.state === 'drained') {
-    return `${host.id} drained${took(d.requested_at, d.finished_at)}: ${desktopCount(d.moved)} moved (${mib(d.moved_bytes)}); it holds none. Stop its agent, then: canto hosts remove ${host.id}`;
+    return `${host.id} drained${took(d.requested_at, d.finished_at)}: ${desktopCount(d.moved)} moved (${mib(d.moved_bytes)}); it holds none. Stop its agent for good (systemctl disable --now canto-agent), then: canto hosts remove ${host.id}`;
   }
-  if (d.state === 'stopped') return `${host.id} drain stopped: ${d.error ?? 'a move failed'} (${d.moved} moved, ${d.remaining} left; drain again to resume)`;
+  const running = d.running > 0 ? `, ${d.running} still moving` : '';
+  if (d.state === 'stopped') return `${host.id} drain stopped: ${d.error ?? 'a move failed'} (${d.moved} moved${running}, ${d.remaining} left; drain again to resume)`;
   return `${host.id} draining: ${d.moved} moved, ${d.running} moving, ${d.remaining} left`;
 }
 
-/** Polls until the drain is drained or stopped; answers the host as last read. */
+/** `canto hosts show`: the drain in full, one `[label, value]` per line. */
+export function drainDetails(host: AdminHost): Array<[string, string]> {
+  const d = host.drain;
+  if (!d) return [['Drain', 'none']];
+  const lines: Array<[string, string]> = [
+    ['Drain', describeDrain(host)],
+    ['  copied', `${mib(d.moved_bytes)} of ${mib(d.total_bytes)} known so far, ${d.parallel} move(s) at a time`],
+    ['  requested', `${d.requested_at}${d.resumed_at ? `, resumed ${d.resumed_at}` : ''}${d.finished_at ? `, finished ${d.finished_at}` : ''}`],
+  ];
+  if (d.failed > 0) lines.push(['  failed', `${d.failed} move(s)${d.resumed_at ? ' since it resumed' : ''}`]);
+  if (d.down_targets.length > 0) lines.push(['  waiting on', `${d.down_targets.join(', ')} (target hosts that are down: the moves to them wait for their agents)`]);
+  return lines;
+}
+
+/** How a watch ends when the admin API stays out of reach: the drain itself goes on. */
+export class WatchLost extends Error {}
+
+/**
+ * Polls until the drain is drained or stopped; answers the host as last read. Lines go to
+ * `progress` (a redrawn bar on a terminal; otherwise a line whenever the counts change).
+ */
 export async function watchDrain(admin: CantoAdmin, hostId: string, progress: NodeJS.WriteStream | null): Promise<AdminHost> {
-  const started = Date.now();
+  let since: WatchStart | null = null;
   let lastPlain = '';
   const note = (line: string) => progress?.write(`${progress.isTTY ? '\n' : ''}${line}\n`);
-  for (;;) {
-    const host = await readThrough(async () => unwrap(await admin.api.GET('/admin/v1/hosts/{host_id}', { params: { path: { host_id: hostId } } })), note, 'drain');
-    const line = progressLine(host, Date.now() - started);
-    if (progress?.isTTY) progress.write(`\r${line}\x1b[K`);
-    else if (progress && line !== lastPlain) progress.write(`${line}\n`);
-    lastPlain = line;
-    if (!host.drain || host.drain.state !== 'draining') {
-      if (progress?.isTTY) progress.write('\n');
-      return host;
+  const again = `watch it again: canto hosts show ${hostId} --wait`;
+  // Ctrl-C ends the watch, not the drain, which lives in the database.
+  const onInterrupt = () => {
+    note(`stopped watching; the drain goes on (${again})`);
+    process.exit(130);
+  };
+  process.once('SIGINT', onInterrupt);
+  try {
+    for (;;) {
+      const host = await readThrough(async () => unwrap(await admin.api.GET('/admin/v1/hosts/{host_id}', { params: { path: { host_id: hostId } } })), note, 'drain').catch((err: unknown) => {
+        throw new WatchLost(`stopped watching: ${err instanceof Error ? err.message : String(err)}; the drain goes on (${again})`);
+      });
+      since ??= watchStart(host);
+      if (progress?.isTTY) progress.write(`\r${progressLine(host, since)}\x1b[K`);
+      else if (progress && progressCounts(host) !== lastPlain) progress.write(`${progressLine(host, since)}\n`);
+      lastPlain = progressCounts(host);
+      if (!host.drain || host.drain.state !== 'draining') {
+        if (progress?.isTTY) progress.write('\n');
+        return host;
+      }
+      await new Promise((resolve) => setTimeout(resolve, POLL_MS));
     }
-    await new Promise((resolve) => setTimeout(resolve, POLL_MS));
+  } finally {
+    process.off('SIGINT', onInterrupt);
   }
 }

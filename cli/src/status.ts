@@ -121,8 +121,10 @@ export function fleetWarnings(status: FleetStatus, liveRows: readonly ReplicaRow
     }
   }
   for (const h of status.hosts) {
-    const placed = Object.entries(h.desktops).filter(([state]) => state !== 'hibernated' && state !== 'provisioning').reduce((n, [, c]) => n + c, 0);
-    if (h.status === 'down' && placed > 0) warnings.push(`host ${h.id} (${h.hostname}) is down with ${placed} desktop(s) awake or in flight on it`);
+    // Hibernated ones count too: their disks are on that host alone, so they cannot wake until it
+    // returns (the failure grace hibernates the awake ones a minute into the outage).
+    const held = Object.entries(h.desktops).filter(([state]) => state !== 'provisioning').reduce((n, [, c]) => n + c, 0);
+    if (h.status === 'down' && held > 0) warnings.push(`host ${h.id} (${h.hostname}) is down with ${held} desktop(s) on it: they cannot wake until it returns`);
     if (h.drain?.state === 'stopped') warnings.push(`host ${h.id} (${h.hostname}): its drain stopped: ${h.drain.error}; fix that, then run canto hosts drain ${h.id} again`);
   }
   for (const o of status.stuck_operations) {

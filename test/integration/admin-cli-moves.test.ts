@@ -2,10 +2,12 @@
  * The CLI's moving commands as users run them (the built bundle, `dist/cli.js`) against a
  * scheduler with two fake agents: `canto desktops move ID [--to HOST] [--wait] [--json]`, and
  * `canto hosts drain HOST --wait` when a desktop cannot be moved (exit 1, the reason, how to
- * resume) and when it is run again (it resumes and ends drained, exit 0).
+ * resume) and when it is run again (it resumes and ends drained, exit 0); `canto hosts show HOST
+ * --wait` following a drain without asking for anything, Ctrl-C ending the watch and not the drain,
+ * and `canto hosts uncordon` saying that it ended a drain (a watch elsewhere then ends, exit 1).
  */
 import { afterAll, beforeAll, expect, it } from 'vitest';
-import { execFile } from 'node:child_process';
+import { execFile, spawn } from 'node:child_process';
 import { join } from 'node:path';
 import { promisify } from 'node:util';
 import { adminApi, api, mintKey, startTestScheduler, TEST_ADMIN_TOKEN, until, type TestScheduler } from '../helpers/scheduler.js';
@@ -89,4 +91,45 @@ it('exits 1 from drain --wait when a desktop cannot be moved, saying why and how
   // The two, and the one the first test moved back: all the host held.
   expect(resumed.stdout).toMatch(new RegExp(`^${a.hostId} drained in [\\d.]+ m?s: 3 desktops moved`));
   for (const id of ids) expect((await call('GET', `/v1/desktops/${id}`)).json.host_id).toBe(b.hostId);
+});
+
+it('follows a drain with hosts show --wait, stops watching on Ctrl-C while the drain goes on, and says when an uncordon ends it', async () => {
+  const id = await desktopOn(b, a);
+  // The copy to the target waits for the test: the drain stays under way meanwhile.
+  let release: () => void = () => undefined;
+  const gate = new Promise<void>((resolve) => (release = resolve));
+  const transfer = a.driver!.transfer;
+  const install = transfer.install.bind(transfer);
+  transfer.install = async (desktopId, spec) => {
+    await gate;
+    return install(desktopId, spec);
+  };
+  expect((await canto(['hosts', 'drain', b.hostId])).stdout).toContain(`canto hosts show ${b.hostId} --wait`);
+  const watchUntil = async (signal: boolean) => {
+    const proc = spawn(process.execPath, [CLI, 'hosts', 'show', b.hostId, '--wait'], { env: { PATH: process.env.PATH, CANTO_ADMIN_TOKEN: TEST_ADMIN_TOKEN, CANTO_API_URL: s.url } });
+    let stdout = '';
+    let stderr = '';
+    proc.stdout.on('data', (d: Buffer) => (stdout += d.toString()));
+    proc.stderr.on('data', (d: Buffer) => (stderr += d.toString()));
+    const exited = new Promise<number | null>((resolve) => proc.once('exit', (code) => resolve(code)));
+    await until(() => / \d+\/\d+ desktops, /.test(stderr), 10_000, 'the watch to draw its progress');
+    if (signal) proc.kill('SIGINT');
+    return { exited, out: () => ({ stdout, stderr }) };
+  };
+  const interrupted = await watchUntil(true);
+  expect(await interrupted.exited).toBe(130);
+  expect(interrupted.out().stderr).toContain(`stopped watching; the drain goes on (watch it again: canto hosts show ${b.hostId} --wait)`);
+  expect((await admin('GET', `/admin/v1/hosts/${b.hostId}`)).json.drain.state).toBe('draining');
+
+  const watching = await watchUntil(false);
+  const onA = (await admin('GET', `/admin/v1/hosts/${a.hostId}`)).json.desktops.total as number;
+  const running = (await admin('GET', `/admin/v1/hosts/${b.hostId}`)).json.drain.running as number;
+  expect(running).toBeGreaterThan(0);
+  const uncordoned = await canto(['hosts', 'uncordon', b.hostId]);
+  expect(uncordoned.stdout).toBe(`host ${b.hostId} uncordoned: placement may use it again; its drain (draining) ended, moves under way finish\n`);
+  expect(await watching.exited).toBe(1);
+  expect(watching.out().stdout).toBe(`${b.hostId}: no drain (it ended when the host was uncordoned, or none was asked for)\n`);
+  release();
+  await until(async () => (await admin('GET', `/admin/v1/hosts/${a.hostId}`)).json.desktops.total === onA + running, 10_000, 'the moves under way to finish');
+  expect((await call('GET', `/v1/desktops/${id}`)).json.state).toBe('hibernated');
 });

@@ -62,8 +62,10 @@ it('resumes a drain stopped by a failed move when the drain is asked for again',
   expect(stopped.error, stopped.error).toMatch(/could not be moved/);
   const before = (await admin('GET', `/admin/v1/hosts/${source.hostId}`)).json.drain;
 
-  const again = await admin('POST', `/admin/v1/hosts/${source.hostId}/drain`, { parallel: 1 });
+  // Asked again without `parallel` (what a second `drain --wait` sends): it keeps its own 1, not the default 2.
+  const again = await admin('POST', `/admin/v1/hosts/${source.hostId}/drain`, {});
   expect(again.status, again.text).toBe(202);
+  expect(again.json.drain.parallel).toBe(1);
   const drained = await settledDrain(source.hostId);
   expect(drained).toMatchObject({ state: 'drained', error: null, remaining: 0 });
   // The same drain, resumed: what it had moved still counts.

@@ -4,9 +4,12 @@
  * shrinks nor jumps while moves run; and a watch rides out an API it briefly cannot reach.
  */
 import { expect, it } from 'vitest';
-import { describeDrain, describeMove, moveLine, progressLine, readThrough } from '../../cli/src/drain-progress.js';
+import { describeDrain, describeMove, drainDetails, moveLine, progressLine, readThrough, watchStart } from '../../cli/src/drain-progress.js';
 import { CantoConnectionError, CantoProblem } from '../../sdk/src/index.js';
 import type { AdminHost, AdminOperation } from '../../sdk/src/index.js';
+
+/** A watch that began with the drain, at time 0. */
+const FROM_START = { atMs: 0, moved: 0, bytes: 0 };
 
 function host(moved: number, running: number, remaining: number, state = 'draining'): AdminHost {
   const drain = {
@@ -17,22 +20,42 @@ function host(moved: number, running: number, remaining: number, state = 'draini
 }
 
 it('counts the desktops being moved in the whole, and the time left from those moved', () => {
-  expect(progressLine(host(0, 2, 2), 1_000)).toMatch(/^\[\.+\] 0\/4 desktops, 0\.0 MiB at 0\.0 MiB\/s, 2 moving$/);
+  expect(progressLine(host(0, 2, 2), FROM_START, 1_000)).toMatch(/^\[\.+\] 0\/4 desktops, 0\.0 MiB at 0\.0 MiB\/s, 2 moving$/);
   // Two moved, two moving, none waiting: half done, 2 s left at 1 s per desktop.
-  expect(progressLine(host(2, 2, 0), 2_000)).toMatch(/^\[#{12}\.{12}\] 2\/4 desktops, 2\.0 MiB at 1\.0 MiB\/s, 2 moving ETA 2 s$/);
-  expect(progressLine(host(4, 0, 0), 4_000)).toMatch(/^\[#{24}\] 4\/4 desktops/);
+  expect(progressLine(host(2, 2, 0), FROM_START, 2_000)).toMatch(/^\[#{12}\.{12}\] 2\/4 desktops, 2\.0 MiB at 1\.0 MiB\/s, 2 moving ETA 2 s$/);
+  expect(progressLine(host(4, 0, 0), FROM_START, 4_000)).toMatch(/^\[#{24}\] 4\/4 desktops/);
+});
+
+it('counts the rate and the time left from what moved since the watch began, not before it', () => {
+  // A resumed drain had moved two desktops (2 MiB); in the 2 s this watch ran, one more moved.
+  const since = watchStart(host(2, 1, 1), 0);
+  expect(progressLine(host(3, 1, 0), since, 2_000)).toMatch(/ 3\/4 desktops, 3\.0 MiB at 0\.5 MiB\/s, 1 moving ETA 2 s$/);
+  expect(progressLine(host(2, 1, 1), since, 1_000)).toMatch(/ at 0\.0 MiB\/s, 1 moving$/);
+});
+
+it('describes a drain in full for hosts show, and a stopped one with the moves still running', () => {
+  const stopped = host(1, 1, 2, 'stopped');
+  stopped.drain = { ...stopped.drain!, failed: 1, error: 'move of dsk_x failed', down_targets: ['host_t'] };
+  expect(describeDrain(stopped)).toBe('host_a drain stopped: move of dsk_x failed (1 moved, 1 still moving, 2 left; drain again to resume)');
+  expect(drainDetails(stopped).map(([k, v]) => `${k.trim()}: ${v}`)).toEqual([
+    `Drain: ${describeDrain(stopped)}`,
+    'copied: 1.0 MiB of 2.0 MiB known so far, 2 move(s) at a time',
+    `requested: ${new Date(0).toISOString()}`,
+    'failed: 1 move(s)',
+    'waiting on: host_t (target hosts that are down: the moves to them wait for their agents)',
+  ]);
 });
 
 it('says why the bar stands still while the drained host is down', () => {
   const down = { ...host(1, 2, 1), state: 'down', last_heartbeat_at: new Date(Date.now() - 42_000).toISOString() } as AdminHost;
-  expect(progressLine(down, 5_000)).toMatch(/ 2 moving ETA \d+ s; the host is down \(last heard 4[23] s ago\): its moves wait for its agent$/);
-  expect(progressLine({ ...down, state: 'ready' } as AdminHost, 5_000)).not.toMatch(/down/);
+  expect(progressLine(down, FROM_START, 5_000)).toMatch(/ 2 moving ETA \d+ s; the host is down \(last heard 4[23] s ago\): its moves wait for its agent$/);
+  expect(progressLine({ ...down, state: 'ready' } as AdminHost, FROM_START, 5_000)).not.toMatch(/down/);
 });
 
 it('says which target is down while the moves to it wait', () => {
   const waiting = host(1, 2, 1);
   waiting.drain = { ...waiting.drain!, down_targets: ['host_t'] };
-  expect(progressLine(waiting, 5_000)).toMatch(/ 2 moving ETA \d+ s; host_t, a target, is down: the moves to it wait for its agent$/);
+  expect(progressLine(waiting, FROM_START, 5_000)).toMatch(/ 2 moving ETA \d+ s; host_t, a target, is down: the moves to it wait for its agent$/);
 });
 
 it('says which host of a move is down while the move waits for it', () => {

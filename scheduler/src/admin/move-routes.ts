@@ -8,7 +8,7 @@ import type { Logger } from '../../../shared/src/log.js';
 import { idPattern } from '../../../shared/src/ids.js';
 import type { App } from '../http/route-types.js';
 import { errorResponses } from '../http/error-responses.js';
-import { AdminOperationJson, type MoveService } from './moves.js';
+import { AdminOperationJson, DEFAULT_DRAIN_PARALLEL, type MoveService } from './moves.js';
 import { AdminDesktopJson, AdminDesktopPage, AdminDesktopQuery, type AdminDesktops } from './desktops.js';
 import { AdminHostJson, HostIdParams } from './schemas.js';
 import type { AdminService } from './service.js';
@@ -16,8 +16,6 @@ import type { AdminService } from './service.js';
 const MOVES = ['Moves and drains'];
 const DESKTOPS = ['Desktops'];
 const DesktopIdParams = Type.Object({ desktop_id: Type.String({ pattern: idPattern('desktop'), description: '`dsk_…`, of any org' }) });
-
-export const DEFAULT_DRAIN_PARALLEL = 2;
 
 export function registerMoveRoutes(admin: App, moves: MoveService, hosts: AdminService, desktops: AdminDesktops, log: Logger): void {
   admin.get(
@@ -79,14 +77,14 @@ export function registerMoveRoutes(admin: App, moves: MoveService, hosts: AdminS
         tags: MOVES,
         params: HostIdParams,
         body: Type.Object(
-          { parallel: Type.Optional(Type.Integer({ minimum: 1, maximum: 32, description: `Moves at a time; default ${DEFAULT_DRAIN_PARALLEL}` })) },
+          { parallel: Type.Optional(Type.Integer({ minimum: 1, maximum: 32, description: `Moves at a time; default ${DEFAULT_DRAIN_PARALLEL}, or, asked again while a drain is under way or stopped, what that drain had` })) },
           { additionalProperties: false },
         ),
         response: { 202: AdminHostJson, ...errorResponses(400, 404, 409) },
       },
     },
     async (request, reply) => {
-      const host = await moves.drain(request.params.host_id, request.body.parallel ?? DEFAULT_DRAIN_PARALLEL);
+      const host = await moves.drain(request.params.host_id, request.body.parallel ?? null);
       log.info({ hostId: host.id, parallel: host.drain_parallel }, 'host drain requested');
       return reply.code(202).send(await hosts.getHost(host.id));
     },

@@ -44,6 +44,9 @@ export const AdminOperationJson = Type.Object({
 });
 export type AdminOperationJson = Static<typeof AdminOperationJson>;
 
+/** Moves at a time of a drain asked for without `parallel`. */
+export const DEFAULT_DRAIN_PARALLEL = 2;
+
 export const DrainJson = Type.Union(
   [
     Type.Object({
@@ -151,7 +154,7 @@ export class MoveService {
   }
 
   /** Cordons the host and starts (or resumes) its drain; refused, changing nothing, when it cannot finish. */
-  async drain(hostId: string, parallel: number): Promise<HostRow> {
+  async drain(hostId: string, parallel: number | null): Promise<HostRow> {
     const host = await hostById(this.deps.sql, hostId);
     if (!host) throw errors.hostNotFound();
     if (host.status !== 'ready') {
@@ -159,7 +162,7 @@ export class MoveService {
     }
     const shortfall = await this.capacityShortfall(host);
     if (shortfall) throw new ApiError(409, shortfall);
-    return (await startDrain(this.deps.sql, hostId, parallel))!;
+    return (await startDrain(this.deps.sql, hostId, parallel, DEFAULT_DRAIN_PARALLEL))!;
   }
 
   /** Why the other hosts cannot take everything the host holds, or null when they can. */

@@ -51,13 +51,16 @@ export async function operationById(sql: Sql, id: string): Promise<OperationRow 
 
 /**
  * Starts the host's drain and cordons it. A drain that runs keeps running (with the new
- * `parallel`); one stopped by a failed move is resumed: its error cleared, the failures before
+ * `parallel`, or its own when none is given); one stopped by a failed move is resumed: its error cleared, the failures before
  * now no longer counted (`drain_resumed_at`), what it moved still counted (the same start).
  * Every SET expression reads the row as it was before the update.
  */
-export async function startDrain(sql: Sql, hostId: string, parallel: number): Promise<HostRow | null> {
+export async function startDrain(sql: Sql, hostId: string, parallel: number | null, defaultParallel: number): Promise<HostRow | null> {
+  // Asked again without `parallel` (a second `--wait`, a resume), a drain keeps its own.
   const [row] = await sql<HostRow[]>`
-    UPDATE hosts SET cordoned = true, drain_parallel = ${parallel}, drain_error = NULL, drain_finished_at = NULL,
+    UPDATE hosts SET cordoned = true,
+      drain_parallel = COALESCE(${parallel}::int, CASE WHEN drain_requested_at IS NOT NULL AND drain_finished_at IS NULL THEN drain_parallel END, ${defaultParallel}::int),
+      drain_error = NULL, drain_finished_at = NULL,
       drain_requested_at = CASE WHEN drain_requested_at IS NULL OR drain_finished_at IS NOT NULL THEN now() ELSE drain_requested_at END,
       drain_resumed_at = CASE WHEN drain_requested_at IS NULL OR drain_finished_at IS NOT NULL THEN NULL
                               WHEN drain_error IS NOT NULL THEN now() ELSE drain_resumed_at END

@@ -1192,7 +1192,7 @@ export interface operations {
         requestBody?: {
             content: {
                 "application/json": {
-                    /** @description Moves at a time; default 2 */
+                    /** @description Moves at a time; default 2, or, asked again while a drain is under way or stopped, what that drain had */
                     parallel?: number;
                 };
             };
