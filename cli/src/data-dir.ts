@@ -79,13 +79,18 @@ export function recordedApiUrl(dataDir: string): string | null {
 
 /**
  * The data directory's database: a running cluster (that of a running `canto up`) is reused
- * through its socket; otherwise the cluster is started for as long as the caller needs it.
+ * through its socket; otherwise the cluster is started for as long as the caller needs it. One
+ * that was never made is an error: a reader such as `canto status` pointed at the wrong place
+ * must not make an empty database and report a fleet with nothing in it.
  */
 export async function openDataDirDatabase(dataDir: string): Promise<{ url: string; stop(): Promise<void> }> {
   const dir = join(dataDir, 'postgres');
   const socketDir = join(dir, 'run');
   if (existsSync(join(dir, 'data')) && runningPostmaster(join(dir, 'data')) !== null) {
     return { url: `postgres://canto@localhost/canto?host=${encodeURIComponent(socketDir)}`, stop: async () => {} };
+  }
+  if (!existsSync(join(dir, 'data', 'PG_VERSION'))) {
+    throw new Error(`${dataDir} holds no database of canto up: give the scheduler's database with --database-url (or DATABASE_URL), or the --data-dir of a canto up`);
   }
   ensureDataDir(dataDir);
   const pg: EmbeddedPostgres = await startEmbeddedPostgres({ dir });

@@ -13,7 +13,7 @@ import { runSchedulerWorker } from '../../scheduler/src/cluster/worker.js';
 import { workerIndexFrom } from '../../scheduler/src/cluster/worker-config.js';
 import { createRootLogger } from '../../shared/src/log.js';
 import { connectDatabase, type Sql } from '../../scheduler/src/store/db.js';
-import { migrate } from '../../scheduler/src/store/migrations.js';
+import { schemaProblem } from '../../scheduler/src/store/migrations.js';
 import { loadAgentConfig } from '../../agent/src/config.js';
 import { runAgent } from '../../agent/src/main.js';
 import { DEFAULT_DATA_DIR, openDataDirDatabase } from './data-dir.js';
@@ -137,13 +137,19 @@ interface DbOpts {
 
 /**
  * Runs `fn` on the database named by --database-url / DATABASE_URL, else the data directory's,
- * migrated, with one connection that is closed afterwards.
+ * with one connection that is closed afterwards. It only reads: a schema this build does not
+ * match is refused rather than migrated (a diagnostic run must not change a fleet's schema).
  */
 async function withDatabase<T>(opts: DbOpts, fn: (sql: Sql) => Promise<T>): Promise<T> {
   const run = async (url: string) => {
     const sql = connectDatabase(url, { max: 1 });
     try {
-      await migrate(sql);
+      const problem = await schemaProblem(sql).catch((err: unknown) => {
+        // 42P01: no schema_migrations table, so no Canto schema at all.
+        if ((err as { code?: string }).code === '42P01') return 'the database holds no Canto schema';
+        throw err;
+      });
+      if (problem) throw new Error(`${problem}: canto status reads and does not migrate; start a scheduler of this version on it first, or use the canto that matches it`);
       return await fn(sql);
     } finally {
       await sql.end();

@@ -9,12 +9,14 @@
  */
 import { afterAll, describe, expect, it } from 'vitest';
 import { spawn, execFile, type ChildProcess } from 'node:child_process';
-import { mkdtempSync, readFileSync, rmSync, statSync, writeFileSync } from 'node:fs';
+import { mkdtempSync, readdirSync, readFileSync, rmSync, statSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { promisify } from 'node:util';
 import { crashTree, freePort } from '../helpers/processes.js';
 import { until } from '../helpers/scheduler.js';
+import { freshDatabaseUrl } from '../helpers/db.js';
+import { connectDatabase } from '../../scheduler/src/store/db.js';
 
 const CLI = join(import.meta.dirname, '..', '..', 'dist', 'cli.js');
 const run = promisify(execFile);
@@ -199,6 +201,27 @@ describe.skipIf(!isRoot)('canto CLI', () => {
       rmSync(ownDir, { recursive: true, force: true });
     }
   }, 180_000);
+
+  it('canto status reads and never makes or migrates a database: a data directory without one, and a schema behind this build, are refused', async () => {
+    const empty = mkdtempSync(join(tmpdir(), 'canto-status-'));
+    try {
+      const none = await run(process.execPath, [CLI, 'status', '--data-dir', empty]).catch((err: { code: number; stderr: string }) => err);
+      expect(none).toMatchObject({ code: 1, stderr: expect.stringContaining(`${empty} holds no database of canto up`) });
+      expect(readdirSync(empty)).toEqual([]);
+    } finally {
+      rmSync(empty, { recursive: true, force: true });
+    }
+    const url = await freshDatabaseUrl();
+    const sql = connectDatabase(url, { max: 1 });
+    try {
+      const [latest] = await sql<Array<{ id: number }>>`DELETE FROM schema_migrations WHERE id = (SELECT max(id) FROM schema_migrations) RETURNING id`;
+      const behind = await run(process.execPath, [CLI, 'status', '--database-url', url]).catch((err: { code: number; stderr: string }) => err);
+      expect(behind).toMatchObject({ code: 1, stderr: expect.stringContaining(`database schema is at migration ${latest!.id - 1}, this build needs ${latest!.id}: canto status reads and does not migrate`) });
+      expect((await sql`SELECT 1 FROM schema_migrations WHERE id = ${latest!.id}`).length).toBe(0);
+    } finally {
+      await sql.end();
+    }
+  });
 
   it('refuses a join token on the command line, and names a token file it cannot read', async () => {
     const onCommandLine = await run(process.execPath, [CLI, 'agent', '--scheduler', 'http://127.0.0.1:9', '--token', 'visible-in-ps']).catch((err: { code: number; stderr: string }) => err);
