@@ -12,6 +12,7 @@
 import { hostname } from 'node:os';
 import { parseHostPort } from '../../shared/src/host-port.js';
 import { defaultLifecycleSlots } from './lifecycle-slots.js';
+import { parseSwitch, RUNTIME_SWITCHES } from './env-switch.js';
 
 export type AgentRuntime = 'sandbox' | 'fake';
 
@@ -115,6 +116,8 @@ export function loadAgentConfig(env: Env, flags: AgentFlags = {}): AgentConfig {
     throw new Error('agent config: CANTO_AGENT_RECONNECT_MAX_MS must not be below CANTO_AGENT_RECONNECT_MIN_MS');
   }
 
+  // Read where they are used; checked here so that a misspelt one stops the start.
+  for (const [name, fallback] of Object.entries(RUNTIME_SWITCHES)) parseBoolean(env, name, fallback);
   return Object.freeze({
     schedulerUrls,
     token,
@@ -190,9 +193,5 @@ function parseCount(env: Env, name: string, fallback: number): number {
 }
 
 function parseBoolean(env: Env, name: string, fallback: boolean): boolean {
-  const raw = env[name]?.trim().toLowerCase();
-  if (raw === undefined || raw === '') return fallback;
-  if (['true', '1', 'yes', 'on'].includes(raw)) return true;
-  if (['false', '0', 'no', 'off'].includes(raw)) return false;
-  throw new Error(`agent config: ${name} must be true or false, got "${raw}"`);
+  return parseSwitch(name, env[name], fallback);
 }

@@ -77,7 +77,12 @@ describe('loadAgentConfig', () => {
     expect(() => loadAgentConfig({ ...base, CANTO_SCHEDULER_URL: 'not a url' })).toThrow(/not a valid URL/);
     expect(() => loadAgentConfig({ ...base, CANTO_SCHEDULER_URL: 'http://u:p@x' })).toThrow(/credentials/);
     expect(() => loadAgentConfig({ ...base, CANTO_AGENT_RUNTIME: 'qemu' })).toThrow(/sandbox" or "fake/);
-    expect(() => loadAgentConfig({ ...base, CANTO_AGENT_MEMORY_SNAPSHOTS: 'maybe' })).toThrow(/true or false/);
+    expect(() => loadAgentConfig({ ...base, CANTO_AGENT_MEMORY_SNAPSHOTS: 'maybe' })).toThrow(/CANTO_AGENT_MEMORY_SNAPSHOTS must be on or off/);
+    // The switches the runtime reads where it uses them are checked at the start too.
+    for (const name of ['CANTO_AGENT_SPAWN_HELPER', 'CANTO_AGENT_NATIVE_ENTRY', 'CANTO_AGENT_CGROUP_FAVOR_DYNMODS']) {
+      expect(() => loadAgentConfig({ ...base, [name]: 'of' })).toThrow(`${name} must be on or off (true/false, 1/0, yes/no), got "of"`);
+      expect(() => loadAgentConfig({ ...base, [name]: '0' })).not.toThrow();
+    }
     expect(() => loadAgentConfig({ ...base, CANTO_AGENT_HEARTBEAT_MS: '1.5' })).toThrow(/CANTO_AGENT_HEARTBEAT_MS/);
     expect(() => loadAgentConfig({ ...base, CANTO_AGENT_RECONNECT_MIN_MS: '500', CANTO_AGENT_RECONNECT_MAX_MS: '100' }))
       .toThrow(/must not be below/);

@@ -67,6 +67,7 @@ import { collectUnusedLayers, discardsSettled } from './host/discarded.js';
 import { assertOneFilesystem } from './host/state-filesystem.js';
 import { noteQuickMigrations } from './guest/guest-entry.js';
 import type { RuntimeLog } from './runtime-log.js';
+import { runtimeSwitch } from '../../env-switch.js';
 
 export interface SandboxDriverOptions {
   /** Directory holding every desktop's disk, snapshot and runtime files. */
@@ -125,7 +126,7 @@ export class SandboxDriver implements RuntimeDriver {
       socketDir: (desktopId) => desktopPaths(stateDir, desktopId).run,
       log: this.log,
       // Relays are the spawner's children: without it, each would cost the agent a fork.
-      relayProgram: process.env.CANTO_AGENT_SPAWN_HELPER === 'off' ? null : helperPath(),
+      relayProgram: runtimeSwitch('CANTO_AGENT_SPAWN_HELPER') ? helperPath() : null,
     });
     const { mutex, guest, vnc, terminals, ports } = this;
     this.lifecycle = new SandboxLifecycle({ stateDir, criu, tools, mutex, guest, vnc, terminals, ports, log: this.log });
@@ -141,7 +142,7 @@ export class SandboxDriver implements RuntimeDriver {
     await assertOneFilesystem(stateDir);
     const criu = options.memorySnapshots === false ? null : await detectCriu(options.criuPath, options.log);
     const driver = new SandboxDriver(stateDir, criu, { bwrap, nsenter }, options.log);
-    const migrations = await favorDynamicCgroups(process.env.CANTO_AGENT_CGROUP_FAVOR_DYNMODS !== 'false', driver.log);
+    const migrations = await favorDynamicCgroups(runtimeSwitch('CANTO_AGENT_CGROUP_FAVOR_DYNMODS'), driver.log);
     noteQuickMigrations(migrations === 'already' || migrations === 'set');
     if (options.goldenTemplates === true && criu !== null) {
       const golden = await GoldenTemplates.open(stateDir, criu, driver.lifecycle, driver.log);

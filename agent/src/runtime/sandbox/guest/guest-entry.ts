@@ -16,6 +16,7 @@ import { helperPath } from '../host/spawner.js';
 import { execRelay } from './exec-relay.js';
 import { GUEST_CAPS, GUEST_CAPS_ONLY, nsenterArgv } from './guest-init.js';
 import { warmPrologue } from './warm-perl.js';
+import { runtimeSwitch } from '../../../env-switch.js';
 
 /** How the native modes' line starts when the guest cannot be entered (its init is gone): the desktop stopped. */
 export const ENTER_FAILED = 'canto: cannot enter the guest';
@@ -36,7 +37,7 @@ let built: string | null | undefined;
 
 /** The native modes' binary, unless turned off or not built. */
 function nativeEntry(): string | null {
-  if (process.env.CANTO_AGENT_NATIVE_ENTRY === 'off') return null;
+  if (!runtimeSwitch('CANTO_AGENT_NATIVE_ENTRY')) return null;
   if (built === undefined) built = helperPath();
   return built;
 }

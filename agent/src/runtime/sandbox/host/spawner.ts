@@ -25,6 +25,7 @@ import { constants, tmpdir } from 'node:os';
 import { fileURLToPath } from 'node:url';
 import { procStatSync } from './host-procs.js';
 import { HelperChild, stopReading, type SpawnedProcess, type SpawnOptions } from './spawned-process.js';
+import { runtimeSwitch } from '../../../env-switch.js';
 
 export type { SpawnedProcess, SpawnOptions, StdioMode } from './spawned-process.js';
 
@@ -328,7 +329,7 @@ async function helper(): Promise<HelperSpawner | null> {
   for (;;) {
     if (shared === undefined) {
       const path = helperPath();
-      const helperWanted = path !== null && process.env.CANTO_AGENT_SPAWN_HELPER !== 'off';
+      const helperWanted = path !== null && runtimeSwitch('CANTO_AGENT_SPAWN_HELPER');
       if (helperWanted) stats.helperStarts++;
       shared = helperWanted ? HelperSpawner.start(path) : Promise.resolve(null);
     }
