@@ -270,8 +270,12 @@ export class GuestService {
       return row && { org_id: row.org_id, state: row.state, host_id: row.host_id, generation: row.generation, moving: row.moving_operation_id !== null };
     };
     const route = await this.routes.get(desktopId, load, isRoutable);
-    // The cache is keyed by desktop alone: another org's entry answers exactly like a missing row.
-    if (!route || route.org_id !== orgId) throw errors.desktopNotFound();
+    // The cache is keyed by desktop alone: another org's entry answers exactly like a missing row,
+    // after the same query (answered from memory, it would tell by its speed that the id exists).
+    if (!route || route.org_id !== orgId) {
+      if (route) await load();
+      throw errors.desktopNotFound();
+    }
     if (route.moving && route.state === 'awake') throw errors.desktopMoving();
     if (!isRoutable(route)) throw errors.notAwake(route.state);
     if (!this.link.isConnected(route.host_id)) throw errors.hostUnreachable();

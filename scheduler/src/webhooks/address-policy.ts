@@ -6,7 +6,8 @@
  *
  * The guard classifies an address into the ranges it must never reach: loopback (127.0.0.0/8,
  * ::1), link-local (169.254.0.0/16, fe80::/10), unspecified ("this network", 0.0.0.0/8 and ::;
- * on Linux 0.0.0.0 reaches the local host), multicast and the reserved 240.0.0.0/4. IPv6 forms
+ * on Linux 0.0.0.0 reaches the local host), multicast, the reserved 240.0.0.0/4, and the cloud
+ * metadata services that sit outside link-local (100.100.100.200, fd00:ec2::254). IPv6 forms
  * that embed an IPv4 address (mapped `::ffff:a.b.c.d`, the old compatible `::a.b.c.d`, SIIT and
  * the NAT64 prefix 64:ff9b::/96) are judged by the IPv4 address inside, so `[::ffff:127.0.0.1]`
  * is loopback too. Deployments for local development may allow loopback; nothing else is ever
@@ -17,7 +18,7 @@
  */
 import { isIP } from 'node:net';
 
-export type BlockedRange = 'loopback' | 'link-local' | 'unspecified' | 'multicast' | 'reserved';
+export type BlockedRange = 'loopback' | 'link-local' | 'unspecified' | 'multicast' | 'reserved' | 'metadata';
 
 export interface AddressPolicy {
   /** Local development: loopback addresses (and names) are allowed. */
@@ -64,8 +65,10 @@ function parseV4(text: string): number[] {
   return text.split('.').map(Number);
 }
 
-function classifyV4([a = 0, b = 0]: number[]): BlockedRange | null {
+function classifyV4([a = 0, b = 0, c = 0, d = 0]: number[]): BlockedRange | null {
   if (a === 0) return 'unspecified';
+  // A cloud's metadata service outside link-local (Alibaba Cloud's).
+  if (a === 100 && b === 100 && c === 100 && d === 200) return 'metadata';
   if (a === 127) return 'loopback';
   if (a === 169 && b === 254) return 'link-local';
   if (a >= 224 && a <= 239) return 'multicast';
@@ -99,6 +102,8 @@ function classifyV6(g: number[]): BlockedRange | null {
   if (zeros(0, 7) && g[7] === 1) return 'loopback';
   if ((g[0]! & 0xffc0) === 0xfe80) return 'link-local';
   if ((g[0]! & 0xff00) === 0xff00) return 'multicast';
+  // AWS's metadata service over IPv6, fd00:ec2::254 (in the unique-local range, which is allowed).
+  if (g[0] === 0xfd00 && g[1] === 0x0ec2 && zeros(2, 7) && g[7] === 0x254) return 'metadata';
   // ::ffff:a.b.c.d (mapped), ::ffff:0:a.b.c.d (SIIT), ::a.b.c.d (compatible), 64:ff9b::a.b.c.d (NAT64).
   if (zeros(0, 5) && g[5] === 0xffff) return embedded();
   if (zeros(0, 4) && g[4] === 0xffff && g[5] === 0) return embedded();
