@@ -2,11 +2,12 @@
  * The engine's background placements in rounds (engine/steps.ts `PlacementRound`), on a real
  * Postgres: when no host has room, a round reads the fleet once per tier, not once per desktop
  * (each read a snapshot transaction of four queries), and every desktop of that tier is told the
- * same reason. A tier the round has not tried still reads the fleet.
+ * same reason. A tier the round has not tried still reads the fleet. Each round is offered the
+ * oldest waiting desktops of every tier, so a tier no host can take never starves the others.
  */
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { connectDatabase, type Sql } from '../../scheduler/src/store/db.js';
-import { insertDesktop } from '../../scheduler/src/store/desktops.js';
+import { insertDesktop, provisioningDesktops } from '../../scheduler/src/store/desktops.js';
 import { ensureOrg } from '../../scheduler/src/store/orgs.js';
 import { loadSchedulerConfig } from '../../scheduler/src/config.js';
 import { NoCapacity, provision, type PlacementRound, type StepDeps } from '../../scheduler/src/engine/steps.js';
@@ -89,5 +90,18 @@ describe('placement rounds', () => {
     fleetReads = 0;
     await Promise.allSettled(small.slice(0, 3).map((desktop) => provision(d, desktop)));
     expect(fleetReads).toBe(3);
+  });
+
+  it('offers each round the oldest desktops of every tier, so a tier no host can take does not hold the others back', async () => {
+    await sql`UPDATE desktops SET state = 'destroyed' WHERE state = 'provisioning'`;
+    const orgId = await ensureOrg(sql, `queue-${newId('org')}`);
+    // More large desktops than a round takes, all older than the small one.
+    await provisioning(orgId, 'large', 25);
+    const [small] = await provisioning(orgId, 'small', 1);
+    const offered = await provisioningDesktops(sql, 20);
+    expect(offered.map((x) => x.id)).toContain(small!.id);
+    expect(offered.filter((x) => x.tier === 'large')).toHaveLength(20);
+    // Oldest first, whatever the tier.
+    expect(offered.map((x) => x.created_at.getTime())).toEqual(offered.map((x) => x.created_at.getTime()).sort((a, b) => a - b));
   });
 });

@@ -43,6 +43,8 @@ export interface EngineDeps extends Omit<steps.StepDeps, 'fence' | 'leading' | '
 const STOP_GRACE_MS = 2_000;
 /** How often an operation whose step found the lease's view lapsed looks whether its term leads again. */
 const LEASE_RECHECK_MS = 100;
+/** Desktops waiting for a host that a tick tries to place, of each tier. */
+const PROVISION_PER_TIER = 20;
 
 export class OperationEngine {
   private running = false;
@@ -191,7 +193,7 @@ export class OperationEngine {
     try {
       for (const op of await claimPending(this.deps.sql, 20)) this.launch(op);
       const round: steps.PlacementRound = { noRoom: new Map() };
-      for (const d of await provisioningDesktops(this.deps.sql, 20)) {
+      for (const d of await provisioningDesktops(this.deps.sql, PROVISION_PER_TIER)) {
         if (this.provisioning.has(d.id)) continue;
         this.provisioning.add(d.id);
         const task = this.onDesktop(d.id, async () => {

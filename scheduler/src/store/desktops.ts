@@ -247,8 +247,17 @@ export async function insertForks(sql: Sql, sourceId: string, ids: readonly stri
   return rows;
 }
 
-/** Desktops still waiting for a host, with no wake of their own in flight. */
-export async function provisioningDesktops(sql: Sql, limit: number): Promise<DesktopRow[]> {
+/**
+ * Desktops still waiting for a host: the oldest `perTier` of each tier, oldest first. Per tier,
+ * because desktops of one tier that no host can take would otherwise fill every round, and newer
+ * ones of a tier that fits would never be placed; within a tier the oldest go first, since one
+ * that cannot be placed means none of its tier can.
+ */
+export async function provisioningDesktops(sql: Sql, perTier: number): Promise<DesktopRow[]> {
   return sql<DesktopRow[]>`
-    SELECT * FROM desktops WHERE state = 'provisioning' ORDER BY created_at LIMIT ${limit}`;
+    SELECT d.* FROM (SELECT DISTINCT tier FROM desktops WHERE state = 'provisioning') t
+    CROSS JOIN LATERAL (
+      SELECT * FROM desktops WHERE state = 'provisioning' AND tier = t.tier ORDER BY created_at LIMIT ${perTier}
+    ) d
+    ORDER BY d.created_at`;
 }
