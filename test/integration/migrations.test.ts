@@ -2,7 +2,8 @@
  * Schema migrations read from their SQL files (scheduler/src/store/migrations/): on an empty
  * database they apply in order under the ids and names databases already record (so a database
  * migrated before the files existed upgrades with nothing to do), a second run applies nothing,
- * and the built CLI finds the files it was shipped with (dist/migrations/).
+ * and the built CLI finds the files it was shipped with (dist/migrations/), which its `status` names
+ * rather than migrates.
  */
 import { execFile } from 'node:child_process';
 import { randomBytes } from 'node:crypto';
@@ -96,10 +97,25 @@ describe('migrations', () => {
     expect(await recorded(url)).toEqual(SHIPPED);
   });
 
-  it('are found by the built CLI, which migrates the database it is pointed at', async () => {
+  it('are found by the built CLI, whose status refuses a schema behind its build instead of migrating it', async () => {
     expect(existsSync(CLI), 'dist/cli.js is missing: run `npx tsup` (npm test does)').toBe(true);
-    const url = await emptyDatabaseUrl();
-    await promisify(execFile)(process.execPath, [CLI, 'status', '--json', '--database-url', url], { timeout: 60_000 });
-    expect(await recorded(url)).toEqual(SHIPPED);
+    const status = (url: string) =>
+      promisify(execFile)(process.execPath, [CLI, 'status', '--json', '--database-url', url], { timeout: 60_000 }).catch((err: { code: number; stderr: string }) => err);
+    const empty = await emptyDatabaseUrl();
+    expect(await status(empty)).toMatchObject({ code: 1, stderr: expect.stringContaining('the database holds no Canto schema') });
+    const latest = SHIPPED[SHIPPED.length - 1]!;
+    const url = await freshDatabaseUrl();
+    const sql = connectDatabase(url, { max: 1 });
+    try {
+      await sql`DELETE FROM schema_migrations WHERE id = ${latest.id}`;
+    } finally {
+      await sql.end();
+    }
+    // The number it names comes from the migration files it was shipped with.
+    expect(await status(url)).toMatchObject({
+      code: 1,
+      stderr: expect.stringContaining(`database schema is at migration ${latest.id - 1}, this build needs ${latest.id}: canto status reads and does not migrate`),
+    });
+    expect(await recorded(url)).toEqual(SHIPPED.slice(0, -1));
   }, 90_000);
 });
