@@ -26,6 +26,8 @@ interface CommonOptions extends AdminOptions {
   state?: string;
   limit?: string;
   all?: boolean;
+  /** `canto hosts forget`: destroy the desktops, not just count them. */
+  yes?: boolean;
 }
 
 type Action<A extends unknown[]> = (admin: CantoAdmin, opts: CommonOptions, ...args: A) => Promise<void>;
@@ -100,6 +102,36 @@ export function registerAdminCommands(program: Command, env: NodeJS.ProcessEnv):
     await admin.api.DELETE('/admin/v1/hosts/{host_id}', { params: { path: { host_id: id } } });
     if (opts.json) return json({ removed: id });
     out(`host ${id} removed`);
+  }).argument('<host-id>');
+
+  adminCommand<[string]>(hosts, 'forget', 'write off a host that is gone for good: destroy the desktops only it held, then remove it', async (admin, opts, id) => {
+    const init = { params: { path: { host_id: id } } };
+    if (!opts.yes) {
+      const host = unwrap(await admin.api.GET('/admin/v1/hosts/{host_id}', init));
+      throw new Error(
+        `host ${host.id} (${host.hostname}) holds ${desktopCount(host.desktops.total)}, whose disks are only on it: forgetting it destroys them for good ` +
+          `(a host that may come back should be waited for; a host that is up should be drained). Run again with --yes to forget it`,
+      );
+    }
+    for (;;) {
+      const forgotten = unwrap(await admin.api.POST('/admin/v1/hosts/{host_id}/forget', { ...init, body: {} }));
+      if (forgotten.removed || !opts.wait) {
+        if (opts.json) return json(forgotten);
+        return out(forgotten.removed
+          ? `host ${id} forgotten and removed: its desktops are destroyed`
+          : `host ${id} declared lost: ${forgotten.destroying} desktop(s) being destroyed, ${forgotten.waiting} waiting for an operation to end (run again, or with --wait)`);
+      }
+      if (!opts.json) process.stderr.write(`host ${id}: ${forgotten.destroying} desktop(s) being destroyed, ${forgotten.waiting} waiting for an operation to end\n`);
+      await new Promise((resolve) => setTimeout(resolve, 1_000));
+    }
+  })
+    .argument('<host-id>')
+    .option('--yes', 'destroy its desktops: without it, only say how many there are')
+    .option('--wait', 'ask again until the host is removed');
+  adminCommand<[string]>(hosts, 'reset-key', "forget the key a host registered with (its host-key file is lost): its agent's next hello records its new key", async (admin, opts, id) => {
+    const host = unwrap(await admin.api.POST('/admin/v1/hosts/{host_id}/reset-key', { params: { path: { host_id: id } }, body: {} }));
+    if (opts.json) return json(host);
+    out(`host ${host.id}: key forgotten; restart its agent now (the next hello naming ${host.id} registers its key)`);
   }).argument('<host-id>');
 
   adminCommand<[string]>(hosts, 'drain', 'cordon the host and move every desktop off it (awake ones come back awake)', async (admin, opts, id) => {
@@ -266,7 +298,7 @@ function hostRow(h: AdminHost): Record<string, string> {
   return {
     ID: h.id,
     HOSTNAME: h.hostname,
-    STATUS: hostStatusLabel(h.state, h.cordoned, h.drain?.state ?? null),
+    STATUS: h.lost_at ? 'lost (being forgotten)' : hostStatusLabel(h.state, h.cordoned, h.drain?.state ?? null),
     RUNTIME: `${h.agent.runtime}${h.agent.memory_snapshots ? '+snapshots' : ''}`,
     SCHEDULABLE: h.schedulable ? 'yes' : 'no',
     DESKTOPS: `${h.desktops.total} (${h.desktops.awake} awake)`,
@@ -287,6 +319,7 @@ function describeHost(h: AdminHost): string {
     ['Address', h.address ?? '(no port gateway)'],
     ['State', `${h.state}${h.linked ? '' : ' (not linked to the replica that answered)'}`],
     ['Cordoned', h.cordoned ? 'yes' : 'no'],
+    ...(h.lost_at ? [['Lost', `declared lost ${h.lost_at}: its desktops are being destroyed (canto hosts forget ${h.id} --yes --wait)`] as [string, string]] : []),
     ['Schedulable', h.schedulable ? 'yes' : 'no'],
     ['Agent', `protocol ${h.agent.protocol}, runtime ${h.agent.runtime}, memory snapshots ${h.agent.memory_snapshots ? 'yes' : 'no'}`],
     ['Last heard', `${h.last_heartbeat_at} (${agoSince(h.last_heartbeat_at)})`],

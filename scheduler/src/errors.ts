@@ -90,6 +90,8 @@ export const errors = {
   orgExists: () => new ApiError(409, 'an org with this name exists'),
   hostHoldsDesktops: (count: number) =>
     new ApiError(409, `the host holds ${count} desktop(s); move them off (drain the host) before removing it`),
+  hostUpNotLost: () =>
+    new ApiError(409, "the host's agent is connected: a host that is up is not lost; drain it to keep its desktops, or stop its agent first"),
   hostStillLinked: () =>
     new ApiError(409, "the host's agent is still connected; stop the agent (after draining the host), wait until the host reads down, then remove it"),
 } as const;

@@ -63,6 +63,8 @@ describe('admin authentication', () => {
     ['POST', `/admin/v1/orgs/${MISSING_ORG}/keys`],
     ['DELETE', `/admin/v1/orgs/${MISSING_ORG}/keys/${MISSING_KEY}`],
     ['POST', `/admin/v1/hosts/${MISSING_HOST}/drain`],
+    ['POST', `/admin/v1/hosts/${MISSING_HOST}/forget`],
+    ['POST', `/admin/v1/hosts/${MISSING_HOST}/reset-key`],
     ['POST', '/admin/v1/desktops/dsk_000000000000000000000000/move'],
     ['GET', '/admin/v1/desktops'],
     ['GET', '/admin/v1/desktops/dsk_000000000000000000000000'],
@@ -296,6 +298,8 @@ describe('OpenAPI documents', () => {
     '/admin/v1/orgs/{org_id}/keys': { get: [400, 401, 404], post: [400, 401, 404] },
     '/admin/v1/orgs/{org_id}/keys/{key_id}': { delete: [400, 401, 404] },
     '/admin/v1/hosts/{host_id}/drain': { post: [400, 401, 404, 409] },
+    '/admin/v1/hosts/{host_id}/forget': { post: [400, 401, 404, 409] },
+    '/admin/v1/hosts/{host_id}/reset-key': { post: [400, 401, 404] },
     '/admin/v1/desktops/{desktop_id}/move': { post: [400, 401, 404, 409] },
     '/admin/v1/desktops': { get: [400, 401] },
     '/admin/v1/desktops/{desktop_id}': { get: [400, 401, 404] },
@@ -329,7 +333,7 @@ describe('OpenAPI documents', () => {
         }
       }
     }
-    expect(ids.size).toBe(15);
+    expect(ids.size).toBe(17);
     expect(doc.paths['/admin/v1/orgs'].post.requestBody.required).toBe(true);
     expect(doc.paths['/admin/v1/orgs/{org_id}/keys'].post.requestBody.required).toBe(false);
     expect(doc.paths['/admin/v1/openapi.json'].get.security).toEqual([]);

@@ -31,6 +31,7 @@ const SHIPPED = [
   { id: 10, name: 'desktop route notifications' },
   { id: 11, name: 'drain resume' },
   { id: 12, name: 'host keys' },
+  { id: 13, name: 'lost hosts' },
 ];
 
 const made: string[] = [];

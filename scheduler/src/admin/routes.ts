@@ -1,6 +1,6 @@
 /**
  * The admin API, `/admin/v1`, served by every replica on the `/v1` listener: hosts (list, show,
- * cordon, uncordon, drain, remove), desktops of every org and their moves (admin/move-routes.ts) and orgs with their API keys. It lives in a Fastify context of its
+ * cordon, uncordon, drain, remove, forget a lost one, reset its key), desktops of every org and their moves (admin/move-routes.ts) and orgs with their API keys. It lives in a Fastify context of its
  * own, which authenticates with the admin token (admin/auth.ts) instead of an org credential and
  * has its own OpenAPI document (admin/document.ts). Answers of 400 and up are problem+json from
  * the application's one error handler; request bodies admit no member they do not name.
@@ -19,7 +19,7 @@ import { registerMoveRoutes } from './move-routes.js';
 import type { MoveService } from './moves.js';
 import type { AdminDesktops } from './desktops.js';
 import {
-  AdminCreatedKeyJson, AdminHostJson, AdminKeyJson, AdminOrgJson, CreateOrgBody, CreateOrgKeyBody, HostIdParams, OrgIdParams, OrgKeyParams,
+  AdminCreatedKeyJson, AdminHostJson, AdminKeyJson, AdminOrgJson, CreateOrgBody, CreateOrgKeyBody, ForgetHostJson, HostIdParams, OrgIdParams, OrgKeyParams,
 } from './schemas.js';
 
 export interface AdminApiDeps {
@@ -108,6 +108,46 @@ function registerHostRoutes(admin: App, service: AdminService, log: Logger): voi
       },
     );
   }
+
+  admin.post(
+    '/admin/v1/hosts/:host_id/forget',
+    {
+      schema: {
+        summary:
+          'Declare a host that is gone for good lost: its desktops, whose disks were only there, are destroyed (`desktop.destroyed` with `data.reason: "host_lost"`), ' +
+          'its agent is refused, and its record goes once it holds none. Ask again until `removed`; 409 while its agent is connected',
+        operationId: 'forgetHost',
+        tags: HOSTS,
+        params: HostIdParams,
+        body: NoOptions,
+        response: { 200: ForgetHostJson, ...errorResponses(400, 404, 409) },
+      },
+    },
+    async (request) => {
+      const forgotten = await service.forgetHost(request.params.host_id);
+      log.warn({ hostId: forgotten.host_id, destroying: forgotten.destroying, waiting: forgotten.waiting, removed: forgotten.removed }, 'host declared lost; its desktops are destroyed');
+      return forgotten;
+    },
+  );
+
+  admin.post(
+    '/admin/v1/hosts/:host_id/reset-key',
+    {
+      schema: {
+        summary: "Forget the key a host registered with (its key file was lost): the next hello naming the host id records the key it sends. Restart the host's agent right after",
+        operationId: 'resetHostKey',
+        tags: HOSTS,
+        params: HostIdParams,
+        body: NoOptions,
+        response: { 200: AdminHostJson, ...errorResponses(400, 404) },
+      },
+    },
+    async (request) => {
+      const host = await service.resetHostKey(request.params.host_id);
+      log.warn({ hostId: host.id }, 'host key reset: the next hello naming this host records its key');
+      return host;
+    },
+  );
 
   admin.delete(
     '/admin/v1/hosts/:host_id',

@@ -79,6 +79,9 @@ export const AdminHostJson = Type.Object({
   ),
   desktops: HostDesktopCounts,
   drain: DrainJson,
+  lost_at: Type.Union([Type.String({ format: 'date-time' }), Type.Null()], {
+    description: 'When an operator declared the host lost for good (forget): its desktops are destroyed without it, its agent is refused, and it is removed once it holds none',
+  }),
 });
 export type AdminHostJson = Static<typeof AdminHostJson>;
 
@@ -115,3 +118,12 @@ export const CreateOrgKeyBody = Type.Object(
   { additionalProperties: false },
 );
 export type CreateOrgKeyBody = Static<typeof CreateOrgKeyBody>;
+
+export const ForgetHostJson = Type.Object({
+  host_id: Type.String(),
+  lost_at: Type.String({ format: 'date-time' }),
+  destroying: Type.Integer({ minimum: 0, description: 'Desktops of the host whose destroy is under way' }),
+  waiting: Type.Integer({ minimum: 0, description: 'Desktops with another operation still open (it fails soon: the host is lost); ask again to destroy them' }),
+  removed: Type.Boolean({ description: 'The host held no desktop any more, and its record is gone' }),
+});
+export type ForgetHostJson = Static<typeof ForgetHostJson>;

@@ -1,6 +1,7 @@
 /**
  * Fleet and tenant administration for operators: hosts as placement sees them, cordoning, removing
- * a host that is empty and whose agent is gone, and orgs with their API keys.
+ * a host that is empty and whose agent is gone, writing off a host that is gone for good (and the
+ * desktops only it held), forgetting a host's key, and orgs with their API keys.
  *
  * A host's capacity and use are computed by placement's own code (placement/candidates.ts), so
  * the numbers an operator reads are the ones placement decides by. Keys are created and revoked
@@ -15,13 +16,16 @@ import { hostCandidates } from '../placement/candidates.js';
 import { cancelDrain } from '../store/moves.js';
 import { drainJson } from './moves.js';
 import { memoryReserveMb, memoryRoomMb, type PlacementPolicy } from '../placement/feasible.js';
-import { errors } from '../errors.js';
-import { desktopStatesByHost, hostById, insertOrg, listOrgSummaries, orgExists, removeHost, setHostCordoned, type OrgSummaryRow } from './store.js';
-import type { AdminHostJson, AdminOrgJson, HostDesktopCounts } from './schemas.js';
+import { ApiError, errors } from '../errors.js';
+import { desktopStatesByHost, hostById, insertOrg, listOrgSummaries, markHostLost, orgExists, removeHost, resetHostKey, setHostCordoned, type OrgSummaryRow } from './store.js';
+import type { AdminHostJson, AdminOrgJson, ForgetHostJson, HostDesktopCounts } from './schemas.js';
+import type { LifecycleService } from '../services/lifecycle.js';
 
 export interface AdminServiceDeps {
   sql: Sql;
   keys: KeyService;
+  /** Destroys of a lost host's desktops go through the same path as a client's. */
+  lifecycle: Pick<LifecycleService, 'request'>;
   /** Whether this replica's link to the host's agent is up. */
   linked(hostId: string): boolean;
   placement: PlacementPolicy;
@@ -68,6 +72,41 @@ export class AdminService {
     if (outcome.why === 'not_found') throw errors.hostNotFound();
     if (outcome.why === 'holds_desktops') throw errors.hostHoldsDesktops(outcome.desktops);
     throw errors.hostStillLinked();
+  }
+
+  /**
+   * Declares a down host lost for good and writes off its desktops, whose disks were only there:
+   * each gets a destroy (reason `host_lost`; the engine destroys the record without the host).
+   * A desktop with another operation open waits: that operation fails at once now (the host is
+   * lost) and the next call destroys it. Once the host holds none, its record goes. Asking again
+   * goes on from where it stands; a host whose agent is connected is refused (409).
+   */
+  async forgetHost(id: string): Promise<ForgetHostJson> {
+    const host = await hostById(this.deps.sql, id);
+    if (!host) throw errors.hostNotFound();
+    if (host.lost_at === null && (host.status === 'ready' || this.deps.linked(id))) throw errors.hostUpNotLost();
+    const lost = (await markHostLost(this.deps.sql, id))!;
+    await cancelDrain(this.deps.sql, id);
+    let destroying = 0;
+    let waiting = 0;
+    for (const d of lost.desktops) {
+      try {
+        // One key per host and desktop: asked again, the same destroy answers.
+        const { op } = await this.deps.lifecycle.request(d.org_id, d.id, 'destroy', { expectedGeneration: null, idempotencyKey: `host-lost-${id}`, reason: 'host_lost' });
+        if (op.state === 'pending' || op.state === 'running') destroying++;
+      } catch (err) {
+        if (!(err instanceof ApiError) || err.status !== 409) throw err;
+        waiting++;
+      }
+    }
+    const removed = lost.desktops.length === 0 && (await removeHost(this.deps.sql, id, () => this.deps.linked(id))).removed;
+    return { host_id: id, lost_at: lost.lostAt.toISOString(), destroying, waiting, removed };
+  }
+
+  /** Forgets the host's key, so that its agent's next hello registers the key it sends (a lost key file). */
+  async resetHostKey(id: string): Promise<AdminHostJson> {
+    if (!(await resetHostKey(this.deps.sql, id))) throw errors.hostNotFound();
+    return this.getHost(id);
   }
 
   async listOrgs(): Promise<AdminOrgJson[]> {
@@ -147,6 +186,7 @@ export class AdminService {
         },
         desktops,
         drain: drains[i]!,
+        lost_at: h.lost_at?.toISOString() ?? null,
       };
     });
   }

@@ -84,3 +84,20 @@ export async function orgExists(sql: Sql, id: string): Promise<boolean> {
   const rows = await sql`SELECT 1 FROM orgs WHERE id = ${id}`;
   return rows.length === 1;
 }
+
+/**
+ * Declares the host lost (once: the first time stays) and cordons it. Answers the
+ * desktops it still holds, or null when there is no such host.
+ */
+export async function markHostLost(sql: Sql, id: string): Promise<{ lostAt: Date; desktops: Array<{ id: string; org_id: string }> } | null> {
+  const [host] = await sql<Array<{ lost_at: Date }>>`
+    UPDATE hosts SET lost_at = COALESCE(lost_at, now()), cordoned = true WHERE id = ${id} RETURNING lost_at`;
+  if (!host) return null;
+  const desktops = await sql<Array<{ id: string; org_id: string }>>`SELECT id, org_id FROM desktops WHERE host_id = ${id} AND state <> 'destroyed' ORDER BY created_at`;
+  return { lostAt: host.lost_at, desktops };
+}
+
+/** Forgets the key a host registered with: its next hello records the key it sends. False: no such host. */
+export async function resetHostKey(sql: Sql, id: string): Promise<boolean> {
+  return (await sql`UPDATE hosts SET host_key_hash = NULL WHERE id = ${id} RETURNING id`).length === 1;
+}

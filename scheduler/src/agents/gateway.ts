@@ -55,7 +55,7 @@ import type { ReplicaAddress } from '../fleet/registry.js';
 export const AGENT_LINK_PATH = '/internal/agents/ws';
 const HELLO_TIMEOUT_MS = 10_000;
 /** What the agent's log says of a refused host key. */
-const HOST_KEY_HELP = 'restore <state-dir>/host-key from the machine that registered it, or remove the host (canto hosts remove) to register it anew';
+const HOST_KEY_HELP = 'restore <state-dir>/host-key from the machine that registered it, or have an operator run canto hosts reset-key on this host id, then restart this agent';
 
 export type HelloDesktops = HelloPayload['desktops'];
 export type HelloListener = (hostId: string, desktops: HelloDesktops) => void;
@@ -262,7 +262,12 @@ export class AgentGateway {
         transferAddress: hello.transfer ? formatHostPort(hello.transfer.host, hello.transfer.port) : null,
         hostKeyHash: hello.host_key === undefined ? null : hashToken(hello.host_key),
       }, !fences);
-      if (!recorded) {
+      if (recorded === 'lost') {
+        this.log.warn({ hostId: hello.host_id, hostname: hello.hostname }, `agent refused: host ${hello.host_id} was declared lost; its desktops are being written off`);
+        setImmediate(() => peer.close(1008, 'host declared lost'));
+        throw new AgentFailure('unauthorized', `host ${hello.host_id} was declared lost (canto hosts forget); once it is removed, an agent with a new state directory registers afresh`, false);
+      }
+      if (recorded === 'key_mismatch') {
         // The join token is every agent's: only the host's own key proves the id is its own.
         this.log.warn({ hostId: hello.host_id, hostname: hello.hostname }, `agent refused: host ${hello.host_id} said hello before with another host key`);
         setImmediate(() => peer.close(1008, 'host key mismatch'));

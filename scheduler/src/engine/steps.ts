@@ -10,7 +10,7 @@ import type { Logger } from '../../../shared/src/log.js';
 import { inSnapshot, inTransaction, together, type Sql } from '../store/db.js';
 import { getDesktopById, insertForks, placedDesktops, setPlacement, transition } from '../store/desktops.js';
 import { closeMeter, openMeter, recordEvent } from '../store/events.js';
-import { committedLoad, listHosts, slotsUsed } from '../store/hosts.js';
+import { committedLoad, hostLost, listHosts, slotsUsed } from '../store/hosts.js';
 import { settleOperation, type SettleFence } from '../store/operations.js';
 import { deleteExposuresOf } from '../store/ports.js';
 import type { DesktopRow, OperationRow } from '../store/rows.js';
@@ -117,10 +117,17 @@ async function inspect(deps: StepDeps, hostId: string, desktopId: string): Promi
 }
 
 async function connectedHost(deps: StepDeps, hostId: string): Promise<string> {
+  // Nothing to wait for on a host an operator declared lost: its agent is refused for good.
+  if (await unlinkedAndLost(deps, hostId)) throw new StepFailure('host_lost', 'the desktop\'s host was declared lost; its disk went with it');
   if (!(await deps.agents.waitConnected(hostId, deps.hostWaitMs))) {
     throw new AgentFailure('disconnected', 'the desktop host is unreachable', true);
   }
   return hostId;
+}
+
+/** A host this replica has no link to, declared lost (read only then: a linked host is not lost). */
+async function unlinkedAndLost(deps: StepDeps, hostId: string): Promise<boolean> {
+  return !deps.agents.isConnected(hostId) && (await hostLost(deps.sql, hostId));
 }
 
 async function loadDesktop(deps: StepDeps, id: string): Promise<DesktopRow> {
@@ -270,7 +277,9 @@ export async function hibernate(deps: StepDeps, op: OperationRow): Promise<void>
 
 export async function destroy(deps: StepDeps, op: OperationRow): Promise<void> {
   const d = await loadDesktop(deps, op.desktop_id);
-  if (d.host_id) {
+  // On a lost host the disk is gone with it: the record alone is destroyed (if the host comes
+  // back anyway, the stale-copy sweep removes what it still holds).
+  if (d.host_id && !(await unlinkedAndLost(deps, d.host_id))) {
     const hostId = await connectedHost(deps, d.host_id);
     await command(deps, hostId, 'desktop.destroy', { desktop_id: d.id, generation: d.generation, operation_id: op.id });
   }
@@ -280,7 +289,8 @@ export async function destroy(deps: StepDeps, op: OperationRow): Promise<void> {
     await together(
       closeMeter(tx, d.id),
       deleteExposuresOf(tx, d.id),
-      recordEvent(tx, { orgId: d.org_id, desktopId: d.id, type: 'desktop.destroyed' }),
+      // A desktop written off with its lost host says so; a destroy a client asked for carries nothing.
+      recordEvent(tx, { orgId: d.org_id, desktopId: d.id, type: 'desktop.destroyed', ...(op.reason === 'host_lost' ? { data: { reason: 'host_lost' } } : {}) }),
       settle(tx, deps, op, { generation: gone.generation }),
     );
   });

@@ -28,7 +28,10 @@ export interface HostHello {
  * older one is ready at once. A new agent instance (a restart) keeps when the previous one was
  * last heard from, in `previous_seen_at`.
  */
-export async function upsertHost(sql: Sql, h: HostHello, readyNow: boolean): Promise<boolean> {
+/** What a hello made of the host's record: refused when the key is another's, or the host was declared lost. */
+export type HelloRecord = 'recorded' | 'key_mismatch' | 'lost';
+
+export async function upsertHost(sql: Sql, h: HostHello, readyNow: boolean): Promise<HelloRecord> {
   const recorded = await sql`
     INSERT INTO hosts (id, hostname, agent_instance_id, protocol, runtime, memory_snapshots, vcpus, memory_mb, ingress_address, transfer_address, status, last_seen_at, host_key_hash)
     VALUES (${h.id}, ${h.hostname}, ${h.agentInstanceId}, ${h.protocol}, ${h.runtime}, ${h.memorySnapshots}, ${h.vcpus}, ${h.memoryMb}, ${h.ingressAddress},
@@ -45,9 +48,17 @@ export async function upsertHost(sql: Sql, h: HostHello, readyNow: boolean): Pro
       memory_available_mb = ${keptMeasure(sql, 'memory_available_mb')}, desktops_memory_mb = ${keptMeasure(sql, 'desktops_memory_mb')},
       cpu_busy = ${keptMeasure(sql, 'cpu_busy')},
       last_seen_at = now()
-    WHERE hosts.host_key_hash IS NULL OR hosts.host_key_hash = EXCLUDED.host_key_hash
+    WHERE (hosts.host_key_hash IS NULL OR hosts.host_key_hash = EXCLUDED.host_key_hash) AND hosts.lost_at IS NULL
     RETURNING id`;
-  return recorded.length === 1;
+  if (recorded.length === 1) return 'recorded';
+  const [row] = await sql<Array<{ lost: boolean }>>`SELECT lost_at IS NOT NULL AS lost FROM hosts WHERE id = ${h.id}`;
+  return row?.lost ? 'lost' : 'key_mismatch';
+}
+
+/** Whether an operator declared the host lost (admin `forget`). */
+export async function hostLost(sql: Sql, hostId: string): Promise<boolean> {
+  const [row] = await sql<Array<{ lost: boolean }>>`SELECT lost_at IS NOT NULL AS lost FROM hosts WHERE id = ${hostId}`;
+  return row?.lost ?? false;
 }
 
 /**

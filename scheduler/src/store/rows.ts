@@ -82,6 +82,8 @@ export interface HostRow {
   drain_error: string | null;
   /** When a drain stopped by a failed move was asked for again; failures before it no longer count. */
   drain_resumed_at: Date | null;
+  /** When an operator declared the host lost for good (its desktops are destroyed without it). */
+  lost_at: Date | null;
   /** The agent's last measured use (protocol 1.11 heartbeats); null until it reports one. */
   measured_at: Date | null;
   running_desktops: number | null;

@@ -126,6 +126,40 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/admin/v1/hosts/{host_id}/forget": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /** Declare a host that is gone for good lost: its desktops, whose disks were only there, are destroyed (`desktop.destroyed` with `data.reason: "host_lost"`), its agent is refused, and its record goes once it holds none. Ask again until `removed`; 409 while its agent is connected */
+        post: operations["forgetHost"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/admin/v1/hosts/{host_id}/reset-key": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /** Forget the key a host registered with (its key file was lost): the next hello naming the host id records the key it sends. Restart the host's agent right after */
+        post: operations["resetHostKey"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/admin/v1/hosts/{host_id}/uncordon": {
         parameters: {
             query?: never;
@@ -650,6 +684,8 @@ export interface operations {
                             last_heartbeat_at: string;
                             /** @description Whether the agent's link to the replica that answered is up */
                             linked: boolean;
+                            /** @description When an operator declared the host lost for good (forget): its desktops are destroyed without it, its agent is refused, and it is removed once it holds none */
+                            lost_at: string | null;
                             /** @description The host's use as its agent last measured it (heartbeats); null until it reports one (agents before protocol 1.11) */
                             measured: {
                                 /**
@@ -823,6 +859,8 @@ export interface operations {
                         last_heartbeat_at: string;
                         /** @description Whether the agent's link to the replica that answered is up */
                         linked: boolean;
+                        /** @description When an operator declared the host lost for good (forget): its desktops are destroyed without it, its agent is refused, and it is removed once it holds none */
+                        lost_at: string | null;
                         /** @description The host's use as its agent last measured it (heartbeats); null until it reports one (agents before protocol 1.11) */
                         measured: {
                             /**
@@ -1085,6 +1123,8 @@ export interface operations {
                         last_heartbeat_at: string;
                         /** @description Whether the agent's link to the replica that answered is up */
                         linked: boolean;
+                        /** @description When an operator declared the host lost for good (forget): its desktops are destroyed without it, its agent is refused, and it is removed once it holds none */
+                        lost_at: string | null;
                         /** @description The host's use as its agent last measured it (heartbeats); null until it reports one (agents before protocol 1.11) */
                         measured: {
                             /**
@@ -1273,6 +1313,8 @@ export interface operations {
                         last_heartbeat_at: string;
                         /** @description Whether the agent's link to the replica that answered is up */
                         linked: boolean;
+                        /** @description When an operator declared the host lost for good (forget): its desktops are destroyed without it, its agent is refused, and it is removed once it holds none */
+                        lost_at: string | null;
                         /** @description The host's use as its agent last measured it (heartbeats); null until it reports one (agents before protocol 1.11) */
                         measured: {
                             /**
@@ -1347,6 +1389,286 @@ export interface operations {
             };
             /** @description RFC 9457 problem details */
             409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description RFC 9457 problem details */
+            500: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description RFC 9457 problem details; retryable, after Retry-After seconds when given */
+            503: {
+                headers: {
+                    /** @description Seconds to wait before retrying */
+                    "Retry-After"?: number;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+        };
+    };
+    forgetHost: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description `host_…` */
+                host_id: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: {
+            content: {
+                "application/json": Record<string, never>;
+            };
+        };
+        responses: {
+            /** @description Default Response */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        /** @description Desktops of the host whose destroy is under way */
+                        destroying: number;
+                        host_id: string;
+                        /** Format: date-time */
+                        lost_at: string;
+                        /** @description The host held no desktop any more, and its record is gone */
+                        removed: boolean;
+                        /** @description Desktops with another operation still open (it fails soon: the host is lost); ask again to destroy them */
+                        waiting: number;
+                    };
+                };
+            };
+            /** @description RFC 9457 problem details */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description RFC 9457 problem details */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description RFC 9457 problem details */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description RFC 9457 problem details */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description RFC 9457 problem details */
+            500: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description RFC 9457 problem details; retryable, after Retry-After seconds when given */
+            503: {
+                headers: {
+                    /** @description Seconds to wait before retrying */
+                    "Retry-After"?: number;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+        };
+    };
+    resetHostKey: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description `host_…` */
+                host_id: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: {
+            content: {
+                "application/json": Record<string, never>;
+            };
+        };
+        responses: {
+            /** @description Default Response */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        /** @description `host:port` of the agent's port gateway; null when it has none */
+                        address: string | null;
+                        agent: {
+                            /** @description Changes whenever the agent restarts */
+                            instance_id: string;
+                            /** @description Whether hibernation keeps memory (wake resumes running programs) */
+                            memory_snapshots: boolean;
+                            /** @description The agent link protocol version the agent speaks (`major.minor`) */
+                            protocol: string;
+                            /** @description Its runtime driver (`sandbox`, `fake`, …) */
+                            runtime: string;
+                        };
+                        /** @description Nominal limits placement applies: tier sizes of running desktops within reported capacity times the overcommit, and CANTO_HOST_SLOTS */
+                        capacity: {
+                            /** @description Reported memory times CANTO_MEMORY_OVERCOMMIT; null when that is 0 (no nominal cap, the default) */
+                            memory_mb: number | null;
+                            slots: number;
+                            /** @description Reported vCPUs times CANTO_CPU_OVERCOMMIT; null when that is 0 (no nominal cap, the default) */
+                            vcpus: number | null;
+                        };
+                        /** @description A cordoned host gets no new desktops; those on it stay */
+                        cordoned: boolean;
+                        /** @description Desktops placed on the host, by state (destroyed ones are no longer on it) */
+                        desktops: {
+                            awake: number;
+                            hibernated: number;
+                            hibernating: number;
+                            provisioning: number;
+                            total: number;
+                            waking: number;
+                        };
+                        /** @description The host's drain, or null when none was asked for since it was last uncordoned */
+                        drain: {
+                            /** @description Hosts that running moves of this drain copy to and that are down: those moves wait for their agents (or fail at their deadline) */
+                            down_targets: string[];
+                            error: string | null;
+                            /** @description Moves that failed (since `resumed_at` when set); one stops the drain */
+                            failed: number;
+                            /** @description When the host was found holding no desktop (`drained`); null before */
+                            finished_at: string | null;
+                            moved: number;
+                            /** @description Bytes of the moves settled, and copied so far of those running */
+                            moved_bytes: number;
+                            parallel: number;
+                            /** @description Desktops on the host that no move has taken yet (moved + running + remaining is the whole drain) */
+                            remaining: number;
+                            /** Format: date-time */
+                            requested_at: string;
+                            /** @description When the drain, stopped by a failed move, was last asked for again; `failed` counts the moves that failed since */
+                            resumed_at: string | null;
+                            /** @description Moves in progress */
+                            running: number;
+                            /** @description `draining`: moves run; `drained`: the host holds no desktop; `stopped`: a move failed (see error) */
+                            state: "draining" | "drained" | "stopped";
+                            /** @description Bytes of the moves settled and running, as far as known */
+                            total_bytes: number;
+                        } | null;
+                        /** @description The host name its agent reported */
+                        hostname: string;
+                        /** @description `host_…` */
+                        id: string;
+                        /**
+                         * Format: date-time
+                         * @description When a replica last heard from the agent
+                         */
+                        last_heartbeat_at: string;
+                        /** @description Whether the agent's link to the replica that answered is up */
+                        linked: boolean;
+                        /** @description When an operator declared the host lost for good (forget): its desktops are destroyed without it, its agent is refused, and it is removed once it holds none */
+                        lost_at: string | null;
+                        /** @description The host's use as its agent last measured it (heartbeats); null until it reports one (agents before protocol 1.11) */
+                        measured: {
+                            /**
+                             * Format: date-time
+                             * @description When it was recorded
+                             */
+                            at: string;
+                            /** @description Fraction of all cores busy over the last heartbeat interval */
+                            cpu_busy: number;
+                            /** @description Memory charged to the machine's desktop cgroups */
+                            desktops_memory_mb: number;
+                            /** @description The host's available memory (MemAvailable) */
+                            memory_available_mb: number;
+                            /** @description Desktops running on the host */
+                            running_desktops: number;
+                        } | null;
+                        /** @description Placement by measured memory: a host takes a desktop while room_desktops is at least 1 */
+                        memory: {
+                            /** @description Memory placement keeps free: CANTO_MEMORY_RESERVE_PERCENT of the reported memory */
+                            reserve_mb: number;
+                            /** @description How many more desktops placement would admit by memory: room_mb over CANTO_DESKTOP_EXPECTED_MB */
+                            room_desktops: number;
+                            /** @description Memory new desktops may still take: available memory, less CANTO_DESKTOP_EXPECTED_MB for each desktop the measure does not show yet, less the reserve */
+                            room_mb: number;
+                        };
+                        /** Format: date-time */
+                        registered_at: string;
+                        /** @description The capacity the agent reported */
+                        reported: {
+                            memory_mb: number;
+                            vcpus: number;
+                        };
+                        /** @description Whether placement may put new desktops here: ready and not cordoned (a drain cordons) */
+                        schedulable: boolean;
+                        /** @description `ready`: its agent is heard from and takes work; `down`: silent for longer than CANTO_HOST_DOWN_MS (or fencing after a restart) */
+                        state: "ready" | "down";
+                        /** @description What is committed: CPU and memory of desktops running or about to, slots of every desktop placed here */
+                        used: {
+                            memory_mb: number;
+                            slots: number;
+                            vcpus: number;
+                        };
+                    };
+                };
+            };
+            /** @description RFC 9457 problem details */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description RFC 9457 problem details */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description RFC 9457 problem details */
+            404: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -1467,6 +1789,8 @@ export interface operations {
                         last_heartbeat_at: string;
                         /** @description Whether the agent's link to the replica that answered is up */
                         linked: boolean;
+                        /** @description When an operator declared the host lost for good (forget): its desktops are destroyed without it, its agent is refused, and it is removed once it holds none */
+                        lost_at: string | null;
                         /** @description The host's use as its agent last measured it (heartbeats); null until it reports one (agents before protocol 1.11) */
                         measured: {
                             /**

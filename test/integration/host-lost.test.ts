@@ -1,0 +1,125 @@
+/**
+ * A host gone for good (admin `forget`, `canto hosts forget`): while its agent is connected it is
+ * refused; once down, the desktops only it held are destroyed without it (`desktop.destroyed`
+ * with `data.reason: "host_lost"`), an operation that was waiting for the host fails at once with
+ * `host_lost` and its desktop is destroyed at the next ask, the agent is refused meanwhile, and
+ * the host's record goes once it holds none. An agent of that id coming back afterwards registers
+ * afresh and its leftover copies are swept. A host whose key file was lost is let back in by
+ * `canto hosts reset-key`.
+ */
+import { execFile } from 'node:child_process';
+import { rmSync } from 'node:fs';
+import { join } from 'node:path';
+import { promisify } from 'node:util';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { connectDatabase, type Sql } from '../../scheduler/src/store/db.js';
+import { newId } from '../../shared/src/ids.js';
+import { adminApi, api, mintKey, startTestScheduler, TEST_ADMIN_TOKEN, until, type TestScheduler } from '../helpers/scheduler.js';
+import { startFakeAgent, type TestAgent } from '../helpers/agent.js';
+
+const CLI = join(import.meta.dirname, '..', '..', 'dist', 'cli.js');
+
+describe('a host that is gone for good', () => {
+  let s: TestScheduler;
+  let sql: Sql;
+  let call: ReturnType<typeof api>;
+  let admin: ReturnType<typeof adminApi>;
+  const agents: TestAgent[] = [];
+
+  beforeAll(async () => {
+    s = await startTestScheduler({ CANTO_ADMIN_TOKEN: TEST_ADMIN_TOKEN, CANTO_HEARTBEAT_MS: '200', CANTO_HOST_WAIT_MS: '3000' });
+    sql = connectDatabase(s.databaseUrl, { max: 1 });
+    call = api(s.url, await mintKey(s.databaseUrl, 'lost'));
+    admin = adminApi(s.url);
+  });
+
+  afterAll(async () => {
+    for (const a of agents) await a.stop().catch(() => undefined);
+    await sql?.end();
+    await s?.close();
+  });
+
+  const canto = (args: string[]) =>
+    promisify(execFile)(process.execPath, [CLI, ...args], { env: { PATH: process.env.PATH, CANTO_ADMIN_TOKEN: TEST_ADMIN_TOKEN, CANTO_API_URL: s.url }, timeout: 30_000 })
+      .then((r) => ({ code: 0, ...r }))
+      .catch((err: { code: number; stdout: string; stderr: string }) => err);
+  const state = async (id: string) => (await call('GET', `/v1/desktops/${id}`)).json.state as string;
+
+  it('destroys the desktops only it held, fails what waited for it, refuses its agent, then removes it', async () => {
+    const host = await startFakeAgent(s.url, { delayMs: 0 });
+    agents.push(host);
+    const ids: string[] = [];
+    for (let i = 0; i < 3; i++) {
+      const id = (await call('POST', '/v1/desktops', { tier: 'small' })).json.id as string;
+      await until(async () => (await state(id)) === 'hibernated', 10_000, 'the desktop to be placed');
+      ids.push(id);
+    }
+    expect((await call('POST', `/v1/desktops/${ids[0]}/wake?wait=true`)).json.state).toBe('succeeded');
+
+    const up = await admin('POST', `/admin/v1/hosts/${host.hostId}/forget`, {});
+    expect(up.status).toBe(409);
+    expect(up.json.detail).toMatch(/a host that is up is not lost/);
+    expect((await canto(['hosts', 'forget', host.hostId]))).toMatchObject({ code: 1, stderr: expect.stringContaining('holds 3 desktops, whose disks are only on it') });
+
+    await host.stop(true);
+    await until(async () => (await admin('GET', `/admin/v1/hosts/${host.hostId}`)).json.state === 'down', 10_000, 'the host to read down');
+    // A wake that waits for the host to come back.
+    const woken = await call('POST', `/v1/desktops/${ids[1]}/wake`);
+    expect(woken.status, woken.text).toBe(202);
+    const wake = woken.json;
+
+    const first = await admin('POST', `/admin/v1/hosts/${host.hostId}/forget`, {});
+    expect(first.status, first.text).toBe(200);
+    expect(first.json).toMatchObject({ host_id: host.hostId, removed: false });
+    // The wake's desktop waits unless the wake already failed (it fails at once once the host is lost).
+    expect(first.json.destroying + first.json.waiting).toBe(3);
+    // Its agent is refused while its desktops are written off.
+    const back = await startFakeAgent(s.url, { again: { stateDir: host.stateDir, driver: host.driver! }, waitConnected: false });
+    agents.push(back);
+    await new Promise((resolve) => setTimeout(resolve, 600));
+    expect((await admin('GET', `/admin/v1/hosts/${host.hostId}`)).json).toMatchObject({ state: 'down', linked: false });
+    await back.stop(true);
+
+    // The wake fails at once (no wait for the host), with why.
+    const failed = await until(async () => {
+      const op = (await call('GET', `/v1/operations/${wake.id}`)).json;
+      return op.state === 'failed' ? op : null;
+    }, 10_000, 'the wake to fail');
+    expect(failed.error).toMatchObject({ code: 'host_lost' });
+
+    const done = await canto(['hosts', 'forget', host.hostId, '--yes', '--wait']);
+    expect(done.code, done.stderr).toBe(0);
+    expect(done.stdout).toBe(`host ${host.hostId} forgotten and removed: its desktops are destroyed\n`);
+    for (const id of ids) expect(await state(id)).toBe('destroyed');
+    const events = await sql<Array<{ payload: { data: Record<string, unknown> } }>>`SELECT payload FROM outbox WHERE type = 'desktop.destroyed' AND desktop_id = ANY(${ids})`;
+    expect(events.map((e) => e.payload.data)).toEqual([{ reason: 'host_lost' }, { reason: 'host_lost' }, { reason: 'host_lost' }]);
+    expect((await admin('GET', `/admin/v1/hosts/${host.hostId}`)).status).toBe(404);
+
+    // Back after all: it registers afresh, and what it still held of the destroyed desktops goes.
+    const returned = await startFakeAgent(s.url, { again: { stateDir: host.stateDir, driver: host.driver! } });
+    agents.push(returned);
+    await until(async () => (await admin('GET', `/admin/v1/hosts/${host.hostId}`)).json.state === 'ready', 10_000, 'the host to register afresh');
+    expect((await admin('GET', `/admin/v1/hosts/${host.hostId}`)).json).toMatchObject({ lost_at: null, cordoned: false });
+    await until(() => returned.driver!.desktops.size === 0, 10_000, 'the stale copies to be swept');
+  });
+
+  it('lets a host whose key file was lost back in after reset-key, and no other key before it', async () => {
+    const host = await startFakeAgent(s.url, { delayMs: 0 });
+    agents.push(host);
+    await host.stop(true);
+    // The key file is lost: the agent mints a new one, which the schedulers refuse.
+    rmSync(join(host.stateDir, 'host-key'));
+    const refused = await startFakeAgent(s.url, { again: { stateDir: host.stateDir, driver: host.driver! }, waitConnected: false });
+    agents.push(refused);
+    await new Promise((resolve) => setTimeout(resolve, 600));
+    expect((await admin('GET', `/admin/v1/hosts/${host.hostId}`)).json.linked).toBe(false);
+    await refused.stop(true);
+
+    const reset = await canto(['hosts', 'reset-key', host.hostId]);
+    expect(reset.stdout).toBe(`host ${host.hostId}: key forgotten; restart its agent now (the next hello naming ${host.hostId} registers its key)\n`);
+    const again = await startFakeAgent(s.url, { again: { stateDir: host.stateDir, driver: host.driver! } });
+    agents.push(again);
+    await until(async () => (await admin('GET', `/admin/v1/hosts/${host.hostId}`)).json.state === 'ready', 10_000, 'the host to be let back in');
+    expect((await admin('POST', `/admin/v1/hosts/${newId('host')}/reset-key`, {})).status).toBe(404);
+  });
+});
