@@ -153,8 +153,11 @@ export async function up(options: UpOptions, env: NodeJS.ProcessEnv): Promise<vo
     for (const agent of agents) await agent.waitConnected(30_000);
     localHosts = agents.map((a) => a.hostId);
     say(`Canto is up.\n  API:      ${scheduler.url}/v1\n  OpenAPI:  ${scheduler.url}/v1/openapi.json\n  Console:  ${scheduler.url}/console/ (sign in with an API key)\n  ${agents.length === 1 ? 'Host: ' : 'Hosts:'}    ${agents.map((a) => a.hostId).join(', ')}`);
-    const adminToken = env.CANTO_ADMIN_TOKEN ? 'CANTO_ADMIN_TOKEN' : join(options.dataDir, 'secrets.json');
-    say(`  Admin:    ${scheduler.url}/admin/v1 (token: ${adminToken}; try canto hosts list --data-dir ${options.dataDir})`);
+    // With the token from the environment, --data-dir would read the secrets file's own token instead.
+    const adminHint = env.CANTO_ADMIN_TOKEN
+      ? `token: CANTO_ADMIN_TOKEN; try canto hosts list --api ${scheduler.url} with it set`
+      : `token: ${join(options.dataDir, 'secrets.json')}; try canto hosts list --data-dir ${options.dataDir}`;
+    say(`  Admin:    ${scheduler.url}/admin/v1 (${adminHint})`);
     if (scheduler.ingressUrl) say(`  Ingress:  ${scheduler.ingressUrl} (exposed ports: ${ingressPattern(ingressBaseUrl)})`);
     if (bootstrapKey) say(`  API key:  ${bootstrapKey}   (org "default"; shown once, store it now)`);
     say('Press Ctrl-C to stop (awake desktops are hibernated first; press it again to skip that).');

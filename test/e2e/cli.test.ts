@@ -83,6 +83,7 @@ describe.skipIf(!isRoot)('canto CLI', () => {
     expect(first.out()).toContain(`Ingress:  http://127.0.0.1:${ingressPort} (exposed ports: http://{port}-{desktop_id}.localhost:${ingressPort})`);
     const key = /API key:\s+(svc_sk_\S+)/.exec(first.out())?.[1];
     expect(key).toBeTruthy();
+    expect(first.out()).toContain(`Admin:    ${url}/admin/v1 (token: ${join(dataDir, 'secrets.json')}; try canto hosts list --data-dir ${dataDir})`);
     expect(statSync(join(dataDir, 'secrets.json')).mode & 0o777).toBe(0o600);
 
     // The web console, served from the build's copy of console/.
