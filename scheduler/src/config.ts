@@ -158,6 +158,11 @@ export interface SchedulerConfig {
    * (small 1, default 2, large 4) awake or hibernated; placement and fork need free ones. Default 2048.
    */
   readonly hostSlots: number;
+  /**
+   * `CANTO_ORG_DESKTOP_QUOTA`: desktops an org may hold (not destroyed, forks asked for included);
+   * a create or fork past it is refused with 409. `0`: no quota. Default 1000.
+   */
+  readonly orgDesktopQuota: number;
   /** `CANTO_DEFAULT_IMAGE`: image_version of desktops created without one. Default `debian-12`. */
   readonly defaultImageVersion: string;
   /** `CANTO_WEBHOOK_*`: webhook delivery settings. */
@@ -256,6 +261,7 @@ export function loadSchedulerConfig(env: Env): SchedulerConfig {
       desktopExpectedMb: int(env, 'CANTO_DESKTOP_EXPECTED_MB', 256, 1),
     }),
     hostSlots: int(env, 'CANTO_HOST_SLOTS', 2048, 1),
+    orgDesktopQuota: int(env, 'CANTO_ORG_DESKTOP_QUOTA', 1000, 0),
     defaultImageVersion: env.CANTO_DEFAULT_IMAGE || 'debian-12',
     webhooks: loadWebhookSettings(env),
     ingress: loadIngressSettings(env),

@@ -90,6 +90,8 @@ export const errors = {
   orgExists: () => new ApiError(409, 'an org with this name exists'),
   hostHoldsDesktops: (count: number) =>
     new ApiError(409, `the host holds ${count} desktop(s); move them off (drain the host) before removing it`),
+  desktopQuota: (quota: number) =>
+    new ApiError(409, `the org's desktop quota (${quota}) would be exceeded: destroy desktops it no longer needs first`),
   hostUpNotLost: () =>
     new ApiError(409, "the host's agent is connected: a host that is up is not lost; drain it to keep its desktops, or stop its agent first"),
   hostStillLinked: () =>

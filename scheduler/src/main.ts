@@ -87,7 +87,7 @@ export async function startScheduler(config: SchedulerConfig, logger?: Logger, m
     replicaId: config.replicaId,
     replicas: () => registry?.addresses() ?? [],
   });
-  const lifecycle = new LifecycleService(sql, config.hostSlots);
+  const lifecycle = new LifecycleService(sql, config.hostSlots, config.orgDesktopQuota);
   const waiter = new OperationWaiter(sql, config.waitPollMs);
   await waiter.start();
   const authCaches = { keys: new NotifiedCache<string>(LOOKUP_CACHE), orgs: new NotifiedCache<string>(LOOKUP_CACHE) };
@@ -158,7 +158,7 @@ export async function startScheduler(config: SchedulerConfig, logger?: Logger, m
   const app = await buildApp({
     logger: log,
     authenticate: createAuthenticator(sql, config.jwt ? createJwtVerifier(config.jwt) : null, authCaches, (key) => keys.used(key)),
-    desktops: new DesktopService({ sql, secrets, defaultImageVersion: config.defaultImageVersion }),
+    desktops: new DesktopService({ sql, secrets, defaultImageVersion: config.defaultImageVersion, orgDesktopQuota: config.orgDesktopQuota }),
     lifecycle,
     waiter,
     usage: new UsageService(sql),

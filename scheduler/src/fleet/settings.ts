@@ -29,6 +29,7 @@ export function sharedSettings(config: SchedulerConfig): Record<string, string |
     host_down_ms: config.hostDownMs,
     host_failure_grace_ms: config.hostFailureGraceMs,
     host_slots: config.hostSlots,
+    org_desktop_quota: config.orgDesktopQuota,
     cpu_overcommit: config.placement.cpuOvercommit,
     memory_overcommit: config.placement.memoryOvercommit,
     memory_reserve_percent: config.placement.memoryReservePercent,

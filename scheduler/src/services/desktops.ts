@@ -21,6 +21,8 @@ export interface DesktopServiceDeps {
   sql: Sql;
   secrets: SecretBox;
   defaultImageVersion: string;
+  /** Desktops an org may hold (CANTO_ORG_DESKTOP_QUOTA); 0: no quota. */
+  orgDesktopQuota: number;
 }
 
 export class DesktopService {
@@ -55,6 +57,9 @@ export class DesktopService {
         // A concurrent request with the same key won; roll this desktop back and return theirs.
         throw new KeyTaken();
       }
+      // Counted with the new row, after the key: a repeat that lost the race answers the winner.
+      const quota = this.deps.orgDesktopQuota;
+      if (quota > 0 && (await store.heldByOrgLocked(tx, orgId)) > quota) throw errors.desktopQuota(quota);
       // Delivered at commit: the leader's engine places the desktop now, not at its next poll.
       await notifyNewWork(tx, row.id);
       return row;

@@ -23,7 +23,7 @@ import { newId } from '../../../shared/src/ids.js';
 import { TIER_SPECS } from '../../../shared/src/tiers.js';
 import { inTransaction, type Sql } from '../store/db.js';
 import { slotsUsed } from '../store/hosts.js';
-import { lockDesktop, transition } from '../store/desktops.js';
+import { heldByOrgLocked, lockDesktop, transition } from '../store/desktops.js';
 import { openOperation, insertOperation, operationByKey, getOperation } from '../store/operations.js';
 import type { DesktopRow, DesktopState, OperationRow } from '../store/rows.js';
 import { hasSlots } from '../placement/feasible.js';
@@ -60,6 +60,8 @@ export class LifecycleService {
     private readonly sql: Sql,
     /** Storage slots per host (CANTO_HOST_SLOTS); a fork needs its forks' slots free. */
     private readonly hostSlots = Number.POSITIVE_INFINITY,
+    /** Desktops an org may hold (CANTO_ORG_DESKTOP_QUOTA); 0: no quota. */
+    private readonly orgDesktopQuota = 0,
   ) {}
 
   /** Records a fork operation; throws 404/409 `ApiError`s. No capacity yields a failed op. */
@@ -67,6 +69,7 @@ export class LifecycleService {
     return this.locked(orgId, desktopId, req.idempotencyKey, async (tx, source, open) => {
       if (source.state !== 'hibernated' || source.host_id === null) throw errors.wrongState('fork', source.state);
       if (open) throw errors.operationInFlight('fork', open);
+      if (this.orgDesktopQuota > 0 && (await heldByOrgLocked(tx, orgId)) + req.count > this.orgDesktopQuota) throw errors.desktopQuota(this.orgDesktopQuota);
       const base = { orgId, desktopId, kind: 'fork' as const, idempotencyKey: req.idempotencyKey, fromState: source.state };
       const used = (await slotsUsed(tx, source.host_id)).get(source.host_id) ?? 0;
       if (!hasSlots({ slots: this.hostSlots, slotsUsed: used }, source.tier, req.count)) {

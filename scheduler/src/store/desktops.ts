@@ -261,3 +261,20 @@ export async function provisioningDesktops(sql: Sql, perTier: number): Promise<D
     ) d
     ORDER BY d.created_at`;
 }
+
+/**
+ * The desktops the org holds and has asked for, counted under its row lock so that two creates or
+ * forks at once cannot both pass a quota: every one not destroyed, and the forks that open fork
+ * operations will add (their rows come when the fork runs; one that has begun may count twice,
+ * which errs on the side of the quota).
+ */
+export async function heldByOrgLocked(tx: Sql, orgId: string): Promise<number> {
+  // NO KEY UPDATE: it serializes the counts without conflicting with the KEY SHARE lock that a
+  // desktop's insert takes on its org (FOR UPDATE would, and two creates would deadlock).
+  await tx`SELECT 1 FROM orgs WHERE id = ${orgId} FOR NO KEY UPDATE`;
+  const [row] = await tx<Array<{ n: number }>>`
+    SELECT (SELECT count(*) FROM desktops WHERE org_id = ${orgId} AND state <> 'destroyed')::int
+         + (SELECT coalesce(sum((params->>'count')::int), 0) FROM operations WHERE org_id = ${orgId} AND kind = 'fork' AND state IN ('pending', 'running'))::int AS n`;
+  return row!.n;
+}
+

@@ -45,7 +45,9 @@ export interface NewEndpoint {
  */
 export async function insertEndpoint(sql: Sql, e: NewEndpoint, cap: number): Promise<WebhookEndpointRow | null> {
   return inTransaction(sql, async (tx) => {
-    await tx`SELECT 1 FROM orgs WHERE id = ${e.orgId} FOR UPDATE`;
+    // The same lock the desktop quota takes (store/desktops.ts heldByOrgLocked), which a desktop
+    // insert's foreign-key lock on the org row does not conflict with.
+    await tx`SELECT 1 FROM orgs WHERE id = ${e.orgId} FOR NO KEY UPDATE`;
     const [count] = await tx<Array<{ n: number }>>`SELECT count(*)::int AS n FROM webhook_endpoints WHERE org_id = ${e.orgId}`;
     if ((count?.n ?? 0) >= cap) return null;
     const id = newId('webhook');

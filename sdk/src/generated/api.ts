@@ -16,7 +16,10 @@ export interface paths {
         /** List desktops */
         get: operations["listDesktops"];
         put?: never;
-        /** Create a desktop */
+        /**
+         * Create a desktop
+         * @description 409 when the org's desktop quota would be exceeded (desktops not destroyed, and forks asked for, count).
+         */
         post: operations["createDesktop"];
         delete?: never;
         options?: never;
@@ -167,7 +170,7 @@ export interface paths {
         put?: never;
         /**
          * Fork a hibernated desktop into independent copies
-         * @description Each fork is an independent copy of the source's disk and memory snapshot, placed on the source's host and left hibernated. Forks inherit tier, billing mode, image and idle timeout; ephemeral forks get a 900 s idle timeout and are destroyed at it. On success the operation's result is {desktop_ids}. Without free storage slots on the host the operation fails with code no_capacity (413 with ?wait=true).
+         * @description Each fork is an independent copy of the source's disk and memory snapshot, placed on the source's host and left hibernated. Forks inherit tier, billing mode, image and idle timeout; ephemeral forks get a 900 s idle timeout and are destroyed at it. On success the operation's result is {desktop_ids}. Without free storage slots on the host the operation fails with code no_capacity (413 with ?wait=true). 409 when the forks would exceed the org's desktop quota.
          */
         post: operations["forkDesktop"];
         delete?: never;
@@ -928,6 +931,15 @@ export interface operations {
             };
             /** @description RFC 9457 problem details */
             401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description RFC 9457 problem details */
+            409: {
                 headers: {
                     [name: string]: unknown;
                 };

@@ -43,9 +43,10 @@ export function registerDesktopRoutes(app: App, deps: AppDeps): void {
     {
       schema: {
         summary: 'Create a desktop',
+        description: "409 when the org's desktop quota would be exceeded (desktops not destroyed, and forks asked for, count).",
         headers: IdempotencyHeaders,
         body: CreateDesktopBody,
-        response: { 200: Type.Ref(DesktopJson), 201: Type.Ref(DesktopJson), ...errorResponses(400, 413) },
+        response: { 200: Type.Ref(DesktopJson), 201: Type.Ref(DesktopJson), ...errorResponses(400, 409, 413) },
       },
     },
     async (request, reply) => {

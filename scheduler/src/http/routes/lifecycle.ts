@@ -58,7 +58,7 @@ export function registerLifecycleRoutes(app: App, deps: AppDeps): void {
           'Each fork is an independent copy of the source\'s disk and memory snapshot, placed on the source\'s host and left ' +
           'hibernated. Forks inherit tier, billing mode, image and idle timeout; ephemeral forks get a 900 s idle timeout and ' +
           'are destroyed at it. On success the operation\'s result is {desktop_ids}. Without free storage slots on the host ' +
-          'the operation fails with code no_capacity (413 with ?wait=true).',
+          'the operation fails with code no_capacity (413 with ?wait=true). 409 when the forks would exceed the org\'s desktop quota.',
         params: DesktopIdParams,
         querystring: WaitQuery,
         headers: IdempotencyHeaders,
