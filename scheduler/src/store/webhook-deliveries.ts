@@ -27,6 +27,8 @@ export interface OutboxEvent {
 export interface ClaimedDelivery {
   id: string;
   endpoint_id: string;
+  /** The endpoint's org: the dispatcher shares its attempts out among orgs. */
+  org_id: string;
   event_type: string;
   body: string;
   attempts: number;
@@ -72,12 +74,15 @@ export async function fanOutEvents(sql: Sql, limit: number, render: (event: Outb
   });
 }
 
-/** Claims up to `limit` due deliveries for `leaseMs`, each the oldest pending one of its (endpoint, desktop). */
-export async function claimDueDeliveries(sql: Sql, limit: number, leaseMs: number): Promise<ClaimedDelivery[]> {
+/**
+ * Claims up to `limit` due deliveries for `leaseMs`, each the oldest pending one of its (endpoint,
+ * desktop), none of an org in `skipOrgs` (those at their share of the attempts in flight).
+ */
+export async function claimDueDeliveries(sql: Sql, limit: number, leaseMs: number, skipOrgs: readonly string[] = []): Promise<ClaimedDelivery[]> {
   return sql<ClaimedDelivery[]>`
     WITH due AS (
-      SELECT d.id FROM webhook_deliveries d
-      WHERE d.state = 'pending' AND d.next_attempt_at <= now()
+      SELECT d.id FROM webhook_deliveries d JOIN webhook_endpoints e ON e.id = d.endpoint_id
+      WHERE d.state = 'pending' AND d.next_attempt_at <= now() AND e.org_id <> ALL(${skipOrgs as string[]}::text[])
         AND NOT EXISTS (
           SELECT 1 FROM webhook_deliveries p
           WHERE p.endpoint_id = d.endpoint_id AND p.desktop_id = d.desktop_id AND p.state = 'pending' AND p.seq < d.seq)
@@ -88,7 +93,7 @@ export async function claimDueDeliveries(sql: Sql, limit: number, leaseMs: numbe
       FROM due WHERE w.id = due.id
       RETURNING w.id, w.endpoint_id, w.event_type, w.body, w.attempts, w.seq
     )
-    SELECT c.id, c.endpoint_id, c.event_type, c.body, c.attempts, e.url, e.secret_sealed
+    SELECT c.id, c.endpoint_id, e.org_id, c.event_type, c.body, c.attempts, e.url, e.secret_sealed
     FROM claimed c JOIN webhook_endpoints e ON e.id = c.endpoint_id
     ORDER BY c.seq`;
 }
@@ -111,6 +116,11 @@ export async function recordAttempt(sql: Sql, id: string, attemptsBefore: number
   return rows.length === 1;
 }
 
+/** Gives claimed deliveries back, due at once, before their lease would have. */
+export async function releaseClaims(sql: Sql, ids: readonly string[]): Promise<void> {
+  if (ids.length > 0) await sql`UPDATE webhook_deliveries SET next_attempt_at = now() WHERE id = ANY(${ids as string[]}::text[]) AND state = 'pending'`;
+}
+
 /** Calls `onEvent` whenever events are added to the outbox; returns the unsubscribe. */
 export async function listenForOutbox(sql: Sql, onEvent: () => void): Promise<() => Promise<void>> {
   const sub = await sql.listen(OUTBOX_CHANNEL, onEvent);
@@ -121,7 +131,8 @@ export async function listenForOutbox(sql: Sql, onEvent: () => void): Promise<()
 export function deliveryQueue(sql: Sql) {
   return {
     fanOut: (limit: number, render: (event: OutboxEvent) => string) => fanOutEvents(sql, limit, render),
-    claim: (limit: number, leaseMs: number) => claimDueDeliveries(sql, limit, leaseMs),
+    claim: (limit: number, leaseMs: number, skipOrgs: readonly string[]) => claimDueDeliveries(sql, limit, leaseMs, skipOrgs),
+    release: (ids: readonly string[]) => releaseClaims(sql, ids),
     record: (id: string, attemptsBefore: number, outcome: AttemptRecord) => recordAttempt(sql, id, attemptsBefore, outcome),
     listen: (onEvent: () => void) => listenForOutbox(sql, onEvent),
   };

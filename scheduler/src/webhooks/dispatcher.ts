@@ -1,7 +1,9 @@
 /**
  * The webhook dispatcher: runs on the leader only, switched on and off with leadership. Each
  * round it turns new outbox events into deliveries (one per subscribed endpoint), claims the
- * deliveries that are due, and makes one attempt at each, at most `concurrency` at a time. It
+ * deliveries that are due, and makes one attempt at each, at most `concurrency` at a time, and at
+ * most a quarter of them (rounded up) for one org: an org whose receivers hang until the timeout
+ * then delays only its own deliveries, not every other org's. It
  * wakes when an event commits (the outbox trigger's notification), when an attempt finishes,
  * and every `pollMs` for retries that have come due.
  *
@@ -22,7 +24,10 @@ import { endpointSecretContext, signatureHeader } from './signature.js';
 /** The delivery log as the dispatcher uses it (store/webhook-deliveries.ts over PostgreSQL). */
 export interface DeliveryQueue {
   fanOut(limit: number, render: (event: OutboxEvent) => string): Promise<number>;
-  claim(limit: number, leaseMs: number): Promise<ClaimedDelivery[]>;
+  /** Due deliveries, claimed for `leaseMs`, none of the orgs in `skipOrgs`. */
+  claim(limit: number, leaseMs: number, skipOrgs: readonly string[]): Promise<ClaimedDelivery[]>;
+  /** Claimed deliveries not attempted after all, due again at once. */
+  release(ids: readonly string[]): Promise<void>;
   record(id: string, attemptsBefore: number, outcome: AttemptRecord): Promise<boolean>;
   /** Subscribes to new outbox events; returns the unsubscribe. */
   listen(onEvent: () => void): Promise<() => Promise<void>>;
@@ -55,6 +60,9 @@ export class WebhookDispatcher {
   private unlisten: (() => Promise<void>) | null = null;
   private aborter = new AbortController();
   private readonly inFlight = new Map<string, Promise<void>>();
+  /** Attempts in flight per org: one org's slow or dead receivers may hold only `perOrg` of them. */
+  private readonly inFlightByOrg = new Map<string, number>();
+  private readonly perOrg: number;
   private readonly log: Logger;
   /** Long enough that a live attempt always ends (it is bounded by the timeout) before its claim does. */
   private readonly leaseMs: number;
@@ -62,6 +70,7 @@ export class WebhookDispatcher {
   constructor(private readonly deps: DispatcherDeps) {
     this.log = deps.logger.child({ component: 'webhooks' });
     this.leaseMs = deps.settings.timeoutMs + Math.max(1_000, Math.floor(deps.settings.timeoutMs / 2));
+    this.perOrg = Math.max(1, Math.ceil(deps.settings.concurrency / 4));
   }
 
   async start(): Promise<void> {
@@ -106,7 +115,14 @@ export class WebhookDispatcher {
       while (this.running && (await this.deps.queue.fanOut(FAN_OUT_BATCH, renderEventBody)) === FAN_OUT_BATCH);
       const free = this.deps.settings.concurrency - this.inFlight.size;
       if (this.running && free > 0) {
-        for (const delivery of await this.deps.queue.claim(free, this.leaseMs)) this.launch(delivery);
+        const full = [...this.inFlightByOrg].filter(([, n]) => n >= this.perOrg).map(([org]) => org);
+        const over: string[] = [];
+        for (const delivery of await this.deps.queue.claim(free, this.leaseMs, full)) {
+          if ((this.inFlightByOrg.get(delivery.org_id) ?? 0) < this.perOrg) this.launch(delivery);
+          else over.push(delivery.id);
+        }
+        // Beyond their org's share in this claim: due again at once, for the next round.
+        await this.deps.queue.release(over);
       }
     } catch (err) {
       this.log.error({ err }, 'webhook dispatch round failed');
@@ -119,10 +135,15 @@ export class WebhookDispatcher {
   private launch(delivery: ClaimedDelivery): void {
     // A claim that returns after `stop` is left to its lease, like an aborted attempt.
     if (!this.running || this.inFlight.has(delivery.id)) return;
+    const org = delivery.org_id;
+    this.inFlightByOrg.set(org, (this.inFlightByOrg.get(org) ?? 0) + 1);
     const task = this.attempt(delivery)
       .catch((err: unknown) => this.log.error({ err, deliveryId: delivery.id }, 'webhook attempt could not be recorded'))
       .finally(() => {
         this.inFlight.delete(delivery.id);
+        const left = (this.inFlightByOrg.get(org) ?? 1) - 1;
+        if (left > 0) this.inFlightByOrg.set(org, left);
+        else this.inFlightByOrg.delete(org);
         this.kick();
       });
     this.inFlight.set(delivery.id, task);
