@@ -57,6 +57,13 @@ describe('the ingress, through a stand-in port gateway', () => {
     expect(viaHeader.json.headers).not.toHaveProperty('x-svc-token');
     expect(viaHeader.json.headers.authorization).toBe('Basic dXNlcjpwdw==');
     expect(JSON.stringify(viaHeader.json)).not.toContain(token!);
+
+    // A browser's request for an asset of a page opened with the token names that page in Referer.
+    const page = `${url}/page?x=1&svc_token=${encodeURIComponent(token!)}`;
+    const asset = await through(url, `/app.js?svc_token=${encodeURIComponent(token!)}`, { headers: { referer: page } });
+    expect(asset.status, asset.text).toBe(200);
+    expect(asset.json.headers.referer).toBe(`${url}/page?x=1`);
+    expect(JSON.stringify(asset.json)).not.toContain(token!);
   });
 
   it('answers 401 without the token, with a wrong one, and with the token of another exposure', async () => {

@@ -5,7 +5,7 @@
  * as a link may deliver it.
  */
 import { describe, expect, it } from 'vitest';
-import { ResponseReader, type ResponseHead } from '../../scheduler/src/ingress/response-reader.js';
+import { hostOnlyCookie, ResponseReader, type ResponseHead } from '../../scheduler/src/ingress/response-reader.js';
 
 interface Read {
   head: ResponseHead | null;
@@ -24,6 +24,18 @@ function read(answer: string, opts: { head?: boolean; bytewise?: boolean } = {})
   }
   return out;
 }
+
+describe('cookies the ingress relays', () => {
+  it('lose their Domain, so that they stay with the exposure that set them', () => {
+    expect(hostOnlyCookie('s=1; Path=/; Domain=ports.example; HttpOnly')).toBe('s=1; Path=/; HttpOnly');
+    expect(hostOnlyCookie('s=1;domain=.ports.example;Secure; DOMAIN=x')).toBe('s=1;Secure');
+    // Only the attribute: a value or another attribute that says "domain" stays.
+    expect(hostOnlyCookie('domain=example; Path=/domain')).toBe('domain=example; Path=/domain');
+    expect(hostOnlyCookie('s=1; Path=/')).toBe('s=1; Path=/');
+    const r = read('HTTP/1.1 200 OK\r\nContent-Length: 0\r\nSet-Cookie: a=1; Domain=ports.example; Path=/\r\n\r\n');
+    expect(r.head?.headers).toEqual(['Content-Length', '0', 'Set-Cookie', 'a=1; Path=/']);
+  });
+});
 
 describe.each([false, true])('reading an answer (one byte at a time: %s)', (bytewise) => {
   it('reads a Content-Length body, keeps the link, and hands on everything but hop-by-hop headers', () => {

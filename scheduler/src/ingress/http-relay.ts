@@ -39,10 +39,12 @@ export function hasBody(req: IncomingMessage): boolean {
 export function requestHead(req: IncomingMessage): string {
   let head = `${req.method} ${req.url} HTTP/1.1\r\n`;
   const raw = req.rawHeaders;
-  for (let i = 0; i < raw.length; i += 2) {
-    if (!NOT_SENT.has(raw[i]!.toLowerCase())) head += `${raw[i]}: ${raw[i + 1]}\r\n`;
-  }
   const h = req.headers;
+  for (let i = 0; i < raw.length; i += 2) {
+    const name = raw[i]!.toLowerCase();
+    // Referer as stripToken left it: without the token of the page it names.
+    if (!NOT_SENT.has(name)) head += `${raw[i]}: ${name === 'referer' ? (h.referer ?? raw[i + 1]) : raw[i + 1]}\r\n`;
+  }
   const host = h.host;
   const port = (host === undefined ? null : /:(\d+)$/.exec(host)?.[1]) ?? '80';
   head += `x-forwarded-for: ${appended(h['x-forwarded-for'], req.socket.remoteAddress ?? '')}\r\n`;

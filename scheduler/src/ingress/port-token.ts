@@ -1,7 +1,7 @@
 /**
  * The ingress's own credential (docs/api.md §4.7): a private exposure's token arrives as query parameter
- * `svc_token` or header `X-Svc-Token`, and neither is forwarded, so the guest app never sees it
- * and `Authorization` stays the app's to use.
+ * `svc_token` or header `X-Svc-Token`, and neither is forwarded (nor the parameter inside
+ * `Referer`), so the guest app never sees it and `Authorization` stays the app's to use.
  */
 import type { IncomingMessage } from 'node:http';
 import { hashToken, safeEqualHex } from '../crypto/secret-box.js';
@@ -26,10 +26,16 @@ export function tokenMatches(token: string | null, tokenHash: string | null): bo
   return safeEqualHex(hashToken(token), tokenHash);
 }
 
-/** Removes the ingress credential from the request before it is forwarded. */
+/**
+ * Removes the ingress credential from the request before it is forwarded: the header, the query
+ * parameter, and the parameter in `Referer`, where a browser repeats the URL of the page that
+ * was opened with the token (an asset request that carries its own).
+ */
 export function stripToken(req: IncomingMessage): void {
   delete req.headers[TOKEN_HEADER];
   req.url = withoutTokenParam(req.url ?? '/');
+  const referer = req.headers.referer;
+  if (typeof referer === 'string' && referer.includes(TOKEN_QUERY_PARAM)) req.headers.referer = withoutTokenParam(referer);
 }
 
 /**

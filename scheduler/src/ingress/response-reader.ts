@@ -8,10 +8,22 @@
  * (or 1.0 with `keep-alive`), a delimited body, and nothing after the answer.
  *
  * Hop-by-hop headers of the answer (`Connection`, `Keep-Alive`, `Transfer-Encoding`,
- * `Proxy-Connection`) are not handed on; everything else is, in order, duplicates kept. Anything
+ * `Proxy-Connection`) are not handed on; everything else is, in order, duplicates kept, cookies
+ * without a `Domain` (hostOnlyCookie). Anything
  * that is not HTTP throws, and the ingress answers 502 (or cuts the client off, once the answer
  * has begun).
  */
+
+/**
+ * A cookie without its `Domain` attributes, so the browser keeps it for the exposure's own host.
+ * Every exposure is a name under one ingress domain: a cookie an app scoped to that domain would
+ * reach every other tenant's exposures (and theirs would reach it).
+ */
+export function hostOnlyCookie(value: string): string {
+  if (!/domain/i.test(value)) return value;
+  const [pair, ...attributes] = value.split(';');
+  return [pair, ...attributes.filter((a) => a.split('=', 1)[0]!.trim().toLowerCase() !== 'domain')].join(';');
+}
 
 /** A head larger than this is not an answer the ingress relays. */
 const MAX_HEAD_BYTES = 64 * 1024;
@@ -182,7 +194,7 @@ export class ResponseReader {
         }
         continue;
       }
-      headers.push(name, value);
+      headers.push(name, lower === 'set-cookie' ? hostOnlyCookie(value) : value);
     }
     if (this.headRequest || code === 204 || code === 304) {
       this.state = 'complete';
