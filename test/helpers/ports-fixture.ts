@@ -5,7 +5,7 @@
  * ingress (HTTP and WebSocket) the tests make.
  */
 import { createHash } from 'node:crypto';
-import { createServer as createHttpServer, request, type Server } from 'node:http';
+import { createServer as createHttpServer, request, type IncomingMessage, type Server } from 'node:http';
 import { connect, createServer as createTcpServer, type AddressInfo, type Server as TcpServer, type Socket } from 'node:net';
 import { Readable } from 'node:stream';
 import { afterAll, beforeAll, expect } from 'vitest';
@@ -143,9 +143,10 @@ export function wsUrl(url: string, path: string): { address: string; host: strin
   return { address: `ws://${host}:${port}${path}`, host: new URL(url).host };
 }
 
-export async function openWs(url: string, path: string): Promise<WebSocket> {
+export async function openWs(url: string, path: string, onUpgrade?: (res: IncomingMessage) => void): Promise<WebSocket> {
   const { address, host } = wsUrl(url, path);
   const ws = new WebSocket(address, { headers: { host } });
+  if (onUpgrade) ws.once('upgrade', onUpgrade);
   await new Promise((resolve, reject) => ws.once('open', resolve).once('error', reject).once('unexpected-response', (_req, res) => reject(new Error(`upgrade answered ${res.statusCode}`))));
   return ws;
 }
@@ -198,11 +199,16 @@ export async function startGuestApp(): Promise<GuestApp> {
       return;
     }
     req.resume();
+    // An app that scopes a cookie to the whole ingress domain (which the ingress must not let through).
+    if (req.url?.includes('cookie')) res.setHeader('set-cookie', ['s=1; Domain=apps.test; Path=/', 'plain=2']);
     res.writeHead(200, { 'content-type': 'application/json' });
     res.end(JSON.stringify({ method: req.method, url: req.url, headers: req.headers }));
   });
   const wss = new WebSocketServer({ server, maxPayload: 16 * MiB });
   wss.on('connection', (ws) => ws.on('message', (data, isBinary) => ws.send(data, { binary: isBinary })));
+  wss.on('headers', (headers, req) => {
+    if (req.url?.includes('cookie')) headers.push('Set-Cookie: w=1; Domain=apps.test; Path=/');
+  });
   await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve));
   const spare = createTcpServer();
   await new Promise<void>((resolve) => spare.listen(0, '127.0.0.1', resolve));

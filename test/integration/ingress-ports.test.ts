@@ -64,6 +64,22 @@ describe('the ingress, through a stand-in port gateway', () => {
     expect(asset.status, asset.text).toBe(200);
     expect(asset.json.headers.referer).toBe(`${url}/page?x=1`);
     expect(JSON.stringify(asset.json)).not.toContain(token!);
+    // The parameter's name encoded is the same parameter.
+    const encoded = await through(url, `/app.js?svc%5Ftoken=${encodeURIComponent(token!)}`, { headers: { referer: `${url}/p?svc%5Ftoken=${encodeURIComponent(token!)}` } });
+    expect(encoded.status, encoded.text).toBe(200);
+    expect(encoded.json.headers.referer).toBe(`${url}/p`);
+  });
+
+  it("keeps an app's cookies on its exposure: a Domain it sets is dropped, over HTTP and on an upgrade", async () => {
+    const id = await standInDesktop();
+    const { url } = await expose(alice, id, app.port, true);
+    const res = await through(url, '/set?cookie=1');
+    expect(res.status, res.text).toBe(200);
+    expect(res.headers.get('set-cookie')).toBe('s=1; Path=/, plain=2');
+    let upgraded: string[] | undefined;
+    const ws = await openWs(url, '/ws?cookie=1', (answer) => (upgraded = answer.headers['set-cookie']));
+    ws.close();
+    expect(upgraded).toEqual(['w=1; Path=/']);
   });
 
   it('answers 401 without the token, with a wrong one, and with the token of another exposure', async () => {

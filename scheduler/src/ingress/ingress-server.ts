@@ -19,7 +19,7 @@
  * it works on every replica, not only on the leader that holds the agent links.
  */
 import { setTimeout as delay } from 'node:timers/promises';
-import { createServer, STATUS_CODES, type IncomingMessage, type Server, type ServerResponse } from 'node:http';
+import { createServer, STATUS_CODES, type ClientRequest, type IncomingMessage, type Server, type ServerResponse } from 'node:http';
 import type { Socket } from 'node:net';
 import type { Duplex } from 'node:stream';
 import { ProxyServer } from 'http-proxy-3';
@@ -32,6 +32,7 @@ import { parseExposureHost } from '../services/exposure-host.js';
 import { dialPortLink, PortLinkAgent, PortLinkError } from './port-link-client.js';
 import { LinkPool } from './link-pool.js';
 import { hasBody, relay, requestHead } from './http-relay.js';
+import { hostOnlyCookie } from './response-reader.js';
 import { presentedToken, stripToken, tokenMatches } from './port-token.js';
 import { keyOf, RouteCache } from './route-cache.js';
 import { answerClientError, answerUnroutable, MISSING_HOST } from '../http/client-errors.js';
@@ -89,6 +90,16 @@ export class PortIngress {
     this.unsubscribe = deps.ports.onChange((desktopId, port) => this.exposureChanged(desktopId, port));
     // Errors are handled per call; this only keeps a stray one from being thrown.
     this.proxy.on('error', (err) => this.log.debug({ err }, 'proxy error'));
+    // An upgrade's answer (101 or not) keeps its cookies on the exposure too: these listeners
+    // run before the library's own, which writes the headers to the client.
+    this.proxy.on('proxyReqWs', (proxyReq: ClientRequest) => {
+      const hostOnly = (res: IncomingMessage) => {
+        const cookies = res.headers['set-cookie'];
+        if (cookies) res.headers['set-cookie'] = cookies.map(hostOnlyCookie);
+      };
+      proxyReq.prependListener('upgrade', hostOnly);
+      proxyReq.prependListener('response', hostOnly);
+    });
   }
 
   static async start(deps: IngressDeps): Promise<PortIngress> {

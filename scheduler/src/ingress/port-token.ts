@@ -35,7 +35,7 @@ export function stripToken(req: IncomingMessage): void {
   delete req.headers[TOKEN_HEADER];
   req.url = withoutTokenParam(req.url ?? '/');
   const referer = req.headers.referer;
-  if (typeof referer === 'string' && referer.includes(TOKEN_QUERY_PARAM)) req.headers.referer = withoutTokenParam(referer);
+  if (typeof referer === 'string') req.headers.referer = withoutTokenParam(referer);
 }
 
 /**
