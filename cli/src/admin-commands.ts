@@ -80,7 +80,8 @@ export function registerAdminCommands(program: Command, env: NodeJS.ProcessEnv):
   });
   adminCommand<[string]>(hosts, 'show', 'one host in detail; with --wait, follow its drain until it ends (asks for nothing)', async (admin, opts, id) => {
     const host = unwrap(await admin.api.GET('/admin/v1/hosts/{host_id}', { params: { path: { host_id: id } } }));
-    if (opts.wait && host.drain?.state === 'draining') return followDrain(admin, opts, host.id);
+    // A drain that has ended is told and exits as drain --wait would (0 drained, 1 otherwise).
+    if (opts.wait) return followDrain(admin, opts, host.id);
     if (opts.json) return json(host);
     out(describeHost(host));
   })

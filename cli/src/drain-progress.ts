@@ -23,13 +23,17 @@ export async function readThrough<T>(read: () => Promise<T>, note: (line: string
     try {
       return await read();
     } catch (err) {
-      const transient = err instanceof CantoConnectionError || (err instanceof CantoProblem && err.status >= 500);
-      if (!transient || Date.now() > deadline) throw err;
+      if (!transient(err) || Date.now() > deadline) throw err;
       if (!told) note(`the admin API did not answer (${err.message}); asking again for up to ${Math.round(patienceMs / 1000)} s: the ${what} goes on meanwhile`);
       told = true;
       await new Promise((resolve) => setTimeout(resolve, pauseMs));
     }
   }
+}
+
+/** A refused connection or a 5xx answer: what a failover behind a load balancer looks like. */
+function transient(err: unknown): err is CantoConnectionError | CantoProblem {
+  return err instanceof CantoConnectionError || (err instanceof CantoProblem && err.status >= 500);
 }
 
 const mib = (bytes: number) => `${(bytes / 1024 / 1024).toFixed(1)} MiB`;
@@ -160,6 +164,8 @@ export async function watchDrain(admin: CantoAdmin, hostId: string, progress: No
   try {
     for (;;) {
       const host = await readThrough(async () => unwrap(await admin.api.GET('/admin/v1/hosts/{host_id}', { params: { path: { host_id: hostId } } })), note, 'drain').catch((err: unknown) => {
+        // Only an API out of reach leaves the drain going on unseen; a 404 or 401 is an answer.
+        if (!transient(err)) throw err;
         throw new WatchLost(`stopped watching: ${err instanceof Error ? err.message : String(err)}; the drain goes on (${again})`);
       });
       since ??= watchStart(host);

@@ -92,6 +92,8 @@ export const errors = {
     new ApiError(409, `the host holds ${count} desktop(s); move them off (drain the host) before removing it`),
   desktopQuota: (quota: number) =>
     new ApiError(409, `the org's desktop quota (${quota}) would be exceeded: destroy desktops it no longer needs first`),
+  hostKeyInUse: () =>
+    new ApiError(409, "the host is up: its agent holds its key; stop the agent first (a key is reset only for an agent that lost it)"),
   hostUpNotLost: () =>
     new ApiError(409, "the host's agent is connected: a host that is up is not lost; drain it to keep its desktops, or stop its agent first"),
   hostStillLinked: () =>

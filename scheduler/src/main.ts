@@ -179,7 +179,7 @@ export async function startScheduler(config: SchedulerConfig, logger?: Logger, m
   const fleetNumbers = { linked: (id: string) => agents.isConnected(id), placement: config.placement, hostSlots: config.hostSlots };
   const speaks = (id: string, major: number, minor: number) => agents.speaks(id, major, minor);
   await registerAdminApi(app, {
-    service: new AdminService({ sql, keys, lifecycle, ...fleetNumbers }),
+    service: new AdminService({ sql, keys, lifecycle, hostDownMs: config.hostDownMs, ...fleetNumbers }),
     moves: new MoveService({ sql, ...fleetNumbers, speaks }),
     desktops: new AdminDesktops(sql),
     token: config.adminToken,

@@ -129,6 +129,10 @@ it('follows a drain with hosts show --wait, stops watching on Ctrl-C while the d
   expect(uncordoned.stdout).toBe(`host ${b.hostId} uncordoned: placement may use it again; its drain (draining) ended, moves under way finish\n`);
   expect(await watching.exited).toBe(1);
   expect(watching.out().stdout).toBe(`${b.hostId}: no drain (it ended when the host was uncordoned, or none was asked for)\n`);
+  // Asked to follow a drain that has ended, it says so and exits as drain --wait would.
+  const ended = await canto(['hosts', 'show', b.hostId, '--wait']);
+  expect(ended.code).toBe(1);
+  expect(ended.stdout).toContain(`${b.hostId}: no drain`);
   release();
   await until(async () => (await admin('GET', `/admin/v1/hosts/${a.hostId}`)).json.desktops.total === onA + running, 10_000, 'the moves under way to finish');
   expect((await call('GET', `/v1/desktops/${id}`)).json.state).toBe('hibernated');

@@ -4,8 +4,10 @@
  * with `data.reason: "host_lost"`), an operation that was waiting for the host fails at once with
  * `host_lost` and its desktop is destroyed at the next ask, the agent is refused meanwhile, and
  * the host's record goes once it holds none. An agent of that id coming back afterwards registers
- * afresh and its leftover copies are swept. A host whose key file was lost is let back in by
- * `canto hosts reset-key`.
+ * afresh and its leftover copies are swept. A host heard from within the down limit is not lost
+ * (an agent back but not yet fenced). Any command to a lost host, a move's included, fails at once.
+ * A host whose key file was lost is let back in by `canto hosts reset-key`, which a host whose
+ * agent holds its key refuses.
  */
 import { execFile } from 'node:child_process';
 import { rmSync } from 'node:fs';
@@ -14,6 +16,8 @@ import { promisify } from 'node:util';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { connectDatabase, type Sql } from '../../scheduler/src/store/db.js';
 import { newId } from '../../shared/src/ids.js';
+import { AgentFailure } from '../../shared/src/protocol.js';
+import { command, StepFailure, type StepDeps } from '../../scheduler/src/engine/steps.js';
 import { adminApi, api, mintKey, startTestScheduler, TEST_ADMIN_TOKEN, until, type TestScheduler } from '../helpers/scheduler.js';
 import { startFakeAgent, type TestAgent } from '../helpers/agent.js';
 
@@ -68,15 +72,23 @@ describe('a host that is gone for good', () => {
     expect(woken.status, woken.text).toBe(202);
     const wake = woken.json;
 
+    // An agent that came back and has not fenced yet reads down, but was heard from: not lost.
+    await sql`UPDATE hosts SET last_seen_at = now() WHERE id = ${host.hostId}`;
+    expect((await admin('POST', `/admin/v1/hosts/${host.hostId}/forget`, {})).status).toBe(409);
+    await sql`UPDATE hosts SET last_seen_at = now() - interval '1 minute' WHERE id = ${host.hostId}`;
+
     const first = await admin('POST', `/admin/v1/hosts/${host.hostId}/forget`, {});
     expect(first.status, first.text).toBe(200);
     expect(first.json).toMatchObject({ host_id: host.hostId, removed: false });
     // The wake's desktop waits unless the wake already failed (it fails at once once the host is lost).
     expect(first.json.destroying + first.json.waiting).toBe(3);
     // Its agent is refused while its desktops are written off.
+    const [before] = await sql`SELECT agent_instance_id FROM hosts WHERE id = ${host.hostId}`;
     const back = await startFakeAgent(s.url, { again: { stateDir: host.stateDir, driver: host.driver! }, waitConnected: false });
     agents.push(back);
-    await new Promise((resolve) => setTimeout(resolve, 600));
+    await expect(back.waitConnected(2_000)).rejects.toThrow();
+    expect(back.connected()).toBe(false);
+    expect(await sql`SELECT agent_instance_id FROM hosts WHERE id = ${host.hostId}`).toEqual([before]);
     expect((await admin('GET', `/admin/v1/hosts/${host.hostId}`)).json).toMatchObject({ state: 'down', linked: false });
     await back.stop(true);
 
@@ -106,13 +118,16 @@ describe('a host that is gone for good', () => {
   it('lets a host whose key file was lost back in after reset-key, and no other key before it', async () => {
     const host = await startFakeAgent(s.url, { delayMs: 0 });
     agents.push(host);
+    // Its agent holds the key: nothing to reset.
+    expect((await admin('POST', `/admin/v1/hosts/${host.hostId}/reset-key`, {})).status).toBe(409);
     await host.stop(true);
+    await until(async () => (await admin('GET', `/admin/v1/hosts/${host.hostId}`)).json.state === 'down', 10_000, 'the host to read down');
     // The key file is lost: the agent mints a new one, which the schedulers refuse.
     rmSync(join(host.stateDir, 'host-key'));
     const refused = await startFakeAgent(s.url, { again: { stateDir: host.stateDir, driver: host.driver! }, waitConnected: false });
     agents.push(refused);
-    await new Promise((resolve) => setTimeout(resolve, 600));
-    expect((await admin('GET', `/admin/v1/hosts/${host.hostId}`)).json.linked).toBe(false);
+    await expect(refused.waitConnected(2_000)).rejects.toThrow();
+    expect(refused.connected()).toBe(false);
     await refused.stop(true);
 
     const reset = await canto(['hosts', 'reset-key', host.hostId]);
@@ -122,4 +137,25 @@ describe('a host that is gone for good', () => {
     await until(async () => (await admin('GET', `/admin/v1/hosts/${host.hostId}`)).json.state === 'ready', 10_000, 'the host to be let back in');
     expect((await admin('POST', `/admin/v1/hosts/${newId('host')}/reset-key`, {})).status).toBe(404);
   });
+
+  it('ends any command to a lost host at once (a move to or from it), where another unlinked host is retried', async () => {
+    const lost = newId('host');
+    const away = newId('host');
+    for (const [id, lostAt] of [[lost, sql`now()`], [away, null]] as const) {
+      await sql`
+        INSERT INTO hosts (id, hostname, agent_instance_id, protocol, runtime, memory_snapshots, vcpus, memory_mb, status, last_seen_at, lost_at)
+        VALUES (${id}, 'h', 'i', '1.15', 'sandbox', true, 2, 4096, 'down', now() - interval '1 hour', ${lostAt})`;
+    }
+    const deps = {
+      sql,
+      leading: () => true,
+      fence: { holder: 'test', epoch: 1 },
+      agentCommandTimeoutMs: 1_000,
+      agents: { call: async () => Promise.reject(new AgentFailure('disconnected', 'no link', true)) },
+    } as unknown as StepDeps;
+    const payload = { desktop_id: newId('desktop'), generation: 1, operation_id: 'op_x' };
+    await expect(command(deps, lost, 'desktop.destroy', payload)).rejects.toMatchObject({ constructor: StepFailure, code: 'host_lost' });
+    await expect(command(deps, away, 'desktop.destroy', payload)).rejects.toMatchObject({ constructor: AgentFailure, code: 'disconnected' });
+  });
 });
+

@@ -31,6 +31,8 @@ export interface AdminServiceDeps {
   placement: PlacementPolicy;
   /** Storage slots every host offers (CANTO_HOST_SLOTS). */
   hostSlots: number;
+  /** Silence after which a host reads down (CANTO_HOST_DOWN_MS): a host heard from since is not lost. */
+  hostDownMs: number;
 }
 
 /**
@@ -82,30 +84,39 @@ export class AdminService {
    * goes on from where it stands; a host whose agent is connected is refused (409).
    */
   async forgetHost(id: string): Promise<ForgetHostJson> {
-    const host = await hostById(this.deps.sql, id);
-    if (!host) throw errors.hostNotFound();
-    if (host.lost_at === null && (host.status === 'ready' || this.deps.linked(id))) throw errors.hostUpNotLost();
-    const lost = (await markHostLost(this.deps.sql, id))!;
+    const lost = this.deps.linked(id) ? 'up' : await markHostLost(this.deps.sql, id, this.deps.hostDownMs);
+    if (lost === null) throw errors.hostNotFound();
+    if (lost === 'up') throw errors.hostUpNotLost();
     await cancelDrain(this.deps.sql, id);
     let destroying = 0;
     let waiting = 0;
     for (const d of lost.desktops) {
+      // A destroy already under way is counted; another operation fails at once on a lost host,
+      // and the next call destroys its desktop.
+      if (d.open_kind !== null) {
+        if (d.open_kind === 'destroy') destroying++;
+        else waiting++;
+        continue;
+      }
       try {
-        // One key per host and desktop: asked again, the same destroy answers.
-        const { op } = await this.deps.lifecycle.request(d.org_id, d.id, 'destroy', { expectedGeneration: null, idempotencyKey: `host-lost-${id}`, reason: 'host_lost' });
-        if (op.state === 'pending' || op.state === 'running') destroying++;
+        await this.deps.lifecycle.request(d.org_id, d.id, 'destroy', { expectedGeneration: null, idempotencyKey: null, reason: 'host_lost' });
+        destroying++;
       } catch (err) {
+        // An operation opened meanwhile.
         if (!(err instanceof ApiError) || err.status !== 409) throw err;
         waiting++;
       }
     }
-    const removed = lost.desktops.length === 0 && (await removeHost(this.deps.sql, id, () => this.deps.linked(id))).removed;
-    return { host_id: id, lost_at: lost.lostAt.toISOString(), destroying, waiting, removed };
+    if (lost.desktops.length > 0) return { host_id: id, lost_at: lost.lostAt.toISOString(), destroying, waiting, removed: false };
+    await this.removeHost(id);
+    return { host_id: id, lost_at: lost.lostAt.toISOString(), destroying, waiting, removed: true };
   }
 
   /** Forgets the host's key, so that its agent's next hello registers the key it sends (a lost key file). */
   async resetHostKey(id: string): Promise<AdminHostJson> {
-    if (!(await resetHostKey(this.deps.sql, id))) throw errors.hostNotFound();
+    const outcome = this.deps.linked(id) ? 'up' : await resetHostKey(this.deps.sql, id);
+    if (outcome === null) throw errors.hostNotFound();
+    if (outcome === 'up') throw errors.hostKeyInUse();
     return this.getHost(id);
   }
 

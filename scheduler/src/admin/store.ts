@@ -85,19 +85,39 @@ export async function orgExists(sql: Sql, id: string): Promise<boolean> {
   return rows.length === 1;
 }
 
+/** A desktop a lost host still holds, with the kind of its open operation (null: none). */
+export interface LostDesktop {
+  id: string;
+  org_id: string;
+  open_kind: string | null;
+}
+
 /**
- * Declares the host lost (once: the first time stays) and cordons it. Answers the
- * desktops it still holds, or null when there is no such host.
+ * Declares the host lost (once: the first time stays) and cordons it, unless it is up: ready, or
+ * heard from within `downMs` (an agent that came back and has not fenced yet reads down, but its
+ * hello made it heard; the check and the mark are one statement, so a hello cannot slip between).
+ * Answers its desktops, `up` when it is up, or null when there is no such host.
  */
-export async function markHostLost(sql: Sql, id: string): Promise<{ lostAt: Date; desktops: Array<{ id: string; org_id: string }> } | null> {
+export async function markHostLost(sql: Sql, id: string, downMs: number): Promise<{ lostAt: Date; desktops: LostDesktop[] } | 'up' | null> {
   const [host] = await sql<Array<{ lost_at: Date }>>`
-    UPDATE hosts SET lost_at = COALESCE(lost_at, now()), cordoned = true WHERE id = ${id} RETURNING lost_at`;
-  if (!host) return null;
-  const desktops = await sql<Array<{ id: string; org_id: string }>>`SELECT id, org_id FROM desktops WHERE host_id = ${id} AND state <> 'destroyed' ORDER BY created_at`;
+    UPDATE hosts SET lost_at = COALESCE(lost_at, now()), cordoned = true
+    WHERE id = ${id} AND (lost_at IS NOT NULL OR (status <> 'ready' AND last_seen_at < now() - make_interval(secs => ${downMs / 1000})))
+    RETURNING lost_at`;
+  if (!host) return (await sql`SELECT 1 FROM hosts WHERE id = ${id}`).length === 1 ? 'up' : null;
+  const desktops = await sql<LostDesktop[]>`
+    SELECT d.id, d.org_id, (SELECT o.kind FROM operations o WHERE o.desktop_id = d.id AND o.state IN ('pending', 'running') LIMIT 1) AS open_kind
+    FROM desktops d WHERE d.host_id = ${id} AND d.state <> 'destroyed' ORDER BY d.created_at`;
   return { lostAt: host.lost_at, desktops };
 }
 
-/** Forgets the key a host registered with: its next hello records the key it sends. False: no such host. */
-export async function resetHostKey(sql: Sql, id: string): Promise<boolean> {
-  return (await sql`UPDATE hosts SET host_key_hash = NULL WHERE id = ${id} RETURNING id`).length === 1;
+/**
+ * Forgets the key a host registered with, so its next hello records the key it sends; not while
+ * it is ready (its agent, holding the key, is linked: nothing is lost, and forgetting would let
+ * another claim the id). Answers `up`, or null when there is no such host.
+ */
+export async function resetHostKey(sql: Sql, id: string): Promise<'reset' | 'up' | null> {
+  const [row] = await sql<Array<{ ready: boolean }>>`
+    UPDATE hosts SET host_key_hash = CASE WHEN status = 'ready' THEN host_key_hash END WHERE id = ${id} RETURNING status = 'ready' AS ready`;
+  if (!row) return null;
+  return row.ready ? 'up' : 'reset';
 }

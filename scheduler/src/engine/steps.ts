@@ -10,7 +10,7 @@ import type { Logger } from '../../../shared/src/log.js';
 import { inSnapshot, inTransaction, together, type Sql } from '../store/db.js';
 import { getDesktopById, insertForks, placedDesktops, setPlacement, transition } from '../store/desktops.js';
 import { closeMeter, openMeter, recordEvent } from '../store/events.js';
-import { committedLoad, hostLost, listHosts, slotsUsed } from '../store/hosts.js';
+import { committedLoad, listHosts, lostHostLastSeen, slotsUsed } from '../store/hosts.js';
 import { settleOperation, type SettleFence } from '../store/operations.js';
 import { deleteExposuresOf } from '../store/ports.js';
 import type { DesktopRow, OperationRow } from '../store/rows.js';
@@ -19,7 +19,8 @@ import type { SecretBox } from '../crypto/secret-box.js';
 import { selectHost } from '../placement/select.js';
 import { hostCandidates } from '../placement/candidates.js';
 import type { FleetView, PlacementReservations } from '../placement/reservations.js';
-import { limitReached, memoryRoomMb, type HostCandidate, type PlacementPolicy } from '../placement/feasible.js';
+import { memoryRoomMb, type PlacementPolicy } from '../placement/feasible.js';
+import { NoCapacity, noCapacityMessage } from './no-capacity.js';
 import type { Tier } from '../../../shared/src/tiers.js';
 
 export interface StepDeps {
@@ -57,34 +58,7 @@ export class StepFailure extends Error {
 /** Raised when a commit found the lease gone: another replica leads and will re-drive. */
 export class LeaseLost extends Error {}
 
-/**
- * No schedulable host has room for the desktop. Retried while room may still appear (a desktop
- * hibernating, a host joining or being uncordoned) for the engine's `capacityWaitMs`, then the
- * operation fails with code `no_capacity` and this message, which says what placement saw.
- */
-export class NoCapacity extends Error {
-  readonly code = 'no_capacity';
-}
-
-/** Why nothing has room, in a sentence an API client can act on (no host ids). */
-export function noCapacityMessage(tier: Tier, hosts: readonly HostCandidate[], policy: PlacementPolicy, what = 'host'): string {
-  const ready = hosts.filter((h) => h.connected && h.ready);
-  const schedulable = ready.filter((h) => !h.cordoned);
-  if (schedulable.length === 0) {
-    return ready.length === 0 ? `no ${what} is up to take a ${tier} desktop` : `every ${what} that is up is cordoned or draining`;
-  }
-  const at = { memory: 0, nominal: 0, slots: 0 };
-  for (const h of schedulable) {
-    const limit = limitReached(h, tier, policy);
-    if (limit !== null) at[limit] += 1;
-  }
-  const reasons = [
-    at.memory > 0 ? `${at.memory} short of memory (its measured use and one more desktop would leave less than its ${policy.memoryReservePercent}% reserve free)` : null,
-    at.nominal > 0 ? `${at.nominal} at the nominal CPU or memory cap for running desktops` : null,
-    at.slots > 0 ? `${at.slots} out of storage slots` : null,
-  ].filter((r) => r !== null);
-  return `no ${what} has room for a ${tier} desktop: ${schedulable.length} schedulable, ${reasons.join(', ') || 'each at a limit'}`;
-}
+export { NoCapacity, noCapacityMessage } from './no-capacity.js';
 
 async function settle(tx: Sql, deps: StepDeps, op: OperationRow, result: Record<string, unknown>): Promise<void> {
   if (!(await settleOperation(tx, op.id, { result }, deps.fence))) throw new LeaseLost('leader lease lost before settling');
@@ -107,7 +81,17 @@ export async function command<C extends FencedCommand>(
   timeoutMs = deps.agentCommandTimeoutMs,
 ): Promise<CommandResult<C>> {
   if (!deps.leading()) throw new LeaseLost('no longer the leader');
-  return deps.agents.call(hostId, name, { ...payload, leader_epoch: deps.fence.epoch } as CommandPayload<C>, timeoutMs);
+  try {
+    return await deps.agents.call(hostId, name, { ...payload, leader_epoch: deps.fence.epoch } as CommandPayload<C>, timeoutMs);
+  } catch (err) {
+    // A move to or from a host an operator declared lost ends now, not at its deadline.
+    if (err instanceof AgentFailure && err.code === 'disconnected' && (await lostHostLastSeen(deps.sql, hostId)) !== null) throw hostLostFailure();
+    throw err;
+  }
+}
+
+function hostLostFailure(): StepFailure {
+  return new StepFailure('host_lost', "the desktop's host was declared lost; its disk went with it");
 }
 
 /** What the host holds of a desktop now; null from an agent too old to say. */
@@ -118,16 +102,19 @@ async function inspect(deps: StepDeps, hostId: string, desktopId: string): Promi
 
 async function connectedHost(deps: StepDeps, hostId: string): Promise<string> {
   // Nothing to wait for on a host an operator declared lost: its agent is refused for good.
-  if (await unlinkedAndLost(deps, hostId)) throw new StepFailure('host_lost', 'the desktop\'s host was declared lost; its disk went with it');
+  if ((await unlinkedAndLost(deps, hostId)) !== null) throw hostLostFailure();
   if (!(await deps.agents.waitConnected(hostId, deps.hostWaitMs))) {
     throw new AgentFailure('disconnected', 'the desktop host is unreachable', true);
   }
   return hostId;
 }
 
-/** A host this replica has no link to, declared lost (read only then: a linked host is not lost). */
-async function unlinkedAndLost(deps: StepDeps, hostId: string): Promise<boolean> {
-  return !deps.agents.isConnected(hostId) && (await hostLost(deps.sql, hostId));
+/**
+ * When a host this replica has no link to, and that was declared lost, was last heard from; null
+ * for any other host (read only when unlinked: a linked host is not lost).
+ */
+async function unlinkedAndLost(deps: StepDeps, hostId: string): Promise<Date | null> {
+  return deps.agents.isConnected(hostId) ? null : lostHostLastSeen(deps.sql, hostId);
 }
 
 async function loadDesktop(deps: StepDeps, id: string): Promise<DesktopRow> {
@@ -278,8 +265,10 @@ export async function hibernate(deps: StepDeps, op: OperationRow): Promise<void>
 export async function destroy(deps: StepDeps, op: OperationRow): Promise<void> {
   const d = await loadDesktop(deps, op.desktop_id);
   // On a lost host the disk is gone with it: the record alone is destroyed (if the host comes
-  // back anyway, the stale-copy sweep removes what it still holds).
-  if (d.host_id && !(await unlinkedAndLost(deps, d.host_id))) {
+  // back anyway, the stale-copy sweep removes what it still holds), and nothing is billed past
+  // the moment the host was last heard from.
+  const lostSince = d.host_id ? await unlinkedAndLost(deps, d.host_id) : null;
+  if (d.host_id && lostSince === null) {
     const hostId = await connectedHost(deps, d.host_id);
     await command(deps, hostId, 'desktop.destroy', { desktop_id: d.id, generation: d.generation, operation_id: op.id });
   }
@@ -287,7 +276,7 @@ export async function destroy(deps: StepDeps, op: OperationRow): Promise<void> {
     const gone = await transition(tx, d.id, ['provisioning', 'awake', 'hibernated'], 'destroyed', { markDestroyed: true });
     if (!gone) throw new StepFailure('conflict', 'desktop changed state during destroy');
     await together(
-      closeMeter(tx, d.id),
+      closeMeter(tx, d.id, lostSince),
       deleteExposuresOf(tx, d.id),
       // A desktop written off with its lost host says so; a destroy a client asked for carries nothing.
       recordEvent(tx, { orgId: d.org_id, desktopId: d.id, type: 'desktop.destroyed', ...(op.reason === 'host_lost' ? { data: { reason: 'host_lost' } } : {}) }),

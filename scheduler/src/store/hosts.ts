@@ -21,16 +21,17 @@ export interface HostHello {
   hostKeyHash: string | null;
 }
 
+/** What a hello made of the host's record: refused when the key is another's, or the host was declared lost. */
+export type HelloRecord = 'recorded' | 'key_mismatch' | 'lost';
+
 /**
- * Records a hello; answers false, recording nothing, when the host id already has a key and the
- * hello brings another one or none (a host id is its first key's: migration 0012). An agent that
+ * Records a hello; answers why not, recording nothing, when the host id already has a key and the
+ * hello brings another one or none (a host id is its first key's: migration 0012), or the host
+ * was declared lost. An agent that
  * fences before taking work (protocol 1.7) leaves the status as it was until `markHostReady`; an
  * older one is ready at once. A new agent instance (a restart) keeps when the previous one was
  * last heard from, in `previous_seen_at`.
  */
-/** What a hello made of the host's record: refused when the key is another's, or the host was declared lost. */
-export type HelloRecord = 'recorded' | 'key_mismatch' | 'lost';
-
 export async function upsertHost(sql: Sql, h: HostHello, readyNow: boolean): Promise<HelloRecord> {
   const recorded = await sql`
     INSERT INTO hosts (id, hostname, agent_instance_id, protocol, runtime, memory_snapshots, vcpus, memory_mb, ingress_address, transfer_address, status, last_seen_at, host_key_hash)
@@ -55,10 +56,10 @@ export async function upsertHost(sql: Sql, h: HostHello, readyNow: boolean): Pro
   return row?.lost ? 'lost' : 'key_mismatch';
 }
 
-/** Whether an operator declared the host lost (admin `forget`). */
-export async function hostLost(sql: Sql, hostId: string): Promise<boolean> {
-  const [row] = await sql<Array<{ lost: boolean }>>`SELECT lost_at IS NOT NULL AS lost FROM hosts WHERE id = ${hostId}`;
-  return row?.lost ?? false;
+/** When a host an operator declared lost (admin `forget`) was last heard from; null for any other. */
+export async function lostHostLastSeen(sql: Sql, hostId: string): Promise<Date | null> {
+  const [row] = await sql<Array<{ last_seen_at: Date }>>`SELECT last_seen_at FROM hosts WHERE id = ${hostId} AND lost_at IS NOT NULL`;
+  return row?.last_seen_at ?? null;
 }
 
 /**
@@ -72,7 +73,8 @@ function keptMeasure(sql: Sql, column: string) {
 
 /** The host's agent fenced what it had to and takes work. */
 export async function markHostReady(sql: Sql, hostId: string): Promise<void> {
-  await sql`UPDATE hosts SET status = 'ready', last_seen_at = now() WHERE id = ${hostId}`;
+  // Never a lost host's (admin `forget`): its hellos are refused, and one cannot come back by another way.
+  await sql`UPDATE hosts SET status = 'ready', last_seen_at = now() WHERE id = ${hostId} AND lost_at IS NULL`;
 }
 
 /**
@@ -87,7 +89,7 @@ export async function touchHost(sql: Sql, hostId: string, ready: boolean, skipMs
     UPDATE hosts SET last_seen_at = now(), status = CASE WHEN ${ready} THEN 'ready' ELSE status END
       ${m === undefined ? sql`` : sql`, measured_at = now(), running_desktops = ${beat.running_desktops}, memory_available_mb = ${m.memory_available_mb},
         desktops_memory_mb = ${m.desktops_memory_mb}, cpu_busy = ${m.cpu_busy}`}
-    WHERE id = ${hostId} AND (last_seen_at < now() - make_interval(secs => ${skipMs / 1000}) OR (${ready} AND status <> 'ready'))`;
+    WHERE id = ${hostId} AND lost_at IS NULL AND (last_seen_at < now() - make_interval(secs => ${skipMs / 1000}) OR (${ready} AND status <> 'ready'))`;
 }
 
 /** Hosts no replica has heard from for `silentMs`, now `down`. */
