@@ -41,6 +41,8 @@ export interface DispatcherDeps {
 }
 
 const FAN_OUT_BATCH = 100;
+/** Claims a round makes at most, each leaving out the orgs the one before found at their share. */
+const CLAIM_ROUNDS = 4;
 
 /**
  * The body every endpoint receives for an event: the outbox payload with its members in a
@@ -113,22 +115,36 @@ export class WebhookDispatcher {
     this.again = false;
     try {
       while (this.running && (await this.deps.queue.fanOut(FAN_OUT_BATCH, renderEventBody)) === FAN_OUT_BATCH);
-      const free = this.deps.settings.concurrency - this.inFlight.size;
-      if (this.running && free > 0) {
-        const full = [...this.inFlightByOrg].filter(([, n]) => n >= this.perOrg).map(([org]) => org);
-        const over: string[] = [];
-        for (const delivery of await this.deps.queue.claim(free, this.leaseMs, full)) {
-          if ((this.inFlightByOrg.get(delivery.org_id) ?? 0) < this.perOrg) this.launch(delivery);
-          else over.push(delivery.id);
-        }
-        // Beyond their org's share in this claim: due again at once, for the next round.
-        await this.deps.queue.release(over);
-      }
+      await this.claimRounds();
     } catch (err) {
       this.log.error({ err }, 'webhook dispatch round failed');
     } finally {
       this.ticking = false;
       if (this.running) this.timer = setTimeout(() => void this.tick(), this.again ? 0 : this.deps.settings.pollMs);
+    }
+  }
+
+  /**
+   * Fills the free slots, each org up to its share. A claim that returned more of an org than
+   * its share gives those back (due again at once) and the next claim leaves that org out, so a
+   * large backlog of one org does not keep the slots it may not use empty while others wait.
+   */
+  private async claimRounds(): Promise<void> {
+    const skip = new Set([...this.inFlightByOrg].filter(([, n]) => n >= this.perOrg).map(([org]) => org));
+    for (let round = 0; round < CLAIM_ROUNDS && this.running; round++) {
+      const free = this.deps.settings.concurrency - this.inFlight.size;
+      if (free <= 0) return;
+      const over: string[] = [];
+      for (const delivery of await this.deps.queue.claim(free, this.leaseMs, [...skip])) {
+        if ((this.inFlightByOrg.get(delivery.org_id) ?? 0) < this.perOrg) {
+          this.launch(delivery);
+        } else {
+          over.push(delivery.id);
+          skip.add(delivery.org_id);
+        }
+      }
+      await this.deps.queue.release(over);
+      if (over.length === 0) return;
     }
   }
 
