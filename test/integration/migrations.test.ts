@@ -32,6 +32,7 @@ const SHIPPED = [
   { id: 11, name: 'drain resume' },
   { id: 12, name: 'host keys' },
   { id: 13, name: 'lost hosts' },
+  { id: 14, name: 'provisioning queue' },
 ];
 
 const made: string[] = [];

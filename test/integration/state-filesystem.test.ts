@@ -3,7 +3,7 @@
  * the driver refuses to start on it and names where to mount, and a fork's freeze that cannot
  * rename into the layer store is undone, so the desktop keeps its disk and chain and starts as
  * before instead of failing every start. A tmpfs mounted below the state directory plays the
- * operator's second disk. Needs root (mounts).
+ * operator's second disk, and a bind mount one of the same filesystem. Needs root (mounts).
  */
 import { execFileSync } from 'node:child_process';
 import { mkdir, mkdtemp, readFile, rm, writeFile } from 'node:fs/promises';
@@ -35,6 +35,17 @@ describe.skipIf(!isRoot)('a state directory on two filesystems', () => {
     const started = SandboxDriver.create({ stateDir: base, memorySnapshots: false, log: () => {} });
     await expect(started).rejects.toThrow(`are on different filesystems`);
     await expect(started).rejects.toThrow(`Mount the desktops' disk at ${base} itself`);
+  });
+
+  it('keeps the driver from starting on a bind mount below the state directory, the same filesystem', async () => {
+    base = await mkdtemp(join(tmpdir(), 'canto-state-fs-'));
+    await mkdir(join(base, 'elsewhere'));
+    await mkdir(join(base, 'layers'));
+    execFileSync('mount', ['--bind', join(base, 'elsewhere'), join(base, 'layers')]);
+    mounts.push(join(base, 'layers'));
+    await expect(SandboxDriver.create({ stateDir: base, memorySnapshots: false, log: () => {} })).rejects.toThrow(
+      `${join(base, 'layers')} is a mount of its own below ${base}`,
+    );
   });
 
   it('undoes a freeze whose layer cannot be renamed into the store', async () => {

@@ -4,9 +4,12 @@
  * renames a desktop into the discard bin: each is one rename, which is what makes it crash-safe,
  * and rename(2) does not cross filesystems (EXDEV). A host whose operator mounted a disk at
  * `<state>/desktops` rather than at `<state>` would run desktops and then fail every fork and every
- * move to it, so the agent refuses to start on such a layout and says where to mount instead.
+ * move to it, so the agent refuses to start on such a layout (another filesystem, or a bind mount of
+ * the same one) and says where to mount instead.
  */
-import { mkdir, stat } from 'node:fs/promises';
+import { mkdir, readFile, realpath, stat } from 'node:fs/promises';
+import { join } from 'node:path';
+import { parseMountTable } from './mount-table.js';
 import { discardedDir } from './discarded.js';
 import { layersDir } from './layers.js';
 import { desktopsDir, incomingDir } from './layout.js';
@@ -26,9 +29,30 @@ export async function assertOneFilesystem(stateDir: string): Promise<void> {
     devices.push((await stat(dir, { bigint: true })).dev);
   }
   const other = devices.findIndex((dev) => dev !== devices[0]);
-  if (other === -1) return;
-  throw new Error(
-    `${dirs[other]} and ${dirs[0]} are on different filesystems: forks, moves and destroys rename ` +
-      `between them, which cannot cross filesystems. Mount the desktops' disk at ${stateDir} itself, not below it.`,
-  );
+  if (other !== -1) {
+    throw new Error(
+      `${dirs[other]} and ${dirs[0]} are on different filesystems: forks, moves and destroys rename ` +
+        `between them, which cannot cross filesystems. Mount the desktops' disk at ${stateDir} itself, not below it.`,
+    );
+  }
+  // A bind mount keeps the device but is a mount of its own, and rename(2) does not cross mounts either.
+  const below = await mountBelow(stateDir, dirs);
+  if (below !== null) {
+    throw new Error(
+      `${below} is a mount of its own below ${stateDir}: forks, moves and destroys rename between its directories, ` +
+        `which cannot cross mounts. Mount at ${stateDir} itself, not below it.`,
+    );
+  }
+}
+
+/** A mount point strictly below `stateDir` that holds one of `dirs` (or is one), or null. */
+async function mountBelow(stateDir: string, dirs: readonly string[]): Promise<string | null> {
+  const root = await realpath(stateDir);
+  const real = await Promise.all(dirs.map((d) => realpath(d)));
+  const mounts = parseMountTable(await readFile('/proc/self/mountinfo', 'utf8').catch(() => ''));
+  for (const { mountPoint } of mounts) {
+    if (!mountPoint.startsWith(join(root, '/'))) continue;
+    if (real.some((d) => d === mountPoint || d.startsWith(join(mountPoint, '/')))) return mountPoint;
+  }
+  return null;
 }
