@@ -6,7 +6,7 @@
  * released, another generation, a host without terminals), RFB in binary frames with the control
  * claim held until the socket closes, and HTTP requests that are not upgrades.
  */
-import { connect } from 'node:net';
+import { connect, type Socket } from 'node:net';
 import { PassThrough } from 'node:stream';
 import WebSocket from 'ws';
 import { afterEach, describe, expect, it } from 'vitest';
@@ -14,6 +14,7 @@ import { AgentFailure } from '../../shared/src/protocol.js';
 import { WS_CLOSE } from '../../shared/src/terminal-protocol.js';
 import type { TerminalSession, TerminalSpec, VncSession } from '../../agent/src/runtime/driver.js';
 import { StreamGateway, type StreamGatewayOptions } from '../../agent/src/stream/gateway.js';
+import { FAIR_SHARE_FROM } from '../../agent/src/line-listener.js';
 import { openTerminal } from '../helpers/terminal.js';
 import { until } from '../helpers/scheduler.js';
 
@@ -71,8 +72,8 @@ function vncStub(): VncSession {
 }
 
 /** Sends raw bytes and resolves with everything the gateway answered before closing. */
-async function rawHttp(port: number, request: string): Promise<string> {
-  const socket = connect({ host: '127.0.0.1', port });
+async function rawHttp(port: number, request: string, from?: string): Promise<string> {
+  const socket = connect({ host: '127.0.0.1', port, localAddress: from });
   let text = '';
   socket.on('data', (chunk: Buffer) => (text += chunk.toString('latin1')));
   socket.on('error', () => undefined);
@@ -218,4 +219,27 @@ describe('stream gateway WebSockets', () => {
     await until(() => greeting === 'RFB 003.008\n', 5_000, 'the raw form to greet');
     socket.destroy();
   });
+
+  it('caps request heads one address leaves unfinished once half the slots are taken, and serves other addresses', async () => {
+    const gw = await start();
+    const held: Socket[] = [];
+    const open = (from: string) =>
+      new Promise<boolean>((resolve) => {
+        const socket = connect({ host: '127.0.0.1', port: gw.port, localAddress: from });
+        held.push(socket);
+        socket.on('error', () => undefined);
+        // The first line, then silence: the head is never finished.
+        socket.once('connect', () => socket.write('GET /vnc HTTP/1.1\r\n'));
+        const timer = setTimeout(() => resolve(true), 300);
+        socket.once('close', () => {
+          clearTimeout(timer);
+          resolve(false);
+        });
+      });
+    const kept = await Promise.all(Array.from({ length: FAIR_SHARE_FROM + 8 }, () => open('127.0.0.1')));
+    expect(kept.filter(Boolean)).toHaveLength(FAIR_SHARE_FROM);
+    expect(await rawHttp(gw.port, 'GET /elsewhere HTTP/1.1\r\n\r\n', '127.0.0.2')).toMatch(/^HTTP\/1\.1 404 /);
+    for (const socket of held) socket.destroy();
+  });
 });
+

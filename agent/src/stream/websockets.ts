@@ -12,7 +12,8 @@
  * of its input unread. What a VNC client sends is written on as it comes (x11vnc reads it all).
  */
 import type { Socket } from 'node:net';
-import { WebSocketServer, type RawData, type WebSocket } from 'ws';
+import { WebSocketServer, type RawData, type ServerOptions, type WebSocket } from 'ws';
+import { LINGER_MS } from '../line-listener.js';
 import { TypeCompiler } from '@sinclair/typebox/compiler';
 import { TerminalResize, WS_CLOSE, type TerminalExit, type WsCloseReason } from '../../../shared/src/terminal-protocol.js';
 import type { TerminalSession, VncSession } from '../runtime/driver.js';
@@ -113,14 +114,18 @@ export function answerHttp(socket: Socket, status: number, text: string): void {
 
 /** The handshakes: no compression (terminal and RFB bytes are small or already encoded). */
 export function webSocketServer(): WebSocketServer {
-  return new WebSocketServer({
+  // `closeTimeout` is ws's own (8.19 and later); its type declarations do not know it yet.
+  const options: ServerOptions & { closeTimeout: number } = {
     noServer: true,
     perMessageDeflate: false,
     maxPayload: MAX_PAYLOAD,
     clientTracking: false,
+    // A client that never answers our close frame is cut off after the linger, not ws's 30 s.
+    closeTimeout: LINGER_MS,
     // noVNC offers `binary`; an older client may offer `base64`, which is not served.
     handleProtocols: (offered) => (offered.has('binary') ? 'binary' : false),
-  });
+  };
+  return new WebSocketServer(options);
 }
 
 /** Completes the upgrade; null when the request is not a valid WebSocket handshake (answered by ws). */
@@ -209,7 +214,14 @@ export function relayVnc(ws: WebSocket, session: VncSession): void {
   output.on('data', sender(ws, () => output.pause(), () => output.resume()));
   output.on('error', () => ws.terminate());
   session.input.on('error', () => ws.terminate());
-  ws.on('message', (data) => session.input.write(bytesOf(data)));
+  // What the VNC server has not read stops the reading of the socket until it catches up: a
+  // client that sends without reading would otherwise grow the agent's memory without bound.
+  session.input.on('drain', () => {
+    if (ws.isPaused && ws.readyState === ws.OPEN) ws.resume();
+  });
+  ws.on('message', (data) => {
+    if (!session.input.write(bytesOf(data))) ws.pause();
+  });
   ws.once('close', () => session.close());
   ws.resume();
   void session.closed.then(() => closeWith(ws, 'done'));
