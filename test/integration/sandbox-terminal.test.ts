@@ -81,6 +81,19 @@ describe.skipIf(!isRoot)('sandbox terminals and the WebSocket stream', () => {
     expect((await killed.closed).exitCode).toBe(128 + 15);
   }, 30_000);
 
+  it('keeps the end of the output of a program that ends while its terminal is paused for a slow client', async () => {
+    const session = await driver.openTerminal(id, { cols: 80, rows: 24, command: "printf 'x%.0s' $(seq 1 3000); echo; echo END-OF-OUTPUT" });
+    session.pause();
+    let out = '';
+    session.onData((data) => (out += data.toString('utf8')));
+    // Long after the program ended, and after the 200 ms node-pty waits before it drops what is unread.
+    await new Promise((resolve) => setTimeout(resolve, 1_500));
+    session.resume();
+    expect(await session.exited).toBe(0);
+    expect(out).toContain('END-OF-OUTPUT');
+    expect(out.split('x').length - 1).toBe(3000);
+  });
+
   it('takes a ticket once', async () => {
     const url = terminalUrl({ command: 'sleep 30' });
     const first = await openTerminal(url);

@@ -58,6 +58,8 @@ const INPUT_HIGH_WATER = 256 * 1024;
 /** How long a killed session gets to be reported gone. */
 const KILLED_GONE_MS = 5_000;
 export const TERMINAL_TYPE = 'xterm-256color';
+/** How often a paused terminal looks whether its program has ended (node-pty drops the rest 200 ms after). */
+const EXIT_WATCH_MS = 40;
 
 
 let loading: Promise<NodePty | null> | null = null;
@@ -77,6 +79,7 @@ class GuestTerminal implements TerminalSession {
   readonly exited: Promise<number>;
   private killing: Promise<void> | null = null;
   private gone = false;
+  private exitWatch: NodeJS.Timeout | null = null;
   /** The pty's device number, read while it surely exists. */
   private readonly rdev: number | null;
 
@@ -131,11 +134,24 @@ class GuestTerminal implements TerminalSession {
     if (!this.gone) this.pty.resize(cols, rows);
   }
 
+  /**
+   * node-pty reads what a program wrote only while not paused, and destroys the pty 200 ms after
+   * the program exits whatever is still unread: a terminal paused for a slow client when its
+   * program ends would lose the end of the output. So a paused terminal watches for its program's
+   * end and reads on then (what is left is bounded by the pty's buffer).
+   */
   pause(): void {
     this.pty.pause();
+    this.exitWatch ??= setInterval(() => {
+      if (!this.gone && procStatSync(this.pty.pid) !== null) return;
+      this.resume();
+    }, EXIT_WATCH_MS);
+    this.exitWatch.unref();
   }
 
   resume(): void {
+    if (this.exitWatch !== null) clearInterval(this.exitWatch);
+    this.exitWatch = null;
     this.pty.resume();
   }
 
