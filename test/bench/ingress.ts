@@ -121,7 +121,11 @@ export async function benchIngress(ctx: IngressBenchContext): Promise<void> {
   const app = readFileSync(join(import.meta.dirname, '..', 'fixtures', 'guest-echo-app.mjs'));
   await fetch(`${ctx.schedulerUrl}/v1/desktops/${id}/files/root/app.mjs`, { method: 'PUT', headers: { authorization: headers.authorization }, body: app });
   await call(`/v1/desktops/${id}/exec`, { command: `setsid node /root/app.mjs ${APP_PORT} >/root/app.log 2>&1 </dev/null &` });
-  await new Promise((r) => setTimeout(r, 500));
+  // Until the app listens (a fixed pause was too short on a loaded host: ECONNREFUSED in the guest).
+  const listening = await call(`/v1/desktops/${id}/exec`, {
+    command: `bash -c 'for i in $(seq 200); do (exec 3<>/dev/tcp/127.0.0.1/${APP_PORT}) 2>/dev/null && exit 0; sleep 0.05; done; cat /root/app.log; exit 1'`,
+  });
+  if (listening.exit_code !== 0) throw new Error(`the guest app did not listen on ${APP_PORT}: ${String(listening.stdout)}`);
   const exposure = await call(`/v1/desktops/${id}/ports`, { port: APP_PORT });
   const token = exposure.token as string;
   const host = new URL(exposure.url as string).hostname;
