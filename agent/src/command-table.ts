@@ -89,6 +89,9 @@ export function commandTable(k: CommandKit): CommandTable {
         // Stream clients are disconnected (their VNC servers cannot be snapshotted) and lose their claims.
         k.stream?.release(p.desktop_id);
         const { snapshot } = await driver.hibernate(p.desktop_id, { keepDetached: p.keep_detached === true });
+        // Again: a grant is not queued behind a hibernate, and one made meanwhile (a route the
+        // scheduler had cached as awake) would hold a control claim over the next wake.
+        k.stream?.release(p.desktop_id);
         // Kept detached processes mean a move's stop.
         if (p.keep_detached === true) moves.stoppedForMove(p.desktop_id, p.generation);
         return { snapshot };

@@ -316,7 +316,20 @@ describe('computer use and the control claim', () => {
     expect((await failure(handlers.handle('terminal.grant', { ...terminal, cols: 0 }))).code).toBe('bad_request');
     // Hibernate releases the claim (its stream clients are disconnected first).
     await handlers.handle('desktop.hibernate', op());
-    expect(stream.released).toEqual([D]);
+    expect(stream.released).toContain(D);
+    expect(stream.held.size).toBe(0);
+  });
+
+  it('releases a claim granted while the hibernate ran, so it does not hold over the next wake', async () => {
+    driver = new FakeDriver({ delayMs: 100 });
+    const stream = streamStub();
+    handlers = new CommandHandlers({ driver, generations: await GenerationStore.open(dir), logger: silentLogger(), stream });
+    await awake();
+    const hibernating = handlers.handle('desktop.hibernate', op());
+    await new Promise((resolve) => setTimeout(resolve, 20));
+    await handlers.handle('stream.grant', { desktop_id: D, generation: 1, claim: 'control' });
+    expect(stream.held.has(D)).toBe(true);
+    await hibernating;
     expect(stream.held.size).toBe(0);
   });
 
