@@ -192,13 +192,30 @@ function ptyDevice(path: string | undefined): number | null {
  * device, and are left alone. Returns how many were killed.
  */
 async function killHolders(desktopId: string, rdev: number | null): Promise<number> {
+  // One scan at a time on the host: the guest decides how many processes and descriptors there
+  // are, and scans at once (terminals ending together) would fill the I/O pool every file
+  // operation of every desktop waits on.
+  const turn = holderScans.then(() => scanHolders(desktopId, rdev));
+  holderScans = turn.then(() => undefined, () => undefined);
+  return turn;
+}
+
+let holderScans: Promise<void> = Promise.resolve();
+/**
+ * Descriptors looked at per process. A job a terminal leaves behind holds it as 0, 1 or 2; one
+ * that moved it past the usual soft limit (1024) on purpose could close it as well, so nothing
+ * is lost by not looking further, and a guest holding millions costs the host nothing.
+ */
+const HOLDER_FDS_CHECKED = 1024;
+
+async function scanHolders(desktopId: string, rdev: number | null): Promise<number> {
   const hostPts = await stat('/dev/pts').then((st) => st.dev, () => null);
   const procs = cgroupDirs(desktopId).find((dir) => dir.includes('/pids/'));
   if (hostPts === null || procs === undefined) return 0;
   const text = await readFile(`${procs}/cgroup.procs`, 'utf8').catch(() => '');
   const killed: number[] = [];
   for (const pid of text.split('\n').filter(Boolean).map(Number)) {
-    const fds = await readdir(`/proc/${pid}/fd`).catch(() => [] as string[]);
+    const fds = (await readdir(`/proc/${pid}/fd`).catch(() => [] as string[])).filter((fd) => Number(fd) < HOLDER_FDS_CHECKED);
     for (const fd of fds) {
       const st = await stat(`/proc/${pid}/fd/${fd}`).catch(() => null);
       if (st !== null && st.isCharacterDevice() && st.dev === hostPts && (rdev === null || st.rdev === rdev)) {
