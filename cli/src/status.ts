@@ -28,6 +28,8 @@ export interface FleetStatus {
     hostname: string;
     status: string;
     cordoned: boolean;
+    /** Declared lost (`canto hosts forget`): its desktops are being destroyed, and it goes once it holds none. */
+    lost: boolean;
     last_heard_ms_ago: number;
     runtime: string;
     protocol: string;
@@ -51,11 +53,11 @@ export async function readFleetStatus(sql: Sql): Promise<FleetStatus> {
   const rows = await allReplicas(sql);
   const hosts = await sql<Array<{
     id: string; hostname: string; status: string; cordoned: boolean; last_seen_at: Date; runtime: string;
-    memory_snapshots: boolean; protocol: string; desktops: Record<string, number> | null;
+    memory_snapshots: boolean; protocol: string; desktops: Record<string, number> | null; lost: boolean;
     drain_requested_at: Date | null; drain_finished_at: Date | null; drain_error: string | null;
   }>>`
     SELECT h.id, h.hostname, h.status, h.cordoned, h.last_seen_at, h.runtime, h.memory_snapshots, h.protocol,
-           h.drain_requested_at, h.drain_finished_at, h.drain_error,
+           h.drain_requested_at, h.drain_finished_at, h.drain_error, h.lost_at IS NOT NULL AS lost,
            (SELECT jsonb_object_agg(state, n) FROM (
               SELECT state, count(*)::int AS n FROM desktops d WHERE d.host_id = h.id AND d.state <> 'destroyed' GROUP BY state) s) AS desktops
     FROM hosts h ORDER BY h.created_at, h.id`;
@@ -88,6 +90,7 @@ export async function readFleetStatus(sql: Sql): Promise<FleetStatus> {
       hostname: h.hostname,
       status: h.status,
       cordoned: h.cordoned,
+      lost: h.lost,
       last_heard_ms_ago: since(h.last_seen_at),
       runtime: `${h.runtime}${h.memory_snapshots ? '+snapshots' : ''}`,
       protocol: h.protocol,
@@ -124,7 +127,8 @@ export function fleetWarnings(status: FleetStatus, liveRows: readonly ReplicaRow
     // Hibernated ones count too: their disks are on that host alone, so they cannot wake until it
     // returns (the failure grace hibernates the awake ones a minute into the outage).
     const held = Object.entries(h.desktops).filter(([state]) => state !== 'provisioning').reduce((n, [, c]) => n + c, 0);
-    if (h.status === 'down' && held > 0) warnings.push(`host ${h.id} (${h.hostname}) is down with ${held} desktop(s) on it: they cannot wake until it returns`);
+    if (h.lost) warnings.push(`host ${h.id} (${h.hostname}) was declared lost: ${held} desktop(s) on it still to destroy; finish with canto hosts forget ${h.id} --yes --wait`);
+    else if (h.status === 'down' && held > 0) warnings.push(`host ${h.id} (${h.hostname}) is down with ${held} desktop(s) on it: they cannot wake until it returns`);
     if (h.drain?.state === 'stopped') warnings.push(`host ${h.id} (${h.hostname}): its drain stopped: ${h.drain.error}; fix that, then run canto hosts drain ${h.id} again`);
   }
   for (const o of status.stuck_operations) {
@@ -160,7 +164,7 @@ export function formatFleetStatus(status: FleetStatus): string {
   const hostRows = status.hosts.map((h) => ({
     ID: h.id,
     HOSTNAME: h.hostname,
-    STATUS: hostStatusLabel(h.status, h.cordoned, h.drain?.state ?? null),
+    STATUS: h.lost ? 'lost' : hostStatusLabel(h.status, h.cordoned, h.drain?.state ?? null),
     'LAST HEARD': ago(h.last_heard_ms_ago),
     DESKTOPS: Object.entries(h.desktops).map(([state, n]) => `${n} ${state}`).join(', ') || 'none',
     RUNTIME: h.runtime,

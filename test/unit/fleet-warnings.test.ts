@@ -1,6 +1,7 @@
 /**
  * `canto status` warnings (cli/src/status.ts): a down host is named while it holds any desktop,
- * hibernated ones included (their disks are there alone), not only while some are awake.
+ * hibernated ones included (their disks are there alone), not only while some are awake; a host
+ * declared lost says what is left of its forgetting.
  */
 import { describe, expect, it } from 'vitest';
 import { fleetWarnings, type FleetStatus } from '../../cli/src/status.js';
@@ -8,13 +9,13 @@ import type { ReplicaRow } from '../../scheduler/src/store/replicas.js';
 
 const replica: ReplicaRow = { id: 'r1', url: 'http://a', version: '1', settings: {}, started_at: new Date(), last_seen_at: new Date() };
 
-function fleet(hosts: Array<{ status: string; desktops: Record<string, number> }>): FleetStatus {
+function fleet(hosts: Array<{ status: string; desktops: Record<string, number>; lost?: boolean }>): FleetStatus {
   return {
     now: new Date().toISOString(),
     lease: { holder: 'r1', epoch: 1, held_for_ms: 1000, expires_in_ms: 1000, live: true },
     replicas: [],
     hosts: hosts.map((h, i) => ({
-      id: `host_${i}`, hostname: `h${i}`, cordoned: false, last_heard_ms_ago: 0, runtime: 'sandbox', protocol: '1.15', drain: null, ...h,
+      id: `host_${i}`, hostname: `h${i}`, cordoned: false, last_heard_ms_ago: 0, runtime: 'sandbox', protocol: '1.15', drain: null, lost: false, ...h,
     })),
     stuck_operations: [],
     warnings: [],
@@ -29,12 +30,15 @@ describe('fleet warnings', () => {
         { status: 'down', desktops: { awake: 1, hibernated: 1 } },
         { status: 'down', desktops: {} },
         { status: 'ready', desktops: { awake: 2 } },
+        { status: 'down', desktops: { hibernated: 4 }, lost: true },
       ]),
       [replica],
     );
     expect(warnings).toEqual([
       'host host_0 (h0) is down with 3 desktop(s) on it: they cannot wake until it returns',
       'host host_1 (h1) is down with 2 desktop(s) on it: they cannot wake until it returns',
+      // A host declared lost is being written off: what is left to do, not that it is down.
+      'host host_4 (h4) was declared lost: 4 desktop(s) on it still to destroy; finish with canto hosts forget host_4 --yes --wait',
     ]);
   });
 });
