@@ -76,6 +76,7 @@ describe('a host that is gone for good', () => {
     await sql`UPDATE hosts SET last_seen_at = now() WHERE id = ${host.hostId}`;
     expect((await admin('POST', `/admin/v1/hosts/${host.hostId}/forget`, {})).status).toBe(409);
     await sql`UPDATE hosts SET last_seen_at = now() - interval '1 minute' WHERE id = ${host.hostId}`;
+    const lastHeard = (await sql<Array<{ last_seen_at: Date }>>`SELECT last_seen_at FROM hosts WHERE id = ${host.hostId}`)[0]!.last_seen_at;
 
     const first = await admin('POST', `/admin/v1/hosts/${host.hostId}/forget`, {});
     expect(first.status, first.text).toBe(200);
@@ -105,6 +106,13 @@ describe('a host that is gone for good', () => {
     for (const id of ids) expect(await state(id)).toBe('destroyed');
     const events = await sql<Array<{ payload: { data: Record<string, unknown> } }>>`SELECT payload FROM outbox WHERE type = 'desktop.destroyed' AND desktop_id = ANY(${ids})`;
     expect(events.map((e) => e.payload.data)).toEqual([{ reason: 'host_lost' }, { reason: 'host_lost' }, { reason: 'host_lost' }]);
+    // Billed until the host was last heard from, not until it was forgotten: the awake time of the
+    // woken one, and the lifetime monthly billing counts of each (to its destroyed_at).
+    // (The test dated the last sighting back past the wake: the meter then closes where it opened.)
+    const [meter] = await sql<Array<{ started_at: Date; ended_at: Date }>>`SELECT started_at, ended_at FROM meter_intervals WHERE desktop_id = ${ids[0]!}`;
+    expect(meter!.ended_at.getTime()).toBe(Math.max(meter!.started_at.getTime(), lastHeard.getTime()));
+    const destroyed = await sql<Array<{ created_at: Date; destroyed_at: Date }>>`SELECT created_at, destroyed_at FROM desktops WHERE id = ANY(${ids})`;
+    for (const d of destroyed) expect(d.destroyed_at.getTime()).toBe(Math.max(d.created_at.getTime(), lastHeard.getTime()));
     expect((await admin('GET', `/admin/v1/hosts/${host.hostId}`)).status).toBe(404);
 
     // Back after all: it registers afresh, and what it still held of the destroyed desktops goes.

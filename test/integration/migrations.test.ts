@@ -33,6 +33,7 @@ const SHIPPED = [
   { id: 12, name: 'host keys' },
   { id: 13, name: 'lost hosts' },
   { id: 14, name: 'provisioning queue' },
+  { id: 15, name: 'agent instance since' },
 ];
 
 const made: string[] = [];

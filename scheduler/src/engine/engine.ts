@@ -7,7 +7,7 @@
  * An engine runs in one leader term (engine/leader.ts): its settlements are fenced on that term
  * and its commands carry the term's epoch, so a deposed leader's engine can neither settle nor
  * make an agent act. When an agent says hello, every desktop recorded awake on its host is checked
- * (steps.reconcileAwake): a host that lost it must not leave it "awake but not running"; so is one
+ * (reconcile-awake.ts): a host that lost it must not leave it "awake but not running"; so is one
  * a replica's guest call found not running (`GUEST_GONE_CHANNEL`). What a
  * returning host must stop, it stops before it reports ready (fleet/hello-fence.ts).
  *
@@ -27,6 +27,7 @@ import { removeStaleCopy, staleCopies } from './stale-copies.js';
 import type { HelloDesktops } from '../agents/gateway.js';
 import type { LeaderTerm } from './leader.js';
 import { PlacementReservations } from '../placement/reservations.js';
+import { reconcileAwake } from './reconcile-awake.js';
 
 export interface EngineDeps extends Omit<steps.StepDeps, 'fence' | 'leading' | 'placements'> {
   pollMs: number;
@@ -121,7 +122,7 @@ export class OperationEngine {
   private async reconcileHost(hostId: string): Promise<void> {
     for (const d of await desktopsOfHost(this.deps.sql, hostId)) {
       if (d.state !== 'awake') continue;
-      this.track(this.onDesktop(d.id, () => steps.reconcileAwake(this.deps, hostId, d.id)));
+      this.track(this.onDesktop(d.id, () => reconcileAwake(this.deps, hostId, d.id)));
     }
   }
 
@@ -133,7 +134,7 @@ export class OperationEngine {
   private guestGone(desktopId: string): void {
     if (!this.running || this.checkingGone.has(desktopId)) return;
     this.checkingGone.add(desktopId);
-    const check = this.onDesktop(desktopId, () => steps.reconcileAwake(this.deps, null, desktopId, 'now'));
+    const check = this.onDesktop(desktopId, () => reconcileAwake(this.deps, null, desktopId, 'now'));
     this.track(check.finally(() => this.checkingGone.delete(desktopId)));
   }
 

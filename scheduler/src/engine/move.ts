@@ -328,7 +328,8 @@ async function recordStoppedAfterMove(deps: StepDeps, d: DesktopRow, p: MovePara
   await inTransaction(deps.sql, async (tx) => {
     const done = await transition(tx, d.id, ['awake'], 'hibernated', { expectGeneration: d.generation });
     if (!done) return;
-    await closeMeter(tx, d.id);
+    // It stopped answering at the move's stop and never ran again: nothing is billed after that.
+    await closeMeter(tx, d.id, p.stopped_at ? new Date(p.stopped_at) : null);
     await recordEvent(tx, {
       orgId: d.org_id, desktopId: d.id, type: 'desktop.hibernated',
       data: { reason: 'move', cause: 'start_failed', host_id: p.target_host_id, memory_snapshot: p.memory_snapshot ?? false },

@@ -95,7 +95,7 @@ function hostLostFailure(): StepFailure {
 }
 
 /** What the host holds of a desktop now; null from an agent too old to say. */
-async function inspect(deps: StepDeps, hostId: string, desktopId: string): Promise<CommandResult<'desktop.inspect'> | null> {
+export async function inspect(deps: StepDeps, hostId: string, desktopId: string): Promise<CommandResult<'desktop.inspect'> | null> {
   if (!deps.agents.speaks(hostId, 1, 7)) return null;
   return deps.agents.call(hostId, 'desktop.inspect', { desktop_id: desktopId }, deps.agentCommandTimeoutMs);
 }
@@ -275,6 +275,8 @@ export async function destroy(deps: StepDeps, op: OperationRow): Promise<void> {
   await inTransaction(deps.sql, async (tx) => {
     const gone = await transition(tx, d.id, ['provisioning', 'awake', 'hibernated'], 'destroyed', { markDestroyed: true });
     if (!gone) throw new StepFailure('conflict', 'desktop changed state during destroy');
+    // Monthly billing runs to `destroyed_at`: for a lost host, its disk went when the host did.
+    if (lostSince !== null) await tx`UPDATE desktops SET destroyed_at = GREATEST(created_at, LEAST(destroyed_at, ${lostSince}::timestamptz)) WHERE id = ${d.id}`;
     await together(
       closeMeter(tx, d.id, lostSince),
       deleteExposuresOf(tx, d.id),
@@ -356,40 +358,3 @@ async function removeForkLeftovers(deps: StepDeps, op: OperationRow): Promise<vo
   }
 }
 
-/**
- * An agent relinked, or a guest call found the desktop not running: a desktop recorded awake on
- * its host, with no operation open, must still be running there. Asked afresh (queued behind any
- * command the host is still running for it), a host that no longer runs it (rebooted, its
- * processes killed with a crashed `canto up`, its guest dead) gets it recorded hibernated:
- * generation bumped, `desktop.hibernated` with reason `host_failure` and `cause: guest_gone`, and
- * the meter closed when the previous agent was last heard from (`meterEnd` 'previous_agent', after
- * a relink) or now (after a guest call, when the death itself was not seen). Its disk is there; a
- * memory snapshot, if the host kept one, is what the next wake restores.
- */
-export async function reconcileAwake(deps: StepDeps, relinked: string | null, desktopId: string, meterEnd: 'previous_agent' | 'now' = 'previous_agent'): Promise<void> {
-  const d = await getDesktopById(deps.sql, desktopId);
-  // `relinked`: the host that said hello (the desktop must still be on it); null, whichever it is on.
-  const hostId = d?.host_id;
-  if (!d || !hostId || (relinked !== null && hostId !== relinked) || d.state !== 'awake' || !deps.leading()) return;
-  const held = await inspect(deps, hostId, desktopId);
-  if (held === null || held.running) return;
-  const moved = await inTransaction(deps.sql, async (tx) => {
-    const [open] = await tx`SELECT 1 FROM operations WHERE desktop_id = ${d.id} AND state IN ('pending', 'running') LIMIT 1`;
-    if (open) return null;
-    const done = await transition(tx, d.id, ['awake'], 'hibernated', { expectGeneration: d.generation });
-    if (!done) return null;
-    const [host] = meterEnd === 'now' ? [] : await tx<Array<{ at: Date | null }>>`SELECT previous_seen_at AS at FROM hosts WHERE id = ${hostId}`;
-    await closeMeter(tx, d.id, host?.at ?? null);
-    await recordEvent(tx, {
-      orgId: d.org_id,
-      desktopId: d.id,
-      type: 'desktop.hibernated',
-      data: { reason: 'host_failure', cause: 'guest_gone', host_id: hostId, memory_snapshot: held.has_snapshot },
-    });
-    return done;
-  });
-  if (moved) {
-    const how = meterEnd === 'now' ? 'a guest call found it not running' : 'it was gone from its relinked host';
-    deps.logger.warn({ desktopId, hostId, snapshot: held.has_snapshot }, `desktop recorded awake: ${how}; recorded hibernated`);
-  }
-}

@@ -34,9 +34,9 @@ export type HelloRecord = 'recorded' | 'key_mismatch' | 'lost';
  */
 export async function upsertHost(sql: Sql, h: HostHello, readyNow: boolean): Promise<HelloRecord> {
   const recorded = await sql`
-    INSERT INTO hosts (id, hostname, agent_instance_id, protocol, runtime, memory_snapshots, vcpus, memory_mb, ingress_address, transfer_address, status, last_seen_at, host_key_hash)
+    INSERT INTO hosts (id, hostname, agent_instance_id, protocol, runtime, memory_snapshots, vcpus, memory_mb, ingress_address, transfer_address, status, last_seen_at, host_key_hash, instance_since)
     VALUES (${h.id}, ${h.hostname}, ${h.agentInstanceId}, ${h.protocol}, ${h.runtime}, ${h.memorySnapshots}, ${h.vcpus}, ${h.memoryMb}, ${h.ingressAddress},
-            ${h.transferAddress}, ${readyNow ? 'ready' : 'down'}, now(), ${h.hostKeyHash})
+            ${h.transferAddress}, ${readyNow ? 'ready' : 'down'}, now(), ${h.hostKeyHash}, now())
     ON CONFLICT (id) DO UPDATE SET
       host_key_hash = COALESCE(hosts.host_key_hash, EXCLUDED.host_key_hash),
       hostname = EXCLUDED.hostname, agent_instance_id = EXCLUDED.agent_instance_id,
@@ -44,6 +44,7 @@ export async function upsertHost(sql: Sql, h: HostHello, readyNow: boolean): Pro
       memory_snapshots = EXCLUDED.memory_snapshots, vcpus = EXCLUDED.vcpus,
       memory_mb = EXCLUDED.memory_mb, ingress_address = EXCLUDED.ingress_address, transfer_address = EXCLUDED.transfer_address,
       previous_seen_at = CASE WHEN hosts.agent_instance_id <> EXCLUDED.agent_instance_id THEN hosts.last_seen_at ELSE hosts.previous_seen_at END,
+      instance_since = CASE WHEN hosts.agent_instance_id <> EXCLUDED.agent_instance_id THEN now() ELSE hosts.instance_since END,
       status = CASE WHEN ${readyNow} THEN 'ready' ELSE hosts.status END,
       measured_at = ${keptMeasure(sql, 'measured_at')}, running_desktops = ${keptMeasure(sql, 'running_desktops')},
       memory_available_mb = ${keptMeasure(sql, 'memory_available_mb')}, desktops_memory_mb = ${keptMeasure(sql, 'desktops_memory_mb')},
