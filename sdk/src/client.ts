@@ -27,7 +27,11 @@ export interface CantoOptions extends Omit<TransportOptions, 'token'> {
 }
 
 export interface CallOptions {
-  /** Sent as `Idempotency-Key`; default a fresh random key per call. */
+  /**
+   * Sent as `Idempotency-Key`; default a fresh random key per call. When the call fails, the error
+   * carries the key it was sent with (`err.idempotencyKey`): retrying with it answers what the
+   * first attempt made, if it made anything, instead of making a second one.
+   */
   idempotencyKey?: string;
   signal?: AbortSignal;
 }
@@ -40,6 +44,16 @@ export interface LifecycleOptions extends CallOptions {
 }
 
 const newKey = () => globalThis.crypto.randomUUID();
+
+/** Runs a keyed call; an error it throws names the key, for the caller's own retry. */
+async function keyed<T>(key: string, call: (key: string) => Promise<T>): Promise<T> {
+  try {
+    return await call(key);
+  } catch (err) {
+    if (err instanceof Error) Object.assign(err, { idempotencyKey: key });
+    throw err;
+  }
+}
 
 export class Canto {
   /** The typed client for every `/v1` route; answers of 400 and up are thrown as `CantoProblem`. */
@@ -66,12 +80,10 @@ export class Canto {
 
   /** Creates a desktop; repeating the same `idempotencyKey` answers the desktop it created. */
   async createDesktop(body: CreateDesktopBody, options: CallOptions = {}): Promise<Desktop> {
-    const { data } = await this.api.POST('/v1/desktops', {
-      params: { header: { 'idempotency-key': options.idempotencyKey ?? newKey() } },
-      body,
-      signal: options.signal,
+    return keyed(options.idempotencyKey ?? newKey(), async (key) => {
+      const { data } = await this.api.POST('/v1/desktops', { params: { header: { 'idempotency-key': key } }, body, signal: options.signal });
+      return data!;
     });
-    return data!;
   }
 
   async updateDesktop(id: string, body: { idle_timeout_secs?: number }, signal?: AbortSignal): Promise<Desktop> {
@@ -93,28 +105,30 @@ export class Canto {
 
   /** Forks a hibernated desktop; on success `result.desktop_ids` names the copies. */
   async fork(id: string, body: ForkBody, options: Omit<LifecycleOptions, 'expectedGeneration'> = {}): Promise<Operation> {
-    const { data } = await this.api.POST('/v1/desktops/{id}/fork', {
-      params: { path: { id }, header: { 'idempotency-key': options.idempotencyKey ?? newKey() } },
-      body,
-      signal: options.signal,
+    const data = await keyed(options.idempotencyKey ?? newKey(), async (key) => {
+      const answer = await this.api.POST('/v1/desktops/{id}/fork', { params: { path: { id }, header: { 'idempotency-key': key } }, body, signal: options.signal });
+      return answer.data!;
     });
-    return this.settle(data!, options);
+    return this.settle(data, options);
   }
 
   private async lifecycle(action: 'wake' | 'hibernate' | 'destroy', id: string, options: LifecycleOptions): Promise<Operation> {
-    const init = {
-      params: { path: { id }, header: { 'idempotency-key': options.idempotencyKey ?? newKey() } },
-      body: options.expectedGeneration === undefined ? {} : { expected_generation: options.expectedGeneration },
-      signal: options.signal,
-    };
-    // Three routes with one shape; the switch keeps each call typed by its own path.
-    const { data } =
-      action === 'wake'
-        ? await this.api.POST('/v1/desktops/{id}/wake', init)
-        : action === 'hibernate'
-          ? await this.api.POST('/v1/desktops/{id}/hibernate', init)
-          : await this.api.POST('/v1/desktops/{id}/destroy', init);
-    return this.settle(data!, options);
+    const data = await keyed(options.idempotencyKey ?? newKey(), async (key) => {
+      const init = {
+        params: { path: { id }, header: { 'idempotency-key': key } },
+        body: options.expectedGeneration === undefined ? {} : { expected_generation: options.expectedGeneration },
+        signal: options.signal,
+      };
+      // Three routes with one shape; the switch keeps each call typed by its own path.
+      const answer =
+        action === 'wake'
+          ? await this.api.POST('/v1/desktops/{id}/wake', init)
+          : action === 'hibernate'
+            ? await this.api.POST('/v1/desktops/{id}/hibernate', init)
+            : await this.api.POST('/v1/desktops/{id}/destroy', init);
+      return answer.data!;
+    });
+    return this.settle(data, options);
   }
 
   private settle(op: Operation, options: LifecycleOptions): Promise<Operation> {

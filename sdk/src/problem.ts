@@ -52,6 +52,8 @@ const KINDS: Record<number, ProblemKind> = {
 
 export class CantoProblem extends Error {
   override readonly name: string = 'CantoProblem';
+  /** The Idempotency-Key a keyed call (create, wake, hibernate, destroy, fork) was sent with. */
+  idempotencyKey?: string;
   readonly kind: ProblemKind;
   readonly status: number;
   readonly type: string;
@@ -133,6 +135,8 @@ const CLASSES: Record<number, typeof CantoProblem> = {
 /** The API could not be reached: refused, reset, unresolvable, or out of time. */
 export class CantoConnectionError extends Error {
   override readonly name = 'CantoConnectionError';
+  /** The Idempotency-Key a keyed call (create, wake, hibernate, destroy, fork) was sent with. */
+  idempotencyKey?: string;
   /** `ECONNREFUSED`, `ENOTFOUND`, `TimeoutError`…: the most specific reason known. */
   readonly code: string;
   constructor(

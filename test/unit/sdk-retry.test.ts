@@ -160,5 +160,11 @@ describe('SDK retries', () => {
     expect(err).toBeInstanceOf(CantoConnectionError);
     expect((err as CantoConnectionError).code).toBe('ECONNREFUSED');
     expect(waits.length).toBe(1);
+    // A keyed call's error names the key it was sent with, so the caller's own retry repeats it.
+    const create = (await sdk.createDesktop({ tier: 'small' }).catch((e: unknown) => e)) as CantoConnectionError;
+    expect(create).toBeInstanceOf(CantoConnectionError);
+    expect(create.idempotencyKey).toMatch(/^[0-9a-f-]{36}$/);
+    const wake = (await sdk.wake('dsk_x', { idempotencyKey: 'mine-2' }).catch((e: unknown) => e)) as CantoConnectionError;
+    expect(wake.idempotencyKey).toBe('mine-2');
   });
 });
