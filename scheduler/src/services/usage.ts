@@ -9,7 +9,10 @@ export class UsageService {
   constructor(private readonly sql: Sql) {}
 
   async report(orgId: string, query: { start?: string; end?: string }): Promise<UsageReport> {
-    const now = new Date();
+    // The database's clock: every time the meter records is its `now()`, and an interval still
+    // open ends at the same clock's now (a replica's own clock may be off by its skew).
+    const [clock] = await this.sql<Array<{ now: Date }>>`SELECT now() AS now`;
+    const now = clock!.now;
     const range = parseUsageRange(query, now);
     if ('error' in range) throw errors.badRequest(range.error);
     const rows = await usageRows(this.sql, orgId, range.start, range.end);
