@@ -79,9 +79,9 @@ export function registerAdminCommands(program: Command, env: NodeJS.ProcessEnv):
     out(table(answer.hosts.map(hostRow), ['ID', 'HOSTNAME', 'STATUS', 'RUNTIME', 'SCHEDULABLE', 'DESKTOPS', 'VCPU', 'MEMORY', 'FREE MEMORY', 'ROOM', 'SLOTS', 'LAST HEARD']));
   });
   adminCommand<[string]>(hosts, 'show', 'one host in detail; with --wait, follow its drain until it ends (asks for nothing)', async (admin, opts, id) => {
-    const host = unwrap(await admin.api.GET('/admin/v1/hosts/{host_id}', { params: { path: { host_id: id } } }));
     // A drain that has ended is told and exits as drain --wait would (0 drained, 1 otherwise).
-    if (opts.wait) return followDrain(admin, opts, host.id);
+    if (opts.wait) return followDrain(admin, opts, id);
+    const host = unwrap(await admin.api.GET('/admin/v1/hosts/{host_id}', { params: { path: { host_id: id } } }));
     if (opts.json) return json(host);
     out(describeHost(host));
   })
@@ -299,7 +299,7 @@ function hostRow(h: AdminHost): Record<string, string> {
   return {
     ID: h.id,
     HOSTNAME: h.hostname,
-    STATUS: h.lost_at ? 'lost (being forgotten)' : hostStatusLabel(h.state, h.cordoned, h.drain?.state ?? null),
+    STATUS: hostStatusLabel(h.state, h.cordoned, h.drain?.state ?? null, h.lost_at !== null),
     RUNTIME: `${h.agent.runtime}${h.agent.memory_snapshots ? '+snapshots' : ''}`,
     SCHEDULABLE: h.schedulable ? 'yes' : 'no',
     DESKTOPS: `${h.desktops.total} (${h.desktops.awake} awake)`,

@@ -137,8 +137,12 @@ export function fleetWarnings(status: FleetStatus, liveRows: readonly ReplicaRow
   return warnings;
 }
 
-/** A host's status as tables show it: `ready`, `down`, with `cordoned` and a drain under way or stopped. */
-export function hostStatusLabel(state: string, cordoned: boolean, drain: DrainState | null): string {
+/**
+ * A host's status as tables show it: `ready`, `down`, with `cordoned` and a drain under way or
+ * stopped; `lost` for a host being forgotten, whatever else it was.
+ */
+export function hostStatusLabel(state: string, cordoned: boolean, drain: DrainState | null, lost = false): string {
+  if (lost) return 'lost';
   // A drained host says so: the next step of the runbook is stopping its agent and removing it.
   const drainWord = drain === 'draining' ? ['draining'] : drain === 'stopped' ? ['drain stopped'] : drain === 'drained' ? ['drained'] : [];
   return [state, ...(cordoned ? ['cordoned'] : []), ...drainWord].join(',');
@@ -164,7 +168,7 @@ export function formatFleetStatus(status: FleetStatus): string {
   const hostRows = status.hosts.map((h) => ({
     ID: h.id,
     HOSTNAME: h.hostname,
-    STATUS: h.lost ? 'lost' : hostStatusLabel(h.status, h.cordoned, h.drain?.state ?? null),
+    STATUS: hostStatusLabel(h.status, h.cordoned, h.drain?.state ?? null, h.lost),
     'LAST HEARD': ago(h.last_heard_ms_ago),
     DESKTOPS: Object.entries(h.desktops).map(([state, n]) => `${n} ${state}`).join(', ') || 'none',
     RUNTIME: h.runtime,

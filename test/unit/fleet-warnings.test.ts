@@ -4,7 +4,7 @@
  * declared lost says what is left of its forgetting.
  */
 import { describe, expect, it } from 'vitest';
-import { fleetWarnings, type FleetStatus } from '../../cli/src/status.js';
+import { fleetWarnings, hostStatusLabel, type FleetStatus } from '../../cli/src/status.js';
 import type { ReplicaRow } from '../../scheduler/src/store/replicas.js';
 
 const replica: ReplicaRow = { id: 'r1', url: 'http://a', version: '1', settings: {}, started_at: new Date(), last_seen_at: new Date() };
@@ -40,5 +40,10 @@ describe('fleet warnings', () => {
       // A host declared lost is being written off: what is left to do, not that it is down.
       'host host_4 (h4) was declared lost: 4 desktop(s) on it still to destroy; finish with canto hosts forget host_4 --yes --wait',
     ]);
+  });
+
+  it('labels a host being forgotten lost, whatever else it was, in canto status and hosts list alike', () => {
+    expect(hostStatusLabel('down', true, 'stopped', true)).toBe('lost');
+    expect(hostStatusLabel('down', true, 'stopped')).toBe('down,cordoned,drain stopped');
   });
 });

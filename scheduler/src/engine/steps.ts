@@ -103,6 +103,11 @@ export async function inspect(deps: StepDeps, hostId: string, desktopId: string)
 async function connectedHost(deps: StepDeps, hostId: string): Promise<string> {
   // Nothing to wait for on a host an operator declared lost: its agent is refused for good.
   if ((await unlinkedAndLost(deps, hostId)) !== null) throw hostLostFailure();
+  return linkedHost(deps, hostId);
+}
+
+/** The host once this replica's link to it is up, waiting `hostWaitMs` for one (it is not lost). */
+async function linkedHost(deps: StepDeps, hostId: string): Promise<string> {
   if (!(await deps.agents.waitConnected(hostId, deps.hostWaitMs))) {
     throw new AgentFailure('disconnected', 'the desktop host is unreachable', true);
   }
@@ -269,7 +274,7 @@ export async function destroy(deps: StepDeps, op: OperationRow): Promise<void> {
   // the moment the host was last heard from.
   const lostSince = d.host_id ? await unlinkedAndLost(deps, d.host_id) : null;
   if (d.host_id && lostSince === null) {
-    const hostId = await connectedHost(deps, d.host_id);
+    const hostId = await linkedHost(deps, d.host_id);
     await command(deps, hostId, 'desktop.destroy', { desktop_id: d.id, generation: d.generation, operation_id: op.id });
   }
   await inTransaction(deps.sql, async (tx) => {
