@@ -45,11 +45,37 @@ const KEEPALIVE_MS = 30_000;
 /** How long a refused connection may stay half-open for its `ERR` line to reach the client. */
 export const LINGER_MS = 2_000;
 
+/**
+ * Slots for connections that still owe their handshake: MAX_HANDSHAKES in all and, once half are
+ * taken, MAX_HANDSHAKES_PER_ADDRESS per client address (the rule above). The stream gateway keeps
+ * a second set for request heads still being read.
+ */
+export class HandshakeSlots {
+  private taken = 0;
+  private readonly byAddress = new Map<string, number>();
+
+  /** Takes a slot for a connection from `address`; false when it may not have one. */
+  take(address: string): boolean {
+    const fromAddress = this.byAddress.get(address) ?? 0;
+    if (this.taken >= MAX_HANDSHAKES || (fromAddress >= MAX_HANDSHAKES_PER_ADDRESS && this.taken >= FAIR_SHARE_FROM)) return false;
+    this.taken++;
+    this.byAddress.set(address, fromAddress + 1);
+    return true;
+  }
+
+  /** Gives back a slot `take` gave for `address`. */
+  give(address: string): void {
+    this.taken--;
+    const left = (this.byAddress.get(address) ?? 1) - 1;
+    if (left > 0) this.byAddress.set(address, left);
+    else this.byAddress.delete(address);
+  }
+}
+
 export class LineListener {
   /** Every open client connection, whatever its state. */
   private readonly sockets = new Set<Socket>();
-  private readonly handshakes = new Set<Socket>();
-  private readonly handshakesByAddress = new Map<string, number>();
+  private readonly handshakes = new HandshakeSlots();
   private closingFlag = false;
 
   private constructor(
@@ -97,16 +123,13 @@ export class LineListener {
   private accept(socket: Socket): void {
     socket.on('error', () => undefined);
     const address = socket.remoteAddress ?? '';
-    const fromAddress = this.handshakesByAddress.get(address) ?? 0;
-    const overFairShare = fromAddress >= MAX_HANDSHAKES_PER_ADDRESS && this.handshakes.size >= FAIR_SHARE_FROM;
-    if (this.closingFlag || this.handshakes.size >= MAX_HANDSHAKES || overFairShare) {
+    if (this.closingFlag || !this.handshakes.take(address)) {
       socket.destroy();
       return;
     }
     this.sockets.add(socket);
     socket.once('close', () => this.sockets.delete(socket));
-    this.handshakes.add(socket);
-    this.handshakesByAddress.set(address, fromAddress + 1);
+    let owing = true;
     const { maxLineBytes, onLine, onNoLine } = this.options;
     let head: Buffer = Buffer.alloc(0);
     const timer = setTimeout(() => {
@@ -118,10 +141,9 @@ export class LineListener {
       clearTimeout(timer);
       socket.off('data', onData);
       socket.off('end', onEnd);
-      if (!this.handshakes.delete(socket)) return;
-      const left = (this.handshakesByAddress.get(address) ?? 1) - 1;
-      if (left > 0) this.handshakesByAddress.set(address, left);
-      else this.handshakesByAddress.delete(address);
+      if (!owing) return;
+      owing = false;
+      this.handshakes.give(address);
     };
     const onData = (chunk: Buffer) => {
       head = head.length === 0 ? chunk : Buffer.concat([head, chunk]);

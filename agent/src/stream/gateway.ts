@@ -20,7 +20,7 @@ import type { Socket } from 'node:net';
 import type { WebSocket, WebSocketServer } from 'ws';
 import type { StreamClaim } from '../../../shared/src/computer-use.js';
 import { AgentFailure } from '../../../shared/src/protocol.js';
-import { FAIR_SHARE_FROM, LineListener, LINGER_MS, MAX_HANDSHAKES, MAX_HANDSHAKES_PER_ADDRESS, refuseWithLine } from '../line-listener.js';
+import { HandshakeSlots, LineListener, LINGER_MS, refuseWithLine } from '../line-listener.js';
 import type { TerminalSession, TerminalSpec, VncSession } from '../runtime/driver.js';
 import { TerminalTicketBook, type TerminalLease } from './terminal-tickets.js';
 import { TicketBook, type Lease } from './tickets.js';
@@ -84,8 +84,7 @@ export class StreamGateway {
   private readonly wsConnections = new Set<WsConnection>();
   private readonly wss: WebSocketServer = webSocketServer();
   private readonly pending = new Set<Promise<unknown>>();
-  private readingHeads = 0;
-  private readonly headsByAddress = new Map<string, number>();
+  private readonly readingHeads = new HandshakeSlots();
   private listener!: LineListener;
 
   private constructor(private readonly options: StreamGatewayOptions) {
@@ -172,18 +171,12 @@ export class StreamGateway {
     // The same fair share as the first lines': one address holding heads unfinished cannot take
     // every slot and lock every other viewer out.
     const address = socket.remoteAddress ?? '';
-    const fromAddress = this.headsByAddress.get(address) ?? 0;
-    if (this.readingHeads >= MAX_HANDSHAKES || (fromAddress >= MAX_HANDSHAKES_PER_ADDRESS && this.readingHeads >= FAIR_SHARE_FROM)) {
+    if (!this.readingHeads.take(address)) {
       socket.destroy();
       return;
     }
-    this.readingHeads++;
-    this.headsByAddress.set(address, fromAddress + 1);
     const read = await readHttpHead(socket, line, early, this.options.handshakeTimeoutMs ?? DEFAULT_HANDSHAKE_MS);
-    this.readingHeads--;
-    const left = (this.headsByAddress.get(address) ?? 1) - 1;
-    if (left > 0) this.headsByAddress.set(address, left);
-    else this.headsByAddress.delete(address);
+    this.readingHeads.give(address);
     if (read === null) return;
     const { head, rest } = read;
     if (head.path !== '/vnc' && head.path !== '/terminal') {
