@@ -8,14 +8,16 @@
  * moves and the desktops left from the database, so a new leader simply carries on.
  *
  * A drain ends `finished` when the host holds no desktop. It stops short, with `drain_error`, when
- * one of its moves fails (the desktop stays where it was, whole): the operator reads why, fixes it
- * and asks for the drain again, which resumes with the desktops still there. A host that goes
+ * one of its moves fails (the desktop stays where it was, whole; or, failed only in its start on
+ * the target, stays there hibernated): the operator reads why, fixes it and asks for the drain
+ * again, which resumes with the desktops still there. A host that goes
  * down mid-drain pauses it: its desktops' disks are only there.
  */
 import type { Logger } from '../../../shared/src/log.js';
 import type { Sql } from '../store/db.js';
 import { activeDrains, drainCandidates, drainCounts, endDrain, insertMove, lastFailedMove } from '../store/moves.js';
-import type { HostRow } from '../store/rows.js';
+import type { HostRow, OperationRow } from '../store/rows.js';
+import type { MoveParams } from './move.js';
 
 export interface DrainerDeps {
   sql: Sql;
@@ -76,7 +78,7 @@ export class Drainer {
     const counts = await drainCounts(this.deps.sql, host);
     if (counts.failed > 0) {
       const failed = await lastFailedMove(this.deps.sql, host);
-      const why = `desktop ${failed?.desktop_id ?? '?'} could not be moved: ${failed?.error?.message ?? 'the move failed'}`;
+      const why = failedMoveWords(failed);
       await endDrain(this.deps.sql, host.id, why);
       this.log.warn({ hostId: host.id, error: why }, 'drain stopped');
       return;
@@ -96,4 +98,14 @@ export class Drainer {
       if ('op' in moved) this.log.info({ hostId: host.id, desktopId: d.id, operationId: moved.op.id }, 'drain: moving a desktop');
     }
   }
+}
+
+/** Why a drain stopped, for `drain_error`: which desktop, where it is now, and the move's error. */
+function failedMoveWords(failed: OperationRow | null): string {
+  const error = failed?.error?.message ?? 'the move failed';
+  const p = failed?.params as unknown as MoveParams | undefined;
+  if (p?.phase === 'committed' || p?.phase === 'started') {
+    return `desktop ${failed!.desktop_id} moved to ${p.target_host_id ?? '?'} but could not be started there (recorded hibernated; a wake retries): ${error}`;
+  }
+  return `desktop ${failed?.desktop_id ?? '?'} could not be moved: ${error}`;
 }

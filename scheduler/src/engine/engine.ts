@@ -22,7 +22,8 @@ import { desktopsOfHost } from '../store/hosts.js';
 import { claimPending, OP_NEW_CHANNEL, runningOperations } from '../store/operations.js';
 import type { OperationRow } from '../store/rows.js';
 import * as steps from './steps.js';
-import { move, rollBackMove } from './move.js';
+import { move, type MoveParams } from './move.js';
+import { failMove } from './move-failure.js';
 import { removeStaleCopy, staleCopies } from './stale-copies.js';
 import type { HelloDesktops } from '../agents/gateway.js';
 import type { LeaderTerm } from './leader.js';
@@ -258,7 +259,7 @@ export class OperationEngine {
           }
           return log.warn('lease lost; the next leader re-drives');
         }
-        const age = Date.now() - (op.started_at ?? op.created_at).getTime();
+        const age = Date.now() - retriesCountFrom(op).getTime();
         const retryable = (err instanceof AgentFailure && err.retryable) || (err instanceof steps.NoCapacity && age < this.deps.capacityWaitMs) || passingDatabaseFault(err);
         if (retryable && age < this.deps.operationDeadlineMs) {
           log.warn({ err: (err as Error).message, backoffMs }, 'retryable failure; retrying');
@@ -268,17 +269,42 @@ export class OperationEngine {
         }
         const error = describe(err);
         log.warn({ error, err }, 'operation failed');
-        try {
-          if (op.kind === 'move') await rollBackMove(this.deps, op);
-          await steps.fail(this.deps, op, error);
-          this.base.onSettled?.(op, 'failed');
-        } catch (settleErr) {
-          log.error({ err: settleErr }, 'could not settle failed operation');
-        }
-        return;
+        return this.settleFailed(op, error, log);
       }
     }
   }
+
+  /**
+   * Records the failure. A settlement cut short by a passing fault, or by a lease that renews in
+   * the same term, is tried again: left running, the operation would hold its desktop until the
+   * next term re-drove it.
+   */
+  private async settleFailed(op: OperationRow, error: { code: string; message: string }, log: Logger): Promise<void> {
+    for (let backoffMs = 200; this.running; backoffMs = Math.min(backoffMs * 2, 5_000)) {
+      try {
+        if (op.kind === 'move') await failMove(this.deps, op, error);
+        else await steps.fail(this.deps, op, error);
+        this.base.onSettled?.(op, 'failed');
+        return;
+      } catch (err) {
+        if (err instanceof steps.LeaseLost) {
+          if (!(await this.termGoesOn())) return log.warn('lease lost; the next leader re-drives');
+          continue;
+        }
+        if (!passingDatabaseFault(err)) return log.error({ err }, 'could not settle failed operation');
+        await this.pause(backoffMs);
+      }
+    }
+  }
+}
+
+/**
+ * When an operation's retries began: its start, or for a move past its commit, the commit
+ * (engine/move.ts `committed_at`).
+ */
+function retriesCountFrom(op: OperationRow): Date {
+  const committedAt = op.kind === 'move' ? (op.params as unknown as MoveParams | null)?.committed_at : undefined;
+  return committedAt ? new Date(committedAt) : (op.started_at ?? op.created_at);
 }
 
 /** SQLSTATEs of faults the server means to be passing: a serialization failure, a deadlock, a shutdown, too many connections. */

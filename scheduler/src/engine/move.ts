@@ -23,16 +23,15 @@
  *   committed → started   an awake desktop is started on the target (restored from memory)
  *   started  → done       the source copy is destroyed; settled with bytes and downtime
  *
- * Before the commit a failure rolls back: the target drops what it imported, an awake desktop is
- * started again on the source, the mark is cleared. After it, the desktop lives on the target;
- * a start that fails there leaves it recorded hibernated (its disk intact) rather than lost.
+ * A move that fails is undone or recorded by move-failure.ts, in the settlement's fenced
+ * transaction: nothing here writes the desktop's state outside a phase's own fenced write, so a
+ * leader that lost its term mid-move leaves the record as it was for the next one.
  */
-import { AgentFailure, snapshotFormat, type CommandResult } from '../../../shared/src/protocol.js';
+import { snapshotFormat, type CommandResult } from '../../../shared/src/protocol.js';
 import { TIER_SPECS } from '../../../shared/src/tiers.js';
 import { inTransaction, type Sql } from '../store/db.js';
 import { LEADER_LEASE } from '../store/leases.js';
 import { getDesktopById, transition } from '../store/desktops.js';
-import { closeMeter, recordEvent } from '../store/events.js';
 import { settleOperation, type SettleFence } from '../store/operations.js';
 import type { DesktopRow, OperationRow } from '../store/rows.js';
 import { selectHost } from '../placement/select.js';
@@ -52,6 +51,12 @@ export interface MoveParams {
   drain?: string | null;
   /** When the hibernate on the source began (downtime starts), and when the target answered again. */
   stopped_at?: string;
+  /**
+   * When the desktop became the target's (ISO). The start there gets its retries counted from
+   * here (engine.ts), not from the move's start: however long the copy took, nothing is left to
+   * roll back, and a retry is all that stands between the desktop and a failed start.
+   */
+  committed_at?: string;
   started_at?: string;
   memory_snapshot?: boolean;
   /** Whether the move pre-copies (decided at the plan: both agents speak 1.12, the desktop is awake). */
@@ -117,8 +122,12 @@ async function loadDesktop(sql: Sql, id: string): Promise<DesktopRow> {
   return d;
 }
 
-/** Writes the next phase into the operation, fenced on the leader term like a settlement. */
-async function advance(sql: Sql, op: OperationRow, next: MoveParams, fence: SettleFence): Promise<MoveParams> {
+/**
+ * Writes the next phase into the operation, fenced on the leader term like a settlement. Inside
+ * a transaction (`inTx`), the caller adopts the phase (`adopt`) once the transaction committed:
+ * a COMMIT that failed must leave this process at the phase the database still holds.
+ */
+async function advance(sql: Sql, op: OperationRow, next: MoveParams, fence: SettleFence, inTx = false): Promise<MoveParams> {
   const p = { ...next, phase_ms: { ...next.phase_ms, [next.phase]: (next.phase_ms?.[next.phase] ?? 0) + phaseTook(op) } };
   const rows = await sql`
     UPDATE operations SET params = ${sql.json(p as never)}
@@ -126,6 +135,11 @@ async function advance(sql: Sql, op: OperationRow, next: MoveParams, fence: Sett
       AND EXISTS (SELECT 1 FROM leases WHERE name = ${LEADER_LEASE} AND holder = ${fence.holder} AND epoch = ${fence.epoch} AND expires_at > now())
     RETURNING id`;
   if (rows.length !== 1) throw new LeaseLost('leader lease lost during a move');
+  return inTx ? p : adopt(op, p);
+}
+
+/** The phase written is this process's from now on. */
+function adopt(op: OperationRow, p: MoveParams): MoveParams {
   op.params = p as unknown as Record<string, unknown>;
   phaseStarts.set(op, performance.now());
   return p;
@@ -162,10 +176,11 @@ async function plan(deps: StepDeps, op: OperationRow, d: DesktopRow, p: MovePara
   }
   // A pre-copy reads the desktop while it runs: it keeps answering until the stop marks it.
   const precopies = d.state === 'awake' && deps.agents.speaks(target, 1, 12) && deps.agents.speaks(p.source_host_id, 1, 12);
-  return inTransaction(deps.sql, async (tx) => {
+  const planned = await inTransaction(deps.sql, async (tx) => {
     if (!precopies) await tx`UPDATE desktops SET moving_operation_id = ${op.id} WHERE id = ${d.id}`;
-    return advance(tx, op, { ...p, phase: 'planned', target_host_id: target, was_awake: d.state === 'awake', precopy: precopies }, deps.fence);
+    return advance(tx, op, { ...p, phase: 'planned', target_host_id: target, was_awake: d.state === 'awake', precopy: precopies }, deps.fence, true);
   });
+  return adopt(op, planned);
 }
 
 /**
@@ -240,7 +255,7 @@ async function stop(deps: StepDeps, op: OperationRow, d: DesktopRow, p: MovePara
  * refuses anything not newer; the desktop's current generation may be exactly that one (nothing
  * bumped it since it last moved), so a move back would be refused as stale.
  */
-function targetGeneration(d: DesktopRow): number {
+export function targetGeneration(d: DesktopRow): number {
   return d.generation + 1;
 }
 
@@ -298,43 +313,31 @@ async function commit(deps: StepDeps, op: OperationRow, d: DesktopRow, p: MovePa
   const committed = await inTransaction(deps.sql, async (tx) => {
     const moved = await transition(tx, d.id, [d.state], d.state, { hostId: p.target_host_id!, expectGeneration: d.generation, clearMoving: true });
     if (!moved) throw new StepFailure('conflict', 'the desktop changed while it was being copied');
-    return { p: await advance(tx, op, { ...p, phase: 'committed' }, deps.fence), moved };
+    return { p: await advance(tx, op, { ...p, phase: 'committed', committed_at: new Date().toISOString() }, deps.fence, true), moved };
   });
   deps.placements.release(d.id);
-  return committed;
+  return { p: adopt(op, committed.p), moved: committed.moved };
 }
 
-/** `moved`: the row the commit wrote, when this leader committed (otherwise it is read). */
+/**
+ * `moved`: the row the commit wrote, when this leader committed (otherwise it is read). A start
+ * that fails is retried, counted from the commit; one that cannot succeed is recorded by
+ * move-failure.ts, fenced with the settlement. Nothing is written here: a leader that cannot tell
+ * it leads sends nothing, and the next drive of the move (this term's or the next leader's)
+ * finds the desktop as the commit left it.
+ */
 async function startOnTarget(deps: StepDeps, op: OperationRow, p: MoveParams, moved: DesktopRow | null): Promise<MoveParams> {
   if (p.was_awake) {
     const d = moved ?? (await loadDesktop(deps.sql, op.desktop_id));
-    try {
-      await command(deps, p.target_host_id!, 'desktop.start', {
-        desktop_id: d.id, generation: d.generation, operation_id: op.id, tier: d.tier, first_boot: null,
-      });
-    } catch (err) {
-      if (err instanceof AgentFailure && err.retryable) throw err;
-      // The disk is on the target and committed there: record it hibernated rather than lose it.
-      await recordStoppedAfterMove(deps, d, p);
-      throw err;
-    }
+    // Only a leader of an older release wrote anything else after the commit; that record stands.
+    if (d.state !== 'awake' || d.host_id !== p.target_host_id) throw new StepFailure('conflict', `the moved desktop is recorded ${d.state} since its commit`);
+    await command(deps, p.target_host_id!, 'desktop.start', {
+      desktop_id: d.id, generation: d.generation, operation_id: op.id, tier: d.tier, first_boot: null,
+    });
   }
   const landed = await advance(deps.sql, op, { ...p, phase: 'started', started_at: new Date().toISOString() }, deps.fence);
   deps.onMoveLanded?.(op);
   return landed;
-}
-
-async function recordStoppedAfterMove(deps: StepDeps, d: DesktopRow, p: MoveParams): Promise<void> {
-  await inTransaction(deps.sql, async (tx) => {
-    const done = await transition(tx, d.id, ['awake'], 'hibernated', { expectGeneration: d.generation });
-    if (!done) return;
-    // It stopped answering at the move's stop and never ran again: nothing is billed after that.
-    await closeMeter(tx, d.id, p.stopped_at ? new Date(p.stopped_at) : null);
-    await recordEvent(tx, {
-      orgId: d.org_id, desktopId: d.id, type: 'desktop.hibernated',
-      data: { reason: 'move', cause: 'start_failed', host_id: p.target_host_id, memory_snapshot: p.memory_snapshot ?? false },
-    });
-  });
 }
 
 /** Destroys the source copy (best effort: a source that is down keeps a stale copy) and settles. */
@@ -366,33 +369,4 @@ async function finish(deps: StepDeps, op: OperationRow, p: MoveParams): Promise<
     );
     if (!ok) throw new LeaseLost('leader lease lost before settling');
   });
-}
-
-/**
- * A move that failed before its commit: the target forgets what it imported, an awake desktop
- * runs again on the source, the moving mark goes. After the commit there is nothing to undo.
- */
-export async function rollBackMove(deps: StepDeps, op: OperationRow): Promise<void> {
-  const p = op.params as unknown as MoveParams;
-  deps.placements.release(op.desktop_id);
-  if (p.phase === 'committed' || p.phase === 'started') return;
-  const d = await getDesktopById(deps.sql, op.desktop_id);
-  if (!d) return;
-  const ref = { desktop_id: d.id, generation: d.generation };
-  if (p.target_host_id && deps.agents.isConnected(p.target_host_id)) {
-    await command(deps, p.target_host_id, 'desktop.import.abort', { desktop_id: d.id, generation: targetGeneration(d) }).catch((err: unknown) => {
-      if (err instanceof LeaseLost) throw err;
-      deps.logger.warn({ err, desktopId: d.id, hostId: p.target_host_id }, 'failed move: the target could not drop its copy');
-    });
-  }
-  // A hibernate may have been sent without its phase recorded: start is idempotent either way.
-  if (p.was_awake && d.state === 'awake') {
-    try {
-      await command(deps, p.source_host_id, 'desktop.start', { ...ref, operation_id: op.id, tier: d.tier, first_boot: null });
-    } catch (err) {
-      if (err instanceof LeaseLost) throw err;
-      await recordStoppedAfterMove(deps, d, { ...p, target_host_id: p.source_host_id });
-    }
-  }
-  await deps.sql`UPDATE desktops SET moving_operation_id = NULL WHERE id = ${d.id} AND moving_operation_id = ${op.id}`;
 }

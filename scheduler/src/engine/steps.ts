@@ -339,9 +339,13 @@ export async function fork(deps: StepDeps, op: OperationRow): Promise<void> {
  * Settles a failed operation and returns the desktop to where it was: a failed wake goes back
  * to `hibernated` (or `provisioning` if it was never placed), a failed hibernate back to `awake`
  * (CRIU leaves the tree running when a dump fails); a failed destroy or fork changes nothing in
- * the database (a failed move was rolled back before: engine/move.ts). The copies a failed fork may have left on its host are removed best-effort.
+ * the database (a failed move is engine/move-failure.ts's). The copies a failed fork may have left on its host are removed best-effort.
  */
 export async function fail(deps: StepDeps, op: OperationRow, error: { code: string; message: string }): Promise<void> {
+  if (op.kind === 'wake' && OUTCOME_UNKNOWN.has(error.code)) {
+    const d = await getDesktopById(deps.sql, op.desktop_id);
+    if (d?.state === 'waking' && d.host_id) await stopIfStarted(deps, op, d, d.host_id);
+  }
   await inTransaction(deps.sql, async (tx) => {
     const d = (await getDesktopById(tx, op.desktop_id))!;
     if (op.kind === 'wake' && d.state === 'waking') await transition(tx, d.id, ['waking'], d.host_id ? 'hibernated' : 'provisioning');
@@ -349,6 +353,24 @@ export async function fail(deps: StepDeps, op: OperationRow, error: { code: stri
     if (!(await settleOperation(tx, op.id, { error }, deps.fence))) throw new LeaseLost('leader lease lost before settling');
   });
   if (op.kind === 'fork') await removeForkLeftovers(deps, op);
+}
+
+/** Errors after which a start sent may have gone through: the host did not answer in time, or at all. */
+const OUTCOME_UNKNOWN = new Set(['timeout', 'host_unavailable']);
+
+/**
+ * Hibernates a desktop whose start on `hostId` may have gone through although it answered a
+ * failure (a timeout of a slow restore), before it is recorded hibernated: left running, it would
+ * be unbilled until its host next said hello (fleet/hello-fence.ts stops it then). Best effort.
+ */
+export async function stopIfStarted(deps: StepDeps, op: OperationRow, d: DesktopRow, hostId: string): Promise<void> {
+  if (!deps.agents.isConnected(hostId)) return;
+  try {
+    await command(deps, hostId, 'desktop.hibernate', { desktop_id: d.id, generation: d.generation, operation_id: op.id, keep_detached: true });
+  } catch (err) {
+    if (err instanceof LeaseLost) throw err;
+    deps.logger.warn({ err, desktopId: d.id, hostId }, 'a failed start: could not make sure the desktop is stopped');
+  }
 }
 
 async function removeForkLeftovers(deps: StepDeps, op: OperationRow): Promise<void> {
