@@ -353,13 +353,14 @@ await d.close();
     expect(await sh(driver, id, 'xdotool getdisplaygeometry')).toBe('1024 768');
   });
 
-  it('cold-stop mode keeps the disk but not the processes', async () => {
+  it('cold-stop mode keeps the disk but not the processes, and boots at 1024x768 again (SPEC: a cold boot reverts the size)', async () => {
     const cold = await createSandboxDriver({ stateDir: join(base, 'state-cold'), memorySnapshots: false });
     try {
       expect(cold.capabilities()).toEqual({ runtime: 'sandbox', memorySnapshots: false, computerUse: true });
       const id = track(newId('desktop'), () => cold);
       await cold.start({ desktopId: id, tier: 'small', firstBoot: null });
       await sh(cold, id, 'echo kept > /root/hello.txt; sleep 1001 >/dev/null 2>&1 &');
+      expect(await cold.setDisplay(id, { width: 1280, height: 800 })).toEqual({ width: 1280, height: 800 });
       expect(await sh(cold, id, 'ps -eo args= | grep -c "^sleep 1001$" || true')).toBe('1');
       // What heartbeats report: this driver's running desktops, and the machine's desktop memory.
       const usage = await cold.usage();
@@ -372,6 +373,7 @@ await d.close();
       expect(await cold.start({ desktopId: id, tier: 'small', firstBoot: null })).toEqual({ restored: false });
       expect(await sh(cold, id, 'cat /root/hello.txt')).toBe('kept');
       expect(await sh(cold, id, 'ps -eo args= | grep -c "^sleep 1001$" || true')).toBe('0');
+      expect(await sh(cold, id, 'xdotool getdisplaygeometry')).toBe('1024 768');
     } finally {
       await cold.close();
     }

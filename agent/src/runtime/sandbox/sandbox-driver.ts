@@ -48,7 +48,7 @@ import type {
 } from '../driver.js';
 import { detectCriu, type CriuInfo } from './host/criu.js';
 import { resolveTool } from './host/tools.js';
-import { resizeAndRecord } from './computer-use/guest-display.js';
+import { resizeOneAtATime } from './computer-use/guest-display.js';
 import { runInput } from './computer-use/guest-input.js';
 import { VncSessions } from './computer-use/guest-vnc.js';
 import { TerminalSessions } from './guest/guest-terminal.js';
@@ -203,7 +203,7 @@ export class SandboxDriver implements RuntimeDriver {
   }
 
   setDisplay(desktopId: string, size: DisplaySize): Promise<DisplaySize> {
-    return resizeAndRecord((spec) => this.guest.exec(desktopId, spec), size, desktopPaths(this.stateDir, desktopId).displayFile);
+    return resizeOneAtATime((spec) => this.guest.exec(desktopId, spec), size, desktopId);
   }
 
   screenshot(desktopId: string, spec: ScreenshotSpec): Promise<Screenshot> {

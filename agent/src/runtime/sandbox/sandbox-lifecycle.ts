@@ -21,7 +21,6 @@ import { desktopStatus, listDesktops } from './host/desktop-status.js';
 import { dump, initOnceUndumped, keepFinishedDump, orphanedRestore, restore, type CriuInfo } from './host/criu.js';
 import { applyFirstBoot, renderEnvFile, WRITE_ENV_COMMAND } from './host/first-boot.js';
 import { writeCloneEnv } from './host/golden.js';
-import { reapplyRecordedDisplay } from './computer-use/guest-display.js';
 import type { VncSessions } from './computer-use/guest-vnc.js';
 import type { TerminalSessions } from './guest/guest-terminal.js';
 import type { GuestPorts } from './ports/guest-ports.js';
@@ -141,9 +140,6 @@ export class SandboxLifecycle implements Omit<DesktopLifecycle, 'close' | 'usage
           init = await coldBoot(paths, spec.desktopId, this.tools.bwrap, envFile);
           envAtBoot = envFile !== null;
           await writeFileAtomic(paths.initFile, JSON.stringify(init));
-          const booted = init;
-          const unset = await reapplyRecordedDisplay((e) => this.execIn(spec.desktopId, booted, e.command, e.timeoutMs), paths.displayFile);
-          if (unset !== null) this.log('could not set the display size again after a cold boot', { desktopId: spec.desktopId, error: unset }, 'warn');
         }
         // The images describe memory that no longer matches the disk once the guest has run.
         if (restored) await discardSpent();

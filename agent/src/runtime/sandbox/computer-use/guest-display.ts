@@ -7,7 +7,6 @@
  */
 import { AgentFailure } from '../../../../../shared/src/protocol.js';
 import type { DisplaySize, ExecOutcome, ExecSpec } from '../../driver.js';
-import { readJson, writeFileAtomic } from '../host/layout.js';
 import { KeyedMutex } from '../host/keyed-mutex.js';
 
 type Exec = (spec: ExecSpec) => Promise<ExecOutcome>;
@@ -42,31 +41,12 @@ export async function resizeDisplay(exec: Exec, size: DisplaySize): Promise<Disp
 }
 
 /**
- * docs/api.md §4.5: the geometry survives hibernate and wake. A memory snapshot keeps it by itself; for a
- * cold boot of a disk that already ran (no snapshot, or a restore that failed), every resize is
- * recorded in `file` beside the disk and set again by `reapplyRecordedDisplay`. A new desktop's
- * first boot has no record: 1024x768.
+ * SPEC (PUT …/display): the geometry survives hibernate and wake, which a memory snapshot does by
+ * itself; a cold boot reverts to 1024x768, so nothing records the size beside the disk.
+ * One resize of a display at a time: two interleaved would each answer the other's size.
  */
-export function resizeAndRecord(exec: Exec, size: DisplaySize, file: string): Promise<DisplaySize> {
-  // One resize of a display at a time: two interleaved would each answer the other's size, and
-  // the record could end up naming the one that did not win.
-  return resizes.run(file, async () => {
-    const applied = await resizeDisplay(exec, size);
-    await writeFileAtomic(file, JSON.stringify(applied));
-    return applied;
-  });
+export function resizeOneAtATime(exec: Exec, size: DisplaySize, desktopId: string): Promise<DisplaySize> {
+  return resizes.run(desktopId, () => resizeDisplay(exec, size));
 }
 
 const resizes = new KeyedMutex();
-
-/** Sets the recorded size again after a cold boot; answers why not, or null when it did (or had none). */
-export async function reapplyRecordedDisplay(exec: Exec, file: string): Promise<string | null> {
-  const size = await readJson<DisplaySize>(file);
-  if (size === null || !Number.isInteger(size.width) || !Number.isInteger(size.height)) return null;
-  try {
-    await resizeDisplay(exec, size);
-    return null;
-  } catch (err) {
-    return String(err);
-  }
-}

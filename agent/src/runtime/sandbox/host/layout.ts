@@ -75,8 +75,6 @@ export interface DesktopPaths {
   readonly run: string;
   readonly initFile: string;
   readonly firstBootMarker: string;
-  /** The display size last set through the API, re-applied by a cold boot of an existing disk. */
-  readonly displayFile: string;
 }
 
 /** Marks a golden template's directory (host/golden.ts): not a desktop the scheduler knows. */
@@ -107,7 +105,6 @@ export function desktopPaths(stateDir: string, desktopId: string): DesktopPaths 
     run: join(dir, 'run'),
     initFile: join(dir, 'run', 'init.json'),
     firstBootMarker: join(dir, 'first-boot-done'),
-    displayFile: join(dir, 'display.json'),
   };
 }
 

@@ -43,7 +43,11 @@ const PRECOPY_COLD_MS = 200;
 /** …and at least this large: smaller ones cost more in requests than they save. */
 const PRECOPY_MIN_BYTES = 64 * 1024;
 
-/** Members of a desktop directory that move with it, in byte order (tar's `--sort=name`). */
+/**
+ * Members of a desktop directory that move with it, in byte order (tar's `--sort=name`).
+ * `display.json` is only written by agents that set a cold boot's display size again (the SPEC
+ * has a cold boot revert it); it still moves, so units of both kinds of agent match.
+ */
 const PLAIN_MEMBERS = ['.ready', 'disk', 'display.json', 'fb', 'first-boot-done', 'snapshot'];
 const OVERLAY_MEMBERS = ['.ready', 'display.json', 'fb', 'first-boot-done', 'layers.json', 'snapshot', 'upper'];
 
