@@ -4,13 +4,16 @@
  * address guard, a dispatcher that stops mid-attempt).
  */
 import { execFileSync } from 'node:child_process';
-import { mkdtempSync, readFileSync, rmSync } from 'node:fs';
+import { createSocket } from 'node:dgram';
+import { mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { createServer as createHttpServer, type IncomingMessage, type Server, type ServerResponse } from 'node:http';
 import { createServer as createHttpsServer } from 'node:https';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { postDelivery, USER_AGENT } from '../../scheduler/src/webhooks/post-attempt.js';
+import { dnsLookup } from '../../scheduler/src/webhooks/guarded-connect.js';
+import { HostsFile } from '../../scheduler/src/webhooks/hosts-file.js';
 import { freePort } from '../helpers/processes.js';
 
 const dev = { allowLoopback: true, hosts: {} };
@@ -95,6 +98,43 @@ describe('postDelivery', () => {
     const https = `https://127.0.0.1:${origin.split(':')[2]}/ok`;
     expect(await postDelivery({ url: https, body: BODY, headers: SVC }, { policy: strict, timeoutMs: 2000 })).toMatchObject({ kind: 'error', permanent: true, message: /^refused: .*loopback/ });
     expect(seen.length).toBe(before);
+  });
+
+  it('bounds a resolver that never answers by the attempt timeout', async () => {
+    const silent = { ...dev, lookup: () => new Promise<string[]>(() => {}) };
+    const attempt = postDelivery({ url: 'http://hooks.example.test/x', body: BODY, headers: SVC }, { policy: silent, timeoutMs: 300 });
+    const hung = new Promise((resolve) => setTimeout(() => resolve('still resolving'), 3_000).unref());
+    expect(await Promise.race([attempt, hung])).toEqual({ kind: 'error', message: 'no response within 300 ms', permanent: false });
+  });
+
+  it('asks DNS without the thread pool, and gives up on a name server that never answers when told to', async () => {
+    // A name server that reads every query and answers none.
+    const server = createSocket('udp4');
+    await new Promise<void>((r) => server.bind(0, '127.0.0.1', r));
+    try {
+      const servers = [`127.0.0.1:${server.address().port}`];
+      const started = performance.now();
+      const stop = new AbortController();
+      setTimeout(() => stop.abort(new Error('attempt over')), 200);
+      await expect(dnsLookup('hooks.example.test', stop.signal, servers)).rejects.toThrow('attempt over');
+      expect(performance.now() - started).toBeLessThan(1_500);
+    } finally {
+      server.close();
+    }
+  });
+
+  it('reads a hosts file before DNS, as getaddrinfo would', async () => {
+    const dir = mkdtempSync(join(tmpdir(), 'canto-hosts-'));
+    try {
+      writeFileSync(join(dir, 'hosts'), '127.0.0.1 localhost\n# a comment\n203.0.113.5 Receiver.Internal receiver # trailing\n2001:db8::5 receiver.internal\nnot-an-ip bogus\n');
+      const file = new HostsFile(join(dir, 'hosts'));
+      const never = new AbortController().signal;
+      expect(await dnsLookup('RECEIVER.internal.', never, ['127.0.0.1:1'], file)).toEqual(['203.0.113.5', '2001:db8::5']);
+      expect(await dnsLookup('receiver', never, ['127.0.0.1:1'], file)).toEqual(['203.0.113.5']);
+      expect(await file.lookup('bogus')).toEqual([]);
+    } finally {
+      rmSync(dir, { recursive: true, force: true });
+    }
   });
 
   it('answers aborted, and records nothing, when the dispatcher stops mid-attempt', async () => {
