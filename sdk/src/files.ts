@@ -8,6 +8,7 @@
  */
 import type { Client } from 'openapi-fetch';
 import type { components, paths } from './generated/api.js';
+import { ConflictProblem, NotFoundProblem } from './problem.js';
 import { ONE_SHOT_BODY } from './retry.js';
 
 export type FileStat = components['schemas']['FileStatJson'];
@@ -67,11 +68,41 @@ function requestBody(body: UploadBody): { body: NonNullable<RequestInit['body']>
   throw new TypeError('upload body must be bytes, a string, a Blob, a ReadableStream or an async iterable of chunks');
 }
 
+/** The bytes of a body that can be read again (a stream is sent once and never repeated): null for a stream. */
+async function bytesOf(body: UploadBody): Promise<Uint8Array | null> {
+  if (typeof body === 'string') return encoder.encode(body);
+  if (body instanceof Uint8Array) return body;
+  if (body instanceof ArrayBuffer) return new Uint8Array(body);
+  if (body instanceof Blob) return new Uint8Array(await body.arrayBuffer());
+  return null;
+}
+
+function sameBytes(a: Uint8Array, b: Uint8Array): boolean {
+  return a.length === b.length && a.every((byte, i) => byte === b[i]);
+}
+
 export class Files {
   constructor(private readonly api: Client<paths>) {}
 
-  /** Writes `body` to `path` (replacing the file, or appending at `appendAt`). */
+  /**
+   * Writes `body` to `path` (replacing the file, or appending at `appendAt`). An append repeated
+   * after its first attempt was cut off, and refused because the file already grew by exactly
+   * its bytes, is checked: if those bytes are at its offset, the first attempt wrote them and the
+   * call succeeded.
+   */
   async upload(desktopId: string, path: string, body: UploadBody, options: UploadOptions = {}): Promise<void> {
+    try {
+      await this.put(desktopId, path, body, options);
+    } catch (err) {
+      if (!(err instanceof ConflictProblem && err.afterUnknownOutcome && options.appendAt !== undefined)) throw err;
+      const mine = await bytesOf(body);
+      if (mine === null || err.body.currentSize !== options.appendAt + mine.length) throw err;
+      const there = await this.readBytes(desktopId, path, { offset: options.appendAt, length: mine.length, signal: options.signal });
+      if (!sameBytes(there, mine)) throw err;
+    }
+  }
+
+  private async put(desktopId: string, path: string, body: UploadBody, options: UploadOptions): Promise<void> {
     const sent = requestBody(body);
     await this.api.PUT('/v1/desktops/{id}/files/{path}', {
       params: {
@@ -124,10 +155,15 @@ export class Files {
     return data!;
   }
 
+  /** Deletes `path`. Repeated after its first attempt was cut off, a 404 means that attempt deleted it. */
   async remove(desktopId: string, path: string, options: { recursive?: boolean; signal?: AbortSignal } = {}): Promise<void> {
-    await this.api.DELETE('/v1/desktops/{id}/files/{path}', {
-      params: { path: { id: desktopId, path }, query: options.recursive ? { recursive: 'true' } : {} },
-      signal: options.signal,
-    });
+    try {
+      await this.api.DELETE('/v1/desktops/{id}/files/{path}', {
+        params: { path: { id: desktopId, path }, query: options.recursive ? { recursive: 'true' } : {} },
+        signal: options.signal,
+      });
+    } catch (err) {
+      if (!(err instanceof NotFoundProblem && err.afterUnknownOutcome)) throw err;
+    }
   }
 }

@@ -70,6 +70,11 @@ export class CantoProblem extends Error {
   readonly path: string;
   /** Seconds the server asked to wait before retrying (429, 503), when it said. */
   readonly retryAfterSecs: number | null;
+  /**
+   * An earlier attempt of this call was cut off after it may have reached the server (its answer
+   * lost, not necessarily its effect): this answer may be about what that attempt did.
+   */
+  afterUnknownOutcome = false;
 
   constructor(body: ProblemBody, request: { method: string; path: string }, retryAfterSecs: number | null = null) {
     super(`${body.detail} (HTTP ${body.status} from ${request.method} ${request.path})`);

@@ -5,10 +5,16 @@
  * it says nothing, docs/api.md §7) and tries again, a bounded number of times.
  *
  * Only requests that are safe to repeat are repeated: methods HTTP calls idempotent (GET, HEAD,
- * PUT, DELETE, OPTIONS) and any request carrying an `Idempotency-Key`, which the server uses to
- * answer a repeat with the first result. A POST without a key (an exec, a screenshot) is never
- * sent twice behind the caller's back. A body that cannot be read twice (a stream being
- * uploaded) is never retried either: the caller sees the 503 and decides.
+ * PUT, DELETE, OPTIONS) and a POST carrying an `Idempotency-Key` to a route that keeps one
+ * (create, wake, hibernate, destroy, fork: docs/api.md §4.11), which the server answers with the
+ * first result when repeated. Any other POST (an exec, a screenshot, even one a caller put a key
+ * on) is never sent twice behind the caller's back. A body that cannot be read twice (a stream
+ * being uploaded) is never retried either: the caller sees the 503 and decides.
+ *
+ * An attempt cut off after it was sent (a reset, a timeout) may have been acted on: its answer
+ * was lost, not its effect. The answer to the attempt after it is marked (`afterUnknownOutcome`),
+ * so that a repeat refused because the first one worked (an append whose offset has moved on by
+ * exactly its own bytes, a delete of what is gone) can be told from a real refusal (files.ts).
  *
  * This is a `fetch` wrapper, so it sits under openapi-fetch and every typed call gets it.
  */
@@ -37,6 +43,22 @@ export interface RetryOptions {
 }
 
 const IDEMPOTENT_METHODS = new Set(['GET', 'HEAD', 'PUT', 'DELETE', 'OPTIONS']);
+/** The POST routes whose Idempotency-Key the server keeps. */
+const KEYED_POSTS = /\/v1\/desktops(\/[^/]+\/(wake|hibernate|destroy|fork))?$/;
+
+/** Answers that follow an attempt whose outcome is unknown (see above). */
+const afterUnknown = new WeakSet<Response>();
+
+/** Whether an attempt before this answer was cut off after it may have reached the server. */
+export function answersAfterUnknownOutcome(response: Response): boolean {
+  return afterUnknown.has(response);
+}
+
+/** A failed attempt that never reached the server: nothing was acted on. */
+function neverSent(err: unknown): boolean {
+  const code = (err as { cause?: { code?: unknown } } | null)?.cause?.code;
+  return code === 'ECONNREFUSED' || code === 'ENOTFOUND' || code === 'EAI_AGAIN';
+}
 
 /** Marks a request whose body is a one-shot stream: never replayed. */
 export const ONE_SHOT_BODY = 'x-canto-sdk-one-shot';
@@ -44,7 +66,8 @@ export const ONE_SHOT_BODY = 'x-canto-sdk-one-shot';
 /** Whether `request` may be sent again after a 503/429 or a failed connection. */
 export function isRetrySafe(request: Request): boolean {
   if (request.headers.has(ONE_SHOT_BODY)) return false;
-  return IDEMPOTENT_METHODS.has(request.method) || request.headers.has('idempotency-key');
+  if (IDEMPOTENT_METHODS.has(request.method)) return true;
+  return request.method === 'POST' && request.headers.has('idempotency-key') && KEYED_POSTS.test(new URL(request.url).pathname);
 }
 
 export function abortableSleep(ms: number, signal: AbortSignal): Promise<void> {
@@ -88,6 +111,7 @@ export function retryingFetch(inner: FetchLike, options: RetryOptions = {}, time
   return async (request) => {
     const safe = isRetrySafe(request);
     const oneShot = request.headers.has(ONE_SHOT_BODY);
+    let unknownOutcome = false;
     for (let attempt = 1; ; attempt++) {
       const last = !safe || attempt >= maxAttempts;
       // A Request's body can be read once: each attempt but the last sends a copy.
@@ -108,10 +132,12 @@ export function retryingFetch(inner: FetchLike, options: RetryOptions = {}, time
         // The caller's own abort ends the call; anything else is the network's doing.
         if (request.signal.aborted) throw err;
         if (last || options.onConnectionError === false) throw new CantoConnectionError(new URL(request.url).origin, err);
+        if (!neverSent(err)) unknownOutcome = true;
         const delay = retryDelayMs(attempt, null, options);
         await sleep(delay!, request.signal);
         continue;
       }
+      if (unknownOutcome) afterUnknown.add(response);
       if (last || !statuses.has(response.status)) return response;
       const delay = retryDelayMs(attempt, response.headers.get('retry-after'), options);
       if (delay === null) return response;

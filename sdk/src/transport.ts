@@ -7,7 +7,7 @@
  */
 import createClient, { type Client, type Middleware } from 'openapi-fetch';
 import { toProblem } from './problem.js';
-import { retryingFetch, type FetchLike, type RetryOptions } from './retry.js';
+import { answersAfterUnknownOutcome, retryingFetch, type FetchLike, type RetryOptions } from './retry.js';
 
 export interface TransportOptions {
   /** Where the API is served, e.g. `https://canto.example.com` (no `/v1`). */
@@ -45,7 +45,9 @@ const throwProblems: Middleware = {
     } catch {
       // Not JSON (a proxy's page): its text becomes the detail.
     }
-    throw toProblem(response, body, request.method);
+    const problem = toProblem(response, body, request.method);
+    if (answersAfterUnknownOutcome(response)) problem.afterUnknownOutcome = true;
+    throw problem;
   },
 };
 

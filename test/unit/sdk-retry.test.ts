@@ -31,6 +31,10 @@ const problem = (status: number, headers: Record<string, string> = {}, extra: ob
   res.end(JSON.stringify({ type: 'about:blank', title: 'T', status, detail: `detail ${status}`, ...extra }));
 };
 
+/** The request reached the server, which acted on it, and the answer was lost on the way. */
+const cutOff = (res: ServerResponse) => void res.socket!.destroy();
+const bytes = (text: string) => (res: ServerResponse) => void res.writeHead(200, { 'content-type': 'application/octet-stream' }).end(text);
+
 function client(maxAttempts = 4): Canto {
   return createCanto({
     baseUrl: base,
@@ -139,6 +143,42 @@ describe('SDK retries', () => {
     expect(seen.map((s) => s.body)).toEqual(['stream']);
     await client().files.upload('dsk_x', 'root/s.txt', Readable.from([Buffer.from('str'), Buffer.from('eam')]), { appendAt: 5 });
     expect(seen[1]).toMatchObject({ url: '/v1/desktops/dsk_x/files/root/s.txt?append=true&offset=5', body: 'stream' });
+  });
+
+  it('never repeats a POST whose Idempotency-Key the server does not keep (exec with a key of the caller)', async () => {
+    script = [problem(503, { 'retry-after': '1' })];
+    const err = await client()
+      .api.POST('/v1/desktops/{id}/exec', { params: { path: { id: 'dsk_x' } }, body: { command: 'true' }, headers: { 'idempotency-key': 'k1' } })
+      .catch((e: unknown) => e);
+    expect(err).toBeInstanceOf(UnavailableProblem);
+    expect(seen.length).toBe(1);
+  });
+
+  it('takes an append cut off mid-answer, whose repeat finds its own bytes at its offset, for done', async () => {
+    script = [cutOff, problem(409, {}, { currentSize: 10 }), bytes('hello')];
+    await client().files.upload('dsk_x', 'root/log', 'hello', { appendAt: 5 });
+    expect(seen.map((s) => [s.method, s.url])).toEqual([
+      ['PUT', '/v1/desktops/dsk_x/files/root/log?append=true&offset=5'],
+      ['PUT', '/v1/desktops/dsk_x/files/root/log?append=true&offset=5'],
+      ['GET', '/v1/desktops/dsk_x/files/root/log?offset=5&length=5'],
+    ]);
+  });
+
+  it('still answers the 409 of an append when the bytes there are not its own, or no attempt before could have written', async () => {
+    script = [cutOff, problem(409, {}, { currentSize: 10 }), bytes('other')];
+    await expect(client().files.upload('dsk_x', 'root/log', 'hello', { appendAt: 5 })).rejects.toBeInstanceOf(ConflictProblem);
+    seen = [];
+    script = [problem(409, {}, { currentSize: 10 })];
+    await expect(client().files.upload('dsk_x', 'root/log', 'hello', { appendAt: 5 })).rejects.toBeInstanceOf(ConflictProblem);
+    expect(seen.length).toBe(1);
+  });
+
+  it('takes a delete cut off mid-answer, whose repeat finds nothing, for done; a first 404 stands', async () => {
+    script = [cutOff, problem(404)];
+    await client().files.remove('dsk_x', 'root/gone.txt');
+    expect(seen.map((s) => s.method)).toEqual(['DELETE', 'DELETE']);
+    script = [problem(404)];
+    await expect(client().files.remove('dsk_x', 'root/gone.txt')).rejects.toBeInstanceOf(NotFoundProblem);
   });
 
   it('maps statuses to problem classes and keeps extension members', async () => {
