@@ -103,13 +103,24 @@ function readTokenFile(path: string): string {
   return token;
 }
 
+/**
+ * A ticket url from the argument, else from `variable`: a command line is readable by every user
+ * of the machine (`ps`), and a ticket is good for one connection to whoever presents it first;
+ * a process's environment is its user's alone.
+ */
+function ticketUrl(argument: string | undefined, variable: string): string {
+  const url = argument ?? process.env[variable];
+  if (!url) throw new Error(`give the url as the argument, or in ${variable} (out of other users' sight on a shared machine)`);
+  return url;
+}
+
 program
   .command('vnc')
-  .description('relay one VNC viewer to a desktop stream: give it the url from POST /v1/desktops/{id}/stream')
-  .argument('<stream-url>', 'tcp://host:port/?ticket=…')
+  .description('relay one VNC viewer to a desktop stream: give it the url from POST /v1/desktops/{id}/stream (or set CANTO_STREAM_URL)')
+  .argument('[stream-url]', 'tcp://host:port/?ticket=… (default: $CANTO_STREAM_URL)')
   .option('--listen <host:port>', 'where the viewer connects', '127.0.0.1:5900')
-  .action(async (streamUrl: string, opts: { listen: string }) => {
-    const target = parseStreamUrl(streamUrl);
+  .action(async (streamUrl: string | undefined, opts: { listen: string }) => {
+    const target = parseStreamUrl(ticketUrl(streamUrl, 'CANTO_STREAM_URL'));
     const listen = parseHostPort(opts.listen);
     if (listen === null) throw new Error(`--listen must be host:port, got "${opts.listen}"`);
     await bridgeOnce(target, {
@@ -123,10 +134,10 @@ program
 
 program
   .command('terminal')
-  .description('attach this terminal to a desktop terminal: give it the url from POST /v1/desktops/{id}/terminals')
-  .argument('<terminal-url>', 'ws://host:port/terminal?ticket=…')
-  .action(async (terminalUrl: string) => {
-    const url = parseTerminalUrl(terminalUrl);
+  .description('attach this terminal to a desktop terminal: give it the url from POST /v1/desktops/{id}/terminals (or set CANTO_TERMINAL_URL)')
+  .argument('[terminal-url]', 'ws://host:port/terminal?ticket=… (default: $CANTO_TERMINAL_URL)')
+  .action(async (terminalUrl: string | undefined) => {
+    const url = parseTerminalUrl(ticketUrl(terminalUrl, 'CANTO_TERMINAL_URL'));
     process.exitCode = await attachTerminal(url, { stdin: process.stdin, stdout: process.stdout, stderr: process.stderr });
   });
 

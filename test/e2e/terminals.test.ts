@@ -76,6 +76,13 @@ describe.skipIf(!isRoot)('terminals and the WebSocket stream through the API, on
     child.stdin.end('echo from-cli-$((20 + 1)); stty size; exit 4\n');
     expect(await exited).toBe(4);
     expect(out).toMatch(/from-cli-21\r\n25 90\r\n/);
+
+    // The url may come from the environment instead, out of other users' sight (argv is public).
+    const hidden = (await terminal()).json.url as string;
+    const quiet = spawn(process.execPath, [CLI, 'terminal'], { stdio: ['pipe', 'pipe', 'pipe'], env: { ...process.env, CANTO_TERMINAL_URL: hidden } });
+    const quietExited = new Promise<number | null>((resolve) => quiet.once('exit', (code) => resolve(code)));
+    quiet.stdin.end('exit 5\n');
+    expect(await quietExited).toBe(5);
   }, 30_000);
 
   it('validates the body and answers 401 without a key and 404 for another org', async () => {
