@@ -24,6 +24,7 @@ import type { OperationRow } from '../store/rows.js';
 import * as steps from './steps.js';
 import { move, type MoveParams } from './move.js';
 import { failMove } from './move-failure.js';
+import { fail } from './step-failure.js';
 import { removeStaleCopy, staleCopies } from './stale-copies.js';
 import type { HelloDesktops } from '../agents/gateway.js';
 import type { LeaderTerm } from './leader.js';
@@ -193,7 +194,8 @@ export class OperationEngine {
     this.ticking = true;
     this.kickedWhileTicking = false;
     try {
-      for (const op of await claimPending(this.deps.sql, 20)) this.launch(op);
+      // A replica unsure it leads claims nothing (claimPending is fenced on the term as well).
+      if (this.deps.leading()) for (const op of await claimPending(this.deps.sql, 20, this.deps.fence)) this.launch(op);
       const round: steps.PlacementRound = { noRoom: new Map() };
       for (const d of await provisioningDesktops(this.deps.sql, PROVISION_PER_TIER)) {
         if (this.provisioning.has(d.id)) continue;
@@ -249,12 +251,15 @@ export class OperationEngine {
         this.base.onSettled?.(op, 'succeeded');
         return;
       } catch (err) {
+        if (err instanceof steps.AlreadySettled) return log.info('the operation was settled already (an earlier commit went through unheard)');
         if (err instanceof steps.LeaseLost) {
           // This replica could not tell that it still leads (a renewal slower than the lease's
           // margin). If the same term renews, the operation is still this term's to finish: only
-          // a new term re-drives running operations.
+          // a new term re-drives running operations. Not at once: a host that answers
+          // `stale_epoch` says a newer leader exists before this replica's renewal finds out.
           if (await this.termGoesOn()) {
             log.info('the lease renewed in the same term; the operation goes on');
+            await this.pause(LEASE_RECHECK_MS);
             continue;
           }
           return log.warn('lease lost; the next leader re-drives');
@@ -282,16 +287,19 @@ export class OperationEngine {
   private async settleFailed(op: OperationRow, error: { code: string; message: string }, log: Logger): Promise<void> {
     for (let backoffMs = 200; this.running; backoffMs = Math.min(backoffMs * 2, 5_000)) {
       try {
+        let outcome: 'failed' | 'succeeded' = 'failed';
         if (op.kind === 'move') await failMove(this.deps, op, error);
-        else await steps.fail(this.deps, op, error);
-        this.base.onSettled?.(op, 'failed');
+        else outcome = await fail(this.deps, op, error);
+        this.base.onSettled?.(op, outcome);
         return;
       } catch (err) {
+        if (err instanceof steps.AlreadySettled) return log.info('the operation was settled already (an earlier commit went through unheard)');
         if (err instanceof steps.LeaseLost) {
           if (!(await this.termGoesOn())) return log.warn('lease lost; the next leader re-drives');
-          continue;
+        } else if (!passingDatabaseFault(err)) {
+          // Given up, the operation would stay running, holding its desktop, until the next term.
+          log.error({ err, backoffMs }, 'could not settle failed operation; trying again');
         }
-        if (!passingDatabaseFault(err)) return log.error({ err }, 'could not settle failed operation');
         await this.pause(backoffMs);
       }
     }

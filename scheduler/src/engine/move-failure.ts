@@ -16,10 +16,10 @@
 import { inTransaction, type Sql } from '../store/db.js';
 import { getDesktopById, transition } from '../store/desktops.js';
 import { closeMeter, recordEvent } from '../store/events.js';
-import { settleOperation } from '../store/operations.js';
 import type { DesktopRow, OperationRow } from '../store/rows.js';
 import { targetGeneration, type MoveParams } from './move.js';
-import { command, LeaseLost, stopIfStarted, type StepDeps } from './steps.js';
+import { command, LeaseLost, settleFenced, type StepDeps } from './steps.js';
+import { stopIfStarted } from './step-failure.js';
 
 export async function failMove(deps: StepDeps, op: OperationRow, error: { code: string; message: string }): Promise<void> {
   const p = op.params as unknown as MoveParams;
@@ -30,13 +30,13 @@ export async function failMove(deps: StepDeps, op: OperationRow, error: { code: 
   let stoppedOn: string | null = null;
   if (d && !committed) stoppedOn = await rollBack(deps, op, d, p);
   if (d && p.phase === 'committed' && p.was_awake && d.state === 'awake' && d.host_id === p.target_host_id) {
-    await stopIfStarted(deps, op, d, p.target_host_id);
+    await stopIfStarted(deps, op, d, p.target_host_id, true);
     stoppedOn = p.target_host_id;
   }
   await inTransaction(deps.sql, async (tx) => {
     if (d && stoppedOn !== null) await recordStopped(tx, d, p, stoppedOn);
     if (!committed) await tx`UPDATE desktops SET moving_operation_id = NULL WHERE id = ${op.desktop_id} AND moving_operation_id = ${op.id}`;
-    if (!(await settleOperation(tx, op.id, { error }, deps.fence))) throw new LeaseLost('leader lease lost before settling');
+    await settleFenced(tx, deps.fence, op.id, { error });
   });
 }
 

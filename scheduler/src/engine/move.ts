@@ -32,10 +32,10 @@ import { TIER_SPECS } from '../../../shared/src/tiers.js';
 import { inTransaction, type Sql } from '../store/db.js';
 import { LEADER_LEASE } from '../store/leases.js';
 import { getDesktopById, transition } from '../store/desktops.js';
-import { settleOperation, type SettleFence } from '../store/operations.js';
+import type { SettleFence } from '../store/operations.js';
 import type { DesktopRow, OperationRow } from '../store/rows.js';
 import { selectHost } from '../placement/select.js';
-import { command, LeaseLost, NoCapacity, noCapacityMessage, readFleet, StepFailure, type StepDeps } from './steps.js';
+import { command, LeaseLost, NoCapacity, noCapacityMessage, readFleet, settleFenced, StepFailure, type StepDeps } from './steps.js';
 
 export type MovePhase = 'accepted' | 'planned' | 'precopied' | 'stopped' | 'copied' | 'committed' | 'started';
 
@@ -352,21 +352,12 @@ async function finish(deps: StepDeps, op: OperationRow, p: MoveParams): Promise<
     deps.logger.warn({ err, desktopId: d.id, hostId: p.source_host_id }, 'moved desktop: the source copy could not be removed now');
   }
   const downtimeMs = p.was_awake && p.stopped_at ? Date.parse(p.started_at ?? new Date().toISOString()) - Date.parse(p.stopped_at) : null;
-  await inTransaction(deps.sql, async (tx) => {
-    const ok = await settleOperation(
-      tx,
-      op.id,
-      {
-        result: {
-          generation: d.generation, source_host_id: p.source_host_id, target_host_id: p.target_host_id, was_awake: p.was_awake ?? false,
-          memory_snapshot: p.memory_snapshot ?? false, total_bytes: p.total_bytes ?? 0, fetched_bytes: p.fetched_bytes ?? 0,
-          ...(p.precopy === true ? { precopied_bytes: p.precopied_bytes ?? 0 } : {}),
-          downtime_ms: downtimeMs, source_cleaned: sourceCleaned,
-          phase_ms: { ...p.phase_ms, finished: phaseTook(op) },
-        },
-      },
-      deps.fence,
-    );
-    if (!ok) throw new LeaseLost('leader lease lost before settling');
-  });
+  const result = {
+    generation: d.generation, source_host_id: p.source_host_id, target_host_id: p.target_host_id, was_awake: p.was_awake ?? false,
+    memory_snapshot: p.memory_snapshot ?? false, total_bytes: p.total_bytes ?? 0, fetched_bytes: p.fetched_bytes ?? 0,
+    ...(p.precopy === true ? { precopied_bytes: p.precopied_bytes ?? 0 } : {}),
+    downtime_ms: downtimeMs, source_cleaned: sourceCleaned,
+    phase_ms: { ...p.phase_ms, finished: phaseTook(op) },
+  };
+  await inTransaction(deps.sql, (tx) => settleFenced(tx, deps.fence, op.id, { result }));
 }

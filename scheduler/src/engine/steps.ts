@@ -11,6 +11,7 @@ import { inSnapshot, inTransaction, together, type Sql } from '../store/db.js';
 import { getDesktopById, insertForks, placedDesktops, setPlacement, transition } from '../store/desktops.js';
 import { closeMeter, openMeter, recordEvent } from '../store/events.js';
 import { committedLoad, listHosts, lostHostLastSeen, slotsUsed } from '../store/hosts.js';
+import { LEADER_LEASE } from '../store/leases.js';
 import { settleOperation, type SettleFence } from '../store/operations.js';
 import { deleteExposuresOf } from '../store/ports.js';
 import type { DesktopRow, OperationRow } from '../store/rows.js';
@@ -58,10 +59,34 @@ export class StepFailure extends Error {
 /** Raised when a commit found the lease gone: another replica leads and will re-drive. */
 export class LeaseLost extends Error {}
 
+/**
+ * Raised when an operation's settlement found it settled already: an earlier attempt's commit
+ * went through although its answer was lost on the way (a link that broke at COMMIT). Nothing is
+ * left to do, and nothing of this attempt is written.
+ */
+export class AlreadySettled extends Error {}
+
+/** Throws LeaseLost unless the fence's term still holds the leader lease (as `tx` sees it). */
+export async function assertTerm(tx: Sql, fence: SettleFence): Promise<void> {
+  const [held] = await tx`SELECT 1 FROM leases WHERE name = ${LEADER_LEASE} AND holder = ${fence.holder} AND epoch = ${fence.epoch} AND expires_at > now()`;
+  if (!held) throw new LeaseLost('leader lease lost');
+}
+
+/**
+ * Settles the operation in `tx`, fenced on the term: throws LeaseLost when the lease is gone,
+ * AlreadySettled when the operation is (both roll the transaction back).
+ */
+export async function settleFenced(tx: Sql, fence: SettleFence, opId: string, outcome: Parameters<typeof settleOperation>[2]): Promise<void> {
+  if (await settleOperation(tx, opId, outcome, fence)) return;
+  const [row] = await tx<Array<{ state: string }>>`SELECT state FROM operations WHERE id = ${opId}`;
+  if (row !== undefined && row.state !== 'running') throw new AlreadySettled(`operation ${opId} is ${row.state} already`);
+  throw new LeaseLost('leader lease lost before settling');
+}
+
 export { NoCapacity, noCapacityMessage } from './no-capacity.js';
 
 async function settle(tx: Sql, deps: StepDeps, op: OperationRow, result: Record<string, unknown>): Promise<void> {
-  if (!(await settleOperation(tx, op.id, { result }, deps.fence))) throw new LeaseLost('leader lease lost before settling');
+  await settleFenced(tx, deps.fence, op.id, { result });
 }
 
 /** Lifecycle commands that carry the leader's epoch (the agent refuses an older term's). */
@@ -84,6 +109,8 @@ export async function command<C extends FencedCommand>(
   try {
     return await deps.agents.call(hostId, name, { ...payload, leader_epoch: deps.fence.epoch } as CommandPayload<C>, timeoutMs);
   } catch (err) {
+    // The host has heard from a newer leader: this term is over, whatever this replica thinks.
+    if (err instanceof AgentFailure && err.code === 'stale_epoch') throw new LeaseLost('the host has heard from a newer leader');
     // A move to or from a host an operator declared lost ends now, not at its deadline.
     if (err instanceof AgentFailure && err.code === 'disconnected' && (await lostHostLastSeen(deps.sql, hostId)) !== null) throw hostLostFailure();
     throw err;
@@ -118,7 +145,7 @@ async function linkedHost(deps: StepDeps, hostId: string): Promise<string> {
  * When a host this replica has no link to, and that was declared lost, was last heard from; null
  * for any other host (read only when unlinked: a linked host is not lost).
  */
-async function unlinkedAndLost(deps: StepDeps, hostId: string): Promise<Date | null> {
+export async function unlinkedAndLost(deps: StepDeps, hostId: string): Promise<Date | null> {
   return deps.agents.isConnected(hostId) ? null : lostHostLastSeen(deps.sql, hostId);
 }
 
@@ -139,6 +166,8 @@ export async function provision(deps: StepDeps, desktop: DesktopRow, round?: Pla
   try {
     await command(deps, hostId, 'desktop.prepare', { desktop_id: desktop.id, generation: desktop.generation, tier: desktop.tier });
     await inTransaction(deps.sql, async (tx) => {
+      // A leader deposed meanwhile must not place a desktop its successor may have destroyed.
+      await assertTerm(tx, deps.fence);
       if (!(await setPlacement(tx, desktop.id, hostId))) return;
       const moved = await transition(tx, desktop.id, ['provisioning'], 'hibernated', { markCreatedEvent: true });
       if (!moved) await tx`UPDATE desktops SET created_event_at = now() WHERE id = ${desktop.id} AND created_event_at IS NULL`;
@@ -256,15 +285,18 @@ export async function hibernate(deps: StepDeps, op: OperationRow): Promise<void>
   if (d.state !== 'hibernating') throw new StepFailure('conflict', `desktop is ${d.state}, not hibernating`);
   const hostId = await connectedHost(deps, d.host_id!);
   const stopped = await command(deps, hostId, 'desktop.hibernate', { desktop_id: d.id, generation: d.generation, operation_id: op.id });
-  await inTransaction(deps.sql, async (tx) => {
-    const done = await transition(tx, d.id, ['hibernating'], 'hibernated');
-    if (!done) throw new StepFailure('conflict', 'desktop left the hibernating state');
-    await together(
-      closeMeter(tx, d.id),
-      recordEvent(tx, { orgId: d.org_id, desktopId: d.id, type: 'desktop.hibernated', data: { reason: op.reason, memory_snapshot: stopped.snapshot } }),
-      settle(tx, deps, op, { generation: done.generation, snapshot: stopped.snapshot }),
-    );
-  });
+  await inTransaction(deps.sql, (tx) => recordHibernated(tx, deps, op, d, stopped.snapshot));
+}
+
+/** The hibernate's commit: state, meter, event and settlement (also step-failure.ts's, for a stop that happened). */
+export async function recordHibernated(tx: Sql, deps: StepDeps, op: OperationRow, d: DesktopRow, snapshot: boolean): Promise<void> {
+  const done = await transition(tx, d.id, ['hibernating'], 'hibernated');
+  if (!done) throw new StepFailure('conflict', 'desktop left the hibernating state');
+  await together(
+    closeMeter(tx, d.id),
+    recordEvent(tx, { orgId: d.org_id, desktopId: d.id, type: 'desktop.hibernated', data: { reason: op.reason, memory_snapshot: snapshot } }),
+    settle(tx, deps, op, { generation: done.generation, snapshot }),
+  );
 }
 
 export async function destroy(deps: StepDeps, op: OperationRow): Promise<void> {
@@ -277,27 +309,30 @@ export async function destroy(deps: StepDeps, op: OperationRow): Promise<void> {
     const hostId = await linkedHost(deps, d.host_id);
     await command(deps, hostId, 'desktop.destroy', { desktop_id: d.id, generation: d.generation, operation_id: op.id });
   }
-  await inTransaction(deps.sql, async (tx) => {
-    const gone = await transition(tx, d.id, ['provisioning', 'awake', 'hibernated'], 'destroyed', { markDestroyed: true });
-    if (!gone) throw new StepFailure('conflict', 'desktop changed state during destroy');
-    // Monthly billing runs to `destroyed_at`: for a lost host, its disk went when the host did.
-    if (lostSince !== null) await tx`UPDATE desktops SET destroyed_at = GREATEST(created_at, LEAST(destroyed_at, ${lostSince}::timestamptz)) WHERE id = ${d.id}`;
-    await together(
-      closeMeter(tx, d.id, lostSince),
-      deleteExposuresOf(tx, d.id),
-      // A desktop written off with its lost host says so; a destroy a client asked for carries nothing.
-      recordEvent(tx, { orgId: d.org_id, desktopId: d.id, type: 'desktop.destroyed', ...(op.reason === 'host_lost' ? { data: { reason: 'host_lost' } } : {}) }),
-      settle(tx, deps, op, { generation: gone.generation }),
-    );
-  });
+  await inTransaction(deps.sql, (tx) => recordDestroyed(tx, deps, op, d, lostSince));
+}
+
+/** The destroy's commit (also step-failure.ts's, for a destroy the host did). `lostSince`: its lost host's last sighting. */
+export async function recordDestroyed(tx: Sql, deps: StepDeps, op: OperationRow, d: DesktopRow, lostSince: Date | null): Promise<void> {
+  const gone = await transition(tx, d.id, ['provisioning', 'awake', 'hibernated'], 'destroyed', { markDestroyed: true });
+  if (!gone) throw new StepFailure('conflict', 'desktop changed state during destroy');
+  // Monthly billing runs to `destroyed_at`: for a lost host, its disk went when the host did.
+  if (lostSince !== null) await tx`UPDATE desktops SET destroyed_at = GREATEST(created_at, LEAST(destroyed_at, ${lostSince}::timestamptz)) WHERE id = ${d.id}`;
+  await together(
+    closeMeter(tx, d.id, lostSince),
+    deleteExposuresOf(tx, d.id),
+    // A desktop written off with its lost host says so; a destroy a client asked for carries nothing.
+    recordEvent(tx, { orgId: d.org_id, desktopId: d.id, type: 'desktop.destroyed', ...(op.reason === 'host_lost' ? { data: { reason: 'host_lost' } } : {}) }),
+    settle(tx, deps, op, { generation: gone.generation }),
+  );
 }
 
 /** Generation of a new fork: placed, never booted on its own (as a provisioned desktop). */
-const FORK_GENERATION = 1;
+export const FORK_GENERATION = 1;
 /** docs/api.md §4.1: the idle timeout of ephemeral forks. */
 export const EPHEMERAL_IDLE_SECS = 900;
 
-interface ForkParams {
+export interface ForkParams {
   count: number;
   ephemeral: boolean;
   desktop_ids: string[];
@@ -334,54 +369,3 @@ export async function fork(deps: StepDeps, op: OperationRow): Promise<void> {
     await settle(tx, deps, op, { desktop_ids: params.desktop_ids });
   });
 }
-
-/**
- * Settles a failed operation and returns the desktop to where it was: a failed wake goes back
- * to `hibernated` (or `provisioning` if it was never placed), a failed hibernate back to `awake`
- * (CRIU leaves the tree running when a dump fails); a failed destroy or fork changes nothing in
- * the database (a failed move is engine/move-failure.ts's). The copies a failed fork may have left on its host are removed best-effort.
- */
-export async function fail(deps: StepDeps, op: OperationRow, error: { code: string; message: string }): Promise<void> {
-  if (op.kind === 'wake' && OUTCOME_UNKNOWN.has(error.code)) {
-    const d = await getDesktopById(deps.sql, op.desktop_id);
-    if (d?.state === 'waking' && d.host_id) await stopIfStarted(deps, op, d, d.host_id);
-  }
-  await inTransaction(deps.sql, async (tx) => {
-    const d = (await getDesktopById(tx, op.desktop_id))!;
-    if (op.kind === 'wake' && d.state === 'waking') await transition(tx, d.id, ['waking'], d.host_id ? 'hibernated' : 'provisioning');
-    if (op.kind === 'hibernate' && d.state === 'hibernating') await transition(tx, d.id, ['hibernating'], 'awake');
-    if (!(await settleOperation(tx, op.id, { error }, deps.fence))) throw new LeaseLost('leader lease lost before settling');
-  });
-  if (op.kind === 'fork') await removeForkLeftovers(deps, op);
-}
-
-/** Errors after which a start sent may have gone through: the host did not answer in time, or at all. */
-const OUTCOME_UNKNOWN = new Set(['timeout', 'host_unavailable']);
-
-/**
- * Hibernates a desktop whose start on `hostId` may have gone through although it answered a
- * failure (a timeout of a slow restore), before it is recorded hibernated: left running, it would
- * be unbilled until its host next said hello (fleet/hello-fence.ts stops it then). Best effort.
- */
-export async function stopIfStarted(deps: StepDeps, op: OperationRow, d: DesktopRow, hostId: string): Promise<void> {
-  if (!deps.agents.isConnected(hostId)) return;
-  try {
-    await command(deps, hostId, 'desktop.hibernate', { desktop_id: d.id, generation: d.generation, operation_id: op.id, keep_detached: true });
-  } catch (err) {
-    if (err instanceof LeaseLost) throw err;
-    deps.logger.warn({ err, desktopId: d.id, hostId }, 'a failed start: could not make sure the desktop is stopped');
-  }
-}
-
-async function removeForkLeftovers(deps: StepDeps, op: OperationRow): Promise<void> {
-  const source = await getDesktopById(deps.sql, op.desktop_id);
-  const ids = (op.params as unknown as ForkParams | null)?.desktop_ids ?? [];
-  if (!source?.host_id || !deps.agents.isConnected(source.host_id)) return;
-  for (const id of ids) {
-    const ref = { desktop_id: id, generation: FORK_GENERATION, operation_id: op.id };
-    await command(deps, source.host_id, 'desktop.destroy', ref).catch((err: unknown) => {
-      deps.logger.warn({ desktopId: id, err }, 'could not remove the copy a failed fork left');
-    });
-  }
-}
-

@@ -181,9 +181,12 @@ export async function transition(
   return row ?? null;
 }
 
-/** Records where a desktop's disk lives, once; returns false when it was already placed. */
+/**
+ * Records where a desktop's disk lives, once; returns false when it was already placed, or is no
+ * longer waiting for a place (destroyed meanwhile).
+ */
 export async function setPlacement(sql: Sql, id: string, hostId: string): Promise<boolean> {
-  const rows = await sql`UPDATE desktops SET host_id = ${hostId} WHERE id = ${id} AND host_id IS NULL RETURNING id`;
+  const rows = await sql`UPDATE desktops SET host_id = ${hostId} WHERE id = ${id} AND host_id IS NULL AND state IN ('provisioning', 'waking') RETURNING id`;
   return rows.length === 1;
 }
 
@@ -277,4 +280,3 @@ export async function heldByOrgLocked(tx: Sql, orgId: string): Promise<number> {
          + (SELECT coalesce(sum((params->>'count')::int), 0) FROM operations WHERE org_id = ${orgId} AND kind = 'fork' AND state IN ('pending', 'running'))::int AS n`;
   return row!.n;
 }
-

@@ -56,13 +56,18 @@ export async function operationByKey(sql: Sql, desktopId: string, key: string): 
   return row ?? null;
 }
 
-/** Claims pending operations for this engine, oldest first. */
-export async function claimPending(sql: Sql, limit: number): Promise<OperationRow[]> {
+/**
+ * Claims pending operations for this engine, oldest first, fenced on its term like a settlement:
+ * a replica that no longer leads claims nothing. (One it claimed would stay `running` with
+ * nothing driving it, since the next leader re-drives running operations only when its term starts.)
+ */
+export async function claimPending(sql: Sql, limit: number, fence: SettleFence): Promise<OperationRow[]> {
   return sql<OperationRow[]>`
     UPDATE operations SET state = 'running', started_at = COALESCE(started_at, now()), attempts = attempts + 1
     WHERE id IN (
       SELECT id FROM operations WHERE state = 'pending' ORDER BY created_at LIMIT ${limit} FOR UPDATE SKIP LOCKED
     )
+      AND EXISTS (SELECT 1 FROM leases WHERE name = ${LEADER_LEASE} AND holder = ${fence.holder} AND epoch = ${fence.epoch} AND expires_at > now())
     RETURNING *`;
 }
 
