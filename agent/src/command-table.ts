@@ -79,6 +79,12 @@ export function commandTable(k: CommandKit): CommandTable {
     'desktop.start': (p) => {
       const firstBoot = p.first_boot && { env: p.first_boot.env, setupScript: p.first_boot.setup_script };
       return k.lifecycle('desktop.start', p, 'command', async () => {
+        // Only a first boot may begin on an empty disk (the sandbox makes one where none is): a
+        // desktop that ran before and has no disk here lost it (a wiped or replaced state
+        // directory), and booting an empty one would hand its user a blank desktop as theirs.
+        if (firstBoot === null && (await driver.status(p.desktop_id)) === null) {
+          throw new AgentFailure('not_found', 'this host holds no disk of the desktop; it was lost with the state directory, or never came here', false);
+        }
         const moved = await moves.starting(p.desktop_id);
         const { restored } = await driver.start({ desktopId: p.desktop_id, tier: p.tier, firstBoot, inUse: moved });
         return { restored };

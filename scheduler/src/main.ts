@@ -128,6 +128,7 @@ export async function startScheduler(config: SchedulerConfig, logger?: Logger, m
     graceMs: config.hostFailureGraceMs,
     intervalMs: Math.max(20, Math.min(250, Math.floor(config.hostDownMs / 4))),
     recordingSince: () => registry?.recordingSince() ?? null,
+    isLinked: (hostId) => agents.isConnected(hostId),
     logger: log,
     onDown: () => metrics.hostsDown.inc(),
   });

@@ -25,7 +25,7 @@ import * as steps from './steps.js';
 import { move, type MoveParams } from './move.js';
 import { failMove } from './move-failure.js';
 import { fail } from './step-failure.js';
-import { removeStaleCopy, staleCopies } from './stale-copies.js';
+import { missingDisks, removeStaleCopy, staleCopies } from './stale-copies.js';
 import type { HelloDesktops } from '../agents/gateway.js';
 import type { LeaderTerm } from './leader.js';
 import { PlacementReservations } from '../placement/reservations.js';
@@ -86,6 +86,7 @@ export class OperationEngine {
     this.unsubscribeHello = this.deps.agents.onHello((hostId, desktops) => {
       this.track(this.reconcileHost(hostId));
       this.track(this.sweepStaleCopies(hostId, desktops));
+      this.track(this.reportMissingDisks(hostId, desktops));
     });
     // Hosts that linked before this term began (a restart, a failover) said hello to nobody leading.
     for (const hostId of this.deps.agents.connectedHostIds()) {
@@ -144,6 +145,15 @@ export class OperationEngine {
   private async sweepStaleCopies(hostId: string, desktops: HelloDesktops): Promise<void> {
     for (const copy of await staleCopies(this.deps, hostId, desktops)) {
       this.track(this.onDesktop(copy.desktopId, () => removeStaleCopy(this.deps, hostId, copy.desktopId)));
+    }
+  }
+
+  /** On a hello only: the list a term start has is as old as the host's link, and misses what came since. */
+  private async reportMissingDisks(hostId: string, desktops: HelloDesktops): Promise<void> {
+    const missing = await missingDisks(this.deps, hostId, desktops);
+    if (missing.length > 0) {
+      this.log.error({ hostId, desktopIds: missing.slice(0, 20), count: missing.length },
+        "a host does not hold the disks of desktops recorded on it (its state directory lost or replaced?): their wakes fail with disk_missing until it is restored");
     }
   }
 
@@ -350,6 +360,7 @@ const AGENT_ERRORS: Partial<Record<AgentFailure['code'], { code: string; message
   stale_generation: { code: 'stale_generation', message: 'the host refused a command from an older generation' },
   conflict: { code: 'conflict', message: 'the desktop was running on a host where the move needed it stopped' },
   unsupported: { code: 'unsupported', message: "the host's agent cannot do this; upgrade it" },
+  not_found: { code: 'disk_missing', message: "the desktop's host does not hold its disk (lost with the host's state directory); an operator has to restore it" },
 };
 
 function describe(err: unknown): { code: string; message: string } {

@@ -10,15 +10,19 @@
  * `data.reason: "host_failure"`. Their disks stay on the host. If it returns, its agent stops
  * them before it reports ready (fleet/hello-fence.ts), keeping their memory for the next wake.
  *
- * Heartbeats are only recorded while some replica runs. After a gap with none (the whole
- * deployment was down), a host is judged only once heartbeats have been recorded for a full
- * grace period again: silence nobody could have heard is not a failure.
+ * Heartbeats are only recorded while some replica runs and reaches the database. After a gap
+ * with none (the whole deployment was down, or the database was out of reach: fleet/registry.ts),
+ * a host is judged only once heartbeats have been recorded for a full grace period again: silence
+ * nobody could have heard is not a failure. Nor is a host failed while the leader's own link to
+ * it is alive (it drops a link silent for `downMs`): heartbeats it could not record are not
+ * silence. Each desktop's transaction checks its host again, locked, so a hello committed
+ * meanwhile (whose fence read the desktop as awake) wins over the force-hibernate.
  */
 import type { Logger } from '../../../shared/src/log.js';
 import { inTransaction, type Sql } from '../store/db.js';
 import { transition } from '../store/desktops.js';
 import { closeMeter, recordEvent } from '../store/events.js';
-import { desktopsOnSilentHosts, markSilentHostsDown } from '../store/hosts.js';
+import { desktopsOnSilentHosts, markSilentHostsDown, stillSilent } from '../store/hosts.js';
 
 export interface HostHealthOptions {
   readonly sql: Sql;
@@ -29,6 +33,8 @@ export interface HostHealthOptions {
   readonly intervalMs: number;
   /** Since when heartbeats have been recorded without a gap (fleet/registry.ts). */
   recordingSince(): Date | null;
+  /** Whether this replica's link to the host is alive (agents/gateway.ts). */
+  isLinked(hostId: string): boolean;
   readonly logger: Logger;
   /** Told of each host found silent, for metrics. */
   onDown?(hostId: string, silentMs: number): void;
@@ -63,7 +69,7 @@ export class HostHealth {
   private async doSweep(): Promise<void> {
     const { sql, downMs, graceMs } = this.options;
     try {
-      for (const h of await markSilentHostsDown(sql, downMs)) {
+      for (const h of await markSilentHostsDown(sql, downMs, (id) => this.options.isLinked(id))) {
         const silentMs = Date.now() - h.last_seen_at.getTime();
         this.log.warn({ hostId: h.id, last_heard: h.last_seen_at.toISOString(), silent_ms: silentMs }, 'host down: no heartbeat');
         this.options.onDown?.(h.id, silentMs);
@@ -72,7 +78,9 @@ export class HostHealth {
       const since = Math.max(this.options.recordingSince()?.getTime() ?? this.leadingSince, 0);
       if (Date.now() - since < graceMs) return;
       for (const d of await desktopsOnSilentHosts(sql, graceMs)) {
+        if (this.options.isLinked(d.host_id)) continue;
         const done = await inTransaction(sql, async (tx) => {
+          if (!(await stillSilent(tx, d.host_id, graceMs))) return false;
           const moved = await transition(tx, d.id, ['awake'], 'hibernated');
           if (!moved) return false;
           await closeMeter(tx, d.id, d.last_seen_at);

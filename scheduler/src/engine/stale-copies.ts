@@ -38,6 +38,21 @@ export async function staleCopies(deps: Pick<StepDeps, 'sql'>, hostId: string, r
   return out;
 }
 
+/**
+ * The desktops recorded on the host, placed and not destroyed, with no operation open, that its
+ * hello did not list: their disks are not there (a state directory wiped or replaced under the
+ * same host identity). Nothing is changed: a wake of one fails with `disk_missing`, and the
+ * operator is told (engine.ts logs it) to bring the disk back.
+ */
+export async function missingDisks(deps: Pick<StepDeps, 'sql'>, hostId: string, reported: HelloDesktops): Promise<string[]> {
+  const rows = await deps.sql<Array<{ id: string }>>`
+    SELECT d.id FROM desktops d
+    WHERE d.host_id = ${hostId} AND d.state NOT IN ('destroyed', 'provisioning') AND NOT (d.id = ANY(${reported.map((r) => r.desktop_id)}::text[]))
+      AND NOT EXISTS (SELECT 1 FROM operations o WHERE o.desktop_id = d.id AND o.state IN ('pending', 'running'))
+    ORDER BY d.id`;
+  return rows.map((r) => r.id);
+}
+
 /** Destroys one stale copy on the host, if it is still stale by the records. */
 export async function removeStaleCopy(deps: StepDeps, hostId: string, desktopId: string): Promise<boolean> {
   const [copy] = await staleCopies(deps, hostId, [{ desktop_id: desktopId, generation: 0, running: false, has_snapshot: false }]);

@@ -53,7 +53,7 @@ export class ReplicaRegistry {
   }
 
   async start(): Promise<void> {
-    await upsertReplica(this.options.sql, this.options.self, true);
+    await upsertReplica(this.options.sql, this.options.self, true, this.options.liveMs);
     await this.refresh(false);
     this.timer = setInterval(() => void this.refresh(true), this.options.refreshMs);
   }
@@ -101,7 +101,7 @@ export class ReplicaRegistry {
   private async doRefresh(write: boolean): Promise<void> {
     const { sql, self, liveMs } = this.options;
     try {
-      if (write) await upsertReplica(sql, self, false);
+      if (write) await upsertReplica(sql, self, false, liveMs);
       const rows = await liveReplicas(sql, liveMs);
       const before = addressKey(this.live);
       this.live = rows;

@@ -93,12 +93,27 @@ export async function touchHost(sql: Sql, hostId: string, ready: boolean, skipMs
     WHERE id = ${hostId} AND lost_at IS NULL AND (last_seen_at < now() - make_interval(secs => ${skipMs / 1000}) OR (${ready} AND status <> 'ready'))`;
 }
 
-/** Hosts no replica has heard from for `silentMs`, now `down`. */
-export async function markSilentHostsDown(sql: Sql, silentMs: number): Promise<Array<{ id: string; last_seen_at: Date }>> {
+/** Hosts no replica has recorded a heartbeat of for `silentMs`, now `down`, but for those `linked` says are heard. */
+export async function markSilentHostsDown(sql: Sql, silentMs: number, linked: (hostId: string) => boolean = () => false): Promise<Array<{ id: string; last_seen_at: Date }>> {
+  const silent = await sql<Array<{ id: string }>>`
+    SELECT id FROM hosts WHERE status = 'ready' AND last_seen_at < now() - make_interval(secs => ${silentMs / 1000})`;
+  const ids = silent.map((h) => h.id).filter((id) => !linked(id));
+  if (ids.length === 0) return [];
   return sql<Array<{ id: string; last_seen_at: Date }>>`
     UPDATE hosts SET status = 'down'
-    WHERE status = 'ready' AND last_seen_at < now() - make_interval(secs => ${silentMs / 1000})
+    WHERE id = ANY(${ids}::text[]) AND status = 'ready' AND last_seen_at < now() - make_interval(secs => ${silentMs / 1000})
     RETURNING id, last_seen_at`;
+}
+
+/**
+ * In a force-hibernate's transaction: whether the host is still down and silent for `graceMs`,
+ * its row locked, so a hello's update of it waits for this transaction (and its fence then reads
+ * the desktop hibernated), or this one sees the hello.
+ */
+export async function stillSilent(tx: Sql, hostId: string, graceMs: number): Promise<boolean> {
+  const [row] = await tx`
+    SELECT 1 FROM hosts WHERE id = ${hostId} AND status = 'down' AND last_seen_at < now() - make_interval(secs => ${graceMs / 1000}) FOR UPDATE`;
+  return row !== undefined;
 }
 
 export async function listHosts(sql: Sql): Promise<HostRow[]> {

@@ -17,12 +17,17 @@ export interface ReplicaRecord {
   readonly settings: Readonly<Record<string, string | number | null>>;
 }
 
-/** Registers a replica, or refreshes it; a restarted replica of the same id starts again. */
-export async function upsertReplica(sql: Sql, r: ReplicaRecord, starting: boolean): Promise<void> {
+/**
+ * Registers a replica, or refreshes it; a restarted replica of the same id starts again, and so
+ * does one whose row aged out (not refreshed for `liveMs`: it could not reach the database, so
+ * it recorded no heartbeat either). `started_at` is since when it has recorded without a gap.
+ */
+export async function upsertReplica(sql: Sql, r: ReplicaRecord, starting: boolean, liveMs: number): Promise<void> {
   await sql`
     INSERT INTO replicas (id, url, version, settings) VALUES (${r.id}, ${r.url}, ${r.version}, ${sql.json(r.settings as never)})
     ON CONFLICT (id) DO UPDATE SET url = EXCLUDED.url, version = EXCLUDED.version, settings = EXCLUDED.settings,
-      last_seen_at = now(), started_at = CASE WHEN ${starting} THEN now() ELSE replicas.started_at END`;
+      last_seen_at = now(),
+      started_at = CASE WHEN ${starting} OR replicas.last_seen_at < now() - make_interval(secs => ${liveMs / 1000}) THEN now() ELSE replicas.started_at END`;
 }
 
 /** Replicas refreshed within `liveMs`, oldest first. */
