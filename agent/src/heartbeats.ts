@@ -23,7 +23,7 @@ const SILENT_REPLICA_MS = 5_000;
 export interface BeatingLink {
   readonly ws: WebSocket;
   readonly peer: RpcPeer | null;
-  /** When the replica was last heard from (a pong or any message). */
+  /** When the replica was last heard from (a pong or any message), in `performance.now()` time. */
   readonly lastSeenAt: number;
   readonly label: Record<string, unknown>;
 }
@@ -78,7 +78,7 @@ export class Heartbeats {
   private beat(link: BeatingLink, last: HostMeasure | null): void {
     const peer = link.peer;
     if (peer === null || !peer.isOpen) return;
-    if (Date.now() - link.lastSeenAt > Math.max(5 * this.intervalMs, SILENT_REPLICA_MS)) {
+    if (performance.now() - link.lastSeenAt > Math.max(5 * this.intervalMs, SILENT_REPLICA_MS)) {
       this.log.warn(link.label, 'a scheduler replica stopped answering pings; dropping its link');
       link.ws.terminate();
       return;

@@ -108,6 +108,7 @@ interface Connection {
   /** The replica refused us for a reason an operator must fix: retry slowly. */
   refused: boolean;
   peer: RpcPeer | null;
+  /** `performance.now()` of the last pong or message: a monotonic clock, which wall-clock steps do not move. */
   lastSeenAt: number;
 }
 
@@ -220,7 +221,7 @@ export class SchedulerLinks {
       // scheduler). A zero mask makes ws skip it on both sides.
       generateMask: (mask: Buffer) => void mask.fill(0),
     });
-    const conn: Connection = { ws, target, replicaId: null, claimed: false, ready: false, refused: false, peer: null, lastSeenAt: Date.now() };
+    const conn: Connection = { ws, target, replicaId: null, claimed: false, ready: false, refused: false, peer: null, lastSeenAt: performance.now() };
     target.conn = conn;
     ws.on('upgrade', (res: IncomingMessage) => {
       const replica = res.headers[REPLICA_HEADER];
@@ -244,8 +245,8 @@ export class SchedulerLinks {
     ws.on('error', (err) => {
       if (!conn.refused && !this.stopping) this.log.warn({ url: target.url, attempt: target.attempt, message: err.message }, 'agent link error');
     });
-    ws.on('pong', () => (conn.lastSeenAt = Date.now()));
-    ws.on('message', () => (conn.lastSeenAt = Date.now()));
+    ws.on('pong', () => (conn.lastSeenAt = performance.now()));
+    ws.on('message', () => (conn.lastSeenAt = performance.now()));
     ws.once('open', () => void this.onOpen(conn));
     ws.once('close', () => this.onClose(conn));
   }

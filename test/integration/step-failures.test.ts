@@ -171,3 +171,17 @@ it('claims nothing for a term that does not hold the lease, and places no deskto
   await sql`UPDATE desktops SET host_id = NULL WHERE id = ${id}`;
   expect(await setPlacement(sql, id, d!.host_id)).toBe(false);
 }, 30_000);
+
+it('asks an idle desktop whose hibernate keeps failing again only after a pause, not at every sweep', async () => {
+  const id = await awake();
+  agent.driver!.hibernate = async () => {
+    throw new AgentFailure('runtime_error', 'the dump failed', false);
+  };
+  expect((await call('PATCH', `/v1/desktops/${id}`, { idle_timeout_secs: 1 })).status).toBe(200);
+  await until(async () => (await sql`SELECT 1 FROM operations WHERE desktop_id = ${id} AND reason = 'idle_timeout' AND state = 'failed'`).length === 1, 10_000, 'the idle hibernate to fail');
+  // Five sweeps and more (every 200 ms here): still the one.
+  await new Promise((resolve) => setTimeout(resolve, 1_500));
+  const ops = await sql`SELECT state FROM operations WHERE desktop_id = ${id} AND reason = 'idle_timeout'`;
+  expect(ops.map((o) => o.state)).toEqual(['failed']);
+  expect((await call('GET', `/v1/desktops/${id}`)).json.state).toBe('awake');
+}, 30_000);

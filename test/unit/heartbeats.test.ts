@@ -3,7 +3,7 @@
  * calls queued behind a move's copy) must not make a healthy host read silent to the schedulers.
  * They carry the last measure, and the meter's figures come from /proc and the driver's usage.
  */
-import { afterEach, describe, expect, it } from 'vitest';
+import { afterEach, describe, expect, it, vi } from 'vitest';
 import { Heartbeats, type BeatingLink } from '../../agent/src/heartbeats.js';
 import { cpuTimes, memAvailableMb, ProcHostMeter, type HostMeasure, type HostMeter } from '../../agent/src/host-meter.js';
 import type { MeasuredUse } from '../../shared/src/protocol.js';
@@ -19,7 +19,7 @@ function fakeLink(): BeatingLink & { beats: Beat[] } {
     ws: { ping: () => undefined, terminate: () => undefined } as unknown as BeatingLink['ws'],
     peer: { isOpen: true, notify: (_type: string, payload: { running_desktops: number; measured?: MeasuredUse }) =>
       beats.push({ at: Date.now(), running: payload.running_desktops, measured: payload.measured }) } as unknown as BeatingLink['peer'],
-    lastSeenAt: Date.now(),
+    lastSeenAt: performance.now(),
     label: {},
   };
 }
@@ -51,6 +51,22 @@ describe('Heartbeats', () => {
     // They carry the last count read.
     expect(link.beats.at(-1)).toMatchObject({ running: 1, measured: measure.measured });
     release();
+  });
+
+  it('keeps a link that answers although the wall clock jumps an hour ahead (link liveness runs on a monotonic clock)', async () => {
+    const meter: HostMeter = { read: async () => ({ running: 1, measured: { memory_available_mb: 1, desktops_memory_mb: 1, cpu_busy: 0 } }) };
+    let terminated = false;
+    const link = { ...fakeLink(), ws: { ping: () => undefined, terminate: () => (terminated = true) } as unknown as BeatingLink['ws'] };
+    vi.useFakeTimers({ toFake: ['Date'] });
+    try {
+      vi.setSystemTime(Date.now() + 3_600_000);
+      heartbeats = new Heartbeats(meter, () => [link], silentLogger());
+      await heartbeats.start(20, link);
+      await new Promise((r) => setTimeout(r, 100));
+    } finally {
+      vi.useRealTimers();
+    }
+    expect(terminated).toBe(false);
   });
 
   it('leaves the measured use out when standing for an agent older than protocol 1.11', async () => {

@@ -66,6 +66,7 @@ interface Link {
   readonly protocol: string;
   /** The agent has applied its hello fence (or predates it). */
   ready: boolean;
+  /** When the host was last heard on this link (`performance.now()`: a monotonic clock, so a step of the wall clock neither drops live links nor keeps dead ones). */
   lastHeard: number;
   /** The desktops the host reported holding in its hello (a leader's new term reads them). */
   readonly held: HelloDesktops;
@@ -113,7 +114,7 @@ export class AgentGateway {
   /** True while the host's agent is linked to this replica and not silent. */
   isConnected(hostId: string): boolean {
     const link = this.links.get(hostId);
-    return link !== undefined && Date.now() - link.lastHeard <= this.deps.hostDownMs;
+    return link !== undefined && performance.now() - link.lastHeard <= this.deps.hostDownMs;
   }
 
   connectedHostIds(): string[] {
@@ -208,7 +209,7 @@ export class AgentGateway {
   }
 
   private dropSilentLinks(): void {
-    const now = Date.now();
+    const now = performance.now();
     for (const [hostId, link] of this.links) {
       if (now - link.lastHeard <= this.deps.hostDownMs) continue;
       this.log.warn({ hostId, silent_ms: now - link.lastHeard }, 'agent link silent; dropping it');
@@ -238,7 +239,7 @@ export class AgentGateway {
     let link: Link | null = null;
     const helloTimer = setTimeout(() => hostId || peer.close(1008, 'no hello'), HELLO_TIMEOUT_MS);
     const heard = () => {
-      if (link) link.lastHeard = Date.now();
+      if (link) link.lastHeard = performance.now();
     };
 
     peer.handle('hello', async (raw) => {
@@ -280,7 +281,7 @@ export class AgentGateway {
       clearTimeout(helloTimer);
       peer.binaryStreams = protocolAtLeast(hello.protocol, 1, 6);
       hostId = hello.host_id;
-      link = { peer, instanceId: hello.agent_instance_id, protocol: hello.protocol, ready: !fences, lastHeard: Date.now(), held: hello.desktops };
+      link = { peer, instanceId: hello.agent_instance_id, protocol: hello.protocol, ready: !fences, lastHeard: performance.now(), held: hello.desktops };
       const previous = this.links.get(hostId);
       if (previous && previous.peer !== peer) previous.peer.close(1000, 'replaced by a newer link');
       this.links.set(hostId, link);

@@ -212,17 +212,26 @@ export async function claimDesktopKey(sql: Sql, orgId: string, key: string, desk
   return rows.length === 1;
 }
 
+/** How long after an idle timeout's operation failed the desktop is left before another is tried. */
+export const IDLE_RETRY_SECS = 60;
+
 /**
  * Desktops whose idle timeout has elapsed: awake ones, counted from the last wake, and ephemeral
- * forks that are hibernated, counted from their last wake or, never woken, their creation.
+ * forks that are hibernated, counted from their last wake or, never woken, their creation. One
+ * whose idle operation failed within `IDLE_RETRY_SECS` waits: a hibernate that fails at once
+ * (a dump refused, a host out of reach) would otherwise be asked again at every sweep, a new
+ * operation and two generations a second, for as long as the cause lasts.
  */
 export async function idleDesktops(sql: Sql, limit: number): Promise<DesktopRow[]> {
   return sql<DesktopRow[]>`
-    SELECT * FROM desktops
+    SELECT * FROM desktops d
     WHERE idle_timeout_secs > 0 AND (
       (state = 'awake' AND last_woken_at + make_interval(secs => idle_timeout_secs) <= now())
       OR (ephemeral AND state = 'hibernated'
           AND COALESCE(last_woken_at, created_at) + make_interval(secs => idle_timeout_secs) <= now()))
+      AND NOT EXISTS (
+        SELECT 1 FROM operations o WHERE o.desktop_id = d.id AND o.reason = 'idle_timeout' AND o.state = 'failed'
+          AND o.settled_at > now() - make_interval(secs => ${IDLE_RETRY_SECS}))
     ORDER BY COALESCE(last_woken_at, created_at) LIMIT ${limit}`;
 }
 
