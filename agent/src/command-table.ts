@@ -107,7 +107,12 @@ export function commandTable(k: CommandKit): CommandTable {
       k.lifecycle('desktop.fork', p, 'command', async () => {
         for (const f of p.forks) await generations.check(f.desktop_id, f.generation);
         moves.forking(p.desktop_id);
-        return driver.fork(p.desktop_id, p.forks.map((f) => f.desktop_id));
+        const forked = await driver.fork(p.desktop_id, p.forks.map((f) => f.desktop_id));
+        // A fork the scheduler gave up on (it timed out) has its copies destroyed, each in its own
+        // queue: those that came while this one was copying found nothing yet. What they left
+        // behind is removed here.
+        for (const f of p.forks) if (generations.isDestroyed(f.desktop_id)) await driver.destroy(f.desktop_id);
+        return forked;
       }),
     'desktop.destroy': (p) => {
       if (k.current(p)) moves.cancelImport(p.desktop_id);

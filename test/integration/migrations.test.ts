@@ -34,6 +34,7 @@ const SHIPPED = [
   { id: 13, name: 'lost hosts' },
   { id: 14, name: 'provisioning queue' },
   { id: 15, name: 'agent instance since' },
+  { id: 16, name: 'failed forks' },
 ];
 
 const made: string[] = [];

@@ -9,17 +9,20 @@
  * leader compares what the host reported holding with the records, and destroys each copy whose
  * record is destroyed or places the desktop on another host, provided no operation on the desktop
  * is pending or running (a move under way legitimately has a copy on both hosts). It runs in the
- * desktop's queue of the engine, so no operation on the desktop starts meanwhile. Copies unknown
- * to the database are left alone and logged: they are not provably this deployment's to delete.
+ * desktop's queue of the engine, so no operation on the desktop starts meanwhile. A copy with no
+ * record is the leftover of a failed fork when a failed fork operation names it (its copies were
+ * to be removed when it failed, but the host was out of reach, the leader stopped, or a copy was
+ * made after the removal); any other is left alone and logged: it is not provably this
+ * deployment's to delete.
  */
 import type { HelloDesktops } from '../agents/gateway.js';
-import { command, LeaseLost, type StepDeps } from './steps.js';
+import { command, FORK_GENERATION, LeaseLost, type StepDeps } from './steps.js';
 
 export interface StaleCopy {
   readonly desktopId: string;
   /** The record's generation: the destroy carries it, so the host's fence lets it through. */
   readonly generation: number;
-  readonly reason: 'destroyed' | 'placed_elsewhere';
+  readonly reason: 'destroyed' | 'placed_elsewhere' | 'failed_fork';
 }
 
 /** The reported desktops the records say are not this host's to keep, checked one by one. */
@@ -34,6 +37,13 @@ export async function staleCopies(deps: Pick<StepDeps, 'sql'>, hostId: string, r
     if (r.open) continue;
     if (r.state === 'destroyed') out.push({ desktopId: r.id, generation: r.generation, reason: 'destroyed' });
     else if (r.host_id !== null && r.host_id !== hostId) out.push({ desktopId: r.id, generation: r.generation, reason: 'placed_elsewhere' });
+  }
+  const unknown = reported.map((r) => r.desktop_id).filter((id) => !rows.some((r) => r.id === id));
+  if (unknown.length > 0) {
+    const forks = await deps.sql<Array<{ id: string }>>`
+      SELECT DISTINCT ids.id FROM operations o, jsonb_array_elements_text(o.params->'desktop_ids') AS ids(id)
+      WHERE o.kind = 'fork' AND o.state = 'failed' AND ids.id = ANY(${unknown}::text[])`;
+    for (const f of forks) out.push({ desktopId: f.id, generation: FORK_GENERATION, reason: 'failed_fork' });
   }
   return out;
 }
