@@ -108,7 +108,7 @@ export class CommandHandlers {
   /** Stops the desktops a hello reply names, before the host reports ready (hello-fence.ts). */
   fence(entries: readonly FenceEntry[]): Promise<number> {
     return applyFence(
-      { queue: this.queue, generations: this.generations, driver: this.driver, releaseStreams: (id) => this.stream?.release(id), log: this.log },
+      { queue: this.queue, slots: this.slots, generations: this.generations, driver: this.driver, releaseStreams: (id) => this.stream?.release(id), log: this.log },
       entries,
     );
   }

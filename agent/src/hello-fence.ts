@@ -9,10 +9,13 @@ import type { Logger } from '../../shared/src/log.js';
 import { AgentFailure, type FenceEntry } from '../../shared/src/protocol.js';
 import type { DesktopQueue } from './desktop-queue.js';
 import type { GenerationStore } from './generations.js';
+import type { LifecycleSlots } from './lifecycle-slots.js';
 import type { DesktopLifecycle } from './runtime/driver.js';
 
 export interface FenceDeps {
   readonly queue: DesktopQueue;
+  /** The host's bound on CPU-heavy lifecycle commands (lifecycle-slots.ts): a fence's dumps take their turns too. */
+  readonly slots: Pick<LifecycleSlots, 'run'>;
   readonly generations: GenerationStore;
   readonly driver: Pick<DesktopLifecycle, 'status' | 'hibernate'>;
   /** Closes the desktop's streams, which cannot be snapshotted. */
@@ -36,7 +39,7 @@ export async function applyFence(deps: FenceDeps, entries: readonly FenceEntry[]
           const held = await deps.driver.status(entry.desktop_id);
           if (!held?.running) return;
           deps.releaseStreams(entry.desktop_id);
-          const { snapshot } = await deps.driver.hibernate(entry.desktop_id);
+          const { snapshot } = await deps.slots.run(() => deps.driver.hibernate(entry.desktop_id));
           stopped++;
           deps.log.warn({ desktop_id: entry.desktop_id, generation: entry.generation, snapshot }, 'stopped a desktop this host may no longer run');
         })

@@ -115,3 +115,47 @@ it('fails the wake of a desktop whose disk its host no longer holds, saying so',
   expect(op).toMatchObject({ state: 'failed', error: { code: 'disk_missing' } });
   expect((await call('GET', `/v1/desktops/${id}`)).json.state).toBe('hibernated');
 }, 30_000);
+
+it('keeps the link of a host whose hello fence takes longer than the scheduler waits for a silent link', async () => {
+  const fast = await startTestScheduler({ CANTO_HOST_FAILURE_GRACE_MS: '800', CANTO_HEARTBEAT_MS: '50', CANTO_HOST_DOWN_MS: '300' });
+  const dir = mkdtempSync(join(tmpdir(), 'canto-host-fence-'));
+  const connect = async (driver: FakeDriver) => {
+    const config = loadAgentConfig({
+      CANTO_SCHEDULER_URL: fast.url, CANTO_AGENT_TOKEN: JOIN_TOKEN, CANTO_AGENT_STATE_DIR: dir, CANTO_AGENT_RECONNECT_MAX_MS: '100',
+      CANTO_AGENT_STREAM_LISTEN: '127.0.0.1:0', CANTO_AGENT_INGRESS_LISTEN: '127.0.0.1:0', CANTO_AGENT_TRANSFER_LISTEN: '127.0.0.1:0', CANTO_AGENT_METRICS_LISTEN: '127.0.0.1:0',
+    });
+    const handle = await startAgent({ config, driver, logger: silentLogger() });
+    await handle.waitConnected(5_000);
+    return handle;
+  };
+  const db = connectDatabase(fast.databaseUrl, { max: 1 });
+  let handle: AgentHandle | null = null;
+  try {
+    const driver = new FakeDriver();
+    handle = await connect(driver);
+    const fastCall = api(fast.url, await mintKey(fast.databaseUrl, 'fence'));
+    const id = (await fastCall('POST', '/v1/desktops', { tier: 'small' })).json.id as string;
+    expect((await fastCall('POST', `/v1/desktops/${id}/wake?wait=true`)).status).toBe(200);
+    // The agent goes away past the grace: the desktop is recorded hibernated and still runs here.
+    await handle.stop();
+    handle = null;
+    await until(async () => (await fastCall('GET', `/v1/desktops/${id}`)).json.state === 'hibernated', 10_000, 'the force-hibernate');
+    // It comes back, and stopping that desktop takes 1.5 s, five times the silence a link is dropped at.
+    const hibernate = driver.hibernate.bind(driver);
+    driver.hibernate = async (desktopId, options) => {
+      await new Promise((resolve) => setTimeout(resolve, 1_500));
+      return hibernate(desktopId, options);
+    };
+    let hellos = 0;
+    fast.agents.onHello(() => (hellos += 1));
+    handle = await connect(driver);
+    await until(async () => (await db`SELECT 1 FROM hosts WHERE status = 'ready'`).length === 1, 10_000, 'the host to be ready');
+    expect(hellos).toBe(1);
+    expect(driver.desktops.get(id)?.running).toBe(false);
+  } finally {
+    await handle?.stop();
+    await db.end();
+    await fast.close();
+    rmSync(dir, { recursive: true, force: true });
+  }
+}, 30_000);
