@@ -44,8 +44,13 @@ import { MoveService } from './admin/moves.js';
 import { AdminDesktops } from './admin/desktops.js';
 import { Drainer } from './engine/drainer.js';
 
-/** API key, JWT org and desktop route lookups: a missed change is served for at most this long. */
+/** JWT org and desktop route lookups: a missed change is served for at most this long. */
 const LOOKUP_CACHE = { ttlMs: 30_000, maxEntries: 10_000 };
+/**
+ * API key lookups: a revocation holds within a second on every replica, even one whose
+ * notification of it never came (its listen connection silently dead): one read per key and second.
+ */
+const KEY_CACHE = { ttlMs: 1_000, maxEntries: 10_000 };
 /** A stopping replica is gone within this long, whatever it was doing. */
 export const STOP_BUDGET_MS = 5_000;
 /** Requests in flight at a stop get this long before their agent links close under them. */
@@ -90,7 +95,7 @@ export async function startScheduler(config: SchedulerConfig, logger?: Logger, m
   const lifecycle = new LifecycleService(sql, config.hostSlots, config.orgDesktopQuota);
   const waiter = new OperationWaiter(sql, config.waitPollMs);
   await waiter.start();
-  const authCaches = { keys: new NotifiedCache<string>(LOOKUP_CACHE), orgs: new NotifiedCache<string>(LOOKUP_CACHE) };
+  const authCaches = { keys: new NotifiedCache<string>(KEY_CACHE), orgs: new NotifiedCache<string>(LOOKUP_CACHE) };
   const routeCache = new NotifiedCache<DesktopRoute>(LOOKUP_CACHE);
   const unlisten = [
     await authCaches.keys.listen(sql, API_KEY_CHANGED_CHANNEL),

@@ -242,3 +242,29 @@ it('stops a desktop whose wake failed on a timeout although its start went throu
   expect((await call('GET', `/v1/desktops/${id}`)).json.state).toBe('hibernated');
   expect(driver.desktops.get(id)?.running).toBe(false);
 }, 60_000);
+
+it('answers guest calls 503 with Retry-After, never 409, while the desktop is between hosts', async () => {
+  const { id, target } = await awakeDesktop();
+  const driver = target.driver!;
+  const start = driver.start.bind(driver);
+  driver.start = async (spec) => {
+    // Committed on the target, not yet running there: the window a call finds it nowhere.
+    await new Promise((resolve) => setTimeout(resolve, 1_000));
+    return start(spec);
+  };
+  const statuses = new Map<number, number>();
+  let moving = true;
+  const calls = (async () => {
+    while (moving) {
+      const res = await call('POST', `/v1/desktops/${id}/exec`, { command: 'true' });
+      statuses.set(res.status, (statuses.get(res.status) ?? 0) + 1);
+      if (res.status === 503) expect(res.headers.get('retry-after')).not.toBeNull();
+      await new Promise((resolve) => setTimeout(resolve, 20));
+    }
+  })();
+  const op = await moveTo(id, target);
+  moving = false;
+  await calls;
+  expect(op.state, JSON.stringify(op.error)).toBe('succeeded');
+  expect([...statuses.keys()].sort()).toEqual([200, 503]);
+}, 60_000);

@@ -30,6 +30,7 @@ import type { HelloDesktops } from '../agents/gateway.js';
 import type { LeaderTerm } from './leader.js';
 import { PlacementReservations } from '../placement/reservations.js';
 import { reconcileAwake } from './reconcile-awake.js';
+import { passingDatabaseFault } from '../store/db-faults.js';
 
 export interface EngineDeps extends Omit<steps.StepDeps, 'fence' | 'leading' | 'placements'> {
   pollMs: number;
@@ -323,23 +324,6 @@ export class OperationEngine {
 function retriesCountFrom(op: OperationRow): Date {
   const committedAt = op.kind === 'move' ? (op.params as unknown as MoveParams | null)?.committed_at : undefined;
   return committedAt ? new Date(committedAt) : (op.started_at ?? op.created_at);
-}
-
-/** SQLSTATEs of faults the server means to be passing: a serialization failure, a deadlock, a shutdown, too many connections. */
-const PASSING_SQLSTATES = new Set(['40001', '40P01', '57P01', '57P02', '57P03', '53300']);
-/** The database client's codes for a link that failed (postgres.js's, and the socket's). */
-const LINK_FAILURES = new Set(['CONNECTION_CLOSED', 'CONNECTION_ENDED', 'CONNECTION_DESTROYED', 'CONNECT_TIMEOUT', 'ECONNRESET', 'ECONNREFUSED', 'EPIPE', 'ETIMEDOUT']);
-
-/**
- * Whether a step failed on the database link or on a fault the server means to be passing. The
- * step is then run again from the operation's record, as after a failover (every step is written
- * to be re-run: its transactions either committed or left nothing, and agent commands are
- * idempotent); ending the operation instead recorded, for one, a wake failed while its guest ran.
- */
-function passingDatabaseFault(err: unknown): boolean {
-  const code = (err as { code?: unknown } | null)?.code;
-  if (typeof code !== 'string' || err instanceof AgentFailure) return false;
-  return code.startsWith('08') || PASSING_SQLSTATES.has(code) || LINK_FAILURES.has(code);
 }
 
 const STEP: Record<OperationRow['kind'], (deps: steps.StepDeps, op: OperationRow) => Promise<void>> = {

@@ -4,6 +4,7 @@
  * problem+json for every non-2xx answer, and the web console's static files at `/console/`.
  */
 import { randomBytes } from 'node:crypto';
+import { retryableDatabaseFault } from '../store/db-faults.js';
 import Fastify, { type FastifyError, type FastifyReply } from 'fastify';
 import swagger from '@fastify/swagger';
 import type { TypeBoxTypeProvider } from '@fastify/type-provider-typebox';
@@ -187,6 +188,14 @@ export async function buildApp(deps: AppDeps): Promise<App> {
     }
     if (status >= 400 && status < 500) {
       void reply.code(status).type('application/problem+json').send(problem(status, error.message));
+      return;
+    }
+    // The database's passing trouble (a restart, a dropped link, a serialization failure) is the
+    // contract's retryable 503, not a 500 a client may not repeat. A create without an
+    // Idempotency-Key whose COMMIT was cut off may have happened: docs/api.md §7 says so.
+    if (retryableDatabaseFault(error)) {
+      request.log.warn({ code: (error as { code?: unknown }).code, route: request.routeOptions.url, method: request.method }, 'database fault answered 503');
+      void reply.code(503).header('retry-after', '1').type('application/problem+json').send(problem(503, 'the database is briefly unavailable; retry'));
       return;
     }
     // Never the request's URL: guest paths and ids in it are the client's data. The route

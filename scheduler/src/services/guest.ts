@@ -291,10 +291,21 @@ export class GuestService {
     try {
       return await work();
     } catch (err) {
-      if (err instanceof AgentFailure && NOT_RUNNING_THERE.has(err.code)) this.routes.evict(target.ref.desktop_id);
+      if (err instanceof AgentFailure && NOT_RUNNING_THERE.has(err.code)) {
+        this.routes.evict(target.ref.desktop_id);
+        // A move stopped it (a call caught by the stop), or has it on its new host and not yet
+        // started there: it is between hosts, which answers 503 with Retry-After, not 409.
+        if (await this.moveOpen(target.ref.desktop_id)) throw errors.desktopMoving();
+      }
       if (err instanceof AgentFailure && err.code === 'not_running') this.reportGone(target.ref.desktop_id);
       throw this.toApiError(err, command);
     }
+  }
+
+  /** Whether a move of the desktop is under way (asked only once its host said it does not run it). */
+  private async moveOpen(desktopId: string): Promise<boolean> {
+    const rows = await this.sql`SELECT 1 FROM operations WHERE desktop_id = ${desktopId} AND kind = 'move' AND state IN ('pending', 'running') LIMIT 1`;
+    return rows.length > 0;
   }
 
   /**

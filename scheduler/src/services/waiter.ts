@@ -42,11 +42,21 @@ export class OperationWaiter {
     this.unlisten = null;
   }
 
-  /** The operation once settled, or as it stands when `capMs` runs out. */
-  async wait(orgId: string, id: string, capMs: number): Promise<OperationRow> {
+  /**
+   * The operation once settled, or as it stands when `capMs` runs out. `recorded`: the operation
+   * as the request recorded it. A read that fails meanwhile (the database restarting) does not
+   * end the wait: the operation is recorded and goes on, so the wait goes on with the last state
+   * known, and at the cap answers that, as docs/api.md §4.1 promises ("never a timeout error").
+   */
+  async wait(orgId: string, id: string, capMs: number, recorded: OperationRow): Promise<OperationRow> {
     const deadline = Date.now() + capMs;
+    let op = recorded;
     for (;;) {
-      const op = (await getOperation(this.sql, orgId, id))!;
+      try {
+        op = (await getOperation(this.sql, orgId, id)) ?? op;
+      } catch {
+        // Read again at the next poll.
+      }
       const remaining = deadline - Date.now();
       if (op.state === 'succeeded' || op.state === 'failed' || remaining <= 0 || this.stopping) return op;
       await new Promise<void>((resolve) => {

@@ -42,7 +42,7 @@ export function registerLifecycleRoutes(app: App, deps: AppDeps): void {
         if (request.query.wait !== 'true') {
           return reply.code(isSettled(op.state) ? 200 : 202).send(toOperationJson(op));
         }
-        const settled = await deps.waiter.wait(request.orgId, op.id, deps.waitCapMs);
+        const settled = await deps.waiter.wait(request.orgId, op.id, deps.waitCapMs, op);
         if (settled.state === 'failed') throw errors.operationFailed(settled.id, settled.error?.message ?? 'failed');
         return reply.code(200).send(toOperationJson(settled));
       },
@@ -75,7 +75,7 @@ export function registerLifecycleRoutes(app: App, deps: AppDeps): void {
       if (request.query.wait !== 'true') {
         return reply.code(isSettled(op.state) ? 200 : 202).send(toOperationJson(op));
       }
-      const settled = isSettled(op.state) ? op : await deps.waiter.wait(request.orgId, op.id, deps.waitCapMs);
+      const settled = isSettled(op.state) ? op : await deps.waiter.wait(request.orgId, op.id, deps.waitCapMs, op);
       if (settled.state === 'failed') {
         const message = settled.error?.message ?? 'failed';
         if (settled.error?.code === 'no_capacity') throw errors.noCapacity(settled.id, message);
