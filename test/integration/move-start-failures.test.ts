@@ -268,3 +268,25 @@ it('answers guest calls 503 with Retry-After, never 409, while the desktop is be
   expect(op.state, JSON.stringify(op.error)).toBe('succeeded');
   expect([...statuses.keys()].sort()).toEqual([200, 503]);
 }, 60_000);
+
+it('sweeps the copy a rolled-back move left on a target that was away, whose fence is ahead of the record', async () => {
+  const { id, source, target } = await awakeDesktop();
+  const transfer = target.driver!.transfer;
+  const install = transfer.install.bind(transfer);
+  const { stateDir, driver } = target;
+  // The target installs the copy and goes away before it answers: the move cannot commit, and
+  // the target is not there to drop its copy when the move rolls back.
+  transfer.install = async (desktopId, spec) => {
+    await install(desktopId, spec);
+    void target.stop(true);
+    await new Promise(() => {});
+  };
+  const op = await moveTo(id, target);
+  expect(op.state).toBe('failed');
+  expect((await call('GET', `/v1/desktops/${id}`)).json).toMatchObject({ state: 'awake', host_id: source.hostId });
+  // Back, it still holds that copy, fenced at the generation the commit would have given.
+  const back = await startFakeAgent(s.url, { again: { stateDir, driver: driver! } });
+  agents[agents.indexOf(target)] = back;
+  await until(() => !back.driver!.desktops.has(id), 15_000, 'the rolled-back copy to be swept');
+  expect(source.driver!.desktops.get(id)?.running).toBe(true);
+}, 60_000);

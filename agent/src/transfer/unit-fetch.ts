@@ -154,6 +154,9 @@ export async function fetchUnit(options: UnitFetchOptions, unit: TransferUnit): 
     throw err;
   }
   await spool.close();
+  // The mark is trusted by every later attempt (the unit is not fetched again): the unpacked
+  // files are on disk before it is.
+  await options.transfer.flushStaging(options.desktopId);
   await writeFile(done, '');
   await rm(part, { force: true });
   return { fetched: spool.held - resumed, resumed };

@@ -145,7 +145,7 @@ export class OperationEngine {
   /** Destroys the copies the host holds of desktops that are no longer its own (stale-copies.ts). */
   private async sweepStaleCopies(hostId: string, desktops: HelloDesktops): Promise<void> {
     for (const copy of await staleCopies(this.deps, hostId, desktops)) {
-      this.track(this.onDesktop(copy.desktopId, () => removeStaleCopy(this.deps, hostId, copy.desktopId)));
+      this.track(this.onDesktop(copy.desktopId, () => removeStaleCopy(this.deps, hostId, copy.desktopId, copy.generation)));
     }
   }
 

@@ -15,6 +15,7 @@
  */
 import { inTransaction, type Sql } from '../store/db.js';
 import { getDesktopById, transition } from '../store/desktops.js';
+import { operationParams } from '../store/operations.js';
 import { closeMeter, recordEvent } from '../store/events.js';
 import type { DesktopRow, OperationRow } from '../store/rows.js';
 import { targetGeneration, type MoveParams } from './move.js';
@@ -22,10 +23,14 @@ import { command, LeaseLost, settleFenced, type StepDeps } from './steps.js';
 import { stopIfStarted } from './step-failure.js';
 
 export async function failMove(deps: StepDeps, op: OperationRow, error: { code: string; message: string }): Promise<void> {
+  // Whether the move committed is the database's word, never this process's memory: a COMMIT
+  // that went through unheard leaves memory a phase behind, and undoing a committed move would
+  // drop the target's copy, the only one the record points at.
+  op.params = (await operationParams(deps.sql, op.id)) ?? op.params;
   const p = op.params as unknown as MoveParams;
   deps.placements.release(op.desktop_id);
   const d = await getDesktopById(deps.sql, op.desktop_id);
-  const committed = p.phase === 'committed' || p.phase === 'started';
+  const committed = p.phase === 'committed' || p.phase === 'started' || (d !== null && d.host_id === p.target_host_id && d.host_id !== p.source_host_id);
   // The host the desktop is to be recorded hibernated on, if it is.
   let stoppedOn: string | null = null;
   if (d && !committed) stoppedOn = await rollBack(deps, op, d, p);

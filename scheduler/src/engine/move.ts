@@ -32,7 +32,7 @@ import { TIER_SPECS } from '../../../shared/src/tiers.js';
 import { inTransaction, type Sql } from '../store/db.js';
 import { LEADER_LEASE } from '../store/leases.js';
 import { getDesktopById, transition } from '../store/desktops.js';
-import type { SettleFence } from '../store/operations.js';
+import { operationParams, type SettleFence } from '../store/operations.js';
 import type { DesktopRow, OperationRow } from '../store/rows.js';
 import { selectHost } from '../placement/select.js';
 import { command, LeaseLost, NoCapacity, noCapacityMessage, readFleet, settleFenced, StepFailure, type StepDeps } from './steps.js';
@@ -100,6 +100,9 @@ function copyTimeoutMs(deps: StepDeps, bytes: number): number {
 }
 
 export async function move(deps: StepDeps, op: OperationRow): Promise<void> {
+  // The phase the database holds: a transaction whose COMMIT went through unheard (its link broke
+  // on the answer) left this process a phase behind, and the copy it would redo is gone by now.
+  op.params = (await operationParams(deps.sql, op.id)) ?? op.params;
   let p = op.params as unknown as MoveParams;
   phaseStarts.set(op, performance.now());
   const d = await loadDesktop(deps.sql, op.desktop_id);

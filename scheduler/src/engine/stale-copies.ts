@@ -33,10 +33,14 @@ export async function staleCopies(deps: Pick<StepDeps, 'sql'>, hostId: string, r
            EXISTS (SELECT 1 FROM operations o WHERE o.desktop_id = d.id AND o.state IN ('pending', 'running')) AS open
     FROM desktops d WHERE d.id = ANY(${reported.map((r) => r.desktop_id)}::text[])`;
   const out: StaleCopy[] = [];
+  // The host's fence may be ahead of the record (an import made there carries the generation its
+  // commit would have given; a rolled-back move never gave it): the destroy must pass that fence.
+  const held = new Map(reported.map((r) => [r.desktop_id, r.generation]));
   for (const r of rows) {
     if (r.open) continue;
-    if (r.state === 'destroyed') out.push({ desktopId: r.id, generation: r.generation, reason: 'destroyed' });
-    else if (r.host_id !== null && r.host_id !== hostId) out.push({ desktopId: r.id, generation: r.generation, reason: 'placed_elsewhere' });
+    const generation = Math.max(r.generation, held.get(r.id) ?? 0);
+    if (r.state === 'destroyed') out.push({ desktopId: r.id, generation, reason: 'destroyed' });
+    else if (r.host_id !== null && r.host_id !== hostId) out.push({ desktopId: r.id, generation, reason: 'placed_elsewhere' });
   }
   const unknown = reported.map((r) => r.desktop_id).filter((id) => !rows.some((r) => r.id === id));
   if (unknown.length > 0) {
@@ -64,8 +68,8 @@ export async function missingDisks(deps: Pick<StepDeps, 'sql'>, hostId: string, 
 }
 
 /** Destroys one stale copy on the host, if it is still stale by the records. */
-export async function removeStaleCopy(deps: StepDeps, hostId: string, desktopId: string): Promise<boolean> {
-  const [copy] = await staleCopies(deps, hostId, [{ desktop_id: desktopId, generation: 0, running: false, has_snapshot: false }]);
+export async function removeStaleCopy(deps: StepDeps, hostId: string, desktopId: string, heldGeneration = 0): Promise<boolean> {
+  const [copy] = await staleCopies(deps, hostId, [{ desktop_id: desktopId, generation: heldGeneration, running: false, has_snapshot: false }]);
   if (copy === undefined) return false;
   try {
     await command(deps, hostId, 'desktop.destroy', { desktop_id: desktopId, generation: copy.generation, operation_id: `stale-copy:${copy.reason}` });

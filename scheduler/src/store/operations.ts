@@ -71,6 +71,12 @@ export async function claimPending(sql: Sql, limit: number, fence: SettleFence):
     RETURNING *`;
 }
 
+/** An operation's params as the database holds them (a move's phase: engine/move.ts). */
+export async function operationParams(sql: Sql, id: string): Promise<Record<string, unknown> | null> {
+  const [row] = await sql<Array<{ params: Record<string, unknown> | null }>>`SELECT params FROM operations WHERE id = ${id}`;
+  return row?.params ?? null;
+}
+
 /** Operations a previous leader started and never settled. */
 export async function runningOperations(sql: Sql): Promise<OperationRow[]> {
   return sql<OperationRow[]>`SELECT * FROM operations WHERE state = 'running' ORDER BY created_at`;

@@ -24,14 +24,11 @@
 import { randomBytes } from 'node:crypto';
 import { mkdir, readdir, rename } from 'node:fs/promises';
 import { basename, join } from 'node:path';
-import { desktopsDir, exists, removeTree } from './layout.js';
+import { desktopsDir, discardedDir, exists, removeTree } from './layout.js';
 import { collectLayers, releaseDisk } from './layers.js';
 import type { RuntimeLog } from '../runtime-log.js';
 
-/** Where destroyed desktops wait for their removal. */
-export function discardedDir(stateDir: string): string {
-  return join(stateDir, 'discarded');
-}
+export { discardedDir } from './layout.js';
 
 /** Work that runs in the background at most once at a time per state directory (`coalesced`). */
 interface Run {

@@ -22,6 +22,7 @@
  * the store follows, and `layers.next.json` replaces `layers.json` last; a freeze found half done
  * is completed by `recoverFreeze` before anything else touches the desktop.
  */
+import { randomBytes } from 'node:crypto';
 import { copyFile, link, lstat, mkdir, open, readdir, readFile, rename, rm } from 'node:fs/promises';
 import { join } from 'node:path';
 import { setTimeout as sleep } from 'node:timers/promises';
@@ -29,7 +30,7 @@ import { newId } from '../../../../../shared/src/ids.js';
 import { KeyedMutex } from './keyed-mutex.js';
 import { copySparse } from './sparse.js';
 import { runToEnd, spawnProcess } from './spawner.js';
-import { desktopPaths, desktopsDir, exists, incomingDir, readJson, type DesktopPaths } from './layout.js';
+import { desktopPaths, desktopsDir, discardedDir, exists, incomingDir, readJson, type DesktopPaths } from './layout.js';
 import { runningInit } from './cold-boot.js';
 import { parseMountTable } from './mount-table.js';
 
@@ -275,7 +276,13 @@ export function collectLayers(stateDir: string, desktopsDir: string): Promise<nu
     let removed = 0;
     for (const id of await readdir(layersDir(stateDir)).catch(() => [] as string[])) {
       if (inUse.has(id)) continue;
-      await rm(join(layersDir(stateDir), id), { recursive: true, force: true, maxRetries: 3 });
+      // Out of the store in one rename, then removed: a removal cut short (a crash, a file it
+      // could not remove) must not leave part of a layer under its id, which an import would
+      // take for the whole layer and not fetch. What is left in `discarded/` is swept later.
+      const gone = join(discardedDir(stateDir), `layer-${id}.${Date.now()}-${randomBytes(3).toString('hex')}`);
+      await mkdir(discardedDir(stateDir), { recursive: true, mode: 0o700 });
+      await rename(join(layersDir(stateDir), id), gone);
+      await rm(gone, { recursive: true, force: true, maxRetries: 3 });
       removed++;
     }
     return removed;

@@ -91,6 +91,11 @@ export function incomingDir(stateDir: string): string {
   return join(stateDir, 'incoming');
 }
 
+/** Where destroyed desktops and collected layers wait for their removal (discarded.ts). */
+export function discardedDir(stateDir: string): string {
+  return join(stateDir, 'discarded');
+}
+
 export function desktopPaths(stateDir: string, desktopId: string): DesktopPaths {
   assertDesktopId(desktopId);
   const dir = join(desktopsDir(stateDir), desktopId);
