@@ -6,7 +6,7 @@
  */
 import { mkdir, readdir, stat, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
-import { afterEach, describe, expect, it } from 'vitest';
+import { afterEach, describe, expect, it, vi } from 'vitest';
 import { DesktopMoves } from '../../agent/src/transfer/moves.js';
 import type { ExportResult, ImportProgressPayload } from '../../shared/src/transfer.js';
 import { failure } from '../helpers/agent-failure.js';
@@ -76,6 +76,25 @@ describe('moving a fake desktop between two agents', () => {
     expect(b.driver.desktops.get(D)?.files.get('/root/note')?.toString()).toBe('written after');
     // A repeat of the same move's import finds its work done.
     expect(await importInto(b, second, undefined, 4, 'op_move_2')).toEqual({ fetched_bytes: 0, resumed_bytes: second.total_bytes, units: 1 });
+  });
+
+  it('fetches afresh a unit another move staged here before it failed, though its version and size are the same', async () => {
+    const [a, b] = [await host(), await host()];
+    await stoppedDesktop(a);
+    const first = await exportFrom(a, 4, D, 'sized');
+    // That move's import staged the whole unit, then its agent went before installing it.
+    vi.spyOn(b.driver.transfer, 'install').mockRejectedValueOnce(new Error('killed'));
+    await failure(importInto(b, first, undefined, 5, 'op_move_1'));
+    // Rolled back without reaching the target: the desktop ran on at its source at the same
+    // generation, and a file changed without changing its size.
+    await a.handlers.handle('desktop.start', { desktop_id: D, generation: 4, operation_id: 'op_move_1', tier: 'small', first_boot: null });
+    await a.driver.writeFile(D, { path: '/root/note', appendAt: null }, (async function* () { yield Buffer.from('HELLO'); })());
+    await a.handlers.handle('desktop.hibernate', { desktop_id: D, generation: 4, operation_id: 'op_move_2' });
+    const second = await exportFrom(a, 4, D, 'sized');
+    expect(second.total_bytes).toBe(first.total_bytes);
+    const moved = await importInto(b, second, undefined, 5, 'op_move_2');
+    expect(moved.fetched_bytes).toBe(second.total_bytes);
+    expect(b.driver.desktops.get(D)?.files.get('/root/note')?.toString()).toBe('HELLO');
   });
 
   it('refuses to export a running or absent desktop, and serves nothing while it runs', async () => {

@@ -21,7 +21,7 @@
  * installed by an earlier import that never started here is replaced; any other copy (one that
  * ran here) is a `conflict`, as is a desktop running here.
  */
-import { mkdir, readFile, rm, writeFile } from 'node:fs/promises';
+import { mkdir, readFile, rename, rm, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { Type, type Static } from '@sinclair/typebox';
 import { AgentFailure, parseMessage } from '../../../shared/src/protocol.js';
@@ -81,7 +81,7 @@ export async function importDesktop(options: ImportOptions, spec: ImportSpec): P
   const listing = await fetchListing(options, `${base}/v1/transfer/${encodeURIComponent(spec.desktopId)}/units${query}`, spec.source.ticket);
   const staging = transfer.stagingDir(spec.desktopId);
   await mkdir(staging, { recursive: true });
-  await forgetChangedUnits(staging, listing);
+  await forgetChangedUnits(staging, listing, spec.operationId ?? null);
 
   const progress = throttle(options.progress, spec.desktopId, listing.total_bytes);
   const units = new Map(listing.units.map((u) => [u.id, u]));
@@ -181,26 +181,39 @@ async function fetchListing(options: ImportOptions, url: string, ticket: string)
 }
 
 /** Drops what staging holds of units whose hash is not the one listed now. */
-async function forgetChangedUnits(staging: string, listing: Listing): Promise<void> {
+/** What the staging records of the attempts before: their listing, and the move they were for. */
+type StagedListing = Listing & { operation_id?: string | null };
+
+/**
+ * Drops the staged units an earlier attempt left that this one cannot use. A unit is the same
+ * while its hash (hashed listings) or its version and size (sized ones) are, and only within one
+ * move: a version names the desktop's generation, which a move that rolled back does not bump,
+ * so a desktop that ran on at its source and changed a file without changing its size lists a
+ * unit another move staged here as its own. (An import of an older scheduler names no move.)
+ */
+async function forgetChangedUnits(staging: string, listing: Listing, operationId: string | null): Promise<void> {
   const file = join(staging, 'listing.json');
-  let previous: Listing | null = null;
+  let previous: StagedListing | null = null;
   try {
-    previous = JSON.parse(await readFile(file, 'utf8')) as Listing;
+    previous = JSON.parse(await readFile(file, 'utf8')) as StagedListing;
   } catch {
     // no earlier attempt
   }
-  // A unit is the same while its hash (hashed listings) or its version and size (sized ones) are.
+  const sameMove = (previous?.operation_id ?? null) === operationId;
   const identity = (u: TransferUnit) => `${u.sha256 ?? ''}/${u.version ?? ''}/${u.bytes}`;
   const now = new Map(listing.units.map((u) => [u.id, identity(u)]));
   for (const unit of previous?.units ?? []) {
     if (unit.sha256 === undefined && unit.version === undefined) {
       // Nothing names what it held: start over.
-    } else if (now.get(unit.id) === identity(unit)) continue;
+    } else if (sameMove && now.get(unit.id) === identity(unit)) continue;
     const { part, done } = unitFiles(staging, unit.id);
     await rm(part, { force: true });
     await rm(done, { force: true });
   }
-  await writeFile(file, JSON.stringify(listing));
+  // Whole or not at all: a torn record would read as no earlier attempt, and forget nothing.
+  const tmp = `${file}.${process.pid}.tmp`;
+  await writeFile(tmp, JSON.stringify({ ...listing, operation_id: operationId } satisfies StagedListing));
+  await rename(tmp, file);
 }
 
 /** Progress notifications, at most one per PROGRESS_MS, and a last one when asked. */
