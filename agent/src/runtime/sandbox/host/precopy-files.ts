@@ -124,11 +124,29 @@ export async function linkPrecopied(preDir: string, dest: string, paths: readonl
     if (path.startsWith('/') || path.split('/').some((part) => part === '..' || part === '.' || part === '')) {
       throw new AgentFailure('runtime_error', `the source named a pre-copied file outside the desktop: ${JSON.stringify(path)}`, false);
     }
+    await assertPlainPath(preDir, path);
     await mkdir(join(dest, dirname(path)), { recursive: true });
     try {
       await link(join(preDir, path), join(dest, path));
     } catch (err) {
       throw new AgentFailure('runtime_error', `a pre-copied file is missing here (${(err as NodeJS.ErrnoException).code ?? String(err)}); it is fetched whole on the next try`, true);
+    }
+  }
+}
+
+/**
+ * Refuses a pre-copied path that is not plain directories down to a regular file: `link(2)`
+ * follows symbolic links on the way, so a link the source's stream left in `pre/` would have
+ * hard-linked a file of this host (anything on the state directory's filesystem) into the guest.
+ */
+async function assertPlainPath(preDir: string, path: string): Promise<void> {
+  const parts = path.split('/');
+  for (let i = 1; i <= parts.length; i++) {
+    const st = await lstat(join(preDir, ...parts.slice(0, i))).catch(() => null);
+    if (st === null) return; // missing: the link below says so, retryably
+    const last = i === parts.length;
+    if (last ? !st.isFile() : !st.isDirectory()) {
+      throw new AgentFailure('runtime_error', `a pre-copied path is not plain directories to a file: ${JSON.stringify(path)}`, false);
     }
   }
 }
