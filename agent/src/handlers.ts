@@ -222,6 +222,10 @@ export class CommandHandlers {
       }
       this.log.error({ ...fields, err }, 'command failed in the runtime driver');
       this.metrics?.observeCommand(type, 'failed', seconds());
+      // A full disk is said as one (its message names a path, which stays in the log) and may
+      // pass (staging removed, destroyed desktops swept): the command may be tried again.
+      const code = (err as NodeJS.ErrnoException | null)?.code;
+      if (code === 'ENOSPC' || code === 'EDQUOT') throw new AgentFailure('runtime_error', `${type} failed: no space left on this host's disk (${code})`, true);
       throw new AgentFailure('runtime_error', shortMessage(type, err), false);
     }
   }

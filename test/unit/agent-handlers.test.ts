@@ -168,6 +168,16 @@ describe('command handlers', () => {
     await expectCode(handlers.handle('desktop.hibernate', op()), 'runtime_error');
   });
 
+  it('says a full disk is one, and lets the command be tried again once there may be room', async () => {
+    const full: RuntimeDriver = Object.assign(Object.create(driver) as FakeDriver, {
+      prepare: () => Promise.reject(Object.assign(new Error("ENOSPC: no space left on device, mkdir '/var/lib/x'"), { code: 'ENOSPC' })),
+    });
+    await setup(full);
+    const err = await expectCode(handlers.handle('desktop.prepare', prepare()), 'runtime_error');
+    expect(err.retryable).toBe(true);
+    expect(err.message).toBe("desktop.prepare failed: no space left on this host's disk (ENOSPC)");
+  });
+
   it('runs lifecycle commands for one desktop one at a time, in arrival order', async () => {
     driver = new FakeDriver({ delayMs: 30 });
     await setup();
