@@ -8,6 +8,7 @@ import type { Sql } from '../store/db.js';
 import { idleDesktops } from '../store/desktops.js';
 import { ApiError } from '../errors.js';
 import type { LifecycleService } from '../services/lifecycle.js';
+import type { DesktopRow } from '../store/rows.js';
 
 export class IdleSweeper {
   private timer: NodeJS.Timeout | null = null;
@@ -36,7 +37,11 @@ export class IdleSweeper {
       for (const d of await idleDesktops(this.sql, 50)) {
         try {
           const kind = d.ephemeral ? 'destroy' : 'hibernate';
-          await this.lifecycle.request(d.org_id, d.id, kind, { expectedGeneration: null, idempotencyKey: null, reason: 'idle_timeout' });
+          // Only if nothing that made it due changed since it was read: a PATCH of its timeout
+          // answered 200 meanwhile must hold, and so must a wake, from which the timeout counts.
+          const stillDue = (now: DesktopRow) =>
+            now.state === d.state && now.idle_timeout_secs === d.idle_timeout_secs && now.last_woken_at?.getTime() === d.last_woken_at?.getTime();
+          await this.lifecycle.request(d.org_id, d.id, kind, { expectedGeneration: null, idempotencyKey: null, reason: 'idle_timeout', stillDue });
           this.log.info({ desktopId: d.id, kind }, 'idle timeout');
         } catch (err) {
           // 409: an operation on it is already open, or it changed state meanwhile.

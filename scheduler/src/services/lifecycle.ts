@@ -47,6 +47,11 @@ export interface TransitionRequest {
   expectedGeneration: number | null;
   idempotencyKey: string | null;
   reason?: string;
+  /**
+   * Asked of the desktop's row under its lock: false refuses the request (409). The idle sweeper
+   * read the desktop before; a PATCH of its timeout, or a wake, may have come since.
+   */
+  stillDue?(desktop: DesktopRow): boolean;
 }
 
 export interface ForkRequest {
@@ -109,6 +114,7 @@ export class LifecycleService {
       }
       if (!ACCEPTING_STATES[kind].includes(desktop.state)) throw errors.wrongState(kind, desktop.state);
       if (open) throw errors.operationInFlight(kind, open);
+      if (req.stillDue && !req.stillDue(desktop)) throw errors.wrongState(kind, desktop.state);
       const next = IN_FLIGHT_STATE[kind];
       // Sent together (one round trip): under the row lock, with its state just checked, the
       // transition cannot miss.
