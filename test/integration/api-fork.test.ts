@@ -21,7 +21,7 @@ let key: string;
 beforeAll(async () => {
   // 8 storage slots per host: a small desktop holds 1, a large one 4.
   s = await startTestScheduler({ CANTO_HOST_SLOTS: '8' });
-  agent = await startFakeAgent(s.url);
+  agent = await startFakeAgent(s.url, { delayMs: 0 });
   sql = connectDatabase(s.databaseUrl, { max: 2 });
   key = await mintKey(s.databaseUrl, 'forks');
   call = api(s.url, key);
@@ -167,5 +167,33 @@ describe('POST /v1/desktops/{id}/fork', () => {
     const one = await fork(src.id, { count: 1, acknowledge_shared_state: true });
     expect(one.status, one.text).toBe(200);
     await destroyAll([src.id, ...one.json.result.desktop_ids]);
+  });
+
+  it("counts the forks not made yet against the host's slots", async () => {
+    const [a, b] = [await hibernatedDesktop(), await hibernatedDesktop()]; // 2 of the 8 slots
+    const driver = agent.driver!;
+    const forkCopies = driver.fork.bind(driver);
+    let release!: () => void;
+    const gate = new Promise<void>((resolve) => (release = resolve));
+    driver.fork = async (source, ids) => {
+      await gate;
+      return forkCopies(source, ids);
+    };
+    try {
+      const first = await fork(a.id, { count: 4, acknowledge_shared_state: true }, '');
+      expect(first.status, first.text).toBe(202);
+      // The first one's copies are not made yet; its 4 slots are spoken for all the same.
+      const second = await fork(b.id, { count: 4, acknowledge_shared_state: true }, '');
+      expect(second.json).toMatchObject({ state: 'failed', error: { code: 'no_capacity' } });
+      release();
+      const made = await until(async () => {
+        const op = (await call('GET', `/v1/operations/${first.json.id}`)).json;
+        return op.state === 'succeeded' ? op : null;
+      }, 10_000, 'the first fork');
+      await destroyAll([a.id, b.id, ...made.result.desktop_ids]);
+    } finally {
+      driver.fork = forkCopies;
+      release();
+    }
   });
 });

@@ -22,7 +22,7 @@
 import { newId } from '../../../shared/src/ids.js';
 import { TIER_SPECS } from '../../../shared/src/tiers.js';
 import { inTransaction, type Sql } from '../store/db.js';
-import { slotsUsed } from '../store/hosts.js';
+import { lockHostForForks, slotsUsed } from '../store/hosts.js';
 import { heldByOrgLocked, lockDesktop, transition } from '../store/desktops.js';
 import { openOperation, insertOperation, operationByKey, getOperation } from '../store/operations.js';
 import type { DesktopRow, DesktopState, OperationRow } from '../store/rows.js';
@@ -76,6 +76,9 @@ export class LifecycleService {
       if (open) throw errors.operationInFlight('fork', open);
       if (this.orgDesktopQuota > 0 && (await heldByOrgLocked(tx, orgId)) + req.count > this.orgDesktopQuota) throw errors.desktopQuota(this.orgDesktopQuota);
       const base = { orgId, desktopId, kind: 'fork' as const, idempotencyKey: req.idempotencyKey, fromState: source.state };
+      // The host's row locked: two forks of different sources on it are admitted one after the
+      // other, each counting the slots the other's copies will hold once made.
+      await lockHostForForks(tx, source.host_id);
       const used = (await slotsUsed(tx, source.host_id)).get(source.host_id) ?? 0;
       if (!hasSlots({ slots: this.hostSlots, slotsUsed: used }, source.tier, req.count)) {
         const needed = TIER_SPECS[source.tier].slots * req.count;

@@ -132,13 +132,33 @@ export async function committedLoad(sql: Sql): Promise<Array<{ host_id: string; 
     GROUP BY host_id, tier`;
 }
 
-/** Storage slots held per host: every placed desktop that is not destroyed (TIER_SPECS.slots). */
+/**
+ * For a fork's admission, in its transaction: the host's row locked, so forks of other sources
+ * on it are admitted one after the other, each counting what the other reserved (`slotsUsed`).
+ */
+export async function lockHostForForks(tx: Sql, hostId: string): Promise<void> {
+  await tx`SELECT 1 FROM hosts WHERE id = ${hostId} FOR NO KEY UPDATE`;
+}
+
+/**
+ * Storage slots held per host: every placed desktop that is not destroyed, and the forks an open
+ * fork operation will make on its source's host (their rows come only when the copies are made,
+ * and placement and other forks must count them from the admission on) (TIER_SPECS.slots).
+ */
 export async function slotsUsed(sql: Sql, hostId?: string): Promise<Map<string, number>> {
+  const slots = (tier: ReturnType<typeof sql>) =>
+    sql`CASE ${tier} WHEN 'small' THEN ${TIER_SPECS.small.slots}::int WHEN 'default' THEN ${TIER_SPECS.default.slots}::int ELSE ${TIER_SPECS.large.slots}::int END`;
   const rows = await sql<Array<{ host_id: string; slots: number }>>`
-    SELECT host_id, sum(CASE tier WHEN 'small' THEN ${TIER_SPECS.small.slots}::int WHEN 'default' THEN ${TIER_SPECS.default.slots}::int
-                                  ELSE ${TIER_SPECS.large.slots}::int END)::int AS slots
-    FROM desktops WHERE host_id IS NOT NULL AND state <> 'destroyed'
-    ${hostId === undefined ? sql`` : sql`AND host_id = ${hostId}`}
+    SELECT host_id, sum(slots)::int AS slots FROM (
+      SELECT host_id, ${slots(sql`tier`)} AS slots
+      FROM desktops WHERE host_id IS NOT NULL AND state <> 'destroyed'
+      ${hostId === undefined ? sql`` : sql`AND host_id = ${hostId}`}
+      UNION ALL
+      SELECT s.host_id, (o.params->>'count')::int * ${slots(sql`s.tier`)} AS slots
+      FROM operations o JOIN desktops s ON s.id = o.desktop_id
+      WHERE o.kind = 'fork' AND o.state IN ('pending', 'running') AND s.host_id IS NOT NULL
+      ${hostId === undefined ? sql`` : sql`AND s.host_id = ${hostId}`}
+    ) held
     GROUP BY host_id`;
   return new Map(rows.map((r) => [r.host_id, r.slots]));
 }
