@@ -52,8 +52,10 @@ export async function fanOutEvents(sql: Sql, limit: number, render: (event: Outb
       WHERE dispatched_at IS NULL ORDER BY id LIMIT ${limit} FOR UPDATE SKIP LOCKED`;
     if (events.length === 0) return 0;
     const orgIds = [...new Set(events.map((e) => e.org_id))];
+    // Key-share locked: an endpoint deleted meanwhile would fail the deliveries' foreign key and,
+    // with it, this whole round; its delete waits for the round instead (its deliveries go with it).
     const endpoints = await tx<Array<{ id: string; org_id: string; events: string[]; created_at: Date }>>`
-      SELECT id, org_id, events, created_at FROM webhook_endpoints WHERE org_id = ANY(${orgIds}) ORDER BY created_at, id`;
+      SELECT id, org_id, events, created_at FROM webhook_endpoints WHERE org_id = ANY(${orgIds}) ORDER BY created_at, id FOR KEY SHARE`;
     const rows: Array<Record<string, string>> = [];
     for (const e of events) {
       const subscribed = endpoints.filter((w) => w.org_id === e.org_id && w.events.includes(e.type) && w.created_at <= e.created_at);
