@@ -4,7 +4,7 @@
  * Covers the protocol around the bytes: tickets, refusals, progress, resume after a broken
  * connection, a corrupted byte, idempotent import and abort.
  */
-import { mkdir, readdir, stat, writeFile } from 'node:fs/promises';
+import { mkdir, readdir, readFile, stat, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { afterEach, describe, expect, it, vi } from 'vitest';
 import { DesktopMoves } from '../../agent/src/transfer/moves.js';
@@ -95,6 +95,22 @@ describe('moving a fake desktop between two agents', () => {
     const moved = await importInto(b, second, undefined, 5, 'op_move_2');
     expect(moved.fetched_bytes).toBe(second.total_bytes);
     expect(b.driver.desktops.get(D)?.files.get('/root/note')?.toString()).toBe('HELLO');
+  });
+
+  it('takes a unit marked done in this boot as it is, and fetches again one marked in an earlier boot (its files may not have reached the disk)', async () => {
+    for (const earlierBoot of [false, true]) {
+      const [a, b] = [await host(), await host()];
+      await stoppedDesktop(a);
+      const exp = await exportFrom(a, 4, D, 'sized');
+      vi.spyOn(b.driver.transfer, 'install').mockRejectedValueOnce(new Error('the agent went'));
+      await failure(importInto(b, exp, undefined, 5, 'op_move_1'));
+      const mark = join(b.driver.transfer.stagingDir(D), 'desktop.done');
+      expect((await readFile(mark, 'utf8')).trim()).toBe((await readFile('/proc/sys/kernel/random/boot_id', 'utf8')).trim());
+      if (earlierBoot) await writeFile(mark, '00000000-0000-0000-0000-000000000000');
+      const again = await importInto(b, exp, undefined, 5, 'op_move_1');
+      expect(again.fetched_bytes, earlierBoot ? 'marked in an earlier boot' : 'marked in this boot').toBe(earlierBoot ? exp.total_bytes : 0);
+      await closeFakeMoveHosts();
+    }
   });
 
   it('refuses to export a running or absent desktop, and serves nothing while it runs', async () => {

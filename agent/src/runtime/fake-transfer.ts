@@ -142,8 +142,6 @@ export class FakeTransfer implements DesktopTransfer {
   /** The fake's desktops live in memory: nothing to write. */
   async flush(): Promise<void> {}
 
-  async flushStaging(): Promise<void> {}
-
   async started(desktopId: string): Promise<boolean> {
     return this.imported.delete(desktopId);
   }

@@ -139,11 +139,6 @@ export interface DesktopTransfer {
    */
   flush(desktopId: string): Promise<void>;
   /**
-   * Writes the desktop's staging (what its imports unpacked so far) to disk: a unit is marked
-   * done only once it would survive a power loss, since a later attempt trusts the mark.
-   */
-  flushStaging(desktopId: string): Promise<void>;
-  /**
    * The desktop is about to start here: it is no longer a copy an abort may remove. Answers
    * whether it was such a copy (the first start of a desktop moved here).
    */

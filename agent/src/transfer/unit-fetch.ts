@@ -16,7 +16,7 @@
  */
 import { createHash } from 'node:crypto';
 import { createReadStream } from 'node:fs';
-import { open, rm, stat, writeFile, type FileHandle } from 'node:fs/promises';
+import { open, readFile, rm, stat, writeFile, type FileHandle } from 'node:fs/promises';
 import { join } from 'node:path';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { AgentFailure } from '../../../shared/src/protocol.js';
@@ -60,7 +60,7 @@ export function unitFiles(staging: string, unitId: string): { part: string; done
 export async function fetchUnit(options: UnitFetchOptions, unit: TransferUnit): Promise<UnitFetched> {
   const staging = options.transfer.stagingDir(options.desktopId);
   const { part, done } = unitFiles(staging, unit.id);
-  if (await exists(done)) return { fetched: 0, resumed: unit.bytes };
+  if (await markedInThisBoot(done)) return { fetched: 0, resumed: unit.bytes };
   let resumed = (await stat(part).catch(() => null))?.size ?? 0;
   if (resumed > unit.bytes) {
     await rm(part, { force: true });
@@ -154,12 +154,32 @@ export async function fetchUnit(options: UnitFetchOptions, unit: TransferUnit): 
     throw err;
   }
   await spool.close();
-  // The mark is trusted by every later attempt (the unit is not fetched again): the unpacked
-  // files are on disk before it is.
-  await options.transfer.flushStaging(options.desktopId);
-  await writeFile(done, '');
+  await writeFile(done, await bootId());
   await rm(part, { force: true });
   return { fetched: spool.held - resumed, resumed };
+}
+
+/**
+ * Whether the unit is marked done, in this boot of the machine. The unpacked files are written to
+ * disk only at the install (one syncfs for them all, sandbox-transfer.ts), not before the mark:
+ * that would add a flush per unit to a move's downtime. A crash of the agent leaves them in the
+ * page cache, whole; a power loss may not, so a mark from an earlier boot is not trusted and the
+ * unit is fetched again (its spool is gone; nothing else of it is kept).
+ */
+async function markedInThisBoot(done: string): Promise<boolean> {
+  const mark = await readFile(done, 'utf8').catch(() => null);
+  if (mark === null) return false;
+  if (mark === (await bootId())) return true;
+  await rm(done, { force: true });
+  return false;
+}
+
+let currentBoot: Promise<string> | null = null;
+
+/** This boot of the machine (the kernel's random boot id); a fixed word where there is none to read. */
+function bootId(): Promise<string> {
+  currentBoot ??= readFile('/proc/sys/kernel/random/boot_id', 'utf8').then((id) => id.trim(), () => 'unknown-boot');
+  return currentBoot;
 }
 
 /** Bytes gathered before they are written on: a few large writes cost far less than many small ones. */
@@ -374,11 +394,4 @@ async function readRest(
   });
   const trailer = res.trailers[SHA256_TRAILER];
   return typeof trailer === 'string' ? trailer : null;
-}
-
-async function exists(path: string): Promise<boolean> {
-  return stat(path).then(
-    () => true,
-    () => false,
-  );
 }

@@ -215,10 +215,6 @@ export class SandboxTransfer implements DesktopTransfer {
     return this.flushFs(desktopPaths(this.stateDir, desktopId).dir);
   }
 
-  flushStaging(desktopId: string): Promise<void> {
-    return this.flushFs(this.stagingDir(desktopId));
-  }
-
   async started(desktopId: string): Promise<boolean> {
     try {
       await unlink(join(desktopPaths(this.stateDir, desktopId).dir, IMPORT_RECORD));
