@@ -73,6 +73,13 @@ export class PortIngress {
   private readonly proxy = new ProxyServer({ xfwd: true, ws: true });
   /** Client sockets carrying traffic of an exposure, closed when the exposure is deleted. */
   private readonly open = new Map<string, Set<Duplex>>();
+  /**
+   * When each exposure last changed (a sequence number of this replica's), so a request whose
+   * admission raced a delete is admitted again instead of being held by a socket the delete's
+   * sweep of `open` came too early for. Bounded: the oldest entries go first.
+   */
+  private readonly changedAt = new Map<string, number>();
+  private changes = 0;
   /** Every client socket, including upgraded ones the HTTP server no longer tracks. */
   private readonly sockets = new Set<Duplex>();
   private readonly unsubscribe: () => void;
@@ -148,7 +155,7 @@ export class PortIngress {
   private async web(req: IncomingMessage, res: ServerResponse): Promise<void> {
     let route: PortRoute;
     try {
-      route = await this.admit(req);
+      route = await this.admitCurrent(req);
     } catch (err) {
       return this.answer(res, this.asApiError(err));
     }
@@ -237,7 +244,7 @@ export class PortIngress {
   private async upgrade(req: IncomingMessage, socket: Duplex, head: Buffer): Promise<void> {
     let route: PortRoute;
     try {
-      route = await this.admit(req);
+      route = await this.admitCurrent(req);
     } catch (err) {
       return rejectUpgrade(socket, this.asApiError(err));
     }
@@ -268,6 +275,15 @@ export class PortIngress {
   }
 
   /** The exposure the request may reach, or the ApiError that answers it. */
+  /** `admit`, again if the exposure changed while it ran (a delete's sweep missed this request). */
+  private async admitCurrent(req: IncomingMessage): Promise<PortRoute> {
+    for (let tries = 0; ; tries++) {
+      const before = this.changes;
+      const route = await this.admit(req);
+      if (tries > 0 || (this.changedAt.get(keyOf(route.desktop_id, route.port)) ?? 0) <= before) return route;
+    }
+  }
+
   private async admit(req: IncomingMessage): Promise<PortRoute> {
     if (req.headers.host === undefined && req.httpVersion === '1.1') throw errors.badRequest(MISSING_HOST);
     const target = parseExposureHost(this.deps.settings, req.headers.host);
@@ -358,12 +374,18 @@ export class PortIngress {
   private exposureChanged(desktopId: string, port: number): void {
     this.routes.forget(desktopId, port);
     const key = keyOf(desktopId, port);
+    this.changedAt.delete(key);
+    this.changedAt.set(key, ++this.changes);
+    if (this.changedAt.size > MAX_CHANGES_KEPT) this.changedAt.delete(this.changedAt.keys().next().value!);
     this.links.get(key)?.pool.destroy();
     this.links.delete(key);
     for (const socket of this.open.get(key) ?? []) socket.destroy();
     this.open.delete(key);
   }
 }
+
+/** Exposures whose last change is remembered (see `changedAt`). */
+const MAX_CHANGES_KEPT = 10_000;
 
 /** Answers an upgrade request that will not be proxied, on its raw socket. */
 function rejectUpgrade(socket: Duplex, err: ApiError): void {
