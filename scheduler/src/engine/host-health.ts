@@ -22,7 +22,7 @@ import type { Logger } from '../../../shared/src/log.js';
 import { inTransaction, type Sql } from '../store/db.js';
 import { transition } from '../store/desktops.js';
 import { closeMeter, recordEvent } from '../store/events.js';
-import { desktopsOnSilentHosts, markSilentHostsDown, stillSilent } from '../store/hosts.js';
+import { awakeWithoutOperation, desktopsOnSilentHosts, markSilentHostsDown, stillSilent } from '../store/hosts.js';
 
 export interface HostHealthOptions {
   readonly sql: Sql;
@@ -81,6 +81,9 @@ export class HostHealth {
         if (this.options.isLinked(d.host_id)) continue;
         const done = await inTransaction(sql, async (tx) => {
           if (!(await stillSilent(tx, d.host_id, graceMs))) return false;
+          // Under the desktop's lock, as an API request takes it: an operation recorded since the
+          // sweep read it (a destroy, a move) keeps the desktop as that operation found it.
+          if (!(await awakeWithoutOperation(tx, d.id))) return false;
           const moved = await transition(tx, d.id, ['awake'], 'hibernated');
           if (!moved) return false;
           await closeMeter(tx, d.id, d.last_seen_at);

@@ -163,6 +163,14 @@ export async function slotsUsed(sql: Sql, hostId?: string): Promise<Map<string, 
   return new Map(rows.map((r) => [r.host_id, r.slots]));
 }
 
+/** In a transaction: locks the desktop's row, and answers whether it is awake with no operation open. */
+export async function awakeWithoutOperation(tx: Sql, desktopId: string): Promise<boolean> {
+  const [row] = await tx<Array<{ state: string }>>`SELECT state FROM desktops WHERE id = ${desktopId} FOR UPDATE`;
+  if (row?.state !== 'awake') return false;
+  const open = await tx`SELECT 1 FROM operations WHERE desktop_id = ${desktopId} AND state IN ('pending', 'running') LIMIT 1`;
+  return open.length === 0;
+}
+
 /**
  * Awake desktops, with no operation open, on `down` hosts not heard from for `graceMs`, with
  * the moment each host was last heard from (their meters close then).
