@@ -93,3 +93,20 @@ export class Heartbeats {
     }
   }
 }
+
+/**
+ * Runs `work` (a hello fence) while beating on a link not yet ready. A fence of many desktops
+ * dumps them all and may take longer than the scheduler waits for a silent link: it hears from
+ * this one meanwhile (a beat before `host.ready` leaves the host not ready), or it drops the link
+ * and the next hello fences again, and again.
+ */
+export async function beatingMeanwhile<T>(peer: Pick<RpcPeer, 'isOpen' | 'notify'>, intervalMs: number, work: () => Promise<T>): Promise<T> {
+  const timer = setInterval(() => {
+    if (peer.isOpen) peer.notify('heartbeat', { running_desktops: 0 });
+  }, intervalMs);
+  try {
+    return await work();
+  } finally {
+    clearInterval(timer);
+  }
+}

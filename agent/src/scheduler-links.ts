@@ -49,7 +49,7 @@ import type { LeaderEpochs } from './leader-epochs.js';
 import type { PortGateway } from './ports/gateway.js';
 import type { RuntimeDriver } from './runtime/driver.js';
 import { buildHello } from './hello.js';
-import { Heartbeats, type BeatingLink } from './heartbeats.js';
+import { beatingMeanwhile, Heartbeats, type BeatingLink } from './heartbeats.js';
 import type { HostMeter } from './host-meter.js';
 
 export const AGENT_SOCKET_PATH = '/internal/agents/ws';
@@ -298,18 +298,7 @@ export class SchedulerLinks {
       if (reply.heartbeat_ms > 0) this.heartbeatMs = Math.max(MIN_HEARTBEAT_MS, reply.heartbeat_ms);
       if (reply.replicas !== undefined) this.updateReplicas(reply.replicas);
       if (protocolAtLeast(reply.protocol, 1, 7)) {
-        // A fence of many desktops dumps them all and may take longer than the scheduler waits
-        // for a silent link: it hears from this one meanwhile (a beat before `host.ready` leaves
-        // the host not ready), or it drops the link and the next hello fences again, and again.
-        const keepAlive = setInterval(() => {
-          if (peer.isOpen) peer.notify('heartbeat', { running_desktops: 0 });
-        }, this.heartbeatMs);
-        let stopped: number;
-        try {
-          stopped = await this.options.handlers.fence(reply.fence ?? []);
-        } finally {
-          clearInterval(keepAlive);
-        }
+        const stopped = await beatingMeanwhile(peer, this.heartbeatMs, () => this.options.handlers.fence(reply.fence ?? []));
         if (!peer.isOpen || this.stopping) return;
         peer.notify('host.ready', { stopped });
       }

@@ -22,7 +22,6 @@ import { coldExecIsQuick } from '../../agent/src/runtime/sandbox/guest/guest-ent
 
 const execFileAsync = promisify(execFile);
 if (!isRoot) console.warn('sandbox-driver tests skipped: they need root (namespaces, cgroups, CRIU)');
-
 const { timings, timed } = stopwatch();
 
 describe.skipIf(!isRoot)('sandbox driver', () => {
@@ -31,7 +30,6 @@ describe.skipIf(!isRoot)('sandbox driver', () => {
   let driver: SandboxDriver;
   const logged: string[] = [];
   const created: Array<{ driver: () => SandboxDriver; id: string }> = [];
-
   function track(id: string, d: () => SandboxDriver = () => driver): string {
     created.push({ driver: d, id });
     return id;
