@@ -276,10 +276,15 @@ it('sweeps the copy a rolled-back move left on a target that was away, whose fen
   const { stateDir, driver } = target;
   // The target installs the copy and goes away before it answers: the move cannot commit, and
   // the target is not there to drop its copy when the move rolls back.
+  let stopped: Promise<void> = Promise.resolve();
+  let release!: () => void;
+  const held = new Promise<void>((resolve) => (release = resolve));
   transfer.install = async (desktopId, spec) => {
     await install(desktopId, spec);
-    void target.stop(true);
-    await new Promise(() => {});
+    stopped = target.stop(true);
+    // Never answered on the link that went; let go of once the test is done with it.
+    await held;
+    throw new Error('the agent went');
   };
   const op = await moveTo(id, target);
   expect(op.state).toBe('failed');
@@ -289,4 +294,6 @@ it('sweeps the copy a rolled-back move left on a target that was away, whose fen
   agents[agents.indexOf(target)] = back;
   await until(() => !back.driver!.desktops.has(id), 15_000, 'the rolled-back copy to be swept');
   expect(source.driver!.desktops.get(id)?.running).toBe(true);
+  release();
+  await stopped;
 }, 60_000);
