@@ -107,7 +107,9 @@ export async function startScheduler(config: SchedulerConfig, logger?: Logger, m
   };
   // A pass is two small queries on the leader; the engine kicks one when a drain's move lands, and
   // the interval catches everything else (a drain asked for, a host back).
-  const drainer = new Drainer({ sql, logger: log, intervalMs: Math.max(50, Math.min(100, config.enginePollMs)), isConnected: (id) => agents.isConnected(id) });
+  // Leader-only components each ask before a pass: a stalled leader resumes with timers overdue.
+  const leading = () => leadership?.isLeader() ?? false;
+  const drainer = new Drainer({ sql, logger: log, intervalMs: Math.max(50, Math.min(100, config.enginePollMs)), isConnected: (id) => agents.isConnected(id), leading });
   const engine = new OperationEngine({
     sql,
     agents,
@@ -126,7 +128,7 @@ export async function startScheduler(config: SchedulerConfig, logger?: Logger, m
       if ((op.params as { drain?: unknown } | null)?.drain !== undefined) drainer.kick();
     },
   });
-  const sweeper = new IdleSweeper(sql, lifecycle, config.idleSweepMs, log);
+  const sweeper = new IdleSweeper(sql, lifecycle, config.idleSweepMs, log, leading);
   const health = new HostHealth({
     sql,
     downMs: config.hostDownMs,
@@ -134,10 +136,11 @@ export async function startScheduler(config: SchedulerConfig, logger?: Logger, m
     intervalMs: Math.max(20, Math.min(250, Math.floor(config.hostDownMs / 4))),
     recordingSince: () => registry?.recordingSince() ?? null,
     isLinked: (hostId) => agents.isConnected(hostId),
+    leading,
     logger: log,
     onDown: () => metrics.hostsDown.inc(),
   });
-  const webhooks = new WebhookDispatcher({ queue: deliveryQueue(sql), secrets, settings: config.webhooks, logger: log });
+  const webhooks = new WebhookDispatcher({ queue: deliveryQueue(sql), secrets, settings: config.webhooks, logger: log, leading });
   let lastEpoch = 0;
   leadership = new Leadership(sql, config.replicaId, config.leaseTtlMs, config.leaseRenewMs, {
     async establish(term) {

@@ -25,6 +25,8 @@ export interface DrainerDeps {
   intervalMs: number;
   /** Whether the leader's link to the host is up: moves off a host out of reach wait. */
   isConnected(hostId: string): boolean;
+  /** Whether this replica still leads (engine/leader.ts): a pass starts only while it does. */
+  leading?(): boolean;
 }
 
 export class Drainer {
@@ -59,7 +61,9 @@ export class Drainer {
 
   /** One look at every drain; exported for tests that step it by hand. */
   async pass(): Promise<void> {
-    if (this.passing) return;
+    // A replica unsure it leads (a stall, an overdue renewal) must not move desktops beside the
+    // leader that may have taken over: two drainers would pass each drain's `parallel`.
+    if (this.passing || this.deps.leading?.() === false) return;
     this.passing = true;
     try {
       for (const host of await activeDrains(this.deps.sql)) await this.advance(host);

@@ -35,6 +35,8 @@ export interface HostHealthOptions {
   recordingSince(): Date | null;
   /** Whether this replica's link to the host is alive (agents/gateway.ts). */
   isLinked(hostId: string): boolean;
+  /** Whether this replica still leads (engine/leader.ts): a sweep starts only while it does. */
+  leading?(): boolean;
   readonly logger: Logger;
   /** Told of each host found silent, for metrics. */
   onDown?(hostId: string, silentMs: number): void;
@@ -68,6 +70,7 @@ export class HostHealth {
 
   private async doSweep(): Promise<void> {
     const { sql, downMs, graceMs } = this.options;
+    if (this.options.leading?.() === false) return;
     try {
       for (const h of await markSilentHostsDown(sql, downMs, (id) => this.options.isLinked(id))) {
         const silentMs = Date.now() - h.last_seen_at.getTime();

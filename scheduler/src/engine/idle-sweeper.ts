@@ -19,6 +19,8 @@ export class IdleSweeper {
     private readonly lifecycle: LifecycleService,
     private readonly intervalMs: number,
     logger: Logger,
+    /** Whether this replica still leads (engine/leader.ts): a sweep starts only while it does. */
+    private readonly leading: () => boolean = () => true,
   ) {
     this.log = logger.child({ component: 'idle-sweeper' });
   }
@@ -33,6 +35,7 @@ export class IdleSweeper {
   }
 
   async sweep(): Promise<void> {
+    if (!this.leading()) return;
     try {
       for (const d of await idleDesktops(this.sql, 50)) {
         try {

@@ -5,9 +5,17 @@
  * except the engine's own fence on the commands it sends.
  *
  * The local view is conservative: leadership counts as lost as soon as a renewal is overdue by
- * the TTL measured from when that renewal was sent, even if the database has not answered yet.
- * A renewal that finds a new epoch (the lease lapsed in between) ends the old term and starts a
- * new one, so work of the old term is never carried on under the new epoch.
+ * the TTL measured from when that renewal was sent, even if the database has not answered yet,
+ * and only an answer of the database extends it (a renewal that failed does not). It runs on a
+ * monotonic clock: a step of the wall clock must not stretch it. A renewal that finds a new
+ * epoch (the lease lapsed in between) ends the old term and starts a new one, so work of the old
+ * term is never carried on under the new epoch.
+ *
+ * `establish` and `revoke` run one after another on a chain of their own, not in the renewal
+ * round: a revoke waits for the engine's steps in flight (seconds), and a renewal held behind it
+ * would let the lease lapse, which starts yet another term. A term whose `establish` failed is
+ * given up (revoked) and established again at the next round, instead of leading with nothing
+ * running.
  *
  * Handover: a leader that stops expires its lease at once and notifies the others, which try to
  * take it the moment the notification arrives instead of at their next round. Followers try every
@@ -38,6 +46,8 @@ export class Leadership {
   private rounding: Promise<void> | null = null;
   private again = false;
   private unlisten: (() => Promise<void>) | null = null;
+  /** `establish` and `revoke`, in the order the rounds asked for them. */
+  private hooksChain: Promise<void> = Promise.resolve();
   private readonly log: Logger;
 
   constructor(
@@ -52,7 +62,7 @@ export class Leadership {
   }
 
   isLeader(): boolean {
-    return this.leader && Date.now() < this.validUntil;
+    return this.leader && performance.now() < this.validUntil;
   }
 
   /** This replica's term while it leads; null otherwise. */
@@ -66,6 +76,7 @@ export class Leadership {
     });
     this.unlisten = () => sub.unlisten();
     await this.round();
+    await this.hooksChain;
   }
 
   /** Hands the lease over at once (expired and announced), then stops leader-only work. */
@@ -74,6 +85,7 @@ export class Leadership {
     if (this.timer) clearTimeout(this.timer);
     await this.unlisten?.().catch(() => {});
     await this.rounding;
+    await this.hooksChain;
     if (this.leader) {
       this.leader = false;
       await releaseLease(this.sql, LEADER_LEASE, this.holder).then(
@@ -103,29 +115,48 @@ export class Leadership {
   private async attempt(): Promise<void> {
     if (this.stopped) return;
     if (this.timer) clearTimeout(this.timer);
-    const sentAt = Date.now();
+    const sentAt = performance.now();
     let held = false;
     let epoch = 0;
+    let answered = false;
     try {
       ({ held, epoch } = await acquireLease(this.sql, LEADER_LEASE, this.holder, this.ttlMs));
+      answered = true;
     } catch (err) {
       this.log.warn({ err: (err as Error).message }, 'lease renewal failed');
+      // Still within what the last answer granted, or not: nothing is extended without one.
       held = this.isLeader();
       epoch = this.epoch;
     }
     if (this.stopped) return;
-    if (held) this.validUntil = sentAt + this.ttlMs;
+    if (answered && held) this.validUntil = sentAt + this.ttlMs;
     if (this.leader && (!held || epoch !== this.epoch)) {
       this.leader = false;
       this.log.warn({ epoch: this.epoch, next_epoch: held ? epoch : null }, 'lost the leader lease');
-      await this.hooks.revoke().catch((err: unknown) => this.log.error({ err }, 'revoking leadership failed'));
+      this.hook(() => this.hooks.revoke(), 'revoking leadership failed');
     }
     if (held && !this.leader && !this.stopped) {
       this.leader = true;
       this.epoch = epoch;
       this.log.info({ epoch }, 'took the leader lease');
-      await this.hooks.establish({ holder: this.holder, epoch }).catch((err: unknown) => this.log.error({ err }, 'establishing leadership failed'));
+      this.hook(async () => {
+        try {
+          await this.hooks.establish({ holder: this.holder, epoch });
+        } catch (err) {
+          // Leading with nothing running would last the whole term: give it up, and take it
+          // again (the same epoch while the lease holds) at the next round.
+          this.log.error({ err, epoch }, 'establishing leadership failed; trying again');
+          if (this.leader && this.epoch === epoch) this.leader = false;
+          await this.hooks.revoke();
+        }
+      }, 'revoking a term that failed to start failed');
     }
+    // Armed before the hooks have run: the next renewal must not wait for them.
     if (!this.stopped) this.timer = setTimeout(() => void this.round(), this.renewMs);
+  }
+
+  /** Runs a hook after those asked for before it. */
+  private hook(work: () => Promise<void>, failed: string): void {
+    this.hooksChain = this.hooksChain.then(work).catch((err: unknown) => this.log.error({ err }, failed));
   }
 }

@@ -38,6 +38,8 @@ export interface DispatcherDeps {
   secrets: SecretBox;
   settings: WebhookSettings;
   logger: Logger;
+  /** Whether this replica still leads (engine/leader.ts): a round starts only while it does. */
+  leading?(): boolean;
 }
 
 const FAN_OUT_BATCH = 100;
@@ -111,6 +113,12 @@ export class WebhookDispatcher {
 
   private async tick(): Promise<void> {
     if (!this.running || this.ticking) return;
+    // A replica that cannot tell it still leads (its renewal overdue) delivers nothing: the
+    // leader that may have taken over does (at least once, either way).
+    if (this.deps.leading?.() === false) {
+      this.timer = setTimeout(() => void this.tick(), this.deps.settings.pollMs);
+      return;
+    }
     this.ticking = true;
     this.again = false;
     try {
