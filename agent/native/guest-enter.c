@@ -39,6 +39,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/prctl.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -190,6 +191,17 @@ static int enter(const struct entry *e) {
       return -1;
     }
     close(fds[i]);
+  }
+  /*
+   * Joining the mount namespace put this process at its root, which bwrap made the guest's root.
+   * The init's root must be that same directory: a guest that chrooted its init elsewhere (it may
+   * trace it) would otherwise have us run its own programs there, with what this entry keeps.
+   */
+  struct stat at_ns_root, at_init_root;
+  if (stat("/", &at_ns_root) != 0 || fstat(root, &at_init_root) != 0 ||
+      at_ns_root.st_dev != at_init_root.st_dev || at_ns_root.st_ino != at_init_root.st_ino) {
+    fprintf(stderr, "%s: the root of %s is not its mount namespace's root\n", ENTER_FAILED, e->pid);
+    return -1;
   }
   if (fchdir(root) != 0 || chroot(".") != 0) {
     fprintf(stderr, "%s: the root of %s: %s\n", ENTER_FAILED, e->pid, strerror(errno));

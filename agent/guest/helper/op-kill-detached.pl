@@ -12,7 +12,7 @@ if (@leaders) {
   my (%kids, %group);
   opendir(my $pd, '/proc') or oserr('cannot list processes');
   for my $p (grep { /^[0-9]+$/ } readdir($pd)) {
-    my $s = small("/proc/$p/stat", 4096);
+    my $s = small("/proc/$p/stat", 4096, 1);
     next unless defined $s && $s =~ /\) (.*)$/s;
     my @f = split / /, $1;
     push @{$kids{$f[1]}}, $p;
@@ -33,7 +33,7 @@ if (@leaders) {
   kill('KILL', keys %doomed);
   # Gone or a zombie before the caller snapshots the guest.
   for (1 .. 200) {
-    last unless grep { my $s = small("/proc/$_/stat", 4096); defined $s && $s !~ /\) [ZX] / } keys %doomed;
+    last unless grep { my $s = small("/proc/$_/stat", 4096, 1); defined $s && $s !~ /\) [ZX] / } keys %doomed;
     select(undef, undef, undef, 0.01);
   }
 }

@@ -3,7 +3,8 @@ my ($path, $offset, $length, $max) = ($arg[0], $arg[1], num($arg[2]), num($arg[3
 sysopen(my $fh, $path, O_RDONLY_NB) or oserr('cannot read');
 fail('path_conflict', 'path is a directory') if -d $fh;
 fail('path_conflict', 'not a regular file') unless -f _;
-my $size = -s _;
+fail('path_conflict', 'a file of the kernel (/proc, /sys), not of the desktop') if kernel_file($fh);
+my $size = -s $fh;
 my ($from, $len) = (0, $size);
 if ($offset eq '-') {
   fail('too_large', "file is $size bytes, over the whole-file limit of $max bytes") if $size > $max;

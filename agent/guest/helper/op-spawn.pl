@@ -25,7 +25,7 @@ if ($pid == 0) {
   syscall(SYS_setsid);
   open(STDIN, '<', '/dev/null'); open(STDOUT, '>', '/dev/null'); open(STDERR, '>', '/dev/null');
   # pid and start time: a pid reused after a wake or a cold boot is never taken for this process.
-  my $stat = small('/proc/self/stat', 4096) // '';
+  my $stat = small('/proc/self/stat', 4096, 1) // '';
   my @f = $stat =~ /\) (.*)$/s ? split(/ /, $1) : ();
   my $pf;
   my $ok = defined $f[19] && open($pf, '>', "$dir/.pid.tmp") && print($pf "$$ $f[19]\n") && close($pf)

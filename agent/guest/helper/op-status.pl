@@ -15,7 +15,7 @@ if (defined $pid && alive($pid, $start, $dir)) {
 sub tail {
   my ($path, $n) = @_;
   sysopen(my $fh, $path, O_RDONLY_NB) or return '';
-  return '' unless -f $fh;
+  return '' if kernel_file($fh) || !-f $fh;
   my $size = -s _;
   sysseek($fh, $size > $n ? $size - $n : 0, 0);
   my $s = ''; 1 while length($s) < $n && sysread($fh, $s, $n - length($s), length $s);

@@ -69,6 +69,7 @@ if ($at eq '-') {
     sysopen($fh, $target, O_WRONLY_CREAT_NB, 0644) or oserr('cannot write', 1);
   }
   # The lock makes check-and-write one step: of two appends at the same offset, one wins.
+  fail('path_conflict', 'a file of the kernel (/proc, /sys), not of the desktop') if kernel_file($fh);
   flock($fh, 2) or oserr('cannot lock');
   fail('path_conflict', 'not a regular file') unless -f $fh;
   my $size = -s _;

@@ -31,6 +31,19 @@ sub oserr {
     : $missing{$n} ? 'path_missing' : $conflict{$n} ? 'path_conflict' : 'runtime_error';
   fail($code, "$what: $text");
 }
+# Whether an open file lives on the kernel's own filesystems (/proc, /sys). A helper runs with
+# more privilege than the guest (it must read any file of the guest's); through a file route or a
+# link a guest planted, it would open what the kernel lets only that privilege open (the host's
+# memory in /proc/kcore, a lower oom_score_adj). Such files are never the guest's files.
+sub kernel_file {
+  my $dev = (stat($_[0]))[0];
+  my $root = (stat('/'))[0];
+  for my $dir ('/proc', '/sys') {
+    my $at = (stat($dir))[0];
+    return 1 if defined $at && defined $root && $at != $root && defined $dev && $dev == $at;
+  }
+  return 0;
+}
 sub dirname { my $p = shift; $p =~ s{/+[^/]*$}{}; return $p eq '' ? '/' : $p; }
 sub child { my ($d, $n) = @_; return $d eq '/' ? "/$n" : "$d/$n"; }
 sub num { my $v = shift; fail('bad_request', 'malformed number') unless defined $v && $v =~ /^[0-9]{1,16}$/; return $v + 0; }
