@@ -72,3 +72,20 @@ it('starts one new term after a lapse while a command is in flight, not one ever
     driver.start = start;
   }
 }, 40_000);
+
+it('lets a process restarted under the same replica id take over in a new term, and the one before stop leading', async () => {
+  const a = await startTestScheduler({ CANTO_REPLICA_ID: 'replica-same' });
+  running.push(a);
+  await until(() => a.leadership.isLeader(), 10_000, 'the first process to lead');
+  const first = a.leadership.term()!.epoch;
+  // The first one did not die (it was frozen, say): a second process starts with its id.
+  const b = await startTestScheduler({ CANTO_REPLICA_ID: 'replica-same' }, a.databaseUrl);
+  running.push(b);
+  await until(() => b.leadership.isLeader(), 10_000, 'the second process to take over at once');
+  expect(b.leadership.term()!.epoch).toBeGreaterThan(first);
+  await until(() => !a.leadership.isLeader(), 10_000, 'the first process to stop leading');
+  // And it does not take the lease back while the second one renews it.
+  await new Promise((resolve) => setTimeout(resolve, 2_000));
+  expect(a.leadership.isLeader()).toBe(false);
+  expect(b.leadership.isLeader()).toBe(true);
+}, 30_000);

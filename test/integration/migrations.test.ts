@@ -35,6 +35,7 @@ const SHIPPED = [
   { id: 14, name: 'provisioning queue' },
   { id: 15, name: 'agent instance since' },
   { id: 16, name: 'failed forks' },
+  { id: 17, name: 'lease instance' },
 ];
 
 const made: string[] = [];

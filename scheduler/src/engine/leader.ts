@@ -21,6 +21,7 @@
  * take it the moment the notification arrives instead of at their next round. Followers try every
  * renewal interval otherwise, so a dead leader is replaced within TTL plus one interval.
  */
+import { randomUUID } from 'node:crypto';
 import type { Logger } from '../../../shared/src/log.js';
 import type { Sql } from '../store/db.js';
 import { acquireLease, LEADER_LEASE, LEASE_RELEASED_CHANNEL, releaseLease } from '../store/leases.js';
@@ -46,6 +47,9 @@ export class Leadership {
   private rounding: Promise<void> | null = null;
   private again = false;
   private unlisten: (() => Promise<void>) | null = null;
+  /** This process, beside its replica id, in the lease (store/leases.ts `LeaseInstance`). */
+  private readonly instance = randomUUID();
+  private everHeld = false;
   /** `establish` and `revoke`, in the order the rounds asked for them. */
   private hooksChain: Promise<void> = Promise.resolve();
   private readonly log: Logger;
@@ -120,7 +124,7 @@ export class Leadership {
     let epoch = 0;
     let answered = false;
     try {
-      ({ held, epoch } = await acquireLease(this.sql, LEADER_LEASE, this.holder, this.ttlMs));
+      ({ held, epoch } = await acquireLease(this.sql, LEADER_LEASE, this.holder, this.ttlMs, { id: this.instance, fresh: !this.everHeld }));
       answered = true;
     } catch (err) {
       this.log.warn({ err: (err as Error).message }, 'lease renewal failed');
@@ -129,7 +133,10 @@ export class Leadership {
       epoch = this.epoch;
     }
     if (this.stopped) return;
-    if (answered && held) this.validUntil = sentAt + this.ttlMs;
+    if (answered && held) {
+      this.validUntil = sentAt + this.ttlMs;
+      this.everHeld = true;
+    }
     if (this.leader && (!held || epoch !== this.epoch)) {
       this.leader = false;
       this.log.warn({ epoch: this.epoch, next_epoch: held ? epoch : null }, 'lost the leader lease');

@@ -22,20 +22,36 @@ export interface LeaseTerm {
   readonly epoch: number;
 }
 
+/**
+ * The process asking, beside its replica id: `id` is its own (random, per process start), and
+ * `fresh` says it has not held the lease yet. A process restarted under the same replica id takes
+ * the lease over at once (a restart need not wait out the TTL) but in a new term, so a previous
+ * process that was frozen rather than dead finds its renewals refused and its commits fenced,
+ * instead of sharing a term with the new one.
+ */
+export interface LeaseInstance {
+  readonly id: string;
+  readonly fresh: boolean;
+}
+
 /** Takes or renews the lease. */
-export async function acquireLease(sql: Sql, name: string, holder: string, ttlMs: number): Promise<LeaseTerm> {
-  const rows = await sql<{ holder: string; epoch: string }[]>`
-    INSERT INTO leases (name, holder, expires_at, epoch, term_started_at)
-    VALUES (${name}, ${holder}, now() + make_interval(secs => ${ttlMs / 1000}), 1, now())
+export async function acquireLease(sql: Sql, name: string, holder: string, ttlMs: number, instance?: LeaseInstance): Promise<LeaseTerm> {
+  const id = instance?.id ?? null;
+  const sameTerm = sql`leases.holder = EXCLUDED.holder AND leases.instance IS NOT DISTINCT FROM EXCLUDED.instance AND leases.expires_at >= now()`;
+  const rows = await sql<{ holder: string; epoch: string; instance: string | null }[]>`
+    INSERT INTO leases (name, holder, expires_at, epoch, term_started_at, instance)
+    VALUES (${name}, ${holder}, now() + make_interval(secs => ${ttlMs / 1000}), 1, now(), ${id})
     ON CONFLICT (name) DO UPDATE SET
       holder = EXCLUDED.holder,
+      instance = EXCLUDED.instance,
       expires_at = EXCLUDED.expires_at,
-      epoch = CASE WHEN leases.holder = EXCLUDED.holder AND leases.expires_at >= now() THEN leases.epoch ELSE leases.epoch + 1 END,
-      term_started_at = CASE WHEN leases.holder = EXCLUDED.holder AND leases.expires_at >= now() THEN leases.term_started_at ELSE now() END
-    WHERE leases.holder = EXCLUDED.holder OR leases.expires_at < now()
-    RETURNING holder, epoch`;
+      epoch = CASE WHEN ${sameTerm} THEN leases.epoch ELSE leases.epoch + 1 END,
+      term_started_at = CASE WHEN ${sameTerm} THEN leases.term_started_at ELSE now() END
+    WHERE leases.expires_at < now()
+      OR (leases.holder = EXCLUDED.holder AND (leases.instance IS NOT DISTINCT FROM EXCLUDED.instance OR ${instance?.fresh ?? false}))
+    RETURNING holder, epoch, instance`;
   const row = rows[0];
-  return row !== undefined && row.holder === holder ? { held: true, epoch: Number(row.epoch) } : { held: false, epoch: 0 };
+  return row !== undefined && row.holder === holder && row.instance === id ? { held: true, epoch: Number(row.epoch) } : { held: false, epoch: 0 };
 }
 
 /** Ends `holder`'s term now and tells the other replicas. */
