@@ -169,6 +169,41 @@ async function startCold(opts: GuestExecOptions, limit: number): Promise<{ child
 }
 
 const FRAME_HEAD = 9;
+/**
+ * The most a frame of the exec server carries (exec-server.pl reads 64 KiB at a time). Its
+ * socket is the guest's to reach (the server runs with the guest's privileges): a frame that
+ * claims more is not the server's, and buffering it would let a guest grow the agent's memory and
+ * hold its event loop, every desktop's.
+ */
+export const MAX_FRAME_BYTES = 65536;
+
+/**
+ * The exec server's frames (a tag byte, 8 hex digits of length, the bytes) from the socket's
+ * chunks: `frame` for each whole one, `bad` once for one that is malformed or too large.
+ */
+export function frameReader(frame: (tag: string, data: Buffer) => void, bad: () => void): (chunk: Buffer) => void {
+  let pending: Buffer = Buffer.alloc(0);
+  let failed = false;
+  return (chunk) => {
+    if (failed) return;
+    pending = pending.length === 0 ? chunk : Buffer.concat([pending, chunk]);
+    while (pending.length >= FRAME_HEAD) {
+      const head = pending.toString('latin1', 1, FRAME_HEAD);
+      const length = /^[0-9a-f]{8}$/.test(head) ? parseInt(head, 16) : -1;
+      if (length < 0 || length > MAX_FRAME_BYTES) {
+        failed = true;
+        pending = Buffer.alloc(0);
+        return bad();
+      }
+      const end = FRAME_HEAD + length;
+      if (pending.length < end) break;
+      const data = pending.subarray(FRAME_HEAD, end);
+      const tag = String.fromCharCode(pending[0] as number);
+      pending = pending.subarray(end);
+      frame(tag, data);
+    }
+  };
+}
 
 /** A command on a warm child: the request goes out, frames come back (see warm-perl.ts). */
 function warmRun(socket: Socket, command: string, limit: number): Run {
@@ -176,26 +211,12 @@ function warmRun(socket: Socket, command: string, limit: number): Run {
   const stderr = new Capture(limit);
   let started = false;
   let code: number | null = null;
-  let pending: Buffer = Buffer.alloc(0);
-  socket.on('data', (chunk: Buffer) => {
-    pending = pending.length === 0 ? chunk : Buffer.concat([pending, chunk]);
-    while (pending.length >= FRAME_HEAD) {
-      const head = pending.toString('latin1', 1, FRAME_HEAD);
-      if (!/^[0-9a-f]{8}$/.test(head)) {
-        socket.destroy();
-        return;
-      }
-      const end = FRAME_HEAD + parseInt(head, 16);
-      if (pending.length < end) break;
-      const data = pending.subarray(FRAME_HEAD, end);
-      const tag = String.fromCharCode(pending[0] as number);
-      pending = pending.subarray(end);
-      if (tag === 's') started = true;
-      else if (tag === 'o') stdout.push(data);
-      else if (tag === 'e') stderr.push(data);
-      else if (tag === 'x' && /^[0-9]{1,3}$/.test(data.toString('latin1'))) code = Number(data.toString('latin1'));
-    }
-  });
+  socket.on('data', frameReader((tag, data) => {
+    if (tag === 's') started = true;
+    else if (tag === 'o') stdout.push(data);
+    else if (tag === 'e') stderr.push(data);
+    else if (tag === 'x' && /^[0-9]{1,3}$/.test(data.toString('latin1'))) code = Number(data.toString('latin1'));
+  }, () => socket.destroy()));
   socket.on('error', () => undefined);
   socket.resume();
   const closed = new Promise<void>((resolve) => socket.once('close', () => resolve()));
