@@ -1,13 +1,15 @@
 /**
- * Linking pre-copied files into an import (agent/src/runtime/sandbox/host/precopy-files.ts
- * `linkPrecopied`): only down plain directories to a regular file. A stream that left a symbolic
- * link in the pre-copy must not get a file of the host linked into a guest's disk.
+ * Pre-copied files are taken only down plain directories to a regular file
+ * (agent/src/runtime/sandbox/host/precopy-files.ts): on the target, a stream that left a symbolic
+ * link in the pre-copy must not get a file of the host linked into a guest's disk; on the source,
+ * a file a guest now reaches through a link it put in its directory's place counts as changed
+ * (the target could not put it under that link, and would fail the import on every try).
  */
-import { existsSync, mkdirSync, mkdtempSync, rmSync, symlinkSync, writeFileSync } from 'node:fs';
+import { existsSync, mkdirSync, mkdtempSync, renameSync, rmSync, symlinkSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { expect, it } from 'vitest';
-import { linkPrecopied } from '../../agent/src/runtime/sandbox/host/precopy-files.js';
+import { identify, linkPrecopied } from '../../agent/src/runtime/sandbox/host/precopy-files.js';
 
 it('links no pre-copied path that leads through a symbolic link (a file of the host would land in the guest)', async () => {
   const dir = mkdtempSync(join(tmpdir(), 'canto-prelinks-'));
@@ -27,6 +29,22 @@ it('links no pre-copied path that leads through a symbolic link (a file of the h
     }
     await linkPrecopied(pre, dest, ['disk/root/plain']);
     expect(existsSync(join(dest, 'disk', 'root', 'plain'))).toBe(true);
+  } finally {
+    rmSync(dir, { recursive: true, force: true });
+  }
+});
+
+it('counts a pre-copied file reached through a link a guest put in place of its directory as changed', async () => {
+  const dir = mkdtempSync(join(tmpdir(), 'canto-preident-'));
+  try {
+    mkdirSync(join(dir, 'disk', 'root', 'a'), { recursive: true });
+    writeFileSync(join(dir, 'disk', 'root', 'a', 'f'), 'x'.repeat(100_000));
+    const [before] = await identify(dir, ['disk/root/a/f']);
+    expect(before).not.toBeNull();
+    // The guest moves the directory and leaves a link to it in its place: the same file (inode) behind.
+    renameSync(join(dir, 'disk', 'root', 'a'), join(dir, 'disk', 'root', 'b'));
+    symlinkSync(join(dir, 'disk', 'root', 'b'), join(dir, 'disk', 'root', 'a'));
+    expect(await identify(dir, ['disk/root/a/f', 'disk/root/b/f'])).toEqual([null, before]);
   } finally {
     rmSync(dir, { recursive: true, force: true });
   }

@@ -70,10 +70,16 @@ export async function scanCold(dir: string, roots: readonly string[], options: S
   return found;
 }
 
-/** Each file's identity now (null when it is gone or no longer a lone regular file). */
+/**
+ * Each file's identity now (null when it is gone, no longer a lone regular file, or no longer
+ * reached down plain directories: a guest that moved a directory and left a link to it in its
+ * place keeps the file's identity, but the target, which unpacks the link, cannot put the file
+ * under it, and would fail that import on every try).
+ */
 export async function identify(dir: string, paths: readonly string[]): Promise<Array<FileIdentity | null>> {
   return Promise.all(
     paths.map(async (path) => {
+      if ((await plainPath(dir, path)) !== true) return null;
       const st = await lstat(join(dir, path), { bigint: true }).catch(() => null);
       return st !== null && st.isFile() && st.nlink === 1n ? identityOf(st) : null;
     }),
@@ -140,15 +146,21 @@ export async function linkPrecopied(preDir: string, dest: string, paths: readonl
  * hard-linked a file of this host (anything on the state directory's filesystem) into the guest.
  */
 async function assertPlainPath(preDir: string, path: string): Promise<void> {
+  // Missing (null): the link below says so, retryably.
+  if ((await plainPath(preDir, path)) === false) {
+    throw new AgentFailure('runtime_error', `a pre-copied path is not plain directories to a file: ${JSON.stringify(path)}`, false);
+  }
+}
+
+/** Whether `path` under `dir` leads down directories, none a symbolic link, to a regular file; null when a part is missing. */
+async function plainPath(dir: string, path: string): Promise<boolean | null> {
   const parts = path.split('/');
   for (let i = 1; i <= parts.length; i++) {
-    const st = await lstat(join(preDir, ...parts.slice(0, i))).catch(() => null);
-    if (st === null) return; // missing: the link below says so, retryably
-    const last = i === parts.length;
-    if (last ? !st.isFile() : !st.isDirectory()) {
-      throw new AgentFailure('runtime_error', `a pre-copied path is not plain directories to a file: ${JSON.stringify(path)}`, false);
-    }
+    const st = await lstat(join(dir, ...parts.slice(0, i))).catch(() => null);
+    if (st === null) return null;
+    if (i === parts.length ? !st.isFile() : !st.isDirectory()) return false;
   }
+  return true;
 }
 
 function identityOf(st: { ino: bigint; size: bigint; ctimeNs: bigint; mtimeNs: bigint }): FileIdentity {
