@@ -44,6 +44,26 @@ export interface FakeAgentOptions {
   meter?: (driver: FakeDriver) => HostMeter;
 }
 
+/**
+ * An agent over `driver` in `stateDir` (its host identity there), linked to the scheduler: what a
+ * host's agent is across its restarts, with a driver that outlives them (the desktops it runs).
+ */
+export async function startAgentOver(schedulerUrl: string, stateDir: string, driver: FakeDriver): Promise<AgentHandle> {
+  const config = loadAgentConfig({
+    CANTO_SCHEDULER_URL: schedulerUrl,
+    CANTO_AGENT_TOKEN: JOIN_TOKEN,
+    CANTO_AGENT_STATE_DIR: stateDir,
+    CANTO_AGENT_RECONNECT_MAX_MS: '100',
+    CANTO_AGENT_STREAM_LISTEN: '127.0.0.1:0',
+    CANTO_AGENT_INGRESS_LISTEN: '127.0.0.1:0',
+    CANTO_AGENT_TRANSFER_LISTEN: '127.0.0.1:0',
+    CANTO_AGENT_METRICS_LISTEN: '127.0.0.1:0',
+  });
+  const handle = await startAgent({ config, driver, logger: silentLogger() });
+  await handle.waitConnected(5_000);
+  return handle;
+}
+
 export async function startFakeAgent(schedulerUrl: string, options: FakeAgentOptions = {}): Promise<TestAgent> {
   const stateDir = options.again?.stateDir ?? mkdtempSync(join(tmpdir(), 'canto-agent-'));
   const config = loadAgentConfig({

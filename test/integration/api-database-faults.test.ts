@@ -12,6 +12,7 @@ import { afterAll, afterEach, beforeAll, expect, it } from 'vitest';
 import { api, mintKey, startTestScheduler, type TestScheduler } from '../helpers/scheduler.js';
 import { startFakeAgent, type TestAgent } from '../helpers/agent.js';
 import { connectDatabase, type Sql } from '../../scheduler/src/store/db.js';
+import { clearDesktopsFault, failDesktopsOnce } from '../helpers/db-faults.js';
 
 let s: TestScheduler;
 let sql: Sql;
@@ -29,7 +30,7 @@ beforeAll(async () => {
 
 afterEach(async () => {
   await sql`ALTER TABLE IF EXISTS operations_away RENAME TO operations`;
-  await sql`DROP TRIGGER IF EXISTS fault_once ON desktops`;
+  await clearDesktopsFault(sql);
   await sql`ALTER TABLE api_keys ENABLE TRIGGER api_keys_changed`;
 });
 
@@ -40,15 +41,7 @@ afterAll(async () => {
 });
 
 it('answers 503 with Retry-After to a fault the database means to be passing, and the retry succeeds', async () => {
-  await sql.unsafe(`
-    DROP SEQUENCE IF EXISTS fault_seq;
-    CREATE SEQUENCE fault_seq;
-    CREATE OR REPLACE FUNCTION fault_once() RETURNS trigger LANGUAGE plpgsql AS $$
-    BEGIN
-      IF nextval('fault_seq') = 1 THEN RAISE EXCEPTION 'injected' USING ERRCODE = '40001'; END IF;
-      RETURN NEW;
-    END $$;
-    CREATE TRIGGER fault_once BEFORE INSERT ON desktops FOR EACH ROW EXECUTE FUNCTION fault_once();`);
+  await failDesktopsOnce(sql, '40001', 'INSERT');
   const refused = await call('POST', '/v1/desktops', { tier: 'small' }, { 'idempotency-key': 'fault-1' });
   expect(refused.status, refused.text).toBe(503);
   expect(refused.headers.get('retry-after')).toBe('1');

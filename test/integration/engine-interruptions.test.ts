@@ -13,6 +13,7 @@ import { afterAll, beforeAll, expect, it } from 'vitest';
 import { api, mintKey, startTestScheduler, type TestScheduler } from '../helpers/scheduler.js';
 import { startFakeAgent, type TestAgent } from '../helpers/agent.js';
 import { connectDatabase } from '../../scheduler/src/store/db.js';
+import { clearDesktopsFault, failDesktopsOnce } from '../helpers/db-faults.js';
 
 let s: TestScheduler;
 let agent: TestAgent;
@@ -33,20 +34,7 @@ afterAll(async () => {
 async function failNextWakeCommit(sqlstate: string): Promise<void> {
   const sql = connectDatabase(s.databaseUrl, { max: 1 });
   try {
-    await sql.unsafe(`
-      DROP TRIGGER IF EXISTS fault_once ON desktops;
-      DROP SEQUENCE IF EXISTS fault_seq;
-      CREATE SEQUENCE fault_seq;
-      CREATE OR REPLACE FUNCTION fault_once() RETURNS trigger LANGUAGE plpgsql AS $$
-      BEGIN
-        -- A sequence is not rolled back with the failed transaction: the fault happens once.
-        IF nextval('fault_seq') = 1 THEN
-          RAISE EXCEPTION 'injected fault' USING ERRCODE = '${sqlstate}';
-        END IF;
-        RETURN NEW;
-      END $$;
-      CREATE TRIGGER fault_once BEFORE UPDATE ON desktops
-        FOR EACH ROW WHEN (OLD.state = 'waking' AND NEW.state = 'awake') EXECUTE FUNCTION fault_once();`);
+    await failDesktopsOnce(sql, sqlstate, 'UPDATE', "OLD.state = 'waking' AND NEW.state = 'awake'");
   } finally {
     await sql.end();
   }
@@ -69,7 +57,7 @@ it('still ends the operation on an error that is not passing', async () => {
   const woke = await call('POST', `/v1/desktops/${id}/wake?wait=true`);
   expect(woke.status, woke.text).toBe(409);
   const sql = connectDatabase(s.databaseUrl, { max: 1 });
-  await sql`DROP TRIGGER IF EXISTS fault_once ON desktops`;
+  await clearDesktopsFault(sql);
   await sql.end();
 }, 60_000);
 

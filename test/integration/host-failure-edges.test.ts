@@ -14,13 +14,12 @@ import { mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterAll, afterEach, beforeAll, expect, it } from 'vitest';
-import { startAgent, type AgentHandle } from '../../agent/src/channel.js';
-import { loadAgentConfig } from '../../agent/src/config.js';
+import type { AgentHandle } from '../../agent/src/channel.js';
 import { FakeDriver } from '../../agent/src/runtime/fake.js';
-import { silentLogger } from '../../shared/src/log.js';
 import { connectDatabase, type Sql } from '../../scheduler/src/store/db.js';
 import { upsertReplica } from '../../scheduler/src/store/replicas.js';
-import { api, JOIN_TOKEN, mintKey, startTestScheduler, until, type TestScheduler } from '../helpers/scheduler.js';
+import { startAgentOver } from '../helpers/agent.js';
+import { api, mintKey, startTestScheduler, until, type TestScheduler } from '../helpers/scheduler.js';
 
 const GRACE_MS = 800;
 
@@ -49,21 +48,7 @@ afterAll(async () => {
   rmSync(stateDir, { recursive: true, force: true });
 });
 
-async function connectAgent(driver: FakeDriver): Promise<AgentHandle> {
-  const config = loadAgentConfig({
-    CANTO_SCHEDULER_URL: s.url,
-    CANTO_AGENT_TOKEN: JOIN_TOKEN,
-    CANTO_AGENT_STATE_DIR: stateDir,
-    CANTO_AGENT_RECONNECT_MAX_MS: '100',
-    CANTO_AGENT_STREAM_LISTEN: '127.0.0.1:0',
-    CANTO_AGENT_INGRESS_LISTEN: '127.0.0.1:0',
-    CANTO_AGENT_TRANSFER_LISTEN: '127.0.0.1:0',
-    CANTO_AGENT_METRICS_LISTEN: '127.0.0.1:0',
-  });
-  const handle = await startAgent({ config, driver, logger: silentLogger() });
-  await handle.waitConnected(5_000);
-  return handle;
-}
+const connectAgent = (driver: FakeDriver): Promise<AgentHandle> => startAgentOver(s.url, stateDir, driver);
 
 async function awakeDesktop(): Promise<string> {
   const id: string = (await call('POST', '/v1/desktops', { tier: 'small' })).json.id;
@@ -119,15 +104,7 @@ it('fails the wake of a desktop whose disk its host no longer holds, saying so',
 it('keeps the link of a host whose hello fence takes longer than the scheduler waits for a silent link', async () => {
   const fast = await startTestScheduler({ CANTO_HOST_FAILURE_GRACE_MS: '800', CANTO_HEARTBEAT_MS: '50', CANTO_HOST_DOWN_MS: '300' });
   const dir = mkdtempSync(join(tmpdir(), 'canto-host-fence-'));
-  const connect = async (driver: FakeDriver) => {
-    const config = loadAgentConfig({
-      CANTO_SCHEDULER_URL: fast.url, CANTO_AGENT_TOKEN: JOIN_TOKEN, CANTO_AGENT_STATE_DIR: dir, CANTO_AGENT_RECONNECT_MAX_MS: '100',
-      CANTO_AGENT_STREAM_LISTEN: '127.0.0.1:0', CANTO_AGENT_INGRESS_LISTEN: '127.0.0.1:0', CANTO_AGENT_TRANSFER_LISTEN: '127.0.0.1:0', CANTO_AGENT_METRICS_LISTEN: '127.0.0.1:0',
-    });
-    const handle = await startAgent({ config, driver, logger: silentLogger() });
-    await handle.waitConnected(5_000);
-    return handle;
-  };
+  const connect = (driver: FakeDriver) => startAgentOver(fast.url, dir, driver);
   const db = connectDatabase(fast.databaseUrl, { max: 1 });
   let handle: AgentHandle | null = null;
   try {

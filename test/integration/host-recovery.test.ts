@@ -13,12 +13,11 @@ import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
 import { mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { startAgent, type AgentHandle } from '../../agent/src/channel.js';
-import { loadAgentConfig } from '../../agent/src/config.js';
+import type { AgentHandle } from '../../agent/src/channel.js';
 import { FakeDriver } from '../../agent/src/runtime/fake.js';
-import { silentLogger } from '../../shared/src/log.js';
 import { connectDatabase, type Sql } from '../../scheduler/src/store/db.js';
-import { api, JOIN_TOKEN, mintKey, startTestScheduler, until, type TestScheduler } from '../helpers/scheduler.js';
+import { startAgentOver } from '../helpers/agent.js';
+import { api, mintKey, startTestScheduler, until, type TestScheduler } from '../helpers/scheduler.js';
 
 const GRACE_MS = 800;
 const HEARTBEAT_MS = 50;
@@ -50,21 +49,7 @@ describe('host failure recovery', () => {
     rmSync(stateDir, { recursive: true, force: true });
   });
 
-  async function connectAgent(): Promise<AgentHandle> {
-    const config = loadAgentConfig({
-      CANTO_SCHEDULER_URL: s.url,
-      CANTO_AGENT_TOKEN: JOIN_TOKEN,
-      CANTO_AGENT_STATE_DIR: stateDir,
-      CANTO_AGENT_RECONNECT_MAX_MS: '100',
-      CANTO_AGENT_STREAM_LISTEN: '127.0.0.1:0',
-      CANTO_AGENT_INGRESS_LISTEN: '127.0.0.1:0',
-      CANTO_AGENT_TRANSFER_LISTEN: '127.0.0.1:0',
-      CANTO_AGENT_METRICS_LISTEN: '127.0.0.1:0',
-    });
-    const handle = await startAgent({ config, driver, logger: silentLogger() });
-    await handle.waitConnected(5_000);
-    return handle;
-  }
+  const connectAgent = (): Promise<AgentHandle> => startAgentOver(s.url, stateDir, driver);
 
   async function awakeDesktop(): Promise<{ id: string; generation: number }> {
     const id: string = (await call('POST', '/v1/desktops', { tier: 'small' })).json.id;

@@ -14,6 +14,7 @@ import { startFakeAgent, type TestAgent } from '../helpers/agent.js';
 import { connectDatabase, inTransaction, type Sql } from '../../scheduler/src/store/db.js';
 import { claimPending } from '../../scheduler/src/store/operations.js';
 import { setPlacement } from '../../scheduler/src/store/desktops.js';
+import { clearDesktopsFault, failDesktopsOnce } from '../helpers/db-faults.js';
 
 let s: TestScheduler;
 let sql: Sql;
@@ -33,33 +34,17 @@ beforeAll(async () => {
 
 beforeEach(async () => {
   restoreDriver();
-  await sql`DROP TRIGGER IF EXISTS fault_once ON desktops`;
+  await clearDesktopsFault(sql);
 });
 
 afterAll(async () => {
   if (sql) {
-    await sql`DROP TRIGGER IF EXISTS fault_once ON desktops`;
+    await clearDesktopsFault(sql);
     await sql.end();
   }
   await agent?.stop();
   await s?.close();
 });
-
-/** The next update of a desktop matching `when` (on OLD and NEW) fails once, with `sqlstate`. */
-async function failOnce(sqlstate: string, when: string): Promise<void> {
-  await sql.unsafe(`
-    DROP TRIGGER IF EXISTS fault_once ON desktops;
-    DROP SEQUENCE IF EXISTS fault_seq;
-    CREATE SEQUENCE fault_seq;
-    CREATE OR REPLACE FUNCTION fault_once() RETURNS trigger LANGUAGE plpgsql AS $$
-    BEGIN
-      IF nextval('fault_seq') = 1 THEN
-        RAISE EXCEPTION 'injected fault' USING ERRCODE = '${sqlstate}';
-      END IF;
-      RETURN NEW;
-    END $$;
-    CREATE TRIGGER fault_once BEFORE UPDATE ON desktops FOR EACH ROW WHEN (${when}) EXECUTE FUNCTION fault_once();`);
-}
 
 async function awake(): Promise<string> {
   const id = (await call('POST', '/v1/desktops', { tier: 'small' })).json.id as string;
@@ -90,7 +75,7 @@ it('stops a desktop whose wake failed after its guest booted, and records it hib
 
 it('records a hibernate whose commit failed as done when the host did stop the desktop', async () => {
   const id = await awake();
-  await failOnce('23514', "OLD.state = 'hibernating' AND NEW.state = 'hibernated'");
+  await failDesktopsOnce(sql, '23514', 'UPDATE', "OLD.state = 'hibernating' AND NEW.state = 'hibernated'");
   const hibernated = await call('POST', `/v1/desktops/${id}/hibernate?wait=true`);
   expect(hibernated.status, hibernated.text).toBe(200);
   expect(hibernated.json.state).toBe('succeeded');
@@ -117,7 +102,7 @@ it('still records a hibernate whose dump failed as awake, the desktop running', 
 
 it('records a destroy whose commit failed as done once the host destroys it again', async () => {
   const id = await awake();
-  await failOnce('23514', "NEW.state = 'destroyed'");
+  await failDesktopsOnce(sql, '23514', 'UPDATE', "NEW.state = 'destroyed'");
   const destroyed = await call('POST', `/v1/desktops/${id}/destroy?wait=true`);
   expect(destroyed.status, destroyed.text).toBe(200);
   expect(destroyed.json.state).toBe('succeeded');
