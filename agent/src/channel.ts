@@ -24,6 +24,12 @@ import { TransferServer } from './transfer/server.js';
 import { TransferSource } from './transfer/source.js';
 import { TransferTickets } from './transfer/tickets.js';
 
+/**
+ * How long a stopping agent waits for the commands it is running: inside the 5 s a signalled agent
+ * has to stop (main.ts), leaving time to close its listeners and the runtime.
+ */
+const COMMAND_GRACE_MS = 3_000;
+
 export { agentSocketUrl, AGENT_SOCKET_PATH } from './scheduler-links.js';
 
 export interface AgentHandle {
@@ -116,6 +122,7 @@ export async function startAgent(options: StartAgentOptions): Promise<AgentHandl
     stop() {
       stopping ??= (async () => {
         await links.stop();
+        await handlers.settle(COMMAND_GRACE_MS);
         await probes?.close();
         await stream?.close();
         await ports?.close();

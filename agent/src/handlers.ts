@@ -81,6 +81,8 @@ export class CommandHandlers {
   private readonly slots: LifecycleSlots;
   private readonly moves: DesktopMoves;
   private readonly table: CommandTable;
+  /** Commands running now, so a stopping agent lets them finish before it closes the runtime. */
+  private readonly running = new Set<Promise<unknown>>();
 
   constructor(deps: HandlerDeps) {
     this.driver = deps.driver;
@@ -121,8 +123,28 @@ export class CommandHandlers {
     }
   }
 
+  /**
+   * Waits for the commands running now, at most `timeoutMs`: an agent stopping gracefully lets a
+   * snapshot or an unpack finish rather than close the runtime (and its files) under it.
+   */
+  async settle(timeoutMs: number): Promise<void> {
+    if (this.running.size === 0) return;
+    let timer: NodeJS.Timeout | undefined;
+    const expired = new Promise<void>((resolve) => (timer = setTimeout(resolve, timeoutMs)));
+    await Promise.race([Promise.allSettled([...this.running]), expired]);
+    clearTimeout(timer);
+  }
+
   /** Runs one command and returns its validated, wire-shaped result. */
-  async handle(type: AgentCommand, payload: unknown, context: CommandContext = NO_CONTEXT): Promise<unknown> {
+  handle(type: AgentCommand, payload: unknown, context: CommandContext = NO_CONTEXT): Promise<unknown> {
+    const run = this.answer(type, payload, context);
+    this.running.add(run);
+    const done = () => this.running.delete(run);
+    run.then(done, done);
+    return run;
+  }
+
+  private async answer(type: AgentCommand, payload: unknown, context: CommandContext): Promise<unknown> {
     const result = await this.dispatch(type, payload, context);
     try {
       if (result instanceof WithDownload) {

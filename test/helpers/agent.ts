@@ -100,7 +100,7 @@ export async function startFakeAgent(schedulerUrl: string, options: FakeAgentOpt
     stateDir,
     async stop(keepState = false) {
       await handle.stop();
-      if (!keepState) rmSync(stateDir, { recursive: true, force: true });
+      if (!keepState) rmSync(stateDir, { recursive: true, force: true, maxRetries: 3 });
     },
   };
 }

@@ -268,6 +268,23 @@ describe('command handlers', () => {
     expect(ok).toEqual({ status: 'fulfilled', value: { restored: false } });
   });
 
+  it('lets a stopping agent wait for the commands it runs, up to a bound', async () => {
+    driver = new FakeDriver({ delayMs: 150 });
+    await setup();
+    await handlers.handle('desktop.prepare', prepare());
+    let started = false;
+    void handlers.handle('desktop.start', start()).then(() => (started = true));
+    await handlers.settle(5_000);
+    expect(started).toBe(true);
+    // A command outlasting the bound does not hold the stop.
+    let hibernated = false;
+    void handlers.handle('desktop.hibernate', op()).then(() => (hibernated = true));
+    await handlers.settle(20);
+    expect(hibernated).toBe(false);
+    await handlers.settle(5_000);
+    expect(hibernated).toBe(true);
+  });
+
   it('registers a handler for every scheduler command', () => {
     const types: string[] = [];
     handlers.register({ handle: (type) => void types.push(type) });
