@@ -33,7 +33,6 @@ interface Image {
 const DESKTOP_ID = /^[A-Za-z0-9_-]{1,64}$/;
 
 export class FakeTransfer implements DesktopTransfer {
-  private readonly imported = new Map<string, ImportRecord>();
   private root: string | null;
   private ownRoot = false;
   /** Closed: an import still in flight must not make the removed root again. */
@@ -49,7 +48,7 @@ export class FakeTransfer implements DesktopTransfer {
 
   async inspect(desktopId: string): Promise<HeldDesktop> {
     const desktop = this.desktops.get(desktopId);
-    return { held: desktop !== undefined, running: desktop?.running ?? false, imported: desktop ? (this.imported.get(desktopId) ?? null) : null };
+    return { held: desktop !== undefined, running: desktop?.running ?? false, imported: desktop?.imported ?? null };
   }
 
   async units(desktopId: string): Promise<string[]> {
@@ -134,8 +133,8 @@ export class FakeTransfer implements DesktopTransfer {
       processes: new Map(image.processes),
       display: image.display,
       cursor: { x: 0, y: 0 },
+      imported: spec.record,
     });
-    this.imported.set(desktopId, spec.record);
     await rm(staging, { recursive: true, force: true });
   }
 
@@ -143,19 +142,21 @@ export class FakeTransfer implements DesktopTransfer {
   async flush(): Promise<void> {}
 
   async started(desktopId: string): Promise<boolean> {
-    return this.imported.delete(desktopId);
+    const desktop = this.desktops.get(desktopId);
+    if (desktop?.imported === undefined) return false;
+    delete desktop.imported;
+    return true;
   }
 
   async discard(desktopId: string): Promise<void> {
     const desktop = this.desktops.get(desktopId);
     if (desktop !== undefined) {
       if (desktop.running) throw new AgentFailure('conflict', `${desktopId} is running on this host`, false);
-      if (!this.imported.has(desktopId)) {
+      if (desktop.imported === undefined) {
         throw new AgentFailure('conflict', `${desktopId} has run on this host since it was imported (or was never imported); it is kept`, false);
       }
       this.desktops.delete(desktopId);
     }
-    this.imported.delete(desktopId);
     // No staging root yet: nothing was ever staged (and none is made just to be emptied).
     if (this.root !== null) await rm(this.stagingDir(desktopId), { recursive: true, force: true });
   }

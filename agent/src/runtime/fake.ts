@@ -45,6 +45,7 @@ import type {
   VncSession,
 } from './driver.js';
 import { FakeTransfer } from './fake-transfer.js';
+import type { ImportRecord } from './transfer.js';
 import { runFakeCommand, type FakeCommandResult } from './fake-commands.js';
 import { clampRegion, scaledSize } from './screen-geometry.js';
 
@@ -62,6 +63,11 @@ export interface FakeDesktop {
   processes: Map<string, ProcessStatus>;
   display: DisplaySize;
   cursor: CursorPosition;
+  /**
+   * The move that imported this copy, until it first starts here; kept with the desktop, as the
+   * sandbox runtime keeps it in the desktop's directory, so it outlives an agent restart.
+   */
+  imported?: ImportRecord;
 }
 
 export interface FakeDriverOptions {
@@ -150,14 +156,17 @@ export class FakeDriver implements RuntimeDriver {
       if (source.running) throw new AgentFailure('runtime_error', `${sourceId} is running; fork needs a stopped desktop`, false);
       for (const id of forkIds) {
         if (this.desktops.has(id)) continue;
-        this.desktops.set(id, {
+        const copy: FakeDesktop = {
           ...source,
           files: new Map(source.files),
           processes: new Map(),
           coldBoots: 0,
           restores: 0,
           firstBootRuns: source.firstBootRuns,
-        });
+        };
+        // A fork is made here, not imported.
+        delete copy.imported;
+        this.desktops.set(id, copy);
       }
       return { snapshot: source.hasSnapshot };
     });
