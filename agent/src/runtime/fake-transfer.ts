@@ -17,7 +17,7 @@ import { Readable } from 'node:stream';
 import { AgentFailure } from '../../../shared/src/protocol.js';
 import type { ProcessStatus } from './driver.js';
 import type { FakeDesktop } from './fake.js';
-import { DESKTOP_UNIT, type DesktopTransfer, type HeldDesktop, type ImportRecord, type InstallSpec, type UnitSink, type UnitStream } from './transfer.js';
+import { DESKTOP_UNIT, type DesktopTransfer, type HeldDesktop, type InstallSpec, type UnitSink, type UnitStream } from './transfer.js';
 
 /** The moved part of a fake desktop; counters of boots and restores start again on each host. */
 interface Image {
