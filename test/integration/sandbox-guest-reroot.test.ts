@@ -1,13 +1,12 @@
 /**
- * What a guest (root inside, able to trace its own init) can make of the privilege its file
- * helpers run with (they keep every capability, to read any of the guest's files):
+ * What a guest (root inside, able to trace its own init) can make of its file helpers:
  * - no file of the kernel (/proc, /sys) is read or appended through the file routes, by name or
  *   through a link the guest made: /proc/kcore is the host's memory, and an append to
  *   /proc/1/oom_score_adj would lower what the guest itself may not;
- * - a guest that moves its init's root elsewhere: every entry into the guest finds the init's root
- *   through `/proc/<init>/root`, and the native entry (agent/native/guest-enter.c) refuses one
- *   that is not the root of the guest's mount namespace, instead of running the guest's own
- *   programs there with what the entry keeps.
+ * - a guest that moves its init's root elsewhere: the native entry (agent/native/guest-enter.c)
+ *   refuses an init whose root is not the root of the guest's mount namespace, and the chain of
+ *   programs (hosts without the spawner) enters that namespace's root rather than the init's;
+ *   neither runs the guest's own programs there with what the entry keeps.
  * Needs root, the built spawner binary and gdb on the host.
  */
 import { execFileSync } from 'node:child_process';
@@ -73,9 +72,9 @@ describe.skipIf(!isRoot || helperPath() === null || !hasGdb())('a guest whose in
     expect(Buffer.concat(parts).toString()).toBe('mine\n');
   });
 
-  it('runs nothing of the guest with full capabilities, and refuses the entry', async () => {
-    // The guest builds a root of its own with a "perl" that leaves a mark, and moves its init there.
-    const setup = await driver.exec(id, {
+  /** The guest builds a root of its own with a "perl" that leaves a mark, and moves its init there. */
+  async function rerootInit(desktopId: string): Promise<void> {
+    const setup = await driver.exec(desktopId, {
       command: `set -e; R=/root/evil; mkdir -p $R/proof $R/usr/bin
         for b in /usr/bin/dash /usr/bin/touch; do cp $b $R$b; for l in $(ldd $b | grep -o '/[^ ]*'); do mkdir -p $R$(dirname $l); cp -n $l $R$l; done; done
         printf '#!/usr/bin/dash\\n/usr/bin/touch /proof/ran-as-helper\\n' > $R/usr/bin/perl; chmod 755 $R/usr/bin/perl
@@ -85,7 +84,27 @@ describe.skipIf(!isRoot || helperPath() === null || !hasGdb())('a guest whose in
       maxOutputBytes: 1 << 16,
     });
     expect(setup.exitCode, setup.stderr).toBe(0);
+  }
+  const marked = (desktopId: string) => existsSync(join(base, 'state', 'desktops', desktopId, 'disk', 'root', 'evil', 'proof', 'ran-as-helper'));
+
+  it('runs nothing of the guest with the entry\'s capabilities, and refuses the entry', async () => {
+    await rerootInit(id);
     await expect(driver.statPath(id, '/etc/hostname')).rejects.toBeDefined();
-    expect(existsSync(join(base, 'state', 'desktops', id, 'disk', 'root', 'evil', 'proof', 'ran-as-helper'))).toBe(false);
+    expect(marked(id)).toBe(false);
+  }, 120_000);
+
+  it('enters the guest\'s own root through the chain of programs, not the one its init was moved to', async () => {
+    const other = newId('desktop');
+    await driver.prepare(other, 'small');
+    await driver.start({ desktopId: other, tier: 'small', firstBoot: null });
+    process.env.CANTO_AGENT_NATIVE_ENTRY = 'off';
+    try {
+      await rerootInit(other);
+      expect(await driver.statPath(other, '/etc/hostname')).toMatchObject({ fileType: 'file' });
+      expect(marked(other)).toBe(false);
+    } finally {
+      delete process.env.CANTO_AGENT_NATIVE_ENTRY;
+      await driver.destroy(other).catch(() => {});
+    }
   }, 120_000);
 });

@@ -61,14 +61,17 @@ export const GUEST_CAPS_ONLY: readonly string[] = [
 ];
 
 /**
- * nsenter into every namespace of the guest init (its pid namespace too) and its root. The time
- * namespace matters after a restore: CRIU restores a desktop into a time namespace of its own
- * (its clocks continue where they stopped), and a process that entered without it would be the
- * one task of the next snapshot in another time namespace, which CRIU cannot restore
- * ("Can't restore sub-task in NS"): the desktop would then wake cold.
+ * nsenter into every namespace of the guest init (its pid namespace too). The time namespace
+ * matters after a restore: CRIU restores a desktop into a time namespace of its own (its clocks
+ * continue where they stopped), and a process that entered without it would be the one task of
+ * the next snapshot in another time namespace, which CRIU cannot restore ("Can't restore sub-task
+ * in NS"): the desktop would then wake cold. No `--root`: joining the mount namespace puts the
+ * process at that namespace's root, which bwrap (or CRIU) made the guest's root, whereas the
+ * init's own root (`/proc/<init>/root`, what `--root` takes) is wherever the guest last chrooted
+ * its init to, and a guest may trace its init (guest-enter.c checks the same for the spawner).
  */
 export function nsenterArgv(nsenterPath: string, initPid: number, workdir = '/'): string[] {
-  return [nsenterPath, '-t', String(initPid), '-m', '-u', '-i', '-n', '-p', '-T', '-r', `--wdns=${workdir}`];
+  return [nsenterPath, '-t', String(initPid), '-m', '-u', '-i', '-n', '-p', '-T', `--wdns=${workdir}`];
 }
 
 /** Mountpoints that are created inside guest-owned mounts (not in the root skeleton). */
