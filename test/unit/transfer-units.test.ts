@@ -143,6 +143,23 @@ describe('unit tar streams', () => {
     await expect(extract(dst, Readable.from([bytes]))).rejects.toThrow(/tar --extract failed/);
   });
 
+  it.skipIf(!isRoot)('fail rather than drop an extended attribute the target cannot hold (tar itself exits 0)', async () => {
+    const src = join(dir, 'xattr-src');
+    await tree(src, ['upper/', 'upper/gone/']);
+    // What overlayfs marks a directory opaque with: lost, the lower layer's files would come back.
+    setXattr(join(src, 'upper', 'gone'), 'trusted.overlay.opaque', 'y');
+    // ramfs holds no extended attributes at all.
+    const dst = join(dir, 'ramfs');
+    await mkdir(dst);
+    execFileSync('mount', ['-t', 'ramfs', 'none', dst]);
+    try {
+      const stream = await tarStream(src, ['.']);
+      await expect(extract(dst, stream.body)).rejects.toThrow(/could not keep an extended attribute: Cannot set 'trusted.overlay.opaque'/);
+    } finally {
+      execFileSync('umount', [dst]);
+    }
+  });
+
   it('sha256 of the stream is what a plain hash of its bytes gives', async () => {
     const chunks: Buffer[] = [];
     const stream = await tarStream(join(dir, 'src'), ['.']);

@@ -41,6 +41,12 @@ export const CREATE_FLAGS = [
 const EXTRACT_FLAGS = [...COMMON, '--read-full-records', '--preserve-permissions', '--same-owner'];
 
 const TAR_ENV = { LC_ALL: 'C', PATH: '/usr/sbin:/usr/bin:/sbin:/bin' };
+/**
+ * GNU tar's warning for an extended attribute it could not set, after which it still exits 0.
+ * Such a copy is not the desktop: overlayfs keeps whiteouts and opaque directories in `trusted.*`
+ * attributes (a lost one brings deleted files back), and file capabilities live in `security.*`.
+ */
+const XATTR_FAILED = /Cannot set '[^'\n]*' extended attribute for file '[^'\n]*': [^\n]*/;
 /** Bytes of tar's stderr kept for an error message. */
 const STDERR_KEEP = 2000;
 
@@ -173,8 +179,10 @@ export async function untar(dir: string): Promise<UnitSink> {
   });
   const input = child.stdin!;
   let stderr = '';
+  let lostXattr: string | null = null;
   child.stderr!.on('data', (chunk: Buffer) => {
     stderr = (stderr + chunk.toString('utf8')).slice(-STDERR_KEEP);
+    lostXattr ??= XATTR_FAILED.exec(stderr)?.[0] ?? null;
   });
   let aborted = false;
   // A write after tar stopped reading fails with EPIPE; what matters is why tar stopped, below.
@@ -182,7 +190,8 @@ export async function untar(dir: string): Promise<UnitSink> {
   const done = new Promise<void>((resolve, reject) => {
     child.once('error', reject);
     child.once('close', (code: number | null, signal: NodeJS.Signals | null) => {
-      if (code === 0 && !aborted) resolve();
+      if (code === 0 && !aborted && lostXattr === null) resolve();
+      else if (code === 0 && !aborted) reject(new Error(`tar --extract could not keep an extended attribute: ${lostXattr}`));
       else reject(new Error(aborted ? 'the unpacking was abandoned' : `tar --extract failed (${code ?? signal}): ${lastLine(stderr)}`));
     });
   });
