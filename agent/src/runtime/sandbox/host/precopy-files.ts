@@ -17,7 +17,7 @@
  * small files (not worth a second request), and names tar would unquote (a newline or a
  * backslash): they go with the stopped desktop as before.
  */
-import { link, lstat, mkdir, readdir, readFile } from 'node:fs/promises';
+import { link, lstat, mkdir, opendir, readFile } from 'node:fs/promises';
 import { dirname, join } from 'node:path';
 import { AgentFailure } from '../../../../../shared/src/protocol.js';
 import type { FileIdentity, PrecopyEntry } from '../../transfer.js';
@@ -31,11 +31,15 @@ export interface ScanOptions {
   readonly mapped: SharedWritableMaps;
   /** Wall clock in ms (tests move it). */
   readonly now?: number;
+  /** Names a scan looks at, at most (default MAX_VISITED; tests lower it). */
+  readonly maxVisited?: number;
 }
 
 /** Bound a scan: past them, the rest of a desktop with millions of files is copied at its stop as before. */
 const MAX_ENTRIES = 100_000;
 const MAX_VISITED = 1_000_000;
+/** Directory entries read at a time: a huge directory is read in steps, never listed whole. */
+const DIR_BATCH = 512;
 
 /**
  * The cold files worth sending ahead under `roots` (directories relative to `dir`: the writable
@@ -43,17 +47,19 @@ const MAX_VISITED = 1_000_000;
  */
 export async function scanCold(dir: string, roots: readonly string[], options: ScanOptions): Promise<PrecopyEntry[]> {
   const coldBefore = BigInt(Math.floor((options.now ?? Date.now()) - options.coldMs)) * 1_000_000n;
+  const maxVisited = options.maxVisited ?? MAX_VISITED;
   const found: PrecopyEntry[] = [];
   let visited = 0;
   const walk = async (rel: string): Promise<void> => {
-    let names: string[];
-    try {
-      names = await readdir(join(dir, rel));
-    } catch {
-      return; // gone meanwhile, or not readable: nothing of it is picked
+    const names = await namesUpTo(join(dir, rel), maxVisited - visited);
+    if (names === null) {
+      // More names than the scan has left to look at: the whole directory goes with the stop,
+      // and the scan ends, without listing (or sorting) all of it on the agent's one thread.
+      visited = maxVisited;
+      return;
     }
     for (const name of names.sort(byteOrder)) {
-      if (found.length >= MAX_ENTRIES || ++visited > MAX_VISITED) return;
+      if (found.length >= MAX_ENTRIES || ++visited > maxVisited) return;
       const path = `${rel}/${name}`;
       const st = await lstat(join(dir, path), { bigint: true }).catch(() => null);
       if (st === null) continue;
@@ -68,6 +74,30 @@ export async function scanCold(dir: string, roots: readonly string[], options: S
   };
   for (const root of roots) await walk(root);
   return found;
+}
+
+/**
+ * The names in `path`, read a batch at a time; null when there are more than `limit`. A directory
+ * that is gone or unreadable has none: nothing of it is picked.
+ */
+async function namesUpTo(path: string, limit: number): Promise<string[] | null> {
+  const names: string[] = [];
+  let entries;
+  try {
+    entries = await opendir(path, { bufferSize: DIR_BATCH });
+  } catch {
+    return names;
+  }
+  try {
+    // Leaving the loop early closes the directory.
+    for await (const entry of entries) {
+      if (names.length >= limit) return null;
+      names.push(entry.name);
+    }
+  } catch {
+    return []; // removed while it was read
+  }
+  return names;
 }
 
 /**
