@@ -41,11 +41,8 @@ export interface GuestTarget {
 }
 
 export interface CallOptions {
-  /**
-   * A helper of its own, never the warm server: for a call that starts guest code (a detached
-   * process), which needs the guest's environment and must not be the warm server's child.
-   */
-  readonly cold?: boolean;
+  /** Keep only the guest's capabilities: for calls that start guest code. */
+  readonly guestCaps?: boolean;
   /** Deadline for the status line; null arms no timer (the caller arms one later). */
   readonly timeoutMs: number | null;
 }
@@ -158,7 +155,7 @@ export class GuestCall {
   static async start(target: GuestTarget, op: HelperOp, args: readonly string[], opts: CallOptions): Promise<GuestCall> {
     if (target.op?.cancelled) throw stopping(target.desktopId);
     let channel: Channel | null = null;
-    if (!opts.cold && target.warm !== undefined) {
+    if (!opts.guestCaps && target.warm !== undefined) {
       const request = helperRequest(op, args);
       const warm = await target.warm();
       if (target.op?.cancelled) {
@@ -170,7 +167,7 @@ export class GuestCall {
         channel = warmChannel(warm);
       }
     }
-    channel ??= coldChannel(await spawnHelper(target, op, args));
+    channel ??= coldChannel(await spawnHelper(target, op, args, opts.guestCaps === true));
     // A stop while the helper was being started finds no call to kill: this one is killed here.
     if (target.op?.cancelled) {
       await channel.kill();
@@ -362,11 +359,10 @@ export class GuestCall {
 
 /**
  * The cold chain: the shell joins the desktop's cgroups and execs nsenter, whose child (inside the
- * guest's pid namespace) runs the helper for this one operation, with only the guest's
- * capabilities, as every helper has (docs/decisions.md).
+ * guest's pid namespace) runs the helper for this one operation.
  */
-function spawnHelper(target: GuestTarget, op: HelperOp, args: readonly string[]): Promise<SpawnedProcess> {
-  const entry = { desktopId: target.desktopId, initPid: target.initPid, nsenterPath: target.nsenterPath, workdir: '/', guestCaps: true };
+function spawnHelper(target: GuestTarget, op: HelperOp, args: readonly string[], guestCaps: boolean): Promise<SpawnedProcess> {
+  const entry = { desktopId: target.desktopId, initPid: target.initPid, nsenterPath: target.nsenterPath, workdir: '/', guestCaps };
   const [file, argv] = enterArgv(entry, ['/usr/bin/perl', '-e', guestHelperProgram(op), '--', op, ...args]);
   return spawnProcess(
     file,

@@ -179,7 +179,7 @@ export function lengthFramed(body: Buffer): Buffer {
  * it kills everything it forked.
  */
 export function startWarmFileServer(desktopId: string, initPid: number, nsenterPath: string, socketDir: string, socketName: string): Promise<SpawnedProcess> {
-  const entry = { desktopId, initPid, nsenterPath, workdir: '/', guestCaps: true };
+  const entry = { desktopId, initPid, nsenterPath, workdir: '/', guestCaps: false };
   const [file, args] = warmServerArgv(entry, socketDir, socketName, ['/usr/bin/perl', '-e', warmHelperProgram(), '--']);
   return spawnProcess(
     file,

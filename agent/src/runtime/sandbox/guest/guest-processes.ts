@@ -36,7 +36,7 @@ export function assertProcessId(processId: string): void {
 export async function spawnGuestProcess(target: GuestTarget, spec: DetachedSpec): Promise<void> {
   assertProcessId(spec.processId);
   // The helper itself keeps only the guest's capabilities: the process it starts runs guest code.
-  const call = await GuestCall.start(target, 'spawn', [spec.processId], { timeoutMs: CALL_MS, cold: true });
+  const call = await GuestCall.start(target, 'spawn', [spec.processId], { timeoutMs: CALL_MS, guestCaps: true });
   void call.send(spec.command).then(() => call.stdin.end());
   await call.status();
 }
