@@ -40,9 +40,17 @@ function muslKernelHeaders(): string | null {
   }
   const links: Array<[string, string]> = [['linux', '/usr/include/linux'], ['asm-generic', '/usr/include/asm-generic'], ['asm', `/usr/include/${arch}/asm`]];
   if (!links.every(([, target]) => existsSync(target))) return null;
-  const dir = mkdtempSync(join(tmpdir(), 'canto-kernel-headers-'));
-  for (const [name, target] of links) symlinkSync(target, join(dir, name));
-  return dir;
+  let dir: string | null = null;
+  try {
+    dir = mkdtempSync(join(tmpdir(), 'canto-kernel-headers-'));
+    for (const [name, target] of links) symlinkSync(target, join(dir, name));
+    return dir;
+  } catch (err) {
+    // No musl build then, but still the `cc` one.
+    console.warn(`canto-spawn: no musl build (${(err as Error).message})`);
+    if (dir !== null) rmSync(dir, { recursive: true, force: true });
+    return null;
+  }
 }
 
 // One bundle for the `canto` CLI: scheduler, agent and shared code are bundled; npm dependencies

@@ -26,9 +26,10 @@ import { TransferTickets } from './transfer/tickets.js';
 
 /**
  * How long a stopping agent waits for the commands it is running: inside the 5 s a signalled agent
- * has to stop (main.ts), leaving time to close its listeners and the runtime.
+ * has to stop (main.ts), after closing its links (up to 2 s) and leaving time to close its
+ * listeners and the runtime.
  */
-const COMMAND_GRACE_MS = 3_000;
+const COMMAND_GRACE_MS = 2_000;
 
 export { agentSocketUrl, AGENT_SOCKET_PATH } from './scheduler-links.js';
 

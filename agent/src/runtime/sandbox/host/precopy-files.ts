@@ -40,6 +40,8 @@ const MAX_ENTRIES = 100_000;
 const MAX_VISITED = 1_000_000;
 /** Directory entries read at a time: a huge directory is read in steps, never listed whole. */
 const DIR_BATCH = 512;
+/** Names one directory may hold and still be scanned (sorted on the event loop: ≈0.1 s at this size). */
+const MAX_DIR_NAMES = 100_000;
 
 /**
  * The cold files worth sending ahead under `roots` (directories relative to `dir`: the writable
@@ -51,11 +53,13 @@ export async function scanCold(dir: string, roots: readonly string[], options: S
   const found: PrecopyEntry[] = [];
   let visited = 0;
   const walk = async (rel: string): Promise<void> => {
-    const names = await namesUpTo(join(dir, rel), maxVisited - visited);
+    const left = maxVisited - visited;
+    const names = await namesUpTo(join(dir, rel), Math.min(left, MAX_DIR_NAMES));
     if (names === null) {
-      // More names than the scan has left to look at: the whole directory goes with the stop,
-      // and the scan ends, without listing (or sorting) all of it on the agent's one thread.
-      visited = maxVisited;
+      // More names than the scan has left to look at, or than one directory may hold: the whole
+      // directory goes with the stop, without listing (or sorting) all of it on the agent's one
+      // thread; the scan ends when its budget is what ran out.
+      if (left <= MAX_DIR_NAMES) visited = maxVisited;
       return;
     }
     for (const name of names.sort(byteOrder)) {

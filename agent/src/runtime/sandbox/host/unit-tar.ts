@@ -46,7 +46,9 @@ const TAR_ENV = { LC_ALL: 'C', PATH: '/usr/sbin:/usr/bin:/sbin:/bin' };
  * Such a copy is not the desktop: overlayfs keeps whiteouts and opaque directories in `trusted.*`
  * attributes (a lost one brings deleted files back), and file capabilities live in `security.*`.
  */
-const XATTR_FAILED = /Cannot set '[^'\n]*' extended attribute for file '[^'\n]*': [^\n]*/;
+const XATTR_FAILED = /Cannot set '[^\n]{0,300}?' extended attribute for file [^\n]{0,200}/;
+/** Characters of tar's stderr carried over to the next chunk, so a warning cut in two is still found. */
+const XATTR_CARRY = 600;
 /** Bytes of tar's stderr kept for an error message. */
 const STDERR_KEEP = 2000;
 
@@ -181,8 +183,11 @@ export async function untar(dir: string): Promise<UnitSink> {
   let stderr = '';
   let lostXattr: string | null = null;
   child.stderr!.on('data', (chunk: Buffer) => {
-    stderr = (stderr + chunk.toString('utf8')).slice(-STDERR_KEEP);
-    lostXattr ??= XATTR_FAILED.exec(stderr)?.[0] ?? null;
+    const text = chunk.toString('utf8');
+    // Looked for in the new text with the end of the old, before the kept window is cut: a long
+    // run of other warnings (timestamps in the future) must not push one out unseen.
+    lostXattr ??= XATTR_FAILED.exec(stderr.slice(-XATTR_CARRY) + text)?.[0] ?? null;
+    stderr = (stderr + text).slice(-STDERR_KEEP);
   });
   let aborted = false;
   // A write after tar stopped reading fails with EPIPE; what matters is why tar stopped, below.
