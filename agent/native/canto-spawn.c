@@ -299,7 +299,12 @@ static int listen_on(const char *path) {
   memcpy(addr.sun_path, path, len);
   int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
   if (fd < 0) return -1;
-  if (bind(fd, (struct sockaddr *)&addr, sizeof addr) < 0 || listen(fd, SOMAXCONN) < 0) return -1;
+  /*
+   * A burst of starts connects up to three times each before this loop accepts one, and a
+   * connection the backlog cannot hold is refused (EAGAIN), not queued. Not SOMAXCONN: musl's
+   * is 128, glibc's 4096; the kernel caps either at net.core.somaxconn.
+   */
+  if (bind(fd, (struct sockaddr *)&addr, sizeof addr) < 0 || listen(fd, 4096) < 0) return -1;
   return fd;
 }
 

@@ -318,3 +318,18 @@ describe("the spawner's keeper mode (a restore's CRIU runs under it)", () => {
     await expect(readFile(marker)).rejects.toThrow(/ENOENT/);
   });
 });
+
+describe.skipIf(helperPath() === null)('a burst of starts through the helper', () => {
+  it('starts every one of a burst of piped processes asked at once, none left waiting', async () => {
+    // Three connections each, asked in one turn: far more than a backlog of 128 (musl's SOMAXCONN)
+    // holds. A refused connection left its start waiting for good.
+    const runs = await Promise.all(Array.from({ length: 1000 }, async (_, i) => {
+      const child = await spawnProcess('/bin/sh', ['-c', `echo ${i}`], { stdio: ['pipe', 'pipe', 'pipe'] });
+      child.stdin?.end();
+      return collect(child);
+    }));
+    expect(runs.map((r) => r.code)).toEqual(runs.map(() => 0));
+    expect(runs.map((r) => r.out.toString())).toEqual(runs.map((_, i) => `${i}\n`));
+  }, 60_000);
+});
+

@@ -165,9 +165,14 @@ class HelperSpawner {
     // One connection per piped stream; the first carries the request (a request-only one when
     // nothing is piped, closed by the helper once the child is started).
     const piped = [0, 1, 2].filter((fd) => options.stdio[fd] === 'pipe');
-    // A connection that fails (the helper died) fails the start, below; not the agent.
+    // A connection that fails fails the start, not the agent: the helper died, or it could not
+    // take the connection (a refused one never reaches it, and the start would wait for good).
     const onread = (fd: number) => (fd === 1 && options.stdoutOnread !== undefined ? { onread: options.stdoutOnread } : {});
-    const conns = (piped.length === 0 ? [-1] : piped).map((fd) => connect({ path: this.address, ...onread(fd) }).on('error', () => undefined));
+    const conns = (piped.length === 0 ? [-1] : piped).map((fd) =>
+      connect({ path: this.address, ...onread(fd) }).on('error', (err: NodeJS.ErrnoException) => {
+        if (!this.waiting.has(id)) return;
+        this.event(id, 'E', constants.errno[err.code as keyof typeof constants.errno] ?? constants.errno.EIO, 0);
+      }));
     const modes = options.stdio.map((mode, fd) => {
       if (fd === 1 && options.socket !== undefined) return MODE_HANDLE;
       if (mode === 'pipe') return MODE_CONN + piped.indexOf(fd);
