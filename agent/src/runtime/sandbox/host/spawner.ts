@@ -18,12 +18,13 @@
  */
 import { spawn as nodeSpawn, type ChildProcess } from 'node:child_process';
 import { existsSync } from 'node:fs';
-import { mkdtemp, readdir, rm, stat } from 'node:fs/promises';
+import { mkdtemp, rm } from 'node:fs/promises';
 import { connect, type Socket } from 'node:net';
 import { dirname, join } from 'node:path';
 import { constants, tmpdir } from 'node:os';
 import { fileURLToPath } from 'node:url';
 import { procStatSync } from './host-procs.js';
+import { SOCKET_DIR_PREFIX, sweepStaleSockets } from './spawner-sockets.js';
 import { HelperChild, stopReading, type SpawnedProcess, type SpawnOptions } from './spawned-process.js';
 import { runtimeSwitch } from '../../../env-switch.js';
 
@@ -43,53 +44,6 @@ const ORPHAN_POLL_MS = 200;
 const SIGNAL_NAMES = new Map<number, NodeJS.Signals>(
   Object.entries(constants.signals).map(([name, n]) => [n, name as NodeJS.Signals]),
 );
-
-const SOCKET_DIR_PREFIX = 'canto-spawn-';
-/** How long a helper's socket may take to accept before it counts as nobody's. */
-const SWEEP_CONNECT_MS = 500;
-/**
- * How old a directory without a socket must be to count as stale. Its agent makes it and then
- * starts the helper, which binds the socket a few milliseconds later: two agents starting together
- * on one machine each swept the other's fresh directory, and one of them ran without its helper.
- */
-const UNBOUND_GRACE_MS = 60_000;
-
-/**
- * Removes the socket directories of helpers that are gone: a helper removes its own when its
- * agent exits, but not when it is killed (SIGKILL of the agent's process group). A directory
- * whose socket no process listens on is such a one; a live helper's accepts (and then drops the
- * connection, as it is not its parent's). One with no socket is a helper that died before it
- * listened, once it is older than a start takes.
- */
-export async function sweepStaleSockets(root = tmpdir()): Promise<string[]> {
-  const names = (await readdir(root).catch(() => [] as string[])).filter((n) => n.startsWith(SOCKET_DIR_PREFIX));
-  const stale = await Promise.all(
-    names.map(async (name) => {
-      const dir = join(root, name);
-      const socketPath = join(dir, 's');
-      const bound = await stat(socketPath).then(() => true, () => false);
-      const live = bound
-        ? await new Promise<boolean>((resolve) => {
-          const socket = connect({ path: socketPath });
-          const timer = setTimeout(() => done(true), SWEEP_CONNECT_MS);
-          const done = (answer: boolean) => {
-            clearTimeout(timer);
-            socket.destroy();
-            resolve(answer);
-          };
-          socket.once('connect', () => done(true));
-          // Refused: nobody listens. Anything else (the socket just went with its helper's own
-          // clean-up) is not this sweep's to remove.
-          socket.once('error', (err: NodeJS.ErrnoException) => done(err.code !== 'ECONNREFUSED'));
-        })
-        : Date.now() - ((await stat(dir).catch(() => null))?.mtimeMs ?? Date.now()) < UNBOUND_GRACE_MS;
-      if (live) return null;
-      await rm(dir, { recursive: true, force: true });
-      return dir;
-    }),
-  );
-  return stale.filter((d): d is string => d !== null);
-}
 
 /** The built helper, beside the bundle (dist/) or, when running from source, in the repo's dist/. */
 export function helperPath(): string | null {
@@ -169,10 +123,7 @@ class HelperSpawner {
     // take the connection (a refused one never reaches it, and the start would wait for good).
     const onread = (fd: number) => (fd === 1 && options.stdoutOnread !== undefined ? { onread: options.stdoutOnread } : {});
     const conns = (piped.length === 0 ? [-1] : piped).map((fd) =>
-      connect({ path: this.address, ...onread(fd) }).on('error', (err: NodeJS.ErrnoException) => {
-        if (!this.waiting.has(id)) return;
-        this.event(id, 'E', constants.errno[err.code as keyof typeof constants.errno] ?? constants.errno.EIO, 0);
-      }));
+      connect({ path: this.address, ...onread(fd) }).on('error', (err: NodeJS.ErrnoException) => this.notStarted(id, err.code)));
     const modes = options.stdio.map((mode, fd) => {
       if (fd === 1 && options.socket !== undefined) return MODE_HANDLE;
       if (mode === 'pipe') return MODE_CONN + piped.indexOf(fd);
@@ -211,7 +162,7 @@ class HelperSpawner {
   private handOver(id: number, socket: Socket): void {
     stopReading(socket);
     this.helper.send({ id }, socket, { keepOpen: true }, (err) => {
-      if (err !== null) this.event(id, 'E', constants.errno.EPIPE, 0);
+      if (err !== null) this.notStarted(id, 'EPIPE');
     });
   }
 
@@ -232,6 +183,11 @@ class HelperSpawner {
       this.event(id, type, a, b);
     }
     this.pending = this.pending.subarray(at);
+  }
+
+  /** A start whose connection or handed socket failed, answered as the helper answers one (a no-op once answered). */
+  private notStarted(id: number, code: string | undefined): void {
+    this.event(id, 'E', constants.errno[code as keyof typeof constants.errno] ?? constants.errno.EIO, 0);
   }
 
   private event(id: number, type: string, a: number, b: number): void {
