@@ -11,6 +11,7 @@ import { unwrap, type AdminDesktop, type AdminHost, type CantoAdmin } from '../.
 import { describeDrain, describeMove, desktopCount, drainDetails, drainTotal, moveLine, readThrough, watchDrain, WatchLost } from './drain-progress.js';
 import { adminClient, adminTarget, explainAdminError, type AdminOptions } from './admin-client.js';
 import { agoSince, hostStatusLabel, table } from './status.js';
+import { linksLabel, linkWarning } from '../../scheduler/src/fleet/link-view.js';
 
 interface CommonOptions extends AdminOptions {
   json?: boolean;
@@ -76,7 +77,7 @@ export function registerAdminCommands(program: Command, env: NodeJS.ProcessEnv):
   adminCommand(hosts, 'list', 'list hosts: state, schedulable, capacity and use, desktops', async (admin, opts) => {
     const answer = unwrap(await admin.api.GET('/admin/v1/hosts'));
     if (opts.json) return json(answer);
-    out(table(answer.hosts.map(hostRow), ['ID', 'HOSTNAME', 'STATUS', 'RUNTIME', 'SCHEDULABLE', 'DESKTOPS', 'VCPU', 'MEMORY', 'FREE MEMORY', 'ROOM', 'SLOTS', 'LAST HEARD']));
+    out(table(answer.hosts.map(hostRow), ['ID', 'HOSTNAME', 'STATUS', 'RUNTIME', 'SCHEDULABLE', 'DESKTOPS', 'VCPU', 'MEMORY', 'FREE MEMORY', 'ROOM', 'SLOTS', 'LINKS', 'LAST HEARD']));
   });
   adminCommand<[string]>(hosts, 'show', 'one host in detail; with --wait, follow its drain until it ends (asks for nothing)', async (admin, opts, id) => {
     // A drain that has ended is told and exits as drain --wait would (0 drained, 1 otherwise).
@@ -308,6 +309,7 @@ function hostRow(h: AdminHost): Record<string, string> {
     'FREE MEMORY': h.measured === null ? '-' : `${gib(h.measured.memory_available_mb)} GiB`,
     ROOM: `${h.memory.room_desktops}`,
     SLOTS: `${h.used.slots}/${h.capacity.slots}`,
+    LINKS: linksLabel(h.links),
     'LAST HEARD': agoSince(h.last_heartbeat_at),
   };
 }
@@ -324,6 +326,7 @@ function describeHost(h: AdminHost): string {
     ['Schedulable', h.schedulable ? 'yes' : 'no'],
     ['Agent', `protocol ${h.agent.protocol}, runtime ${h.agent.runtime}, memory snapshots ${h.agent.memory_snapshots ? 'yes' : 'no'}`],
     ['Last heard', `${h.last_heartbeat_at} (${agoSince(h.last_heartbeat_at)})`],
+    ['Links', describeLinks(h)],
     ['vCPU', `${h.used.vcpus} ${h.capacity.vcpus === null ? '' : `of ${h.capacity.vcpus} `}committed by tier (${h.reported.vcpus} reported)`],
     ['Memory', `${h.used.memory_mb} ${h.capacity.memory_mb === null ? '' : `of ${h.capacity.memory_mb} `}MiB committed by tier (${h.reported.memory_mb} reported)`],
     ['Measured', h.measured === null
@@ -336,6 +339,17 @@ function describeHost(h: AdminHost): string {
     ...drainDetails(h),
   ];
   return keyValues(lines);
+}
+
+/** Which replicas the agent is linked to, and what a missing link means. */
+function describeLinks(h: AdminHost): string {
+  const { linked, unlinked, settling } = h.links;
+  const all = linked.length + unlinked.length + settling.length;
+  if (all === 0) return 'not recorded (replicas of an older version)';
+  const parts = [`linked to ${linked.length} of ${all} replicas${h.links.leader_linked === true ? ', the leader among them' : ''}`];
+  if (settling.length > 0) parts.push(`still linking to ${settling.join(', ')}`);
+  const warning = linkWarning(h.links);
+  return [...parts, ...(warning === null ? [] : [`! ${warning}`])].join('; ');
 }
 
 /** `Key   value` lines, the values lined up: what `show` commands print. */

@@ -3,14 +3,16 @@
  * scheduler replicas (advertised URL, leader or not, how long the current leader has held the
  * lease, version, when each was last seen), the hosts (status, when last heard from, desktops),
  * and warnings: no leader, replicas that disagree on settings they must share (compared by
- * fingerprint), versions that differ, hosts down with desktops on them, drains that stopped,
- * operations open far longer than any of them takes.
+ * fingerprint), versions that differ, hosts down with desktops on them, hosts whose agent is not
+ * linked to every replica (the leader above all), drains that stopped, operations open far longer
+ * than any of them takes.
  */
 import type { Sql } from '../../scheduler/src/store/db.js';
 import { allReplicas, type ReplicaRow } from '../../scheduler/src/store/replicas.js';
 import { readLease } from '../../scheduler/src/store/leases.js';
 import { REPLICA_LIVE_MS } from '../../scheduler/src/fleet/registry.js';
 import { drainState, type DrainState } from '../../scheduler/src/store/moves.js';
+import { hostLinkView, linksLabel, linkWarning, type HostLinkView } from '../../scheduler/src/fleet/link-view.js';
 
 export interface FleetStatus {
   now: string;
@@ -36,6 +38,8 @@ export interface FleetStatus {
     desktops: Record<string, number>;
     /** The host's drain as it last stood, or null when none was asked for since it was uncordoned. */
     drain: { state: DrainState; error: string | null } | null;
+    /** Which live replicas its agent is linked to (fleet/link-view.ts). */
+    links: HostLinkView;
   }>;
   /** Operations open longer than STUCK_OPERATION_MS, oldest first (at most 5). */
   stuck_operations: Array<{ id: string; kind: string; desktop_id: string; state: string; open_ms: number }>;
@@ -54,9 +58,9 @@ export async function readFleetStatus(sql: Sql): Promise<FleetStatus> {
   const hosts = await sql<Array<{
     id: string; hostname: string; status: string; cordoned: boolean; last_seen_at: Date; runtime: string;
     memory_snapshots: boolean; protocol: string; desktops: Record<string, number> | null; lost: boolean;
-    drain_requested_at: Date | null; drain_finished_at: Date | null; drain_error: string | null;
+    drain_requested_at: Date | null; drain_finished_at: Date | null; drain_error: string | null; instance_since: Date | null;
   }>>`
-    SELECT h.id, h.hostname, h.status, h.cordoned, h.last_seen_at, h.runtime, h.memory_snapshots, h.protocol,
+    SELECT h.id, h.hostname, h.status, h.cordoned, h.last_seen_at, h.runtime, h.memory_snapshots, h.protocol, h.instance_since,
            h.drain_requested_at, h.drain_finished_at, h.drain_error, h.lost_at IS NOT NULL AS lost,
            (SELECT jsonb_object_agg(state, n) FROM (
               SELECT state, count(*)::int AS n FROM desktops d WHERE d.host_id = h.id AND d.state <> 'destroyed' GROUP BY state) s) AS desktops
@@ -68,6 +72,7 @@ export async function readFleetStatus(sql: Sql): Promise<FleetStatus> {
 
   const live = (r: ReplicaRow) => since(r.last_seen_at) <= REPLICA_LIVE_MS;
   const leaderLive = lease !== null && lease.live;
+  const liveRows = rows.filter(live);
   const status: FleetStatus = {
     now: now.toISOString(),
     lease: lease && {
@@ -96,11 +101,12 @@ export async function readFleetStatus(sql: Sql): Promise<FleetStatus> {
       protocol: h.protocol,
       desktops: h.desktops ?? {},
       drain: ((state) => (state === null ? null : { state, error: h.drain_error }))(drainState(h)),
+      links: hostLinkView(h, liveRows, leaderLive ? lease.holder : null, now),
     })),
     stuck_operations: stuck.map((o) => ({ id: o.id, kind: o.kind, desktop_id: o.desktop_id, state: o.state, open_ms: since(o.created_at) })),
     warnings: [],
   };
-  status.warnings = fleetWarnings(status, rows.filter(live));
+  status.warnings = fleetWarnings(status, liveRows);
   return status;
 }
 
@@ -129,6 +135,8 @@ export function fleetWarnings(status: FleetStatus, liveRows: readonly ReplicaRow
     const held = Object.entries(h.desktops).filter(([state]) => state !== 'provisioning').reduce((n, [, c]) => n + c, 0);
     if (h.lost) warnings.push(`host ${h.id} (${h.hostname}) was declared lost: ${held} desktop(s) on it still to destroy; finish with canto hosts forget ${h.id} --yes --wait`);
     else if (h.status === 'down' && held > 0) warnings.push(`host ${h.id} (${h.hostname}) is down with ${held} desktop(s) on it: they cannot wake until it returns`);
+    const unlinked = h.status === 'ready' && !h.lost ? linkWarning(h.links) : null;
+    if (unlinked !== null) warnings.push(`host ${h.id} (${h.hostname}): ${unlinked}`);
     if (h.drain?.state === 'stopped') warnings.push(`host ${h.id} (${h.hostname}): its drain stopped: ${h.drain.error}; fix that, then run canto hosts drain ${h.id} again`);
   }
   for (const o of status.stuck_operations) {
@@ -170,6 +178,7 @@ export function formatFleetStatus(status: FleetStatus): string {
     HOSTNAME: h.hostname,
     STATUS: hostStatusLabel(h.status, h.cordoned, h.drain?.state ?? null, h.lost),
     'LAST HEARD': ago(h.last_heard_ms_ago),
+    LINKS: linksLabel(h.links),
     DESKTOPS: Object.entries(h.desktops).map(([state, n]) => `${n} ${state}`).join(', ') || 'none',
     RUNTIME: h.runtime,
     PROTOCOL: h.protocol,
@@ -179,7 +188,7 @@ export function formatFleetStatus(status: FleetStatus): string {
     table(replicaRows, ['ID', 'URL', 'ROLE', 'LEASE', 'VERSION', 'LAST SEEN'], '  '),
     '',
     'Hosts',
-    table(hostRows, ['ID', 'HOSTNAME', 'STATUS', 'LAST HEARD', 'DESKTOPS', 'RUNTIME', 'PROTOCOL'], '  '),
+    table(hostRows, ['ID', 'HOSTNAME', 'STATUS', 'LAST HEARD', 'LINKS', 'DESKTOPS', 'RUNTIME', 'PROTOCOL'], '  '),
   ];
   if (status.warnings.length > 0) parts.push('', 'Warnings', ...status.warnings.map((w) => `  ! ${w}`));
   return `${parts.join('\n')}\n`;

@@ -248,6 +248,7 @@ export async function startScheduler(config: SchedulerConfig, logger?: Logger, m
     refreshMs: REPLICA_REFRESH_MS,
     liveMs: REPLICA_LIVE_MS,
     logger: log,
+    linkedHosts: () => agents.connectedHostIds(),
   });
   registry.onChange((replicas) => agents.announceReplicas(replicas));
   metrics.attach({

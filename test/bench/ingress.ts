@@ -119,7 +119,8 @@ export async function benchIngress(ctx: IngressBenchContext): Promise<void> {
   const id = (await call('/v1/desktops', { tier: 'default' })).id as string;
   await call(`/v1/desktops/${id}/wake?wait=true`, {});
   const app = readFileSync(join(import.meta.dirname, '..', 'fixtures', 'guest-echo-app.mjs'));
-  await fetch(`${ctx.schedulerUrl}/v1/desktops/${id}/files/root/app.mjs`, { method: 'PUT', headers: { authorization: headers.authorization }, body: app });
+  const put = await fetch(`${ctx.schedulerUrl}/v1/desktops/${id}/files/root/app.mjs`, { method: 'PUT', headers: { authorization: headers.authorization }, body: app });
+  if (!put.ok) throw new Error(`PUT /root/app.mjs: ${put.status} ${await put.text()}`);
   await call(`/v1/desktops/${id}/exec`, { command: `setsid node /root/app.mjs ${APP_PORT} >/root/app.log 2>&1 </dev/null &` });
   // Until the app listens (a fixed pause was too short on a loaded host: ECONNREFUSED in the guest).
   const listening = await call(`/v1/desktops/${id}/exec`, {

@@ -46,6 +46,8 @@ const ONLY = process.env.CANTO_BENCH_ONLY?.split(',').map((s) => s.trim()).filte
 const want = (section: string) => ONLY.length === 0 || ONLY.includes(section);
 /** `CANTO_BENCH_DENSITY=1000`: the density section with that many desktops; it takes minutes, so only when asked. */
 const DENSITY = Number(process.env.CANTO_BENCH_DENSITY ?? 0);
+/** `CANTO_BENCH_LOG_LEVEL=info`: what the scheduler and the agent log (printed when a run fails). */
+const LOG_LEVEL = process.env.CANTO_BENCH_LOG_LEVEL ?? 'warn';
 
 /** Production's timers, not the test helper's faster ones (engine poll, leader lease): the figures are production's. */
 const PRODUCTION_TIMERS = { CANTO_ENGINE_POLL_MS: '500', CANTO_LEASE_TTL_MS: '2500', CANTO_LEASE_RENEW_MS: '500' };
@@ -98,7 +100,7 @@ async function main(): Promise<void> {
     extra: {
       CANTO_WORKERS: String(WORKERS),
       ...PRODUCTION_TIMERS,
-      CANTO_LOG_LEVEL: 'warn', CANTO_INGRESS_BASE_URL: 'http://apps.canto.test', CANTO_INGRESS_LISTEN: `127.0.0.1:${ingressPort}`,
+      CANTO_LOG_LEVEL: LOG_LEVEL, CANTO_INGRESS_BASE_URL: 'http://apps.canto.test', CANTO_INGRESS_LISTEN: `127.0.0.1:${ingressPort}`,
     },
   }).catch(async (err: unknown) => {
     await pg.stop();
@@ -107,7 +109,7 @@ async function main(): Promise<void> {
   });
   const agentSettings = Object.entries(process.env).filter((e): e is [string, string] => e[0].startsWith('CANTO_AGENT_') && e[1] !== undefined);
   const agentMetrics = `127.0.0.1:${await freePort()}`;
-  const agent = startAgentProcess(scheduler.url, join(dir, 'agent'), { CANTO_AGENT_METRICS_LISTEN: agentMetrics, ...Object.fromEntries(agentSettings), CANTO_LOG_LEVEL: 'warn' });
+  const agent = startAgentProcess(scheduler.url, join(dir, 'agent'), { CANTO_AGENT_METRICS_LISTEN: agentMetrics, ...Object.fromEntries(agentSettings), CANTO_LOG_LEVEL: LOG_LEVEL });
   const sql = connectDatabase(pg.url, { max: 1 });
   const key = (await createApiKey(sql, 'bench')).key;
   await sql.end();
@@ -197,6 +199,10 @@ async function main(): Promise<void> {
         output: () => `--- scheduler\n${scheduler.output().slice(-3000)}\n--- agent\n${agent.output().slice(-3000)}`,
       });
     }
+  } catch (err) {
+    // What the two processes said is most of what explains a failed run.
+    console.error(`--- scheduler\n${scheduler.output().slice(-20000)}\n--- agent\n${agent.output().slice(-20000)}`);
+    throw err;
   } finally {
     await agent.kill('SIGTERM');
     for (const state of [join(dir, 'agent', 'runtime'), join(dir, 'failover-agent', 'runtime')]) await destroyLeftDesktops(state);

@@ -13,6 +13,7 @@ import { loadSchedulerConfig } from '../../scheduler/src/config.js';
 import { api, mintKey, readResponse, startTestScheduler, until, type TestScheduler } from '../helpers/scheduler.js';
 import { startFakeAgent, type TestAgent } from '../helpers/agent.js';
 import { expectProblem } from '../helpers/problem.js';
+import { connectDatabase } from '../../scheduler/src/store/db.js';
 
 const ADMIN_TOKEN = 'test-admin-token-0123456789abcdefghijklmnop';
 const FAST_HEALTH = { CANTO_HEARTBEAT_MS: '200', CANTO_ADMIN_TOKEN: ADMIN_TOKEN };
@@ -151,6 +152,15 @@ describe('hosts', () => {
       expect(measured.memory.room_mb).toBe(Math.max(0, measured.measured.memory_available_mb - measured.memory.reserve_mb));
       expect(Date.parse(h.last_heartbeat_at)).toBeGreaterThan(Date.now() - 60_000);
       expect(typeof h.hostname).toBe('string');
+    }
+    // Each agent is linked to both replicas, as both recorded it (within a registry refresh).
+    await until(async () => ((await admin()('GET', '/admin/v1/hosts')).json.hosts as any[]).every((h) => h.links.linked.length === 2), 5_000, 'links recorded');
+    const sql = connectDatabase(a.databaseUrl, { max: 1 });
+    const replicas = (await sql<Array<{ id: string }>>`SELECT id FROM replicas ORDER BY id`).map((r) => r.id);
+    const [lease] = await sql<Array<{ holder: string }>>`SELECT holder FROM leases WHERE name = 'leader'`;
+    await sql.end();
+    for (const h of (await admin()('GET', '/admin/v1/hosts')).json.hosts as any[]) {
+      expect({ ...h.links, linked: [...h.links.linked].sort() }).toEqual({ linked: replicas, unlinked: [], settling: [], leader: lease!.holder, leader_linked: true });
     }
   });
 

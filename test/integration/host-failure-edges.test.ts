@@ -73,14 +73,14 @@ it('does not fail a host whose link is alive although its heartbeats went unreco
 
 it('counts a replica whose row aged out as recording only from its next refresh', async () => {
   const record = { id: 'replica-aged', url: 'http://127.0.0.1:1', version: 'test', settings: {} };
-  await upsertReplica(sql, record, true, 5_000);
+  await upsertReplica(sql, record, true, 5_000, []);
   await sql`UPDATE replicas SET started_at = now() - interval '1 hour', last_seen_at = now() - interval '1 second' WHERE id = ${record.id}`;
-  await upsertReplica(sql, record, false, 5_000);
+  await upsertReplica(sql, record, false, 5_000, []);
   const [fresh] = await sql<Array<{ age: number }>>`SELECT extract(epoch FROM now() - started_at)::float AS age FROM replicas WHERE id = ${record.id}`;
   expect(fresh!.age).toBeGreaterThan(3_000);
   // Not refreshed for longer than a row stays live: a gap in what it recorded.
   await sql`UPDATE replicas SET last_seen_at = now() - interval '1 minute' WHERE id = ${record.id}`;
-  await upsertReplica(sql, record, false, 5_000);
+  await upsertReplica(sql, record, false, 5_000, []);
   const [restarted] = await sql<Array<{ age: number }>>`SELECT extract(epoch FROM now() - started_at)::float AS age FROM replicas WHERE id = ${record.id}`;
   expect(restarted!.age).toBeLessThan(5);
   await sql`DELETE FROM replicas WHERE id = ${record.id}`;

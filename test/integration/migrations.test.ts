@@ -36,6 +36,7 @@ const SHIPPED = [
   { id: 15, name: 'agent instance since' },
   { id: 16, name: 'failed forks' },
   { id: 17, name: 'lease instance' },
+  { id: 18, name: 'replica links' },
 ];
 
 const made: string[] = [];

@@ -7,7 +7,7 @@ import { describe, expect, it } from 'vitest';
 import { fleetWarnings, hostStatusLabel, type FleetStatus } from '../../cli/src/status.js';
 import type { ReplicaRow } from '../../scheduler/src/store/replicas.js';
 
-const replica: ReplicaRow = { id: 'r1', url: 'http://a', version: '1', settings: {}, started_at: new Date(), last_seen_at: new Date() };
+const replica: ReplicaRow = { id: 'r1', url: 'http://a', version: '1', settings: {}, started_at: new Date(), last_seen_at: new Date(), linked_hosts: [] };
 
 function fleet(hosts: Array<{ status: string; desktops: Record<string, number>; lost?: boolean }>): FleetStatus {
   return {
@@ -15,7 +15,8 @@ function fleet(hosts: Array<{ status: string; desktops: Record<string, number>; 
     lease: { holder: 'r1', epoch: 1, held_for_ms: 1000, expires_in_ms: 1000, live: true },
     replicas: [],
     hosts: hosts.map((h, i) => ({
-      id: `host_${i}`, hostname: `h${i}`, cordoned: false, last_heard_ms_ago: 0, runtime: 'sandbox', protocol: '1.15', drain: null, lost: false, ...h,
+      id: `host_${i}`, hostname: `h${i}`, cordoned: false, last_heard_ms_ago: 0, runtime: 'sandbox', protocol: '1.15', drain: null, lost: false,
+      links: { linked: ['r1'], unlinked: [], settling: [], leader: 'r1', leader_linked: true }, ...h,
     })),
     stuck_operations: [],
     warnings: [],

@@ -33,6 +33,23 @@ export const AdminHostJson = Type.Object({
     description: '`ready`: its agent is heard from and takes work; `down`: silent for longer than CANTO_HOST_DOWN_MS (or fencing after a restart)',
   }),
   linked: Type.Boolean({ description: "Whether the agent's link to the replica that answered is up" }),
+  links: Type.Object(
+    {
+      linked: Type.Array(Type.String(), { description: 'Replicas the agent is linked to' }),
+      unlinked: Type.Array(Type.String(), {
+        description: 'Replicas it is not linked to although both have run for 5 s: guest calls they serve answer 503, and on the leader lifecycle operations fail `host_unavailable`',
+      }),
+      settling: Type.Array(Type.String(), { description: 'Replicas it is not linked to yet, within 5 s of the replica or the agent starting' }),
+      leader: Type.Union([Type.String(), Type.Null()], { description: 'The replica that leads; null when none holds the lease' }),
+      leader_linked: Type.Union([Type.Boolean(), Type.Null()], {
+        description: 'Whether it is linked to the leader, which runs lifecycle operations over its own links; null when no replica leads or the leader has not said yet',
+      }),
+    },
+    {
+      description: "The agent's links to every live replica, as each last recorded them (every second); replicas of versions that do not record them are left out. " +
+        'A host that some replicas reach and others do not (a partial partition) still reads `ready`',
+    },
+  ),
   cordoned: Type.Boolean({ description: 'A cordoned host gets no new desktops; those on it stay' }),
   schedulable: Type.Boolean({ description: 'Whether placement may put new desktops here: ready and not cordoned (a drain cordons)' }),
   agent: Type.Object({

@@ -20,6 +20,10 @@ import { ApiError, errors } from '../errors.js';
 import { desktopStatesByHost, hostById, insertOrg, listOrgSummaries, markHostLost, orgExists, removeHost, resetHostKey, setHostCordoned, type OrgSummaryRow } from './store.js';
 import type { AdminHostJson, AdminOrgJson, ForgetHostJson, HostDesktopCounts } from './schemas.js';
 import type { LifecycleService } from '../services/lifecycle.js';
+import { liveReplicas } from '../store/replicas.js';
+import { LEADER_LEASE, readLease } from '../store/leases.js';
+import { REPLICA_LIVE_MS } from '../fleet/registry.js';
+import { hostLinkView } from '../fleet/link-view.js';
 
 export interface AdminServiceDeps {
   sql: Sql;
@@ -151,7 +155,11 @@ export class AdminService {
 
   private async hostsJson(rows: readonly HostRow[], hostId?: string): Promise<AdminHostJson[]> {
     const { sql, placement, hostSlots } = this.deps;
-    const [load, slots, states] = await Promise.all([committedLoad(sql), slotsUsed(sql, hostId), desktopStatesByHost(sql, hostId)]);
+    const [load, slots, states, replicas, lease, [clock]] = await Promise.all([
+      committedLoad(sql), slotsUsed(sql, hostId), desktopStatesByHost(sql, hostId),
+      liveReplicas(sql, REPLICA_LIVE_MS), readLease(sql, LEADER_LEASE), sql<Array<{ now: Date }>>`SELECT now() AS now`,
+    ]);
+    const leader = lease?.live ? lease.holder : null;
     const candidates = hostCandidates(rows, load, slots, { isConnected: (id) => this.deps.linked(id), hostSlots });
     const drains = await Promise.all(rows.map((h) => drainJson(sql, h)));
     return rows.map((h, i) => {
@@ -171,6 +179,7 @@ export class AdminService {
         address: h.ingress_address,
         state: h.status,
         linked: c.connected,
+        links: hostLinkView(h, replicas, leader, clock!.now),
         cordoned: h.cordoned,
         schedulable: schedulable(h),
         agent: { protocol: h.protocol, runtime: h.runtime, memory_snapshots: h.memory_snapshots, instance_id: h.agent_instance_id },

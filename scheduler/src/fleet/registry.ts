@@ -8,7 +8,10 @@
  * - host health asks since when heartbeats have been recorded without a gap (a replica records
  *   them from its start; see `recordingSince`);
  * - settings that differ between live replicas are logged, once per replica and setting, with
- *   fingerprints only (a different `CANTO_SECRET_KEY` shows as two hashes, never as keys).
+ *   fingerprints only (a different `CANTO_SECRET_KEY` shows as two hashes, never as keys);
+ * - each row also says which hosts' agents are linked to that replica, so the admin API and
+ *   `canto status` show a partial partition: a host that some replicas reach and others (the
+ *   leader, say) do not.
  *
  * A replica that stops deletes its row; one that crashed ages out after `liveMs` and is pruned
  * after an hour.
@@ -24,6 +27,8 @@ export interface ReplicaRegistryOptions {
   /** A replica not refreshed for this long is no longer live. */
   readonly liveMs: number;
   readonly logger: Logger;
+  /** The hosts whose agents are linked to this replica now, written with each refresh. */
+  readonly linkedHosts: () => readonly string[];
 }
 
 export interface ReplicaAddress {
@@ -53,7 +58,7 @@ export class ReplicaRegistry {
   }
 
   async start(): Promise<void> {
-    await upsertReplica(this.options.sql, this.options.self, true, this.options.liveMs);
+    await upsertReplica(this.options.sql, this.options.self, true, this.options.liveMs, this.options.linkedHosts());
     await this.refresh(false);
     this.timer = setInterval(() => void this.refresh(true), this.options.refreshMs);
   }
@@ -101,7 +106,7 @@ export class ReplicaRegistry {
   private async doRefresh(write: boolean): Promise<void> {
     const { sql, self, liveMs } = this.options;
     try {
-      if (write) await upsertReplica(sql, self, false, liveMs);
+      if (write) await upsertReplica(sql, self, false, liveMs, this.options.linkedHosts());
       const rows = await liveReplicas(sql, liveMs);
       const before = addressKey(this.live);
       this.live = rows;

@@ -8,6 +8,8 @@ export interface ReplicaRow {
   settings: Record<string, string | number | null>;
   started_at: Date;
   last_seen_at: Date;
+  /** Hosts whose agent links to this replica were up at its last refresh; null from a replica that does not say (an older version). */
+  linked_hosts: string[] | null;
 }
 
 export interface ReplicaRecord {
@@ -22,11 +24,12 @@ export interface ReplicaRecord {
  * does one whose row aged out (not refreshed for `liveMs`: it could not reach the database, so
  * it recorded no heartbeat either). `started_at` is since when it has recorded without a gap.
  */
-export async function upsertReplica(sql: Sql, r: ReplicaRecord, starting: boolean, liveMs: number): Promise<void> {
+export async function upsertReplica(sql: Sql, r: ReplicaRecord, starting: boolean, liveMs: number, linkedHosts: readonly string[]): Promise<void> {
   await sql`
-    INSERT INTO replicas (id, url, version, settings) VALUES (${r.id}, ${r.url}, ${r.version}, ${sql.json(r.settings as never)})
+    INSERT INTO replicas (id, url, version, settings, linked_hosts)
+    VALUES (${r.id}, ${r.url}, ${r.version}, ${sql.json(r.settings as never)}, ${sql.array([...linkedHosts])}::text[])
     ON CONFLICT (id) DO UPDATE SET url = EXCLUDED.url, version = EXCLUDED.version, settings = EXCLUDED.settings,
-      last_seen_at = now(),
+      linked_hosts = EXCLUDED.linked_hosts, last_seen_at = now(),
       started_at = CASE WHEN ${starting} OR replicas.last_seen_at < now() - make_interval(secs => ${liveMs / 1000}) THEN now() ELSE replicas.started_at END`;
 }
 

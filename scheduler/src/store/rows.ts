@@ -90,5 +90,7 @@ export interface HostRow {
   memory_available_mb: number | null;
   desktops_memory_mb: number | null;
   cpu_busy: number | null;
+  /** When the agent instance now running first said hello; null on rows from before that was recorded. */
+  instance_since: Date | null;
   created_at: Date;
 }

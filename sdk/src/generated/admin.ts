@@ -684,6 +684,19 @@ export interface operations {
                             last_heartbeat_at: string;
                             /** @description Whether the agent's link to the replica that answered is up */
                             linked: boolean;
+                            /** @description The agent's links to every live replica, as each last recorded them (every second); replicas of versions that do not record them are left out. A host that some replicas reach and others do not (a partial partition) still reads `ready` */
+                            links: {
+                                /** @description The replica that leads; null when none holds the lease */
+                                leader: string | null;
+                                /** @description Whether it is linked to the leader, which runs lifecycle operations over its own links; null when no replica leads or the leader has not said yet */
+                                leader_linked: boolean | null;
+                                /** @description Replicas the agent is linked to */
+                                linked: string[];
+                                /** @description Replicas it is not linked to yet, within 5 s of the replica or the agent starting */
+                                settling: string[];
+                                /** @description Replicas it is not linked to although both have run for 5 s: guest calls they serve answer 503, and on the leader lifecycle operations fail `host_unavailable` */
+                                unlinked: string[];
+                            };
                             /** @description When an operator declared the host lost for good (forget): its desktops are destroyed without it, its agent is refused, and it is removed once it holds none */
                             lost_at: string | null;
                             /** @description The host's use as its agent last measured it (heartbeats); null until it reports one (agents before protocol 1.11) */
@@ -859,6 +872,19 @@ export interface operations {
                         last_heartbeat_at: string;
                         /** @description Whether the agent's link to the replica that answered is up */
                         linked: boolean;
+                        /** @description The agent's links to every live replica, as each last recorded them (every second); replicas of versions that do not record them are left out. A host that some replicas reach and others do not (a partial partition) still reads `ready` */
+                        links: {
+                            /** @description The replica that leads; null when none holds the lease */
+                            leader: string | null;
+                            /** @description Whether it is linked to the leader, which runs lifecycle operations over its own links; null when no replica leads or the leader has not said yet */
+                            leader_linked: boolean | null;
+                            /** @description Replicas the agent is linked to */
+                            linked: string[];
+                            /** @description Replicas it is not linked to yet, within 5 s of the replica or the agent starting */
+                            settling: string[];
+                            /** @description Replicas it is not linked to although both have run for 5 s: guest calls they serve answer 503, and on the leader lifecycle operations fail `host_unavailable` */
+                            unlinked: string[];
+                        };
                         /** @description When an operator declared the host lost for good (forget): its desktops are destroyed without it, its agent is refused, and it is removed once it holds none */
                         lost_at: string | null;
                         /** @description The host's use as its agent last measured it (heartbeats); null until it reports one (agents before protocol 1.11) */
@@ -1123,6 +1149,19 @@ export interface operations {
                         last_heartbeat_at: string;
                         /** @description Whether the agent's link to the replica that answered is up */
                         linked: boolean;
+                        /** @description The agent's links to every live replica, as each last recorded them (every second); replicas of versions that do not record them are left out. A host that some replicas reach and others do not (a partial partition) still reads `ready` */
+                        links: {
+                            /** @description The replica that leads; null when none holds the lease */
+                            leader: string | null;
+                            /** @description Whether it is linked to the leader, which runs lifecycle operations over its own links; null when no replica leads or the leader has not said yet */
+                            leader_linked: boolean | null;
+                            /** @description Replicas the agent is linked to */
+                            linked: string[];
+                            /** @description Replicas it is not linked to yet, within 5 s of the replica or the agent starting */
+                            settling: string[];
+                            /** @description Replicas it is not linked to although both have run for 5 s: guest calls they serve answer 503, and on the leader lifecycle operations fail `host_unavailable` */
+                            unlinked: string[];
+                        };
                         /** @description When an operator declared the host lost for good (forget): its desktops are destroyed without it, its agent is refused, and it is removed once it holds none */
                         lost_at: string | null;
                         /** @description The host's use as its agent last measured it (heartbeats); null until it reports one (agents before protocol 1.11) */
@@ -1313,6 +1352,19 @@ export interface operations {
                         last_heartbeat_at: string;
                         /** @description Whether the agent's link to the replica that answered is up */
                         linked: boolean;
+                        /** @description The agent's links to every live replica, as each last recorded them (every second); replicas of versions that do not record them are left out. A host that some replicas reach and others do not (a partial partition) still reads `ready` */
+                        links: {
+                            /** @description The replica that leads; null when none holds the lease */
+                            leader: string | null;
+                            /** @description Whether it is linked to the leader, which runs lifecycle operations over its own links; null when no replica leads or the leader has not said yet */
+                            leader_linked: boolean | null;
+                            /** @description Replicas the agent is linked to */
+                            linked: string[];
+                            /** @description Replicas it is not linked to yet, within 5 s of the replica or the agent starting */
+                            settling: string[];
+                            /** @description Replicas it is not linked to although both have run for 5 s: guest calls they serve answer 503, and on the leader lifecycle operations fail `host_unavailable` */
+                            unlinked: string[];
+                        };
                         /** @description When an operator declared the host lost for good (forget): its desktops are destroyed without it, its agent is refused, and it is removed once it holds none */
                         lost_at: string | null;
                         /** @description The host's use as its agent last measured it (heartbeats); null until it reports one (agents before protocol 1.11) */
@@ -1602,6 +1654,19 @@ export interface operations {
                         last_heartbeat_at: string;
                         /** @description Whether the agent's link to the replica that answered is up */
                         linked: boolean;
+                        /** @description The agent's links to every live replica, as each last recorded them (every second); replicas of versions that do not record them are left out. A host that some replicas reach and others do not (a partial partition) still reads `ready` */
+                        links: {
+                            /** @description The replica that leads; null when none holds the lease */
+                            leader: string | null;
+                            /** @description Whether it is linked to the leader, which runs lifecycle operations over its own links; null when no replica leads or the leader has not said yet */
+                            leader_linked: boolean | null;
+                            /** @description Replicas the agent is linked to */
+                            linked: string[];
+                            /** @description Replicas it is not linked to yet, within 5 s of the replica or the agent starting */
+                            settling: string[];
+                            /** @description Replicas it is not linked to although both have run for 5 s: guest calls they serve answer 503, and on the leader lifecycle operations fail `host_unavailable` */
+                            unlinked: string[];
+                        };
                         /** @description When an operator declared the host lost for good (forget): its desktops are destroyed without it, its agent is refused, and it is removed once it holds none */
                         lost_at: string | null;
                         /** @description The host's use as its agent last measured it (heartbeats); null until it reports one (agents before protocol 1.11) */
@@ -1789,6 +1854,19 @@ export interface operations {
                         last_heartbeat_at: string;
                         /** @description Whether the agent's link to the replica that answered is up */
                         linked: boolean;
+                        /** @description The agent's links to every live replica, as each last recorded them (every second); replicas of versions that do not record them are left out. A host that some replicas reach and others do not (a partial partition) still reads `ready` */
+                        links: {
+                            /** @description The replica that leads; null when none holds the lease */
+                            leader: string | null;
+                            /** @description Whether it is linked to the leader, which runs lifecycle operations over its own links; null when no replica leads or the leader has not said yet */
+                            leader_linked: boolean | null;
+                            /** @description Replicas the agent is linked to */
+                            linked: string[];
+                            /** @description Replicas it is not linked to yet, within 5 s of the replica or the agent starting */
+                            settling: string[];
+                            /** @description Replicas it is not linked to although both have run for 5 s: guest calls they serve answer 503, and on the leader lifecycle operations fail `host_unavailable` */
+                            unlinked: string[];
+                        };
                         /** @description When an operator declared the host lost for good (forget): its desktops are destroyed without it, its agent is refused, and it is removed once it holds none */
                         lost_at: string | null;
                         /** @description The host's use as its agent last measured it (heartbeats); null until it reports one (agents before protocol 1.11) */
