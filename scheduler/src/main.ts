@@ -43,6 +43,7 @@ import { registerAdminApi } from './admin/routes.js';
 import { MoveService } from './admin/moves.js';
 import { AdminDesktops } from './admin/desktops.js';
 import { Drainer } from './engine/drainer.js';
+import { bindLegacySecrets } from './crypto/desktop-secrets.js';
 
 /** JWT org and desktop route lookups: a missed change is served for at most this long. */
 const LOOKUP_CACHE = { ttlMs: 30_000, maxEntries: 10_000 };
@@ -79,6 +80,8 @@ export async function startScheduler(config: SchedulerConfig, logger?: Logger, m
   const sql = connectDatabase(config.databaseUrl, { max: config.databasePoolMax });
   await migrate(sql);
   const secrets = createSecretBox(parseSecretKey(config.secretKey));
+  const rebound = await bindLegacySecrets(sql, secrets, log);
+  if (rebound > 0) log.info({ desktops: rebound }, 'sealed desktop secrets again, bound to their org');
 
   let registry: ReplicaRegistry | null = null;
   let leadership: Leadership | null = null;

@@ -37,6 +37,7 @@ const SHIPPED = [
   { id: 16, name: 'failed forks' },
   { id: 17, name: 'lease instance' },
   { id: 18, name: 'replica links' },
+  { id: 19, name: 'bound desktop secrets' },
 ];
 
 const made: string[] = [];

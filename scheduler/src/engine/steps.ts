@@ -23,6 +23,7 @@ import type { FleetView, PlacementReservations } from '../placement/reservations
 import { memoryRoomMb, type PlacementPolicy } from '../placement/feasible.js';
 import { NoCapacity, noCapacityMessage } from './no-capacity.js';
 import type { Tier } from '../../../shared/src/tiers.js';
+import { openDesktopSecret } from '../crypto/desktop-secrets.js';
 
 export interface StepDeps {
   sql: Sql;
@@ -258,14 +259,21 @@ async function admitWake(deps: StepDeps, d: DesktopRow, hostId: string): Promise
   }
 }
 
+/** The first boot's env and setup script, opened; a value that does not open fails the wake, and nothing is sent. */
+function openFirstBoot(deps: StepDeps, d: DesktopRow): { env: Record<string, string>; setup_script: string | null } {
+  try {
+    return {
+      env: d.env_sealed ? (JSON.parse(openDesktopSecret(deps.secrets, d.org_id, 'env', d.env_sealed, d.secrets_bound)) as Record<string, string>) : {},
+      setup_script: d.setup_script_sealed ? openDesktopSecret(deps.secrets, d.org_id, 'setup_script', d.setup_script_sealed, d.secrets_bound) : null,
+    };
+  } catch {
+    throw new StepFailure('secrets_unreadable', "the desktop's env or setup script does not open with this deployment's key (sealed with another key, or altered in the database); create the desktop again");
+  }
+}
+
 async function start(deps: StepDeps, op: OperationRow, hostId: string): Promise<void> {
   const d = await loadDesktop(deps, op.desktop_id);
-  const firstBoot = d.first_woken_at
-    ? null
-    : {
-        env: d.env_sealed ? (JSON.parse(deps.secrets.open(d.env_sealed)) as Record<string, string>) : {},
-        setup_script: d.setup_script_sealed ? deps.secrets.open(d.setup_script_sealed) : null,
-      };
+  const firstBoot = d.first_woken_at ? null : openFirstBoot(deps, d);
   const started = await command(deps, hostId, 'desktop.start', {
     desktop_id: d.id, generation: d.generation, operation_id: op.id, tier: d.tier, first_boot: firstBoot,
   });

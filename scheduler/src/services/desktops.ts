@@ -13,6 +13,7 @@ import { DesktopReads } from '../store/desktop-reads.js';
 import { DesktopList } from './desktop-list.js';
 import { notifyNewWork } from '../store/operations.js';
 import type { SecretBox } from '../crypto/secret-box.js';
+import { sealDesktopSecret } from '../crypto/desktop-secrets.js';
 
 export const ENV_MAX_BYTES = 64 * 1024;
 export const SETUP_SCRIPT_MAX_BYTES = 64 * 1024;
@@ -41,8 +42,8 @@ export class DesktopService {
       const existing = await store.idempotentDesktop(sql, orgId, idempotencyKey);
       if (existing) return { created: false, desktop: toDesktopJson((await store.getDesktop(sql, orgId, existing))!) };
     }
-    const sealedEnv = body.env && Object.keys(body.env).length > 0 ? secrets.seal(JSON.stringify(body.env)) : null;
-    const sealedScript = body.setup_script ? secrets.seal(body.setup_script) : null;
+    const sealedEnv = body.env && Object.keys(body.env).length > 0 ? sealDesktopSecret(secrets, orgId, 'env', JSON.stringify(body.env)) : null;
+    const sealedScript = body.setup_script ? sealDesktopSecret(secrets, orgId, 'setup_script', body.setup_script) : null;
     const outcome = await inTransaction(sql, async (tx) => {
       const row = await store.insertDesktop(tx, {
         orgId,

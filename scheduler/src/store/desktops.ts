@@ -15,6 +15,7 @@ export interface NewDesktop {
   imageVersion: string;
   idleTimeoutSecs: number;
   billingMode: BillingMode;
+  /** Sealed bound to the org (crypto/desktop-secrets.ts), as every new desktop's are. */
   envSealed: Buffer | null;
   setupScriptSealed: Buffer | null;
 }
@@ -22,9 +23,9 @@ export interface NewDesktop {
 export async function insertDesktop(sql: Sql, d: NewDesktop): Promise<DesktopRow> {
   const [row] = await sql<DesktopRow[]>`
     INSERT INTO desktops (id, org_id, tier, state, image_version, generation, current_generation_id,
-                          idle_timeout_secs, billing_mode, env_sealed, setup_script_sealed)
+                          idle_timeout_secs, billing_mode, env_sealed, setup_script_sealed, secrets_bound)
     VALUES (${newId('desktop')}, ${d.orgId}, ${d.tier}, 'provisioning', ${d.imageVersion}, 0, ${newId('generation')},
-            ${d.idleTimeoutSecs}, ${d.billingMode}, ${d.envSealed}, ${d.setupScriptSealed})
+            ${d.idleTimeoutSecs}, ${d.billingMode}, ${d.envSealed}, ${d.setupScriptSealed}, true)
     RETURNING *`;
   return row!;
 }
@@ -246,10 +247,10 @@ export async function insertForks(sql: Sql, sourceId: string, ids: readonly stri
   for (const id of ids) {
     const [row] = await sql<DesktopRow[]>`
       INSERT INTO desktops (id, org_id, tier, state, image_version, generation, current_generation_id, idle_timeout_secs,
-                            billing_mode, host_id, env_sealed, setup_script_sealed, created_event_at, first_woken_at,
+                            billing_mode, host_id, env_sealed, setup_script_sealed, secrets_bound, created_event_at, first_woken_at,
                             ephemeral, forked_from)
       SELECT ${id}, org_id, tier, 'hibernated', image_version, 1, ${newId('generation')},
-             ${ephemeral ? ephemeralIdleSecs : sql`idle_timeout_secs`}, billing_mode, host_id, env_sealed, setup_script_sealed,
+             ${ephemeral ? ephemeralIdleSecs : sql`idle_timeout_secs`}, billing_mode, host_id, env_sealed, setup_script_sealed, secrets_bound,
              now(), first_woken_at, ${ephemeral}, id
       FROM desktops WHERE id = ${sourceId}
       ON CONFLICT (id) DO NOTHING

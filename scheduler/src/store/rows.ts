@@ -22,6 +22,8 @@ export interface DesktopRow {
   ephemeral: boolean;
   forked_from: string | null;
   setup_script_sealed: Buffer | null;
+  /** Whether the two sealed values are bound to the org (crypto/desktop-secrets.ts); false on rows an older version wrote. */
+  secrets_bound: boolean;
   created_event_at: Date | null;
   first_woken_at: Date | null;
   last_woken_at: Date | null;
