@@ -58,10 +58,10 @@ describe('canto hosts', () => {
   it('lists hosts as a table from a data directory, and as JSON with the token from the environment', async () => {
     const listed = await withDir(['hosts', 'list']);
     expect(listed.code, listed.stderr).toBe(0);
-    expect(listed.stdout).toMatch(/^ID\s+HOSTNAME\s+STATUS\s+RUNTIME\s+SCHEDULABLE\s+DESKTOPS\s+VCPU\s+MEMORY\s+FREE MEMORY\s+ROOM\s+SLOTS\s+LAST HEARD\n/);
+    expect(listed.stdout).toMatch(/^ID\s+HOSTNAME\s+STATUS\s+RUNTIME\s+SCHEDULABLE\s+DESKTOPS\s+VCPU\s+MEMORY\s+FREE MEMORY\s+ROOM\s+SLOTS\s+LINKS\s+LAST HEARD\n/);
     // No nominal CPU or memory cap by default: only what is committed; free memory as measured,
     // and how many more desktops that memory admits.
-    expect(listed.stdout).toMatch(new RegExp(`${agent.hostId}\\s+\\S+\\s+ready\\s+fake\\S*\\s+yes\\s+0 \\(0 awake\\)\\s+0\\s+0\\.0 GiB\\s+(-|[\\d.]+ GiB)\\s+\\d+\\s+0/2048`));
+    expect(listed.stdout).toMatch(new RegExp(`${agent.hostId}\\s+\\S+\\s+ready\\s+fake\\S*\\s+yes\\s+0 \\(0 awake\\)\\s+0\\s+0\\.0 GiB\\s+(-|[\\d.]+ GiB)\\s+\\d+\\s+0/2048\\s+(1/1|0/1 linking)\\s`));
     const json = JSON.parse((await withEnv(['hosts', 'list', '--json'])).stdout);
     expect(json.hosts).toEqual([expect.objectContaining({ id: agent.hostId, state: 'ready', schedulable: true })]);
   });

@@ -42,6 +42,7 @@ describe('host link view', () => {
   it('lets links form: a new replica, or a new agent instance, is settling rather than unlinked', () => {
     const newReplica = hostLinkView(host, [replica('r1', ['host_a']), replica('r2', [], ago(LINK_SETTLE_MS - 1))], 'r2', now);
     expect(newReplica).toMatchObject({ unlinked: [], settling: ['r2'], leader_linked: null });
+    expect(linksLabel(newReplica)).toBe('1/2 linking');
     expect(linkWarning(newReplica)).toBeNull();
     const newAgent = hostLinkView({ id: 'host_a', instance_since: ago(1_000) }, [replica('r1', []), replica('r2', [])], 'r1', now);
     expect(newAgent).toMatchObject({ unlinked: [], settling: ['r1', 'r2'], leader_linked: null });

@@ -63,9 +63,10 @@ export function linkWarning(view: HostLinkView): string | null {
   return `its agent is not linked to ${view.unlinked.join(', ')} (it reaches ${reach}): guest calls served by ${view.unlinked.length === 1 ? 'that replica' : 'those replicas'} answer 503`;
 }
 
-/** `2/3`, `1/2 not leader`: replicas linked of those that say, for tables. */
+/** `2/3`, `1/2 not leader`, `1/2 linking`: replicas linked of those that say, for tables. */
 export function linksLabel(view: HostLinkView): string {
   const all = view.linked.length + view.unlinked.length + view.settling.length;
   if (all === 0) return '-';
-  return `${view.linked.length}/${all}${view.leader_linked === false ? ' not leader' : ''}`;
+  const note = view.leader_linked === false ? ' not leader' : view.settling.length > 0 ? ' linking' : '';
+  return `${view.linked.length}/${all}${note}`;
 }
