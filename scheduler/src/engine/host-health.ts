@@ -94,7 +94,11 @@ export class HostHealth {
             orgId: moved.org_id,
             desktopId: d.id,
             type: 'desktop.hibernated',
-            data: { reason: 'host_failure', cause: 'host_silent', host_id: d.host_id, memory_snapshot: false },
+            // Not known yet: the host is unreachable. Should it return, its hello fence stops the
+            // desktop keeping its memory where it can (the next desktop.woken says `restored`);
+            // should it never, the disk is lost with it too. `false` told webhook consumers the
+            // programs were lost when they mostly were not.
+            data: { reason: 'host_failure', cause: 'host_silent', host_id: d.host_id, memory_snapshot: null },
           });
           return true;
         });
