@@ -20,7 +20,7 @@ import type { TerminalSpec } from './runtime/driver.js';
 
 /** What the handlers need from the stream gateway (agent/src/stream/gateway.ts). */
 export interface StreamAccess {
-  grant(desktopId: string, claim: StreamClaim): { ticket: string; expiresAt: Date; host: string; port: number };
+  grant(desktopId: string, claim: StreamClaim, generation?: number): { ticket: string; expiresAt: Date; host: string; port: number };
   /** A single-use terminal ticket for the desktop's generation (gateway.ts). */
   grantTerminal(desktopId: string, generation: number, spec: TerminalSpec): { ticket: string; expiresAt: Date; host: string; port: number };
   /** True while a stream client holds the desktop's control claim. */
@@ -209,7 +209,7 @@ export function commandTable(k: CommandKit): CommandTable {
       if (stream === null) return refuse('unsupported', 'streaming is turned off on this host');
       // The scheduler granted it for an awake desktop; the gateway checks again when the client dials.
       return k.computerUse('stream.grant', p, async () => {
-        const grant = stream.grant(p.desktop_id, p.claim);
+        const grant = stream.grant(p.desktop_id, p.claim, p.generation);
         return { ticket: grant.ticket, expires_at: grant.expiresAt.toISOString(), host: grant.host, port: grant.port, websocket: true };
       });
     },

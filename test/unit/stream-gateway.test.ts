@@ -8,6 +8,7 @@
 import { connect, type Socket } from 'node:net';
 import { PassThrough } from 'node:stream';
 import { afterEach, describe, expect, it } from 'vitest';
+import WebSocket from 'ws';
 import { AgentFailure } from '../../shared/src/protocol.js';
 import type { VncSession } from '../../agent/src/runtime/driver.js';
 import { StreamGateway, type StreamGatewayOptions } from '../../agent/src/stream/gateway.js';
@@ -266,6 +267,28 @@ describe('stream gateway', () => {
     other.socket.write('still here');
     await other.waitFor('still here');
     other.socket.destroy();
+  });
+
+  it('refuses a ticket granted at another generation than the desktop has here now, and frees its claim', async () => {
+    let generation = 3;
+    const gw = await start({ generationOf: () => generation });
+    const before = gw.grant('dsk_a', 'control', 3).ticket;
+    // The desktop moved away and back (or was recovered): a newer generation runs here.
+    generation = 5;
+    const stale = await Client.dial(gw.port, `${before}\n`);
+    expect(await stale.closedWith()).toBe('ERR not_running\n');
+    expect(servers).toHaveLength(0);
+    expect(gw.controlHeld('dsk_a')).toBe(false);
+    // The same over the WebSocket path.
+    const staleWs = new WebSocket(`ws://127.0.0.1:${gw.port}/vnc?ticket=${gw.grant('dsk_a', 'view', 4).ticket}`);
+    const closed = await new Promise<string>((resolve) => staleWs.on('close', (_code, reason) => resolve(reason.toString())));
+    expect(closed).toBe('not_running');
+    expect(servers).toHaveLength(0);
+    // A ticket of the generation it has opens a session.
+    const current = await Client.dial(gw.port, `${gw.grant('dsk_a', 'control', 5).ticket}\n`);
+    await current.waitFor(GREETING);
+    expect(servers).toHaveLength(1);
+    current.socket.destroy();
   });
 
   it('answers not_running or unavailable when the server cannot start, and frees the claim', async () => {

@@ -112,10 +112,15 @@ export class StreamGateway {
     return this.listener.port;
   }
 
-  /** Issues a single-use ticket; `control_claimed` or `too_large` when the claim cannot be had. */
-  grant(desktopId: string, claim: StreamClaim): StreamGrant {
+  /**
+   * Issues a single-use ticket; `control_claimed` or `too_large` when the claim cannot be had.
+   * With `generation`, the ticket opens a session only while the desktop is at that generation
+   * here, as a terminal ticket does: one granted before a move and its return (or a recovery
+   * elsewhere) is refused.
+   */
+  grant(desktopId: string, claim: StreamClaim, generation?: number): StreamGrant {
     if (this.listener.closing) throw new AgentFailure('runtime_error', 'the stream gateway is closed', true);
-    const { ticket, expiresAt } = this.book.issue({ desktopId, claim });
+    const { ticket, expiresAt } = this.book.issue({ desktopId, claim, ...(generation === undefined ? {} : { generation }) });
     this.options.log('stream ticket granted', { desktopId, claim, expiresAt: new Date(expiresAt).toISOString() });
     return { ticket, expiresAt: new Date(expiresAt), host: this.options.advertiseHost, port: this.port };
   }
@@ -202,6 +207,11 @@ export class StreamGateway {
       this.refuseWs(ws, socket, lease, null);
       return;
     }
+    if (this.outdated(lease)) {
+      this.book.end(lease);
+      this.refuseWs(ws, socket, 'not_running', lease.desktopId);
+      return;
+    }
     const since = performance.now();
     const conn: WsConnection = { desktopId: lease.desktopId, ws };
     this.wsConnections.add(conn);
@@ -285,6 +295,11 @@ export class StreamGateway {
       this.refuse(socket, lease, null);
       return;
     }
+    if (this.outdated(lease)) {
+      this.book.end(lease);
+      this.refuse(socket, 'not_running', lease);
+      return;
+    }
     const opening = this.options.open(lease.desktopId, lease.claim === 'view');
     const conn: Connection = { socket, lease, since: performance.now(), opening: opening.catch(() => null), session: null };
     this.connections.add(conn);
@@ -321,6 +336,13 @@ export class StreamGateway {
   }
 
   /** Logs the refusal (never the ticket) and answers it with `ERR <code>`. */
+  /** A ticket granted at another generation than the one this host holds of the desktop now. */
+  private outdated(lease: Lease): boolean {
+    if (lease.generation === undefined) return false;
+    const held = this.options.generationOf?.(lease.desktopId);
+    return held !== undefined && held !== lease.generation;
+  }
+
   private refuse(socket: Socket, code: StreamRefusal, lease: Lease | null, err?: unknown): void {
     this.options.log('stream connection refused', {
       code, remote: socket.remoteAddress, desktopId: lease?.desktopId, ...(err === undefined ? {} : { error: String(err) }),

@@ -17,6 +17,8 @@ export const MAX_VIEW_CLAIMS = 8;
 export interface Lease {
   readonly desktopId: string;
   readonly claim: StreamClaim;
+  /** The desktop's generation when the ticket was granted; a session opens only at that one. */
+  readonly generation?: number;
 }
 
 /** Refuses a claim the desktop may not have now (`control_claimed`, `too_large`). */
