@@ -112,6 +112,18 @@ describe('every replica serves every call', () => {
     expect(bodies[1]).toEqual(bodies[0]);
   });
 
+  it('a replica that has just started serves guest calls at once: agents hear of it at once, and a call waits for the link', async () => {
+    const third = await startTestScheduler({ CANTO_SECRET_KEY: first.env.CANTO_SECRET_KEY!, CANTO_REPLICA_ID: 'replica-c' }, first.databaseUrl);
+    try {
+      // No wait for the agent to link: the first call may be served before it has.
+      const exec = await api(third.url, key)('POST', `/v1/desktops/${desktopId}/exec`, { command: 'echo hi' });
+      expect(exec.status, exec.text).toBe(200);
+      expect(third.agents.isConnected(agent.hostId)).toBe(true);
+    } finally {
+      await third.close();
+    }
+  });
+
   it('agent links: every replica accepts and names itself; a bad join token is 401 everywhere', async () => {
     for (const replica of [leader, follower]) {
       const ok = await agentUpgrade(replica.url, JOIN_TOKEN);

@@ -10,6 +10,7 @@
  *   (cause `guest_gone`), its meter closed when the previous agent was last heard from.
  */
 import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
+import { LINK_WAIT_MS } from '../../scheduler/src/services/guest.js';
 import { mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
@@ -76,6 +77,10 @@ describe('host failure recovery', () => {
     const silentAt = Date.now();
     await until(async () => (await call('GET', `/v1/desktops/${id}`)).json.host_status === 'down', 2_000, 'the host to read down');
     expect(Date.now() - silentAt).toBeLessThan(DOWN_MS + 1_000);
+    // Down, it is answered at once: no wait for a link that is only forming (services/guest.ts).
+    const askedAt = performance.now();
+    expect((await call('POST', `/v1/desktops/${id}/exec`, { command: 'true' })).status).toBe(503);
+    expect(performance.now() - askedAt).toBeLessThan(LINK_WAIT_MS / 2);
     const lastHeard = (await hostStatus(hostId)).last_seen_at as Date;
 
     const recovered = await until(async () => {

@@ -13,6 +13,11 @@
  *   `canto status` show a partial partition: a host that some replicas reach and others (the
  *   leader, say) do not.
  *
+ * A replica that starts says so on a notification channel, and every live replica reads the rows
+ * again at once: agents then hear of the new replica from the ones they are linked to within
+ * milliseconds rather than at the next refresh, which narrows the moment after a start when the new
+ * replica serves calls without a link to every host (services/guest.ts waits out what is left).
+ *
  * A replica that stops deletes its row; one that crashed ages out after `liveMs` and is pruned
  * after an hour.
  */
@@ -37,6 +42,8 @@ export interface ReplicaAddress {
 }
 
 const PRUNE_AFTER_MS = 3_600_000;
+/** Notified by a replica that has just registered; the payload is its id. */
+export const REPLICA_JOINED_CHANNEL = 'canto_replica_joined';
 /** How often each replica refreshes its row, and how long a row counts as live without one. */
 export const REPLICA_REFRESH_MS = 1_000;
 export const REPLICA_LIVE_MS = 5_000;
@@ -45,6 +52,9 @@ export class ReplicaRegistry {
   private live: readonly ReplicaRow[] = [];
   private timer: NodeJS.Timeout | null = null;
   private refreshing: Promise<void> | null = null;
+  /** A notification came while a refresh was reading: read once more after it. */
+  private again = false;
+  private unlisten: (() => Promise<void>) | null = null;
   private readonly listeners = new Set<(replicas: readonly ReplicaAddress[]) => void>();
   private readonly warned = new Set<string>();
   private readonly log: Logger;
@@ -58,7 +68,15 @@ export class ReplicaRegistry {
   }
 
   async start(): Promise<void> {
-    await upsertReplica(this.options.sql, this.options.self, true, this.options.liveMs, this.options.linkedHosts());
+    const { sql, self } = this.options;
+    await upsertReplica(sql, self, true, this.options.liveMs, this.options.linkedHosts());
+    const sub = await sql.listen(REPLICA_JOINED_CHANNEL, (id) => {
+      if (id === self.id) return;
+      if (this.refreshing) this.again = true;
+      else void this.refresh(false);
+    });
+    this.unlisten = () => sub.unlisten();
+    await sql.notify(REPLICA_JOINED_CHANNEL, self.id);
     await this.refresh(false);
     this.timer = setInterval(() => void this.refresh(true), this.options.refreshMs);
   }
@@ -66,6 +84,8 @@ export class ReplicaRegistry {
   async stop(): Promise<void> {
     if (this.timer) clearInterval(this.timer);
     this.timer = null;
+    await this.unlisten?.().catch(() => undefined);
+    this.unlisten = null;
     await this.refreshing;
     await removeReplica(this.options.sql, this.options.self.id).catch((err: unknown) => {
       this.log.warn({ err: (err as Error).message }, 'could not remove this replica from the registry; it ages out');
@@ -99,7 +119,13 @@ export class ReplicaRegistry {
   }
 
   private refresh(write: boolean): Promise<void> {
-    this.refreshing ??= this.doRefresh(write).finally(() => (this.refreshing = null));
+    this.refreshing ??= this.doRefresh(write).finally(() => {
+      this.refreshing = null;
+      if (this.again && this.unlisten !== null) {
+        this.again = false;
+        void this.refresh(false);
+      }
+    });
     return this.refreshing;
   }
 

@@ -37,12 +37,21 @@ export const TAIL_DEFAULT_BYTES = 64 * 1024;
 export const TAIL_MAX_BYTES = 512 * 1024;
 /** Slack on top of the guest deadline before the link itself gives up. */
 const LINK_GRACE_MS = 10_000;
+/**
+ * How long a call waits for this replica's link to a host that other replicas hear (it reads
+ * `ready`): an agent links to a replica within about a second of learning of it, so a replica that
+ * has just started, or a link that is being re-made, is a moment's wait, not a 503.
+ */
+export const LINK_WAIT_MS = 2_000;
+
 /** Deadline of every guest operation other than a synchronous exec. */
 const GUEST_OP_TIMEOUT_MS = 120_000;
 
 /** What the service needs from the agent gateway. */
 export interface GuestLink {
   isConnected(hostId: string): boolean;
+  /** Resolves true once the host's agent is linked to this replica, false after `timeoutMs`. */
+  waitConnected(hostId: string, timeoutMs: number): Promise<boolean>;
   call<C extends AgentCommand>(
     hostId: string,
     command: C,
@@ -278,8 +287,19 @@ export class GuestService {
     }
     if (route.moving && route.state === 'awake') throw errors.desktopMoving();
     if (!isRoutable(route)) throw errors.notAwake(route.state);
-    if (!this.link.isConnected(route.host_id)) throw errors.hostUnreachable();
+    if (!this.link.isConnected(route.host_id) && !(await this.linkForming(route.host_id))) throw errors.hostUnreachable();
     return { hostId: route.host_id, ref: { desktop_id: desktopId, generation: route.generation } };
+  }
+
+  /**
+   * Whether this replica's missing link to the host came up within LINK_WAIT_MS. Only waited for
+   * while the host reads `ready` (another replica hears its heartbeats); one that reads `down` is
+   * answered 503 at once.
+   */
+  private async linkForming(hostId: string): Promise<boolean> {
+    const [host] = await this.sql<Array<{ status: string }>>`SELECT status FROM hosts WHERE id = ${hostId}`;
+    if (host?.status !== 'ready') return false;
+    return this.link.waitConnected(hostId, LINK_WAIT_MS);
   }
 
   private run<C extends AgentCommand>(target: Target, command: C, payload: CommandPayload<C>, timeoutMs: number): Promise<CommandResult<C>> {
