@@ -205,7 +205,9 @@ async function main(): Promise<void> {
     throw err;
   } finally {
     await agent.kill('SIGTERM');
-    for (const state of [join(dir, 'agent', 'runtime'), join(dir, 'failover-agent', 'runtime')]) await destroyLeftDesktops(state);
+    // Desktops outlive their agent: whatever a section left running (a failed run's above all) goes.
+    const runtimes = ['agent', 'failover-agent', join('drain-agents', 'a'), join('drain-agents', 'b')].map((d) => join(dir, d, 'runtime'));
+    for (const state of runtimes) await destroyLeftDesktops(state).catch((err: unknown) => console.error(`could not clean ${state}:`, err));
     await scheduler.kill('SIGTERM');
     await pg.stop();
     rmSync(dir, { recursive: true, force: true });

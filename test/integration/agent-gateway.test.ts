@@ -2,7 +2,8 @@
  * The scheduler's end of the agent link, driven by a hand-made agent speaking the protocol over
  * a real websocket: protocol-version refusal, silent links dropped once the host is silent for
  * CANTO_HOST_DOWN_MS (the host then reads `down`), a newer link of the same host replacing an older
- * one, and the hello fence: a 1.7 agent's host reads ready only once it says `host.ready`.
+ * one, and the hello fence: a 1.7 agent's host reads ready only once it says `host.ready`. A
+ * stopping replica closes the sockets still in their hello, so its stop does not wait on them.
  */
 import { PROTOCOL_VERSION } from '../../shared/src/protocol.js';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
@@ -105,5 +106,18 @@ describe('agent gateway', () => {
     await until(async () => (await sql`SELECT status FROM hosts WHERE id = ${hostId}`)[0]?.status === 'ready', 2_000, 'host ready');
     ws.close();
     await closed;
+  });
+});
+
+describe('a stopping replica', () => {
+  it('closes agent sockets still in their hello, and its stop does not wait for them', async () => {
+    const s = await startTestScheduler();
+    // Dialled, never a hello: as an agent told of a replica that is stopping already.
+    const pending = await dial(s);
+    const stopping = performance.now();
+    await s.close();
+    // Well within the stop budget; before, the stop waited for the hello's own timeout.
+    expect(performance.now() - stopping).toBeLessThan(5_000);
+    expect(await pending.closed).toBe(1001);
   });
 });

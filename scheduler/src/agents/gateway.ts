@@ -88,6 +88,11 @@ export interface AgentGatewayDeps {
 
 export class AgentGateway {
   private readonly links = new Map<string, Link>();
+  /** Every open agent socket, linked or still saying hello: a stop closes them all. */
+  private readonly peers = new Set<RpcPeer>();
+  /** Hosts whose agent has been linked to this replica since it started (services/guest.ts waits for a first link only). */
+  private readonly everLinked = new Set<string>();
+  private stopped = false;
   private readonly connectWaiters = new Map<string, Set<() => void>>();
   private readonly helloListeners = new Set<HelloListener>();
   private readonly wss = new WebSocketServer({ noServer: true, maxPayload: 64 * 1024 * 1024 });
@@ -115,6 +120,11 @@ export class AgentGateway {
   isConnected(hostId: string): boolean {
     const link = this.links.get(hostId);
     return link !== undefined && performance.now() - link.lastHeard <= this.deps.hostDownMs;
+  }
+
+  /** Whether the host's agent has been linked to this replica at any time since it started. */
+  hasLinked(hostId: string): boolean {
+    return this.everLinked.has(hostId);
   }
 
   connectedHostIds(): string[] {
@@ -197,8 +207,12 @@ export class AgentGateway {
 
   /** Closes every agent link (shutdown): agents carry on with the other replicas. */
   stop(): void {
+    this.stopped = true;
     clearInterval(this.watchdog);
-    for (const link of this.links.values()) link.peer.close(1001, 'scheduler replica stopping');
+    // Sockets still in their hello too: a replica that has just started is dialled at once
+    // (fleet/registry.ts), and one left open would hold the listener's close until it ended.
+    for (const peer of this.peers) peer.close(1001, 'scheduler replica stopping');
+    this.peers.clear();
     this.links.clear();
   }
 
@@ -221,6 +235,7 @@ export class AgentGateway {
   private upgrade(req: IncomingMessage, socket: Duplex, head: Buffer): void {
     const path = (req.url ?? '').split('?')[0];
     if (path !== AGENT_LINK_PATH) return refuse(socket, 404, 'Not Found');
+    if (this.stopped) return refuse(socket, 503, 'Service Unavailable');
     if (this.joinTokenHash === null) {
       this.log.error({ remote: req.socket.remoteAddress }, 'agent refused: this replica has no join token (set CANTO_JOIN_TOKEN)');
       return refuse(socket, 503, 'Service Unavailable', 'no-join-token');
@@ -235,6 +250,11 @@ export class AgentGateway {
   }
 
   private accept(peer: RpcPeer): void {
+    if (this.stopped) {
+      peer.close(1001, 'scheduler replica stopping');
+      return;
+    }
+    this.peers.add(peer);
     let hostId: string | null = null;
     let link: Link | null = null;
     const helloTimer = setTimeout(() => hostId || peer.close(1008, 'no hello'), HELLO_TIMEOUT_MS);
@@ -277,7 +297,7 @@ export class AgentGateway {
       const [fence, lease] = fences
         ? await Promise.all([helloFence(this.deps.sql, hello.host_id, hello.desktops), readLease(this.deps.sql, LEADER_LEASE)])
         : [[], null];
-      if (!peer.isOpen) throw new AgentFailure('disconnected', 'link closed during hello', true);
+      if (!peer.isOpen || this.stopped) throw new AgentFailure('disconnected', 'link closed during hello', true);
       clearTimeout(helloTimer);
       peer.binaryStreams = protocolAtLeast(hello.protocol, 1, 6);
       hostId = hello.host_id;
@@ -285,6 +305,7 @@ export class AgentGateway {
       const previous = this.links.get(hostId);
       if (previous && previous.peer !== peer) previous.peer.close(1000, 'replaced by a newer link');
       this.links.set(hostId, link);
+      this.everLinked.add(hostId);
       this.log.info({ hostId, instanceId: link.instanceId, runtime: hello.capabilities.runtime, protocol: hello.protocol, fence: fence.length }, 'agent connected');
       for (const waiter of this.connectWaiters.get(hostId) ?? []) waiter();
       const connectedHost = hostId;
@@ -331,6 +352,7 @@ export class AgentGateway {
     });
 
     peer.onClose(() => {
+      this.peers.delete(peer);
       clearTimeout(helloTimer);
       if (!hostId || this.links.get(hostId)?.peer !== peer) return;
       this.links.delete(hostId);

@@ -38,9 +38,10 @@ export const TAIL_MAX_BYTES = 512 * 1024;
 /** Slack on top of the guest deadline before the link itself gives up. */
 const LINK_GRACE_MS = 10_000;
 /**
- * How long a call waits for this replica's link to a host that other replicas hear (it reads
- * `ready`): an agent links to a replica within about a second of learning of it, so a replica that
- * has just started, or a link that is being re-made, is a moment's wait, not a 503.
+ * How long a call waits for this replica's first link to a host that other replicas hear (it
+ * reads `ready`): agents link to a replica within moments of its start (fleet/registry.ts), so a
+ * call it serves before then is a moment's wait, not a 503. A link this replica had and lost
+ * (the agent stopped, froze, or its host went away) is answered 503 at once.
  */
 export const LINK_WAIT_MS = 2_000;
 
@@ -52,6 +53,8 @@ export interface GuestLink {
   isConnected(hostId: string): boolean;
   /** Resolves true once the host's agent is linked to this replica, false after `timeoutMs`. */
   waitConnected(hostId: string, timeoutMs: number): Promise<boolean>;
+  /** Whether the host's agent has been linked to this replica since it started. */
+  hasLinked(hostId: string): boolean;
   call<C extends AgentCommand>(
     hostId: string,
     command: C,
@@ -292,11 +295,12 @@ export class GuestService {
   }
 
   /**
-   * Whether this replica's missing link to the host came up within LINK_WAIT_MS. Only waited for
-   * while the host reads `ready` (another replica hears its heartbeats); one that reads `down` is
-   * answered 503 at once.
+   * Whether this replica's first link to the host came up within LINK_WAIT_MS. Only waited for
+   * while the host reads `ready` (another replica hears its heartbeats) and this replica never had
+   * a link to it: one lost, or to a host that reads `down`, is answered 503 at once.
    */
   private async linkForming(hostId: string): Promise<boolean> {
+    if (this.link.hasLinked(hostId)) return false;
     const [host] = await this.sql<Array<{ status: string }>>`SELECT status FROM hosts WHERE id = ${hostId}`;
     if (host?.status !== 'ready') return false;
     return this.link.waitConnected(hostId, LINK_WAIT_MS);
