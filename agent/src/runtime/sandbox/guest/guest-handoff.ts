@@ -13,11 +13,13 @@
  * guest root could tamper with it, so the host pid is found among the descendants of the process
  * the agent started for the call, it must sit in the guest's pid namespace, and it must be the same
  * process (start time, namespace) after the open as before; the descriptor must be a regular file
- * with the device and inode the helper named. The worst a tampered helper can therefore arrange is
- * a different regular file that the guest itself holds open: nothing the guest could not read or
- * write anyway. Flags never include O_CREAT or O_TRUNC, and O_NONBLOCK keeps a FIFO from blocking.
+ * with the device and inode the helper named, and on no kernel filesystem (procfs, sysfs and the
+ * like, whose "regular files" are the kernel's: /proc/kcore, a process's oom_score_adj), which the
+ * helper refuses too. The worst a tampered helper can therefore arrange is a different regular
+ * file of the guest's own disk that the guest itself holds open: nothing the guest could not read
+ * or write anyway. Flags never include O_CREAT or O_TRUNC, and O_NONBLOCK keeps a FIFO from blocking.
  */
-import { closeSync, constants as fsc, fstatSync, openSync, read, readFileSync, readlinkSync, writev } from 'node:fs';
+import { closeSync, constants as fsc, fstatSync, openSync, read, readFileSync, readlinkSync, statfsSync, writev } from 'node:fs';
 import { AgentFailure } from '../../../../../shared/src/protocol.js';
 import { childPidsSync, procStatSync } from '../host/host-procs.js';
 
@@ -37,6 +39,16 @@ export interface HandoffScope {
   /** The guest init's host pid, whose pid namespace the helper must be in. */
   readonly initPid: number;
 }
+
+/**
+ * `statfs` types of filesystems whose files are the kernel's interfaces, not data (linux/magic.h):
+ * proc, sysfs, debugfs, tracefs, securityfs, cgroup, cgroup2, bpf, configfs, pstore, efivarfs,
+ * fusectl, binfmt_misc, selinuxfs, smackfs.
+ */
+const KERNEL_FS = new Set<bigint>([
+  0x9fa0n, 0x62656572n, 0x64626720n, 0x74726163n, 0x73636673n, 0x27e0ebn, 0x63677270n, 0xcafe4a11n,
+  0x62656570n, 0x6165676cn, 0xde5e81e4n, 0x65735543n, 0x42494e4dn, 0xf97cff8cn, 0x43415d53n,
+]);
 
 function refused(why: string): AgentFailure {
   return new AgentFailure('runtime_error', `guest helper handoff refused: ${why}`, true);
@@ -172,6 +184,8 @@ export function openHandedFile(scope: HandoffScope, file: HandedFile, mode: 'rea
     const st = fstatSync(fd, { bigint: true });
     if (!st.isFile()) throw refused('not a regular file');
     if (st.dev !== file.dev || st.ino !== file.ino) throw refused('not the file the helper opened');
+    // The agent's own descriptor table names the open file: no path of the guest's is walked.
+    if (KERNEL_FS.has(statfsSync(`/proc/self/fd/${fd}`, { bigint: true }).type)) throw refused('a file of a kernel filesystem');
     if (identity(pid) !== before) throw refused('the helper changed during the open');
     return new HandedFd(fd);
   } catch (err) {
