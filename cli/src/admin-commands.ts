@@ -327,6 +327,7 @@ function describeHost(h: AdminHost): string {
     ['Agent', `protocol ${h.agent.protocol}, runtime ${h.agent.runtime}, memory snapshots ${h.agent.memory_snapshots ? 'yes' : 'no'}`],
     ['Last heard', `${h.last_heartbeat_at} (${agoSince(h.last_heartbeat_at)})`],
     ['Links', describeLinks(h)],
+    ...(h.unrecorded_since === null ? [] : [['Unrecorded', `! runs more desktops than its records let run, since ${h.unrecorded_since} (${agoSince(h.unrecorded_since)}): restart its agent to stop those it may not run`] as [string, string]]),
     ['vCPU', `${h.used.vcpus} ${h.capacity.vcpus === null ? '' : `of ${h.capacity.vcpus} `}committed by tier (${h.reported.vcpus} reported)`],
     ['Memory', `${h.used.memory_mb} ${h.capacity.memory_mb === null ? '' : `of ${h.capacity.memory_mb} `}MiB committed by tier (${h.reported.memory_mb} reported)`],
     ['Measured', h.measured === null

@@ -4,8 +4,8 @@
  * lease, version, when each was last seen), the hosts (status, when last heard from, desktops),
  * and warnings: no leader, replicas that disagree on settings they must share (compared by
  * fingerprint), versions that differ, hosts down with desktops on them, hosts whose agent is not
- * linked to every replica (the leader above all), drains that stopped, operations open far longer
- * than any of them takes.
+ * linked to every replica (the leader above all), hosts running more desktops than their records
+ * let run, drains that stopped, operations open far longer than any of them takes.
  */
 import type { Sql } from '../../scheduler/src/store/db.js';
 import { allReplicas, type ReplicaRow } from '../../scheduler/src/store/replicas.js';
@@ -40,6 +40,8 @@ export interface FleetStatus {
     drain: { state: DrainState; error: string | null } | null;
     /** Which live replicas its agent is linked to (fleet/link-view.ts). */
     links: HostLinkView;
+    /** Its heartbeats count more running desktops than its records let run, since this long; null while they agree. */
+    unrecorded: { for_ms: number; running: number } | null;
   }>;
   /** Operations open longer than STUCK_OPERATION_MS, oldest first (at most 5). */
   stuck_operations: Array<{ id: string; kind: string; desktop_id: string; state: string; open_ms: number }>;
@@ -48,6 +50,9 @@ export interface FleetStatus {
 
 /** An operation open this long is past any wait the engine makes on purpose (capacity waits are 30 s). */
 export const STUCK_OPERATION_MS = 5 * 60_000;
+
+/** Running unrecorded this long is past any template build or move commit: worth a look. */
+export const UNRECORDED_WARN_MS = 60_000;
 
 export async function readFleetStatus(sql: Sql): Promise<FleetStatus> {
   const [clock] = await sql<Array<{ now: Date }>>`SELECT now() AS now`;
@@ -59,8 +64,10 @@ export async function readFleetStatus(sql: Sql): Promise<FleetStatus> {
     id: string; hostname: string; status: string; cordoned: boolean; last_seen_at: Date; runtime: string;
     memory_snapshots: boolean; protocol: string; desktops: Record<string, number> | null; lost: boolean;
     drain_requested_at: Date | null; drain_finished_at: Date | null; drain_error: string | null; instance_since: Date | null;
+    unrecorded_since: Date | null; running_desktops: number | null;
   }>>`
     SELECT h.id, h.hostname, h.status, h.cordoned, h.last_seen_at, h.runtime, h.memory_snapshots, h.protocol, h.instance_since,
+           h.unrecorded_since, h.running_desktops,
            h.drain_requested_at, h.drain_finished_at, h.drain_error, h.lost_at IS NOT NULL AS lost,
            (SELECT jsonb_object_agg(state, n) FROM (
               SELECT state, count(*)::int AS n FROM desktops d WHERE d.host_id = h.id AND d.state <> 'destroyed' GROUP BY state) s) AS desktops
@@ -102,6 +109,7 @@ export async function readFleetStatus(sql: Sql): Promise<FleetStatus> {
       desktops: h.desktops ?? {},
       drain: ((state) => (state === null ? null : { state, error: h.drain_error }))(drainState(h)),
       links: hostLinkView(h, liveRows, leaderLive ? lease.holder : null, now),
+      unrecorded: h.unrecorded_since === null ? null : { for_ms: since(h.unrecorded_since), running: h.running_desktops ?? 0 },
     })),
     stuck_operations: stuck.map((o) => ({ id: o.id, kind: o.kind, desktop_id: o.desktop_id, state: o.state, open_ms: since(o.created_at) })),
     warnings: [],
@@ -137,6 +145,11 @@ export function fleetWarnings(status: FleetStatus, liveRows: readonly ReplicaRow
     else if (h.status === 'down' && held > 0) warnings.push(`host ${h.id} (${h.hostname}) is down with ${held} desktop(s) on it: they cannot wake until it returns`);
     const unlinked = h.status === 'ready' && !h.lost ? linkWarning(h.links) : null;
     if (unlinked !== null) warnings.push(`host ${h.id} (${h.hostname}): ${unlinked}`);
+    if (h.unrecorded !== null && h.unrecorded.for_ms >= UNRECORDED_WARN_MS && !h.lost) {
+      const recorded = (h.desktops.waking ?? 0) + (h.desktops.awake ?? 0) + (h.desktops.hibernating ?? 0);
+      warnings.push(`host ${h.id} (${h.hostname}) has run ${h.unrecorded.running} desktop(s) for ${Math.round(h.unrecorded.for_ms / 60_000)} min where its records let ${recorded} run: ` +
+        'one runs unbilled and out of sight; restart its agent, which then stops every desktop it may not run before it reads ready');
+    }
     if (h.drain?.state === 'stopped') warnings.push(`host ${h.id} (${h.hostname}): its drain stopped: ${h.drain.error}; fix that, then run canto hosts drain ${h.id} again`);
   }
   for (const o of status.stuck_operations) {

@@ -38,6 +38,7 @@ const SHIPPED = [
   { id: 17, name: 'lease instance' },
   { id: 18, name: 'replica links' },
   { id: 19, name: 'bound desktop secrets' },
+  { id: 20, name: 'unrecorded desktops' },
 ];
 
 const made: string[] = [];

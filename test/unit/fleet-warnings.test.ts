@@ -16,7 +16,7 @@ function fleet(hosts: Array<{ status: string; desktops: Record<string, number>; 
     replicas: [],
     hosts: hosts.map((h, i) => ({
       id: `host_${i}`, hostname: `h${i}`, cordoned: false, last_heard_ms_ago: 0, runtime: 'sandbox', protocol: '1.15', drain: null, lost: false,
-      links: { linked: ['r1'], unlinked: [], settling: [], leader: 'r1', leader_linked: true }, ...h,
+      links: { linked: ['r1'], unlinked: [], settling: [], leader: 'r1', leader_linked: true }, unrecorded: null, ...h,
     })),
     stuck_operations: [],
     warnings: [],

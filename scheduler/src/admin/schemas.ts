@@ -59,6 +59,9 @@ export const AdminHostJson = Type.Object({
     instance_id: Type.String({ description: 'Changes whenever the agent restarts' }),
   }),
   last_heartbeat_at: Type.String({ format: 'date-time', description: 'When a replica last heard from the agent' }),
+  unrecorded_since: Type.Union([Type.String({ format: 'date-time' }), Type.Null()], {
+    description: 'Since when its heartbeats have counted more running desktops than its records let run there (one may run unbilled); null while they agree',
+  }),
   registered_at: Type.String({ format: 'date-time' }),
   reported: Type.Object(
     { vcpus: Type.Integer({ minimum: 0 }), memory_mb: Type.Integer({ minimum: 0 }) },

@@ -184,6 +184,7 @@ export class AdminService {
         schedulable: schedulable(h),
         agent: { protocol: h.protocol, runtime: h.runtime, memory_snapshots: h.memory_snapshots, instance_id: h.agent_instance_id },
         last_heartbeat_at: h.last_seen_at.toISOString(),
+        unrecorded_since: h.unrecorded_since?.toISOString() ?? null,
         registered_at: h.created_at.toISOString(),
         reported: { vcpus: h.vcpus, memory_mb: h.memory_mb },
         capacity: {

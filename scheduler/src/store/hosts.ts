@@ -89,8 +89,20 @@ export async function touchHost(sql: Sql, hostId: string, ready: boolean, skipMs
   await sql`
     UPDATE hosts SET last_seen_at = now(), status = CASE WHEN ${ready} THEN 'ready' ELSE status END
       ${m === undefined ? sql`` : sql`, measured_at = now(), running_desktops = ${beat.running_desktops}, memory_available_mb = ${m.memory_available_mb},
-        desktops_memory_mb = ${m.desktops_memory_mb}, cpu_busy = ${m.cpu_busy}`}
+        desktops_memory_mb = ${m.desktops_memory_mb}, cpu_busy = ${m.cpu_busy},
+        unrecorded_since = CASE WHEN ${beat.running_desktops} > ${mayRun(sql)} THEN COALESCE(unrecorded_since, now()) ELSE NULL END`}
     WHERE id = ${hostId} AND lost_at IS NULL AND (last_seen_at < now() - make_interval(secs => ${skipMs / 1000}) OR (${ready} AND status <> 'ready'))`;
+}
+
+/**
+ * How many desktops the records let run on the host of the row being updated: those waking, awake
+ * or hibernating there, and those an open move is bringing there (started before its commit). A
+ * golden template the agent builds runs unrecorded for a moment; `canto status` waits a minute.
+ */
+function mayRun(sql: Sql) {
+  return sql`(
+    (SELECT count(*) FROM desktops d WHERE d.host_id = hosts.id AND d.state IN ('waking', 'awake', 'hibernating'))
+    + (SELECT count(*) FROM operations o WHERE o.state IN ('pending', 'running') AND o.kind = 'move' AND o.params->>'target_host_id' = hosts.id))`;
 }
 
 /** Hosts no replica has recorded a heartbeat of for `silentMs`, now `down`, but for those `linked` says are heard. */

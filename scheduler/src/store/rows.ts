@@ -94,5 +94,7 @@ export interface HostRow {
   cpu_busy: number | null;
   /** When the agent instance now running first said hello; null on rows from before that was recorded. */
   instance_since: Date | null;
+  /** Since when its heartbeats have counted more running desktops than the records let run there; null while they agree. */
+  unrecorded_since: Date | null;
   created_at: Date;
 }

@@ -735,6 +735,8 @@ export interface operations {
                             schedulable: boolean;
                             /** @description `ready`: its agent is heard from and takes work; `down`: silent for longer than CANTO_HOST_DOWN_MS (or fencing after a restart) */
                             state: "ready" | "down";
+                            /** @description Since when its heartbeats have counted more running desktops than its records let run there (one may run unbilled); null while they agree */
+                            unrecorded_since: string | null;
                             /** @description What is committed: CPU and memory of desktops running or about to, slots of every desktop placed here */
                             used: {
                                 memory_mb: number;
@@ -923,6 +925,8 @@ export interface operations {
                         schedulable: boolean;
                         /** @description `ready`: its agent is heard from and takes work; `down`: silent for longer than CANTO_HOST_DOWN_MS (or fencing after a restart) */
                         state: "ready" | "down";
+                        /** @description Since when its heartbeats have counted more running desktops than its records let run there (one may run unbilled); null while they agree */
+                        unrecorded_since: string | null;
                         /** @description What is committed: CPU and memory of desktops running or about to, slots of every desktop placed here */
                         used: {
                             memory_mb: number;
@@ -1200,6 +1204,8 @@ export interface operations {
                         schedulable: boolean;
                         /** @description `ready`: its agent is heard from and takes work; `down`: silent for longer than CANTO_HOST_DOWN_MS (or fencing after a restart) */
                         state: "ready" | "down";
+                        /** @description Since when its heartbeats have counted more running desktops than its records let run there (one may run unbilled); null while they agree */
+                        unrecorded_since: string | null;
                         /** @description What is committed: CPU and memory of desktops running or about to, slots of every desktop placed here */
                         used: {
                             memory_mb: number;
@@ -1403,6 +1409,8 @@ export interface operations {
                         schedulable: boolean;
                         /** @description `ready`: its agent is heard from and takes work; `down`: silent for longer than CANTO_HOST_DOWN_MS (or fencing after a restart) */
                         state: "ready" | "down";
+                        /** @description Since when its heartbeats have counted more running desktops than its records let run there (one may run unbilled); null while they agree */
+                        unrecorded_since: string | null;
                         /** @description What is committed: CPU and memory of desktops running or about to, slots of every desktop placed here */
                         used: {
                             memory_mb: number;
@@ -1705,6 +1713,8 @@ export interface operations {
                         schedulable: boolean;
                         /** @description `ready`: its agent is heard from and takes work; `down`: silent for longer than CANTO_HOST_DOWN_MS (or fencing after a restart) */
                         state: "ready" | "down";
+                        /** @description Since when its heartbeats have counted more running desktops than its records let run there (one may run unbilled); null while they agree */
+                        unrecorded_since: string | null;
                         /** @description What is committed: CPU and memory of desktops running or about to, slots of every desktop placed here */
                         used: {
                             memory_mb: number;
@@ -1905,6 +1915,8 @@ export interface operations {
                         schedulable: boolean;
                         /** @description `ready`: its agent is heard from and takes work; `down`: silent for longer than CANTO_HOST_DOWN_MS (or fencing after a restart) */
                         state: "ready" | "down";
+                        /** @description Since when its heartbeats have counted more running desktops than its records let run there (one may run unbilled); null while they agree */
+                        unrecorded_since: string | null;
                         /** @description What is committed: CPU and memory of desktops running or about to, slots of every desktop placed here */
                         used: {
                             memory_mb: number;
