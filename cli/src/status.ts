@@ -145,7 +145,8 @@ export function fleetWarnings(status: FleetStatus, liveRows: readonly ReplicaRow
     else if (h.status === 'down' && held > 0) warnings.push(`host ${h.id} (${h.hostname}) is down with ${held} desktop(s) on it: they cannot wake until it returns`);
     const unlinked = h.status === 'ready' && !h.lost ? linkWarning(h.links) : null;
     if (unlinked !== null) warnings.push(`host ${h.id} (${h.hostname}): ${unlinked}`);
-    if (h.unrecorded !== null && h.unrecorded.for_ms >= UNRECORDED_WARN_MS && !h.lost) {
+    // Only while it reads ready: the count is its last heartbeat's, which says nothing of a host gone silent.
+    if (h.unrecorded !== null && h.unrecorded.for_ms >= UNRECORDED_WARN_MS && h.status === 'ready' && !h.lost) {
       const recorded = (h.desktops.waking ?? 0) + (h.desktops.awake ?? 0) + (h.desktops.hibernating ?? 0);
       warnings.push(`host ${h.id} (${h.hostname}) has run ${h.unrecorded.running} desktop(s) for ${Math.round(h.unrecorded.for_ms / 60_000)} min where its records let ${recorded} run: ` +
         'one runs unbilled and out of sight; restart its agent, which then stops every desktop it may not run before it reads ready');

@@ -80,8 +80,12 @@ export async function startScheduler(config: SchedulerConfig, logger?: Logger, m
   const sql = connectDatabase(config.databaseUrl, { max: config.databasePoolMax });
   await migrate(sql);
   const secrets = createSecretBox(parseSecretKey(config.secretKey));
-  const rebound = await bindLegacySecrets(sql, secrets, log);
-  if (rebound > 0) log.info({ desktops: rebound }, 'sealed desktop secrets again, bound to their org');
+  // In the background: values not yet bound still open (crypto/desktop-secrets.ts), and a start
+  // must not wait on a row at a time of a large deployment's desktops.
+  void bindLegacySecrets(sql, secrets, log).then(
+    (rebound) => rebound > 0 && log.info({ desktops: rebound }, 'sealed desktop secrets again, bound to their org'),
+    (err: unknown) => log.warn({ err: (err as Error).message }, 'could not seal every desktop secret again; the next start goes on'),
+  );
 
   let registry: ReplicaRegistry | null = null;
   let leadership: Leadership | null = null;

@@ -11,6 +11,8 @@ import { api, JOIN_TOKEN, mintKey, startTestScheduler, until, type TestScheduler
 import { startFakeAgent, type TestAgent } from '../helpers/agent.js';
 import { expectProblem } from '../helpers/problem.js';
 import { REFUSAL_HEADER, REPLICA_HEADER } from '../../shared/src/protocol.js';
+import { connectDatabase } from '../../scheduler/src/store/db.js';
+import { REPLICA_JOINED_CHANNEL } from '../../scheduler/src/fleet/registry.js';
 import { mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
@@ -113,13 +115,19 @@ describe('every replica serves every call', () => {
   });
 
   it('a replica that has just started serves guest calls at once: agents hear of it at once, and a call waits for the link', async () => {
+    // It says it has joined, so the others read the registry at once rather than at their next refresh.
+    const watcher = connectDatabase(first.databaseUrl, { max: 1 });
+    const joined: string[] = [];
+    await watcher.listen(REPLICA_JOINED_CHANNEL, (id) => void joined.push(id));
     const third = await startTestScheduler({ CANTO_SECRET_KEY: first.env.CANTO_SECRET_KEY!, CANTO_REPLICA_ID: 'replica-c' }, first.databaseUrl);
     try {
       // No wait for the agent to link: the first call may be served before it has.
       const exec = await api(third.url, key)('POST', `/v1/desktops/${desktopId}/exec`, { command: 'echo hi' });
       expect(exec.status, exec.text).toBe(200);
       expect(third.agents.isConnected(agent.hostId)).toBe(true);
+      await until(() => joined.includes('replica-c'), 5_000, 'the join notification');
     } finally {
+      await watcher.end();
       await third.close();
     }
   });

@@ -5,7 +5,7 @@
  * Values sealed before the binding still open, and the next scheduler start seals them bound.
  */
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { api, mintKey, startTestScheduler, type TestScheduler } from '../helpers/scheduler.js';
+import { api, mintKey, startTestScheduler, until, type TestScheduler } from '../helpers/scheduler.js';
 import { startFakeAgent, type TestAgent } from '../helpers/agent.js';
 import { connectDatabase, type Sql } from '../../scheduler/src/store/db.js';
 import { createSecretBox, parseSecretKey } from '../../scheduler/src/crypto/secret-box.js';
@@ -53,6 +53,22 @@ describe('desktop secrets bound to their org', () => {
     expect(op!.error).toEqual({ code: 'secrets_unreadable', message: expect.stringMatching(/does not open with this deployment's key/) });
     expect(agent.driver!.desktops.get(theirs)?.firstBoot ?? null).toBeNull();
 
+    // Nor does turning the row's flag off open them (it only lets values sealed before the binding
+    // open without a context), nor does a setup script put in the env's place.
+    await sql`UPDATE desktops SET secrets_bound = false WHERE id = ${theirs}`;
+    const flagged = (await globex('POST', `/v1/desktops/${theirs}/wake`, {})).json.id as string;
+    const swapped = (await acme('POST', '/v1/desktops', { tier: 'small', env: { A: '1' }, setup_script: 'echo swapped' })).json.id as string;
+    await sql`UPDATE desktops SET env_sealed = setup_script_sealed WHERE id = ${swapped}`;
+    const swappedOp = (await acme('POST', `/v1/desktops/${swapped}/wake`, {})).json.id as string;
+    for (const opId of [flagged, swappedOp]) {
+      const settled = await until(async () => {
+        const [o] = await sql<Array<{ state: string; error: { code: string } | null }>>`SELECT state, error FROM operations WHERE id = ${opId}`;
+        return o!.state === 'failed' || o!.state === 'succeeded' ? o! : null;
+      }, 5_000, 'the wake to settle');
+      expect(settled).toMatchObject({ state: 'failed', error: { code: 'secrets_unreadable' } });
+    }
+    expect(agent.driver!.desktops.get(swapped)?.firstBoot ?? null).toBeNull();
+
     // Its own org's desktop boots with them.
     expect((await wake(acme, mine)).json.state).toBe('succeeded');
     expect(agent.driver!.desktops.get(mine)?.firstBoot).toEqual({ env: { TOKEN: 'acme-secret' }, setupScript: 'echo acme' });
@@ -73,6 +89,8 @@ describe('desktop secrets bound to their org', () => {
     expect(agent.driver!.desktops.get(before)?.firstBoot).toEqual({ env: { OLD: 'first' }, setupScript: 'echo first' });
 
     const again = await startTestScheduler({ CANTO_SECRET_KEY: s.env.CANTO_SECRET_KEY! }, s.databaseUrl);
+    // Sealed again in the background of its start.
+    await until(async () => (await sql`SELECT secrets_bound FROM desktops WHERE id = ${after}`)[0]!.secrets_bound === true, 5_000, 'the values bound');
     await again.close();
     const [row] = await sql<Array<{ org_id: string; env_sealed: Buffer; setup_script_sealed: Buffer; secrets_bound: boolean }>>`
       SELECT org_id, env_sealed, setup_script_sealed, secrets_bound FROM desktops WHERE id = ${after}`;

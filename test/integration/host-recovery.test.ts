@@ -10,7 +10,7 @@
  *   (cause `guest_gone`), its meter closed when the previous agent was last heard from.
  */
 import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
-import { LINK_WAIT_MS } from '../../scheduler/src/services/guest.js';
+import { LINK_WAIT_MS } from '../../scheduler/src/services/first-link.js';
 import { mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';

@@ -335,7 +335,6 @@ export class StreamGateway {
     void session.closed.then(() => this.hangUp(conn, LINGER_MS));
   }
 
-  /** Logs the refusal (never the ticket) and answers it with `ERR <code>`. */
   /** A ticket granted at another generation than the one this host holds of the desktop now. */
   private outdated(lease: Lease): boolean {
     if (lease.generation === undefined) return false;
@@ -343,6 +342,7 @@ export class StreamGateway {
     return held !== undefined && held !== lease.generation;
   }
 
+  /** Logs the refusal (never the ticket) and answers it with `ERR <code>`. */
   private refuse(socket: Socket, code: StreamRefusal, lease: Lease | null, err?: unknown): void {
     this.options.log('stream connection refused', {
       code, remote: socket.remoteAddress, desktopId: lease?.desktopId, ...(err === undefined ? {} : { error: String(err) }),

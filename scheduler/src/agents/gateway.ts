@@ -92,6 +92,7 @@ export class AgentGateway {
   private readonly peers = new Set<RpcPeer>();
   /** Hosts whose agent has been linked to this replica since it started (services/guest.ts waits for a first link only). */
   private readonly everLinked = new Set<string>();
+  private readonly startedAt = performance.now();
   private stopped = false;
   private readonly connectWaiters = new Map<string, Set<() => void>>();
   private readonly helloListeners = new Set<HelloListener>();
@@ -125,6 +126,11 @@ export class AgentGateway {
   /** Whether the host's agent has been linked to this replica at any time since it started. */
   hasLinked(hostId: string): boolean {
     return this.everLinked.has(hostId);
+  }
+
+  /** How long this gateway has been taking agent links, in ms. */
+  upForMs(): number {
+    return performance.now() - this.startedAt;
   }
 
   connectedHostIds(): string[] {

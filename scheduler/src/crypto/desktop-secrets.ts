@@ -10,7 +10,12 @@
  * Values sealed before this binding (`secrets_bound` false) open without a context, and every
  * scheduler start seals them again, bound (`bindLegacySecrets`), so they do not stay that way:
  * after the first start of this version only rows an older replica writes during a rolling
- * upgrade are unbound, until the next start.
+ * upgrade are unbound, until the next start. A value always opens bound first, whatever the row's
+ * flag says (a fork an older replica made copies the value, not the flag); the flag only lets an
+ * unbound one open without a context. So the flag, which a database writer can set too, opens
+ * nothing sealed by this version: what it still lets through is a value sealed before it, which
+ * such a writer would have to have kept (a backup), and the next start then binds it to the org of
+ * the row it was put in.
  */
 import type { Logger } from '../../../shared/src/log.js';
 import type { Sql } from '../store/db.js';
@@ -26,9 +31,17 @@ export function sealDesktopSecret(box: SecretBox, orgId: string, field: DesktopS
   return box.seal(plaintext, context(orgId, field));
 }
 
-/** Opens a value; `bound` says how it was sealed (the row's `secrets_bound`). Throws when it was altered or moved. */
+/**
+ * Opens a value bound to its org and field, or, on a row not marked bound (`secrets_bound` false:
+ * sealed before the binding), one sealed without a context. Throws when it was altered or moved.
+ */
 export function openDesktopSecret(box: SecretBox, orgId: string, field: DesktopSecretField, sealed: Buffer, bound: boolean): string {
-  return bound ? box.open(sealed, context(orgId, field)) : box.open(sealed);
+  try {
+    return box.open(sealed, context(orgId, field));
+  } catch (err) {
+    if (bound) throw err;
+    return box.open(sealed);
+  }
 }
 
 interface LegacyRow {

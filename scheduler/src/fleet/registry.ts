@@ -76,7 +76,14 @@ export class ReplicaRegistry {
       else void this.refresh(false);
     });
     this.unlisten = () => sub.unlisten();
-    await sql.notify(REPLICA_JOINED_CHANNEL, self.id);
+    try {
+      await sql.notify(REPLICA_JOINED_CHANNEL, self.id);
+    } catch (err) {
+      // The start fails: nothing of it is left listening.
+      await this.unlisten().catch(() => undefined);
+      this.unlisten = null;
+      throw err;
+    }
     await this.refresh(false);
     this.timer = setInterval(() => void this.refresh(true), this.options.refreshMs);
   }

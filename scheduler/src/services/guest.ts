@@ -24,6 +24,7 @@ import { formatHostPort } from '../../../shared/src/host-port.js';
 import { EXEC_MAX_OUTPUT_BYTES, type ExecOutput } from '../../../shared/src/guest-commands.js';
 import type { Static } from '@sinclair/typebox';
 import type { ProcessStatusResponse } from '../api/guest-schemas.js';
+import { firstLinkCame, type FirstLinks } from './first-link.js';
 
 /** Synchronous exec: the default and ceiling (docs/api.md §4.3) for `timeout_secs`. */
 export const EXEC_DEFAULT_TIMEOUT_SECS = 60;
@@ -37,24 +38,13 @@ export const TAIL_DEFAULT_BYTES = 64 * 1024;
 export const TAIL_MAX_BYTES = 512 * 1024;
 /** Slack on top of the guest deadline before the link itself gives up. */
 const LINK_GRACE_MS = 10_000;
-/**
- * How long a call waits for this replica's first link to a host that other replicas hear (it
- * reads `ready`): agents link to a replica within moments of its start (fleet/registry.ts), so a
- * call it serves before then is a moment's wait, not a 503. A link this replica had and lost
- * (the agent stopped, froze, or its host went away) is answered 503 at once.
- */
-export const LINK_WAIT_MS = 2_000;
 
 /** Deadline of every guest operation other than a synchronous exec. */
 const GUEST_OP_TIMEOUT_MS = 120_000;
 
 /** What the service needs from the agent gateway. */
-export interface GuestLink {
+export interface GuestLink extends FirstLinks {
   isConnected(hostId: string): boolean;
-  /** Resolves true once the host's agent is linked to this replica, false after `timeoutMs`. */
-  waitConnected(hostId: string, timeoutMs: number): Promise<boolean>;
-  /** Whether the host's agent has been linked to this replica since it started. */
-  hasLinked(hostId: string): boolean;
   call<C extends AgentCommand>(
     hostId: string,
     command: C,
@@ -290,20 +280,8 @@ export class GuestService {
     }
     if (route.moving && route.state === 'awake') throw errors.desktopMoving();
     if (!isRoutable(route)) throw errors.notAwake(route.state);
-    if (!this.link.isConnected(route.host_id) && !(await this.linkForming(route.host_id))) throw errors.hostUnreachable();
+    if (!this.link.isConnected(route.host_id) && !(await firstLinkCame(this.sql, this.link, route.host_id))) throw errors.hostUnreachable();
     return { hostId: route.host_id, ref: { desktop_id: desktopId, generation: route.generation } };
-  }
-
-  /**
-   * Whether this replica's first link to the host came up within LINK_WAIT_MS. Only waited for
-   * while the host reads `ready` (another replica hears its heartbeats) and this replica never had
-   * a link to it: one lost, or to a host that reads `down`, is answered 503 at once.
-   */
-  private async linkForming(hostId: string): Promise<boolean> {
-    if (this.link.hasLinked(hostId)) return false;
-    const [host] = await this.sql<Array<{ status: string }>>`SELECT status FROM hosts WHERE id = ${hostId}`;
-    if (host?.status !== 'ready') return false;
-    return this.link.waitConnected(hostId, LINK_WAIT_MS);
   }
 
   private run<C extends AgentCommand>(target: Target, command: C, payload: CommandPayload<C>, timeoutMs: number): Promise<CommandResult<C>> {
