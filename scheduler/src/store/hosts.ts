@@ -96,13 +96,15 @@ export async function touchHost(sql: Sql, hostId: string, ready: boolean, skipMs
 
 /**
  * How many desktops the records let run on the host of the row being updated: those waking, awake
- * or hibernating there, and those an open move is bringing there (started before its commit). A
- * golden template the agent builds runs unrecorded for a moment; `canto status` waits a minute.
+ * or hibernating there, and those an open move of an awake desktop is bringing there (started on
+ * the target before its commit; once committed, the desktop's row names the target). A golden
+ * template the agent builds runs unrecorded for a moment; `canto status` waits a minute.
  */
 function mayRun(sql: Sql) {
   return sql`(
     (SELECT count(*) FROM desktops d WHERE d.host_id = hosts.id AND d.state IN ('waking', 'awake', 'hibernating'))
-    + (SELECT count(*) FROM operations o WHERE o.state IN ('pending', 'running') AND o.kind = 'move' AND o.params->>'target_host_id' = hosts.id))`;
+    + (SELECT count(*) FROM operations o WHERE o.state IN ('pending', 'running') AND o.kind = 'move' AND o.params->>'target_host_id' = hosts.id
+         AND o.params->>'was_awake' = 'true' AND o.params->>'committed_at' IS NULL))`;
 }
 
 /** Hosts no replica has recorded a heartbeat of for `silentMs`, now `down`, but for those `linked` says are heard. */
