@@ -268,6 +268,8 @@ export async function startScheduler(config: SchedulerConfig, logger?: Logger, m
     await registry.start();
     await leadership.start();
   } catch (err) {
+    // Its refresh timer and subscription would otherwise run on against an ended pool.
+    await registry.stop().catch(() => undefined);
     await ingress?.close();
     await abandon();
     throw err;
