@@ -8,11 +8,10 @@
  * answered 503 at once.
  */
 import type { Sql } from '../store/db.js';
+import { LINK_SETTLE_MS } from '../fleet/link-view.js';
 
 /** How long a call waits for the first link. */
 export const LINK_WAIT_MS = 2_000;
-/** How long after the replica's start, or the agent instance's first hello, a missing link counts as forming. */
-const LINK_FORMING_MS = 10_000;
 
 export interface FirstLinks {
   /** Whether the host's agent has been linked to this replica since it started. */
@@ -26,12 +25,12 @@ export interface FirstLinks {
 /**
  * Whether this replica's first link to the host came up within LINK_WAIT_MS: waited for only while
  * the host reads `ready` (another replica hears its heartbeats), this replica never had a link to
- * it, and the replica or the agent instance started within LINK_FORMING_MS.
+ * it, and the replica or the agent instance started within LINK_SETTLE_MS.
  */
 export async function firstLinkCame(sql: Sql, links: FirstLinks, hostId: string): Promise<boolean> {
   if (links.hasLinked(hostId)) return false;
   const [host] = await sql<Array<{ status: string; agent_new: boolean }>>`
-    SELECT status, COALESCE(instance_since > now() - make_interval(secs => ${LINK_FORMING_MS / 1000}), false) AS agent_new FROM hosts WHERE id = ${hostId}`;
-  if (host?.status !== 'ready' || !(host.agent_new || links.upForMs() < LINK_FORMING_MS)) return false;
+    SELECT status, COALESCE(instance_since > now() - make_interval(secs => ${LINK_SETTLE_MS / 1000}), false) AS agent_new FROM hosts WHERE id = ${hostId}`;
+  if (host?.status !== 'ready' || !(host.agent_new || links.upForMs() < LINK_SETTLE_MS)) return false;
   return links.waitConnected(hostId, LINK_WAIT_MS);
 }
