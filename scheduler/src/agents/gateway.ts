@@ -90,7 +90,7 @@ export class AgentGateway {
   private readonly links = new Map<string, Link>();
   /** Every open agent socket, linked or still saying hello: a stop closes them all. */
   private readonly peers = new Set<RpcPeer>();
-  /** Hosts whose agent has been linked to this replica since it started (services/guest.ts waits for a first link only). */
+  /** Hosts whose agent has been linked to this replica since it started (services/first-link.ts waits for a first link only). */
   private readonly everLinked = new Set<string>();
   private readonly startedAt = performance.now();
   private stopped = false;

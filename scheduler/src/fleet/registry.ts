@@ -16,7 +16,7 @@
  * A replica that starts says so on a notification channel, and every live replica reads the rows
  * again at once: agents then hear of the new replica from the ones they are linked to within
  * milliseconds rather than at the next refresh, which narrows the moment after a start when the new
- * replica serves calls without a link to every host (services/guest.ts waits out what is left).
+ * replica serves calls without a link to every host (services/first-link.ts waits out what is left).
  *
  * A replica that stops deletes its row; one that crashed ages out after `liveMs` and is pruned
  * after an hour.
