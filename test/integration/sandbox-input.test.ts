@@ -6,6 +6,7 @@
  * desktop is destroyed in afterAll; batch timings are printed for the docs.
  */
 import { mkdtemp, rm } from 'node:fs/promises';
+import { setTimeout as sleep } from 'node:timers/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
@@ -199,6 +200,27 @@ describe.skipIf(!isRoot)('sandbox driver input', () => {
     const gap = (b?.time ?? 0) - (a?.time ?? 0);
     expect(gap).toBeGreaterThanOrEqual(110);
     expect(gap).toBeLessThan(400);
+  });
+
+  it('returns the cursor where the batch put it while the window manager holds pointer events back', async () => {
+    // openbox grabs the buttons on client windows synchronously (click to focus): after a press
+    // the X server holds every later pointer event until openbox lets them through. Stopped, it
+    // holds them for as long as a loaded host might, and longer.
+    await markNow();
+    const openbox = (await sh('pidof openbox')).trim();
+    const p = inside(150, 120);
+    const q = inside(260, 180);
+    await sh(`kill -STOP ${openbox}`);
+    try {
+      expect(await input([{ type: 'click', ...p }])).toEqual(p);
+      const resumed = sleep(300).then(() => sh(`kill -CONT ${openbox}`));
+      expect(await input([{ type: 'mouse_move', ...q }, { type: 'click', button: 'right' }])).toEqual(q);
+      await resumed;
+    } finally {
+      await sh(`kill -CONT ${openbox}`);
+    }
+    const events = await eventsUntil((ev) => ev.filter((e) => e.type === 'ButtonRelease').length >= 2, 'two clicks');
+    expect(presses(events).map((e) => [e.button, e.root])).toEqual([[1, p], [3, q]]);
   });
 
   it('button_press and button_release hold a button across actions', async () => {

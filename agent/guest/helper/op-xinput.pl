@@ -15,10 +15,16 @@
 # or bind a spare key, and the answer is `OK script` (run the batch as the script), given before
 # anything is sent.
 # Requests that answer nothing are written as they come; a reply is awaited only for the XTEST
-# opcode, the keyboard mapping, a halfway move and the final QueryPointer, which also tells that
-# every request before it was carried out. An X error fails the call, as a failing xdotool fails
-# its action; events the server sends every client (MappingNotify) are skipped. Each reply gets
-# the X_ANSWER_SEC deadline.
+# opcode, the keyboard mapping, a halfway move with no earlier move in the batch, and the final
+# QueryPointer, which also tells that every request before it was carried out. An X error fails
+# the call, as a failing xdotool fails its action; events the server sends every client
+# (MappingNotify) are skipped. Each reply gets the X_ANSWER_SEC deadline.
+# Carried out is not yet processed: after a press the window manager's synchronous grab (openbox
+# grabs the buttons on client windows to focus on click) makes the server hold every later pointer
+# event, a warp's included, until the window manager lets them through, and QueryPointer reports
+# the cursor as of the events processed. So the helper keeps where its moves put the cursor
+# (clamped to the screen, as the server clamps them): a halfway move starts from there, and the
+# final read is repeated until the server reports it, for up to X_SETTLE_MS.
 $SIG{ALRM} = sub { fail('runtime_error', 'X session down: the X server did not answer') };
 alarm X_ANSWER_SEC;
 my %arity = (m => 2, h => 2, p => 1, r => 1, k => 1, u => 1, c => 2, s => 1);
@@ -30,7 +36,9 @@ while (@arg) {
 }
 my ($x, $body, $at) = xconnect();
 alarm 0; # until the next reply is awaited: a batch's waits may sleep longer than a reply may take
-my $root = unpack("x$at V", $body);
+my ($root, $width, $height) = unpack("x$at V x16 v v", $body);
+# Where the steps put the cursor, once a move has placed it.
+my ($px, $py);
 my $sent = 0;
 my $send = sub {
   put($x, shift) or fail('runtime_error', "X session down: $!");
@@ -55,7 +63,11 @@ my $cursor = sub {
   $send->(pack('C x v V', 38, 2, $root));
   return unpack('x16 s s', $reply->());
 };
-my $warp = sub { $send->(pack('C x v V V s s v v s s', 41, 6, 0, $root, 0, 0, 0, 0, @_)); };
+my $clamp = sub { my ($v, $size) = @_; return $v < 0 ? 0 : $v >= $size ? $size - 1 : $v; };
+my $warp = sub {
+  ($px, $py) = ($clamp->($_[0], $width), $clamp->($_[1], $height));
+  $send->(pack('C x v V V s s v v s s', 41, 6, 0, $root, 0, 0, 0, 0, $px, $py));
+};
 my $xtest;
 # The keycode of each keysym the steps name (see above), from the core keyboard mapping.
 my %key;
@@ -103,7 +115,7 @@ for my $step (@plan) {
   if ($s eq 'm') {
     $warp->(@v);
   } elsif ($s eq 'h') {
-    my ($cx, $cy) = $cursor->();
+    my ($cx, $cy) = defined $px ? ($px, $py) : $cursor->();
     $warp->(int(($cx + $v[0]) / 2), int(($cy + $v[1]) / 2));
   } elsif ($s eq 'p' || $s eq 'r') {
     fail('bad_request', 'no such button') unless $v[0] >= 1 && $v[0] <= 7;
@@ -123,4 +135,8 @@ for my $step (@plan) {
   }
 }
 my ($cx, $cy) = $cursor->();
+for (my $waited = 0; defined $px && ($cx != $px || $cy != $py) && $waited < X_SETTLE_MS; $waited += 5) {
+  select(undef, undef, undef, 0.005);
+  ($cx, $cy) = $cursor->();
+}
 out("OK $cx $cy\n");
