@@ -114,9 +114,11 @@ export async function startScheduler(config: SchedulerConfig, logger?: Logger, m
   };
   // A pass is two small queries on the leader; the engine kicks one when a drain's move lands, and
   // the interval catches everything else (a drain asked for, a host back).
-  // Leader-only components each ask before a pass: a stalled leader resumes with timers overdue.
+  // Leader-only components each ask before a pass (a stalled leader resumes with timers overdue),
+  // and fence the pass's writes on the term they got: the stall may come after the asking.
   const leading = () => leadership?.isLeader() ?? false;
-  const drainer = new Drainer({ sql, logger: log, intervalMs: Math.max(50, Math.min(100, config.enginePollMs)), isConnected: (id) => agents.isConnected(id), leading });
+  const term = () => leadership?.term() ?? null;
+  const drainer = new Drainer({ sql, logger: log, intervalMs: Math.max(50, Math.min(100, config.enginePollMs)), isConnected: (id) => agents.isConnected(id), term });
   const engine = new OperationEngine({
     sql,
     agents,
@@ -135,7 +137,7 @@ export async function startScheduler(config: SchedulerConfig, logger?: Logger, m
       if ((op.params as { drain?: unknown } | null)?.drain !== undefined) drainer.kick();
     },
   });
-  const sweeper = new IdleSweeper(sql, lifecycle, config.idleSweepMs, log, leading);
+  const sweeper = new IdleSweeper(sql, lifecycle, config.idleSweepMs, log, term);
   const health = new HostHealth({
     sql,
     downMs: config.hostDownMs,
@@ -143,7 +145,7 @@ export async function startScheduler(config: SchedulerConfig, logger?: Logger, m
     intervalMs: Math.max(20, Math.min(250, Math.floor(config.hostDownMs / 4))),
     recordingSince: () => registry?.recordingSince() ?? null,
     isLinked: (hostId) => agents.isConnected(hostId),
-    leading,
+    term,
     logger: log,
     onDown: () => metrics.hostsDown.inc(),
   });

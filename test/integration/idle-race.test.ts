@@ -43,7 +43,7 @@ it('keeps a timeout a PATCH set after the sweep found the desktop idle', async (
       return s.lifecycle.request(...args);
     },
   };
-  await new IdleSweeper(sql, lifecycle as LifecycleService, 3_600_000, silentLogger()).sweep();
+  await new IdleSweeper(sql, lifecycle as LifecycleService, 3_600_000, silentLogger(), () => s.leadership.term()).sweep();
   expect((await call('GET', `/v1/desktops/${id}`)).json).toMatchObject({ state: 'awake', idle_timeout_secs: 0 });
   expect(await sql`SELECT 1 FROM operations WHERE desktop_id = ${id} AND reason = 'idle_timeout'`).toHaveLength(0);
 });

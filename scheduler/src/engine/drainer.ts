@@ -16,6 +16,8 @@
 import type { Logger } from '../../../shared/src/log.js';
 import type { Sql } from '../store/db.js';
 import { activeDrains, drainCandidates, drainCounts, endDrain, insertMove, lastFailedMove } from '../store/moves.js';
+import { LeaseLost } from '../store/leases.js';
+import type { SettleFence } from '../store/operations.js';
 import type { HostRow, OperationRow } from '../store/rows.js';
 import type { MoveParams } from './move.js';
 
@@ -25,8 +27,12 @@ export interface DrainerDeps {
   intervalMs: number;
   /** Whether the leader's link to the host is up: moves off a host out of reach wait. */
   isConnected(hostId: string): boolean;
-  /** Whether this replica still leads (engine/leader.ts): a pass starts only while it does. */
-  leading?(): boolean;
+  /**
+   * The term this replica leads in, or null (engine/leader.ts): a pass starts only in one, and
+   * each of its writes is fenced on it, so a leader that stalls mid-pass and resumes after
+   * another took over writes nothing (the other's drainer alone counts each drain's `parallel`).
+   */
+  term(): SettleFence | null;
 }
 
 export class Drainer {
@@ -63,12 +69,14 @@ export class Drainer {
   async pass(): Promise<void> {
     // A replica unsure it leads (a stall, an overdue renewal) must not move desktops beside the
     // leader that may have taken over: two drainers would pass each drain's `parallel`.
-    if (this.passing || this.deps.leading?.() === false) return;
+    const term = this.deps.term();
+    if (this.passing || term === null) return;
     this.passing = true;
     try {
-      for (const host of await activeDrains(this.deps.sql)) await this.advance(host);
+      for (const host of await activeDrains(this.deps.sql)) await this.advance(host, term);
     } catch (err) {
-      this.log.error({ err }, 'drain pass failed');
+      if (err instanceof LeaseLost) this.log.info('drain pass stopped: another replica leads now');
+      else this.log.error({ err }, 'drain pass failed');
     } finally {
       this.passing = false;
     }
@@ -78,17 +86,17 @@ export class Drainer {
     }
   }
 
-  private async advance(host: HostRow): Promise<void> {
+  private async advance(host: HostRow, term: SettleFence): Promise<void> {
     const counts = await drainCounts(this.deps.sql, host);
     if (counts.failed > 0) {
       const failed = await lastFailedMove(this.deps.sql, host);
       const why = failedMoveWords(failed);
-      await endDrain(this.deps.sql, host.id, why);
+      await endDrain(this.deps.sql, host.id, why, term);
       this.log.warn({ hostId: host.id, error: why }, 'drain stopped');
       return;
     }
     if (counts.remaining === 0 && counts.running === 0) {
-      await endDrain(this.deps.sql, host.id, null);
+      await endDrain(this.deps.sql, host.id, null, term);
       this.log.info({ hostId: host.id, moved: counts.moved }, 'drain finished: the host holds no desktop');
       return;
     }
@@ -97,7 +105,7 @@ export class Drainer {
     const room = (host.drain_parallel ?? 1) - counts.copying;
     if (room <= 0) return;
     for (const d of await drainCandidates(this.deps.sql, host.id, room)) {
-      const moved = await insertMove(this.deps.sql, d.id, { requestedHostId: null, reason: 'drain', drain: host.drain_requested_at!.toISOString() });
+      const moved = await insertMove(this.deps.sql, d.id, { requestedHostId: null, reason: 'drain', drain: host.drain_requested_at!.toISOString() }, term);
       // Refused: a user's operation got there first; the next pass looks again.
       if ('op' in moved) this.log.info({ hostId: host.id, desktopId: d.id, operationId: moved.op.id }, 'drain: moving a desktop');
     }

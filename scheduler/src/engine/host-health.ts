@@ -22,6 +22,8 @@ import type { Logger } from '../../../shared/src/log.js';
 import { inTransaction, type Sql } from '../store/db.js';
 import { transition } from '../store/desktops.js';
 import { closeMeter, recordEvent } from '../store/events.js';
+import { assertTerm, LeaseLost } from '../store/leases.js';
+import type { SettleFence } from '../store/operations.js';
 import { awakeWithoutOperation, desktopsOnSilentHosts, markSilentHostsDown, stillSilent } from '../store/hosts.js';
 
 export interface HostHealthOptions {
@@ -35,8 +37,11 @@ export interface HostHealthOptions {
   recordingSince(): Date | null;
   /** Whether this replica's link to the host is alive (agents/gateway.ts). */
   isLinked(hostId: string): boolean;
-  /** Whether this replica still leads (engine/leader.ts): a sweep starts only while it does. */
-  leading?(): boolean;
+  /**
+   * The term this replica leads in, or null (engine/leader.ts): a sweep starts only in one, and
+   * its writes (a host marked down, a desktop force-hibernated) are fenced on it.
+   */
+  term(): SettleFence | null;
   readonly logger: Logger;
   /** Told of each host found silent, for metrics. */
   onDown?(hostId: string, silentMs: number): void;
@@ -70,9 +75,10 @@ export class HostHealth {
 
   private async doSweep(): Promise<void> {
     const { sql, downMs, graceMs } = this.options;
-    if (this.options.leading?.() === false) return;
+    const term = this.options.term();
+    if (term === null) return;
     try {
-      for (const h of await markSilentHostsDown(sql, downMs, (id) => this.options.isLinked(id))) {
+      for (const h of await markSilentHostsDown(sql, downMs, (id) => this.options.isLinked(id), term)) {
         const silentMs = Date.now() - h.last_seen_at.getTime();
         this.log.warn({ hostId: h.id, last_heard: h.last_seen_at.toISOString(), silent_ms: silentMs }, 'host down: no heartbeat');
         this.options.onDown?.(h.id, silentMs);
@@ -83,6 +89,7 @@ export class HostHealth {
       for (const d of await desktopsOnSilentHosts(sql, graceMs)) {
         if (this.options.isLinked(d.host_id)) continue;
         const done = await inTransaction(sql, async (tx) => {
+          await assertTerm(tx, term);
           if (!(await stillSilent(tx, d.host_id, graceMs))) return false;
           // Under the desktop's lock, as an API request takes it: an operation recorded since the
           // sweep read it (a destroy, a move) keeps the desktop as that operation found it.
@@ -105,7 +112,8 @@ export class HostHealth {
         if (done) this.log.warn({ desktopId: d.id, hostId: d.host_id, last_heard: d.last_seen_at.toISOString() }, 'host silent past the grace period: desktop force-hibernated');
       }
     } catch (err) {
-      this.log.error({ err }, 'host health sweep failed');
+      if (err instanceof LeaseLost) this.log.info('host health sweep stopped: another replica leads now');
+      else this.log.error({ err }, 'host health sweep failed');
     }
   }
 }

@@ -9,6 +9,8 @@ import { idleDesktops } from '../store/desktops.js';
 import { ApiError } from '../errors.js';
 import type { LifecycleService } from '../services/lifecycle.js';
 import type { DesktopRow } from '../store/rows.js';
+import { LeaseLost } from '../store/leases.js';
+import type { SettleFence } from '../store/operations.js';
 
 export class IdleSweeper {
   private timer: NodeJS.Timeout | null = null;
@@ -19,8 +21,11 @@ export class IdleSweeper {
     private readonly lifecycle: LifecycleService,
     private readonly intervalMs: number,
     logger: Logger,
-    /** Whether this replica still leads (engine/leader.ts): a sweep starts only while it does. */
-    private readonly leading: () => boolean = () => true,
+    /**
+     * The term this replica leads in, or null (engine/leader.ts): a sweep starts only in one,
+     * and each request it makes is fenced on it.
+     */
+    private readonly term: () => SettleFence | null,
   ) {
     this.log = logger.child({ component: 'idle-sweeper' });
   }
@@ -35,7 +40,8 @@ export class IdleSweeper {
   }
 
   async sweep(): Promise<void> {
-    if (!this.leading()) return;
+    const term = this.term();
+    if (term === null) return;
     try {
       for (const d of await idleDesktops(this.sql, 50)) {
         try {
@@ -44,7 +50,7 @@ export class IdleSweeper {
           // answered 200 meanwhile must hold, and so must a wake, from which the timeout counts.
           const stillDue = (now: DesktopRow) =>
             now.state === d.state && now.idle_timeout_secs === d.idle_timeout_secs && now.last_woken_at?.getTime() === d.last_woken_at?.getTime();
-          await this.lifecycle.request(d.org_id, d.id, kind, { expectedGeneration: null, idempotencyKey: null, reason: 'idle_timeout', stillDue });
+          await this.lifecycle.request(d.org_id, d.id, kind, { expectedGeneration: null, idempotencyKey: null, reason: 'idle_timeout', stillDue, term });
           this.log.info({ desktopId: d.id, kind }, 'idle timeout');
         } catch (err) {
           // 409: an operation on it is already open, or it changed state meanwhile.
@@ -52,7 +58,8 @@ export class IdleSweeper {
         }
       }
     } catch (err) {
-      this.log.error({ err }, 'idle sweep failed');
+      if (err instanceof LeaseLost) this.log.info('idle sweep stopped: another replica leads now');
+      else this.log.error({ err }, 'idle sweep failed');
     }
   }
 }

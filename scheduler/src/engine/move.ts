@@ -30,7 +30,7 @@
 import { snapshotFormat, type CommandResult } from '../../../shared/src/protocol.js';
 import { TIER_SPECS } from '../../../shared/src/tiers.js';
 import { inTransaction, type Sql } from '../store/db.js';
-import { LEADER_LEASE } from '../store/leases.js';
+import { termHolds } from '../store/leases.js';
 import { getDesktopById, transition } from '../store/desktops.js';
 import { operationParams, type SettleFence } from '../store/operations.js';
 import type { DesktopRow, OperationRow } from '../store/rows.js';
@@ -135,7 +135,7 @@ async function advance(sql: Sql, op: OperationRow, next: MoveParams, fence: Sett
   const rows = await sql`
     UPDATE operations SET params = ${sql.json(p as never)}
     WHERE id = ${op.id} AND state = 'running'
-      AND EXISTS (SELECT 1 FROM leases WHERE name = ${LEADER_LEASE} AND holder = ${fence.holder} AND epoch = ${fence.epoch} AND expires_at > now())
+      AND ${termHolds(sql, fence)}
     RETURNING id`;
   if (rows.length !== 1) throw new LeaseLost('leader lease lost during a move');
   return inTx ? p : adopt(op, p);

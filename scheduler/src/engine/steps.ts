@@ -11,7 +11,7 @@ import { inSnapshot, inTransaction, together, type Sql } from '../store/db.js';
 import { getDesktopById, insertForks, placedDesktops, setPlacement, transition } from '../store/desktops.js';
 import { closeMeter, openMeter, recordEvent } from '../store/events.js';
 import { committedLoad, listHosts, lostHostLastSeen, slotsUsed } from '../store/hosts.js';
-import { LEADER_LEASE } from '../store/leases.js';
+import { assertTerm, LeaseLost } from '../store/leases.js';
 import { settleOperation, type SettleFence } from '../store/operations.js';
 import { deleteExposuresOf } from '../store/ports.js';
 import type { DesktopRow, OperationRow } from '../store/rows.js';
@@ -24,6 +24,9 @@ import { memoryRoomMb, type PlacementPolicy } from '../placement/feasible.js';
 import { NoCapacity, noCapacityMessage } from './no-capacity.js';
 import type { Tier } from '../../../shared/src/tiers.js';
 import { openDesktopSecret } from '../crypto/desktop-secrets.js';
+
+/** The fence on the leader's term lives with the lease (store/leases.ts); steps and their callers name it here. */
+export { assertTerm, LeaseLost };
 
 export interface StepDeps {
   sql: Sql;
@@ -57,8 +60,6 @@ export class StepFailure extends Error {
   }
 }
 
-/** Raised when a commit found the lease gone: another replica leads and will re-drive. */
-export class LeaseLost extends Error {}
 
 /**
  * Raised when an operation's settlement found it settled already: an earlier attempt's commit
@@ -67,11 +68,6 @@ export class LeaseLost extends Error {}
  */
 export class AlreadySettled extends Error {}
 
-/** Throws LeaseLost unless the fence's term still holds the leader lease (as `tx` sees it). */
-export async function assertTerm(tx: Sql, fence: SettleFence): Promise<void> {
-  const [held] = await tx`SELECT 1 FROM leases WHERE name = ${LEADER_LEASE} AND holder = ${fence.holder} AND epoch = ${fence.epoch} AND expires_at > now()`;
-  if (!held) throw new LeaseLost('leader lease lost');
-}
 
 /**
  * Settles the operation in `tx`, fenced on the term: throws LeaseLost when the lease is gone,

@@ -24,7 +24,8 @@ import { TIER_SPECS } from '../../../shared/src/tiers.js';
 import { inTransaction, type Sql } from '../store/db.js';
 import { lockHostForForks, slotsUsed } from '../store/hosts.js';
 import { heldByOrgLocked, lockDesktop, transition } from '../store/desktops.js';
-import { openOperation, insertOperation, operationByKey, getOperation } from '../store/operations.js';
+import { openOperation, insertOperation, operationByKey, getOperation, type SettleFence } from '../store/operations.js';
+import { assertTerm } from '../store/leases.js';
 import type { DesktopRow, DesktopState, OperationRow } from '../store/rows.js';
 import { hasSlots } from '../placement/feasible.js';
 import { errors } from '../errors.js';
@@ -52,6 +53,8 @@ export interface TransitionRequest {
    * read the desktop before; a PATCH of its timeout, or a wake, may have come since.
    */
   stillDue?(desktop: DesktopRow): boolean;
+  /** The idle sweeper's: its leader term, checked in the transaction (LeaseLost past it). */
+  term?: SettleFence;
 }
 
 export interface ForkRequest {
@@ -118,6 +121,7 @@ export class LifecycleService {
       if (!ACCEPTING_STATES[kind].includes(desktop.state)) throw errors.wrongState(kind, desktop.state);
       if (open) throw errors.operationInFlight(kind, open);
       if (req.stillDue && !req.stillDue(desktop)) throw errors.wrongState(kind, desktop.state);
+      if (req.term) await assertTerm(tx, req.term);
       const next = IN_FLIGHT_STATE[kind];
       // Sent together (one round trip): under the row lock, with its state just checked, the
       // transition cannot miss.

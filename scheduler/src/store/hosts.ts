@@ -1,6 +1,7 @@
 /** Hosts: one row per agent host, refreshed by its hello and heartbeats. */
 import type { Sql } from './db.js';
 import { TIER_SPECS } from '../../../shared/src/tiers.js';
+import { termHolds } from './leases.js';
 import type { HostRow } from './rows.js';
 import type { HeartbeatPayload } from '../../../shared/src/protocol.js';
 
@@ -107,8 +108,16 @@ function mayRun(sql: Sql) {
          AND o.params->>'was_awake' = 'true' AND o.params->>'committed_at' IS NULL))`;
 }
 
-/** Hosts no replica has recorded a heartbeat of for `silentMs`, now `down`, but for those `linked` says are heard. */
-export async function markSilentHostsDown(sql: Sql, silentMs: number, linked: (hostId: string) => boolean = () => false): Promise<Array<{ id: string; last_seen_at: Date }>> {
+/**
+ * Hosts no replica has recorded a heartbeat of for `silentMs`, now `down`, but for those `linked`
+ * says are heard; fenced on the leader's term, whose host health decides.
+ */
+export async function markSilentHostsDown(
+  sql: Sql,
+  silentMs: number,
+  linked: (hostId: string) => boolean,
+  term: { readonly holder: string; readonly epoch: number },
+): Promise<Array<{ id: string; last_seen_at: Date }>> {
   const silent = await sql<Array<{ id: string }>>`
     SELECT id FROM hosts WHERE status = 'ready' AND last_seen_at < now() - make_interval(secs => ${silentMs / 1000})`;
   const ids = silent.map((h) => h.id).filter((id) => !linked(id));
@@ -116,6 +125,7 @@ export async function markSilentHostsDown(sql: Sql, silentMs: number, linked: (h
   return sql<Array<{ id: string; last_seen_at: Date }>>`
     UPDATE hosts SET status = 'down'
     WHERE id = ANY(${ids}::text[]) AND status = 'ready' AND last_seen_at < now() - make_interval(secs => ${silentMs / 1000})
+      AND ${termHolds(sql, term)}
     RETURNING id, last_seen_at`;
 }
 

@@ -71,6 +71,24 @@ export interface LeaseRow {
   readonly live: boolean;
 }
 
+/**
+ * The condition a leader-only write adds to its WHERE clause: the term (holder and epoch) still
+ * holds the leader lease, by the database's clock. A write fenced so does nothing once another
+ * term began, however long its writer stalled after it last checked that it leads.
+ */
+export function termHolds(sql: Sql, term: { readonly holder: string; readonly epoch: number }) {
+  return sql`EXISTS (SELECT 1 FROM leases WHERE name = ${LEADER_LEASE} AND holder = ${term.holder} AND epoch = ${term.epoch} AND expires_at > now())`;
+}
+
+/** Raised when a fenced write found the term gone: another replica leads and will carry on. */
+export class LeaseLost extends Error {}
+
+/** Throws LeaseLost unless the term still holds the leader lease (as `sql`, a transaction, sees it). */
+export async function assertTerm(sql: Sql, term: { readonly holder: string; readonly epoch: number }): Promise<void> {
+  const [row] = await sql<Array<{ held: boolean }>>`SELECT ${termHolds(sql, term)} AS held`;
+  if (!row?.held) throw new LeaseLost('leader lease lost');
+}
+
 export async function readLease(sql: Sql, name: string): Promise<LeaseRow | null> {
   const [row] = await sql<{ holder: string; epoch: string; expires_at: Date; term_started_at: Date; live: boolean }[]>`
     SELECT holder, epoch, expires_at, term_started_at, expires_at > now() AS live FROM leases WHERE name = ${name}`;

@@ -5,7 +5,8 @@
  * leader carries on with it.
  */
 import { inTransaction, type Sql } from './db.js';
-import { insertOperation, openOperation } from './operations.js';
+import { assertTerm } from './leases.js';
+import { insertOperation, openOperation, type SettleFence } from './operations.js';
 import type { DesktopRow, HostRow, OperationRow } from './rows.js';
 import type { MoveParams } from '../engine/move.js';
 
@@ -21,8 +22,10 @@ export interface MoveRequest {
  * a user's wake or hibernate can never both be open. Null when the desktop cannot move now: not
  * on a host, not awake or hibernated, or another operation on it is open.
  */
-export async function insertMove(sql: Sql, desktopId: string, req: MoveRequest): Promise<{ op: OperationRow } | { refused: string }> {
+export async function insertMove(sql: Sql, desktopId: string, req: MoveRequest, term?: SettleFence): Promise<{ op: OperationRow } | { refused: string }> {
   return inTransaction(sql, async (tx) => {
+    // A drain's move (engine/drainer.ts) is the leader's: it throws LeaseLost past its term.
+    if (term) await assertTerm(tx, term);
     const [d] = await tx<DesktopRow[]>`SELECT * FROM desktops WHERE id = ${desktopId} FOR UPDATE`;
     if (!d) return { refused: 'not_found' };
     if (!d.host_id || (d.state !== 'awake' && d.state !== 'hibernated')) return { refused: `the desktop is ${d.state}; only awake and hibernated desktops on a host move` };
@@ -69,9 +72,13 @@ export async function startDrain(sql: Sql, hostId: string, parallel: number | nu
 }
 
 /** Ends a drain, done or stopped short with `error`. */
-export async function endDrain(sql: Sql, hostId: string, error: string | null): Promise<void> {
-  if (error === null) await sql`UPDATE hosts SET drain_finished_at = now(), drain_error = NULL WHERE id = ${hostId} AND drain_finished_at IS NULL`;
-  else await sql`UPDATE hosts SET drain_error = ${error} WHERE id = ${hostId} AND drain_finished_at IS NULL`;
+/** Ends the drain, finished or stopped by `error`; fenced on the term of the leader whose drainer ends it. */
+export async function endDrain(sql: Sql, hostId: string, error: string | null, term: SettleFence): Promise<void> {
+  await inTransaction(sql, async (tx) => {
+    await assertTerm(tx, term);
+    if (error === null) await tx`UPDATE hosts SET drain_finished_at = now(), drain_error = NULL WHERE id = ${hostId} AND drain_finished_at IS NULL`;
+    else await tx`UPDATE hosts SET drain_error = ${error} WHERE id = ${hostId} AND drain_finished_at IS NULL`;
+  });
 }
 
 /** Uncordoning a host stops its drain: the operator wants it in service. */

@@ -7,7 +7,7 @@
 import { newId } from '../../../shared/src/ids.js';
 import type { Sql } from './db.js';
 import type { DesktopState, OperationError, OperationKind, OperationRow } from './rows.js';
-import { LEADER_LEASE } from './leases.js';
+import { termHolds } from './leases.js';
 
 export const OP_NEW_CHANNEL = 'canto_op_new';
 export const OP_SETTLED_CHANNEL = 'canto_op_settled';
@@ -67,7 +67,7 @@ export async function claimPending(sql: Sql, limit: number, fence: SettleFence):
     WHERE id IN (
       SELECT id FROM operations WHERE state = 'pending' ORDER BY created_at LIMIT ${limit} FOR UPDATE SKIP LOCKED
     )
-      AND EXISTS (SELECT 1 FROM leases WHERE name = ${LEADER_LEASE} AND holder = ${fence.holder} AND epoch = ${fence.epoch} AND expires_at > now())
+      AND ${termHolds(sql, fence)}
     RETURNING *`;
 }
 
@@ -114,7 +114,7 @@ export async function settleOperation(
         error = ${'error' in outcome ? sql.json(outcome.error as never) : null},
         settled_at = now()
       WHERE id = ${id} AND state = 'running'
-        AND EXISTS (SELECT 1 FROM leases WHERE name = ${LEADER_LEASE} AND holder = ${fence.holder} AND epoch = ${fence.epoch} AND expires_at > now())
+        AND ${termHolds(sql, fence)}
       RETURNING id)
     SELECT pg_notify(${OP_SETTLED_CHANNEL}, s.id) FROM s`;
   return rows.length === 1;
