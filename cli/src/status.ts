@@ -12,6 +12,7 @@ import { allReplicas, type ReplicaRow } from '../../scheduler/src/store/replicas
 import { readLease } from '../../scheduler/src/store/leases.js';
 import { REPLICA_LIVE_MS } from '../../scheduler/src/fleet/registry.js';
 import { drainState, type DrainState } from '../../scheduler/src/store/moves.js';
+import { mayRun } from '../../scheduler/src/store/hosts.js';
 import { hostLinkView, linksLabel, linkWarning, type HostLinkView } from '../../scheduler/src/fleet/link-view.js';
 
 export interface FleetStatus {
@@ -41,7 +42,7 @@ export interface FleetStatus {
     /** Which live replicas its agent is linked to (fleet/link-view.ts). */
     links: HostLinkView;
     /** Its heartbeats count more running desktops than its records let run, since this long; null while they agree. */
-    unrecorded: { for_ms: number; running: number } | null;
+    unrecorded: { for_ms: number; running: number; may_run: number } | null;
   }>;
   /** Operations open longer than STUCK_OPERATION_MS, oldest first (at most 5). */
   stuck_operations: Array<{ id: string; kind: string; desktop_id: string; state: string; open_ms: number }>;
@@ -64,10 +65,10 @@ export async function readFleetStatus(sql: Sql): Promise<FleetStatus> {
     id: string; hostname: string; status: string; cordoned: boolean; last_seen_at: Date; runtime: string;
     memory_snapshots: boolean; protocol: string; desktops: Record<string, number> | null; lost: boolean;
     drain_requested_at: Date | null; drain_finished_at: Date | null; drain_error: string | null; instance_since: Date | null;
-    unrecorded_since: Date | null; running_desktops: number | null;
+    unrecorded_since: Date | null; running_desktops: number | null; may_run: number;
   }>>`
     SELECT h.id, h.hostname, h.status, h.cordoned, h.last_seen_at, h.runtime, h.memory_snapshots, h.protocol, h.instance_since,
-           h.unrecorded_since, h.running_desktops,
+           h.unrecorded_since, h.running_desktops, ${mayRun(sql, 'h.id')}::int AS may_run,
            h.drain_requested_at, h.drain_finished_at, h.drain_error, h.lost_at IS NOT NULL AS lost,
            (SELECT jsonb_object_agg(state, n) FROM (
               SELECT state, count(*)::int AS n FROM desktops d WHERE d.host_id = h.id AND d.state <> 'destroyed' GROUP BY state) s) AS desktops
@@ -109,7 +110,7 @@ export async function readFleetStatus(sql: Sql): Promise<FleetStatus> {
       desktops: h.desktops ?? {},
       drain: ((state) => (state === null ? null : { state, error: h.drain_error }))(drainState(h)),
       links: hostLinkView(h, liveRows, leaderLive ? lease.holder : null, now),
-      unrecorded: h.unrecorded_since === null ? null : { for_ms: since(h.unrecorded_since), running: h.running_desktops ?? 0 },
+      unrecorded: h.unrecorded_since === null ? null : { for_ms: since(h.unrecorded_since), running: h.running_desktops ?? 0, may_run: h.may_run },
     })),
     stuck_operations: stuck.map((o) => ({ id: o.id, kind: o.kind, desktop_id: o.desktop_id, state: o.state, open_ms: since(o.created_at) })),
     warnings: [],
@@ -147,8 +148,7 @@ export function fleetWarnings(status: FleetStatus, liveRows: readonly ReplicaRow
     if (unlinked !== null) warnings.push(`host ${h.id} (${h.hostname}): ${unlinked}`);
     // Only while it reads ready: the count is its last heartbeat's, which says nothing of a host gone silent.
     if (h.unrecorded !== null && h.unrecorded.for_ms >= UNRECORDED_WARN_MS && h.status === 'ready' && !h.lost) {
-      const recorded = (h.desktops.waking ?? 0) + (h.desktops.awake ?? 0) + (h.desktops.hibernating ?? 0);
-      warnings.push(`host ${h.id} (${h.hostname}) has run ${h.unrecorded.running} desktop(s) for ${Math.round(h.unrecorded.for_ms / 60_000)} min where its records let ${recorded} run: ` +
+      warnings.push(`host ${h.id} (${h.hostname}) has run ${h.unrecorded.running} desktop(s) for ${Math.round(h.unrecorded.for_ms / 60_000)} min where its records let ${h.unrecorded.may_run} run: ` +
         'one runs unbilled and out of sight; restart its agent, which then stops every desktop it may not run before it reads ready');
     }
     if (h.drain?.state === 'stopped') warnings.push(`host ${h.id} (${h.hostname}): its drain stopped: ${h.drain.error}; fix that, then run canto hosts drain ${h.id} again`);

@@ -68,4 +68,29 @@ describe('desktops running unrecorded', () => {
     await until(async () => (await unrecordedSince()) === null, 5_000, 'the mismatch cleared');
     expect((await readFleetStatus(sql)).warnings).toEqual([]);
   });
+
+  it('count an awake desktop an open move brings to the host as one its records let run, in the warning as in the record', async () => {
+    const call = api(s.url, await mintKey(s.databaseUrl, 'acme'));
+    const moving = (await call('POST', '/v1/desktops', { tier: 'small' })).json as { id: string; org_id: string };
+    const [org] = await sql<Array<{ org_id: string }>>`SELECT org_id FROM desktops WHERE id = ${moving.id}`;
+    // A move already started on this host, not committed: running, so no engine claims it here.
+    await sql`
+      INSERT INTO operations (id, org_id, desktop_id, kind, state, from_state, reason, params)
+      VALUES ('op_unrecorded_move', ${org!.org_id}, ${moving.id}, 'move', 'running', 'awake', 'admin',
+              ${sql.json({ phase: 'started', target_host_id: agent.hostId, was_awake: true })})`;
+    try {
+      // One awake here by its row, one by the move: a third is one too many.
+      extra = 2;
+      await until(unrecordedSince, 5_000, 'the mismatch recorded');
+      await sql`UPDATE hosts SET unrecorded_since = now() - interval '2 minutes' WHERE id = ${agent.hostId}`;
+      expect((await readFleetStatus(sql)).warnings).toEqual([
+        expect.stringMatching(new RegExp(`^host ${agent.hostId} \\(.*\\) has run 3 desktop\\(s\\) for 2 min where its records let 2 run: `)),
+      ]);
+      extra = 1;
+      await until(async () => (await unrecordedSince()) === null, 5_000, 'the move counted');
+    } finally {
+      extra = 0;
+      await sql`DELETE FROM operations WHERE id = 'op_unrecorded_move'`;
+    }
+  });
 });

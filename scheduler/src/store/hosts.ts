@@ -91,20 +91,20 @@ export async function touchHost(sql: Sql, hostId: string, ready: boolean, skipMs
     UPDATE hosts SET last_seen_at = now(), status = CASE WHEN ${ready} THEN 'ready' ELSE status END
       ${m === undefined ? sql`` : sql`, measured_at = now(), running_desktops = ${beat.running_desktops}, memory_available_mb = ${m.memory_available_mb},
         desktops_memory_mb = ${m.desktops_memory_mb}, cpu_busy = ${m.cpu_busy},
-        unrecorded_since = CASE WHEN ${beat.running_desktops} > ${mayRun(sql)} THEN COALESCE(unrecorded_since, now()) ELSE NULL END`}
+        unrecorded_since = CASE WHEN ${beat.running_desktops} > ${mayRun(sql, 'hosts.id')} THEN COALESCE(unrecorded_since, now()) ELSE NULL END`}
     WHERE id = ${hostId} AND lost_at IS NULL AND (last_seen_at < now() - make_interval(secs => ${skipMs / 1000}) OR (${ready} AND status <> 'ready'))`;
 }
 
 /**
- * How many desktops the records let run on the host of the row being updated: those waking, awake
+ * How many desktops the records let run on the host whose id is the column `hostId`: those waking, awake
  * or hibernating there, and those an open move of an awake desktop is bringing there (started on
  * the target before its commit; once committed, the desktop's row names the target). A golden
  * template the agent builds runs unrecorded for a moment; `canto status` waits a minute.
  */
-function mayRun(sql: Sql) {
+export function mayRun(sql: Sql, hostId: 'hosts.id' | 'h.id') {
   return sql`(
-    (SELECT count(*) FROM desktops d WHERE d.host_id = hosts.id AND d.state IN ('waking', 'awake', 'hibernating'))
-    + (SELECT count(*) FROM operations o WHERE o.state IN ('pending', 'running') AND o.kind = 'move' AND o.params->>'target_host_id' = hosts.id
+    (SELECT count(*) FROM desktops d WHERE d.host_id = ${sql(hostId)} AND d.state IN ('waking', 'awake', 'hibernating'))
+    + (SELECT count(*) FROM operations o WHERE o.state IN ('pending', 'running') AND o.kind = 'move' AND o.params->>'target_host_id' = ${sql(hostId)}
          AND o.params->>'was_awake' = 'true' AND o.params->>'committed_at' IS NULL))`;
 }
 
