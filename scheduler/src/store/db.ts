@@ -8,7 +8,17 @@ import postgres from 'postgres';
 export type Sql = postgres.Sql;
 export type TxSql = postgres.TransactionSql;
 
-export function connectDatabase(url: string, options: { max?: number } = {}): Sql {
+/**
+ * How long the server lets a transaction sit idle (`idle_in_transaction_session_timeout`) before
+ * it ends the session. A replica that stalls inside a transaction (paused, its VM frozen, its
+ * network gone) otherwise holds that transaction's row locks until TCP gives up on it, hours
+ * later, and its successor's steps and every API call on those rows wait as long. Every
+ * transaction here runs queries back to back (nothing else is awaited inside one), so idling
+ * this long is a stall.
+ */
+export const IDLE_TRANSACTION_MS = 5_000;
+
+export function connectDatabase(url: string, options: { max?: number; idleTransactionMs?: number } = {}): Sql {
   const parsed = new URL(url);
   const socketDir = parsed.searchParams.get('host');
   parsed.searchParams.delete('host');
@@ -17,8 +27,62 @@ export function connectDatabase(url: string, options: { max?: number } = {}): Sq
     max: options.max ?? 10,
     onnotice: () => {},
     transform: { undefined: null },
-    connection: { application_name: 'canto' },
+    connection: { application_name: 'canto', idle_in_transaction_session_timeout: options.idleTransactionMs ?? IDLE_TRANSACTION_MS } as postgres.Options<never>['connection'],
   });
+}
+
+/** The error a query of a transaction whose connection is gone gets from `guarded`. */
+export class TransactionGone extends Error {
+  readonly code = 'CONNECTION_CLOSED';
+}
+
+/**
+ * Runs `fn` in a transaction, guarded against the end of its connection (the server ends an
+ * idle one after IDLE_TRANSACTION_MS; a network or server failure ends any). postgres.js 3.4
+ * rejects the transaction then, but lets the callback go on: a query the callback sends
+ * afterwards, or the COMMIT or ROLLBACK that follows the callback, goes to the dead connection
+ * (an uncaught TypeError from the library, and a pool that stops answering) or, once the pool
+ * has reconnected it for another caller, out of any transaction on the new session. So once the
+ * connection is gone the callback's queries throw TransactionGone here and are never sent, and
+ * the callback's end is not passed on: the library's transaction is left waiting, sends nothing
+ * more, and the caller gets the rejection. Whether a failing callback failed because the
+ * connection went is decided a turn of the event loop later, once the library has said so.
+ */
+async function guarded<T>(begin: (fn: (tx: Sql) => Promise<T>) => Promise<T>, fn: (tx: Sql) => Promise<T>): Promise<T> {
+  let gone = false;
+  const refuse = () => {
+    if (gone) throw new TransactionGone('the transaction ended: its database connection is gone');
+  };
+  try {
+    return await begin(
+      (raw) =>
+        new Promise<T>((resolve, reject) => {
+          const tx = new Proxy(raw, {
+            apply(target, self, args) {
+              refuse();
+              return Reflect.apply(target, self, args) as unknown;
+            },
+            get(target, prop, receiver) {
+              const value = Reflect.get(target, prop, receiver) as unknown;
+              if (prop !== 'unsafe' || typeof value !== 'function') return value;
+              return (...args: unknown[]) => {
+                refuse();
+                return (value as (...a: unknown[]) => unknown).apply(target, args);
+              };
+            },
+          });
+          fn(tx).then(
+            (value) => {
+              if (!gone) resolve(value);
+            },
+            (err: unknown) => setImmediate(() => (gone ? undefined : reject(err))),
+          );
+        }),
+    );
+  } catch (err) {
+    gone = true;
+    throw err;
+  }
 }
 
 /**
@@ -27,12 +91,12 @@ export function connectDatabase(url: string, options: { max?: number } = {}): Sq
  * by `begin`/`end`, which store functions never call).
  */
 export async function inTransaction<T>(sql: Sql, fn: (tx: Sql) => Promise<T>): Promise<T> {
-  return (await sql.begin((tx) => fn(tx as unknown as Sql))) as T;
+  return guarded((body) => sql.begin((tx) => body(tx as unknown as Sql)) as Promise<T>, fn);
 }
 
 /** Several reads that must see one snapshot of the database (a read-only repeatable-read transaction). */
 export async function inSnapshot<T>(sql: Sql, fn: (tx: Sql) => Promise<T>): Promise<T> {
-  return (await sql.begin('isolation level repeatable read read only', (tx) => fn(tx as unknown as Sql))) as T;
+  return guarded((body) => sql.begin('isolation level repeatable read read only', (tx) => body(tx as unknown as Sql)) as Promise<T>, fn);
 }
 
 /**
