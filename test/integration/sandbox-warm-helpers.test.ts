@@ -218,6 +218,33 @@ describe.skipIf(!isRoot)('sandbox driver warm guest servers', () => {
     expect(nobody.stdout).toBe('refused');
   });
 
+  it("serves an operation with the guest's capabilities only, in a helper the guest can neither trace nor look into", async () => {
+    await warmUp();
+    // An operation that keeps its helper for a while: input that only waits.
+    const waiting = driver.input(id, [{ type: 'wait', ms: 3_000 }]);
+    const probe = [
+      'pid=; for p in /proc/[0-9]*; do case "$(tr "\\0" " " < $p/cmdline 2>/dev/null)" in "canto-helper xinput"*) pid=${p#/proc/};; esac; done',
+      'grep -E "^(CapEff|CapPrm|CapBnd):" /proc/$pid/status',
+      // What the agent opens of a helper (guest-handoff.ts): one of its descriptors, through /proc.
+      'readlink /proc/$pid/fd/0 >/dev/null 2>&1 && echo descriptor followed || echo descriptor refused',
+      // PTRACE_ATTACH (16) through the raw system call (`+ 0`: a string would go as a pointer);
+      // detached at once should it be let through.
+      `perl -e 'my $p = $ARGV[0] + 0; if (syscall(101, 16, $p, 0, 0) == 0) { print "attached\\n"; syscall(101, 17, $p, 0, 0) } else { print "attach refused: $!\\n" }' $pid`,
+    ].join('\n');
+    const seen = await until(async () => {
+      const out = await sh(probe);
+      return out.includes('CapEff') ? out : null;
+    }, 2_500, 'the helper serving the input');
+    expect(seen.split('\n')).toEqual([
+      'CapPrm:\t00000000a00425fb',
+      'CapEff:\t00000000a00425fb',
+      'CapBnd:\t00000000a00425fb',
+      'descriptor refused',
+      'attach refused: Operation not permitted',
+    ]);
+    expect(await waiting).toEqual(expect.objectContaining({ x: expect.any(Number) }));
+  });
+
   it('replaces children the guest kills, and a server killed from the host', async () => {
     await warmUp();
     // From inside the guest: every waiting child (not the servers, whose parent is outside, and

@@ -14,6 +14,26 @@ sub fail {
   out("ERR $code " . (defined $size ? $size : '-') . " $msg\n");
   exit 0;
 }
+# From here on, no more privilege than the guest's root (docs/decisions.md): the guest's
+# capabilities, and undumpable first. A helper starts with every capability, which alone keeps
+# the guest (root, with fewer) from tracing it; with the guest's set it would be the guest's to
+# trace, and a traced helper could have the agent open any descriptor it names. Undumpable, it
+# takes CAP_SYS_PTRACE, which the guest lacks, to trace it or open its /proc entries. The bounding
+# set goes too, for what a helper starts; past the kernel's last capability the drop is EINVAL.
+syscall(SYS_prctl, 4, 0) == 0 or fail('runtime_error', "cannot make the helper undumpable: $!");
+for my $cap (0 .. 63) {
+  next if (GUEST_CAP_MASK >> $cap) & 1;
+  next if syscall(SYS_prctl, 24, $cap) == 0;
+  last if $! == EINVAL;
+  fail('runtime_error', "cannot drop capability $cap from the helper's bounding set: $!");
+}
+{
+  my ($lo, $hi) = (GUEST_CAP_MASK & 0xffffffff, GUEST_CAP_MASK >> 32);
+  # _LINUX_CAPABILITY_VERSION_3, this process; effective, permitted, inheritable per 32 bits.
+  # In variables: syscall() passes a string as a pointer the kernel may write through.
+  my ($head, $data) = (pack('L2', 0x20080522, 0), pack('L6', $lo, $lo, 0, $hi, $hi, 0));
+  syscall(SYS_capset, $head, $data) == 0 or fail('runtime_error', "cannot drop the helper's capabilities: $!");
+}
 my %missing = map { $_ => 1 } (ENOENT, ENOTDIR);
 my %conflict = map { $_ => 1 } (
   EISDIR, EEXIST, ENOTEMPTY, EBUSY, ELOOP, ETXTBSY, ENOSPC, EDQUOT, EFBIG,
@@ -31,10 +51,9 @@ sub oserr {
     : $missing{$n} ? 'path_missing' : $conflict{$n} ? 'path_conflict' : 'runtime_error';
   fail($code, "$what: $text");
 }
-# Whether an open file lives on the kernel's own filesystems (/proc, /sys). A helper runs with
-# more privilege than the guest (it must read any file of the guest's); through a file route or a
-# link a guest planted, it would open what the kernel lets only that privilege open (the host's
-# memory in /proc/kcore, a lower oom_score_adj). Such files are never the guest's files.
+# Whether an open file lives on the kernel's own filesystems (/proc, /sys). Such files are never
+# the guest's files, and the agent, which opens what a helper hands it with the host's privilege,
+# refuses them too (guest-handoff.ts): the helper says so first, with the file route's answer.
 sub kernel_file {
   my $dev = (stat($_[0]))[0];
   my $root = (stat('/'))[0];

@@ -50,7 +50,7 @@ import { guestFile, perlProgram, type PerlValue } from './guest-programs.js';
 import { PREFORK_VALUES } from './warm-perl.js';
 import { warmServerArgv } from './guest-entry.js';
 import { spawnProcess, type SpawnedProcess } from '../host/spawner.js';
-import { GUEST_PATH } from './guest-init.js';
+import { GUEST_CAP_MASK, GUEST_PATH } from './guest-init.js';
 import { PROCESS_ID_SOURCE } from '../../../../../shared/src/guest-commands.js';
 
 /** Children a warm server (file or exec) keeps waiting, so that a run of operations never waits for a fork. */
@@ -123,6 +123,7 @@ function values(): Record<string, PerlValue> {
     X_SOCKET,
     X_ANSWER_SEC,
     X_SETTLE_MS,
+    GUEST_CAP_MASK,
   };
 }
 

@@ -55,6 +55,15 @@ export const GUEST_CAPS = [
   'setfcap', 'net_bind_service', 'net_raw', 'sys_chroot', 'audit_write',
 ] as const;
 
+/** Each of GUEST_CAPS's numbers (linux/capability.h). */
+const CAP_NUMBERS: Readonly<Record<(typeof GUEST_CAPS)[number], number>> = {
+  chown: 0, dac_override: 1, fowner: 3, fsetid: 4, kill: 5, setgid: 6, setuid: 7, setpcap: 8,
+  net_bind_service: 10, net_raw: 13, sys_chroot: 18, audit_write: 29, setfcap: 31,
+};
+
+/** GUEST_CAPS as a capability mask (what `/proc/<pid>/status` shows as CapBnd of guest code). */
+export const GUEST_CAP_MASK: number = GUEST_CAPS.reduce((mask, cap) => mask + 2 ** CAP_NUMBERS[cap], 0);
+
 /** `setpriv` down to the guest's bounding set: the prefix of anything that runs guest code. */
 export const GUEST_CAPS_ONLY: readonly string[] = [
   '/usr/bin/setpriv', `--bounding-set=-all,${GUEST_CAPS.map((c) => `+${c}`).join(',')}`,
