@@ -76,3 +76,24 @@ it.each([
     await stalledPool.end({ timeout: 1 });
   }
 });
+
+it('ends a transaction whose query the server cut off without sending it anything more, and the pool answers', async () => {
+  const pool = connectDatabase(url, { max: 1 });
+  try {
+    let pid = 0;
+    const cut = inTransaction(pool, async (tx) => {
+      pid = (await tx<Array<{ pid: number }>>`SELECT pg_backend_pid() AS pid`)[0]!.pid;
+      await tx`SELECT pg_sleep(5)`;
+      return 'committed';
+    }).then(() => 'committed', (err: { code?: string }) => `rejected ${err.code ?? ''}`);
+    while (pid === 0) await new Promise((resolve) => setTimeout(resolve, 10));
+    await new Promise((resolve) => setTimeout(resolve, 100));
+    // A database failover or an operator's pg_terminate_backend, while the query runs.
+    await other`SELECT pg_terminate_backend(${pid})`;
+    expect(await cut).toMatch(/^rejected (CONNECTION_CLOSED|57P01)$/);
+    expect(await pool`SELECT 1 AS one`).toEqual([{ one: 1 }]);
+    expect(await pool`SELECT 2 AS two`).toEqual([{ two: 2 }]);
+  } finally {
+    await pool.end({ timeout: 1 });
+  }
+});

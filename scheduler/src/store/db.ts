@@ -37,6 +37,16 @@ export class TransactionGone extends Error {
 }
 
 /**
+ * Whether a query failed because its connection is gone: postgres.js's own codes, a socket's
+ * errno, or the server's (class 08, connection exception; 57P, the server shutting down or
+ * ending the session; 25P03, the idle transaction timeout).
+ */
+function connectionGone(err: unknown): boolean {
+  const code = (err as { code?: unknown } | null)?.code;
+  return typeof code === 'string' && /^(CONNECTION_(CLOSED|DESTROYED|ENDED)|E[A-Z]+|08...|57P..|25P03)$/.test(code);
+}
+
+/**
  * Runs `fn` in a transaction, guarded against the end of its connection (the server ends an
  * idle one after IDLE_TRANSACTION_MS; a network or server failure ends any). postgres.js 3.4
  * rejects the transaction then, but lets the callback go on: a query the callback sends
@@ -45,8 +55,9 @@ export class TransactionGone extends Error {
  * has reconnected it for another caller, out of any transaction on the new session. So once the
  * connection is gone the callback's queries throw TransactionGone here and are never sent, and
  * the callback's end is not passed on: the library's transaction is left waiting, sends nothing
- * more, and the caller gets the rejection. Whether a failing callback failed because the
- * connection went is decided a turn of the event loop later, once the library has said so.
+ * more, and the caller gets the rejection. A callback that failed on its connection's end is
+ * treated the same, at once (the library's own word on it comes a few microtasks later); any
+ * other failure rolls back as usual.
  */
 async function guarded<T>(begin: (fn: (tx: Sql) => Promise<T>) => Promise<T>, fn: (tx: Sql) => Promise<T>): Promise<T> {
   let gone = false;
@@ -75,7 +86,10 @@ async function guarded<T>(begin: (fn: (tx: Sql) => Promise<T>) => Promise<T>, fn
             (value) => {
               if (!gone) resolve(value);
             },
-            (err: unknown) => setImmediate(() => (gone ? undefined : reject(err))),
+            (err: unknown) => {
+              if (connectionGone(err)) gone = true;
+              if (!gone) reject(err);
+            },
           );
         }),
     );
