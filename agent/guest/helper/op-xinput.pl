@@ -24,7 +24,8 @@
 # event, a warp's included, until the window manager lets them through, and QueryPointer reports
 # the cursor as of the events processed. So the helper keeps where its moves put the cursor
 # (clamped to the screen, as the server clamps them): a halfway move starts from there, and the
-# final read is repeated until the server reports it, for up to X_SETTLE_MS.
+# final read is repeated every 5 ms until the server reports it, for X_SETTLE_SEC at most (by the
+# clock's whole seconds, so between one less and that).
 $SIG{ALRM} = sub { fail('runtime_error', 'X session down: the X server did not answer') };
 alarm X_ANSWER_SEC;
 my %arity = (m => 2, h => 2, p => 1, r => 1, k => 1, u => 1, c => 2, s => 1);
@@ -66,7 +67,8 @@ my $cursor = sub {
 my $clamp = sub { my ($v, $size) = @_; return $v < 0 ? 0 : $v >= $size ? $size - 1 : $v; };
 my $warp = sub {
   ($px, $py) = ($clamp->($_[0], $width), $clamp->($_[1], $height));
-  $send->(pack('C x v V V s s v v s s', 41, 6, 0, $root, 0, 0, 0, 0, $px, $py));
+  # As asked, not clamped: the screen may have grown since the setup reply told its size.
+  $send->(pack('C x v V V s s v v s s', 41, 6, 0, $root, 0, 0, 0, 0, @_));
 };
 my $xtest;
 # The keycode of each keysym the steps name (see above), from the core keyboard mapping.
@@ -135,7 +137,8 @@ for my $step (@plan) {
   }
 }
 my ($cx, $cy) = $cursor->();
-for (my $waited = 0; defined $px && ($cx != $px || $cy != $py) && $waited < X_SETTLE_MS; $waited += 5) {
+my $until = time + X_SETTLE_SEC;
+while (defined $px && ($cx != $px || $cy != $py) && time < $until) {
   select(undef, undef, undef, 0.005);
   ($cx, $cy) = $cursor->();
 }

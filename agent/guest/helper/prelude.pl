@@ -15,11 +15,13 @@ sub fail {
   exit 0;
 }
 # From here on, no more privilege than the guest's root (docs/decisions.md): the guest's
-# capabilities, and undumpable first. A helper starts with every capability, which alone keeps
-# the guest (root, with fewer) from tracing it; with the guest's set it would be the guest's to
-# trace, and a traced helper could have the agent open any descriptor it names. Undumpable, it
-# takes CAP_SYS_PTRACE, which the guest lacks, to trace it or open its /proc entries. The bounding
-# set goes too, for what a helper starts; past the kernel's last capability the drop is EINVAL.
+# capabilities, and undumpable first. A helper starts with every capability (but `spawn`'s, which
+# starts with the guest's and hands the agent nothing), which alone keeps the guest (root, with
+# fewer) from tracing it; with the guest's set it would be the guest's to trace, and a traced
+# helper could have the agent open any descriptor it names. Undumpable, it takes CAP_SYS_PTRACE,
+# which the guest lacks, to trace it or open its /proc entries. The bounding set goes too, for
+# what a helper starts; past the kernel's last capability the drop is EINVAL. The sets kept are
+# the guest's within those the helper has: capset cannot add one a host withheld from it.
 syscall(SYS_prctl, 4, 0) == 0 or fail('runtime_error', "cannot make the helper undumpable: $!");
 for my $cap (0 .. 63) {
   next if (GUEST_CAP_MASK >> $cap) & 1;
@@ -28,10 +30,13 @@ for my $cap (0 .. 63) {
   fail('runtime_error', "cannot drop capability $cap from the helper's bounding set: $!");
 }
 {
-  my ($lo, $hi) = (GUEST_CAP_MASK & 0xffffffff, GUEST_CAP_MASK >> 32);
-  # _LINUX_CAPABILITY_VERSION_3, this process; effective, permitted, inheritable per 32 bits.
-  # In variables: syscall() passes a string as a pointer the kernel may write through.
-  my ($head, $data) = (pack('L2', 0x20080522, 0), pack('L6', $lo, $lo, 0, $hi, $hi, 0));
+  # _LINUX_CAPABILITY_VERSION_3, this process; effective, permitted, inheritable per 32 bits. In
+  # variables: syscall() passes a string as a pointer, which capget writes through.
+  my ($head, $data) = (pack('L2', 0x20080522, 0), "\0" x 24);
+  syscall(SYS_capget, $head, $data) == 0 or fail('runtime_error', "cannot read the helper's capabilities: $!");
+  my (undef, $perm_lo, undef, undef, $perm_hi) = unpack('L6', $data);
+  my ($lo, $hi) = (GUEST_CAP_MASK & 0xffffffff & $perm_lo, (GUEST_CAP_MASK >> 32) & $perm_hi);
+  $data = pack('L6', $lo, $lo, 0, $hi, $hi, 0);
   syscall(SYS_capset, $head, $data) == 0 or fail('runtime_error', "cannot drop the helper's capabilities: $!");
 }
 my %missing = map { $_ => 1 } (ENOENT, ENOTDIR);

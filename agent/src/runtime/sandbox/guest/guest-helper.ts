@@ -69,12 +69,13 @@ const X_SOCKET = '/tmp/.X11-unix/X0';
 /** `xsize` and `xinput` give up on an X server that accepts but does not answer (stopped, or an impostor). */
 export const X_ANSWER_SEC = 2;
 /**
- * How long `xinput` waits for the cursor to reach where its steps put it. The window manager's
- * synchronous button grab makes the X server hold pointer events after a press until the window
- * manager lets them through, and the server reports the cursor only as far as it has processed
- * them; on a loaded host that takes a while. Past this, the call answers where the server says.
+ * How long `xinput` waits for the cursor to reach where its steps put it, in the clock's whole
+ * seconds (so between one less and this). The window manager's synchronous button grab makes
+ * the X server hold pointer events after a press until the window manager lets them through, and
+ * the server reports the cursor only as far as it has processed them; on a loaded host that
+ * takes a while. Past this, the call answers where the server says.
  */
-export const X_SETTLE_MS = 2000;
+export const X_SETTLE_SEC = 2;
 
 /**
  * The runner of a detached process, started as `/bin/sh -c RUNNER <dir>`: the env file applied,
@@ -122,7 +123,7 @@ function values(): Record<string, PerlValue> {
     WARM_IDLE,
     X_SOCKET,
     X_ANSWER_SEC,
-    X_SETTLE_MS,
+    X_SETTLE_SEC,
     GUEST_CAP_MASK,
   };
 }

@@ -22,9 +22,9 @@ import { fileURLToPath } from 'node:url';
 export type PerlValue = number | string;
 
 /** Raw system call numbers, which differ between architectures: the one table of them. */
-const SYSCALLS: Readonly<Record<string, Readonly<Record<'statx' | 'linkat' | 'setsid' | 'prctl' | 'ppoll' | 'pidfdOpen' | 'exitGroup' | 'capset', number>>>> = {
-  x64: { statx: 332, linkat: 265, setsid: 112, prctl: 157, ppoll: 271, pidfdOpen: 434, exitGroup: 231, capset: 126 },
-  arm64: { statx: 291, linkat: 37, setsid: 157, prctl: 167, ppoll: 73, pidfdOpen: 434, exitGroup: 94, capset: 91 },
+const SYSCALLS: Readonly<Record<string, Readonly<Record<'statx' | 'linkat' | 'setsid' | 'prctl' | 'ppoll' | 'pidfdOpen' | 'exitGroup' | 'capget' | 'capset', number>>>> = {
+  x64: { statx: 332, linkat: 265, setsid: 112, prctl: 157, ppoll: 271, pidfdOpen: 434, exitGroup: 231, capget: 125, capset: 126 },
+  arm64: { statx: 291, linkat: 37, setsid: 157, prctl: 167, ppoll: 73, pidfdOpen: 434, exitGroup: 94, capget: 90, capset: 91 },
 };
 
 /** `__O_TMPFILE` is the same on every Linux architecture Node supports; O_TMPFILE adds O_DIRECTORY. */
@@ -68,6 +68,7 @@ function sharedValues(): Record<string, PerlValue> {
     SYS_ppoll: sys.ppoll,
     SYS_pidfd_open: sys.pidfdOpen,
     SYS_exit_group: sys.exitGroup,
+    SYS_capget: sys.capget,
     SYS_capset: sys.capset,
     O_RDONLY_NB: fsc.O_RDONLY | NB,
     O_WRONLY_NB: fsc.O_WRONLY | NB,
