@@ -8,6 +8,7 @@
 import { afterAll, beforeAll, expect, it } from 'vitest';
 import { connectDatabase, inTransaction, TransactionGone, type Sql } from '../../scheduler/src/store/db.js';
 import { freshDatabaseUrl } from '../helpers/db.js';
+import { until } from '../helpers/wait.js';
 
 let url: string;
 /** The other replica's pool. */
@@ -90,9 +91,108 @@ it('ends a transaction whose query the server cut off without sending it anythin
     await new Promise((resolve) => setTimeout(resolve, 100));
     // A database failover or an operator's pg_terminate_backend, while the query runs.
     await other`SELECT pg_terminate_backend(${pid})`;
-    expect(await cut).toMatch(/^rejected (CONNECTION_CLOSED|57P01)$/);
+    expect(await cut).toBe('rejected CONNECTION_CLOSED');
     expect(await pool`SELECT 1 AS one`).toEqual([{ one: 1 }]);
     expect(await pool`SELECT 2 AS two`).toEqual([{ two: 2 }]);
+  } finally {
+    await pool.end({ timeout: 1 });
+  }
+});
+
+it('rolls back at once a transaction that fails for a reason of its own, whatever code its error has', async () => {
+  await other`INSERT INTO stall_probe (id, v) VALUES (3, 0)`;
+  const pool = connectDatabase(url, { max: 1 });
+  try {
+    const failed = await inTransaction(pool, async (tx) => {
+      await tx`UPDATE stall_probe SET v = 5 WHERE id = 3`;
+      // What reading a file inside a transaction may throw (migrations do): not the connection's end.
+      throw Object.assign(new Error('no such file'), { code: 'ENOENT' });
+    }).then(() => 'committed', (err: { code?: string }) => err.code);
+    expect(failed).toBe('ENOENT');
+    expect(await other`SELECT v FROM stall_probe WHERE id = 3`).toEqual([{ v: 0 }]);
+    expect(await pool`SELECT 1 AS one`).toEqual([{ one: 1 }]);
+  } finally {
+    await pool.end({ timeout: 1 });
+  }
+});
+
+it('keeps its connection in the pool when a callback carries on after its query was cut off', async () => {
+  const pool = connectDatabase(url, { max: 1 });
+  try {
+    for (const after of ['returns', 'queries'] as const) {
+      let pid = 0;
+      const cut = inTransaction(pool, async (tx) => {
+        pid = (await tx<Array<{ pid: number }>>`SELECT pg_backend_pid() AS pid`)[0]!.pid;
+        await tx`SELECT pg_sleep(5)`.catch(() => undefined);
+        if (after === 'queries') await tx`SELECT 1`;
+        return 'committed';
+      }).then(() => 'committed', (err: { code?: string }) => `rejected ${err.code ?? ''}`);
+      while (pid === 0) await new Promise((resolve) => setTimeout(resolve, 10));
+      await new Promise((resolve) => setTimeout(resolve, 100));
+      await other`SELECT pg_terminate_backend(${pid})`;
+      expect(await cut).toBe('rejected CONNECTION_CLOSED');
+      expect(await pool`SELECT ${after} AS after`).toEqual([{ after }]);
+    }
+  } finally {
+    await pool.end({ timeout: 1 });
+  }
+});
+
+it('fails a query whose connection the database refuses to start again, rather than waiting for good', async () => {
+  const name = new URL(url).pathname.slice(1);
+  // A database cannot refuse connections while the session asking is one of them.
+  const admin = connectDatabase(url.replace(`/${name}?`, '/postgres?'), { max: 1 });
+  const pool = connectDatabase(url, { max: 1 });
+  try {
+    let pid = 0;
+    const cut = pool`SELECT pg_backend_pid() AS pid, pg_sleep(5)`.then(() => 'answered', () => 'cut');
+    await until(async () => {
+      const rows = await other<Array<{ pid: number }>>`SELECT pid FROM pg_stat_activity WHERE query LIKE '%pg_sleep(5)%' AND pid <> pg_backend_pid()`;
+      pid = rows[0]?.pid ?? 0;
+      return pid !== 0;
+    }, 5_000, 'the query to run');
+    await admin`ALTER DATABASE ${admin(name)} ALLOW_CONNECTIONS false`;
+    try {
+      await other`SELECT pg_terminate_backend(${pid})`;
+      expect(await cut).toBe('cut');
+      // The server's refusal of the new session, not silence and a reconnect without pause.
+      const refused = await pool`SELECT 1 AS one`.then(() => 'answered', (err: { code?: string }) => err.code);
+      expect(refused).toBe('55000');
+    } finally {
+      await admin`ALTER DATABASE ${admin(name)} ALLOW_CONNECTIONS true`;
+    }
+    expect(await pool`SELECT 2 AS two`).toEqual([{ two: 2 }]);
+  } finally {
+    await pool.end({ timeout: 1 });
+    await admin.end({ timeout: 1 });
+  }
+});
+
+it("refuses a query a transaction's callback sends after it ended, which would run outside the transaction", async () => {
+  const pool = connectDatabase(url, { max: 1 });
+  try {
+    let late = 'not sent';
+    const failed = await inTransaction(pool, async (tx) => {
+      const first = tx`SELECT 1 / 0`;
+      await Promise.all([
+        first,
+        (async () => {
+          // Right after its sibling failed: while the ROLLBACK is on its way.
+          await first.catch(() => undefined);
+          await new Promise((resolve) => setImmediate(resolve));
+          try {
+            await tx`INSERT INTO stall_probe (id, v) VALUES (4, 4)`;
+            late = 'sent';
+          } catch (err) {
+            late = (err as Error).constructor.name;
+          }
+        })(),
+      ]);
+    }).then(() => 'committed', (err: { code?: string }) => err.code);
+    expect(failed).toBe('22012');
+    await until(() => late !== 'not sent', 5_000, 'the late branch');
+    expect(late).toBe('TransactionGone');
+    expect(await other`SELECT v FROM stall_probe WHERE id = 4`).toEqual([]);
   } finally {
     await pool.end({ timeout: 1 });
   }

@@ -37,13 +37,16 @@ export class TransactionGone extends Error {
 }
 
 /**
- * Whether a query failed because its connection is gone: postgres.js's own codes, a socket's
- * errno, or the server's (class 08, connection exception; 57P, the server shutting down or
+ * Whether a query may have failed because its connection is gone: postgres.js's own codes, a
+ * socket's errno, or the server's (class 08, connection exception; 57P, the server shutting down or
  * ending the session; 25P03, the idle transaction timeout).
  */
-function connectionGone(err: unknown): boolean {
+function looksGone(err: unknown): boolean {
   const code = (err as { code?: unknown } | null)?.code;
-  return typeof code === 'string' && /^(CONNECTION_(CLOSED|DESTROYED|ENDED)|E[A-Z]+|08...|57P..|25P03)$/.test(code);
+  return (
+    typeof code === 'string' &&
+    /^(CONNECTION_(CLOSED|DESTROYED|ENDED)|ECONNRESET|ECONNABORTED|ECONNREFUSED|EPIPE|ETIMEDOUT|ENOTCONN|EHOSTUNREACH|ENETUNREACH|08...|57P..|25P03)$/.test(code)
+  );
 }
 
 /**
@@ -51,18 +54,22 @@ function connectionGone(err: unknown): boolean {
  * idle one after IDLE_TRANSACTION_MS; a network or server failure ends any). postgres.js 3.4
  * rejects the transaction then, but lets the callback go on: a query the callback sends
  * afterwards, or the COMMIT or ROLLBACK that follows the callback, goes to the dead connection
- * (an uncaught TypeError from the library, and a pool that stops answering) or, once the pool
- * has reconnected it for another caller, out of any transaction on the new session. So once the
- * connection is gone the callback's queries throw TransactionGone here and are never sent, and
- * the callback's end is not passed on: the library's transaction is left waiting, sends nothing
- * more, and the caller gets the rejection. A callback that failed on its connection's end is
- * treated the same, at once (the library's own word on it comes a few microtasks later); any
- * other failure rolls back as usual.
+ * (refused, with scripts/patch-deps.mjs) or, once the pool has reconnected it for another caller,
+ * out of any transaction on the new session. So once the connection is gone the callback's
+ * queries throw TransactionGone here and are never sent, and the callback's end is not passed
+ * on: the library's transaction is left waiting, sends nothing more, and the caller gets the
+ * rejection. A callback that failed with an error that looks like its connection's end is judged
+ * a turn of the event loop later (the library closes the connection and rejects the transaction
+ * in one synchronous call, so by then it has said so); any other failure rolls back at once.
+ * Once the callback has ended, its queries are refused too: a branch of it still running would
+ * otherwise send one after the COMMIT or ROLLBACK, outside the transaction.
  */
 async function guarded<T>(begin: (fn: (tx: Sql) => Promise<T>) => Promise<T>, fn: (tx: Sql) => Promise<T>): Promise<T> {
   let gone = false;
+  let ended = false;
   const refuse = () => {
     if (gone) throw new TransactionGone('the transaction ended: its database connection is gone');
+    if (ended) throw new TransactionGone('the transaction ended: its callback had returned');
   };
   try {
     return await begin(
@@ -82,15 +89,19 @@ async function guarded<T>(begin: (fn: (tx: Sql) => Promise<T>) => Promise<T>, fn
               };
             },
           });
-          fn(tx).then(
-            (value) => {
-              if (!gone) resolve(value);
-            },
-            (err: unknown) => {
-              if (connectionGone(err)) gone = true;
-              if (!gone) reject(err);
-            },
-          );
+          Promise.resolve()
+            .then(() => fn(tx))
+            .then(
+              (value) => {
+                ended = true;
+                if (!gone) resolve(value);
+              },
+              (err: unknown) => {
+                ended = true;
+                if (!looksGone(err)) reject(err);
+                else setImmediate(() => (gone ? undefined : reject(err)));
+              },
+            );
         }),
     );
   } catch (err) {
