@@ -46,11 +46,13 @@ const LOCK_KEY = 0x63616e74; // "cant"
 
 export async function migrate(sql: Sql): Promise<number> {
   let applied = 0;
+  // Read first: a transaction waits on nothing but its own queries (store/db.ts).
+  const all = migrations();
   await inTransaction(sql, async (tx) => {
     await tx`SELECT pg_advisory_xact_lock(${LOCK_KEY})`;
     await tx`CREATE TABLE IF NOT EXISTS schema_migrations (id integer PRIMARY KEY, name text NOT NULL, applied_at timestamptz NOT NULL DEFAULT now())`;
     const done = new Set((await tx<{ id: number }[]>`SELECT id FROM schema_migrations`).map((r) => r.id));
-    for (const m of migrations()) {
+    for (const m of all) {
       if (done.has(m.id)) continue;
       await tx.unsafe(m.sql);
       await tx`INSERT INTO schema_migrations (id, name) VALUES (${m.id}, ${m.name})`;
