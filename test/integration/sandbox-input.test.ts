@@ -17,6 +17,7 @@ import { createSandboxDriver, type SandboxDriver } from '../../agent/src/runtime
 import { failure } from '../helpers/agent-failure.js';
 import { isRoot, median, stopwatch } from '../helpers/sandbox.js';
 import { until } from '../helpers/scheduler.js';
+import { mappingChangesWhileTyping, parseXev, type XEvent } from '../helpers/xev.js';
 
 if (!isRoot) console.warn('sandbox input tests skipped: they need root (namespaces, cgroups)');
 
@@ -26,48 +27,6 @@ const { timings, timed } = stopwatch();
 
 /** The root window property where the input binder keeps its slots (guest-input.ts). */
 const KEYS_PROPERTY = '_CANTO_INPUT_KEYS';
-
-/** Keymap changes xev saw between the first and the last key press. */
-function mappingChangesWhileTyping(events: XEvent[]): number {
-  const first = events.findIndex((e) => e.type === 'KeyPress');
-  const last = events.findLastIndex((e) => e.type === 'KeyPress');
-  return events.slice(first, last).filter((e) => e.type === 'MappingNotify').length;
-}
-
-interface XEvent {
-  readonly type: string;
-  readonly root: { x: number; y: number } | null;
-  readonly state: number | null;
-  readonly button: number | null;
-  readonly keysym: string | null;
-  /** XLookupString's bytes: what the key types. */
-  readonly bytes: Buffer;
-  readonly time: number | null;
-}
-
-/** xev prints one block per event: `KeyPress event, serial …` and indented detail lines. */
-function parseXev(text: string): XEvent[] {
-  return text
-    .split(/\n(?=\S)/)
-    .filter((block) => /^\w+ event, /.test(block))
-    .map((block) => {
-      const num = (re: RegExp, radix = 10) => {
-        const m = re.exec(block);
-        return m?.[1] === undefined ? null : parseInt(m[1], radix);
-      };
-      const root = /root:\((-?\d+),(-?\d+)\)/.exec(block);
-      const bytes = /XLookupString gives \d+ bytes: \(([0-9a-f ]+)\)/.exec(block)?.[1] ?? '';
-      return {
-        type: block.slice(0, block.indexOf(' ')),
-        root: root ? { x: Number(root[1]), y: Number(root[2]) } : null,
-        state: num(/state 0x([0-9a-f]+)/, 16),
-        button: num(/button (\d+),/),
-        keysym: /keysym 0x[0-9a-f]+, (\w+)\)/.exec(block)?.[1] ?? null,
-        bytes: Buffer.from(bytes.replace(/ /g, ''), 'hex'),
-        time: num(/time (\d+)/),
-      };
-    });
-}
 
 describe.skipIf(!isRoot)('sandbox driver input', () => {
   let base: string;
