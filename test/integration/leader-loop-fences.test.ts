@@ -5,8 +5,8 @@
  * otherwise) writes nothing once replica b's term 2 has begun; the same pass in term 2 writes.
  */
 import { afterAll, beforeAll, expect, it } from 'vitest';
-import { connectDatabase, type Sql } from '../../scheduler/src/store/db.js';
-import { acquireLease, LEADER_LEASE } from '../../scheduler/src/store/leases.js';
+import { connectDatabase, inTransaction, type Sql } from '../../scheduler/src/store/db.js';
+import { acquireLease, assertTerm, LEADER_LEASE } from '../../scheduler/src/store/leases.js';
 import { insertDesktop } from '../../scheduler/src/store/desktops.js';
 import { ensureOrg } from '../../scheduler/src/store/orgs.js';
 import type { SettleFence } from '../../scheduler/src/store/operations.js';
@@ -62,20 +62,24 @@ const stateOf = async (table: 'hosts' | 'desktops', id: string) =>
   (await sql<Array<{ v: string }>>`SELECT ${sql(table === 'hosts' ? 'status' : 'state')} AS v FROM ${sql(table)} WHERE id = ${id}`)[0]?.v;
 
 it('a drain pass of a deposed term neither moves a desktop nor ends a drain', async () => {
-  const empty = await host('ready', '0 seconds', 1);
-  const full = await host('ready', '0 seconds', 2);
-  await host('ready', '0 seconds');
-  const ids = [await desktop(full, 'awake'), await desktop(full, 'hibernated')];
   const drainer = (term: SettleFence) => new Drainer({ sql, logger: silentLogger(), intervalMs: 60_000, isConnected: () => true, term: () => term });
-  const ended = async () => (await sql<Array<{ at: Date | null }>>`SELECT drain_finished_at AS at FROM hosts WHERE id = ${empty}`)[0]?.at ?? null;
+  await host('ready', '0 seconds');
+  // One drain at a time: a pass ends at its first refused write.
+  const full = await host('ready', '0 seconds', 2);
+  const ids = [await desktop(full, 'awake'), await desktop(full, 'hibernated')];
   const moves = async () => (await sql`SELECT 1 FROM operations WHERE kind = 'move' AND desktop_id = ANY(${ids}::text[])`).length;
-
   await drainer(stale).pass();
-  expect([await ended(), await moves()]).toEqual([null, 0]);
+  expect(await moves()).toBe(0);
+  await drainer(current).pass();
+  expect(await moves()).toBe(2);
 
+  await sql`UPDATE hosts SET drain_requested_at = NULL WHERE id = ${full}`;
+  const empty = await host('ready', '0 seconds', 1);
+  const ended = async () => (await sql<Array<{ at: Date | null }>>`SELECT drain_finished_at AS at FROM hosts WHERE id = ${empty}`)[0]?.at ?? null;
+  await drainer(stale).pass();
+  expect(await ended()).toBeNull();
   await drainer(current).pass();
   expect(await ended()).not.toBeNull();
-  expect(await moves()).toBe(2);
 });
 
 it('a host health sweep of a deposed term neither marks a host down nor force-hibernates its desktops', async () => {
@@ -103,4 +107,20 @@ it('an idle sweep of a deposed term asks for no hibernate', async () => {
 
   await sweeper(current).sweep();
   expect([await hibernates(), await stateOf('desktops', id)]).toEqual([1, 'hibernating']);
+});
+
+it('holds a takeover back until a write fenced on the term before it has ended', async () => {
+  // The last test: it ends the current term. That term's lease now runs out in 300 ms.
+  await sql`UPDATE leases SET expires_at = now() + interval '300 milliseconds' WHERE name = ${LEADER_LEASE}`;
+  const order: string[] = [];
+  const writing = inTransaction(sql, async (tx) => {
+    await assertTerm(tx, current);
+    // A stall past the lease's end: the term lapses while the write is still to come.
+    await new Promise((resolve) => setTimeout(resolve, 600));
+    order.push('fenced write committed');
+  });
+  await new Promise((resolve) => setTimeout(resolve, 400));
+  const taken = acquireLease(sql, LEADER_LEASE, 'replica-c', 60_000).then((t) => order.push(`taken over: ${t.held}`));
+  await Promise.all([writing, taken]);
+  expect(order).toEqual(['fenced write committed', 'taken over: true']);
 });

@@ -9,14 +9,18 @@ import { connectDatabase, type Sql } from '../../scheduler/src/store/db.js';
 import { insertDesktop } from '../../scheduler/src/store/desktops.js';
 import { ensureOrg } from '../../scheduler/src/store/orgs.js';
 import { reconcileAwake } from '../../scheduler/src/engine/reconcile-awake.js';
+import { acquireLease, LEADER_LEASE } from '../../scheduler/src/store/leases.js';
 import type { StepDeps } from '../../scheduler/src/engine/steps.js';
 import { newId } from '../../shared/src/ids.js';
 import { silentLogger } from '../../shared/src/log.js';
 import { freshDatabaseUrl } from '../helpers/db.js';
 
 let sql: Sql;
+/** The term the checks run in: their writes are the leader's (store/leases.ts `assertTerm`). */
+let fence: { holder: string; epoch: number };
 beforeAll(async () => {
   sql = connectDatabase(await freshDatabaseUrl(), { max: 2 });
+  fence = { holder: 'replica-test', epoch: (await acquireLease(sql, LEADER_LEASE, 'replica-test', 600_000)).epoch };
 });
 afterAll(async () => {
   await sql?.end();
@@ -27,6 +31,7 @@ const deps = () =>
     sql,
     logger: silentLogger(),
     leading: () => true,
+    fence,
     agentCommandTimeoutMs: 1_000,
     agents: { speaks: () => true, call: async () => ({ running: false, has_snapshot: false }) },
   }) as unknown as StepDeps;

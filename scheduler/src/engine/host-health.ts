@@ -89,11 +89,12 @@ export class HostHealth {
       for (const d of await desktopsOnSilentHosts(sql, graceMs)) {
         if (this.options.isLinked(d.host_id)) continue;
         const done = await inTransaction(sql, async (tx) => {
-          await assertTerm(tx, term);
           if (!(await stillSilent(tx, d.host_id, graceMs))) return false;
           // Under the desktop's lock, as an API request takes it: an operation recorded since the
           // sweep read it (a destroy, a move) keeps the desktop as that operation found it.
           if (!(await awakeWithoutOperation(tx, d.id))) return false;
+          // After the lock waits, and held to the commit.
+          await assertTerm(tx, term);
           const moved = await transition(tx, d.id, ['awake'], 'hibernated');
           if (!moved) return false;
           await closeMeter(tx, d.id, d.last_seen_at);

@@ -5,7 +5,7 @@
 import { inTransaction } from '../store/db.js';
 import { getDesktopById, transition } from '../store/desktops.js';
 import { closeMeter, recordEvent } from '../store/events.js';
-import { inspect, type StepDeps } from './steps.js';
+import { assertTerm, inspect, type StepDeps } from './steps.js';
 
 /**
  * An agent relinked, or a guest call found the desktop not running: a desktop recorded awake on
@@ -30,6 +30,8 @@ export async function reconcileAwake(deps: StepDeps, relinked: string | null, de
   const moved = await inTransaction(deps.sql, async (tx) => {
     const [open] = await tx`SELECT 1 FROM operations WHERE desktop_id = ${d.id} AND state IN ('pending', 'running') LIMIT 1`;
     if (open) return null;
+    // The leader's judgement, written only in its term (a stalled one's ends in LeaseLost).
+    await assertTerm(tx, deps.fence);
     const done = await transition(tx, d.id, ['awake'], 'hibernated', { expectGeneration: d.generation });
     if (!done) return null;
     // The previous agent's last sighting says when the guest went only on the relink right after

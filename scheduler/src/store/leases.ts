@@ -77,16 +77,26 @@ export interface LeaseRow {
  * term began, however long its writer stalled after it last checked that it leads.
  */
 export function termHolds(sql: Sql, term: { readonly holder: string; readonly epoch: number }) {
-  return sql`EXISTS (SELECT 1 FROM leases WHERE name = ${LEADER_LEASE} AND holder = ${term.holder} AND epoch = ${term.epoch} AND expires_at > now())`;
+  // The statement's time, not the transaction's: a statement after a lock wait judges the lease now.
+  return sql`EXISTS (SELECT 1 FROM leases WHERE name = ${LEADER_LEASE} AND holder = ${term.holder} AND epoch = ${term.epoch} AND expires_at > statement_timestamp())`;
 }
 
 /** Raised when a fenced write found the term gone: another replica leads and will carry on. */
 export class LeaseLost extends Error {}
 
-/** Throws LeaseLost unless the term still holds the leader lease (as `sql`, a transaction, sees it). */
+/**
+ * In a transaction, before its writes: throws LeaseLost unless the term still holds the leader
+ * lease, and keeps it held until the transaction ends. The lease row is share-locked, so no other
+ * replica takes the lease over (nor does this one renew it) before this transaction commits or
+ * rolls back: a writer that stalls between this check and its COMMIT cannot write beside a new
+ * term. A stall holds the takeover back for at most the idle transaction timeout (store/db.ts).
+ */
 export async function assertTerm(sql: Sql, term: { readonly holder: string; readonly epoch: number }): Promise<void> {
-  const [row] = await sql<Array<{ held: boolean }>>`SELECT ${termHolds(sql, term)} AS held`;
-  if (!row?.held) throw new LeaseLost('leader lease lost');
+  const rows = await sql`
+    SELECT 1 FROM leases
+    WHERE name = ${LEADER_LEASE} AND holder = ${term.holder} AND epoch = ${term.epoch} AND expires_at > statement_timestamp()
+    FOR SHARE`;
+  if (rows.length === 0) throw new LeaseLost('leader lease lost');
 }
 
 export async function readLease(sql: Sql, name: string): Promise<LeaseRow | null> {

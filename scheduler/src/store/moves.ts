@@ -24,14 +24,15 @@ export interface MoveRequest {
  */
 export async function insertMove(sql: Sql, desktopId: string, req: MoveRequest, term?: SettleFence): Promise<{ op: OperationRow } | { refused: string }> {
   return inTransaction(sql, async (tx) => {
-    // A drain's move (engine/drainer.ts) is the leader's: it throws LeaseLost past its term.
-    if (term) await assertTerm(tx, term);
     const [d] = await tx<DesktopRow[]>`SELECT * FROM desktops WHERE id = ${desktopId} FOR UPDATE`;
     if (!d) return { refused: 'not_found' };
     if (!d.host_id || (d.state !== 'awake' && d.state !== 'hibernated')) return { refused: `the desktop is ${d.state}; only awake and hibernated desktops on a host move` };
     if (req.requestedHostId === d.host_id) return { refused: 'the desktop is already on that host' };
     const open = await openOperation(tx, d.id);
     if (open) return { refused: `the desktop's ${open.kind} (operation ${open.id}) is in progress; retry once it settles` };
+    // A drain's move (engine/drainer.ts) is the leader's: LeaseLost past its term, checked after
+    // the lock waits above and held to the commit.
+    if (term) await assertTerm(tx, term);
     const params: MoveParams = { phase: 'accepted', source_host_id: d.host_id, requested_host_id: req.requestedHostId, drain: req.drain };
     const op = await insertOperation(tx, {
       orgId: d.org_id,
