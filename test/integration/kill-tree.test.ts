@@ -70,6 +70,16 @@ describe.skipIf(!isRoot)('killTree', () => {
       await until(dead, 5_000, 'the lost member killed');
       await exited;
     } finally {
+      // The lost member is reaped by this machine's init, which takes its time under load (a full
+      // run once kept its zombie in the group past 10 s). Its removal is the test's tidying, not
+      // what it checks: anything left is killed, and a group that will not empty is reported.
+      for (const pid of readFileSync(`${group}/cgroup.procs`, 'utf8').split('\n').filter(Boolean).map(Number)) {
+        try {
+          process.kill(pid, 'SIGKILL');
+        } catch {
+          // gone meanwhile
+        }
+      }
       await until(() => {
         try {
           rmdirSync(group);
@@ -77,7 +87,7 @@ describe.skipIf(!isRoot)('killTree', () => {
         } catch {
           return false;
         }
-      }, 10_000, 'the group to empty');
+      }, 30_000, 'the group to empty').catch(() => console.warn(`kill-tree test: ${group} did not empty within 30 s; left behind`));
     }
   });
 });
