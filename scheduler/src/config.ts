@@ -7,6 +7,7 @@ import { randomUUID } from 'node:crypto';
 import { isIP } from 'node:net';
 import { availableParallelism, hostname } from 'node:os';
 import { formatHostPort, parseHostPort } from '../../shared/src/host-port.js';
+import { IDLE_TRANSACTION_MS } from './store/db.js';
 
 export interface JwtSettings {
   readonly jwksUrl: string;
@@ -86,6 +87,12 @@ export interface SchedulerConfig {
   readonly agentListen: { readonly host: string; readonly port: number } | null;
   /** `CANTO_DB_POOL_MAX`: database connections for queries, shared out among the workers. Default 20. */
   readonly databasePoolMax: number;
+  /**
+   * `CANTO_DB_IDLE_TRANSACTION_MS`: the `idle_in_transaction_session_timeout` every connection
+   * asks for (store/db.ts). Default 5000; `0` asks for none (a pooler that refuses the startup
+   * parameter, or one set on the role instead).
+   */
+  readonly databaseIdleTransactionMs: number;
   /** `CANTO_SECRET_KEY`: base64 (or hex) 32-byte key sealing desktop env/setup_script. Required. */
   readonly secretKey: string;
   /** `CANTO_JOIN_TOKEN`: the token agents present to join. Unset: no agent can join. */
@@ -235,6 +242,7 @@ export function loadSchedulerConfig(env: Env): SchedulerConfig {
     workers,
     agentListen: agentListen && Object.freeze(agentListen),
     databasePoolMax: int(env, 'CANTO_DB_POOL_MAX', 20, 1),
+    databaseIdleTransactionMs: int(env, 'CANTO_DB_IDLE_TRANSACTION_MS', IDLE_TRANSACTION_MS),
     secretKey,
     joinToken: env.CANTO_JOIN_TOKEN || null,
     adminToken: loadAdminToken(env),

@@ -77,7 +77,7 @@ export interface RunningScheduler {
  */
 export async function startScheduler(config: SchedulerConfig, logger?: Logger, metrics = new SchedulerMetrics()): Promise<RunningScheduler> {
   const log = logger ?? createRootLogger({ level: config.logLevel, name: 'canto-scheduler' });
-  const sql = connectDatabase(config.databaseUrl, { max: config.databasePoolMax });
+  const sql = connectDatabase(config.databaseUrl, { max: config.databasePoolMax, idleTransactionMs: config.databaseIdleTransactionMs });
   await migrate(sql);
   const secrets = createSecretBox(parseSecretKey(config.secretKey));
   // In the background: values not yet bound still open (crypto/desktop-secrets.ts), and a start

@@ -9,6 +9,7 @@ import { afterAll, beforeAll, expect, it } from 'vitest';
 import { connectDatabase, inTransaction, TransactionGone, type Sql } from '../../scheduler/src/store/db.js';
 import { freshDatabaseUrl } from '../helpers/db.js';
 import { until } from '../helpers/wait.js';
+import { loadSchedulerConfig } from '../../scheduler/src/config.js';
 
 let url: string;
 /** The other replica's pool. */
@@ -196,4 +197,19 @@ it("refuses a query a transaction's callback sends after it ended, which would r
   } finally {
     await pool.end({ timeout: 1 });
   }
+});
+
+it('asks each connection for the idle transaction timeout, or for none with 0 (CANTO_DB_IDLE_TRANSACTION_MS)', async () => {
+  const setting = async (idleTransactionMs?: number) => {
+    const pool = connectDatabase(url, { max: 1, ...(idleTransactionMs === undefined ? {} : { idleTransactionMs }) });
+    try {
+      return (await pool<Array<{ v: string }>>`SELECT current_setting('idle_in_transaction_session_timeout') AS v`)[0]!.v;
+    } finally {
+      await pool.end({ timeout: 1 });
+    }
+  };
+  expect(await setting()).toBe('5s');
+  expect(await setting(0)).toBe('0');
+  expect(loadSchedulerConfig({ DATABASE_URL: 'postgres://x', CANTO_SECRET_KEY: 'x' }).databaseIdleTransactionMs).toBe(5_000);
+  expect(loadSchedulerConfig({ DATABASE_URL: 'postgres://x', CANTO_SECRET_KEY: 'x', CANTO_DB_IDLE_TRANSACTION_MS: '0' }).databaseIdleTransactionMs).toBe(0);
 });

@@ -18,16 +18,21 @@ export type TxSql = postgres.TransactionSql;
  */
 export const IDLE_TRANSACTION_MS = 5_000;
 
+/** `idleTransactionMs` 0 leaves the server's own setting (the startup parameter is not sent). */
 export function connectDatabase(url: string, options: { max?: number; idleTransactionMs?: number } = {}): Sql {
   const parsed = new URL(url);
   const socketDir = parsed.searchParams.get('host');
   parsed.searchParams.delete('host');
+  const idle = options.idleTransactionMs ?? IDLE_TRANSACTION_MS;
   return postgres(parsed.toString(), {
     ...(socketDir ? { host: socketDir } : {}),
     max: options.max ?? 10,
     onnotice: () => {},
     transform: { undefined: null },
-    connection: { application_name: 'canto', idle_in_transaction_session_timeout: options.idleTransactionMs ?? IDLE_TRANSACTION_MS } as postgres.Options<never>['connection'],
+    connection: {
+      application_name: 'canto',
+      ...(idle > 0 ? { idle_in_transaction_session_timeout: idle } : {}),
+    } as postgres.Options<never>['connection'],
   });
 }
 
