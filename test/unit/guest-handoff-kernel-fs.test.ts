@@ -19,9 +19,14 @@ afterEach(() => {
   for (const p of started.splice(0)) p.kill('SIGKILL');
 });
 
-/** `unshare` (the scope's root) and the shell inside it holding `path` on fd 9: the helper. */
-async function helperHolding(path: string): Promise<{ root: number; helper: number }> {
-  const unshare = spawn('unshare', ['--pid', '--fork', 'sh', '-c', `exec 9<'${path}'; exec sleep 30`], { stdio: 'ignore' });
+/**
+ * `unshare` (the scope's root) and the shell inside it holding `path` on fd 9: the helper. With
+ * `mount`, it first mounts a filesystem of that type at `path`'s directory, in a mount namespace
+ * of its own, and creates the file.
+ */
+async function helperHolding(path: string, mount?: string): Promise<{ root: number; helper: number }> {
+  const setup = mount === undefined ? '' : `mount -t ${mount} none '${join(path, '..')}' && : > '${path}' && `;
+  const unshare = spawn('unshare', ['--pid', '--mount', '--fork', 'sh', '-c', `${setup}exec 9<'${path}'; exec sleep 30`], { stdio: 'ignore' });
   started.push(unshare);
   const helper = await until(() => {
     const children = readFileSync(`/proc/${unshare.pid}/task/${unshare.pid}/children`, 'utf8').trim().split(/\s+/).filter(Boolean).map(Number);
@@ -51,6 +56,13 @@ describe('a handed-over descriptor', () => {
 
   it.each(['/proc/self/status', '/sys/kernel/mm/transparent_hugepage/enabled'])('of %s is refused, though it is a regular file', async (path) => {
     const { root, helper } = await helperHolding(path);
+    expect(statSync(`/proc/${helper}/fd/9`).isFile()).toBe(true);
+    expect(() => openHandedFile({ root, initPid: helper }, handed(helper), 'read')).toThrow(/handoff refused: a file of a kernel filesystem/);
+  });
+
+  it.each(['mqueue', 'hugetlbfs'])('on a %s mount is refused, though it is a regular file', async (type) => {
+    const at = mkdtempSync(join(dir, `${type}-`));
+    const { root, helper } = await helperHolding(join(at, 'file'), type);
     expect(statSync(`/proc/${helper}/fd/9`).isFile()).toBe(true);
     expect(() => openHandedFile({ root, initPid: helper }, handed(helper), 'read')).toThrow(/handoff refused: a file of a kernel filesystem/);
   });

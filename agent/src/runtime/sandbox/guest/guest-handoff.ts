@@ -41,13 +41,15 @@ export interface HandoffScope {
 }
 
 /**
- * `statfs` types of filesystems whose files are the kernel's interfaces, not data (linux/magic.h):
- * proc, sysfs, debugfs, tracefs, securityfs, cgroup, cgroup2, bpf, configfs, pstore, efivarfs,
- * fusectl, binfmt_misc, selinuxfs, smackfs.
+ * `statfs` types of filesystems whose files are the kernel's interfaces or memory, not a disk's
+ * data (linux/magic.h): proc, sysfs, debugfs, tracefs, securityfs, cgroup, cgroup2, bpf, configfs,
+ * pstore, efivarfs, fusectl, binfmt_misc, selinuxfs, smackfs, and mqueue (its "regular files"
+ * are message queues) and hugetlbfs (huge-page memory), whose files also read as regular.
  */
 const KERNEL_FS = new Set<bigint>([
   0x9fa0n, 0x62656572n, 0x64626720n, 0x74726163n, 0x73636673n, 0x27e0ebn, 0x63677270n, 0xcafe4a11n,
   0x62656570n, 0x6165676cn, 0xde5e81e4n, 0x65735543n, 0x42494e4dn, 0xf97cff8cn, 0x43415d53n,
+  0x19800202n, 0x958458f6n,
 ]);
 
 function refused(why: string): AgentFailure {
