@@ -110,16 +110,16 @@ it('an idle sweep of a deposed term asks for no hibernate', async () => {
 });
 
 it('holds a takeover back until a write fenced on the term before it has ended', async () => {
-  // The last test: it ends the current term. That term's lease now runs out in 300 ms.
-  await sql`UPDATE leases SET expires_at = now() + interval '300 milliseconds' WHERE name = ${LEADER_LEASE}`;
+  // The last test: it ends the current term. That term's lease now runs out in a second.
+  await sql`UPDATE leases SET expires_at = now() + interval '1 second' WHERE name = ${LEADER_LEASE}`;
   const order: string[] = [];
   const writing = inTransaction(sql, async (tx) => {
     await assertTerm(tx, current);
     // A stall past the lease's end: the term lapses while the write is still to come.
-    await new Promise((resolve) => setTimeout(resolve, 600));
+    await new Promise((resolve) => setTimeout(resolve, 1_600));
     order.push('fenced write committed');
   });
-  await new Promise((resolve) => setTimeout(resolve, 400));
+  await new Promise((resolve) => setTimeout(resolve, 1_200));
   const taken = acquireLease(sql, LEADER_LEASE, 'replica-c', 60_000).then((t) => order.push(`taken over: ${t.held}`));
   await Promise.all([writing, taken]);
   expect(order).toEqual(['fenced write committed', 'taken over: true']);

@@ -221,7 +221,7 @@ describe.skipIf(!isRoot)('sandbox driver warm guest servers', () => {
   it("serves an operation with the guest's capabilities only, in a helper the guest can neither trace nor look into", async () => {
     await warmUp();
     // An operation that keeps its helper for a while: input that only waits.
-    const waiting = driver.input(id, [{ type: 'wait', ms: 3_000 }]);
+    const waiting = driver.input(id, [{ type: 'wait', ms: 6_000 }]);
     const probe = [
       'pid=; for p in /proc/[0-9]*; do case "$(tr "\\0" " " < $p/cmdline 2>/dev/null)" in "canto-helper xinput"*) pid=${p#/proc/};; esac; done',
       '[ -n "$pid" ] || exit 0',
@@ -234,7 +234,7 @@ describe.skipIf(!isRoot)('sandbox driver warm guest servers', () => {
     ].join('\n');
     // Until the helper has dropped what it may: a probe can come between its start and the drop.
     let seen = '';
-    await until(async () => (seen = await sh(probe)).includes('CapEff:\t00000000a00425fb'), 2_500, 'the helper serving the input').catch(() => undefined);
+    await until(async () => (seen = await sh(probe)).includes('CapEff:\t00000000a00425fb'), 5_000, 'the helper serving the input').catch(() => undefined);
     expect(seen.split('\n')).toEqual([
       'CapPrm:\t00000000a00425fb',
       'CapEff:\t00000000a00425fb',

@@ -75,7 +75,7 @@ export const X_ANSWER_SEC = 2;
  * the server reports the cursor only as far as it has processed them; on a loaded host that
  * takes a while. Past this, the call answers where the server says.
  */
-export const X_SETTLE_SEC = 2;
+export const X_SETTLE_SEC = 3;
 
 /**
  * The runner of a detached process, started as `/bin/sh -c RUNNER <dir>`: the env file applied,
