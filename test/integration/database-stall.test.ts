@@ -32,6 +32,36 @@ function gate(): { wait: Promise<void>; open(): void } {
   return { wait, open };
 }
 
+/** `fn` with a pool of one connection, ended after it: a reconnect must be of that very one. */
+async function withPoolOfOne<T>(fn: (pool: Sql) => Promise<T>): Promise<T> {
+  const pool = connectDatabase(url, { max: 1 });
+  try {
+    return await fn(pool);
+  } finally {
+    await pool.end({ timeout: 1 });
+  }
+}
+
+/**
+ * A transaction on `pool` whose long query the server cuts off (a failover, or an operator's
+ * pg_terminate_backend) while it runs; its callback then `throws` (the query's error goes on),
+ * swallows the error and `returns`, or `queries` again. Answers how the caller saw it end.
+ */
+async function cutOffTransaction(pool: Sql, after: 'throws' | 'returns' | 'queries'): Promise<string> {
+  let pid = 0;
+  const cut = inTransaction(pool, async (tx) => {
+    pid = (await tx<Array<{ pid: number }>>`SELECT pg_backend_pid() AS pid`)[0]!.pid;
+    const sleeping = tx`SELECT pg_sleep(5)`;
+    await (after === 'throws' ? sleeping : sleeping.catch(() => undefined));
+    if (after === 'queries') await tx`SELECT 1`;
+    return 'committed';
+  }).then(() => 'committed', (err: { code?: string }) => `rejected ${err.code ?? ''}`);
+  await until(() => pid !== 0, 5_000, 'the transaction to start');
+  await new Promise((resolve) => setTimeout(resolve, 100));
+  await other`SELECT pg_terminate_backend(${pid})`;
+  return cut;
+}
+
 it.each([
   ['writes when it resumes', true],
   ['only returns when it resumes', false],
@@ -80,30 +110,17 @@ it.each([
 });
 
 it('ends a transaction whose query the server cut off without sending it anything more, and the pool answers', async () => {
-  const pool = connectDatabase(url, { max: 1 });
-  try {
-    let pid = 0;
-    const cut = inTransaction(pool, async (tx) => {
-      pid = (await tx<Array<{ pid: number }>>`SELECT pg_backend_pid() AS pid`)[0]!.pid;
-      await tx`SELECT pg_sleep(5)`;
-      return 'committed';
-    }).then(() => 'committed', (err: { code?: string }) => `rejected ${err.code ?? ''}`);
-    while (pid === 0) await new Promise((resolve) => setTimeout(resolve, 10));
-    await new Promise((resolve) => setTimeout(resolve, 100));
-    // A database failover or an operator's pg_terminate_backend, while the query runs.
-    await other`SELECT pg_terminate_backend(${pid})`;
-    expect(await cut).toBe('rejected CONNECTION_CLOSED');
+  await withPoolOfOne(async (pool) => {
+    expect(await cutOffTransaction(pool, 'throws')).toBe('rejected CONNECTION_CLOSED');
+    // Not the dead session's last error, handed to the first query of the new one.
     expect(await pool`SELECT 1 AS one`).toEqual([{ one: 1 }]);
     expect(await pool`SELECT 2 AS two`).toEqual([{ two: 2 }]);
-  } finally {
-    await pool.end({ timeout: 1 });
-  }
+  });
 });
 
 it('rolls back at once a transaction that fails for a reason of its own, whatever code its error has', async () => {
   await other`INSERT INTO stall_probe (id, v) VALUES (3, 0)`;
-  const pool = connectDatabase(url, { max: 1 });
-  try {
+  await withPoolOfOne(async (pool) => {
     const failed = await inTransaction(pool, async (tx) => {
       await tx`UPDATE stall_probe SET v = 5 WHERE id = 3`;
       // What reading a file inside a transaction may throw (migrations do): not the connection's end.
@@ -112,31 +129,16 @@ it('rolls back at once a transaction that fails for a reason of its own, whateve
     expect(failed).toBe('ENOENT');
     expect(await other`SELECT v FROM stall_probe WHERE id = 3`).toEqual([{ v: 0 }]);
     expect(await pool`SELECT 1 AS one`).toEqual([{ one: 1 }]);
-  } finally {
-    await pool.end({ timeout: 1 });
-  }
+  });
 });
 
 it('keeps its connection in the pool when a callback carries on after its query was cut off', async () => {
-  const pool = connectDatabase(url, { max: 1 });
-  try {
+  await withPoolOfOne(async (pool) => {
     for (const after of ['returns', 'queries'] as const) {
-      let pid = 0;
-      const cut = inTransaction(pool, async (tx) => {
-        pid = (await tx<Array<{ pid: number }>>`SELECT pg_backend_pid() AS pid`)[0]!.pid;
-        await tx`SELECT pg_sleep(5)`.catch(() => undefined);
-        if (after === 'queries') await tx`SELECT 1`;
-        return 'committed';
-      }).then(() => 'committed', (err: { code?: string }) => `rejected ${err.code ?? ''}`);
-      while (pid === 0) await new Promise((resolve) => setTimeout(resolve, 10));
-      await new Promise((resolve) => setTimeout(resolve, 100));
-      await other`SELECT pg_terminate_backend(${pid})`;
-      expect(await cut).toBe('rejected CONNECTION_CLOSED');
+      expect(await cutOffTransaction(pool, after)).toBe('rejected CONNECTION_CLOSED');
       expect(await pool`SELECT ${after} AS after`).toEqual([{ after }]);
     }
-  } finally {
-    await pool.end({ timeout: 1 });
-  }
+  });
 });
 
 it('fails a query whose connection the database refuses to start again, rather than waiting for good', async () => {
@@ -170,8 +172,7 @@ it('fails a query whose connection the database refuses to start again, rather t
 });
 
 it("refuses a query a transaction's callback sends after it ended, which would run outside the transaction", async () => {
-  const pool = connectDatabase(url, { max: 1 });
-  try {
+  await withPoolOfOne(async (pool) => {
     let late = 'not sent';
     const failed = await inTransaction(pool, async (tx) => {
       const first = tx`SELECT 1 / 0`;
@@ -194,9 +195,7 @@ it("refuses a query a transaction's callback sends after it ended, which would r
     await until(() => late !== 'not sent', 5_000, 'the late branch');
     expect(late).toBe('TransactionGone');
     expect(await other`SELECT v FROM stall_probe WHERE id = 4`).toEqual([]);
-  } finally {
-    await pool.end({ timeout: 1 });
-  }
+  });
 });
 
 it('asks each connection for the idle transaction timeout, or for none with 0 (CANTO_DB_IDLE_TRANSACTION_MS)', async () => {
