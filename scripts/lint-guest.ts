@@ -17,6 +17,7 @@ import { guestHelperProgram, warmHelperProgram, type HelperOp } from '../agent/s
 import { execServerProgram, warmPrologue } from '../agent/src/runtime/sandbox/guest/warm-perl.js';
 import { forwarderProgram } from '../agent/src/runtime/sandbox/ports/guest-ports-perl.js';
 import { guestFile, guestFolder } from '../agent/src/runtime/sandbox/guest/guest-programs.js';
+import { guestFilterProgram } from '../agent/src/runtime/sandbox/guest/guest-filter.js';
 import { terminalWriterProgram } from '../agent/src/runtime/sandbox/guest/guest-terminal.js';
 
 export interface Finding {
@@ -36,6 +37,7 @@ export function perlPrograms(): Record<string, string> {
     'port forwarder': forwarderProgram(),
     'criu keeper': criuKeeperProgram(),
     'terminal writer': terminalWriterProgram(),
+    'guest filter': guestFilterProgram(),
   };
   for (const op of HELPER_OPS) programs[`helper ${op}`] = guestHelperProgram(op);
   return programs;

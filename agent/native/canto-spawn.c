@@ -316,6 +316,7 @@ int main(int argc, char **argv) {
   if (argc > 1 && strcmp(argv[1], "--enter") == 0) return guest_enter(argc, argv);
   if (argc > 1 && strcmp(argv[1], "--exec") == 0) return guest_exec(argc, argv);
   if (argc > 1 && strcmp(argv[1], "--clean") == 0) return clean_exec(argc, argv);
+  if (argc == 2 && strcmp(argv[1], "--guest-filter") == 0) return print_guest_filter();
   if (argc != 2) {
     fprintf(stderr, "usage: canto-spawn SOCKET-PATH (started by the canto agent)\n");
     return 2;

@@ -1,7 +1,8 @@
 /*
  * The modes of the canto-spawn binary besides the process spawner itself (canto-spawn.c): a
  * restore's keeper (keeper.c), CRIU's action script at a restore (restore-action.c), a port
- * gateway's relay (port-relay.c), the way into a guest of cold guest calls (guest-enter.c) and
+ * gateway's relay (port-relay.c), the way into a guest of cold guest calls (guest-enter.c), the
+ * guest's seccomp filter (guest-filter.c) and
  * an exec that hands on no stray descriptor (clean-fds.c); and the spawner's IPC channel to the
  * agent (handoff.c).
  */
@@ -23,6 +24,12 @@ int port_relay(int argc, char **argv);
 /* `canto-spawn --enter|--exec PID WORKDIR CAPS N CGROUP-DIR... -- PROGRAM ARGS...` (guest-enter.c). */
 int guest_enter(int argc, char **argv);
 int guest_exec(int argc, char **argv);
+
+/* The guest's seccomp filter (guest-filter.c): installs it on this process, 0 or -1 with errno. */
+int install_guest_filter(void);
+
+/* `canto-spawn --guest-filter`: its instructions to stdout, as bwrap's `--seccomp` reads them. */
+int print_guest_filter(void);
 
 /* Moves this process into each of the `n` cgroup directories; NULL, or the one it could not join. */
 const char *join_cgroups(int n, char **dirs);

@@ -256,6 +256,11 @@ static void run(const struct entry *e) {
     perror("canto-spawn: cannot limit the bounding set");
     _exit(126);
   }
+  /* Last, with every capability still effective (so without no_new_privs, which bwrap's guests have). */
+  if (install_guest_filter() != 0) {
+    perror("canto-spawn: cannot install the guest's seccomp filter");
+    _exit(126);
+  }
   execvp(e->program[0], e->program);
   fprintf(stderr, "canto-spawn: cannot run %s: %s\n", e->program[0], strerror(errno));
   _exit(127);

@@ -40,6 +40,7 @@ import type { VncSession } from '../../driver.js';
 import { joinArgv, JOIN_FAILED } from '../host/cgroups.js';
 import type { InitProcess } from '../host/cold-boot.js';
 import { GUEST_CAPS_ONLY, GUEST_ENV, nsenterArgv } from '../guest/guest-init.js';
+import { guestFilterArgv } from '../guest/guest-filter.js';
 import { isSameProcessSync, killTree, processTree, procStat, waitFor, type ProcStat } from '../host/host-procs.js';
 
 export interface VncSessionsOptions {
@@ -288,6 +289,7 @@ export class VncSessions {
       [
         ...joinArgv(desktopId, 3),
         ...nsenterArgv(this.options.nsenterPath, init.pid),
+        ...guestFilterArgv(),
         ...GUEST_CAPS_ONLY, '/usr/bin/setsid', X11VNC, ...x11vncArgs(desktopId, viewOnly),
       ],
       { env: { ...GUEST_ENV }, stdio: [serverEnd, serverEnd, 'pipe'] },

@@ -14,6 +14,7 @@
 import { cgroupDirs, joinArgv } from '../host/cgroups.js';
 import { helperPath } from '../host/spawner.js';
 import { execRelay } from './exec-relay.js';
+import { guestFilterArgv } from './guest-filter.js';
 import { GUEST_CAPS, GUEST_CAPS_ONLY, nsenterArgv } from './guest-init.js';
 import { warmPrologue } from './warm-perl.js';
 import { runtimeSwitch } from '../../../env-switch.js';
@@ -65,7 +66,7 @@ export function coldExecIsQuick(): boolean {
 export function enterArgv(entry: GuestEntry, program: readonly string[]): [string, string[]] {
   const native = nativeEntry();
   if (native !== null) return [native, nativeArgs('--enter', entry, program)];
-  return ['/bin/sh', [...joinArgv(entry.desktopId), ...nsenterArgv(entry.nsenterPath, entry.initPid, entry.workdir), ...caps(entry), ...program]];
+  return ['/bin/sh', [...joinArgv(entry.desktopId), ...inGuest(entry), ...program]];
 }
 
 /**
@@ -79,7 +80,7 @@ export function execArgv(entry: GuestEntry, program: readonly string[]): [string
     '/bin/sh',
     [
       ...joinArgv(entry.desktopId), '/usr/bin/perl', '-e', execRelay(), '--',
-      ...nsenterArgv(entry.nsenterPath, entry.initPid, entry.workdir), ...caps(entry), '/usr/bin/setsid', ...program,
+      ...inGuest(entry), '/usr/bin/setsid', ...program,
     ],
   ];
 }
@@ -94,13 +95,18 @@ export function warmServerArgv(entry: GuestEntry, socketDir: string, socketName:
   const prologue = ['-e', warmPrologue(), '--', socketDir, socketName];
   const native = nativeEntry();
   if (native !== null) return ['/usr/bin/perl', [...prologue, native, ...nativeArgs('--enter', entry, program)]];
-  return ['/bin/sh', [...joinArgv(entry.desktopId), '/usr/bin/perl', ...prologue, ...nsenterArgv(entry.nsenterPath, entry.initPid, entry.workdir), ...caps(entry), ...program]];
+  return ['/bin/sh', [...joinArgv(entry.desktopId), '/usr/bin/perl', ...prologue, ...inGuest(entry), ...program]];
 }
 
 function nativeArgs(mode: '--enter' | '--exec', entry: GuestEntry, program: readonly string[]): string[] {
   const dirs = cgroupDirs(entry.desktopId);
   const keep = entry.guestCaps ? GUEST_CAPS.join(',') : 'all';
   return [mode, String(entry.initPid), entry.workdir, keep, String(dirs.length), ...dirs, '--', ...program];
+}
+
+/** The chain's way in: nsenter, the guest's seccomp filter (with every capability still held), then the entry's capabilities. */
+function inGuest(entry: GuestEntry): string[] {
+  return [...nsenterArgv(entry.nsenterPath, entry.initPid, entry.workdir), ...guestFilterArgv(), ...caps(entry)];
 }
 
 function caps(entry: GuestEntry): readonly string[] {

@@ -19,6 +19,7 @@ import { existsSync, lstatSync } from 'node:fs';
 import { hostEtcSecrets } from './etc-secrets.js';
 import { join } from 'node:path';
 import { guestFile } from './guest-programs.js';
+import { GUEST_FILTER_FD } from './guest-filter.js';
 import {
   DISK_DIRS,
   GUEST_FB_DIR,
@@ -149,7 +150,8 @@ export function hostnameFor(desktopId: string): string {
 
 /**
  * bwrap's argv. The info fd (3) reports the guest init's host pid; fd 4 carries `ready`; with
- * `envOnFd5`, fd 5 carries the env file the init writes before anything else (a first boot).
+ * `envOnFd5`, fd 5 carries the env file the init writes before anything else (a first boot); fd 6
+ * carries the seccomp filter (guest-filter.ts).
  */
 export function bwrapArgs(paths: DesktopPaths, desktopId: string, envOnFd5 = false): string[] {
   const args = [
@@ -173,6 +175,7 @@ export function bwrapArgs(paths: DesktopPaths, desktopId: string, envOnFd5 = fal
     '--bind', paths.fb, GUEST_FB_DIR,
     '--remount-ro', '/',
     '--chdir', '/root',
+    '--seccomp', String(GUEST_FILTER_FD),
     '--cap-drop', 'ALL',
     ...GUEST_CAPS.flatMap((c) => ['--cap-add', `CAP_${c.toUpperCase()}`]),
     '--as-pid-1',

@@ -32,6 +32,7 @@ import { cgroupDirs, joinArgv } from '../host/cgroups.js';
 import { guestFile, perlProgram } from './guest-programs.js';
 import type { InitProcess } from '../host/cold-boot.js';
 import { GUEST_CAPS_ONLY, GUEST_ENV, nsenterArgv } from './guest-init.js';
+import { guestFilterArgv } from './guest-filter.js';
 import { killTree, procStatSync, signal, waitFor } from '../host/host-procs.js';
 
 type NodePty = typeof import('@lydell/node-pty');
@@ -263,6 +264,7 @@ export class TerminalSessions {
     const argv = [
       ...joinArgv(desktopId, 3),
       ...nsenterArgv(this.options.nsenterPath, init.pid, '/root'),
+      ...guestFilterArgv(),
       '/usr/bin/setsid', '--ctty', ...GUEST_CAPS_ONLY,
       '/bin/sh', '-c', guestFile('terminal.sh'), 'canto-terminal', ...(spec.command === null ? [] : [spec.command]),
     ];

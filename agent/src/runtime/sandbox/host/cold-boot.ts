@@ -15,6 +15,7 @@ import type { Readable, Writable } from 'node:stream';
 import { AgentFailure } from '../../../../../shared/src/protocol.js';
 import { joinArgv } from './cgroups.js';
 import { bwrapArgs, GUEST_ENV } from '../guest/guest-init.js';
+import { GUEST_FILTER, GUEST_FILTER_FD } from '../guest/guest-filter.js';
 import { isSameProcessSync, procStat, signal } from './host-procs.js';
 import { readJson, readJsonSync, type DesktopPaths } from './layout.js';
 
@@ -52,10 +53,10 @@ export async function coldBoot(
   const log = openSync(join(paths.run, 'boot.log'), 'a');
   let child;
   try {
-    child = spawn('/bin/sh', [...joinArgv(desktopId, 6), bwrapPath, ...bwrapArgs(paths, desktopId, envFile !== null)], {
+    child = spawn('/bin/sh', [...joinArgv(desktopId, GUEST_FILTER_FD + 1), bwrapPath, ...bwrapArgs(paths, desktopId, envFile !== null)], {
       detached: true,
       env: { ...GUEST_ENV },
-      stdio: ['ignore', log, log, 'pipe', 'pipe', envFile === null ? 'ignore' : 'pipe'],
+      stdio: ['ignore', log, log, 'pipe', 'pipe', envFile === null ? 'ignore' : 'pipe', 'pipe'],
     });
   } finally {
     closeSync(log);
@@ -67,6 +68,10 @@ export async function coldBoot(
     env.on('error', () => {});
     env.end(envFile);
   }
+  // bwrap reads the filter whole before it starts the guest; one that cannot is a failed boot.
+  const filter = child.stdio.at(GUEST_FILTER_FD) as Writable;
+  filter.on('error', () => {});
+  filter.end(GUEST_FILTER);
   const info = child.stdio[3] as Readable;
   const ready = child.stdio[4] as Readable;
   const timer = setTimeout(() => {

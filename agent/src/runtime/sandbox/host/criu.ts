@@ -26,6 +26,7 @@ import { helperPath, runToEnd, spawnProcess } from './spawner.js';
 import { ensureSkeletonRun, exists, GUEST_FB_DIR, type DesktopPaths } from './layout.js';
 import { GUEST_CAPS_ONLY, hostnameFor, hostPathForGuestMount, maskedHostPaths } from '../guest/guest-init.js';
 import { guestFile, perlProgram } from '../guest/guest-programs.js';
+import { GUEST_FILTER, GUEST_FILTER_ID } from '../guest/guest-filter.js';
 import { runningInit, type InitProcess } from './cold-boot.js';
 import { parseMountTable } from './mount-table.js';
 
@@ -280,6 +281,13 @@ export async function restore(
   const uncovered = [...masked.files, ...masked.dirs].filter((path) => !mounted.has(path));
   if (uncovered.length > 0) {
     throw new Error(`the memory snapshot does not cover host secrets of /etc a guest must not read (${uncovered.slice(0, 3).join(', ')}${uncovered.length > 3 ? ', …' : ''})`);
+  }
+  // An image whose guest ran without the seccomp filter (dumped before it existed, or under
+  // another version of it) would restore a guest that reads the keyrings every guest shares: it
+  // boots cold instead, filtered. CRIU keeps every filter of the guest in seccomp.img, as is.
+  const filters = await readFile(join(paths.snapshot, 'seccomp.img')).catch(() => null);
+  if (filters === null || !filters.includes(GUEST_FILTER)) {
+    throw new Error(`the memory snapshot's guest runs without the seccomp filter ${GUEST_FILTER_ID} this host puts every guest under`);
   }
   // An image whose framebuffer is not mounted inside /dev/run had a /run tmpfs of its own.
   await ensureSkeletonRun(skeleton, !externals.some((e) => e.guestPath === GUEST_FB_DIR));
