@@ -115,7 +115,7 @@ export interface SchedulerConfig {
   readonly advertiseUrl: string | null;
   /** `CANTO_LEASE_TTL_MS`: leader lease lifetime. Default 2500. */
   readonly leaseTtlMs: number;
-  /** `CANTO_LEASE_RENEW_MS`: how often the leader renews (and followers try). Default min(500, TTL/3). */
+  /** `CANTO_LEASE_RENEW_MS`: how often the leader renews (and followers try). Default min(500, TTL/3); at most TTL/2. */
   readonly leaseRenewMs: number;
   /** `CANTO_WAIT_CAP_MS`: the `?wait=true` cap. Default 120000 (docs/api.md §4.1). */
   readonly waitCapMs: number;
@@ -226,6 +226,10 @@ export function loadSchedulerConfig(env: Env): SchedulerConfig {
       }
     : null;
   const leaseTtlMs = int(env, 'CANTO_LEASE_TTL_MS', 2_500, 500);
+  const leaseRenewMs = int(env, 'CANTO_LEASE_RENEW_MS', Math.min(500, Math.floor(leaseTtlMs / 3)), 100);
+  // A leader renewing less often loses its lease to one late or failed renewal, and the lease
+  // then changes hands over and over.
+  if (leaseRenewMs * 2 > leaseTtlMs) throw new Error(`CANTO_LEASE_RENEW_MS (${leaseRenewMs}) must be at most half of CANTO_LEASE_TTL_MS (${leaseTtlMs})`);
   const heartbeatMs = int(env, 'CANTO_HEARTBEAT_MS', 1_000, 20);
   // Two heartbeats missed and a quarter of one more: 2.25 s by default.
   const hostDownMs = int(env, 'CANTO_HOST_DOWN_MS', heartbeatMs * 2 + Math.round(heartbeatMs / 4), 1);
@@ -250,7 +254,7 @@ export function loadSchedulerConfig(env: Env): SchedulerConfig {
     replicaId: env.CANTO_REPLICA_ID || `sched-${randomUUID().slice(0, 8)}`,
     advertiseUrl: parseAdvertiseUrl(env.CANTO_ADVERTISE_URL),
     leaseTtlMs,
-    leaseRenewMs: int(env, 'CANTO_LEASE_RENEW_MS', Math.min(500, Math.floor(leaseTtlMs / 3)), 100),
+    leaseRenewMs,
     waitCapMs: int(env, 'CANTO_WAIT_CAP_MS', 120_000, 1),
     waitPollMs: int(env, 'CANTO_WAIT_POLL_MS', 2_000, 10),
     enginePollMs: int(env, 'CANTO_ENGINE_POLL_MS', 500, 10),

@@ -22,6 +22,9 @@ describe('scheduler worker settings', () => {
     expect(() => loadSchedulerConfig({ ...base, CANTO_WORKERS: 'two' })).toThrow(/CANTO_WORKERS/);
     expect(() => loadSchedulerConfig({ ...base, CANTO_AGENT_LISTEN: 'nowhere' })).toThrow(/HOST:PORT/);
     expect(() => loadSchedulerConfig({ ...base, CANTO_WORKERS: '4', CANTO_AGENT_LISTEN: '0.0.0.0:65534' })).toThrow(/65534\.\.65537/);
+    // A renewal slower than half the lease loses it to one late renewal.
+    expect(() => loadSchedulerConfig({ ...base, CANTO_LEASE_TTL_MS: '1000', CANTO_LEASE_RENEW_MS: '600' })).toThrow(/CANTO_LEASE_RENEW_MS \(600\) must be at most half of CANTO_LEASE_TTL_MS \(1000\)/);
+    expect(loadSchedulerConfig({ ...base, CANTO_LEASE_TTL_MS: '1000', CANTO_LEASE_RENEW_MS: '500' }).leaseRenewMs).toBe(500);
   });
 
   it('give each worker its own replica id, pool share and agent port from the base', () => {
