@@ -10,7 +10,8 @@
  * bwrap installs it for the guest init (`--seccomp`, from the bytes `--guest-filter` prints),
  * and every way into a running guest (guest-enter.c) installs it before its program runs; CRIU
  * carries it through a dump and a restore. The program knows x86_64 (and its x32 calls), i386
- * (int 0x80 from a 64-bit process) and aarch64; on any other architecture it allows everything.
+ * (int 0x80 from a 64-bit process), aarch64 and 32-bit ARM (on an arm64 host that runs such
+ * programs); a call of any other architecture is refused whatever it is.
  * guest-filter.ts holds the same instructions, and a test checks the two agree.
  */
 #include <errno.h>
@@ -26,10 +27,10 @@
 #define X32_SYSCALL_BIT 0x40000000u
 #define NR offsetof(struct seccomp_data, nr)
 #define ARCH offsetof(struct seccomp_data, arch)
-#define ALLOW 15
-#define DENY 14
+#define ALLOW 19
+#define DENY 18
 
-/* Each jump's offsets count from the next instruction: ALLOW/DENY less the jump's own index, less 1. */
+/* Each jump's offsets count from the next instruction: the target's index, less the jump's own, less 1. */
 static const struct sock_filter GUEST_FILTER[] = {
     /* 0 */ BPF_STMT(BPF_LD | BPF_W | BPF_ABS, ARCH),
     /* 1 */ BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, AUDIT_ARCH_X86_64, 0, 6 - 1 - 1),
@@ -41,12 +42,17 @@ static const struct sock_filter GUEST_FILTER[] = {
     /* 7 */ BPF_STMT(BPF_LD | BPF_W | BPF_ABS, NR),
     /* 8 */ BPF_JUMP(BPF_JMP | BPF_JGE | BPF_K, 286 /* add_key */, 0, ALLOW - 8 - 1),
     /* 9 */ BPF_JUMP(BPF_JMP | BPF_JGT | BPF_K, 288 /* keyctl */, ALLOW - 9 - 1, DENY - 9 - 1),
-    /* 10 */ BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, AUDIT_ARCH_AARCH64, 0, ALLOW - 10 - 1),
+    /* 10 */ BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, AUDIT_ARCH_AARCH64, 0, 14 - 10 - 1),
     /* 11 */ BPF_STMT(BPF_LD | BPF_W | BPF_ABS, NR),
     /* 12 */ BPF_JUMP(BPF_JMP | BPF_JGE | BPF_K, 217 /* add_key */, 0, ALLOW - 12 - 1),
     /* 13 */ BPF_JUMP(BPF_JMP | BPF_JGT | BPF_K, 219 /* keyctl */, ALLOW - 13 - 1, DENY - 13 - 1),
-    /* 14 */ BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | (EPERM & SECCOMP_RET_DATA)),
-    /* 15 */ BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
+    /* 14: 32-bit ARM programs on an arm64 host. Any other architecture is refused every call. */
+    /* 14 */ BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, AUDIT_ARCH_ARM, 0, DENY - 14 - 1),
+    /* 15 */ BPF_STMT(BPF_LD | BPF_W | BPF_ABS, NR),
+    /* 16 */ BPF_JUMP(BPF_JMP | BPF_JGE | BPF_K, 309 /* add_key */, 0, ALLOW - 16 - 1),
+    /* 17 */ BPF_JUMP(BPF_JMP | BPF_JGT | BPF_K, 311 /* keyctl */, ALLOW - 17 - 1, DENY - 17 - 1),
+    /* 18 */ BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | (EPERM & SECCOMP_RET_DATA)),
+    /* 19 */ BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
 };
 
 int install_guest_filter(void) {

@@ -4,7 +4,8 @@
  * by every other desktop and by the host's root. Every way into a guest runs under the filter:
  * the guest init and what it starts (bwrap), a cold exec and a file helper (the spawner's native
  * entry), the chain of programs without it (nsenter, then guest-filter.pl), and a restored guest
- * (CRIU keeps the filter). A memory snapshot whose guest ran without it boots cold. Needs root.
+ * (CRIU keeps the filter). A memory snapshot whose init ran without it, or whose images lack its
+ * bytes, boots cold. Needs root.
  */
 import { execFileSync } from 'node:child_process';
 import { readFile, rm, mkdtemp, writeFile } from 'node:fs/promises';
@@ -12,7 +13,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { newId } from '../../shared/src/ids.js';
-import { GUEST_FILTER, guestFilterArgv } from '../../agent/src/runtime/sandbox/guest/guest-filter.js';
+import { GUEST_FILTER, GUEST_FILTER_ID, guestFilterArgv } from '../../agent/src/runtime/sandbox/guest/guest-filter.js';
 import { detectCriu } from '../../agent/src/runtime/sandbox/host/criu.js';
 import { helperPath } from '../../agent/src/runtime/sandbox/host/spawner.js';
 import { createSandboxDriver, type SandboxDriver } from '../../agent/src/runtime/sandbox/index.js';
@@ -92,9 +93,18 @@ describe.skipIf(criu === null)('keyrings in guests', () => {
     expect(await initStatus(a)).toBe('Seccomp:\t2\n');
     expect(await probe(a, 'add')).toBe(EPERM);
 
-    // An image whose guest ran under another filter (or none) is not restored: it boots cold, filtered.
+    // An image whose init ran without a filter (a guest booted before it existed, whose entrants
+    // since carry it) is not restored: it boots cold, filtered.
+    const snapshot = join(base, 'state', 'desktops', a, 'snapshot');
     expect(await driver.hibernate(a)).toEqual({ snapshot: true });
-    const images = join(base, 'state', 'desktops', a, 'snapshot', 'seccomp.img');
+    expect(await readFile(join(snapshot, 'init-filtered'), 'utf8')).toBe(`${GUEST_FILTER_ID}\n`);
+    await rm(join(snapshot, 'init-filtered'));
+    expect((await driver.start({ desktopId: a, tier: 'small', firstBoot: null })).restored).toBe(false);
+    expect(await initStatus(a)).toBe('Seccomp:\t2\n');
+
+    // Nor is one whose guest ran under another filter (or none).
+    expect(await driver.hibernate(a)).toEqual({ snapshot: true });
+    const images = join(snapshot, 'seccomp.img');
     const bytes = await readFile(images);
     // Every copy (a warm server entered on its own holds one beside the init's).
     let copies = 0;

@@ -1,20 +1,22 @@
 /**
  * How a cold guest call gets into a desktop: the command line that runs a program in the desktop's
- * cgroups (from its first instruction), in every namespace of the guest init and its root, with the
- * guest's bounding set or, for the driver's own calls, every capability.
+ * cgroups (from its first instruction), in every namespace of the guest init and its root, under
+ * the guest's seccomp filter (guest-filter.ts), with the guest's bounding set or, for the driver's
+ * own calls, every capability.
  *
  * Where the spawner's binary is built, one process does all of it (`canto-spawn --enter`, and
  * `--exec` for commands, which adds the exec relay's real pipes and a session of their own:
  * agent/native/guest-enter.c). Otherwise, or with `CANTO_AGENT_NATIVE_ENTRY=off`, it is the chain
  * of programs the native modes replace: a shell that joins the cgroups (cgroup-join.sh), [the Perl
- * exec relay (exec-relay.ts)], nsenter, [setpriv down to the guest's bounding set], [setsid]. The
- * two are interchangeable; the chain loads five programs and compiles Perl before the program
- * starts, about two thirds of a cold exec's time.
+ * exec relay (exec-relay.ts)], nsenter, the filter's Perl step (guest-filter.pl), [setpriv down to
+ * the guest's bounding set], [setsid]. The two are interchangeable; the chain loads six programs
+ * and compiles Perl before the program starts, about two thirds of a cold exec's time.
  */
+import { execFileSync } from 'node:child_process';
 import { cgroupDirs, joinArgv } from '../host/cgroups.js';
 import { helperPath } from '../host/spawner.js';
 import { execRelay } from './exec-relay.js';
-import { guestFilterArgv } from './guest-filter.js';
+import { GUEST_FILTER, guestFilterArgv } from './guest-filter.js';
 import { GUEST_CAPS, GUEST_CAPS_ONLY, nsenterArgv } from './guest-init.js';
 import { warmPrologue } from './warm-perl.js';
 import { runtimeSwitch } from '../../../env-switch.js';
@@ -36,11 +38,25 @@ export interface GuestEntry {
 /** The spawner's binary, looked for once: every exec asks, and the build does not change under a running agent. */
 let built: string | null | undefined;
 
-/** The native modes' binary, unless turned off or not built. */
+/** The native modes' binary, unless turned off, not built, or built without this version's seccomp filter. */
 function nativeEntry(): string | null {
   if (!runtimeSwitch('CANTO_AGENT_NATIVE_ENTRY')) return null;
-  if (built === undefined) built = helperPath();
+  if (built === undefined) built = withGuestFilter(helperPath());
   return built;
+}
+
+/**
+ * `helper` when it installs the filter guest-filter.ts holds, else null: a binary left from an
+ * older build (one that predates the filter answers `--guest-filter` with its usage) would let
+ * every cold call into the guest unfiltered, where the chain of programs installs it.
+ */
+export function withGuestFilter(helper: string | null): string | null {
+  if (helper === null) return null;
+  try {
+    return execFileSync(helper, ['--guest-filter'], { stdio: ['ignore', 'pipe', 'ignore'], timeout: 5_000 }).equals(GUEST_FILTER) ? helper : null;
+  } catch {
+    return null;
+  }
 }
 
 /** Whether moving a process into a cgroup is quick on this host (cgroup-migrations.ts); the driver says so at its start. */

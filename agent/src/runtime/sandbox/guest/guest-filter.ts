@@ -24,14 +24,15 @@ const ARCH = 4;
 const AUDIT_ARCH_X86_64 = 0xc000003e;
 const AUDIT_ARCH_I386 = 0x40000003;
 const AUDIT_ARCH_AARCH64 = 0xc00000b7;
+const AUDIT_ARCH_ARM = 0x40000028;
 const X32_SYSCALL_BIT = 0x40000000;
 const SECCOMP_RET_ERRNO = 0x00050000;
 const SECCOMP_RET_ALLOW = 0x7fff0000;
 const EPERM = 1;
 const PR_SET_SECCOMP = 22;
 const SECCOMP_MODE_FILTER = 2;
-const ALLOW = 15;
-const DENY = 14;
+const ALLOW = 19;
+const DENY = 18;
 
 /** [code, jt, jf, k]; a jump's offsets count from the next instruction. */
 const PROGRAM: ReadonlyArray<readonly [number, number, number, number]> = [
@@ -45,10 +46,15 @@ const PROGRAM: ReadonlyArray<readonly [number, number, number, number]> = [
   [LD_W_ABS, 0, 0, NR],
   [JGE_K, 0, ALLOW - 8 - 1, 286],
   [JGT_K, ALLOW - 9 - 1, DENY - 9 - 1, 288],
-  [JEQ_K, 0, ALLOW - 10 - 1, AUDIT_ARCH_AARCH64],
+  [JEQ_K, 0, 14 - 10 - 1, AUDIT_ARCH_AARCH64],
   [LD_W_ABS, 0, 0, NR],
   [JGE_K, 0, ALLOW - 12 - 1, 217],
   [JGT_K, ALLOW - 13 - 1, DENY - 13 - 1, 219],
+  // 32-bit ARM programs on an arm64 host; a call of any other architecture is refused.
+  [JEQ_K, 0, DENY - 14 - 1, AUDIT_ARCH_ARM],
+  [LD_W_ABS, 0, 0, NR],
+  [JGE_K, 0, ALLOW - 16 - 1, 309],
+  [JGT_K, ALLOW - 17 - 1, DENY - 17 - 1, 311],
   [RET_K, 0, 0, SECCOMP_RET_ERRNO | EPERM],
   [RET_K, 0, 0, SECCOMP_RET_ALLOW],
 ];

@@ -221,6 +221,10 @@ export async function dump(criu: CriuInfo, paths: DesktopPaths, init: InitProces
   await mkdir(paths.snapshotTmp, { recursive: true });
   const externals = await guestBindMounts(init.pid, paths);
   await writeFile(join(paths.snapshotTmp, 'externals.json'), JSON.stringify(externals));
+  // Whether the init itself runs under a seccomp filter, for the restore's check (below): the
+  // filter's bytes in the images could be one process's of a guest booted before it existed.
+  const status = await readFile(`/proc/${init.pid}/status`, 'utf8').catch(() => '');
+  if (/^Seccomp:\s+2$/m.test(status)) await writeFile(join(paths.snapshotTmp, INIT_FILTERED_FILE), `${GUEST_FILTER_ID}\n`);
   const logPath = join(paths.run, 'criu-dump.log');
   // The network namespace is dumped without its contents: restores make it empty anyway (below),
   // and recording its links, addresses, routes and firewall tables ran six `ip`/`iptables-save`
@@ -254,6 +258,9 @@ function keeperArgv(desktopId: string, program: readonly string[]): [string, str
   return ['/bin/sh', [...joinArgv(desktopId), 'perl', '-e', criuKeeperProgram(), '--', ...program]];
 }
 
+/** In a snapshot: the guest's init ran under a seccomp filter when it was dumped. */
+const INIT_FILTERED_FILE = 'init-filtered';
+
 /** How long the check that a restored desktop answers may take, in seconds. */
 const PROBE_SECONDS = 10;
 
@@ -284,9 +291,10 @@ export async function restore(
   }
   // An image whose guest ran without the seccomp filter (dumped before it existed, or under
   // another version of it) would restore a guest that reads the keyrings every guest shares: it
-  // boots cold instead, filtered. CRIU keeps every filter of the guest in seccomp.img, as is.
+  // boots cold instead, filtered. The init must have run under a filter, and CRIU keeps every
+  // filter of the guest in seccomp.img as is, where this one's bytes must be.
   const filters = await readFile(join(paths.snapshot, 'seccomp.img')).catch(() => null);
-  if (filters === null || !filters.includes(GUEST_FILTER)) {
+  if (!(await exists(join(paths.snapshot, INIT_FILTERED_FILE))) || filters === null || !filters.includes(GUEST_FILTER)) {
     throw new Error(`the memory snapshot's guest runs without the seccomp filter ${GUEST_FILTER_ID} this host puts every guest under`);
   }
   // An image whose framebuffer is not mounted inside /dev/run had a /run tmpfs of its own.

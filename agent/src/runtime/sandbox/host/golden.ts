@@ -30,6 +30,7 @@ import { newId } from '../../../../../shared/src/ids.js';
 import type { Tier } from '../../../../../shared/src/tiers.js';
 import type { TemplateStats } from '../../driver.js';
 import { bwrapArgs, DEFAULT_SCREEN, MAX_SCREEN } from '../guest/guest-init.js';
+import { GUEST_FILTER } from '../guest/guest-filter.js';
 import { guestFile } from '../guest/guest-programs.js';
 import type { CriuInfo } from './criu.js';
 import { renderEnvFile, writeEnvOnFreshDisk } from './first-boot.js';
@@ -227,6 +228,8 @@ async function templateKey(criu: CriuInfo): Promise<string> {
   // it was booted with, so a change to it means another template.
   const standIn = `dsk_${'0'.repeat(24)}`;
   hash.update(`\0${bwrapArgs(desktopPaths('/', standIn), standIn).join('\0')}`);
+  // The seccomp filter the guest runs under: a restore refuses images made under another (criu.ts).
+  hash.update(GUEST_FILTER);
   for (const binary of SESSION_BINARIES) {
     const st = await stat(binary).catch(() => null);
     hash.update(`\0${binary}\0${st?.size ?? -1}\0${st?.mtimeMs ?? -1}`);
