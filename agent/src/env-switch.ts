@@ -10,6 +10,7 @@ export const RUNTIME_SWITCHES = {
   CANTO_AGENT_SPAWN_HELPER: true,
   CANTO_AGENT_NATIVE_ENTRY: true,
   CANTO_AGENT_CGROUP_FAVOR_DYNMODS: true,
+  CANTO_AGENT_RAISE_SHARED_LIMITS: true,
 } as const;
 
 /** `raw` as a switch: true/1/yes/on, false/0/no/off (any case), unset or empty the fallback. */

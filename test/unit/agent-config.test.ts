@@ -79,7 +79,7 @@ describe('loadAgentConfig', () => {
     expect(() => loadAgentConfig({ ...base, CANTO_AGENT_RUNTIME: 'qemu' })).toThrow(/sandbox" or "fake/);
     expect(() => loadAgentConfig({ ...base, CANTO_AGENT_MEMORY_SNAPSHOTS: 'maybe' })).toThrow(/CANTO_AGENT_MEMORY_SNAPSHOTS must be on or off/);
     // The switches the runtime reads where it uses them are checked at the start too.
-    for (const name of ['CANTO_AGENT_SPAWN_HELPER', 'CANTO_AGENT_NATIVE_ENTRY', 'CANTO_AGENT_CGROUP_FAVOR_DYNMODS']) {
+    for (const name of ['CANTO_AGENT_SPAWN_HELPER', 'CANTO_AGENT_NATIVE_ENTRY', 'CANTO_AGENT_CGROUP_FAVOR_DYNMODS', 'CANTO_AGENT_RAISE_SHARED_LIMITS']) {
       expect(() => loadAgentConfig({ ...base, [name]: 'of' })).toThrow(`${name} must be on or off (true/false, 1/0, yes/no), got "of"`);
       expect(() => loadAgentConfig({ ...base, [name]: '0' })).not.toThrow();
     }

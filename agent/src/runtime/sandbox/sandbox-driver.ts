@@ -66,6 +66,7 @@ import { favorDynamicCgroups } from './host/cgroup-migrations.js';
 import { collectUnusedLayers, discardsSettled } from './host/discarded.js';
 import { assertOneFilesystem } from './host/state-filesystem.js';
 import { noteQuickMigrations } from './guest/guest-entry.js';
+import { raiseSharedLimits } from './host/shared-limits.js';
 import type { RuntimeLog } from './runtime-log.js';
 import { runtimeSwitch } from '../../env-switch.js';
 
@@ -144,6 +145,7 @@ export class SandboxDriver implements RuntimeDriver {
     const driver = new SandboxDriver(stateDir, criu, { bwrap, nsenter }, options.log);
     const migrations = await favorDynamicCgroups(runtimeSwitch('CANTO_AGENT_CGROUP_FAVOR_DYNMODS'), driver.log);
     noteQuickMigrations(migrations === 'already' || migrations === 'set');
+    await raiseSharedLimits(runtimeSwitch('CANTO_AGENT_RAISE_SHARED_LIMITS'), driver.log);
     if (options.goldenTemplates === true && criu !== null) {
       const golden = await GoldenTemplates.open(stateDir, criu, driver.lifecycle, driver.log);
       driver.golden = golden;

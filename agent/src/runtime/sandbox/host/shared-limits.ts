@@ -1,0 +1,52 @@
+/**
+ * Kernel limits every guest shares with every other and with the host's root. Guests are root
+ * without a user namespace, and the kernel counts some things per user: inotify instances
+ * (`fs.inotify.max_user_instances`, 128 by default) and inotify watches
+ * (`fs.inotify.max_user_watches`). One desktop that opens 128 inotify instances (a probe in a
+ * guest did, in a loop) left no other desktop, and no root process of the host (systemd, the
+ * agent), able to open one, and a host of desktops running ordinary programs (browsers, editors
+ * and file managers watch files) reaches 128 without anyone trying.
+ *
+ * At the driver's start the agent raises both to at least SHARED_LIMITS
+ * (`CANTO_AGENT_RAISE_SHARED_LIMITS`, default `true`), never lowering one set higher. With the
+ * per-user counts out of the way, what bounds a guest is its own: every instance and watch is a
+ * descriptor of its processes and kernel memory charged to its memory cgroup. The values are the
+ * kernel's, for the whole host, until a reboot (operators.md says how to keep them). Where they
+ * cannot be written (a read-only /proc/sys in a container), the agent says so and goes on.
+ */
+import { readFile, writeFile } from 'node:fs/promises';
+import { join } from 'node:path';
+
+/** The floor for each limit, by its path under /proc/sys. */
+export const SHARED_LIMITS: Readonly<Record<string, number>> = {
+  'fs/inotify/max_user_instances': 1 << 20,
+  'fs/inotify/max_user_watches': 1 << 22,
+};
+
+export interface RaisedLimit {
+  readonly name: string;
+  readonly from: number;
+  readonly to: number;
+}
+
+/** Raises each limit below its floor; answers what it raised. `procSys` is for tests. */
+export async function raiseSharedLimits(enabled: boolean, log: (msg: string, fields?: object) => void, procSys = '/proc/sys'): Promise<RaisedLimit[]> {
+  if (!enabled) return [];
+  const raised: RaisedLimit[] = [];
+  for (const [name, floor] of Object.entries(SHARED_LIMITS)) {
+    const path = join(procSys, name);
+    const now = Number((await readFile(path, 'utf8').catch(() => '')).trim());
+    if (!Number.isFinite(now) || now >= floor) continue;
+    const sysctl = name.replace(/\//g, '.');
+    try {
+      await writeFile(path, `${floor}\n`);
+      raised.push({ name: sysctl, from: now, to: floor });
+    } catch (err) {
+      log('could not raise a limit every desktop shares with the host', {
+        sysctl, value: now, wanted: floor, error: String(err), advice: `set ${sysctl}=${floor} on the host (sysctl.d): one desktop can use up the ${now} the host's root and every desktop share`,
+      });
+    }
+  }
+  if (raised.length > 0) log('raised limits every desktop shares with the host', { raised });
+  return raised;
+}
