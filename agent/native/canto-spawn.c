@@ -317,6 +317,7 @@ int main(int argc, char **argv) {
   if (argc > 1 && strcmp(argv[1], "--exec") == 0) return guest_exec(argc, argv);
   if (argc > 1 && strcmp(argv[1], "--clean") == 0) return clean_exec(argc, argv);
   if (argc == 2 && strcmp(argv[1], "--guest-filter") == 0) return print_guest_filter();
+  if (argc > 1 && strcmp(argv[1], "--seal-proc") == 0) return seal_proc(argc, argv);
   if (argc != 2) {
     fprintf(stderr, "usage: canto-spawn SOCKET-PATH (started by the canto agent)\n");
     return 2;

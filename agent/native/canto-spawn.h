@@ -2,7 +2,7 @@
  * The modes of the canto-spawn binary besides the process spawner itself (canto-spawn.c): a
  * restore's keeper (keeper.c), CRIU's action script at a restore (restore-action.c), a port
  * gateway's relay (port-relay.c), the way into a guest of cold guest calls (guest-enter.c), the
- * guest's seccomp filter (guest-filter.c) and
+ * guest's seccomp filter (guest-filter.c), the seal of a new guest's /proc/sys (proc-seal.c) and
  * an exec that hands on no stray descriptor (clean-fds.c); and the spawner's IPC channel to the
  * agent (handoff.c).
  */
@@ -30,6 +30,9 @@ int install_guest_filter(void);
 
 /* `canto-spawn --guest-filter`: its instructions to stdout, as bwrap's `--seccomp` reads them. */
 int print_guest_filter(void);
+
+/* `canto-spawn --seal-proc PID` (proc-seal.c): PID's /proc/sys bound read-only; its exit code. */
+int seal_proc(int argc, char **argv);
 
 /* Moves this process into each of the `n` cgroup directories; NULL, or the one it could not join. */
 const char *join_cgroups(int n, char **dirs);

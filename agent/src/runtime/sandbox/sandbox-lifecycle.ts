@@ -137,7 +137,7 @@ export class SandboxLifecycle implements Omit<DesktopLifecycle, 'close' | 'usage
         if (init === null) {
           await applyTier(spec.desktopId, spec.tier); // again: a failed restore removed the groups
           const envFile = firstBoot === null ? null : renderEnvFile(firstBoot.env);
-          init = await coldBoot(paths, spec.desktopId, this.tools.bwrap, envFile);
+          init = await coldBoot(paths, spec.desktopId, this.tools, envFile);
           envAtBoot = envFile !== null;
           await writeFileAtomic(paths.initFile, JSON.stringify(init));
         }

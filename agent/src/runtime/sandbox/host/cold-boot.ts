@@ -14,8 +14,9 @@ import { join } from 'node:path';
 import type { Readable, Writable } from 'node:stream';
 import { AgentFailure } from '../../../../../shared/src/protocol.js';
 import { joinArgv } from './cgroups.js';
-import { bwrapArgs, GUEST_ENV } from '../guest/guest-init.js';
+import { bwrapArgs, GUEST_BLOCK_FD, GUEST_ENV } from '../guest/guest-init.js';
 import { GUEST_FILTER, GUEST_FILTER_FD } from '../guest/guest-filter.js';
+import { sealProcSys, untilBlockedOn } from './proc-seal.js';
 import { isSameProcessSync, procStat, signal } from './host-procs.js';
 import { readJson, readJsonSync, type DesktopPaths } from './layout.js';
 
@@ -47,16 +48,16 @@ function readUntil(stream: Readable, done: (text: string) => boolean): Promise<s
 export async function coldBoot(
   paths: DesktopPaths,
   desktopId: string,
-  bwrapPath: string,
+  tools: { readonly bwrap: string; readonly nsenter: string },
   envFile: string | null = null,
 ): Promise<InitProcess> {
   const log = openSync(join(paths.run, 'boot.log'), 'a');
   let child;
   try {
-    child = spawn('/bin/sh', [...joinArgv(desktopId, GUEST_FILTER_FD + 1), bwrapPath, ...bwrapArgs(paths, desktopId, envFile !== null)], {
+    child = spawn('/bin/sh', [...joinArgv(desktopId, GUEST_BLOCK_FD + 1), tools.bwrap, ...bwrapArgs(paths, desktopId, envFile !== null)], {
       detached: true,
       env: { ...GUEST_ENV },
-      stdio: ['ignore', log, log, 'pipe', 'pipe', envFile === null ? 'ignore' : 'pipe', 'pipe'],
+      stdio: ['ignore', log, log, 'pipe', 'pipe', envFile === null ? 'ignore' : 'pipe', 'pipe', 'pipe'],
     });
   } finally {
     closeSync(log);
@@ -74,27 +75,40 @@ export async function coldBoot(
   filter.end(GUEST_FILTER);
   const info = child.stdio[3] as Readable;
   const ready = child.stdio[4] as Readable;
+  // bwrap waits on this before the guest's first instruction, until /proc/sys is sealed; closed
+  // unwritten (a failed seal, or this process gone), it ends the boot.
+  const block = child.stdio.at(GUEST_BLOCK_FD) as Writable;
+  block.on('error', () => {});
   const timer = setTimeout(() => {
     info.destroy();
     ready.destroy();
+    block.destroy();
   }, BOOT_TIMEOUT_MS);
+  let pid = Number.NaN;
   try {
-    const [infoText, readyText] = await Promise.all([
-      readUntil(info, (t) => /"child-pid":\s*\d+[\s\S]*}/.test(t)),
-      readUntil(ready, (t) => t.includes('\n')),
-    ]);
-    const pid = Number(/"child-pid":\s*(\d+)/.exec(infoText)?.[1] ?? Number.NaN);
-    if (!Number.isInteger(pid) || readyText.trim() !== 'ready') {
+    const readyText = readUntil(ready, (t) => t.includes('\n'));
+    pid = Number(/"child-pid":\s*(\d+)/.exec(await readUntil(info, (t) => /"child-pid":\s*\d+[\s\S]*}/.test(t)))?.[1] ?? Number.NaN);
+    if (Number.isInteger(pid)) {
+      await untilBlockedOn(pid, GUEST_BLOCK_FD, desktopId);
+      await sealProcSys(pid, tools.nsenter, desktopId);
+      block.end('go');
+    }
+    if (!Number.isInteger(pid) || (await readyText).trim() !== 'ready') {
       if (Number.isInteger(pid)) signal(pid, 'SIGKILL');
       throw new AgentFailure(
         'runtime_error',
-        `desktop ${desktopId} failed to boot (${readyText.trim() || 'no ready signal'}); see ${paths.run}/boot.log and disk/var/log/canto/init.log`,
+        `desktop ${desktopId} failed to boot (${(await readyText).trim() || 'no ready signal'}); see ${paths.run}/boot.log and disk/var/log/canto/init.log`,
         true,
       );
     }
     const st = await procStat(pid);
     if (st === null) throw new AgentFailure('runtime_error', `desktop ${desktopId} init exited during boot`, true);
     return { pid, startTime: st.startTime };
+  } catch (err) {
+    // A guest whose /proc/sys could not be sealed never runs: bwrap still waits on the block fd.
+    if (Number.isInteger(pid)) signal(pid, 'SIGKILL');
+    block.destroy();
+    throw err;
   } finally {
     clearTimeout(timer);
   }

@@ -26,7 +26,7 @@ import { helperPath, runToEnd, spawnProcess } from './spawner.js';
 import { ensureSkeletonRun, exists, GUEST_FB_DIR, type DesktopPaths } from './layout.js';
 import { GUEST_CAPS_ONLY, hostnameFor, hostPathForGuestMount, maskedHostPaths } from '../guest/guest-init.js';
 import { guestFile, perlProgram } from '../guest/guest-programs.js';
-import { GUEST_FILTER, GUEST_FILTER_ID } from '../guest/guest-filter.js';
+import { recordConfinement, requireConfinement } from './confinement.js';
 import { runningInit, type InitProcess } from './cold-boot.js';
 import { parseMountTable } from './mount-table.js';
 
@@ -221,10 +221,7 @@ export async function dump(criu: CriuInfo, paths: DesktopPaths, init: InitProces
   await mkdir(paths.snapshotTmp, { recursive: true });
   const externals = await guestBindMounts(init.pid, paths);
   await writeFile(join(paths.snapshotTmp, 'externals.json'), JSON.stringify(externals));
-  // Whether the init itself runs under a seccomp filter, for the restore's check (below): the
-  // filter's bytes in the images could be one process's of a guest booted before it existed.
-  const status = await readFile(`/proc/${init.pid}/status`, 'utf8').catch(() => '');
-  if (/^Seccomp:\s+2$/m.test(status)) await writeFile(join(paths.snapshotTmp, INIT_FILTERED_FILE), `${GUEST_FILTER_ID}\n`);
+  await recordConfinement(paths.snapshotTmp, init.pid);
   const logPath = join(paths.run, 'criu-dump.log');
   // The network namespace is dumped without its contents: restores make it empty anyway (below),
   // and recording its links, addresses, routes and firewall tables ran six `ip`/`iptables-save`
@@ -258,9 +255,6 @@ function keeperArgv(desktopId: string, program: readonly string[]): [string, str
   return ['/bin/sh', [...joinArgv(desktopId), 'perl', '-e', criuKeeperProgram(), '--', ...program]];
 }
 
-/** In a snapshot: the guest's init ran under a seccomp filter when it was dumped. */
-const INIT_FILTERED_FILE = 'init-filtered';
-
 /** How long the check that a restored desktop answers may take, in seconds. */
 const PROBE_SECONDS = 10;
 
@@ -289,14 +283,8 @@ export async function restore(
   if (uncovered.length > 0) {
     throw new Error(`the memory snapshot does not cover host secrets of /etc a guest must not read (${uncovered.slice(0, 3).join(', ')}${uncovered.length > 3 ? ', …' : ''})`);
   }
-  // An image whose guest ran without the seccomp filter (dumped before it existed, or under
-  // another version of it) would restore a guest that reads the keyrings every guest shares: it
-  // boots cold instead, filtered. The init must have run under a filter, and CRIU keeps every
-  // filter of the guest in seccomp.img as is, where this one's bytes must be.
-  const filters = await readFile(join(paths.snapshot, 'seccomp.img')).catch(() => null);
-  if (!(await exists(join(paths.snapshot, INIT_FILTERED_FILE))) || filters === null || !filters.includes(GUEST_FILTER)) {
-    throw new Error(`the memory snapshot's guest runs without the seccomp filter ${GUEST_FILTER_ID} this host puts every guest under`);
-  }
+  // A guest booted before its confinement existed boots cold instead, confined (confinement.ts).
+  await requireConfinement(paths.snapshot);
   // An image whose framebuffer is not mounted inside /dev/run had a /run tmpfs of its own.
   await ensureSkeletonRun(skeleton, !externals.some((e) => e.guestPath === GUEST_FB_DIR));
   const pidfile = join(paths.run, 'restore.pid');

@@ -1,13 +1,21 @@
 /**
- * Guests share no keyring (guest/guest-filter.ts): they are root without a user namespace, and
- * the kernel keeps keyrings per uid, so without the seccomp filter a key one desktop adds is read
- * by every other desktop and by the host's root. Every way into a guest runs under the filter:
- * the guest init and what it starts (bwrap), a cold exec and a file helper (the spawner's native
- * entry), the chain of programs without it (nsenter, then guest-filter.pl), and a restored guest
- * (CRIU keeps the filter). A memory snapshot whose init ran without it, or whose images lack its
- * bytes, boots cold. Needs root.
+ * What confines every guest beyond its namespaces, on the real runtime; needs root.
+ *
+ * Keyrings (guest/guest-filter.ts): guests are root without a user namespace, and the kernel
+ * keeps keyrings per uid, so without the seccomp filter a key one desktop adds is read by every
+ * other desktop and by the host's root. Every way into a guest runs under the filter: the guest
+ * init and what it starts (bwrap), a cold exec and a file helper (the spawner's native entry), the
+ * chain of programs without it (nsenter, then guest-filter.pl), and a restored guest (CRIU keeps
+ * the filter).
+ *
+ * /proc/sys (host/proc-seal.ts): uid 0 writes a sysctl by its file mode alone, so a guest could
+ * set `kernel.core_pattern` and have the host's root run a file of its disk. It is read-only in a
+ * guest booted cold, by either way of sealing it, and after a restore.
+ *
+ * A memory snapshot whose guest ran without either (host/confinement.ts) boots cold.
  */
-import { execFileSync } from 'node:child_process';
+import { execFileSync, spawn } from 'node:child_process';
+import type { Readable, Writable } from 'node:stream';
 import { readFile, rm, mkdtemp, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
@@ -16,6 +24,8 @@ import { newId } from '../../shared/src/ids.js';
 import { GUEST_FILTER, GUEST_FILTER_ID, guestFilterArgv } from '../../agent/src/runtime/sandbox/guest/guest-filter.js';
 import { detectCriu } from '../../agent/src/runtime/sandbox/host/criu.js';
 import { helperPath } from '../../agent/src/runtime/sandbox/host/spawner.js';
+import { SEALED_PROC_PATHS, sealProcSys, untilBlockedOn } from '../../agent/src/runtime/sandbox/host/proc-seal.js';
+import { existsSync } from 'node:fs';
 import { createSandboxDriver, type SandboxDriver } from '../../agent/src/runtime/sandbox/index.js';
 import { destroyLeftDesktops, isRoot } from '../helpers/sandbox.js';
 
@@ -34,7 +44,7 @@ function onHost(what: 'add' | 'find', name: string, through: string[] = []): str
   return execFileSync(through[0] ?? 'perl', [...through.slice(1), ...(through.length > 0 ? ['perl'] : []), '-e', keyProbe(what, name)], { encoding: 'utf8' });
 }
 
-describe.skipIf(criu === null)('keyrings in guests', () => {
+describe.skipIf(criu === null)('guest confinement', () => {
   let base: string;
   let driver: SandboxDriver;
   const name = `canto-test-${newId('desktop')}`;
@@ -52,6 +62,17 @@ describe.skipIf(criu === null)('keyrings in guests', () => {
     await rm(base, { recursive: true, force: true });
   });
 
+  const run = async (id: string, command: string) => (await driver.exec(id, { command, timeoutMs: 10_000, maxOutputBytes: 65536 })).stdout;
+  const initStatus = (id: string) => run(id, 'grep ^Seccomp: /proc/1/status');
+  /** Writes a sysctl its own value (harmless where it goes through): what happened. */
+  const procSysWrite = (id: string) =>
+    run(id, 'f=/proc/sys/fs/inotify/max_user_watches; v=$(cat $f); if (echo "$v" > $f) 2>/dev/null; then echo written; else echo refused; fi');
+  /** The sealed paths this kernel has, with the first mount flag the guest sees at each (`ro` when sealed). */
+  const expectedSealed = SEALED_PROC_PATHS.filter((p) => existsSync(p)).map((p) => [p, 'ro']);
+  const sealedPaths = async (id: string) => {
+    const mounts = (await run(id, 'cat /proc/self/mountinfo')).split('\n').map((line) => line.split(' '));
+    return SEALED_PROC_PATHS.filter((p) => existsSync(p)).map((p) => [p, mounts.filter((f) => f[4] === p).at(-1)?.[5]?.split(',')[0] ?? 'none']);
+  };
   const probe = async (id: string, what: 'add' | 'find') =>
     (await driver.exec(id, { command: `perl -e '${keyProbe(what, name)}'`, timeoutMs: 10_000, maxOutputBytes: 1000 })).stdout;
 
@@ -67,15 +88,40 @@ describe.skipIf(criu === null)('keyrings in guests', () => {
     expect(onHost('find', name)).toBe(ENOKEY);
   });
 
-  it('keeps every guest, cold or restored, out of the keyrings', async () => {
+  it('seals /proc/sys through nsenter where the spawner binary is not used', async () => {
+    // bwrap as the cold boot runs it, reduced to what matters: it waits on fd 4 with the namespaces made.
+    const child = spawn('bwrap', [
+      '--unshare-pid', '--ro-bind', '/usr', '/usr', '--symlink', 'usr/lib', '/lib', '--symlink', 'usr/lib64', '/lib64', '--symlink', 'usr/bin', '/bin',
+      '--dev', '/dev', '--proc', '/proc', '--cap-drop', 'ALL', '--cap-add', 'CAP_DAC_OVERRIDE', '--as-pid-1', '--info-fd', '3', '--block-fd', '4',
+      '/bin/sh', '-c', 'f=/proc/sys/fs/inotify/max_user_watches; if (echo "$(cat $f)" > $f) 2>/dev/null; then echo written; else echo refused; fi',
+    ], { stdio: ['ignore', 'pipe', 'ignore', 'pipe', 'pipe'] });
+    for (const stream of child.stdio) stream?.on('error', () => undefined);
+    const info = child.stdio[3] as Readable;
+    let text = '';
+    for await (const chunk of info) {
+      text += String(chunk);
+      if (/"child-pid":\s*\d+/.test(text)) break;
+    }
+    const pid = Number(/"child-pid":\s*(\d+)/.exec(text)![1]);
+    await untilBlockedOn(pid, 4, 'dsk_probe');
+    await sealProcSys(pid, '/usr/bin/nsenter', 'dsk_probe', null);
+    (child.stdio[4] as Writable).end('go');
+    let out = '';
+    for await (const chunk of child.stdout!) out += String(chunk);
+    expect(out).toBe('refused\n');
+  });
+
+  it('keeps every guest, cold or restored, out of the keyrings and the host\'s sysctls', async () => {
     const a = newId('desktop');
     const b = newId('desktop');
     for (const id of [a, b]) {
       await driver.prepare(id, 'small');
       await driver.start({ desktopId: id, tier: 'small', firstBoot: null });
     }
-    const initStatus = async (id: string) => (await driver.exec(id, { command: 'grep ^Seccomp: /proc/1/status', timeoutMs: 5_000, maxOutputBytes: 100 })).stdout;
     expect(await initStatus(a)).toBe('Seccomp:\t2\n');
+    expect(await procSysWrite(a)).toBe('refused\n');
+    // The rest of /proc that acts on the whole host is read-only too (mount flags: never written here).
+    expect(await sealedPaths(a)).toEqual(expectedSealed);
     expect(await probe(a, 'add')).toBe(EPERM);
     expect(await probe(b, 'find')).toBe(EPERM);
     // The chain of programs, where the spawner's entry is off.
@@ -92,15 +138,20 @@ describe.skipIf(criu === null)('keyrings in guests', () => {
     expect((await driver.start({ desktopId: a, tier: 'small', firstBoot: null })).restored).toBe(true);
     expect(await initStatus(a)).toBe('Seccomp:\t2\n');
     expect(await probe(a, 'add')).toBe(EPERM);
+    expect(await procSysWrite(a)).toBe('refused\n');
 
     // An image whose init ran without a filter (a guest booted before it existed, whose entrants
-    // since carry it) is not restored: it boots cold, filtered.
+    // since carry it), or with a writable /proc/sys, is not restored: it boots cold, confined.
     const snapshot = join(base, 'state', 'desktops', a, 'snapshot');
-    expect(await driver.hibernate(a)).toEqual({ snapshot: true });
-    expect(await readFile(join(snapshot, 'init-filtered'), 'utf8')).toBe(`${GUEST_FILTER_ID}\n`);
-    await rm(join(snapshot, 'init-filtered'));
-    expect((await driver.start({ desktopId: a, tier: 'small', firstBoot: null })).restored).toBe(false);
-    expect(await initStatus(a)).toBe('Seccomp:\t2\n');
+    const record = join(snapshot, 'confinement.json');
+    for (const without of [{ seccomp_filter: null }, { proc_sys_read_only: false }]) {
+      expect(await driver.hibernate(a)).toEqual({ snapshot: true });
+      expect(JSON.parse(await readFile(record, 'utf8'))).toEqual({ seccomp_filter: GUEST_FILTER_ID, proc_sys_read_only: true });
+      await writeFile(record, JSON.stringify({ seccomp_filter: GUEST_FILTER_ID, proc_sys_read_only: true, ...without }));
+      expect((await driver.start({ desktopId: a, tier: 'small', firstBoot: null })).restored, JSON.stringify(without)).toBe(false);
+      expect(await initStatus(a)).toBe('Seccomp:\t2\n');
+      expect(await procSysWrite(a)).toBe('refused\n');
+    }
 
     // Nor is one whose guest ran under another filter (or none).
     expect(await driver.hibernate(a)).toEqual({ snapshot: true });

@@ -1,0 +1,50 @@
+/**
+ * What a memory snapshot's guest ran confined by, recorded at the dump and required at the
+ * restore. A guest booted by an agent before a confinement existed keeps running without it
+ * (nothing puts a seccomp filter on a running process, or a mount under it, from outside), and
+ * its snapshot would bring it back that way at every wake: such a snapshot is refused, and the
+ * desktop boots cold, confined, with its disk (criu.ts `restore`).
+ *
+ * Recorded from the guest init as the kernel shows it: under a seccomp filter (guest-filter.ts),
+ * and with /proc/sys bound read-only (proc-seal.ts). The filter's own bytes must also be among
+ * the filters CRIU kept (seccomp.img keeps each as is): the record alone cannot tell this
+ * filter from another version of it.
+ */
+import { readFile, writeFile } from 'node:fs/promises';
+import { join } from 'node:path';
+import { GUEST_FILTER, GUEST_FILTER_ID } from '../guest/guest-filter.js';
+
+/** In a snapshot directory. */
+const CONFINEMENT_FILE = 'confinement.json';
+
+interface Confinement {
+  /** The id of the filter the init ran under (this agent's, when it ran under one), or null. */
+  readonly seccomp_filter: string | null;
+  readonly proc_sys_read_only: boolean;
+}
+
+/** Records into `snapshotDir` what the running init `pid` is confined by. */
+export async function recordConfinement(snapshotDir: string, pid: number): Promise<void> {
+  const [status, mountinfo] = await Promise.all([
+    readFile(`/proc/${pid}/status`, 'utf8').catch(() => ''),
+    readFile(`/proc/${pid}/mountinfo`, 'utf8').catch(() => ''),
+  ]);
+  // The last mount at /proc/sys is the one the guest sees.
+  const procSys = mountinfo.split('\n').map((line) => line.split(' ')).filter((f) => f[4] === '/proc/sys').at(-1);
+  const record: Confinement = {
+    seccomp_filter: /^Seccomp:\s+2$/m.test(status) ? GUEST_FILTER_ID : null,
+    proc_sys_read_only: procSys?.[5]?.split(',').includes('ro') ?? false,
+  };
+  await writeFile(join(snapshotDir, CONFINEMENT_FILE), `${JSON.stringify(record)}\n`);
+}
+
+/** Throws, saying what is missing, unless the snapshot's guest ran confined as this agent confines guests. */
+export async function requireConfinement(snapshotDir: string): Promise<void> {
+  const record = JSON.parse(await readFile(join(snapshotDir, CONFINEMENT_FILE), 'utf8').catch(() => '{}')) as Partial<Confinement>;
+  const filters = await readFile(join(snapshotDir, 'seccomp.img')).catch(() => null);
+  const missing = [
+    ...(record.seccomp_filter === GUEST_FILTER_ID && filters !== null && filters.includes(GUEST_FILTER) ? [] : [`the seccomp filter ${GUEST_FILTER_ID}`]),
+    ...(record.proc_sys_read_only === true ? [] : ['a read-only /proc/sys']),
+  ];
+  if (missing.length > 0) throw new Error(`the memory snapshot's guest runs without ${missing.join(' and ')}, which this host puts every guest under`);
+}
