@@ -111,6 +111,21 @@ describe.skipIf(criu === null)('guest confinement', () => {
     expect(out).toBe('refused\n');
   });
 
+  it('seals the /proc of a guest that was running before the agent started, booted without the seal', async () => {
+    const id = newId('desktop');
+    await driver.prepare(id, 'small');
+    await driver.start({ desktopId: id, tier: 'small', firstBoot: null });
+    // As an agent before the seal left it: the binds undone from outside.
+    const init = JSON.parse(await readFile(join(base, 'state', 'desktops', id, 'run', 'init.json'), 'utf8')) as { pid: number };
+    execFileSync('nsenter', ['-t', String(init.pid), '-m', '-r', '--', '/bin/sh', '-c', 'umount /proc/sys']);
+    expect(await procSysWrite(id)).toBe('written\n');
+    // The agent starts again; the guest runs on.
+    await driver.close();
+    driver = await createSandboxDriver({ stateDir: join(base, 'state'), goldenTemplates: false });
+    expect(await procSysWrite(id)).toBe('refused\n');
+    await driver.destroy(id);
+  });
+
   it('keeps every guest, cold or restored, out of the keyrings and the host\'s sysctls', async () => {
     const a = newId('desktop');
     const b = newId('desktop');

@@ -67,6 +67,7 @@ import { collectUnusedLayers, discardsSettled } from './host/discarded.js';
 import { assertOneFilesystem } from './host/state-filesystem.js';
 import { noteQuickMigrations } from './guest/guest-entry.js';
 import { raiseSharedLimits } from './host/shared-limits.js';
+import { sealRunningGuests } from './host/running-seal.js';
 import type { RuntimeLog } from './runtime-log.js';
 import { runtimeSwitch } from '../../env-switch.js';
 
@@ -146,6 +147,7 @@ export class SandboxDriver implements RuntimeDriver {
     const migrations = await favorDynamicCgroups(runtimeSwitch('CANTO_AGENT_CGROUP_FAVOR_DYNMODS'), driver.log);
     noteQuickMigrations(migrations === 'already' || migrations === 'set');
     await raiseSharedLimits(runtimeSwitch('CANTO_AGENT_RAISE_SHARED_LIMITS'), driver.log);
+    await sealRunningGuests(stateDir, nsenter, driver.log);
     if (options.goldenTemplates === true && criu !== null) {
       const golden = await GoldenTemplates.open(stateDir, criu, driver.lifecycle, driver.log);
       driver.golden = golden;

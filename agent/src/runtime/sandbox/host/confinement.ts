@@ -13,6 +13,7 @@
 import { readFile, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { GUEST_FILTER, GUEST_FILTER_ID } from '../guest/guest-filter.js';
+import { procSysSealed } from './running-seal.js';
 
 /** In a snapshot directory. */
 const CONFINEMENT_FILE = 'confinement.json';
@@ -25,15 +26,10 @@ interface Confinement {
 
 /** Records into `snapshotDir` what the running init `pid` is confined by. */
 export async function recordConfinement(snapshotDir: string, pid: number): Promise<void> {
-  const [status, mountinfo] = await Promise.all([
-    readFile(`/proc/${pid}/status`, 'utf8').catch(() => ''),
-    readFile(`/proc/${pid}/mountinfo`, 'utf8').catch(() => ''),
-  ]);
-  // The last mount at /proc/sys is the one the guest sees.
-  const procSys = mountinfo.split('\n').map((line) => line.split(' ')).filter((f) => f[4] === '/proc/sys').at(-1);
+  const status = await readFile(`/proc/${pid}/status`, 'utf8').catch(() => '');
   const record: Confinement = {
     seccomp_filter: /^Seccomp:\s+2$/m.test(status) ? GUEST_FILTER_ID : null,
-    proc_sys_read_only: procSys?.[5]?.split(',').includes('ro') ?? false,
+    proc_sys_read_only: await procSysSealed(pid),
   };
   await writeFile(join(snapshotDir, CONFINEMENT_FILE), `${JSON.stringify(record)}\n`);
 }
