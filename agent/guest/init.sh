@@ -1,12 +1,26 @@
 # shellcheck shell=sh
 # The guest init, pid 1 of a desktop (see agent/src/runtime/sandbox/guest-init.ts):
-#   sh -c INIT canto-init <largest screen> <default screen> <framebuffer dir> <env-on-fd5 or ->
+#   sh -c INIT canto-init <largest screen> <default screen> <framebuffer dir> <env-on-fd5 or -> <sealed /proc paths>...
 # It reopens its stdio inside the guest (CRIU cannot dump an fd pointing at a host mount), writes
 # the env file a first boot hands it on fd 5 (host/first-boot.ts writes the same file), starts
 # Xvfb at the largest size and waits for it through -displayfd, shrinks the screen to the default
 # size, starts openbox and waits until it manages the screen, reports `ready` on fd 4 and then only
 # reaps orphans.
 max_screen=$1 default_screen=$2 fb_dir=$3 env_fd=$4
+shift 4
+# The rest of the arguments are the parts of /proc the agent makes read-only before this runs
+# (host/proc-seal.ts): root writes a sysctl by its mode alone. bwrap starts this even when the
+# agent never said go (its block fd closed unwritten), so the guest goes no further unless each of
+# them this kernel has is read-only; the last mount at a path is the one seen.
+sealed=
+for p; do [ -e "$p" ] && sealed="$sealed $p"; done
+if ! unsealed=$(awk -v want="$sealed" '
+  BEGIN { n = split(want, w, " "); for (i = 1; i <= n; i++) ro[w[i]] = 0 }
+  ($5 in ro) { split($6, o, ","); ro[$5] = (o[1] == "ro") }
+  END { for (p in ro) if (!ro[p]) printf " %s", p }' /proc/self/mountinfo); then
+  echo "cannot check that /proc is read-only" >&4; exit 1
+fi
+if [ -n "$unsealed" ]; then echo "writable:$unsealed" >&4; exit 1; fi
 exec 3>&- </dev/null >/dev/null 2>&1
 mkdir -p /var/log/canto /run/canto /run/lock /tmp/.X11-unix
 chmod 1777 /tmp/.X11-unix /dev/shm

@@ -7,13 +7,18 @@
  * file mode alone (0644), without asking for a capability. A guest could set
  * `kernel.core_pattern` to a pipe into a file of its own disk (whose host path its mountinfo
  * shows), and the kernel runs that file as the host's root at the next crash; or set
- * `fs.inotify.max_user_instances` for the whole host. Writing `b` to /proc/sysrq-trigger reboots
- * the host, with no capability asked either. bwrap means to cover some of them, but run by root
- * (0.8 here) it leaves every one writable: a guest's mountinfo shows no mount over them.
+ * `fs.inotify.max_user_instances` for the whole host. /proc/sysrq-trigger reboots the host on a
+ * `b`, /proc/dynamic_debug/control floods the kernel log, with no capability asked either. bwrap
+ * covers sysrq-trigger, irq and bus itself, but covers /proc/sys only when the directory reads as
+ * writable, and procfs refuses writes to that directory even to root while letting root write the
+ * files in it: bwrap run by root leaves it writable.
  *
- * The agent runs this while bwrap waits on its block fd (cold-boot.ts): the namespace and its
- * /proc are made, the guest's first instruction has not run. It enters the namespace at PID's
- * root, as guest-enter.c does, and exits 0, or 1 with a line that says what failed.
+ * It works at the mount namespace's root, which bwrap made the guest's root and a guest cannot
+ * move (that takes CAP_SYS_ADMIN), never at PID's own root, which a guest that traces its init can
+ * point anywhere. A path already read-only is left as it is, so sealing a running guest again
+ * adds nothing; a path this kernel lacks needs no seal. Exits 0, or 1 with a line that says what
+ * failed. The agent runs it while bwrap waits on its block fd (cold-boot.ts), and for guests
+ * already running when it starts (running-seal.ts).
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -22,12 +27,16 @@
 #include <stdio.h>
 #include <string.h>
 #include <sys/mount.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include "canto-spawn.h"
 
-/* Docker's read-only paths of /proc: the sysctls, the magic SysRq keys, IRQ affinities, and what drivers put there. */
-static const char *const SEALED[] = {"/proc/sys", "/proc/sysrq-trigger", "/proc/irq", "/proc/bus", "/proc/fs", "/proc/acpi", "/proc/scsi"};
+/* Docker's read-only paths of /proc and the other writable ones that act on the whole host; host/proc-seal.ts has the same list. */
+static const char *const SEALED[] = {
+    "/proc/sys", "/proc/sysrq-trigger", "/proc/irq", "/proc/bus", "/proc/fs", "/proc/acpi", "/proc/scsi",
+    "/proc/dynamic_debug", "/proc/latency_stats", "/proc/timer_stats", "/proc/asound", "/proc/driver",
+};
 
 static int failed(const char *what, const char *pid, const char *path) {
   fprintf(stderr, "canto: cannot seal /proc of %s: %s %s: %s\n", pid, what, path, strerror(errno));
@@ -44,15 +53,17 @@ int seal_proc(int argc, char **argv) {
   snprintf(path, sizeof path, "/proc/%s/ns/mnt", pid);
   int ns = open(path, O_RDONLY | O_CLOEXEC);
   if (ns < 0) return failed("open its mount namespace", pid, "");
-  snprintf(path, sizeof path, "/proc/%s/root", pid);
-  int root = open(path, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (root < 0) return failed("open its root", pid, "");
+  /* Joining a mount namespace puts this process at the namespace's root. */
   if (setns(ns, CLONE_NEWNS) != 0) return failed("enter its mount namespace", pid, "");
-  if (fchdir(root) != 0 || chroot(".") != 0 || chdir("/") != 0) return failed("enter its root", pid, "");
+  if (chdir("/") != 0) return failed("enter its root", pid, "");
   for (size_t i = 0; i < sizeof SEALED / sizeof SEALED[0]; i++) {
     const char *p = SEALED[i];
-    /* What this kernel does not have needs no seal (/proc/acpi without ACPI, /proc/scsi without SCSI). */
-    if (access(p, F_OK) != 0 && errno == ENOENT) continue;
+    struct statvfs st;
+    if (statvfs(p, &st) != 0) {
+      if (errno == ENOENT) continue;
+      return failed("look at", pid, p);
+    }
+    if (st.f_flag & ST_RDONLY) continue;
     if (mount(p, p, NULL, MS_BIND, NULL) != 0) return failed("bind", pid, p);
     if (mount(NULL, p, NULL, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL) != 0) {
       return failed("remount read-only", pid, p);

@@ -15,6 +15,7 @@
  * A memory snapshot whose guest ran without either (host/confinement.ts) boots cold.
  */
 import { execFileSync, spawn } from 'node:child_process';
+import { once } from 'node:events';
 import type { Readable, Writable } from 'node:stream';
 import { readFile, rm, mkdtemp, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
@@ -22,6 +23,7 @@ import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { newId } from '../../shared/src/ids.js';
 import { GUEST_FILTER, GUEST_FILTER_ID, guestFilterArgv } from '../../agent/src/runtime/sandbox/guest/guest-filter.js';
+import { guestFile } from '../../agent/src/runtime/sandbox/guest/guest-programs.js';
 import { detectCriu } from '../../agent/src/runtime/sandbox/host/criu.js';
 import { helperPath } from '../../agent/src/runtime/sandbox/host/spawner.js';
 import { SEALED_PROC_PATHS, sealProcSys, untilBlockedOn } from '../../agent/src/runtime/sandbox/host/proc-seal.js';
@@ -111,6 +113,25 @@ describe.skipIf(criu === null)('guest confinement', () => {
     expect(out).toBe('refused\n');
   });
 
+  it('has the guest init stop when bwrap started it unsealed (its block fd closed unwritten)', async () => {
+    const child = spawn('bwrap', [
+      '--unshare-pid', '--ro-bind', '/usr', '/usr', '--symlink', 'usr/lib', '/lib', '--symlink', 'usr/lib64', '/lib64', '--symlink', 'usr/bin', '/bin',
+      '--ro-bind', '/etc', '/etc', '--dev', '/dev', '--proc', '/proc', '--cap-drop', 'ALL', '--cap-add', 'CAP_DAC_OVERRIDE', '--as-pid-1',
+      '/bin/sh', '-c', guestFile('init.sh'), 'canto-init', '800x600', '800x600', '/tmp', '-', ...SEALED_PROC_PATHS,
+    ], { stdio: ['ignore', 'ignore', 'ignore', 'ignore', 'pipe'] });
+    for (const stream of child.stdio) stream?.on('error', () => undefined);
+    // Were it to go on, it would wait for an Xvfb that never comes: bounded.
+    const bound = setTimeout(() => child.kill('SIGKILL'), 10_000);
+    const exited = once(child, 'exit');
+    let said = '';
+    for await (const chunk of child.stdio[4] as Readable) said += String(chunk);
+    const [code] = (await exited) as [number];
+    clearTimeout(bound);
+    expect(said).toMatch(/^writable:( \/proc\/[a-z_]+)+\n$/);
+    expect(said).toContain(' /proc/sys');
+    expect(code).toBe(1);
+  });
+
   it('seals the /proc of a guest that was running before the agent started, booted without the seal', async () => {
     const id = newId('desktop');
     await driver.prepare(id, 'small');
@@ -159,10 +180,11 @@ describe.skipIf(criu === null)('guest confinement', () => {
     // since carry it), or with a writable /proc/sys, is not restored: it boots cold, confined.
     const snapshot = join(base, 'state', 'desktops', a, 'snapshot');
     const record = join(snapshot, 'confinement.json');
-    for (const without of [{ seccomp_filter: null }, { proc_sys_read_only: false }]) {
+    const sealedHere = SEALED_PROC_PATHS.filter((p) => existsSync(p));
+    for (const without of [{ seccomp_filter: null }, { proc_read_only: sealedHere.filter((p) => p !== '/proc/sys') }, { proc_read_only: sealedHere.slice(0, -1) }]) {
       expect(await driver.hibernate(a)).toEqual({ snapshot: true });
-      expect(JSON.parse(await readFile(record, 'utf8'))).toEqual({ seccomp_filter: GUEST_FILTER_ID, proc_sys_read_only: true });
-      await writeFile(record, JSON.stringify({ seccomp_filter: GUEST_FILTER_ID, proc_sys_read_only: true, ...without }));
+      expect(JSON.parse(await readFile(record, 'utf8'))).toEqual({ seccomp_filter: GUEST_FILTER_ID, proc_read_only: sealedHere });
+      await writeFile(record, JSON.stringify({ seccomp_filter: GUEST_FILTER_ID, proc_read_only: sealedHere, ...without }));
       expect((await driver.start({ desktopId: a, tier: 'small', firstBoot: null })).restored, JSON.stringify(without)).toBe(false);
       expect(await initStatus(a)).toBe('Seccomp:\t2\n');
       expect(await procSysWrite(a)).toBe('refused\n');

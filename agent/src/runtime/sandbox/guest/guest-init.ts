@@ -20,6 +20,7 @@ import { hostEtcSecrets } from './etc-secrets.js';
 import { join } from 'node:path';
 import { guestFile } from './guest-programs.js';
 import { GUEST_FILTER_FD } from './guest-filter.js';
+import { SEALED_PROC_PATHS } from '../host/proc-seal.js';
 import {
   DISK_DIRS,
   GUEST_FB_DIR,
@@ -187,6 +188,8 @@ export function bwrapArgs(paths: DesktopPaths, desktopId: string, envOnFd5 = fal
     '--new-session',
     '--info-fd', '3',
     '/bin/sh', '-c', guestFile('init.sh'), 'canto-init', MAX_SCREEN, DEFAULT_SCREEN, GUEST_FB_DIR, envOnFd5 ? 'env-on-fd5' : '-',
+    // What the init checks is read-only before it goes on (host/proc-seal.ts).
+    ...SEALED_PROC_PATHS,
   );
   return args;
 }

@@ -75,16 +75,17 @@ export async function coldBoot(
   filter.end(GUEST_FILTER);
   const info = child.stdio[3] as Readable;
   const ready = child.stdio[4] as Readable;
-  // bwrap waits on this before the guest's first instruction, until /proc/sys is sealed; closed
-  // unwritten (a failed seal, or this process gone), it ends the boot.
+  // bwrap waits on this before the guest's first instruction, until /proc is sealed. bwrap goes
+  // on when it closes unwritten (this process gone, say): the init then finds /proc writable and
+  // stops (agent/guest/init.sh), and a failure here kills the guest before it closes.
   const block = child.stdio.at(GUEST_BLOCK_FD) as Writable;
   block.on('error', () => {});
+  let pid = Number.NaN;
   const timer = setTimeout(() => {
+    if (Number.isInteger(pid)) signal(pid, 'SIGKILL');
     info.destroy();
     ready.destroy();
-    block.destroy();
   }, BOOT_TIMEOUT_MS);
-  let pid = Number.NaN;
   try {
     const readyText = readUntil(ready, (t) => t.includes('\n'));
     pid = Number(/"child-pid":\s*(\d+)/.exec(await readUntil(info, (t) => /"child-pid":\s*\d+[\s\S]*}/.test(t)))?.[1] ?? Number.NaN);
@@ -105,12 +106,22 @@ export async function coldBoot(
     if (st === null) throw new AgentFailure('runtime_error', `desktop ${desktopId} init exited during boot`, true);
     return { pid, startTime: st.startTime };
   } catch (err) {
-    // A guest whose /proc/sys could not be sealed never runs: bwrap still waits on the block fd.
+    // A guest whose /proc could not be sealed never runs: bwrap still waits on the block fd.
     if (Number.isInteger(pid)) signal(pid, 'SIGKILL');
+    if (child.pid !== undefined) signalGroup(child.pid);
     block.destroy();
     throw err;
   } finally {
     clearTimeout(timer);
+  }
+}
+
+/** SIGKILL to the process group of the boot's shell and bwrap (spawned detached, so it leads one). */
+function signalGroup(leader: number): void {
+  try {
+    process.kill(-leader, 'SIGKILL');
+  } catch {
+    // Gone already.
   }
 }
 

@@ -6,14 +6,15 @@
  * desktop boots cold, confined, with its disk (criu.ts `restore`).
  *
  * Recorded from the guest init as the kernel shows it: under a seccomp filter (guest-filter.ts),
- * and with /proc/sys bound read-only (proc-seal.ts). The filter's own bytes must also be among
+ * and which of the paths of /proc the agent seals it saw read-only (proc-seal.ts). The filter's own bytes must also be among
  * the filters CRIU kept (seccomp.img keeps each as is): the record alone cannot tell this
  * filter from another version of it.
  */
 import { readFile, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { GUEST_FILTER, GUEST_FILTER_ID } from '../guest/guest-filter.js';
-import { procSysSealed } from './running-seal.js';
+import { readOnlyProcPaths, SEALED_PROC_PATHS } from './proc-seal.js';
+import { existsSync } from 'node:fs';
 
 /** In a snapshot directory. */
 const CONFINEMENT_FILE = 'confinement.json';
@@ -21,7 +22,8 @@ const CONFINEMENT_FILE = 'confinement.json';
 interface Confinement {
   /** The id of the filter the init ran under (this agent's, when it ran under one), or null. */
   readonly seccomp_filter: string | null;
-  readonly proc_sys_read_only: boolean;
+  /** The sealed paths of /proc (proc-seal.ts) the init saw read-only. */
+  readonly proc_read_only: string[];
 }
 
 /** Records into `snapshotDir` what the running init `pid` is confined by. */
@@ -29,7 +31,7 @@ export async function recordConfinement(snapshotDir: string, pid: number): Promi
   const status = await readFile(`/proc/${pid}/status`, 'utf8').catch(() => '');
   const record: Confinement = {
     seccomp_filter: /^Seccomp:\s+2$/m.test(status) ? GUEST_FILTER_ID : null,
-    proc_sys_read_only: await procSysSealed(pid),
+    proc_read_only: await readOnlyProcPaths(pid),
   };
   await writeFile(join(snapshotDir, CONFINEMENT_FILE), `${JSON.stringify(record)}\n`);
 }
@@ -40,7 +42,8 @@ export async function requireConfinement(snapshotDir: string): Promise<void> {
   const filters = await readFile(join(snapshotDir, 'seccomp.img')).catch(() => null);
   const missing = [
     ...(record.seccomp_filter === GUEST_FILTER_ID && filters !== null && filters.includes(GUEST_FILTER) ? [] : [`the seccomp filter ${GUEST_FILTER_ID}`]),
-    ...(record.proc_sys_read_only === true ? [] : ['a read-only /proc/sys']),
+    // Every path this host seals (one its kernel has): a list that grows refuses older snapshots.
+    ...SEALED_PROC_PATHS.filter((p) => existsSync(p) && !(record.proc_read_only ?? []).includes(p)).map((p) => `a read-only ${p}`),
   ];
   if (missing.length > 0) throw new Error(`the memory snapshot's guest runs without ${missing.join(' and ')}, which this host puts every guest under`);
 }
