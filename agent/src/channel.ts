@@ -8,6 +8,7 @@ import type { Logger } from '../../shared/src/log.js';
 import type { AgentConfig } from './config.js';
 import { GenerationStore } from './generations.js';
 import { CommandHandlers } from './handlers.js';
+import { STAGING_SWEEP_MS, sweepStaging } from './transfer/staging-sweep.js';
 import { StreamGateway } from './stream/gateway.js';
 import { fencePortLine } from './ports/fence.js';
 import { PortGateway } from './ports/gateway.js';
@@ -112,6 +113,15 @@ export async function startAgent(options: StartAgentOptions): Promise<AgentHandl
     }
   }
   links.start();
+  // Staging no move will come back for (transfer/staging-sweep.ts): at the start, then hourly.
+  const transferDriver = options.driver.transfer;
+  const sweep = () => {
+    if (transferDriver === undefined) return;
+    sweepStaging({ transfer: transferDriver, queued: (id, work) => handlers.queued(id, work), log }).catch((err: unknown) => log('the staging sweep failed', { error: String(err) }));
+  };
+  sweep();
+  const sweeps = setInterval(sweep, STAGING_SWEEP_MS);
+  sweeps.unref();
   let stopping: Promise<void> | null = null;
   return {
     hostId: identity.hostId,
@@ -122,6 +132,7 @@ export async function startAgent(options: StartAgentOptions): Promise<AgentHandl
     waitConnected: (timeoutMs) => links.waitConnected(timeoutMs),
     stop() {
       stopping ??= (async () => {
+        clearInterval(sweeps);
         await links.stop();
         await handlers.settle(COMMAND_GRACE_MS);
         await probes?.close();

@@ -10,7 +10,7 @@
  */
 import { createWriteStream, mkdtempSync } from 'node:fs';
 import { finished } from 'node:stream/promises';
-import { mkdir, readFile, rm } from 'node:fs/promises';
+import { mkdir, readdir, readFile, rm } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { Readable } from 'node:stream';
@@ -158,6 +158,15 @@ export class FakeTransfer implements DesktopTransfer {
       this.desktops.delete(desktopId);
     }
     // No staging root yet: nothing was ever staged (and none is made just to be emptied).
+    if (this.root !== null) await rm(this.stagingDir(desktopId), { recursive: true, force: true });
+  }
+
+  async stagedDesktops(): Promise<string[]> {
+    if (this.root === null) return [];
+    return (await readdir(this.root).catch(() => [] as string[])).filter((name) => DESKTOP_ID.test(name));
+  }
+
+  async dropStaging(desktopId: string): Promise<void> {
     if (this.root !== null) await rm(this.stagingDir(desktopId), { recursive: true, force: true });
   }
 

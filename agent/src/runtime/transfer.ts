@@ -133,6 +133,10 @@ export interface DesktopTransfer {
    * gone meanwhile.
    */
   install(desktopId: string, spec: InstallSpec): Promise<void>;
+  /** The desktops that have a staging directory here (transfer/staging-sweep.ts). */
+  stagedDesktops(): Promise<string[]>;
+  /** Removes the desktop's staging, never an installed copy, and the layers only it stood on. */
+  dropStaging(desktopId: string): Promise<void>;
   /**
    * Writes what this host holds of the desktop to disk: an import that found its copy already
    * installed answers only once that copy would survive a power loss here.

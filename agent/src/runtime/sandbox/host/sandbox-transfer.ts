@@ -225,6 +225,18 @@ export class SandboxTransfer implements DesktopTransfer {
     }
   }
 
+  async stagedDesktops(): Promise<string[]> {
+    return (await readdir(incomingDir(this.stateDir)).catch(() => [] as string[])).filter((name) => name.startsWith('dsk_'));
+  }
+
+  dropStaging(desktopId: string): Promise<void> {
+    return this.mutex.run(desktopId, async () => {
+      await removeTree(this.stagingDir(desktopId));
+      // Layers only its staged chain kept go with it.
+      await collectLayers(this.stateDir, desktopsDir(this.stateDir));
+    });
+  }
+
   discard(desktopId: string): Promise<void> {
     const paths = desktopPaths(this.stateDir, desktopId);
     return this.mutex.run(desktopId, async () => {
