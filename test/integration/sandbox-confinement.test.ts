@@ -24,6 +24,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { newId } from '../../shared/src/ids.js';
 import { GUEST_FILTER, GUEST_FILTER_ID, guestFilterArgv } from '../../agent/src/runtime/sandbox/guest/guest-filter.js';
 import { guestFile } from '../../agent/src/runtime/sandbox/guest/guest-programs.js';
+import { maskedProcFiles } from '../../agent/src/runtime/sandbox/guest/guest-init.js';
 import { detectCriu } from '../../agent/src/runtime/sandbox/host/criu.js';
 import { helperPath } from '../../agent/src/runtime/sandbox/host/spawner.js';
 import { SEALED_PROC_PATHS, sealProcSys, untilBlockedOn } from '../../agent/src/runtime/sandbox/host/proc-seal.js';
@@ -75,6 +76,9 @@ describe.skipIf(criu === null)('guest confinement', () => {
     const mounts = (await run(id, 'cat /proc/self/mountinfo')).split('\n').map((line) => line.split(' '));
     return SEALED_PROC_PATHS.filter((p) => existsSync(p)).map((p) => [p, mounts.filter((f) => f[4] === p).at(-1)?.[5]?.split(',')[0] ?? 'none']);
   };
+  /** The bytes each masked /proc file this kernel has reads in the guest, one line each. */
+  const maskedBytes = (id: string) => run(id, `for f in ${maskedProcFiles().join(' ')}; do printf '%s %s\\n' "$f" "$(cat "$f" 2>/dev/null | wc -c)"; done`);
+  const expectedMasked = maskedProcFiles().map((f) => `${f} 0\n`).join('');
   const probe = async (id: string, what: 'add' | 'find') =>
     (await driver.exec(id, { command: `perl -e '${keyProbe(what, name)}'`, timeoutMs: 10_000, maxOutputBytes: 1000 })).stdout;
 
@@ -158,6 +162,8 @@ describe.skipIf(criu === null)('guest confinement', () => {
     expect(await procSysWrite(a)).toBe('refused\n');
     // The rest of /proc that acts on the whole host is read-only too (mount flags: never written here).
     expect(await sealedPaths(a)).toEqual(expectedSealed);
+    // What of /proc names every task and key of the host reads empty.
+    expect(await maskedBytes(a)).toBe(expectedMasked);
     expect(await probe(a, 'add')).toBe(EPERM);
     expect(await probe(b, 'find')).toBe(EPERM);
     // The chain of programs, where the spawner's entry is off.
@@ -175,6 +181,7 @@ describe.skipIf(criu === null)('guest confinement', () => {
     expect(await initStatus(a)).toBe('Seccomp:\t2\n');
     expect(await probe(a, 'add')).toBe(EPERM);
     expect(await procSysWrite(a)).toBe('refused\n');
+    expect(await maskedBytes(a)).toBe(expectedMasked);
 
     // An image whose init ran without a filter (a guest booted before it existed, whose entrants
     // since carry it), or with a writable /proc/sys, is not restored: it boots cold, confined.

@@ -102,6 +102,19 @@ export const MASKED_HOST_FILES = ['/etc/shadow', '/etc/shadow-', '/etc/gshadow',
  */
 export const MASKED_HOST_DIRS = ['/etc/ssl/private'] as const;
 
+/**
+ * Files of the guest's own /proc that show the whole host, each covered by a read-only bind of
+ * `/dev/null` as Docker covers them: timers and scheduler state name every task on the host with
+ * its pid, and the key lists name root's keys, which every guest's root is (guest-filter.ts keeps
+ * guests from the keys themselves). Those this kernel has (the guest's kernel is the host's).
+ */
+export const MASKED_PROC_FILES = ['/proc/timer_list', '/proc/sched_debug', '/proc/keys', '/proc/key-users', '/proc/kcore'] as const;
+
+/** MASKED_PROC_FILES this kernel has. */
+export function maskedProcFiles(): string[] {
+  return MASKED_PROC_FILES.filter((f) => existsSync(f));
+}
+
 /** The files and directories of the host's `/etc` a new desktop gets covered, as they exist now. */
 export function maskedHostPaths(): { files: string[]; dirs: string[] } {
   const secrets = hostEtcSecrets();
@@ -116,6 +129,7 @@ export function bindMounts(paths: DesktopPaths): Map<string, string> {
   const m = new Map<string, string>();
   for (const d of HOST_RO_DIRS) m.set(d, d);
   for (const f of MASKED_HOST_FILES) m.set(f, '/dev/null');
+  for (const f of MASKED_PROC_FILES) m.set(f, '/dev/null');
   for (const d of MASKED_HOST_DIRS) m.set(d, paths.empty);
   for (const d of DISK_DIRS) m.set(`/${d}`, join(paths.disk, d));
   m.set(GUEST_FB_DIR, paths.fb);
@@ -176,6 +190,7 @@ export function bwrapArgs(paths: DesktopPaths, desktopId: string, envOnFd5 = fal
     // restore, two processes each time.
     '--dev', '/dev',
     '--proc', '/proc',
+    ...maskedProcFiles().flatMap((f) => ['--ro-bind', '/dev/null', f]),
     '--dir', GUEST_RUN_DIR,
     '--bind', paths.fb, GUEST_FB_DIR,
     '--remount-ro', '/',

@@ -24,7 +24,7 @@ import { ensureKdatCache, KDAT_FILE } from './criu-kdat.js';
 import { procStat, waitFor } from './host-procs.js';
 import { helperPath, runToEnd, spawnProcess } from './spawner.js';
 import { ensureSkeletonRun, exists, GUEST_FB_DIR, type DesktopPaths } from './layout.js';
-import { GUEST_CAPS_ONLY, hostnameFor, hostPathForGuestMount, maskedHostPaths } from '../guest/guest-init.js';
+import { GUEST_CAPS_ONLY, hostnameFor, hostPathForGuestMount, maskedHostPaths, maskedProcFiles } from '../guest/guest-init.js';
 import { guestFile, perlProgram } from '../guest/guest-programs.js';
 import { recordConfinement, requireConfinement } from './confinement.js';
 import { runningInit, type InitProcess } from './cold-boot.js';
@@ -279,9 +279,9 @@ export async function restore(
   // without that secret) would leave the secret readable: the desktop boots cold instead, covered.
   const mounted = new Set(externals.map((e) => e.guestPath));
   const masked = maskedHostPaths();
-  const uncovered = [...masked.files, ...masked.dirs].filter((path) => !mounted.has(path));
+  const uncovered = [...masked.files, ...masked.dirs, ...maskedProcFiles()].filter((path) => !mounted.has(path));
   if (uncovered.length > 0) {
-    throw new Error(`the memory snapshot does not cover host secrets of /etc a guest must not read (${uncovered.slice(0, 3).join(', ')}${uncovered.length > 3 ? ', …' : ''})`);
+    throw new Error(`the memory snapshot does not cover what of /etc and /proc a guest must not read (${uncovered.slice(0, 3).join(', ')}${uncovered.length > 3 ? ', …' : ''})`);
   }
   // A guest booted before its confinement existed boots cold instead, confined (confinement.ts).
   await requireConfinement(paths.snapshot);
