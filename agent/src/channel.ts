@@ -115,9 +115,14 @@ export async function startAgent(options: StartAgentOptions): Promise<AgentHandl
   links.start();
   // Staging no move will come back for (transfer/staging-sweep.ts): at the start, then hourly.
   const transferDriver = options.driver.transfer;
+  let sweeping = false;
   const sweep = () => {
-    if (transferDriver === undefined) return;
-    sweepStaging({ transfer: transferDriver, queued: (id, work) => handlers.queued(id, work), log }).catch((err: unknown) => log('the staging sweep failed', { error: String(err) }));
+    // One at a time: a sweep still waiting on a desktop's queue an hour later is not joined by another.
+    if (transferDriver === undefined || sweeping) return;
+    sweeping = true;
+    sweepStaging({ transfer: transferDriver, queued: (id, work) => handlers.queued(id, work), log })
+      .catch((err: unknown) => log('the staging sweep failed', { error: String(err) }))
+      .finally(() => (sweeping = false));
   };
   sweep();
   const sweeps = setInterval(sweep, STAGING_SWEEP_MS);

@@ -123,15 +123,15 @@ export class CommandHandlers {
     }
   }
 
-  /**
-   * Waits for the commands running now, at most `timeoutMs`: an agent stopping gracefully lets a
-   * snapshot or an unpack finish rather than close the runtime (and its files) under it.
-   */
   /** Runs `work` in the desktop's command queue, after the commands before it (transfer/staging-sweep.ts). */
   queued<T>(desktopId: string, work: () => Promise<T>): Promise<T> {
     return this.queue.run(desktopId, work);
   }
 
+  /**
+   * Waits for the commands running now, at most `timeoutMs`: an agent stopping gracefully lets a
+   * snapshot or an unpack finish rather than close the runtime (and its files) under it.
+   */
   async settle(timeoutMs: number): Promise<void> {
     if (this.running.size === 0) return;
     let timer: NodeJS.Timeout | undefined;

@@ -28,7 +28,8 @@ import { maskedProcFiles } from '../../agent/src/runtime/sandbox/guest/guest-ini
 import { detectCriu } from '../../agent/src/runtime/sandbox/host/criu.js';
 import { helperPath } from '../../agent/src/runtime/sandbox/host/spawner.js';
 import { SEALED_PROC_PATHS, sealProcSys, untilBlockedOn } from '../../agent/src/runtime/sandbox/host/proc-seal.js';
-import { existsSync } from 'node:fs';
+import { missingConfinement } from '../../agent/src/runtime/sandbox/host/confinement.js';
+import { existsSync, readFileSync } from 'node:fs';
 import { createSandboxDriver, type SandboxDriver } from '../../agent/src/runtime/sandbox/index.js';
 import { destroyLeftDesktops, isRoot } from '../helpers/sandbox.js';
 
@@ -76,6 +77,7 @@ describe.skipIf(criu === null)('guest confinement', () => {
     const mounts = (await run(id, 'cat /proc/self/mountinfo')).split('\n').map((line) => line.split(' '));
     return SEALED_PROC_PATHS.filter((p) => existsSync(p)).map((p) => [p, mounts.filter((f) => f[4] === p).at(-1)?.[5]?.split(',')[0] ?? 'none']);
   };
+  const initPid = (id: string) => (JSON.parse(readFileSync(join(base, 'state', 'desktops', id, 'run', 'init.json'), 'utf8')) as { pid: number }).pid;
   /** The bytes each masked /proc file this kernel has reads in the guest, one line each. */
   const maskedBytes = (id: string) => run(id, `for f in ${maskedProcFiles().join(' ')}; do printf '%s %s\\n' "$f" "$(cat "$f" 2>/dev/null | wc -c)"; done`);
   const expectedMasked = maskedProcFiles().map((f) => `${f} 0\n`).join('');
@@ -115,6 +117,29 @@ describe.skipIf(criu === null)('guest confinement', () => {
     let out = '';
     for await (const chunk of child.stdout!) out += String(chunk);
     expect(out).toBe('refused\n');
+  });
+
+  it('fails a seal that leaves a path writable (a spawner binary of an older build)', async () => {
+    const child = spawn('bwrap', [
+      '--unshare-pid', '--ro-bind', '/usr', '/usr', '--symlink', 'usr/lib', '/lib', '--symlink', 'usr/lib64', '/lib64', '--symlink', 'usr/bin', '/bin',
+      '--dev', '/dev', '--proc', '/proc', '--cap-drop', 'ALL', '--as-pid-1', '--info-fd', '3', '--block-fd', '4', '/bin/true',
+    ], { stdio: ['ignore', 'ignore', 'ignore', 'pipe', 'pipe'] });
+    for (const stream of child.stdio) stream?.on('error', () => undefined);
+    try {
+      let text = '';
+      for await (const chunk of child.stdio[3] as Readable) {
+        text += String(chunk);
+        if (/"child-pid":\s*\d+/.test(text)) break;
+      }
+      const pid = Number(/"child-pid":\s*(\d+)/.exec(text)![1]);
+      await untilBlockedOn(pid, 4, 'dsk_probe');
+      // A binary that answers 0 and seals nothing.
+      await expect(sealProcSys(pid, '/usr/bin/nsenter', 'dsk_probe', '/bin/true')).rejects.toThrow(/still writable after the seal: \/proc\/sys/);
+      // What a restored guest is checked for, on a process confined by nothing.
+      expect(await missingConfinement(pid)).toEqual(expect.arrayContaining(['a seccomp filter', 'a read-only /proc/sys']));
+    } finally {
+      child.kill('SIGKILL');
+    }
   });
 
   it('has the guest init stop when bwrap started it unsealed (its block fd closed unwritten)', async () => {
@@ -160,6 +185,7 @@ describe.skipIf(criu === null)('guest confinement', () => {
     }
     expect(await initStatus(a)).toBe('Seccomp:\t2\n');
     expect(await procSysWrite(a)).toBe('refused\n');
+    expect(await missingConfinement(initPid(a))).toEqual([]);
     // The rest of /proc that acts on the whole host is read-only too (mount flags: never written here).
     expect(await sealedPaths(a)).toEqual(expectedSealed);
     // What of /proc names every task and key of the host reads empty.

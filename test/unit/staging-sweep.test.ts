@@ -73,6 +73,22 @@ describe('the staging sweep', () => {
     expect(readdirSync(join(root, BUSY)).sort()).toEqual(['desktop.part', 'x']);
   });
 
+  it('removes one desktop\'s staging while another desktop\'s queue is held', async () => {
+    // Listed first (the fake lists in order), so a sweep that took one desktop at a time would wait on it.
+    const first = 'dsk_' + '0'.repeat(24);
+    stage(first, STAGING_MAX_AGE_MS + 60_000);
+    stage(OLD, STAGING_MAX_AGE_MS + 60_000);
+    let release!: () => void;
+    const held = queue.run(first, () => new Promise<void>((resolve) => (release = resolve)));
+    const swept = sweep();
+    await new Promise((r) => setTimeout(r, 1_200));
+    expect(readdirSync(root)).toEqual([first]);
+    release();
+    await held;
+    // The held one is kept: its queue was busy.
+    expect(await swept).toEqual([OLD]);
+  });
+
   it('on the sandbox runtime, takes the layers only the staging stood on with it', async () => {
     const state = mkdtempSync(join(tmpdir(), 'canto-staging-state-'));
     try {

@@ -163,7 +163,7 @@ export class FakeTransfer implements DesktopTransfer {
 
   async stagedDesktops(): Promise<string[]> {
     if (this.root === null) return [];
-    return (await readdir(this.root).catch(() => [] as string[])).filter((name) => DESKTOP_ID.test(name));
+    return (await readdir(this.root).catch(() => [] as string[])).filter((name) => DESKTOP_ID.test(name)).sort();
   }
 
   async dropStaging(desktopId: string): Promise<void> {

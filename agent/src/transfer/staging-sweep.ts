@@ -61,8 +61,9 @@ export async function sweepStaging(deps: StagingSweepDeps): Promise<string[]> {
     return last !== null && now() - last >= maxAge;
   };
   const dropped: string[] = [];
-  for (const desktopId of await deps.transfer.stagedDesktops()) {
-    if (!(await stale(desktopId))) continue;
+  // Each in its own desktop's queue, all at once: one queue held for long holds up no other.
+  await Promise.all((await deps.transfer.stagedDesktops()).map(async (desktopId) => {
+    if (!(await stale(desktopId))) return;
     // Looked at again in the queue. Work that held the queue meanwhile (an import, whose last
     // writes may carry times from its archive) means a move is under way: kept, and judged again
     // at the next sweep.
@@ -76,7 +77,8 @@ export async function sweepStaging(deps: StagingSweepDeps): Promise<string[]> {
       return false;
     });
     if (gone) dropped.push(desktopId);
-  }
+  }));
+  dropped.sort();
   if (dropped.length > 0) deps.log('removed staging no move will come back for', { desktops: dropped, maxAgeMinutes: Math.round(maxAge / 60_000) });
   return dropped;
 }

@@ -34,6 +34,8 @@ import type { KeyedMutex } from './host/keyed-mutex.js';
 import { compactFile, worthCompacting } from './host/sparse.js';
 import { createFork, freeze, mountDisk, standsOnLayers } from './host/layers.js';
 import { collectUnusedLayers, discardTree } from './host/discarded.js';
+import { requireRunningConfinement } from './host/confinement.js';
+import { sealRunningGuest } from './host/running-seal.js';
 import {
   desktopPaths, ensureDisk, ensureSkeleton, exists, hasDisk, TEMPLATE_CLONE_FILE, writeFileAtomic, type DesktopPaths,
 } from './host/layout.js';
@@ -115,6 +117,7 @@ export class SandboxLifecycle implements Omit<DesktopLifecycle, 'close' | 'usage
         init = orphan;
         await writeFileAtomic(paths.initFile, JSON.stringify(init));
         this.log('a guest restored after its agent stopped is adopted', { desktopId: spec.desktopId });
+        await sealRunningGuest(orphan.pid, this.tools.nsenter, spec.desktopId, this.log); // an older agent's restore left /proc writable
       }
       if (init === null) {
         const t0 = performance.now();
@@ -350,6 +353,7 @@ export class SandboxLifecycle implements Omit<DesktopLifecycle, 'close' | 'usage
       // took a client): the restore's action script did all three (agent/native/restore-action.c,
       // or agent/guest/criu-restore-action.sh where the process spawner is not built).
       if (!restored.answer.ok) throw new Error(`restored desktop does not answer: ${restored.answer.error}`);
+      await requireRunningConfinement(init.pid); // as the record said, now that it runs
       // Recorded and answering: CRIU's pidfile now names no restore that nobody recorded.
       await rm(join(paths.run, 'restore.pid'), { force: true });
       return init;

@@ -13,7 +13,8 @@
 import { readFile, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { GUEST_FILTER, GUEST_FILTER_ID } from '../guest/guest-filter.js';
-import { readOnlyProcPaths, SEALED_PROC_PATHS } from './proc-seal.js';
+import { readOnlyProcPaths, SEALED_PROC_PATHS, unsealedProcPaths } from './proc-seal.js';
+import { maskedProcFiles } from '../guest/guest-init.js';
 import { existsSync } from 'node:fs';
 
 /** In a snapshot directory. */
@@ -46,4 +47,29 @@ export async function requireConfinement(snapshotDir: string): Promise<void> {
     ...SEALED_PROC_PATHS.filter((p) => existsSync(p) && !(record.proc_read_only ?? []).includes(p)).map((p) => `a read-only ${p}`),
   ];
   if (missing.length > 0) throw new Error(`the memory snapshot's guest runs without ${missing.join(' and ')}, which this host puts every guest under`);
+}
+
+/**
+ * What a restored guest lacks of its confinement, as the kernel shows its init now (empty when
+ * nothing): the record said it had it at the dump, and this checks that CRIU brought it back, as
+ * the init checks a cold boot (agent/guest/init.sh).
+ */
+export async function missingConfinement(pid: number): Promise<string[]> {
+  const [status, mountinfo, unsealed] = await Promise.all([
+    readFile(`/proc/${pid}/status`, 'utf8').catch(() => ''),
+    readFile(`/proc/${pid}/mountinfo`, 'utf8').catch(() => ''),
+    unsealedProcPaths(pid),
+  ]);
+  const mounted = new Set(mountinfo.split('\n').map((line) => line.split(' ')[4]));
+  return [
+    ...(/^Seccomp:\s+2$/m.test(status) ? [] : ['a seccomp filter']),
+    ...unsealed.map((p) => `a read-only ${p}`),
+    ...maskedProcFiles().filter((f) => !mounted.has(f)).map((f) => `the cover of ${f}`),
+  ];
+}
+
+/** Throws, naming what is missing, unless the guest of `pid` runs confined (missingConfinement). */
+export async function requireRunningConfinement(pid: number): Promise<void> {
+  const missing = await missingConfinement(pid);
+  if (missing.length > 0) throw new Error(`the restored guest runs without ${missing.join(', ')}`);
 }

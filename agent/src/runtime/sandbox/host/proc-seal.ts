@@ -8,6 +8,7 @@
  * its block fd says. The spawner binary does it in one process where it is built; otherwise, at a
  * boot, nsenter and a shell's mounts do, with the same result.
  */
+import { existsSync } from 'node:fs';
 import { readFile } from 'node:fs/promises';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { AgentFailure } from '../../../../../shared/src/protocol.js';
@@ -54,7 +55,7 @@ export async function untilBlockedOn(pid: number, fd: number, desktopId: string)
 export async function sealProcSys(pid: number, nsenterPath: string, desktopId: string, helper = helperPath(), running = false): Promise<void> {
   const native = helper === null ? null : await runToEnd(helper, ['--seal-proc', String(pid)], { timeoutMs: 5_000 });
   // 2: a binary from a build without this mode (its usage); the chain then does it.
-  if (native !== null && native.code === 0) return;
+  if (native !== null && native.code === 0) return await sealed(pid, desktopId);
   if (native !== null && native.code !== 2) throw failure(desktopId, native.stderr);
   if (running) throw failure(desktopId, 'a running guest is sealed only by the spawner binary, which is not built here');
   // At the namespace's root (no --root: the init's own root is the guest's to move), which bwrap
@@ -65,6 +66,19 @@ export async function sealProcSys(pid: number, nsenterPath: string, desktopId: s
     'canto-seal', ...SEALED_PROC_PATHS,
   ], { timeoutMs: 5_000 });
   if (chain.code !== 0) throw failure(desktopId, chain.stderr);
+  await sealed(pid, desktopId);
+}
+
+/** Throws unless every path this kernel has is read-only for `pid` now: a binary of an older build seals a shorter list. */
+async function sealed(pid: number, desktopId: string): Promise<void> {
+  const missing = await unsealedProcPaths(pid);
+  if (missing.length > 0) throw failure(desktopId, `still writable after the seal: ${missing.join(', ')}`);
+}
+
+/** The sealed paths this kernel has that `pid` does not see read-only. */
+export async function unsealedProcPaths(pid: number): Promise<string[]> {
+  const readOnly = new Set(await readOnlyProcPaths(pid));
+  return SEALED_PROC_PATHS.filter((p) => existsSync(p) && !readOnly.has(p));
 }
 
 /** The sealed paths the guest of `pid` sees read-only, from its mountinfo (the last mount at a path is the one it sees). */

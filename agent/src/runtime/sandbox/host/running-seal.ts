@@ -19,9 +19,14 @@ export async function sealRunningGuests(stateDir: string, nsenterPath: string, l
     const init = await runningInit(desktopPaths(stateDir, desktopId));
     if (init === null) continue;
     running++;
-    await sealProcSys(init.pid, nsenterPath, desktopId, undefined, true).catch((err: unknown) => {
-      log('a running guest could not have its /proc made read-only: hibernate and wake it, or destroy it', { desktopId, error: String(err) }, 'warn');
-    });
+    await sealRunningGuest(init.pid, nsenterPath, desktopId, log);
   }
   return running;
+}
+
+/** Seals one running guest's /proc; a failure is logged with what to do, not thrown. */
+export async function sealRunningGuest(pid: number, nsenterPath: string, desktopId: string, log: (msg: string, fields?: object, level?: 'warn') => void): Promise<void> {
+  await sealProcSys(pid, nsenterPath, desktopId, undefined, true).catch((err: unknown) => {
+    log('a running guest could not have its /proc made read-only: hibernate and wake it, or destroy it', { desktopId, error: String(err) }, 'warn');
+  });
 }

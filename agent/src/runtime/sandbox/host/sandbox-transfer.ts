@@ -33,6 +33,7 @@ import {
 import { runningInit } from './cold-boot.js';
 import type { KeyedMutex } from './keyed-mutex.js';
 import { collectLayers, layersDir, readChain, recoverFreeze, releaseDisk, stagedChainFile, withLayerStore } from './layers.js';
+import { discardTree } from './discarded.js';
 import { assertDesktopId, desktopPaths, desktopsDir, exists, hasDisk, incomingDir, readJson, removeTree, syncFilesystem, type DesktopPaths } from './layout.js';
 import { cgroupPids } from './cgroups.js';
 import { identify, linkPrecopied, scanCold, sharedWritableMaps } from './precopy-files.js';
@@ -231,7 +232,9 @@ export class SandboxTransfer implements DesktopTransfer {
 
   dropStaging(desktopId: string): Promise<void> {
     return this.mutex.run(desktopId, async () => {
-      await removeTree(this.stagingDir(desktopId));
+      // Out of incoming/ in one rename, removed behind: a removal cut short must not leave a
+      // unit's `.done` mark beside half of its unpacking, which a later import would install.
+      await discardTree(this.stateDir, this.stagingDir(desktopId), () => undefined, `${desktopId}.staging`);
       // Layers only its staged chain kept go with it.
       await collectLayers(this.stateDir, desktopsDir(this.stateDir));
     });
