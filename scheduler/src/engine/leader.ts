@@ -92,7 +92,7 @@ export class Leadership {
     await this.hooksChain;
     if (this.leader) {
       this.leader = false;
-      await releaseLease(this.sql, LEADER_LEASE, this.holder).then(
+      await releaseLease(this.sql, LEADER_LEASE, this.holder, this.ttlMs).then(
         () => this.log.info({ epoch: this.epoch }, 'released the leader lease'),
         (err: unknown) => this.log.warn({ err: (err as Error).message }, 'could not release the leader lease; it expires by itself'),
       );
@@ -124,7 +124,8 @@ export class Leadership {
     let epoch = 0;
     let answered = false;
     try {
-      ({ held, epoch } = await acquireLease(this.sql, LEADER_LEASE, this.holder, this.ttlMs, { id: this.instance, fresh: !this.everHeld }));
+      // Bounded by the TTL: an answer later than that could not keep this replica leader anyway.
+      ({ held, epoch } = await acquireLease(this.sql, LEADER_LEASE, this.holder, this.ttlMs, { id: this.instance, fresh: !this.everHeld }, this.ttlMs));
       answered = true;
     } catch (err) {
       this.log.warn({ err: (err as Error).message }, 'lease renewal failed');

@@ -34,11 +34,34 @@ export interface LeaseInstance {
   readonly fresh: boolean;
 }
 
-/** Takes or renews the lease. */
-export async function acquireLease(sql: Sql, name: string, holder: string, ttlMs: number, instance?: LeaseInstance): Promise<LeaseTerm> {
+/**
+ * Awaits a lease statement for at most `ms` (none: no bound), cancelling it on the server past
+ * that: a renewal stuck behind a row lock, or on a link that went silent, must not keep its
+ * caller past the lease's own life, nor land later and extend a lease its holder gave up on. The
+ * wait ends at the bound even when the cancel cannot reach the server.
+ */
+async function bounded<T>(query: Promise<T> & { cancel(): unknown }, ms: number | undefined, what: string): Promise<T> {
+  if (ms === undefined) return query;
+  let timer: NodeJS.Timeout | undefined;
+  const expired = new Promise<never>((_resolve, reject) => {
+    timer = setTimeout(() => {
+      void Promise.resolve(query.cancel()).catch(() => undefined);
+      reject(new Error(`${what} took longer than ${ms} ms`));
+    }, ms);
+  });
+  try {
+    return await Promise.race([query, expired]);
+  } finally {
+    clearTimeout(timer);
+    query.catch(() => undefined);
+  }
+}
+
+/** Takes or renews the lease; `timeoutMs` bounds the statement (bounded). */
+export async function acquireLease(sql: Sql, name: string, holder: string, ttlMs: number, instance?: LeaseInstance, timeoutMs?: number): Promise<LeaseTerm> {
   const id = instance?.id ?? null;
   const sameTerm = sql`leases.holder = EXCLUDED.holder AND leases.instance IS NOT DISTINCT FROM EXCLUDED.instance AND leases.expires_at >= now()`;
-  const rows = await sql<{ holder: string; epoch: string; instance: string | null }[]>`
+  const rows = await bounded(sql<{ holder: string; epoch: string; instance: string | null }[]>`
     INSERT INTO leases (name, holder, expires_at, epoch, term_started_at, instance)
     VALUES (${name}, ${holder}, now() + make_interval(secs => ${ttlMs / 1000}), 1, now(), ${id})
     ON CONFLICT (name) DO UPDATE SET
@@ -49,15 +72,15 @@ export async function acquireLease(sql: Sql, name: string, holder: string, ttlMs
       term_started_at = CASE WHEN ${sameTerm} THEN leases.term_started_at ELSE now() END
     WHERE leases.expires_at < now()
       OR (leases.holder = EXCLUDED.holder AND (leases.instance IS NOT DISTINCT FROM EXCLUDED.instance OR ${instance?.fresh ?? false}))
-    RETURNING holder, epoch, instance`;
+    RETURNING holder, epoch, instance`, timeoutMs, 'the lease statement');
   const row = rows[0];
   return row !== undefined && row.holder === holder && row.instance === id ? { held: true, epoch: Number(row.epoch) } : { held: false, epoch: 0 };
 }
 
-/** Ends `holder`'s term now and tells the other replicas. */
-export async function releaseLease(sql: Sql, name: string, holder: string): Promise<void> {
-  const rows = await sql`
-    UPDATE leases SET expires_at = now() - interval '1 millisecond' WHERE name = ${name} AND holder = ${holder} RETURNING name`;
+/** Ends `holder`'s term now and tells the other replicas; `timeoutMs` bounds the statement (bounded). */
+export async function releaseLease(sql: Sql, name: string, holder: string, timeoutMs?: number): Promise<void> {
+  const rows = await bounded(sql`
+    UPDATE leases SET expires_at = now() - interval '1 millisecond' WHERE name = ${name} AND holder = ${holder} RETURNING name`, timeoutMs, 'the lease release');
   if (rows.length > 0) await sql`SELECT pg_notify(${LEASE_RELEASED_CHANNEL}, ${name})`;
 }
 
