@@ -4,7 +4,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { defineConfig } from 'tsup';
 
-const SPAWNER_SOURCES = ['canto-spawn.c', 'keeper.c', 'restore-action.c', 'handoff.c', 'port-relay.c', 'guest-enter.c', 'spawn-paths.c', 'clean-fds.c', 'guest-filter.c', 'proc-seal.c'].map((f) => `agent/native/${f}`);
+const SPAWNER_SOURCES = ['canto-spawn.c', 'keeper.c', 'restore-action.c', 'handoff.c', 'port-relay.c', 'guest-enter.c', 'spawn-paths.c', 'clean-fds.c', 'guest-filter.c', 'proc-seal.c', 'modes.c'].map((f) => `agent/native/${f}`);
 const C_FLAGS = ['-O2', '-Wall', '-Wextra', '-Werror'];
 
 /**

@@ -309,15 +309,8 @@ static int listen_on(const char *path) {
 }
 
 int main(int argc, char **argv) {
-  const char *stage = getenv("CRTOOLS_SCRIPT_ACTION");
-  if (argc == 1 && stage != NULL) return restore_action(stage);
-  if (argc > 1 && strcmp(argv[1], "--keep") == 0) return keep(argc, argv);
-  if (argc > 1 && strcmp(argv[1], "--relay") == 0) return port_relay(argc, argv);
-  if (argc > 1 && strcmp(argv[1], "--enter") == 0) return guest_enter(argc, argv);
-  if (argc > 1 && strcmp(argv[1], "--exec") == 0) return guest_exec(argc, argv);
-  if (argc > 1 && strcmp(argv[1], "--clean") == 0) return clean_exec(argc, argv);
-  if (argc == 2 && strcmp(argv[1], "--guest-filter") == 0) return print_guest_filter();
-  if (argc > 1 && strcmp(argv[1], "--seal-proc") == 0) return seal_proc(argc, argv);
+  int code = run_mode(argc, argv);
+  if (code >= 0) return code;
   if (argc != 2) {
     fprintf(stderr, "usage: canto-spawn SOCKET-PATH (started by the canto agent)\n");
     return 2;

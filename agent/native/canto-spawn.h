@@ -2,15 +2,18 @@
  * The modes of the canto-spawn binary besides the process spawner itself (canto-spawn.c): a
  * restore's keeper (keeper.c), CRIU's action script at a restore (restore-action.c), a port
  * gateway's relay (port-relay.c), the way into a guest of cold guest calls (guest-enter.c), the
- * guest's seccomp filter (guest-filter.c), the seal of a new guest's /proc/sys (proc-seal.c) and
- * an exec that hands on no stray descriptor (clean-fds.c); and the spawner's IPC channel to the
- * agent (handoff.c).
+ * guest's seccomp filter (guest-filter.c), the seal of a guest's /proc (proc-seal.c) and an exec
+ * that hands on no stray descriptor (clean-fds.c), chosen by modes.c; and the spawner's IPC
+ * channel to the agent (handoff.c).
  */
 #ifndef CANTO_SPAWN_H
 #define CANTO_SPAWN_H
 
 #include <stddef.h>
 #include <stdint.h>
+
+/* The mode the command line names, run, and its exit code; -1 when it names none (modes.c). */
+int run_mode(int argc, char **argv);
 
 /* `canto-spawn --keep N CGROUP-DIR... -- PROGRAM ARGS...`; argv as main has it. */
 int keep(int argc, char **argv);
@@ -31,7 +34,7 @@ int install_guest_filter(void);
 /* `canto-spawn --guest-filter`: its instructions to stdout, as bwrap's `--seccomp` reads them. */
 int print_guest_filter(void);
 
-/* `canto-spawn --seal-proc PID` (proc-seal.c): PID's /proc/sys bound read-only; its exit code. */
+/* `canto-spawn --seal-proc PID` (proc-seal.c): the host-wide parts of PID's /proc bound read-only; its exit code. */
 int seal_proc(int argc, char **argv);
 
 /* Moves this process into each of the `n` cgroup directories; NULL, or the one it could not join. */

@@ -7,8 +7,9 @@
  * so a key one org's desktop adds is read by another's, and by nothing else than a search. No
  * other part of the guest's isolation (namespaces, cgroups, capabilities) reaches them.
  *
- * bwrap installs it for the guest init (`--seccomp`, from the bytes `--guest-filter` prints),
- * and every way into a running guest (guest-enter.c) installs it before its program runs; CRIU
+ * bwrap installs it for the guest init (`--seccomp`, from guest-filter.ts's copy of these bytes,
+ * which `--guest-filter` prints for the agent's check), and every way into a running guest
+ * (guest-enter.c) installs it before its program runs; CRIU
  * carries it through a dump and a restore. The program knows x86_64 (and its x32 calls), i386
  * (int 0x80 from a 64-bit process), aarch64 and 32-bit ARM (on an arm64 host that runs such
  * programs); a call of any other architecture is refused whatever it is.

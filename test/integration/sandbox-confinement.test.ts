@@ -108,7 +108,7 @@ describe.skipIf(criu === null)('guest confinement', () => {
     let text = '';
     for await (const chunk of info) {
       text += String(chunk);
-      if (/"child-pid":\s*\d+/.test(text)) break;
+      if (/"child-pid":\s*\d+[\s\S]*}/.test(text)) break;
     }
     const pid = Number(/"child-pid":\s*(\d+)/.exec(text)![1]);
     await untilBlockedOn(pid, 4, 'dsk_probe');
@@ -117,7 +117,7 @@ describe.skipIf(criu === null)('guest confinement', () => {
     let out = '';
     for await (const chunk of child.stdout!) out += String(chunk);
     expect(out).toBe('refused\n');
-  });
+  }, 30_000);
 
   it('fails a seal that leaves a path writable (a spawner binary of an older build)', async () => {
     const child = spawn('bwrap', [
@@ -129,7 +129,7 @@ describe.skipIf(criu === null)('guest confinement', () => {
       let text = '';
       for await (const chunk of child.stdio[3] as Readable) {
         text += String(chunk);
-        if (/"child-pid":\s*\d+/.test(text)) break;
+        if (/"child-pid":\s*\d+[\s\S]*}/.test(text)) break;
       }
       const pid = Number(/"child-pid":\s*(\d+)/.exec(text)![1]);
       await untilBlockedOn(pid, 4, 'dsk_probe');
@@ -140,7 +140,7 @@ describe.skipIf(criu === null)('guest confinement', () => {
     } finally {
       child.kill('SIGKILL');
     }
-  });
+  }, 30_000);
 
   it('has the guest init stop when bwrap started it unsealed (its block fd closed unwritten)', async () => {
     const child = spawn('bwrap', [

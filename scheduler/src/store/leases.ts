@@ -81,7 +81,7 @@ export async function acquireLease(sql: Sql, name: string, holder: string, ttlMs
 export async function releaseLease(sql: Sql, name: string, holder: string, timeoutMs?: number): Promise<void> {
   const rows = await bounded(sql`
     UPDATE leases SET expires_at = now() - interval '1 millisecond' WHERE name = ${name} AND holder = ${holder} RETURNING name`, timeoutMs, 'the lease release');
-  if (rows.length > 0) await sql`SELECT pg_notify(${LEASE_RELEASED_CHANNEL}, ${name})`;
+  if (rows.length > 0) await bounded(sql`SELECT pg_notify(${LEASE_RELEASED_CHANNEL}, ${name})`, timeoutMs, 'the lease release');
 }
 
 export interface LeaseRow {

@@ -163,15 +163,15 @@ export function hostnameFor(desktopId: string): string {
   return desktopId.replace(/_/g, '-');
 }
 
+/** The descriptor bwrap waits on before the guest's first instruction (host/cold-boot.ts writes it). */
+export const GUEST_BLOCK_FD = 7;
+
 /**
  * bwrap's argv. The info fd (3) reports the guest init's host pid; fd 4 carries `ready`; with
  * `envOnFd5`, fd 5 carries the env file the init writes before anything else (a first boot); fd 6
  * carries the seccomp filter (guest-filter.ts); bwrap waits on fd 7 with the namespaces made and
- * the guest not started, while the agent seals its /proc/sys (host/proc-seal.ts).
+ * the guest not started, while the agent seals the host-wide parts of its /proc (host/proc-seal.ts).
  */
-/** The descriptor bwrap waits on before the guest's first instruction (host/cold-boot.ts writes it). */
-export const GUEST_BLOCK_FD = 7;
-
 export function bwrapArgs(paths: DesktopPaths, desktopId: string, envOnFd5 = false): string[] {
   const args = [
     '--unshare-pid', '--unshare-ipc', '--unshare-net', '--unshare-uts',

@@ -7,6 +7,10 @@
  * A first boot also hands the init the desktop's env file on fd 5, which it writes into the guest
  * before starting Xvfb (first-boot.ts): the content never touches a host path, and the first
  * boot needs no exec of its own.
+ *
+ * bwrap reads the guest's seccomp filter from fd 6 (guest-filter.ts) and, with the namespaces and
+ * mounts made, waits on fd 7 before the guest's first instruction: the agent seals the host-wide
+ * parts of its /proc meanwhile (proc-seal.ts), then writes `go`.
  */
 import { spawn } from 'node:child_process';
 import { closeSync, openSync } from 'node:fs';
@@ -90,7 +94,7 @@ export async function coldBoot(
     const readyText = readUntil(ready, (t) => t.includes('\n'));
     pid = Number(/"child-pid":\s*(\d+)/.exec(await readUntil(info, (t) => /"child-pid":\s*\d+[\s\S]*}/.test(t)))?.[1] ?? Number.NaN);
     if (Number.isInteger(pid)) {
-      await untilBlockedOn(pid, GUEST_BLOCK_FD, desktopId);
+      await untilBlockedOn(pid, GUEST_BLOCK_FD, desktopId, join(paths.run, 'boot.log'));
       await sealProcSys(pid, tools.nsenter, desktopId);
       block.end('go');
     }

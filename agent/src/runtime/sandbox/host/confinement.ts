@@ -1,8 +1,9 @@
 /**
  * What a memory snapshot's guest ran confined by, recorded at the dump and required at the
  * restore. A guest booted by an agent before a confinement existed keeps running without it
- * (nothing puts a seccomp filter on a running process, or a mount under it, from outside), and
- * its snapshot would bring it back that way at every wake: such a snapshot is refused, and the
+ * (nothing puts a seccomp filter on a running process from outside; its /proc is sealed at the
+ * agent's start, running-seal.ts, but a descriptor it opened before stays), and its snapshot
+ * would bring it back that way at every wake: such a snapshot is refused, and the
  * desktop boots cold, confined, with its disk (criu.ts `restore`).
  *
  * Recorded from the guest init as the kernel shows it: under a seccomp filter (guest-filter.ts),

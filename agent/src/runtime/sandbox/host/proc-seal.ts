@@ -23,7 +23,7 @@ export const SEALED_PROC_PATHS = [
 /** `read` on this architecture: what bwrap's child is in while it waits on its block fd. */
 const READ_SYSCALL: Readonly<Record<string, number>> = { x64: 0, arm64: 63 };
 /** How long bwrap may take to make the guest's mounts and reach its block fd. */
-const BLOCK_WAIT_MS = 5_000;
+const BLOCK_WAIT_MS = 10_000;
 
 /**
  * Until `pid` waits in `read` on descriptor `fd`: bwrap's child once it has made the guest's
@@ -32,16 +32,20 @@ const BLOCK_WAIT_MS = 5_000;
  * be pivoted away. The kernel shows a process's current system call and its arguments in
  * /proc/<pid>/syscall.
  */
-export async function untilBlockedOn(pid: number, fd: number, desktopId: string): Promise<void> {
+export async function untilBlockedOn(pid: number, fd: number, desktopId: string, bootLog = 'boot.log'): Promise<void> {
   const read = READ_SYSCALL[process.arch];
   if (read === undefined) throw new AgentFailure('unsupported', `sealing a guest's /proc is not known on ${process.arch}`, false);
   const deadline = performance.now() + BLOCK_WAIT_MS;
   for (;;) {
-    const text = await readFile(`/proc/${pid}/syscall`, 'utf8').catch(() => null);
-    if (text === null) throw new AgentFailure('runtime_error', `desktop ${desktopId} failed to boot: bwrap ended before the guest started`, true);
+    const text = await readFile(`/proc/${pid}/syscall`, 'utf8').catch((err: NodeJS.ErrnoException) => err);
+    if (text instanceof Error) {
+      // Gone: bwrap failed while it set the guest up, and says why in the boot log.
+      if (!existsSync(`/proc/${pid}`)) throw new AgentFailure('runtime_error', `desktop ${desktopId} failed to boot: bwrap ended before the guest started; see ${bootLog}`, true);
+      throw failure(desktopId, `/proc/${pid}/syscall cannot be read (${text.code ?? text.message}; kernel.yama.ptrace_scope=3 forbids it)`);
+    }
     const [nr, first] = text.split(' ');
     if (Number(nr) === read && Number(first) === fd) return;
-    if (performance.now() > deadline) throw failure(desktopId, `bwrap did not reach its block fd in ${BLOCK_WAIT_MS} ms (${text.trim()})`);
+    if (performance.now() > deadline) throw failure(desktopId, `bwrap did not reach its block fd in ${BLOCK_WAIT_MS} ms (${text.trim()}); see ${bootLog}`);
     await sleep(2);
   }
 }
@@ -57,7 +61,7 @@ export async function sealProcSys(pid: number, nsenterPath: string, desktopId: s
   // 2: a binary from a build without this mode (its usage); the chain then does it.
   if (native !== null && native.code === 0) return await sealed(pid, desktopId);
   if (native !== null && native.code !== 2) throw failure(desktopId, native.stderr);
-  if (running) throw failure(desktopId, 'a running guest is sealed only by the spawner binary, which is not built here');
+  if (running) throw failure(desktopId, 'a running guest is sealed only by the spawner binary, which is not built here or is from an older build');
   // At the namespace's root (no --root: the init's own root is the guest's to move), which bwrap
   // made the guest's root, with /usr and /bin the host's, read-only.
   const chain = await runToEnd(nsenterPath, [

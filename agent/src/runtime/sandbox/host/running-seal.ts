@@ -11,16 +11,24 @@ import { runningInit } from './cold-boot.js';
 import { desktopPaths, desktopsDir } from './layout.js';
 import { sealProcSys } from './proc-seal.js';
 
-/** Seals the /proc of each running guest of `stateDir`; answers how many it looked at. */
+/** Seals at a time at the agent's start: each is a process of about a millisecond, and a host may run a thousand guests. */
+const SEALS_AT_ONCE = 8;
+
+/** Seals the /proc of each running guest of `stateDir` (a sealed one is left as it is); answers how many it looked at. */
 export async function sealRunningGuests(stateDir: string, nsenterPath: string, log: (msg: string, fields?: object, level?: 'warn') => void): Promise<number> {
+  const ids = (await readdir(desktopsDir(stateDir)).catch(() => [] as string[])).filter((id) => id.startsWith('dsk_'));
   let running = 0;
-  for (const desktopId of await readdir(desktopsDir(stateDir)).catch(() => [] as string[])) {
-    if (!desktopId.startsWith('dsk_')) continue;
-    const init = await runningInit(desktopPaths(stateDir, desktopId));
-    if (init === null) continue;
-    running++;
-    await sealRunningGuest(init.pid, nsenterPath, desktopId, log);
-  }
+  let next = 0;
+  const worker = async () => {
+    while (next < ids.length) {
+      const desktopId = ids[next++]!;
+      const init = await runningInit(desktopPaths(stateDir, desktopId));
+      if (init === null) continue;
+      running++;
+      await sealRunningGuest(init.pid, nsenterPath, desktopId, log);
+    }
+  };
+  await Promise.all(Array.from({ length: SEALS_AT_ONCE }, worker));
   return running;
 }
 

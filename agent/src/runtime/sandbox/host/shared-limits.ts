@@ -30,13 +30,15 @@ export interface RaisedLimit {
 }
 
 /** Raises each limit below its floor; answers what it raised. `procSys` is for tests. */
-export async function raiseSharedLimits(enabled: boolean, log: (msg: string, fields?: object) => void, procSys = '/proc/sys'): Promise<RaisedLimit[]> {
+export async function raiseSharedLimits(enabled: boolean, log: (msg: string, fields?: object, level?: 'warn') => void, procSys = '/proc/sys'): Promise<RaisedLimit[]> {
   if (!enabled) return [];
   const raised: RaisedLimit[] = [];
   for (const [name, floor] of Object.entries(SHARED_LIMITS)) {
     const path = join(procSys, name);
-    const now = Number((await readFile(path, 'utf8').catch(() => '')).trim());
-    if (!Number.isFinite(now) || now >= floor) continue;
+    const text = (await readFile(path, 'utf8').catch(() => '')).trim();
+    const now = Number(text);
+    // Unreadable (no such limit on this kernel) or already high enough: left as it is.
+    if (text === '' || !Number.isFinite(now) || now >= floor) continue;
     const sysctl = name.replace(/\//g, '.');
     try {
       await writeFile(path, `${floor}\n`);
@@ -44,7 +46,7 @@ export async function raiseSharedLimits(enabled: boolean, log: (msg: string, fie
     } catch (err) {
       log('could not raise a limit every desktop shares with the host', {
         sysctl, value: now, wanted: floor, error: String(err), advice: `set ${sysctl}=${floor} on the host (sysctl.d): one desktop can use up the ${now} the host's root and every desktop share`,
-      });
+      }, 'warn');
     }
   }
   if (raised.length > 0) log('raised limits every desktop shares with the host', { raised });
