@@ -34,7 +34,7 @@ int install_guest_filter(void);
 /* `canto-spawn --guest-filter`: its instructions to stdout, as bwrap's `--seccomp` reads them. */
 int print_guest_filter(void);
 
-/* `canto-spawn --seal-proc PID` (proc-seal.c): the host-wide parts of PID's /proc bound read-only; its exit code. */
+/* `canto-spawn --seal-proc PID PATH...` (proc-seal.c): those paths of PID's /proc bound read-only; its exit code. */
 int seal_proc(int argc, char **argv);
 
 /* Moves this process into each of the `n` cgroup directories; NULL, or the one it could not join. */

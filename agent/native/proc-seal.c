@@ -1,7 +1,7 @@
 /*
- * `canto-spawn --seal-proc PID`: binds /proc/sys and the other writable parts of /proc that act on
- * the whole host onto themselves, read-only, in PID's mount namespace, as runc and Docker do for
- * every container.
+ * `canto-spawn --seal-proc PID PATH...`: binds each PATH of /proc (the agent names /proc/sys and
+ * the other writable parts of /proc that act on the whole host: host/proc-seal.ts) onto itself,
+ * read-only, in PID's mount namespace, as runc and Docker do for every container.
  *
  * Why: guests are root without a user namespace, and the kernel lets uid 0 write a sysctl by its
  * file mode alone (0644), without asking for a capability. A guest could set
@@ -32,11 +32,6 @@
 
 #include "canto-spawn.h"
 
-/* Docker's read-only paths of /proc and the other writable ones that act on the whole host; host/proc-seal.ts has the same list. */
-static const char *const SEALED[] = {
-    "/proc/sys", "/proc/sysrq-trigger", "/proc/irq", "/proc/bus", "/proc/fs", "/proc/acpi", "/proc/scsi",
-    "/proc/dynamic_debug", "/proc/latency_stats", "/proc/timer_stats", "/proc/asound", "/proc/driver",
-};
 
 static int failed(const char *what, const char *pid, const char *path) {
   fprintf(stderr, "canto: cannot seal /proc of %s: %s %s: %s\n", pid, what, path, strerror(errno));
@@ -44,9 +39,15 @@ static int failed(const char *what, const char *pid, const char *path) {
 }
 
 int seal_proc(int argc, char **argv) {
-  if (argc != 3) {
-    fprintf(stderr, "usage: canto-spawn --seal-proc PID\n");
+  if (argc < 4) {
+    fprintf(stderr, "usage: canto-spawn --seal-proc PID PATH...\n");
     return 2;
+  }
+  for (int i = 3; i < argc; i++) {
+    if (strncmp(argv[i], "/proc/", 6) != 0) {
+      fprintf(stderr, "canto-spawn: --seal-proc seals paths of /proc only, not %s\n", argv[i]);
+      return 2;
+    }
   }
   const char *pid = argv[2];
   char path[64];
@@ -56,8 +57,8 @@ int seal_proc(int argc, char **argv) {
   /* Joining a mount namespace puts this process at the namespace's root. */
   if (setns(ns, CLONE_NEWNS) != 0) return failed("enter its mount namespace", pid, "");
   if (chdir("/") != 0) return failed("enter its root", pid, "");
-  for (size_t i = 0; i < sizeof SEALED / sizeof SEALED[0]; i++) {
-    const char *p = SEALED[i];
+  for (int i = 3; i < argc; i++) {
+    const char *p = argv[i];
     struct statvfs st;
     if (statvfs(p, &st) != 0) {
       if (errno == ENOENT) continue;

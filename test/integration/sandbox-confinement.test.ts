@@ -14,7 +14,7 @@
  *
  * A memory snapshot whose guest ran without either (host/confinement.ts) boots cold.
  */
-import { execFileSync, spawn } from 'node:child_process';
+import { execFileSync, spawn, spawnSync, type ChildProcess } from 'node:child_process';
 import { once } from 'node:events';
 import type { Readable, Writable } from 'node:stream';
 import { readFile, rm, mkdtemp, writeFile } from 'node:fs/promises';
@@ -46,6 +46,27 @@ const ENOKEY = 'errno 126\n';
 /** The probe on the host, as root: what a guest without the filter would see. */
 function onHost(what: 'add' | 'find', name: string, through: string[] = []): string {
   return execFileSync(through[0] ?? 'perl', [...through.slice(1), ...(through.length > 0 ? ['perl'] : []), '-e', keyProbe(what, name)], { encoding: 'utf8' });
+}
+
+/**
+ * bwrap as the cold boot runs it, reduced to what matters: `script` waits, its namespaces and
+ * mounts made, on fd 4 (written to go on); answers the child and the pid of the guest's init.
+ */
+async function blockedBwrap(script: string): Promise<{ child: ChildProcess; pid: number }> {
+  const child = spawn('bwrap', [
+    '--unshare-pid', '--ro-bind', '/usr', '/usr', '--symlink', 'usr/lib', '/lib', '--symlink', 'usr/lib64', '/lib64', '--symlink', 'usr/bin', '/bin',
+    '--dev', '/dev', '--proc', '/proc', '--cap-drop', 'ALL', '--cap-add', 'CAP_DAC_OVERRIDE', '--as-pid-1', '--info-fd', '3', '--block-fd', '4',
+    '/bin/sh', '-c', script,
+  ], { stdio: ['ignore', 'pipe', 'ignore', 'pipe', 'pipe'] });
+  for (const stream of child.stdio) stream?.on('error', () => undefined);
+  let text = '';
+  for await (const chunk of child.stdio[3] as Readable) {
+    text += String(chunk);
+    if (/"child-pid":\s*\d+[\s\S]*}/.test(text)) break;
+  }
+  const pid = Number(/"child-pid":\s*(\d+)/.exec(text)![1]);
+  await untilBlockedOn(pid, 4, 'dsk_probe');
+  return { child, pid };
 }
 
 describe.skipIf(criu === null)('guest confinement', () => {
@@ -97,21 +118,7 @@ describe.skipIf(criu === null)('guest confinement', () => {
   });
 
   it('seals /proc/sys through nsenter where the spawner binary is not used', async () => {
-    // bwrap as the cold boot runs it, reduced to what matters: it waits on fd 4 with the namespaces made.
-    const child = spawn('bwrap', [
-      '--unshare-pid', '--ro-bind', '/usr', '/usr', '--symlink', 'usr/lib', '/lib', '--symlink', 'usr/lib64', '/lib64', '--symlink', 'usr/bin', '/bin',
-      '--dev', '/dev', '--proc', '/proc', '--cap-drop', 'ALL', '--cap-add', 'CAP_DAC_OVERRIDE', '--as-pid-1', '--info-fd', '3', '--block-fd', '4',
-      '/bin/sh', '-c', 'f=/proc/sys/fs/inotify/max_user_watches; if (echo "$(cat $f)" > $f) 2>/dev/null; then echo written; else echo refused; fi',
-    ], { stdio: ['ignore', 'pipe', 'ignore', 'pipe', 'pipe'] });
-    for (const stream of child.stdio) stream?.on('error', () => undefined);
-    const info = child.stdio[3] as Readable;
-    let text = '';
-    for await (const chunk of info) {
-      text += String(chunk);
-      if (/"child-pid":\s*\d+[\s\S]*}/.test(text)) break;
-    }
-    const pid = Number(/"child-pid":\s*(\d+)/.exec(text)![1]);
-    await untilBlockedOn(pid, 4, 'dsk_probe');
+    const { child, pid } = await blockedBwrap('f=/proc/sys/fs/inotify/max_user_watches; if (echo "$(cat $f)" > $f) 2>/dev/null; then echo written; else echo refused; fi');
     await sealProcSys(pid, '/usr/bin/nsenter', 'dsk_probe', null);
     (child.stdio[4] as Writable).end('go');
     let out = '';
@@ -120,21 +127,12 @@ describe.skipIf(criu === null)('guest confinement', () => {
   }, 30_000);
 
   it('fails a seal that leaves a path writable (a spawner binary of an older build)', async () => {
-    const child = spawn('bwrap', [
-      '--unshare-pid', '--ro-bind', '/usr', '/usr', '--symlink', 'usr/lib', '/lib', '--symlink', 'usr/lib64', '/lib64', '--symlink', 'usr/bin', '/bin',
-      '--dev', '/dev', '--proc', '/proc', '--cap-drop', 'ALL', '--as-pid-1', '--info-fd', '3', '--block-fd', '4', '/bin/true',
-    ], { stdio: ['ignore', 'ignore', 'ignore', 'pipe', 'pipe'] });
-    for (const stream of child.stdio) stream?.on('error', () => undefined);
+    const { child, pid } = await blockedBwrap('true');
     try {
-      let text = '';
-      for await (const chunk of child.stdio[3] as Readable) {
-        text += String(chunk);
-        if (/"child-pid":\s*\d+[\s\S]*}/.test(text)) break;
-      }
-      const pid = Number(/"child-pid":\s*(\d+)/.exec(text)![1]);
-      await untilBlockedOn(pid, 4, 'dsk_probe');
       // A binary that answers 0 and seals nothing.
       await expect(sealProcSys(pid, '/usr/bin/nsenter', 'dsk_probe', '/bin/true')).rejects.toThrow(/still writable after the seal: \/proc\/sys/);
+      // The real one seals only paths of /proc, whatever it is asked.
+      expect(spawnSync(helperPath()!, ['--seal-proc', String(pid), '/etc'], { encoding: 'utf8' })).toMatchObject({ status: 2, stderr: expect.stringContaining('paths of /proc only') as unknown });
       // What a restored guest is checked for, on a process confined by nothing.
       expect(await missingConfinement(pid)).toEqual(expect.arrayContaining(['a seccomp filter', 'a read-only /proc/sys']));
     } finally {

@@ -20,13 +20,15 @@ const HYBRID = [
 describe('favordynmods on the cgroup mounts', () => {
   it('reads the cgroup filesystems of mountinfo, and nothing else', () => {
     expect(cgroupMounts(HYBRID)).toEqual([
-      { mountPoint: '/sys/fs/cgroup/memory', fsType: 'cgroup', superOptions: ['rw', 'memory'] },
-      { mountPoint: '/sys/fs/cgroup/pids', fsType: 'cgroup', superOptions: ['rw', 'pids'] },
-      { mountPoint: '/sys/fs/cgroup/unified', fsType: 'cgroup2', superOptions: ['rw'] },
+      { mountPoint: '/sys/fs/cgroup/memory', mountOptions: ['rw', 'relatime'], fsType: 'cgroup', superOptions: ['rw', 'memory'] },
+      { mountPoint: '/sys/fs/cgroup/pids', mountOptions: ['rw', 'relatime'], fsType: 'cgroup', superOptions: ['rw', 'pids'] },
+      { mountPoint: '/sys/fs/cgroup/unified', mountOptions: ['rw', 'relatime'], fsType: 'cgroup2', superOptions: ['rw'] },
     ]);
     expect(cgroupMounts('60 24 0:41 / /srv/cg\\040two rw - cgroup2 cgroup2 rw\n')[0]?.mountPoint).toBe('/srv/cg two');
     // The table every part of the runtime reads (mount-table.ts): escapes undone, optional fields skipped.
-    expect(parseMountTable(HYBRID).at(-1)).toEqual({ mountPoint: '/mnt/with space', fsType: 'ext4', superOptions: ['rw'] });
+    expect(parseMountTable(HYBRID).at(-1)).toEqual({ mountPoint: '/mnt/with space', mountOptions: ['rw'], fsType: 'ext4', superOptions: ['rw'] });
+    // A mount's own options, apart from its filesystem's: a read-only bind of a writable filesystem.
+    expect(parseMountTable('44 93 0:43 /sys /proc/sys ro,nosuid,nodev,noexec,relatime - proc proc rw\n')[0]).toMatchObject({ mountOptions: ['ro', 'nosuid', 'nodev', 'noexec', 'relatime'], superOptions: ['rw'] });
   });
 
   it('remounts the cgroup2 mount with the option, keeping the options a remount would otherwise drop', () => {

@@ -16,6 +16,7 @@ import { join } from 'node:path';
 import { GUEST_FILTER, GUEST_FILTER_ID } from '../guest/guest-filter.js';
 import { readOnlyProcPaths, SEALED_PROC_PATHS, unsealedProcPaths } from './proc-seal.js';
 import { maskedProcFiles } from '../guest/guest-init.js';
+import { parseMountTable } from './mount-table.js';
 import { existsSync } from 'node:fs';
 
 /** In a snapshot directory. */
@@ -61,7 +62,7 @@ export async function missingConfinement(pid: number): Promise<string[]> {
     readFile(`/proc/${pid}/mountinfo`, 'utf8').catch(() => ''),
     unsealedProcPaths(pid),
   ]);
-  const mounted = new Set(mountinfo.split('\n').map((line) => line.split(' ')[4]));
+  const mounted = new Set(parseMountTable(mountinfo).map((m) => m.mountPoint));
   return [
     ...(/^Seccomp:\s+2$/m.test(status) ? [] : ['a seccomp filter']),
     ...unsealed.map((p) => `a read-only ${p}`),

@@ -13,8 +13,9 @@ import { readFile } from 'node:fs/promises';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { AgentFailure } from '../../../../../shared/src/protocol.js';
 import { helperPath, runToEnd } from './spawner.js';
+import { parseMountTable } from './mount-table.js';
 
-/** Docker's read-only paths of /proc and the other writable ones that act on the whole host; proc-seal.c has the same list. */
+/** Docker's read-only paths of /proc and the other writable ones that act on the whole host: what the seal binds read-only. */
 export const SEALED_PROC_PATHS = [
   '/proc/sys', '/proc/sysrq-trigger', '/proc/irq', '/proc/bus', '/proc/fs', '/proc/acpi', '/proc/scsi',
   '/proc/dynamic_debug', '/proc/latency_stats', '/proc/timer_stats', '/proc/asound', '/proc/driver',
@@ -57,8 +58,8 @@ export async function untilBlockedOn(pid: number, fd: number, desktopId: string,
  * prepare). `helper` is the spawner binary (tests pass null for the chain).
  */
 export async function sealProcSys(pid: number, nsenterPath: string, desktopId: string, helper = helperPath(), running = false): Promise<void> {
-  const native = helper === null ? null : await runToEnd(helper, ['--seal-proc', String(pid)], { timeoutMs: 5_000 });
-  // 2: a binary from a build without this mode (its usage); the chain then does it.
+  const native = helper === null ? null : await runToEnd(helper, ['--seal-proc', String(pid), ...SEALED_PROC_PATHS], { timeoutMs: 5_000 });
+  // 2: a binary from a build without this mode, or one that takes no paths (its usage); the chain then does it.
   if (native !== null && native.code === 0) return await sealed(pid, desktopId);
   if (native !== null && native.code !== 2) throw failure(desktopId, native.stderr);
   if (running) throw failure(desktopId, 'a running guest is sealed only by the spawner binary, which is not built here or is from an older build');
@@ -85,14 +86,11 @@ export async function unsealedProcPaths(pid: number): Promise<string[]> {
   return SEALED_PROC_PATHS.filter((p) => existsSync(p) && !readOnly.has(p));
 }
 
-/** The sealed paths the guest of `pid` sees read-only, from its mountinfo (the last mount at a path is the one it sees). */
+/** The sealed paths the guest of `pid` sees read-only (the last mount at a path is the one it sees). */
 export async function readOnlyProcPaths(pid: number): Promise<string[]> {
-  const mountinfo = await readFile(`/proc/${pid}/mountinfo`, 'utf8').catch(() => '');
-  const flags = new Map<string, boolean>();
-  for (const f of mountinfo.split('\n').map((line) => line.split(' '))) {
-    if (f[4] !== undefined) flags.set(f[4], f[5]?.split(',').includes('ro') ?? false);
-  }
-  return SEALED_PROC_PATHS.filter((p) => flags.get(p) === true);
+  const readOnly = new Map<string, boolean>();
+  for (const m of parseMountTable(await readFile(`/proc/${pid}/mountinfo`, 'utf8').catch(() => ''))) readOnly.set(m.mountPoint, m.mountOptions.includes('ro'));
+  return SEALED_PROC_PATHS.filter((p) => readOnly.get(p) === true);
 }
 
 function failure(desktopId: string, reason: string): AgentFailure {
