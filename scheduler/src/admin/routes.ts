@@ -115,6 +115,7 @@ function registerHostRoutes(admin: App, service: AdminService, log: Logger): voi
       schema: {
         summary:
           'Declare a host that is gone for good lost: its desktops, whose disks were only there, are destroyed (`desktop.destroyed` with `data.reason: "host_lost"`), ' +
+          'except those a failed move committed to it before they ever ran there, which are placed back on the move\'s source (`placed_back`); ' +
           'its agent is refused, and its record goes once it holds none. Ask again until `removed`; 409 while its agent is connected',
         operationId: 'forgetHost',
         tags: HOSTS,
@@ -126,6 +127,9 @@ function registerHostRoutes(admin: App, service: AdminService, log: Logger): voi
     async (request) => {
       const forgotten = await service.forgetHost(request.params.host_id);
       log.warn({ hostId: forgotten.host_id, destroying: forgotten.destroying, waiting: forgotten.waiting, removed: forgotten.removed }, 'host declared lost; its desktops are destroyed');
+      for (const back of forgotten.placed_back) {
+        log.warn({ desktopId: back.desktop_id, lostHostId: forgotten.host_id, hostId: back.host_id, moveId: back.move_id }, 'a desktop its move never started on the lost host is placed back on the move\'s source, which kept its copy');
+      }
       return forgotten;
     },
   );

@@ -144,6 +144,18 @@ export const ForgetHostJson = Type.Object({
   lost_at: Type.String({ format: 'date-time' }),
   destroying: Type.Integer({ minimum: 0, description: 'Desktops of the host whose destroy is under way' }),
   waiting: Type.Integer({ minimum: 0, description: 'Desktops with another operation still open (it fails soon: the host is lost); ask again to destroy them' }),
+  placed_back: Type.Array(
+    Type.Object({
+      desktop_id: Type.String(),
+      host_id: Type.String({ description: 'The host the move came from, which kept the copy it stopped' }),
+      move_id: Type.String({ description: 'The failed move' }),
+    }, { additionalProperties: false }),
+    {
+      description:
+        'Desktops placed back, hibernated, on the host their move came from by this call instead of being destroyed: ' +
+        'a move committed them to the lost host, which went away before they ever ran there',
+    },
+  ),
   removed: Type.Boolean({ description: 'The host held no desktop any more, and its record is gone' }),
 });
 export type ForgetHostJson = Static<typeof ForgetHostJson>;

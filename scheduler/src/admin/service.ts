@@ -21,6 +21,7 @@ import { desktopStatesByHost, hostById, insertOrg, listOrgSummaries, markHostLos
 import type { AdminHostJson, AdminOrgJson, ForgetHostJson, HostDesktopCounts } from './schemas.js';
 import type { LifecycleService } from '../services/lifecycle.js';
 import { liveReplicas } from '../store/replicas.js';
+import { placeBackOnSources } from './move-sources.js';
 import { LEADER_LEASE, readLease } from '../store/leases.js';
 import { REPLICA_LIVE_MS } from '../fleet/registry.js';
 import { hostLinkView } from '../fleet/link-view.js';
@@ -83,6 +84,8 @@ export class AdminService {
   /**
    * Declares a down host lost for good and writes off its desktops, whose disks were only there:
    * each gets a destroy (reason `host_lost`; the engine destroys the record without the host).
+   * A desktop a failed move committed to the host before it ever ran there is placed back on the
+   * move's source instead, which kept its copy (move-sources.ts).
    * A desktop with another operation open waits: that operation fails at once now (the host is
    * lost) and the next call destroys it. Once the host holds none, its record goes. Asking again
    * goes on from where it stands; a host whose agent is connected is refused (409).
@@ -92,9 +95,11 @@ export class AdminService {
     if (lost === null) throw errors.hostNotFound();
     if (lost === 'up') throw errors.hostUpNotLost();
     await cancelDrain(this.deps.sql, id);
+    const placedBack = await placeBackOnSources(this.deps.sql, id);
+    const desktops = lost.desktops.filter((d) => !placedBack.some((p) => p.desktop_id === d.id));
     let destroying = 0;
     let waiting = 0;
-    for (const d of lost.desktops) {
+    for (const d of desktops) {
       // A destroy already under way is counted; another operation fails at once on a lost host,
       // and the next call destroys its desktop.
       if (d.open_kind !== null) {
@@ -111,9 +116,10 @@ export class AdminService {
         waiting++;
       }
     }
-    if (lost.desktops.length > 0) return { host_id: id, lost_at: lost.lostAt.toISOString(), destroying, waiting, removed: false };
+    const answer = { host_id: id, lost_at: lost.lostAt.toISOString(), destroying, waiting, placed_back: placedBack };
+    if (desktops.length > 0) return { ...answer, removed: false };
     await this.removeHost(id);
-    return { host_id: id, lost_at: lost.lostAt.toISOString(), destroying, waiting, removed: true };
+    return { ...answer, removed: true };
   }
 
   /** Forgets the host's key, so that its agent's next hello registers the key it sends (a lost key file). */

@@ -135,7 +135,7 @@ export interface paths {
         };
         get?: never;
         put?: never;
-        /** Declare a host that is gone for good lost: its desktops, whose disks were only there, are destroyed (`desktop.destroyed` with `data.reason: "host_lost"`), its agent is refused, and its record goes once it holds none. Ask again until `removed`; 409 while its agent is connected */
+        /** Declare a host that is gone for good lost: its desktops, whose disks were only there, are destroyed (`desktop.destroyed` with `data.reason: "host_lost"`), except those a failed move committed to it before they ever ran there, which are placed back on the move's source (`placed_back`); its agent is refused, and its record goes once it holds none. Ask again until `removed`; 409 while its agent is connected */
         post: operations["forgetHost"];
         delete?: never;
         options?: never;
@@ -1506,6 +1506,14 @@ export interface operations {
                         host_id: string;
                         /** Format: date-time */
                         lost_at: string;
+                        /** @description Desktops placed back, hibernated, on the host their move came from by this call instead of being destroyed: a move committed them to the lost host, which went away before they ever ran there */
+                        placed_back: {
+                            desktop_id: string;
+                            /** @description The host the move came from, which kept the copy it stopped */
+                            host_id: string;
+                            /** @description The failed move */
+                            move_id: string;
+                        }[];
                         /** @description The host held no desktop any more, and its record is gone */
                         removed: boolean;
                         /** @description Desktops with another operation still open (it fails soon: the host is lost); ask again to destroy them */
