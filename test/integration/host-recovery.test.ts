@@ -7,7 +7,8 @@
  * - when the host returns still running one, its agent stops it (memory kept) before the host
  *   reads ready, so nothing runs unbilled, and the next wake restores it;
  * - a desktop recorded awake that its relinked host no longer runs is recorded hibernated
- *   (cause `guest_gone`), its meter closed when the previous agent was last heard from.
+ *   (cause `guest_gone`), its meter closed when the previous agent was last heard from;
+ * - a check the host could not answer is asked again.
  */
 import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
 import { LINK_WAIT_MS } from '../../scheduler/src/services/first-link.js';
@@ -155,6 +156,27 @@ describe('host failure recovery', () => {
     const woke = await call('POST', `/v1/desktops/${id}/wake?wait=true`);
     expect(woke.status, woke.text).toBe(200);
     expect(driver.desktops.get(id)!.running).toBe(true);
+  });
+
+  it('asks again when the host does not answer whether a desktop it may have lost still runs', async () => {
+    agent = await connectAgent();
+    const { id } = await awakeDesktop();
+    driver.desktops.get(id)!.running = false;
+    // The first question about it fails (an agent too busy to answer in time, say).
+    const status = driver.status.bind(driver);
+    let failed = 0;
+    driver.status = async (desktopId) => {
+      if (desktopId === id && failed++ === 0) throw new Error('the host could not say');
+      return status(desktopId);
+    };
+    try {
+      const exec = await call('POST', `/v1/desktops/${id}/exec`, { command: 'true' });
+      expect(exec.status, exec.text).toBe(409);
+      await until(async () => (await call('GET', `/v1/desktops/${id}`)).json.state === 'hibernated', 5_000, 'the dead desktop to be recorded hibernated');
+      expect(failed).toBeGreaterThanOrEqual(2);
+    } finally {
+      driver.status = status;
+    }
   });
 
   it('leaves awake a desktop whose host refused a call only because it was stopping', async () => {

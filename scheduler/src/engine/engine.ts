@@ -47,6 +47,9 @@ export interface EngineDeps extends Omit<steps.StepDeps, 'fence' | 'leading' | '
 const STOP_GRACE_MS = 2_000;
 /** How often an operation whose step found the lease's view lapsed looks whether its term leads again. */
 const LEASE_RECHECK_MS = 100;
+/** Tries of one check of a desktop recorded awake, and the wait after the first failure (doubling). */
+const RECONCILE_TRIES = 6;
+const RECONCILE_BACKOFF_MS = 500;
 /** Desktops waiting for a host that a tick tries to place, of each tier. */
 const PROVISION_PER_TIER = 20;
 
@@ -126,7 +129,26 @@ export class OperationEngine {
   private async reconcileHost(hostId: string): Promise<void> {
     for (const d of await desktopsOfHost(this.deps.sql, hostId)) {
       if (d.state !== 'awake') continue;
-      this.track(this.onDesktop(d.id, () => reconcileAwake(this.deps, hostId, d.id)));
+      this.track(this.checkAwake(() => reconcileAwake(this.deps, hostId, d.id), d.id));
+    }
+  }
+
+  /**
+   * One check of a desktop recorded awake (reconcile-awake.ts), in its queue, tried again after a
+   * failure (a host that did not answer the inspect in time, a passing database fault): nothing
+   * else asks again, and a desktop that died would stay awake and billed until its next guest call
+   * or hello. The waits between tries are spent outside the queue, so its operations go on.
+   */
+  private async checkAwake(check: () => Promise<void>, desktopId: string): Promise<void> {
+    for (let attempt = 0; ; attempt++) {
+      try {
+        return await this.onDesktop(desktopId, check);
+      } catch (err) {
+        if (err instanceof steps.LeaseLost || attempt + 1 >= RECONCILE_TRIES || !this.running) throw err;
+        this.log.warn({ err, desktopId, attempt }, 'checking whether a desktop recorded awake still runs failed; asking again');
+      }
+      await this.pause(RECONCILE_BACKOFF_MS * 2 ** attempt);
+      if (!this.running || !this.deps.leading()) return;
     }
   }
 
@@ -138,7 +160,7 @@ export class OperationEngine {
   private guestGone(desktopId: string): void {
     if (!this.running || this.checkingGone.has(desktopId)) return;
     this.checkingGone.add(desktopId);
-    const check = this.onDesktop(desktopId, () => reconcileAwake(this.deps, null, desktopId, 'now'));
+    const check = this.checkAwake(() => reconcileAwake(this.deps, null, desktopId, 'now'), desktopId);
     this.track(check.finally(() => this.checkingGone.delete(desktopId)));
   }
 
