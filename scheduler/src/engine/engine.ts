@@ -30,6 +30,7 @@ import type { HelloDesktops } from '../agents/gateway.js';
 import type { LeaderTerm } from './leader.js';
 import { PlacementReservations } from '../placement/reservations.js';
 import { reconcileAwake } from './reconcile-awake.js';
+import { PreparedDisks } from './prepared-disks.js';
 import { passingDatabaseFault } from '../store/db-faults.js';
 
 export interface EngineDeps extends Omit<steps.StepDeps, 'fence' | 'leading' | 'placements'> {
@@ -81,7 +82,9 @@ export class OperationEngine {
   async start(term: LeaderTerm): Promise<void> {
     if (this.running) return;
     this.running = true;
-    this.deps = { ...this.base, placements: this.placements, fence: term, leading: () => this.running && this.base.currentTerm()?.epoch === term.epoch };
+    this.deps = {
+      ...this.base, placements: this.placements, prepared: new PreparedDisks(), fence: term, leading: () => this.running && this.base.currentTerm()?.epoch === term.epoch,
+    };
     const sub = await this.deps.sql.listen(OP_NEW_CHANNEL, () => this.kick());
     const gone = await this.deps.sql.listen(GUEST_GONE_CHANNEL, (desktopId) => this.guestGone(desktopId));
     this.unlisten = async () => {

@@ -24,6 +24,7 @@ import { memoryRoomMb, type PlacementPolicy } from '../placement/feasible.js';
 import { NoCapacity, noCapacityMessage } from './no-capacity.js';
 import type { Tier } from '../../../shared/src/tiers.js';
 import { openDesktopSecret } from '../crypto/desktop-secrets.js';
+import type { PreparedDisks } from './prepared-disks.js';
 
 /** The fence on the leader's term lives with the lease (store/leases.ts); steps and their callers name it here. */
 export { assertTerm, LeaseLost };
@@ -48,6 +49,8 @@ export interface StepDeps {
    * a drain's next move may start now rather than at the drainer's next pass (engine/drainer.ts).
    */
   onMoveLanded?(op: OperationRow): void;
+  /** Disks provisions made whose placement was not recorded (prepared-disks.ts); absent in tests of single steps. */
+  prepared?: PreparedDisks;
 }
 
 /** A failure that settles the operation at once, without retrying. */
@@ -162,6 +165,8 @@ export async function provision(deps: StepDeps, desktop: DesktopRow, round?: Pla
   const hostId = await pickHost(deps, desktop, round);
   try {
     await command(deps, hostId, 'desktop.prepare', { desktop_id: desktop.id, generation: desktop.generation, tier: desktop.tier });
+    // Until the record names this host, its disk may be left there (prepared-disks.ts).
+    deps.prepared?.add(desktop.id, hostId);
     await inTransaction(deps.sql, async (tx) => {
       // A leader deposed meanwhile must not place a desktop its successor may have destroyed.
       await assertTerm(tx, deps.fence);
@@ -173,7 +178,9 @@ export async function provision(deps: StepDeps, desktop: DesktopRow, round?: Pla
   } finally {
     deps.placements.release(desktop.id);
   }
-  return (await loadDesktop(deps, desktop.id)).host_id!;
+  const placed = await loadDesktop(deps, desktop.id);
+  await deps.prepared?.removeLeftovers(deps, placed);
+  return placed.host_id!;
 }
 
 /**
