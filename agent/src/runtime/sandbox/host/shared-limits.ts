@@ -5,14 +5,22 @@
  * (`fs.inotify.max_user_watches`). One desktop that opens 128 inotify instances (a probe in a
  * guest did, in a loop) left no other desktop, and no root process of the host (systemd, the
  * agent), able to open one, and a host of desktops running ordinary programs (browsers, editors
- * and file managers watch files) reaches 128 without anyone trying.
+ * and file managers watch files) reaches 128 without anyone trying. Pipe buffers are counted per
+ * user too (`fs.pipe-user-pages-soft`, 64 MiB): past it, every new pipe of every guest (which
+ * lack CAP_SYS_RESOURCE) gets two pages instead of sixteen and none can be grown, so one desktop
+ * holding large pipes slowed every other's.
  *
- * At the driver's start the agent raises both to at least SHARED_LIMITS
+ * At the driver's start the agent raises each to at least SHARED_LIMITS
  * (`CANTO_AGENT_RAISE_SHARED_LIMITS`, default `true`), never lowering one set higher. With the
- * per-user counts out of the way, what bounds a guest is its own: every instance and watch is a
- * descriptor of its processes and kernel memory charged to its memory cgroup. The values are the
- * kernel's, for the whole host, until a reboot (operators.md says how to keep them). Where they
- * cannot be written (a read-only /proc/sys in a container), the agent says so and goes on.
+ * per-user counts out of the way, what bounds a guest is its own: every instance, watch and pipe
+ * is a descriptor of its processes, and their kernel memory is charged to its memory cgroup. The
+ * values are the kernel's, for the whole host, until a reboot (operators.md says how to keep
+ * them). Where they cannot be written (a read-only /proc/sys in a container), the agent says so
+ * and goes on.
+ *
+ * Still shared: POSIX message queues' bytes, summed per user and checked against the caller's
+ * RLIMIT_MSGQUEUE (800 KB), so one desktop's few queues leave the others unable to create one.
+ * Lifting the limit for the guests needs CAP_SYS_RESOURCE, which root may lack (in a container).
  */
 import { readFile, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
@@ -21,7 +29,12 @@ import { join } from 'node:path';
 export const SHARED_LIMITS: Readonly<Record<string, number>> = {
   'fs/inotify/max_user_instances': 1 << 20,
   'fs/inotify/max_user_watches': 1 << 22,
+  // In pages: 256 GiB, past any host's memory. Each guest's pipes are charged to its cgroup.
+  'fs/pipe-user-pages-soft': 1 << 26,
 };
+
+/** Limits for which 0 means none at all: the highest value, never to be raised. */
+const ZERO_IS_UNLIMITED = new Set(['fs/pipe-user-pages-soft']);
 
 export interface RaisedLimit {
   readonly name: string;
@@ -38,7 +51,7 @@ export async function raiseSharedLimits(enabled: boolean, log: (msg: string, fie
     const text = (await readFile(path, 'utf8').catch(() => '')).trim();
     const now = Number(text);
     // Unreadable (no such limit on this kernel) or already high enough: left as it is.
-    if (text === '' || !Number.isFinite(now) || now >= floor) continue;
+    if (text === '' || !Number.isFinite(now) || now >= floor || (now === 0 && ZERO_IS_UNLIMITED.has(name))) continue;
     const sysctl = name.replace(/\//g, '.');
     try {
       await writeFile(path, `${floor}\n`);
