@@ -118,6 +118,7 @@ export function commandTable(k: CommandKit): CommandTable {
       if (k.current(p)) moves.cancelImport(p.desktop_id);
       return k.lifecycle('desktop.destroy', p, 'destroy', async () => {
         k.stream?.release(p.desktop_id);
+        moves.destroying(p.desktop_id);
         await driver.destroy(p.desktop_id);
         await moves.destroyed(p.desktop_id);
         // Only after the disk is gone: if destroy fails, the scheduler retries a live desktop.

@@ -8,11 +8,13 @@
  * the desktop stays stopped; that is what makes a broken copy resumable at a byte offset.
  *
  *   1. `desktop.export` to the source: it checks the desktop is stopped there and grants a ticket
- *      (a bearer secret, bound to the desktop and its generation, valid `ttl_ms`, usable for every
- *      request of this copy) and answers where its transfer server listens and the units. A
- *      sized listing (1.10) gives each unit's size without reading it (tar counts a stream it
- *      writes to /dev/null without reading file data) and leaves the hash to the fetch's
- *      trailer: the bytes are read once per move instead of twice.
+ *      (a bearer secret, bound to the desktop and its generation, valid `ttl_ms` or until the
+ *      desktop starts or is destroyed there, usable for every request of this copy; one the
+ *      source no longer knows fails the import retryably, and the next try exports again) and
+ *      answers where its transfer server listens and the units. A sized listing (1.10) gives
+ *      each unit's size without reading it (tar counts a stream it writes to /dev/null without
+ *      reading file data) and leaves the hash to the fetch's trailer: the bytes are read once per
+ *      move instead of twice.
  *   2. `desktop.import` to the target: it fetches `GET {url}/v1/transfer/{desktop_id}/units`
  *      and then each unit it does not already hold (`GET …/units/{unit}?offset=N` resumes a
  *      partial one; the answer's `x-canto-sha256` trailer is the whole unit's hash, or the

@@ -22,6 +22,8 @@ export interface FakeMoveHost {
   driver: FakeDriver;
   handlers: CommandHandlers;
   server: TransferServer;
+  /** The transfer server's tickets, for tests that grant one as an export would. */
+  tickets: TransferTickets;
   clock: { now: number };
 }
 
@@ -38,7 +40,7 @@ export async function fakeMoveHost(): Promise<FakeMoveHost> {
   const server = await TransferServer.start({ listenHost: '127.0.0.1', port: 0, advertiseHost: '127.0.0.1', source, tickets, generations, log });
   const moves = new DesktopMoves({ driver, source, url: server.url, log, retries: 2, backoffMs: 5 });
   const handlers = new CommandHandlers({ driver, generations, logger: silentLogger(), moves });
-  const h = { dir, driver, handlers, server, clock };
+  const h = { dir, driver, handlers, server, tickets, clock };
   hosts.push(h);
   return h;
 }

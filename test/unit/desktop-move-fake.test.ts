@@ -53,10 +53,10 @@ describe('moving a fake desktop between two agents', () => {
     expect((await failure(b.handlers.handle('desktop.import.abort', { desktop_id: D, generation: 5 }))).code).toBe('conflict');
     expect((await failure(importInto(b, exp, undefined, 5))).code).toBe('conflict');
 
-    // The source copy goes with destroy.
+    // The source copy goes with destroy, and the export's ticket with it.
     await a.handlers.handle('desktop.destroy', { desktop_id: D, generation: 6, operation_id: 'op_4' });
     expect(a.driver.desktops.has(D)).toBe(false);
-    expect((await fetchUnits(a.server.url, exp.ticket)).status).toBe(404);
+    expect((await fetchUnits(a.server.url, exp.ticket)).status).toBe(401);
   });
 
   it("fetches afresh over a copy another move left at the same generation, and finds a repeat of its own move's done", async () => {
@@ -120,7 +120,10 @@ describe('moving a fake desktop between two agents', () => {
     const exp = await exportFrom(a);
     await a.handlers.handle('desktop.start', { desktop_id: D, generation: 4, operation_id: 'op_5', tier: 'small', first_boot: null });
     expect((await failure(exportFrom(a, 4))).code).toBe('conflict');
-    const res = await fetchUnits(a.server.url, exp.ticket);
+    // The export's ticket ended with the start; one granted while it runs (as a pre-copy's is)
+    // gets nothing of it but a conflict.
+    expect((await fetchUnits(a.server.url, exp.ticket)).status).toBe(401);
+    const res = await fetchUnits(a.server.url, a.tickets.issue(D, 4, 60_000).ticket);
     expect(res.status).toBe(409);
     expect(res.headers.get('content-type')).toBe('application/problem+json');
     expect(await res.json()).toMatchObject({ status: 409 });

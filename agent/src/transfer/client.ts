@@ -1,8 +1,12 @@
 /**
  * The importer's HTTP client for another agent's transfer server (server.ts). It sorts what can
- * go wrong into what a retry may cure (the connection broke or stalled, the source answered 5xx)
- * and what it cannot (the ticket is refused, the desktop is not there or has changed), which
- * become the import's AgentFailure at once. Nothing here logs the ticket.
+ * go wrong into what a new request may cure (the connection broke or stalled, the source answered
+ * 5xx), which the importer retries, and what it cannot, which become the import's AgentFailure at
+ * once. Of those, a refused ticket (401) is retryable for the scheduler, not here: the source no
+ * longer knows it (its agent restarted, which forgets every ticket, or the desktop was started or
+ * destroyed there since), so the same ticket would be refused again, but the scheduler's next try
+ * of the copy asks the source for a new export (scheduler/src/engine/move.ts `copy`). A missing
+ * or changed desktop is not retryable. Nothing here logs the ticket.
  */
 import { request, type IncomingMessage } from 'node:http';
 import { AgentFailure } from '../../../shared/src/protocol.js';
@@ -110,7 +114,9 @@ export function refusalFor(status: number, text: string): Error {
   } catch {
     // not a problem body
   }
-  if (status === 401) return new AgentFailure('unauthorized', `the source refused the transfer ticket (${detail})`, false);
+  if (status === 401) {
+    return new AgentFailure('unauthorized', `the source no longer knows the transfer ticket (it restarted, or the desktop was started or destroyed there since its export); the next try asks it for a new export (${detail})`, true);
+  }
   if (status === 404) return new AgentFailure('not_found', `the source does not have it (${detail})`, false);
   if (status === 409) return new AgentFailure('conflict', `the source cannot send the desktop now (${detail})`, false);
   if (status === 416) return new RangeRefused(detail);

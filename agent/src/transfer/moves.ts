@@ -6,6 +6,11 @@
  * - A desktop that starts, forks or is destroyed here may change: its kept digests are dropped
  *   and the streams being sent of it are cut (source.ts). A start also ends its life as an
  *   imported copy: from then on an abort keeps it.
+ * - A desktop that starts or is destroyed here is read by no move any more: the tickets its
+ *   exports granted are revoked (tickets.ts). A start on the source is a move rolled back, a
+ *   destroy is a move finished (or the desktop gone); a later move exports again. A fork keeps
+ *   them (the desktop stays where it is, and a fresh listing lists what it is now), and so does
+ *   the stop for a move, whose copy may fetch with the pre-copy's ticket.
  * - An import runs inside its desktop's queue; an abort or a destroy of that desktop cancels it
  *   first (they would otherwise wait behind a copy nobody wants any more). So does a pre-copy's
  *   import on the target; the source's side of a pre-copy only picks files in the queue, and its
@@ -168,6 +173,7 @@ export class DesktopMoves {
    * time since it was moved here.
    */
   async starting(desktopId: string): Promise<boolean> {
+    this.deps.source?.revoke(desktopId);
     this.deps.source?.invalidate(desktopId);
     return (await this.deps.driver.transfer?.started(desktopId)) ?? false;
   }
@@ -183,6 +189,14 @@ export class DesktopMoves {
   /** The desktop forks here: its own unit changes (its writable layer is frozen). */
   forking(desktopId: string): void {
     this.deps.source?.invalidate(desktopId);
+  }
+
+  /**
+   * The desktop is about to be destroyed here: its tickets go first, so that nothing of it is
+   * sent from here even should removing its disk fail (the scheduler sends the destroy again).
+   */
+  destroying(desktopId: string): void {
+    this.deps.source?.revoke(desktopId);
   }
 
   /** The desktop was destroyed here: nothing of it may be sent, and its staging goes. */

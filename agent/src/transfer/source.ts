@@ -177,6 +177,15 @@ export class TransferSource {
     this.listing(desktopId, generation, 'sized', id).catch(() => undefined);
   }
 
+  /**
+   * No move reads the desktop from here any more (it starts here again, or is destroyed): the
+   * tickets its exports granted stop working at once. A fetch they admitted already is cut by
+   * `invalidate`; the importer holding one is told 401 and its move asks for a new export.
+   */
+  revoke(desktopId: string): void {
+    this.deps.tickets.revoke(desktopId);
+  }
+
   /** The desktop may change: forget its digests and pre-copy and cut the streams being sent of it. */
   invalidate(desktopId: string): void {
     this.digests.forget(desktopId);

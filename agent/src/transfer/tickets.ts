@@ -3,11 +3,16 @@
  * being moved (shared/src/transfer.ts).
  *
  * A ticket is `ttk_` and 32 random bytes in base64url, bound to one desktop and the generation
- * the export saw, and valid until its expiry for any number of requests: a copy broken halfway
- * resumes with the same ticket. Only its SHA-256 is kept, so nothing in memory lets anyone fetch;
- * a ticket is found by its hash, then compared in constant time, so timing says nothing about the
- * secret. A ticket for another desktop is answered like a missing desktop (404): it proves its
- * holder was sent by the scheduler, but not for this one.
+ * the export saw, and valid for any number of requests until it expires or the desktop no longer
+ * needs to be read from this host: a copy broken halfway resumes with the same ticket, but once
+ * the desktop starts here again (its move rolled back) or is destroyed here (its move finished),
+ * its tickets are revoked (moves.ts), not left working for the rest of their hour. The stop for a
+ * move keeps them: the copy after a pre-copy fetches with the pre-copy's ticket.
+ *
+ * Only its SHA-256 is kept, so nothing in memory lets anyone fetch; a ticket is found by its
+ * hash, then compared in constant time, so timing says nothing about the secret. A ticket for
+ * another desktop is answered like a missing desktop (404): it proves its holder was sent by the
+ * scheduler, but not for this one.
  */
 import { createHash, randomBytes, timingSafeEqual } from 'node:crypto';
 import type { ListingMode } from '../../../shared/src/transfer.js';
@@ -62,7 +67,7 @@ export class TransferTickets {
     return { ok: true, generation: found.generation, listing: found.listing };
   }
 
-  /** Drops every ticket of the desktop (it is destroyed here). */
+  /** Drops every ticket of the desktop: it started or is destroyed here, and no move reads it now. */
   revoke(desktopId: string): void {
     for (const [key, ticket] of this.tickets) if (ticket.desktopId === desktopId) this.tickets.delete(key);
   }
