@@ -6,9 +6,10 @@
  * produced by AES-256-GCM with a fresh random nonce per seal. GCM authenticates as well as
  * encrypts, so a flipped byte, a truncated value or the wrong key makes `open` throw instead of
  * returning garbage. The version byte leaves room for key rotation or another cipher without a
- * data migration. An optional associated-data string binds a sealed value to its context (for
- * example the desktop id and field name): it is not stored, but opening with a different context
- * fails, so someone who can write the database cannot move one desktop's secrets to another.
+ * data migration. An optional associated-data string binds a sealed value to its context (for a
+ * desktop's secrets, its org and the field: crypto/desktop-secrets.ts): it is not stored, but
+ * opening with a different context fails, so someone who can write the database cannot move one
+ * org's secrets to another's desktops, or an `env` into a `setup_script`.
  *
  * Random 96-bit nonces are safe for far more seals than this service will ever make with one key
  * (NIST SP 800-38D caps a key at 2^32 random-nonce invocations).
