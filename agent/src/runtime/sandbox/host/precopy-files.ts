@@ -40,7 +40,7 @@ const MAX_ENTRIES = 100_000;
 const MAX_VISITED = 1_000_000;
 /** Directory entries read at a time: a huge directory is read in steps, never listed whole. */
 const DIR_BATCH = 512;
-/** Names one directory may hold and still be scanned (sorted on the event loop: ≈0.1 s at this size). */
+/** Names one directory may hold and still be scanned (sorted on the event loop: ≈0.05 s at this size). */
 const MAX_DIR_NAMES = 100_000;
 
 /**
@@ -62,7 +62,7 @@ export async function scanCold(dir: string, roots: readonly string[], options: S
       if (left <= MAX_DIR_NAMES) visited = maxVisited;
       return;
     }
-    for (const name of names.sort(byteOrder)) {
+    for (const name of inByteOrder(names)) {
       if (found.length >= MAX_ENTRIES || ++visited > maxVisited) return;
       const path = `${rel}/${name}`;
       const st = await lstat(join(dir, path), { bigint: true }).catch(() => null);
@@ -201,6 +201,19 @@ function identityOf(st: { ino: bigint; size: bigint; ctimeNs: bigint; mtimeNs: b
   return { ino: String(st.ino), size: Number(st.size), ctimeNs: String(st.ctimeNs), mtimeNs: String(st.mtimeNs) };
 }
 
-function byteOrder(a: string, b: string): number {
-  return Buffer.compare(Buffer.from(a), Buffer.from(b));
+/**
+ * `names` sorted by their UTF-8 bytes, as tar lists them. UTF-8's byte order is code point order,
+ * which JavaScript's own string order (UTF-16 code units) matches unless a name holds a character
+ * past U+FFFF (a surrogate pair sorts below U+E000–U+FFFF in UTF-16, above in UTF-8); only then
+ * are names compared as bytes, each encoded once. Encoding both names at each of the sort's
+ * n log n comparisons held the agent's one thread for 0.6 s on a 100,000-name directory; the
+ * string sort takes 0.05 s.
+ */
+export function inByteOrder(names: readonly string[]): string[] {
+  if (!names.some((name) => SURROGATE.test(name))) return [...names].sort();
+  const keyed = names.map((name) => ({ name, bytes: Buffer.from(name) }));
+  keyed.sort((a, b) => Buffer.compare(a.bytes, b.bytes));
+  return keyed.map((k) => k.name);
 }
+
+const SURROGATE = /[\uD800-\uDFFF]/;
