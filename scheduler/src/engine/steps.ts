@@ -25,6 +25,7 @@ import { NoCapacity, noCapacityMessage } from './no-capacity.js';
 import type { Tier } from '../../../shared/src/tiers.js';
 import { openDesktopSecret } from '../crypto/desktop-secrets.js';
 import type { PreparedDisks } from './prepared-disks.js';
+import { goneInRestart, type GoneInRestart } from './restart-stops.js';
 
 /** The fence on the leader's term lives with the lease (store/leases.ts); steps and their callers name it here. */
 export { assertTerm, LeaseLost };
@@ -121,11 +122,7 @@ function hostLostFailure(): StepFailure {
   return new StepFailure('host_lost', "the desktop's host was declared lost; its disk went with it");
 }
 
-/** What the host holds of a desktop now; null from an agent too old to say. */
-export async function inspect(deps: StepDeps, hostId: string, desktopId: string): Promise<CommandResult<'desktop.inspect'> | null> {
-  if (!deps.agents.speaks(hostId, 1, 7)) return null;
-  return deps.agents.call(hostId, 'desktop.inspect', { desktop_id: desktopId }, deps.agentCommandTimeoutMs);
-}
+export { inspect } from './restart-stops.js';
 
 async function connectedHost(deps: StepDeps, hostId: string): Promise<string> {
   // Nothing to wait for on a host an operator declared lost: its agent is refused for good.
@@ -295,17 +292,25 @@ export async function hibernate(deps: StepDeps, op: OperationRow): Promise<void>
   const d = await loadDesktop(deps, op.desktop_id);
   if (d.state !== 'hibernating') throw new StepFailure('conflict', `desktop is ${d.state}, not hibernating`);
   const hostId = await connectedHost(deps, d.host_id!);
+  // Sent all the same: the agent forgets the desktop's streams and learns its generation.
+  const gone = await goneInRestart(deps, op, hostId, d.id);
   const stopped = await command(deps, hostId, 'desktop.hibernate', { desktop_id: d.id, generation: d.generation, operation_id: op.id });
-  await inTransaction(deps.sql, (tx) => recordHibernated(tx, deps, op, d, stopped.snapshot));
+  await inTransaction(deps.sql, (tx) => recordHibernated(tx, deps, op, d, gone?.snapshot ?? stopped.snapshot, gone));
 }
 
-/** The hibernate's commit: state, meter, event and settlement (also step-failure.ts's, for a stop that happened). */
-export async function recordHibernated(tx: Sql, deps: StepDeps, op: OperationRow, d: DesktopRow, snapshot: boolean): Promise<void> {
+/**
+ * The hibernate's commit: state, meter, event and settlement (also step-failure.ts's, for a stop
+ * that happened). `gone`: the guest died in a restart of its host before the hibernate came.
+ */
+export async function recordHibernated(tx: Sql, deps: StepDeps, op: OperationRow, d: DesktopRow, snapshot: boolean, gone: GoneInRestart | null = null): Promise<void> {
   const done = await transition(tx, d.id, ['hibernating'], 'hibernated');
   if (!done) throw new StepFailure('conflict', 'desktop left the hibernating state');
+  // A snapshot made since the last wake is this hibernate's own, sent before the restart: it did stop the desktop.
+  const died = gone !== null && !gone.snapshot;
+  const data = died ? { reason: 'host_failure', cause: 'guest_gone', host_id: d.host_id, memory_snapshot: false } : { reason: op.reason, memory_snapshot: snapshot };
   await together(
-    closeMeter(tx, d.id),
-    recordEvent(tx, { orgId: d.org_id, desktopId: d.id, type: 'desktop.hibernated', data: { reason: op.reason, memory_snapshot: snapshot } }),
+    closeMeter(tx, d.id, gone?.at ?? null),
+    recordEvent(tx, { orgId: d.org_id, desktopId: d.id, type: 'desktop.hibernated', data }),
     settle(tx, deps, op, { generation: done.generation, snapshot }),
   );
 }
@@ -316,21 +321,27 @@ export async function destroy(deps: StepDeps, op: OperationRow): Promise<void> {
   // back anyway, the stale-copy sweep removes what it still holds), and nothing is billed past
   // the moment the host was last heard from.
   const lostSince = d.host_id ? await unlinkedAndLost(deps, d.host_id) : null;
+  let gone: GoneInRestart | null = null;
   if (d.host_id && lostSince === null) {
     const hostId = await linkedHost(deps, d.host_id);
+    // Only an awake desktop is billed by the hour: a hibernated one has no meter open.
+    if (d.state === 'awake') gone = await goneInRestart(deps, op, hostId, d.id);
     await command(deps, hostId, 'desktop.destroy', { desktop_id: d.id, generation: d.generation, operation_id: op.id });
   }
-  await inTransaction(deps.sql, (tx) => recordDestroyed(tx, deps, op, d, lostSince));
+  await inTransaction(deps.sql, (tx) => recordDestroyed(tx, deps, op, d, lostSince, gone?.at ?? null));
 }
 
-/** The destroy's commit (also step-failure.ts's, for a destroy the host did). `lostSince`: its lost host's last sighting. */
-export async function recordDestroyed(tx: Sql, deps: StepDeps, op: OperationRow, d: DesktopRow, lostSince: Date | null): Promise<void> {
+/**
+ * The destroy's commit (also step-failure.ts's, for a destroy the host did). `lostSince`: its lost
+ * host's last sighting; `diedAt`: when its guest died in a restart of its host (the meter's end).
+ */
+export async function recordDestroyed(tx: Sql, deps: StepDeps, op: OperationRow, d: DesktopRow, lostSince: Date | null, diedAt: Date | null = null): Promise<void> {
   const gone = await transition(tx, d.id, ['provisioning', 'awake', 'hibernated'], 'destroyed', { markDestroyed: true });
   if (!gone) throw new StepFailure('conflict', 'desktop changed state during destroy');
   // Monthly billing runs to `destroyed_at`: for a lost host, its disk went when the host did.
   if (lostSince !== null) await tx`UPDATE desktops SET destroyed_at = GREATEST(created_at, LEAST(destroyed_at, ${lostSince}::timestamptz)) WHERE id = ${d.id}`;
   await together(
-    closeMeter(tx, d.id, lostSince),
+    closeMeter(tx, d.id, lostSince ?? diedAt),
     deleteExposuresOf(tx, d.id),
     // A desktop written off with its lost host says so; a destroy a client asked for carries nothing.
     recordEvent(tx, { orgId: d.org_id, desktopId: d.id, type: 'desktop.destroyed', ...(op.reason === 'host_lost' ? { data: { reason: 'host_lost' } } : {}) }),
