@@ -2,14 +2,15 @@
  * A stand-in for an agent's port gateway, for tests of the scheduler's ingress: it checks each
  * link's opening line as the real gateway does (shared/src/port-link.ts), numbers the links, and
  * then serves HTTP on the link itself (`handler`), or hands the link's bytes to `raw` when a test
- * plays a non-HTTP app. `oneRouteIngress` starts an ingress that knows exactly one port route.
+ * plays a non-HTTP app. `oneRouteIngress` starts an ingress that knows exactly one port route,
+ * and hears of its desktop's changes from the test.
  */
 import { createServer as createHttpServer, type IncomingMessage, type ServerResponse } from 'node:http';
 import { createServer as createTcpServer, type Server as TcpServer, type Socket } from 'node:net';
 import { portLinkKey, verifyPortLinkLine, type PortTarget } from '../../shared/src/port-link.js';
 import { createRootLogger } from '../../shared/src/log.js';
 import { PortIngress } from '../../scheduler/src/ingress/ingress-server.js';
-import type { PortRoute } from '../../scheduler/src/services/ports.js';
+import type { DesktopListener, DesktopRunning, PortRoute } from '../../scheduler/src/services/ports.js';
 
 /** A link's socket, with the number the stand-in gave it. */
 export type Linked = Socket & { link: number };
@@ -79,14 +80,34 @@ export async function startStandInGateway(secret: string, hostId: string, handle
   return state;
 }
 
+/** What an ingress hears of desktop rows, told by the test as another replica's change would be. */
+export interface DesktopNotes {
+  readonly listeners: Set<DesktopListener>;
+  /** A desktop's row as a change left it (null: gone); with `desktopId` null, that notifications were lost. */
+  tell(desktopId: string | null, now: DesktopRunning | null): void;
+}
+
+export function desktopNotes(): DesktopNotes {
+  const listeners = new Set<DesktopListener>();
+  return { listeners, tell: (desktopId, now) => listeners.forEach((listener) => listener(desktopId, now)) };
+}
+
 /**
  * An ingress on a loopback port of its own that knows one route; each lookup answers a copy of
- * `route` as it is then, so a test may change it (a new generation, a move under way).
+ * `route` as it is then, so a test may change it (a new generation, a move under way), and
+ * `notes` tells it of desktop changes.
  */
-export function oneRouteIngress(route: PortRoute, secret: string, domain: string, moveHoldMs = 10_000): Promise<PortIngress> {
+export function oneRouteIngress(route: PortRoute, secret: string, domain: string, moveHoldMs = 10_000, notes = desktopNotes()): Promise<PortIngress> {
   return PortIngress.start({
     settings: { scheme: 'http', domain, urlPort: null, listenHost: '127.0.0.1', listenPort: 0, moveHoldMs },
-    ports: { route: async (id, port) => (id === route.desktop_id && port === route.port ? { ...route } : null), onChange: () => () => {} },
+    ports: {
+      route: async (id, port) => (id === route.desktop_id && port === route.port ? { ...route } : null),
+      onChange: () => () => {},
+      onDesktopChange: (listener) => {
+        notes.listeners.add(listener);
+        return () => notes.listeners.delete(listener);
+      },
+    },
     portLinkSecret: secret,
     logger: createRootLogger({ level: 'silent', name: 'test' }),
   });

@@ -5,6 +5,9 @@
  * desktop moved on follows it; and a bodiless request that meets a reused link the app closes
  * under it goes again on a fresh link, while a request with a body is not sent twice. While a move
  * of the desktop is open, a refused request (or WebSocket upgrade) waits for the desktop to run on its target.
+ * A change of the desktop heard (as from another replica) ends what was relayed to a host and
+ * generation it no longer runs: a move's commit ends a WebSocket to its source but not the requests
+ * it holds, and a request whose link opens just after a force-hibernate is heard is refused.
  * The port gateway here is a stand-in that checks the signed opening line and then serves HTTP
  * itself, numbering its links, so the test sees exactly which link carried what.
  */
@@ -16,7 +19,7 @@ import { generateSecretKey } from '../../scheduler/src/crypto/secret-box.js';
 import type { PortIngress } from '../../scheduler/src/ingress/ingress-server.js';
 import { IDLE_LINK_MS } from '../../scheduler/src/ingress/port-link-client.js';
 import type { PortRoute } from '../../scheduler/src/services/ports.js';
-import { oneRouteIngress, startStandInGateway, type LinkHandler, type StandInGateway } from '../helpers/port-gateway-stand-in.js';
+import { desktopNotes, oneRouteIngress, startStandInGateway, type LinkHandler, type Linked, type StandInGateway } from '../helpers/port-gateway-stand-in.js';
 import { until } from '../helpers/wait.js';
 
 const SECRET = generateSecretKey();
@@ -34,6 +37,8 @@ let gateway: StandInGateway;
 let ingress: PortIngress;
 let route: PortRoute;
 const desktopId = newId('desktop');
+/** Desktop changes as the ingress hears them (another replica's, or host health's). */
+const notes = desktopNotes();
 
 beforeAll(async () => {
   gateway = await startStandInGateway(SECRET, HOST_ID, answerLink);
@@ -42,12 +47,13 @@ beforeAll(async () => {
     created_at: new Date(), desktop_state: 'awake', generation: 3, host_id: HOST_ID, host_status: 'ready',
     ingress_address: gateway.address, moving: false,
   };
-  ingress = await oneRouteIngress(route, SECRET, DOMAIN);
+  ingress = await oneRouteIngress(route, SECRET, DOMAIN, 10_000, notes);
 });
 
 afterEach(() => {
   gateway.handler = answerLink;
   gateway.runs = null;
+  gateway.raw = null;
   route.moving = false;
 });
 
@@ -71,6 +77,35 @@ function send(method = 'GET', body?: string, through: PortIngress = ingress): Pr
 }
 
 const linkOf = (r: { body: string }) => (JSON.parse(r.body) as { link: number }).link;
+
+/** Links a gateway accepts go to an app that answers HTTP as `answerLink` and echoes WebSocket messages. */
+function serveWebSockets(on: StandInGateway): () => void {
+  const wss = new WebSocketServer({ noServer: true });
+  const app = createServer((req, res) => answerLink((req.socket as Linked).link, req, res));
+  app.on('upgrade', (req, socket, head) => wss.handleUpgrade(req, socket, head, (ws) => ws.on('message', (m) => ws.send(m.toString()))));
+  on.raw = (socket) => app.emit('connection', socket);
+  return () => wss.close();
+}
+
+/** A WebSocket through the ingress: open, or the status it was refused with. */
+function upgrade(): Promise<{ ws: WebSocket; closed: Promise<boolean> } | number> {
+  const ws = new WebSocket(`ws://127.0.0.1:${new URL(ingress.url).port}/`, { headers: { host: `${PORT}-${desktopId}.${DOMAIN}` } });
+  const closed = new Promise<boolean>((resolve) => {
+    ws.once('close', () => resolve(true));
+    setTimeout(() => resolve(false), 5_000).unref();
+  });
+  return new Promise((resolve, reject) => {
+    ws.once('open', () => resolve({ ws, closed }));
+    ws.once('unexpected-response', (_req, res) => resolve(res.resume().statusCode ?? 0));
+    ws.once('error', reject);
+  });
+}
+
+async function echoed(ws: WebSocket, message: string): Promise<string> {
+  const answer = new Promise<string>((resolve) => ws.once('message', (m) => resolve(m.toString())));
+  ws.send(message);
+  return answer;
+}
 
 describe('links from the ingress to a port gateway', () => {
   it('are reused by later requests from other client connections, and closed after idling', async () => {
@@ -191,6 +226,67 @@ describe('links from the ingress to a port gateway', () => {
     } finally {
       gateway.raw = null;
       wss.close();
+    }
+  });
+
+  it("end a WebSocket relayed to a move's source at its commit, and send requests held through the move to the target", async () => {
+    const targetHost = newId('host');
+    const target = await startStandInGateway(SECRET, targetHost, answerLink);
+    const stop = [serveWebSockets(gateway), serveWebSockets(target)];
+    const source = { host_id: route.host_id, ingress_address: route.ingress_address };
+    try {
+      const before = route.generation;
+      const opened = await upgrade();
+      if (typeof opened === 'number') throw new Error(`upgrade answered ${opened}`);
+      // Stopped on its source, whose agent (out of the scheduler's reach) still relays the open link.
+      route.moving = true;
+      gateway.runs = () => false;
+      notes.tell(desktopId, { state: 'awake', host_id: HOST_ID, generation: before });
+      const held = send('GET');
+      await new Promise((resolve) => setTimeout(resolve, 200));
+      expect(await echoed(opened.ws, 'through the move')).toBe('through the move');
+      // Committed: the desktop is the target's, in a new generation.
+      Object.assign(route, { generation: before + 1, host_id: targetHost, ingress_address: target.address });
+      notes.tell(desktopId, { state: 'awake', host_id: targetHost, generation: before + 1 });
+      expect(await opened.closed, 'the WebSocket to the source is closed').toBe(true);
+      await until(() => gateway.open.size === 0, 5_000, "the source's links to close");
+      route.moving = false;
+      const answer = await held;
+      expect(answer.status, answer.body).toBe(200);
+      expect(target.targets.at(-1)).toEqual({ desktopId, generation: before + 1, port: PORT });
+    } finally {
+      // Moved back, for the tests after this one.
+      Object.assign(route, source, { generation: route.generation + 1 });
+      notes.tell(desktopId, { state: 'awake', host_id: HOST_ID, generation: route.generation });
+      stop.forEach((close) => close());
+      await target.close();
+    }
+  });
+
+  it('refuse an upgrade whose desktop stopped while its link was opening, and check open ones when changes went unheard', async () => {
+    const stop = serveWebSockets(gateway);
+    try {
+      const opened = await upgrade();
+      if (typeof opened === 'number') throw new Error(`upgrade answered ${opened}`);
+      // Notifications were lost (the listen connection reconnected); the desktop has a new generation since.
+      route.generation += 1;
+      notes.tell(null, null);
+      expect(await opened.closed, 'the WebSocket to the old generation is closed').toBe(true);
+      // Force-hibernated, heard after the request read its route, before its link answered.
+      const hibernateAsLinked = () => {
+        Object.assign(route, { desktop_state: 'hibernated', generation: route.generation + 1 });
+        notes.tell(desktopId, { state: 'hibernated', host_id: HOST_ID, generation: route.generation });
+        return true;
+      };
+      gateway.runs = hibernateAsLinked;
+      expect(await upgrade()).toBe(503);
+      // Woken, and the same again for a plain request (on a new link: the pool went with the hibernate).
+      Object.assign(route, { desktop_state: 'awake', generation: route.generation + 2 });
+      notes.tell(desktopId, { state: 'awake', host_id: HOST_ID, generation: route.generation });
+      expect((await send()).status).toBe(503);
+    } finally {
+      route.desktop_state = 'awake';
+      stop();
     }
   });
 

@@ -4,8 +4,9 @@
  * - its own answers, against a stand-in port gateway that speaks shared/src/port-link.ts for a
  *   desktop row made here (404 for unknown hosts and deleted exposures, 401 without the right
  *   token, 503 while unbound, each port-link refusal's status), and proxying through it to a
- *   local HTTP app standing for the guest app: tokens stripped, Authorization untouched, a
- *   WebSocket echo, a 20 MiB body streamed both ways;
+ *   local HTTP app standing for the guest app: tokens stripped (any one presented may be the
+ *   right one), Authorization untouched, a WebSocket echo, a 20 MiB body streamed both ways, and
+ *   what a desktop carried closed once its row says it no longer runs there;
  * - the same traffic through a real agent on the FakeDriver, whose port gateway opens
  *   `127.0.0.1:<port>` on the host for the guest port: hibernate answers 503, wake brings the
  *   URL back, delete makes it 404 for good.
@@ -13,16 +14,18 @@
  * The API's rules are in api-ports.test.ts; both share test/helpers/ports-fixture.ts.
  */
 import { randomBytes } from 'node:crypto';
+import { request, type IncomingMessage } from 'node:http';
 import { createServer as createTcpServer, type AddressInfo } from 'node:net';
 import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
+import WebSocket from 'ws';
 import { newId } from '../../shared/src/ids.js';
 import { PROTOCOL_VERSION } from '../../shared/src/protocol.js';
 import { ROUTE_CACHE_TTL_MS } from '../../scheduler/src/ingress/route-cache.js';
 import { until } from '../helpers/scheduler.js';
 import { startFakeAgent, type TestAgent } from '../helpers/agent.js';
 import {
-  alice, app, BASE, echo, expectIngressProblem, expose, gateway, MiB, openWs, s, sha, sql, standInDesktop, standInHost, through,
-  usePortsWorld, wsRefusal,
+  alice, app, BASE, echo, expectIngressProblem, expose, gateway, ingressAddress, MiB, openWs, s, sha, sql, standInDesktop, standInHost, through,
+  usePortsWorld, wsRefusal, wsUrl,
 } from '../helpers/ports-fixture.js';
 
 usePortsWorld();
@@ -94,11 +97,35 @@ describe('the ingress, through a stand-in port gateway', () => {
       ["another desktop's token", `/?svc_token=${other.token}`, {}],
       ["another port's token", '/', { 'x-svc-token': sameDesktop.token! }],
       ['the token in Authorization', '/', { authorization: `Bearer ${token}` }],
-      ['a right query under a wrong header', `/?svc_token=${token}`, { 'x-svc-token': 'svc_pt_wrong' }],
+      ['a wrong query and a wrong header', `/?svc_token=${other.token}`, { 'x-svc-token': 'svc_pt_wrong' }],
     ] as const) {
       expectIngressProblem(await through(url, path, { headers }), 401, what);
     }
     expect(app.requests).not.toContain('/?svc_token=svc_pt_wrong');
+  });
+
+  it('admits a request when any token it presents is right: a stale one beside it hides nothing, over HTTP and on an upgrade', async () => {
+    const id = await standInDesktop();
+    const { url, token } = await expose(alice, id, app.port);
+    const stale = `svc_pt_${'x'.repeat(43)}`;
+    for (const [what, path, headers] of [
+      ['a right query under a stale header', `/q?svc_token=${token}&k=1`, { 'x-svc-token': stale }],
+      ['a right header beside a stale query', `/q?svc_token=${stale}&k=1`, { 'x-svc-token': token! }],
+      ['a right parameter after a stale one', `/q?svc_token=${stale}&k=1&svc_token=${token}`, {}],
+      ['the eighth token presented', `/q?${Array(6).fill(`svc_token=${stale}`).join('&')}&k=1&svc_token=${token}`, { 'x-svc-token': stale }],
+    ] as const) {
+      const res = await through(url, path, { headers });
+      expect(res.status, `${what}: ${res.text}`).toBe(200);
+      expect(res.json.url, what).toBe('/q?k=1');
+      expect(JSON.stringify(res.json), what).not.toContain('svc_pt_');
+    }
+    // Past eight, what a request presents is not looked at: each one costs a hash.
+    expectIngressProblem(await through(url, `/q?${Array(8).fill(`svc_token=${stale}`).join('&')}&svc_token=${token}`), 401, 'the ninth');
+    const { address, host } = wsUrl(url, `/ws?svc_token=${token}`);
+    const ws = new WebSocket(address, { headers: { host, 'x-svc-token': stale } });
+    await new Promise((resolve, reject) => ws.once('open', resolve).once('error', reject));
+    expect(await echo(ws, 'admitted')).toBe('admitted');
+    ws.close();
   });
 
   it('needs no token for a public exposure, and leaves a svc_token the app did not ask for out too', async () => {
@@ -222,6 +249,34 @@ describe('the ingress, through a stand-in port gateway', () => {
     expect(closedInTime, 'the WebSocket is closed').toBe(true);
     // Well inside the route cache's lifetime: the notification dropped the cached route too.
     expectIngressProblem(await through(url, '/'), 404);
+  });
+
+  it('closes what a desktop carried once it no longer runs there, though its host still relays, and not on other changes', async () => {
+    for (const change of ['hibernated', 'a new generation'] as const) {
+      const id = await standInDesktop(20);
+      const { url } = await expose(alice, id, app.port, true);
+      const ws = await openWs(url, '/ws');
+      const wsClosed = new Promise((resolve) => ws.once('close', resolve));
+      // An upload still streaming, which the app echoes as it comes.
+      const { host, port } = ingressAddress();
+      const upload = request({ host, port, method: 'POST', path: '/echo', agent: false, headers: { host: new URL(url).host, 'transfer-encoding': 'chunked' } });
+      upload.on('error', () => {});
+      upload.write('first');
+      const answer = await new Promise<IncomingMessage>((resolve) => upload.once('response', resolve));
+      answer.on('error', () => {});
+      expect(await new Promise((resolve) => answer.once('data', (c: Buffer) => resolve(c.toString())))).toBe('first');
+      const uploadClosed = new Promise((resolve) => answer.socket.once('close', resolve));
+      await sql`UPDATE desktops SET idle_timeout_secs = 61 WHERE id = ${id}`;
+      await new Promise((resolve) => setTimeout(resolve, 300));
+      expect(await echo(ws, 'still here')).toBe('still here');
+      // What host health's force-hibernate writes (or a wake, or a move's commit, on the same host
+      // here); the stand-in gateway, like an agent the scheduler cannot reach, still relays.
+      if (change === 'hibernated') await sql`UPDATE desktops SET state = 'hibernated', generation = generation + 1 WHERE id = ${id}`;
+      else await sql`UPDATE desktops SET generation = generation + 1 WHERE id = ${id}`;
+      const cut = Promise.all([wsClosed, uploadClosed]).then(() => true);
+      expect(await Promise.race([cut, new Promise((r) => setTimeout(() => r(false), 5_000))]), change).toBe(true);
+      expect((await through(url, '/')).status, change).toBe(change === 'hibernated' ? 503 : 200);
+    }
   });
 });
 

@@ -23,13 +23,14 @@ const DETAIL: Readonly<Record<number, string>> = {
   431: 'request headers are too large',
 };
 
-/** Writes a problem+json answer on a raw socket and closes it. */
-export function answerRaw(socket: Duplex, status: number, detail = DETAIL[status] ?? 'bad request'): void {
+/** Writes a problem+json answer, with `headers` besides, on a raw socket and closes it. */
+export function answerRaw(socket: Duplex, status: number, detail = DETAIL[status] ?? 'bad request', headers: Readonly<Record<string, string>> = {}): void {
   if (socket.destroyed || !socket.writable) return;
   const body = JSON.stringify(problem(status, detail));
+  const extra = Object.entries(headers).map(([name, value]) => `${name}: ${value}\r\n`).join('');
   socket.end(
     `HTTP/1.1 ${status} ${STATUS_CODES[status] ?? 'Error'}\r\ncontent-type: application/problem+json\r\n` +
-      `content-length: ${Buffer.byteLength(body)}\r\nconnection: close\r\n\r\n${body}`,
+      `content-length: ${Buffer.byteLength(body)}\r\n${extra}connection: close\r\n\r\n${body}`,
   );
 }
 

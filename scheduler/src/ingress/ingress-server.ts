@@ -16,32 +16,33 @@
  * of answering 503, WebSocket upgrades included.
  *
  * The ingress reads exposures, desktops and hosts from PostgreSQL and dials agents directly, so
- * it works on every replica, not only on the leader that holds the agent links.
+ * it works on every replica, not only on the leader that holds the agent links. What it relays to
+ * a desktop ends once any replica changes the desktop's row so it no longer runs there (desktop-links.ts).
  */
 import { setTimeout as delay } from 'node:timers/promises';
-import { createServer, STATUS_CODES, type ClientRequest, type IncomingMessage, type Server, type ServerResponse } from 'node:http';
+import { createServer, type ClientRequest, type IncomingMessage, type Server, type ServerResponse } from 'node:http';
 import type { Socket } from 'node:net';
 import type { Duplex } from 'node:stream';
 import { ProxyServer } from 'http-proxy-3';
 import type { Logger } from '../../../shared/src/log.js';
-import { portLinkKey } from '../../../shared/src/port-link.js';
 import type { IngressSettings } from '../config.js';
 import { ApiError, errors, problem } from '../errors.js';
-import { isBound, type PortRoute } from '../services/ports.js';
+import { isBound, type DesktopListener, type DesktopRunning, type PortRoute } from '../services/ports.js';
 import { parseExposureHost } from '../services/exposure-host.js';
-import { dialPortLink, PortLinkAgent, PortLinkError } from './port-link-client.js';
-import { LinkPool } from './link-pool.js';
+import { PortLinkAgent, PortLinkError } from './port-link-client.js';
+import { DesktopLinks, stoppedThere } from './desktop-links.js';
 import { hasBody, relay, requestHead } from './http-relay.js';
 import { hostOnlyCookie } from './response-reader.js';
-import { presentedToken, stripToken, tokenMatches } from './port-token.js';
+import { anyTokenMatches, presentedTokens, stripToken } from './port-token.js';
 import { keyOf, RouteCache } from './route-cache.js';
-import { answerClientError, answerUnroutable, MISSING_HOST } from '../http/client-errors.js';
+import { answerClientError, answerRaw, answerUnroutable, MISSING_HOST } from '../http/client-errors.js';
 import { formatHost } from '../../../shared/src/host-port.js';
 
 /** What the ingress needs from the port service. */
 export interface IngressPorts {
   route(desktopId: string, port: number): Promise<PortRoute | null>;
   onChange(listener: (desktopId: string, port: number) => void): () => void;
+  onDesktopChange(listener: DesktopListener): () => void;
 }
 
 export interface IngressDeps {
@@ -83,8 +84,8 @@ export class PortIngress {
   /** Every client socket, including upgraded ones the HTTP server no longer tracks. */
   private readonly sockets = new Set<Duplex>();
   private readonly unsubscribe: () => void;
-  /** Kept-alive links, one agent per exposure, for the host and generation it was made for. */
-  private readonly links = new Map<string, { hostId: string; address: string; generation: number; pool: LinkPool }>();
+  /** Kept-alive links per exposure, and what is relayed now, ended when its desktop stops running there. */
+  private readonly desktops: DesktopLinks;
   /** Route reads in flight for requests held through a move, by exposure. */
   private readonly reading = new Map<string, Promise<PortRoute | null>>();
 
@@ -93,8 +94,14 @@ export class PortIngress {
     private readonly server: Server,
   ) {
     this.log = deps.logger.child({ component: 'ingress' });
-    this.routes = new RouteCache((desktopId, port) => deps.ports.route(desktopId, port));
-    this.unsubscribe = deps.ports.onChange((desktopId, port) => this.exposureChanged(desktopId, port));
+    this.desktops = new DesktopLinks(deps.portLinkSecret);
+    this.routes = new RouteCache((desktopId, port) => this.desktops.read(() => deps.ports.route(desktopId, port)));
+    const exposures = deps.ports.onChange((desktopId, port) => this.exposureChanged(desktopId, port));
+    const desktops = deps.ports.onDesktopChange((desktopId, now) => this.desktopChanged(desktopId, now));
+    this.unsubscribe = () => {
+      exposures();
+      desktops();
+    };
     // Errors are handled per call; this only keeps a stray one from being thrown.
     this.proxy.on('error', (err) => this.log.debug({ err }, 'proxy error'));
     // An upgrade's answer (101 or not) keeps its cookies on the exposure too: these listeners
@@ -148,8 +155,7 @@ export class PortIngress {
     this.server.closeAllConnections();
     await closed;
     this.routes.clear();
-    for (const link of this.links.values()) link.pool.destroy();
-    this.links.clear();
+    this.desktops.close();
   }
 
   private async web(req: IncomingMessage, res: ServerResponse): Promise<void> {
@@ -162,13 +168,17 @@ export class PortIngress {
     this.hold(route, req.socket);
     const head = requestHead(req);
     const connection = req.headers.connection;
-    let pool = this.linkPool(route);
+    let pool = this.desktops.pool(route);
     const retry = this.retryBudget();
     for (let attempt = 0; ; attempt++) {
       let link;
       try {
         // A retry goes on a new link: another idle one may have been closed by the app just as well.
         link = await pool.acquire(attempt > 0);
+        if (this.desktops.outdated(route)) {
+          pool.discard(link.socket);
+          throw stoppedThere();
+        }
       } catch (err) {
         const next = await this.routeAfterRefusal(err, route, retry);
         if (res.destroyed) return;
@@ -176,11 +186,13 @@ export class PortIngress {
         // Nothing of the request was sent: it goes where the desktop runs now, body and all.
         route = next;
         attempt = -1;
-        pool = this.linkPool(route);
+        pool = this.desktops.pool(route);
         continue;
       }
       if (res.destroyed) return pool.discard(link.socket);
+      const relayed = this.desktops.relaying(route, [req.socket, link.socket]);
       const result = await relay(req, res, link.socket, head, connection);
+      relayed();
       if (result.kind === 'done') {
         if (result.reusable) pool.release(link.socket);
         else pool.discard(link.socket);
@@ -255,8 +267,10 @@ export class PortIngress {
     let link: Socket;
     for (;;) {
       try {
-        link = await this.linkPool(route).dial();
-        break;
+        link = await this.desktops.pool(route).dial();
+        if (!this.desktops.outdated(route)) break;
+        link.destroy();
+        throw stoppedThere();
       } catch (err) {
         const next = await this.routeAfterRefusal(err, route, retry);
         if (socket.destroyed) return;
@@ -265,6 +279,7 @@ export class PortIngress {
       }
     }
     if (socket.destroyed) return void link.destroy();
+    socket.once('close', this.desktops.relaying(route, [socket, link]));
     const failed = route;
     this.proxy.ws(req, socket, head, { target: LINK_TARGET, agent: new PortLinkAgent(async () => link) }, (err) => {
       const failure = this.linkFailure(err, failed);
@@ -274,7 +289,6 @@ export class PortIngress {
     });
   }
 
-  /** The exposure the request may reach, or the ApiError that answers it. */
   /** `admit`, again if the exposure changed while it ran (a delete's sweep missed this request). */
   private async admitCurrent(req: IncomingMessage): Promise<PortRoute> {
     for (let tries = 0; ; tries++) {
@@ -284,43 +298,23 @@ export class PortIngress {
     }
   }
 
+  /** The exposure the request may reach, or the ApiError that answers it. */
   private async admit(req: IncomingMessage): Promise<PortRoute> {
     if (req.headers.host === undefined && req.httpVersion === '1.1') throw errors.badRequest(MISSING_HOST);
     const target = parseExposureHost(this.deps.settings, req.headers.host);
     if (!target) throw errors.ingressNotFound();
     const route = await this.routes.get(target.desktopId, target.port);
     if (!route || route.desktop_state === 'destroyed') throw errors.ingressNotFound();
-    if (!route.public && !tokenMatches(presentedToken(req), route.token_hash)) throw errors.ingressUnauthorized();
+    if (!route.public && !anyTokenMatches(presentedTokens(req), route.token_hash)) throw errors.ingressUnauthorized();
     if (!isBound(route)) throw errors.portUnbound();
     stripToken(req);
     return route;
   }
 
-  /** The exposure's kept-alive links; new ones when the desktop moved, woke again or changed host. */
-  private linkPool(route: PortRoute): LinkPool {
-    // isBound: a bound route has a host and a gateway address.
-    const hostId = route.host_id!;
-    const address = route.ingress_address!;
-    const key = keyOf(route.desktop_id, route.port);
-    const held = this.links.get(key);
-    if (held && held.hostId === hostId && held.address === address && held.generation === route.generation) return held.pool;
-    if (held) held.pool.retire();
-    const secret = portLinkKey(this.deps.portLinkSecret, hostId);
-    const target = { desktopId: route.desktop_id, generation: route.generation, port: route.port };
-    const pool = new LinkPool(() => dialPortLink(secret, address, target));
-    this.links.set(key, { hostId, address, generation: route.generation, pool });
-    return pool;
-  }
-
   /** The answer for a failed proxy attempt; the cached route and idle links are dropped, they may be stale. */
   private linkFailure(err: unknown, route: PortRoute): ApiError {
     this.routes.forget(route.desktop_id, route.port);
-    const key = keyOf(route.desktop_id, route.port);
-    const held = this.links.get(key);
-    if (held) {
-      this.links.delete(key);
-      held.pool.retire();
-    }
+    this.desktops.drop(route.desktop_id, route.port, false);
     if (err instanceof PortLinkError) {
       this.log.info({ desktopId: route.desktop_id, port: route.port, reason: err.reason, message: err.message }, 'port link failed');
       switch (err.reason) {
@@ -377,10 +371,22 @@ export class PortIngress {
     this.changedAt.delete(key);
     this.changedAt.set(key, ++this.changes);
     if (this.changedAt.size > MAX_CHANGES_KEPT) this.changedAt.delete(this.changedAt.keys().next().value!);
-    this.links.get(key)?.pool.destroy();
-    this.links.delete(key);
+    this.desktops.drop(desktopId, port, true);
     for (const socket of this.open.get(key) ?? []) socket.destroy();
     this.open.delete(key);
+  }
+
+  /** A desktop's row changed (desktop-links.ts ends what it no longer runs), or with `desktopId` null, any may have. */
+  private desktopChanged(desktopId: string | null, now: DesktopRunning | null): void {
+    if (desktopId !== null) {
+      this.routes.forgetDesktop(desktopId);
+      return this.desktops.changed(desktopId, now);
+    }
+    this.routes.clear();
+    this.desktops.recheck((id, port) => this.deps.ports.route(id, port), (id, port) => this.exposureChanged(id, port)).catch((err: unknown) => {
+      // What could not be read stays as it is, until the next change heard of it or the next reconnect.
+      this.log.warn({ err }, 'could not check what the ingress relays against the database');
+    });
   }
 }
 
@@ -389,11 +395,5 @@ const MAX_CHANGES_KEPT = 10_000;
 
 /** Answers an upgrade request that will not be proxied, on its raw socket. */
 function rejectUpgrade(socket: Duplex, err: ApiError): void {
-  if (socket.destroyed) return;
-  const body = JSON.stringify(problem(err.status, err.detail));
-  const extra = Object.entries(err.headers).map(([name, value]) => `${name}: ${value}\r\n`).join('');
-  socket.end(
-    `HTTP/1.1 ${err.status} ${STATUS_CODES[err.status] ?? 'Error'}\r\n` +
-      `content-type: application/problem+json\r\ncontent-length: ${Buffer.byteLength(body)}\r\n${extra}connection: close\r\n\r\n${body}`,
-  );
+  answerRaw(socket, err.status, err.detail, err.headers);
 }

@@ -1,7 +1,8 @@
 /**
  * The ingress's own credential (docs/api.md §4.7): a private exposure's token arrives as query parameter
  * `svc_token` or header `X-Svc-Token`, and neither is forwarded (nor the parameter inside
- * `Referer`), so the guest app never sees it and `Authorization` stays the app's to use.
+ * `Referer`), so the guest app never sees it and `Authorization` stays the app's to use. A request
+ * is admitted when any token it presents is right: one stale credential must not hide another.
  */
 import type { IncomingMessage } from 'node:http';
 import { hashToken, safeEqualHex } from '../crypto/secret-box.js';
@@ -11,13 +12,38 @@ export const TOKEN_HEADER = 'x-svc-token';
 /** Tokens are `svc_pt_` and 43 base64url characters; anything much longer is not one. */
 const MAX_TOKEN_LENGTH = 256;
 
-/** The presented token: the header when there is one, else the first `svc_token` parameter. */
-export function presentedToken(req: IncomingMessage): string | null {
-  const header = req.headers[TOKEN_HEADER];
-  if (typeof header === 'string') return header.trim();
+/**
+ * At most this many presented tokens are looked at (headers first): each costs a hash, and a
+ * request's head could otherwise ask for hundreds.
+ */
+export const MAX_PRESENTED_TOKENS = 8;
+
+/**
+ * Every token the request presents, up to MAX_PRESENTED_TOKENS: each `X-Svc-Token` header (trimmed),
+ * then each `svc_token` parameter, in the order they came. None takes precedence: a client may hold
+ * a stale one beside the right one (a header its tooling always sends, a bookmarked URL with a
+ * parameter appended), and all of them are removed before forwarding anyway.
+ */
+export function presentedTokens(req: IncomingMessage): string[] {
+  const tokens = (req.headersDistinct[TOKEN_HEADER] ?? []).slice(0, MAX_PRESENTED_TOKENS).map((value) => value.trim());
   const query = queryOf(req.url ?? '');
-  if (query === null) return null;
-  return new URLSearchParams(query).get(TOKEN_QUERY_PARAM);
+  if (query === null) return tokens;
+  for (const value of new URLSearchParams(query).getAll(TOKEN_QUERY_PARAM)) {
+    if (tokens.length === MAX_PRESENTED_TOKENS) break;
+    tokens.push(value);
+  }
+  return tokens;
+}
+
+/**
+ * Whether any of `tokens` is the one whose sha256 is `tokenHash`. Each is checked as `tokenMatches`
+ * does, whether an earlier one matched or not: the time taken depends on what was presented, not
+ * on which one (if any) was right.
+ */
+export function anyTokenMatches(tokens: readonly string[], tokenHash: string | null): boolean {
+  let matched = false;
+  for (const token of tokens) matched = tokenMatches(token, tokenHash) || matched;
+  return matched;
 }
 
 /** Whether `token` is the one whose sha256 is `tokenHash`, compared in constant time. */

@@ -14,7 +14,10 @@
  *
  * Listeners (the ingress) hear of an exposure created or deleted by this replica at once, and of
  * one deleted anywhere (another replica, a destroy) through a notification its row's trigger
- * sends: an exposure deleted on one replica must not keep carrying traffic through another.
+ * sends: an exposure deleted on one replica must not keep carrying traffic through another. They
+ * hear of every change of a desktop's row the same way (the desktop route notification), so a
+ * desktop that stops running where its traffic was relayed to (hibernated, force-hibernated by
+ * the leader, moved) stops carrying it through every replica.
  */
 import { randomBytes } from 'node:crypto';
 import type { Sql } from '../store/db.js';
@@ -24,6 +27,9 @@ import { hashToken } from '../crypto/secret-box.js';
 import { errors } from '../errors.js';
 import type { CreatePortBody, PortExposureJson } from '../api/schemas.js';
 import { exposureUrl, type ExposureDomain } from './exposure-host.js';
+import { DESKTOP_ROUTE_CHANNEL } from '../store/notified-cache.js';
+import type { DesktopState } from '../store/rows.js';
+import { routeNotification } from './guest.js';
 
 export const PORT_TOKEN_PREFIX = 'svc_pt_';
 
@@ -38,10 +44,25 @@ export interface PortServiceDeps {
 /** Called after an exposure is created or deleted, so the ingress forgets what it cached. */
 export type ExposureListener = (desktopId: string, port: number) => void;
 
+/** Where a desktop runs, as a change of its row left it: what decides whether traffic to it may go on. */
+export interface DesktopRunning {
+  readonly state: DesktopState;
+  readonly host_id: string | null;
+  readonly generation: number;
+}
+
+/**
+ * Called after a desktop's row changed, with where it runs now (null: the row is gone). With
+ * `desktopId` null, changes may have gone unheard (the listen connection reconnected, or a
+ * notification could not be read): any desktop may have changed.
+ */
+export type DesktopListener = (desktopId: string | null, now: DesktopRunning | null) => void;
+
 export const EXPOSURE_DELETED_CHANNEL = 'canto_port_exposure_deleted';
 
 export class PortService {
   private readonly listeners = new Set<ExposureListener>();
+  private readonly desktopListeners = new Set<DesktopListener>();
 
   constructor(private readonly deps: PortServiceDeps) {}
 
@@ -50,14 +71,37 @@ export class PortService {
     return () => this.listeners.delete(listener);
   }
 
-  /** Hears exposures deleted by any replica; answers the function that stops listening. */
+  onDesktopChange(listener: DesktopListener): () => void {
+    this.desktopListeners.add(listener);
+    return () => this.desktopListeners.delete(listener);
+  }
+
+  /** Hears exposures deleted and desktops changed by any replica; answers the function that stops listening. */
   async listen(): Promise<() => Promise<void>> {
-    const sub = await this.deps.sql.listen(EXPOSURE_DELETED_CHANNEL, (payload) => {
+    const deleted = await this.deps.sql.listen(EXPOSURE_DELETED_CHANNEL, (payload) => {
       const at = payload.lastIndexOf(':');
       const port = Number(payload.slice(at + 1));
       if (at > 0 && Number.isInteger(port)) this.changed(payload.slice(0, at), port);
     });
-    return () => sub.unlisten();
+    let desktops;
+    try {
+      desktops = await this.deps.sql.listen(
+        DESKTOP_ROUTE_CHANNEL,
+        (payload) => {
+          const change = routeNotification(payload);
+          this.desktopChanged(change?.key ?? null, change?.value ?? null);
+        },
+        // Called again after each reconnect: what changed meanwhile was not heard.
+        () => this.desktopChanged(null, null),
+      );
+    } catch (err) {
+      await deleted.unlisten().catch(() => {});
+      throw err;
+    }
+    return async () => {
+      await deleted.unlisten();
+      await desktops.unlisten();
+    };
   }
 
   async list(orgId: string, desktopId: string): Promise<PortExposureJson[]> {
@@ -107,6 +151,10 @@ export class PortService {
 
   private changed(desktopId: string, port: number): void {
     for (const listener of this.listeners) listener(desktopId, port);
+  }
+
+  private desktopChanged(desktopId: string | null, now: DesktopRunning | null): void {
+    for (const listener of this.desktopListeners) listener(desktopId, now);
   }
 
   private toJson(row: PortRoute): PortExposureJson {
