@@ -108,7 +108,9 @@ export class AdminService {
         continue;
       }
       try {
-        await this.deps.lifecycle.request(d.org_id, d.id, 'destroy', { expectedGeneration: null, idempotencyKey: null, reason: 'host_lost' });
+        // Still on the lost host under the row's lock: a forget asked at the same time may have
+        // placed it back on its move's source, whose copy this destroy would take.
+        await this.deps.lifecycle.request(d.org_id, d.id, 'destroy', { expectedGeneration: null, idempotencyKey: null, reason: 'host_lost', stillDue: (now) => now.host_id === id });
         destroying++;
       } catch (err) {
         // An operation opened meanwhile.

@@ -8,11 +8,11 @@
  * When a host says hello (and when a leader's term begins, for the hosts already linked), the
  * leader compares what the host reported holding with the records, and destroys each copy whose
  * record is destroyed or places the desktop on another host, provided no operation on the desktop
- * is pending or running (a move under way legitimately has a copy on both hosts). A copy whose
- * record names a host that is down stays: when a move's target went away after the commit, before
- * the desktop ran there, the source's copy is the only one sure to exist, and it is what the
- * desktop is placed back on should that host be declared lost (admin/move-sources.ts). It goes at a
- * hello after that host is back. It runs in the
+ * is pending or running (a move under way legitimately has a copy on both hosts). One copy stays:
+ * the source's, of a move whose target went away after the commit, before the desktop ran there,
+ * while that target is still away. It is the only copy sure to exist, and what the desktop is
+ * placed back on should the target be declared lost (admin/move-sources.ts, whose condition this
+ * shares); it goes at a hello after the target is back. It runs in the
  * desktop's queue of the engine, so no operation on the desktop starts meanwhile. A copy with no
  * record is the leftover of a failed fork when a failed fork operation names it (its copies were
  * to be removed when it failed, but the host was out of reach, the leader stopped, or a copy was
@@ -21,6 +21,7 @@
  */
 import type { HelloDesktops } from '../agents/gateway.js';
 import { command, FORK_GENERATION, LeaseLost, type StepDeps } from './steps.js';
+import { failedBeforeRunning, lastMove } from '../store/moves.js';
 
 export interface StaleCopy {
   readonly desktopId: string;
@@ -32,10 +33,14 @@ export interface StaleCopy {
 /** The reported desktops the records say are not this host's to keep, checked one by one. */
 export async function staleCopies(deps: Pick<StepDeps, 'sql'>, hostId: string, reported: HelloDesktops): Promise<StaleCopy[]> {
   if (reported.length === 0) return [];
-  const rows = await deps.sql<Array<{ id: string; state: string; host_id: string | null; generation: number; open: boolean; host_up: boolean }>>`
+  const rows = await deps.sql<Array<{ id: string; state: string; host_id: string | null; generation: number; open: boolean; kept: boolean }>>`
     SELECT d.id, d.state, d.host_id, d.generation,
            EXISTS (SELECT 1 FROM operations o WHERE o.desktop_id = d.id AND o.state IN ('pending', 'running')) AS open,
-           COALESCE((SELECT h.status = 'ready' AND h.lost_at IS NULL FROM hosts h WHERE h.id = d.host_id), false) AS host_up
+           COALESCE((SELECT h.status <> 'ready' OR h.lost_at IS NOT NULL FROM hosts h WHERE h.id = d.host_id), false)
+             AND EXISTS (
+               SELECT 1 FROM (SELECT 1) AS one ${lastMove(deps.sql)}
+               WHERE m.params->>'source_host_id' = ${hostId} AND ${failedBeforeRunning(deps.sql)}
+             ) AS kept
     FROM desktops d WHERE d.id = ANY(${reported.map((r) => r.desktop_id)}::text[])`;
   const out: StaleCopy[] = [];
   // The host's fence may be ahead of the record (an import made there carries the generation its
@@ -45,7 +50,7 @@ export async function staleCopies(deps: Pick<StepDeps, 'sql'>, hostId: string, r
     if (r.open) continue;
     const generation = Math.max(r.generation, held.get(r.id) ?? 0);
     if (r.state === 'destroyed') out.push({ desktopId: r.id, generation, reason: 'destroyed' });
-    else if (r.host_id !== null && r.host_id !== hostId && r.host_up) out.push({ desktopId: r.id, generation, reason: 'placed_elsewhere' });
+    else if (r.host_id !== null && r.host_id !== hostId && !r.kept) out.push({ desktopId: r.id, generation, reason: 'placed_elsewhere' });
   }
   const unknown = reported.map((r) => r.desktop_id).filter((id) => !rows.some((r) => r.id === id));
   if (unknown.length > 0) {

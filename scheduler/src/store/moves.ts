@@ -197,3 +197,26 @@ export async function lastFailedMove(sql: Sql, host: HostRow): Promise<Operation
     ORDER BY settled_at DESC LIMIT 1`;
   return row ?? null;
 }
+
+/**
+ * SQL condition on a desktop `d` (a desktops row) and `m`, its last move: the move failed after
+ * its commit and before the desktop ran on its target, which is the host `d` is recorded on. The
+ * sweep of stale copies and the placing back both use it, so that the sweep keeps exactly the
+ * copies a forget may place a desktop back on.
+ */
+export function failedBeforeRunning(sql: Sql) {
+  return sql`
+    m.state = 'failed' AND m.params->>'phase' = 'committed' AND m.params->>'target_host_id' = d.host_id
+    AND NOT EXISTS (
+      SELECT 1 FROM operations o WHERE o.desktop_id = d.id AND o.id <> m.id AND o.created_at >= m.created_at
+        AND (o.state IN ('pending', 'running', 'succeeded') OR o.kind = 'destroy'))`;
+}
+
+/** SQL: `m`, the last move of the desktop `d`, joined laterally. */
+export function lastMove(sql: Sql) {
+  return sql`
+    JOIN LATERAL (
+      SELECT o.id, o.state, o.params, o.created_at, o.settled_at FROM operations o
+      WHERE o.desktop_id = d.id AND o.kind = 'move' ORDER BY o.created_at DESC, o.id DESC LIMIT 1
+    ) m ON true`;
+}
