@@ -2,14 +2,15 @@
  * The importer's HTTP client for another agent's transfer server (server.ts). It sorts what can
  * go wrong into what a new request may cure (the connection broke or stalled, the source answered
  * 5xx), which the importer retries, and what it cannot, which become the import's AgentFailure at
- * once. Of those, a refused ticket (401) is retryable for the scheduler, not here: the source no
- * longer knows it (its agent restarted, which forgets every ticket, or the desktop was started or
+ * once. Of those, a ticket the source says it does not hold (401, TICKET_UNKNOWN) is retryable
+ * for the scheduler, not here: the source no longer knows it (its agent restarted, which forgets every ticket, or the desktop was started or
  * destroyed there since), so the same ticket would be refused again, but the scheduler's next try
  * of the copy asks the source for a new export (scheduler/src/engine/move.ts `copy`). A missing
  * or changed desktop is not retryable. Nothing here logs the ticket.
  */
 import { request, type IncomingMessage } from 'node:http';
 import { AgentFailure } from '../../../shared/src/protocol.js';
+import { TICKET_UNKNOWN } from './tickets.js';
 
 /** A failure a new request may get past: the importer retries it, resuming where it was. */
 export class TransientFetchError extends Error {
@@ -108,15 +109,23 @@ async function refusal(res: IncomingMessage): Promise<Error> {
 /** The import's failure for a refusal with this status and (problem) body. */
 export function refusalFor(status: number, text: string): Error {
   let detail = `HTTP ${status}`;
+  let unknownTicket = false;
   try {
     const problem = JSON.parse(text) as { detail?: unknown };
-    if (typeof problem.detail === 'string') detail = `${detail}: ${problem.detail.slice(0, 200)}`;
+    if (typeof problem.detail === 'string') {
+      detail = `${detail}: ${problem.detail.slice(0, 200)}`;
+      unknownTicket = problem.detail === TICKET_UNKNOWN;
+    }
   } catch {
     // not a problem body
   }
-  if (status === 401) {
+  // Only the source's own word that it does not hold the ticket is cured by a new export; any
+  // other 401 (a ticket it found malformed, a proxy in the way) would come back at every try,
+  // each with the desktop stopped, until the move's deadline.
+  if (status === 401 && unknownTicket) {
     return new AgentFailure('unauthorized', `the source no longer knows the transfer ticket (it restarted, or the desktop was started or destroyed there since its export); the next try asks it for a new export (${detail})`, true);
   }
+  if (status === 401) return new AgentFailure('unauthorized', `the source refused the transfer ticket (${detail})`, false);
   if (status === 404) return new AgentFailure('not_found', `the source does not have it (${detail})`, false);
   if (status === 409) return new AgentFailure('conflict', `the source cannot send the desktop now (${detail})`, false);
   if (status === 416) return new RangeRefused(detail);

@@ -18,6 +18,12 @@ import { createHash, randomBytes, timingSafeEqual } from 'node:crypto';
 import type { ListingMode } from '../../../shared/src/transfer.js';
 
 const TICKET_FORMAT = /^ttk_[A-Za-z0-9_-]{43}$/;
+/**
+ * The refusal of a well-formed ticket this source does not hold (never granted here, expired,
+ * revoked, or granted by the agent before a restart): the one refusal a new export cures. The
+ * importer tells it by this detail (transfer/client.ts); agents of earlier releases word it alike.
+ */
+export const TICKET_UNKNOWN = 'the transfer ticket is unknown or expired';
 
 interface Ticket {
   readonly hash: Buffer;
@@ -57,11 +63,11 @@ export class TransferTickets {
     const hash = hashOf(presented);
     const found = this.tickets.get(hash.toString('hex'));
     if (found === undefined || !timingSafeEqual(found.hash, hash)) {
-      return { ok: false, status: 401, detail: 'the transfer ticket is unknown or expired' };
+      return { ok: false, status: 401, detail: TICKET_UNKNOWN };
     }
     if (this.now() >= found.expiresAt) {
       this.tickets.delete(hash.toString('hex'));
-      return { ok: false, status: 401, detail: 'the transfer ticket is unknown or expired' };
+      return { ok: false, status: 401, detail: TICKET_UNKNOWN };
     }
     if (found.desktopId !== desktopId) return { ok: false, status: 404, detail: 'no such desktop for this ticket' };
     return { ok: true, generation: found.generation, listing: found.listing };

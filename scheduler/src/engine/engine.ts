@@ -369,8 +369,8 @@ const AGENT_ERRORS: Partial<Record<AgentFailure['code'], { code: string; message
   stale_generation: { code: 'stale_generation', message: 'the host refused a command from an older generation' },
   conflict: { code: 'conflict', message: 'the desktop was running on a host where the move needed it stopped' },
   unsupported: { code: 'unsupported', message: "the host's agent cannot do this; upgrade it" },
-  // Only a move's import says it: the source no longer knew the ticket its export granted.
-  unauthorized: { code: 'transfer_refused', message: "the move's source host refused the copy (its agent restarted, or the desktop changed there); each try asked it for a new export" },
+  // Only a move's import says it: the source refused the ticket its export granted.
+  unauthorized: { code: 'transfer_refused', message: "the move's source host refused the copy's transfer ticket; the agents' logs say why" },
   not_found: { code: 'disk_missing', message: "the desktop's host does not hold its disk (lost with the host's state directory); an operator has to restore it" },
 };
 
