@@ -150,7 +150,9 @@ export class OperationEngine {
         if (err instanceof steps.LeaseLost || attempt + 1 >= RECONCILE_TRIES || !this.running) throw err;
         this.log.warn({ err, desktopId, attempt }, 'checking whether a desktop recorded awake still runs failed; asking again');
       }
-      await this.pause(RECONCILE_BACKOFF_MS * 2 ** attempt);
+      // Jittered: after a hello, every awake desktop of the host is checked, and a host too busy
+      // to answer them should not get them all back at the same moment.
+      await this.pause(RECONCILE_BACKOFF_MS * 2 ** attempt * (0.5 + Math.random()));
       if (!this.running || !this.deps.leading()) return;
     }
   }

@@ -161,9 +161,10 @@ export async function provision(deps: StepDeps, desktop: DesktopRow, round?: Pla
   if (desktop.host_id) return desktop.host_id;
   const hostId = await pickHost(deps, desktop, round);
   try {
-    await command(deps, hostId, 'desktop.prepare', { desktop_id: desktop.id, generation: desktop.generation, tier: desktop.tier });
-    // Until the record names this host, its disk may be left there (prepared-disks.ts).
+    // Until the record names this host, its disk may be left there (prepared-disks.ts); counted
+    // before the prepare is sent, since one that timed out may have made the disk all the same.
     deps.prepared?.add(desktop.id, hostId);
+    await command(deps, hostId, 'desktop.prepare', { desktop_id: desktop.id, generation: desktop.generation, tier: desktop.tier });
     await inTransaction(deps.sql, async (tx) => {
       // A leader deposed meanwhile must not place a desktop its successor may have destroyed.
       await assertTerm(tx, deps.fence);
