@@ -44,6 +44,7 @@ import { MoveService } from './admin/moves.js';
 import { AdminDesktops } from './admin/desktops.js';
 import { Drainer } from './engine/drainer.js';
 import { bindLegacySecrets } from './crypto/desktop-secrets.js';
+import { DatabaseClock } from './store/db-clock.js';
 
 /** JWT org and desktop route lookups: a missed change is served for at most this long. */
 const LOOKUP_CACHE = { ttlMs: 30_000, maxEntries: 10_000 };
@@ -99,6 +100,9 @@ export async function startScheduler(config: SchedulerConfig, logger?: Logger, m
     replicaId: config.replicaId,
     replicas: () => registry?.addresses() ?? [],
   });
+  // Ages against times the database recorded are measured on its clock (store/db-clock.ts).
+  const clock = new DatabaseClock(sql);
+  await clock.start();
   const lifecycle = new LifecycleService(sql, config.hostSlots, config.orgDesktopQuota);
   const waiter = new OperationWaiter(sql, config.waitPollMs);
   await waiter.start();
@@ -121,6 +125,7 @@ export async function startScheduler(config: SchedulerConfig, logger?: Logger, m
   const drainer = new Drainer({ sql, logger: log, intervalMs: Math.max(50, Math.min(100, config.enginePollMs)), isConnected: (id) => agents.isConnected(id), term });
   const engine = new OperationEngine({
     sql,
+    clock,
     agents,
     secrets,
     logger: log,
@@ -140,6 +145,7 @@ export async function startScheduler(config: SchedulerConfig, logger?: Logger, m
   const sweeper = new IdleSweeper(sql, lifecycle, config.idleSweepMs, log, term);
   const health = new HostHealth({
     sql,
+    clock,
     downMs: config.hostDownMs,
     graceMs: config.hostFailureGraceMs,
     intervalMs: Math.max(20, Math.min(250, Math.floor(config.hostDownMs / 4))),
@@ -309,6 +315,7 @@ export async function startScheduler(config: SchedulerConfig, logger?: Logger, m
         await ingress?.close();
         await stopListening();
         await waiter.stop();
+        clock.stop();
         await sql.end({ timeout: 1 });
       })();
       return closing;

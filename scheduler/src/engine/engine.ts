@@ -302,7 +302,7 @@ export class OperationEngine {
           }
           return log.warn('lease lost; the next leader re-drives');
         }
-        const age = Date.now() - retriesCountFrom(op).getTime();
+        const age = (this.deps.clock?.now() ?? Date.now()) - retriesCountFrom(op).getTime();
         const retryable = (err instanceof AgentFailure && err.retryable) || (err instanceof steps.NoCapacity && age < this.deps.capacityWaitMs) || passingDatabaseFault(err);
         if (retryable && age < this.deps.operationDeadlineMs) {
           log.warn({ err: (err as Error).message, backoffMs }, 'retryable failure; retrying');

@@ -28,6 +28,8 @@ import { awakeWithoutOperation, desktopsOnSilentHosts, markSilentHostsDown, stil
 
 export interface HostHealthOptions {
   readonly sql: Sql;
+  /** The database's clock (store/db-clock.ts): the times compared here are the database's. */
+  readonly clock?: { now(): number };
   /** Silence after which a host is `down`. */
   readonly downMs: number;
   /** Silence after which its awake desktops are force-hibernated. */
@@ -57,8 +59,12 @@ export class HostHealth {
     this.log = options.logger.child({ component: 'host-health' });
   }
 
+  private now(): number {
+    return this.options.clock?.now() ?? Date.now();
+  }
+
   start(): void {
-    this.leadingSince = Date.now();
+    this.leadingSince = this.now();
     if (!this.timer) this.timer = setInterval(() => void this.sweep(), this.options.intervalMs);
   }
 
@@ -79,13 +85,13 @@ export class HostHealth {
     if (term === null) return;
     try {
       for (const h of await markSilentHostsDown(sql, downMs, (id) => this.options.isLinked(id), term)) {
-        const silentMs = Date.now() - h.last_seen_at.getTime();
+        const silentMs = this.now() - h.last_seen_at.getTime();
         this.log.warn({ hostId: h.id, last_heard: h.last_seen_at.toISOString(), silent_ms: silentMs }, 'host down: no heartbeat');
         this.options.onDown?.(h.id, silentMs);
       }
       // Silence counts from when heartbeats were being recorded at all (see the module comment).
       const since = Math.max(this.options.recordingSince()?.getTime() ?? this.leadingSince, 0);
-      if (Date.now() - since < graceMs) return;
+      if (this.now() - since < graceMs) return;
       for (const d of await desktopsOnSilentHosts(sql, graceMs)) {
         if (this.options.isLinked(d.host_id)) continue;
         const done = await inTransaction(sql, async (tx) => {

@@ -78,6 +78,14 @@ export interface MoveParams {
   phase_ms?: Partial<Record<MovePhase | 'finished', number>>;
 }
 
+/**
+ * Now, on the database's clock: a move's times are compared with those it records (a meter's
+ * start, the operation's), and read by the next leader, whose own clock may differ from this one.
+ */
+function nowOf(deps: Pick<StepDeps, 'clock'>): Date {
+  return new Date(deps.clock?.now() ?? Date.now());
+}
+
 /** When the phase being worked on began, per operation, in this process (see `advance`). */
 const phaseStarts = new WeakMap<OperationRow, number>();
 
@@ -239,7 +247,7 @@ async function chooseTarget(deps: StepDeps, d: DesktopRow): Promise<string | nul
 async function stop(deps: StepDeps, op: OperationRow, d: DesktopRow, p: MoveParams): Promise<MoveParams> {
   let snapshot = false;
   // Downtime starts as the hibernate does: from here the desktop stops answering.
-  const stopping = new Date();
+  const stopping = nowOf(deps);
   // Marked moving here when a pre-copy let the desktop run until now (the update is idempotent).
   if (p.precopy === true) await deps.sql`UPDATE desktops SET moving_operation_id = ${op.id} WHERE id = ${d.id}`;
   if (p.was_awake) {
@@ -316,7 +324,7 @@ async function commit(deps: StepDeps, op: OperationRow, d: DesktopRow, p: MovePa
   const committed = await inTransaction(deps.sql, async (tx) => {
     const moved = await transition(tx, d.id, [d.state], d.state, { hostId: p.target_host_id!, expectGeneration: d.generation, clearMoving: true });
     if (!moved) throw new StepFailure('conflict', 'the desktop changed while it was being copied');
-    return { p: await advance(tx, op, { ...p, phase: 'committed', committed_at: new Date().toISOString() }, deps.fence, true), moved };
+    return { p: await advance(tx, op, { ...p, phase: 'committed', committed_at: nowOf(deps).toISOString() }, deps.fence, true), moved };
   });
   deps.placements.release(d.id);
   return { p: adopt(op, committed.p), moved: committed.moved };
@@ -338,7 +346,7 @@ async function startOnTarget(deps: StepDeps, op: OperationRow, p: MoveParams, mo
       desktop_id: d.id, generation: d.generation, operation_id: op.id, tier: d.tier, first_boot: null,
     });
   }
-  const landed = await advance(deps.sql, op, { ...p, phase: 'started', started_at: new Date().toISOString() }, deps.fence);
+  const landed = await advance(deps.sql, op, { ...p, phase: 'started', started_at: nowOf(deps).toISOString() }, deps.fence);
   deps.onMoveLanded?.(op);
   return landed;
 }
@@ -354,7 +362,7 @@ async function finish(deps: StepDeps, op: OperationRow, p: MoveParams): Promise<
     sourceCleaned = false;
     deps.logger.warn({ err, desktopId: d.id, hostId: p.source_host_id }, 'moved desktop: the source copy could not be removed now');
   }
-  const downtimeMs = p.was_awake && p.stopped_at ? Date.parse(p.started_at ?? new Date().toISOString()) - Date.parse(p.stopped_at) : null;
+  const downtimeMs = p.was_awake && p.stopped_at ? Date.parse(p.started_at ?? nowOf(deps).toISOString()) - Date.parse(p.stopped_at) : null;
   const result = {
     generation: d.generation, source_host_id: p.source_host_id, target_host_id: p.target_host_id, was_awake: p.was_awake ?? false,
     memory_snapshot: p.memory_snapshot ?? false, total_bytes: p.total_bytes ?? 0, fetched_bytes: p.fetched_bytes ?? 0,

@@ -32,6 +32,8 @@ export { assertTerm, LeaseLost };
 
 export interface StepDeps {
   sql: Sql;
+  /** The database's clock, for times compared with those it recorded (store/db-clock.ts); absent in tests of single steps. */
+  clock?: { now(): number };
   agents: AgentGateway;
   secrets: SecretBox;
   logger: Logger;
