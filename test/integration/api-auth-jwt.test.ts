@@ -172,6 +172,8 @@ describe('tokens failing verification are 401', () => {
     ['a wrong issuer', () => token('jwt-org', { issuer: 'https://evil.test/' })],
     ['no org claim', () => token('jwt-org', { claims: { org_id: 'jwt-org' } })],
     ['an empty org claim', () => token('', {})],
+    ['an org claim longer than an org name may be', () => token('o'.repeat(201), {})],
+    ['an org claim holding a control character', () => token('jwt-org\nforged log line', {})],
     ['a symmetric algorithm', () => token('jwt-org', { alg: 'HS256', key: new TextEncoder().encode('k'.repeat(32)) })],
     [
       'alg none',

@@ -165,6 +165,12 @@ describe('resolveChecked', () => {
     await expect(resolveChecked('localhost', never)).rejects.toBeInstanceOf(RefusedAddress);
   });
 
+  it('asks the resolver about a host named like a property of every object, as about any other', async () => {
+    for (const name of ['constructor', '__proto__', 'tostring', 'hasownproperty']) {
+      expect(await resolveChecked(name, policy(['203.0.113.7']))).toEqual(['203.0.113.7']);
+    }
+  });
+
   it('reports a name without addresses as unresolvable', async () => {
     await expect(resolveChecked('hooks.example.com', policy([]))).rejects.toMatchObject({ code: 'ENOTFOUND' });
   });

@@ -54,6 +54,9 @@ export class IdentityProviderUnavailable extends Error {
   }
 }
 
+/** The longest org name (the admin API's limit too). */
+const MAX_ORG_NAME = 200;
+
 export type JwtVerification = { ok: true; org: string; subject: string | null } | { ok: false; reason: string };
 
 export interface JwtVerifier {
@@ -150,6 +153,11 @@ export function createJwtVerifier(config: JwtConfig): JwtVerifier {
       const org = payload[config.orgClaim];
       if (typeof org !== 'string' || org.length === 0) {
         return { ok: false, reason: `claim "${config.orgClaim}" missing or not a non-empty string` };
+      }
+      // The org is created on first sight: a claim is held to what an org's name may be, so a
+      // token cannot make an org of a megabyte's name, or one whose name breaks a log line or a table.
+      if (org.length > MAX_ORG_NAME || /\p{Cc}/u.test(org)) {
+        return { ok: false, reason: `claim "${config.orgClaim}" is longer than ${MAX_ORG_NAME} characters or holds control characters` };
       }
       return { ok: true, org, subject: typeof payload.sub === 'string' ? payload.sub : null };
     },

@@ -89,7 +89,8 @@ export async function resolveChecked(hostname: string, policy: ConnectPolicy, si
   if (byName) throw new RefusedAddress(byName);
   const bare = stripBrackets(hostname);
   const name = bare.toLowerCase().replace(/\.$/, '');
-  const pinned = policy.hosts[name];
+  // An own property only: a host named `constructor` or `__proto__` is not pinned by the prototype.
+  const pinned = Object.hasOwn(policy.hosts, name) ? policy.hosts[name] : undefined;
   // Raced with the attempt as well: a lookup hook that does not heed the signal is still bounded.
   const addresses = isIP(bare) ? [bare] : pinned ? [pinned] : await untilAborted((policy.lookup ?? dnsLookup)(bare, signal), signal);
   if (addresses.length === 0) throw Object.assign(new Error('no address'), { code: 'ENOTFOUND' });
