@@ -67,8 +67,11 @@ function parseV4(text: string): number[] {
 
 function classifyV4([a = 0, b = 0, c = 0, d = 0]: number[]): BlockedRange | null {
   if (a === 0) return 'unspecified';
-  // A cloud's metadata service outside link-local (Alibaba Cloud's).
+  // Clouds' metadata and platform services outside link-local: Alibaba Cloud's, Azure's wire
+  // server (168.63.129.16) and Oracle Cloud's (192.0.0.192).
   if (a === 100 && b === 100 && c === 100 && d === 200) return 'metadata';
+  if (a === 168 && b === 63 && c === 129 && d === 16) return 'metadata';
+  if (a === 192 && b === 0 && c === 0 && d === 192) return 'metadata';
   if (a === 127) return 'loopback';
   if (a === 169 && b === 254) return 'link-local';
   if (a >= 224 && a <= 239) return 'multicast';
@@ -102,8 +105,16 @@ function classifyV6(g: number[]): BlockedRange | null {
   if (zeros(0, 7) && g[7] === 1) return 'loopback';
   if ((g[0]! & 0xffc0) === 0xfe80) return 'link-local';
   if ((g[0]! & 0xff00) === 0xff00) return 'multicast';
-  // AWS's metadata service over IPv6, fd00:ec2::254 (in the unique-local range, which is allowed).
+  // AWS's metadata service over IPv6, fd00:ec2::254, and Google Cloud's, fd20:ce::254 (in the
+  // unique-local range, which is allowed).
   if (g[0] === 0xfd00 && g[1] === 0x0ec2 && zeros(2, 7) && g[7] === 0x254) return 'metadata';
+  if (g[0] === 0xfd20 && g[1] === 0x00ce && zeros(2, 7) && g[7] === 0x254) return 'metadata';
+  // 6to4 (2002:a.b.c.d::/48) carries an IPv4 address in its second and third groups.
+  if (g[0] === 0x2002) return classifyV4([g[1]! >> 8, g[1]! & 0xff, g[2]! >> 8, g[2]! & 0xff]);
+  // Teredo (2001:0::/32) carries the client's IPv4 address inverted in its last two groups.
+  if (g[0] === 0x2001 && g[1] === 0) return classifyV4([(g[6]! >> 8) ^ 0xff, (g[6]! & 0xff) ^ 0xff, (g[7]! >> 8) ^ 0xff, (g[7]! & 0xff) ^ 0xff]);
+  // The local-use NAT64 prefix (64:ff9b:1::/48, RFC 8215) translates to any IPv4 address.
+  if (g[0] === 0x64 && g[1] === 0xff9b && g[2] === 1) return embedded();
   // ::ffff:a.b.c.d (mapped), ::ffff:0:a.b.c.d (SIIT), ::a.b.c.d (compatible), 64:ff9b::a.b.c.d (NAT64).
   if (zeros(0, 5) && g[5] === 0xffff) return embedded();
   if (zeros(0, 4) && g[4] === 0xffff && g[5] === 0) return embedded();
