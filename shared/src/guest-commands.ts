@@ -9,9 +9,15 @@ import { Type, type Static } from '@sinclair/typebox';
 import { INPUT_LIMITS, InputAction, STREAM_CLAIMS } from './computer-use.js';
 import { DesktopRef } from './desktop-ref.js';
 
+/**
+ * A command run in a guest: never a NUL (the agent's process spawner separates its strings with
+ * NULs, host/spawner.ts), refused here too so that no sender, older or newer, gets one through.
+ */
+const GuestCommand = Type.String({ minLength: 1, pattern: '^[^\\u0000]*$' });
+
 export const ExecPayload = Type.Object({
   ...DesktopRef,
-  command: Type.String({ minLength: 1 }),
+  command: GuestCommand,
   timeout_ms: Type.Integer({ minimum: 1 }),
   /** 1.1: bytes kept of each output stream (default 1 MiB). */
   max_output_bytes: Type.Optional(Type.Integer({ minimum: 0 })),
@@ -46,7 +52,7 @@ export const ProcessId = Type.String({ pattern: PROCESS_ID_PATTERN });
 /** Guest paths on the link: absolute and normalized by the scheduler; the agent re-checks. */
 const GuestPath = Type.String({ minLength: 1, maxLength: 4096, pattern: '^/' });
 
-export const SpawnPayload = Type.Object({ ...DesktopRef, process_id: ProcessId, command: Type.String({ minLength: 1 }) });
+export const SpawnPayload = Type.Object({ ...DesktopRef, process_id: ProcessId, command: GuestCommand });
 export const SpawnResult = Type.Object({});
 
 export const ProcessPayload = Type.Object({ ...DesktopRef, process_id: ProcessId, tail_bytes: Type.Integer({ minimum: 0 }) });
@@ -164,7 +170,7 @@ export const TerminalGrantPayload = Type.Object({
   ...DesktopRef,
   cols: Type.Integer({ minimum: TERMINAL_SIZE.minCols, maximum: TERMINAL_SIZE.maxCols }),
   rows: Type.Integer({ minimum: TERMINAL_SIZE.minRows, maximum: TERMINAL_SIZE.maxRows }),
-  command: Type.Union([Type.String({ minLength: 1 }), Type.Null()]),
+  command: Type.Union([GuestCommand, Type.Null()]),
 });
 export const TerminalGrantResult = Type.Object({
   ticket: Type.String(),

@@ -97,6 +97,8 @@ describe('command handlers', () => {
     await expectCode(handlers.handle('desktop.prepare', { desktop_id: D, generation: 1, tier: 'huge' }), 'bad_request');
     await expectCode(handlers.handle('desktop.start', { desktop_id: D, generation: -1 }), 'bad_request');
     await expectCode(handlers.handle('guest.exec', { ...exec('true'), timeout_ms: 0 }), 'bad_request');
+    // A NUL never reaches a process spawner, which separates its strings with NULs.
+    await expectCode(handlers.handle('guest.exec', exec('true\0LD_PRELOAD=/tmp/x.so')), 'bad_request');
     expect(driver.events).toEqual([]);
   });
 

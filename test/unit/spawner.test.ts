@@ -14,7 +14,7 @@ import { tmpdir } from 'node:os';
 import { dirname, join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { procStat } from '../../agent/src/runtime/sandbox/host/host-procs.js';
-import { helperPath, requestFrame, spawnerStats, runningSpawner, spawnProcess, type SpawnedProcess } from '../../agent/src/runtime/sandbox/host/spawner.js';
+import { helperPath, requestFrame, spawnerStats, runningSpawner, spawnProcess, type SpawnedProcess, type SpawnOptions } from '../../agent/src/runtime/sandbox/host/spawner.js';
 import { sweepStaleSockets } from '../../agent/src/runtime/sandbox/host/spawner-sockets.js';
 import { JOIN_FAILED } from '../../agent/src/runtime/sandbox/host/cgroups.js';
 import { AgentMetrics } from '../../agent/src/observability.js';
@@ -169,6 +169,23 @@ describe('the process spawner', () => {
     await closed;
     expect(events).toEqual(['error ENOENT', 'close']);
     expect(child.pid).toBeUndefined();
+  });
+
+  it('refuses a NUL in anything it would pass, as Node does, before anything starts', async () => {
+    const marker = join(dir, 'nul-was-run');
+    // Were it framed, the tail after the NUL would become the started process's first variable.
+    const cases: Array<[string, string[], SpawnOptions]> = [
+      ['sh', ['-c', `touch ${marker}\0LD_PRELOAD=/tmp/x.so`], { stdio: ['ignore', 'ignore', 'ignore'] }],
+      [`sh\0x`, ['-c', `touch ${marker}`], { stdio: ['ignore', 'ignore', 'ignore'] }],
+      ['sh', ['-c', `touch ${marker}`], { stdio: ['ignore', 'ignore', 'ignore'], env: { PATH: '/usr/bin:/bin\0LD_PRELOAD=/tmp/x.so' } }],
+      ['sh', ['-c', `touch ${marker}`], { stdio: ['ignore', 'ignore', 'ignore'], cwd: '/\0x' }],
+    ];
+    for (const [file, args, options] of cases) {
+      await expect(spawnProcess(file, args, options)).rejects.toMatchObject({ code: 'ERR_INVALID_ARG_VALUE' });
+      expect(() => requestFrame(1, file, args, options, [0, 0, 0], 1)).toThrow(/without null bytes/);
+    }
+    await new Promise((resolve) => setTimeout(resolve, 200));
+    await expect(readFile(marker)).rejects.toThrow(/ENOENT/);
   });
 
   it('takes requests from the agent alone: another process connecting to its socket starts nothing', async () => {

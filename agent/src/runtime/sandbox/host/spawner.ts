@@ -237,6 +237,22 @@ class HelperSpawner {
   }
 }
 
+/**
+ * Refuses a NUL in anything a request frame carries, as Node's own spawn does. The frame separates
+ * its strings with NULs and counts them: a NUL inside an argument would shift its tail into the
+ * environment of the root process the spawner starts (an `LD_PRELOAD=` there runs a guest's file
+ * as the host's root). Every caller checks what it is given already; this is the one place that
+ * cannot be bypassed.
+ */
+function refuseNul(file: string, args: readonly string[], options: SpawnOptions): void {
+  const env = Object.entries(options.env ?? {}).flatMap(([k, v]) => (v === undefined ? [k] : [k, v]));
+  for (const [what, value] of [['file', file], ['cwd', options.cwd ?? ''], ...args.map((a, i) => [`args[${i}]`, a]), ...env.map((e) => ['env', e])] as const) {
+    if (value.includes('\0')) {
+      throw Object.assign(new TypeError(`The argument '${what}' must be a string without null bytes`), { code: 'ERR_INVALID_ARG_VALUE' });
+    }
+  }
+}
+
 export function requestFrame(
   id: number,
   file: string,
@@ -245,6 +261,7 @@ export function requestFrame(
   modes: readonly [number, number, number],
   conns: number,
 ): Buffer {
+  refuseNul(file, args, options);
   const env = Object.entries(options.env ?? process.env).flatMap(([k, v]) => (v === undefined ? [] : [`${k}=${v}`]));
   // argv[0] is the file as given, as Node passes it.
   const argv = [file, ...args];
@@ -313,6 +330,7 @@ export async function runningSpawner(): Promise<{ pid: number; address: string }
  * has failed to start, reported as Node does: an `error` event, then `close`).
  */
 export async function spawnProcess(file: string, args: readonly string[], options: SpawnOptions): Promise<SpawnedProcess> {
+  refuseNul(file, args, options);
   const spawner = await helper();
   // A helper that dies while starting this process fails the start: it may have started it.
   if (spawner !== null) {
