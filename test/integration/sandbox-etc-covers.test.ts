@@ -2,28 +2,36 @@
  * A guest reads nothing of the host's /etc that only the host's root may read (guest/etc-secrets.ts):
  * the agent's join token in /etc/canto/agent.env, SSH host keys, a database's access rules, the
  * password hashes. Every such file is covered by /dev/null, every such directory by an empty one,
- * on the real runtime. Needs root.
+ * on the real runtime, and stays covered when the host replaces it by a rename (as `passwd`
+ * replaces /etc/shadow, and `sed -i` any file it edits). Needs root.
  */
-import { mkdtemp, rm } from 'node:fs/promises';
+import { randomBytes } from 'node:crypto';
+import { mkdtemp, rename, rm, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { newId } from '../../shared/src/ids.js';
 import { maskedHostPaths } from '../../agent/src/runtime/sandbox/guest/guest-init.js';
 import { createSandboxDriver, type SandboxDriver } from '../../agent/src/runtime/sandbox/index.js';
-import { destroyLeftDesktops, isRoot } from '../helpers/sandbox.js';
+import { destroyLeftDesktops, isRoot, memorySnapshotsHere } from '../helpers/sandbox.js';
 
 describe.skipIf(!isRoot)("the host's /etc in a guest", () => {
   const id = newId('desktop');
   let base: string;
   let driver: SandboxDriver;
 
+  // A secret of the test's own in the host's /etc, there before the agent's scan.
+  const secret = `/etc/canto-test-secret-${randomBytes(6).toString('hex')}`;
+
   beforeAll(async () => {
+    await writeFile(secret, 'the first secret\n', { mode: 0o600 });
     base = await mkdtemp(join(tmpdir(), 'canto-etc-covers-'));
-    driver = await createSandboxDriver({ stateDir: base, goldenTemplates: false, memorySnapshots: false });
+    driver = await createSandboxDriver({ stateDir: base, goldenTemplates: false, memorySnapshots: await memorySnapshotsHere() });
   });
 
   afterAll(async () => {
+    await rm(secret, { force: true });
+    await rm(`${secret}.new`, { force: true });
     await driver?.close();
     await destroyLeftDesktops(base);
     await rm(base, { recursive: true, force: true });
@@ -47,5 +55,25 @@ describe.skipIf(!isRoot)("the host's /etc in a guest", () => {
     // What others may read stays as the host has it.
     expect((await driver.exec(id, { command: 'grep -c "^root:" /etc/passwd', timeoutMs: 5_000, maxOutputBytes: 100 })).stdout).toBe('1\n');
     await driver.destroy(id);
+  }, 60_000);
+
+  it('keeps a secret covered when the host replaces it by a rename', async () => {
+    const other = newId('desktop');
+    await driver.prepare(other, 'small');
+    await driver.start({ desktopId: other, tier: 'small', firstBoot: null });
+    const read = async () => (await driver.exec(other, { command: `cat ${secret}`, timeoutMs: 5_000, maxOutputBytes: 1000 })).stdout;
+    expect(await read()).toBe('');
+    // The host writes the new version beside it and renames it over, as editors and shadow-utils do.
+    await writeFile(`${secret}.new`, 'the second secret\n', { mode: 0o600 });
+    await rename(`${secret}.new`, secret);
+    expect(await read()).toBe('');
+    // Restored from its memory snapshot (where this host makes them), it is covered the same way.
+    await driver.hibernate(other);
+    expect((await driver.start({ desktopId: other, tier: 'small', firstBoot: null })).restored).toBe(await memorySnapshotsHere());
+    await writeFile(`${secret}.new`, 'the third secret\n', { mode: 0o600 });
+    await rename(`${secret}.new`, secret);
+    expect(await read()).toBe('');
+    expect((await driver.exec(other, { command: 'grep -c "^root:" /etc/passwd', timeoutMs: 5_000, maxOutputBytes: 100 })).stdout).toBe('1\n');
+    await driver.destroy(other);
   }, 60_000);
 });

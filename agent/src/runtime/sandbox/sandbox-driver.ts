@@ -67,6 +67,8 @@ import { collectUnusedLayers, discardsSettled } from './host/discarded.js';
 import { assertOneFilesystem } from './host/state-filesystem.js';
 import { noteQuickMigrations } from './guest/guest-entry.js';
 import { raiseSharedLimits } from './host/shared-limits.js';
+import { forgetEtcView, mountEtcView, unmountEtcView, useEtcView } from './host/etc-view.js';
+import { maskedHostPaths } from './guest/guest-init.js';
 import { sealRunningGuests } from './host/running-seal.js';
 import type { RuntimeLog } from './runtime-log.js';
 import { runtimeSwitch } from '../../env-switch.js';
@@ -98,6 +100,8 @@ export class SandboxDriver implements RuntimeDriver {
   private golden: GoldenTemplates | null = null;
   private readonly restoreCounts = { restored: 0, failed: 0 };
   private readonly log: RuntimeLog;
+  /** The guests' `/etc` (host/etc-view.ts), or null where they get the host's. */
+  private etcView: string | null = null;
 
   private constructor(
     private readonly stateDir: string,
@@ -147,6 +151,9 @@ export class SandboxDriver implements RuntimeDriver {
     const migrations = await favorDynamicCgroups(runtimeSwitch('CANTO_AGENT_CGROUP_FAVOR_DYNMODS'), driver.log);
     noteQuickMigrations(migrations === 'already' || migrations === 'set');
     await raiseSharedLimits(runtimeSwitch('CANTO_AGENT_RAISE_SHARED_LIMITS'), driver.log);
+    // Before any guest starts: every guest's /etc is this view (host/etc-view.ts).
+    driver.etcView = await mountEtcView(stateDir, maskedHostPaths().files, driver.log);
+    if (driver.etcView !== null) useEtcView(stateDir, driver.etcView);
     await sealRunningGuests(stateDir, nsenter, driver.log);
     if (options.goldenTemplates === true && criu !== null) {
       const golden = await GoldenTemplates.open(stateDir, criu, driver.lifecycle, driver.log);
@@ -291,5 +298,10 @@ export class SandboxDriver implements RuntimeDriver {
     // their files and unused layers gone once this resolves, so a caller may remove the state
     // directory.
     await discardsSettled(this.stateDir).catch((err: unknown) => this.log('could not remove destroyed desktops\' files or unused layers', { error: String(err) }, 'warn'));
+    // Running guests keep their binds of it; the next agent mounts it again.
+    if (this.etcView !== null) {
+      forgetEtcView(this.stateDir);
+      await unmountEtcView(this.etcView);
+    }
   }
 }

@@ -21,6 +21,7 @@ import { join } from 'node:path';
 import { guestFile } from './guest-programs.js';
 import { GUEST_FILTER_FD } from './guest-filter.js';
 import { SEALED_PROC_PATHS } from '../host/proc-seal.js';
+import { etcSourceFor } from '../host/etc-view.js';
 import {
   DISK_DIRS,
   GUEST_FB_DIR,
@@ -127,7 +128,7 @@ export function maskedHostPaths(): { files: string[]; dirs: string[] } {
 /** Guest mountpoint → host path for every bind mount of a desktop, for CRIU's externals. */
 export function bindMounts(paths: DesktopPaths): Map<string, string> {
   const m = new Map<string, string>();
-  for (const d of HOST_RO_DIRS) m.set(d, d);
+  for (const d of HOST_RO_DIRS) m.set(d, d === '/etc' ? etcSourceFor(paths.dir) : d);
   for (const f of MASKED_HOST_FILES) m.set(f, '/dev/null');
   for (const f of MASKED_PROC_FILES) m.set(f, '/dev/null');
   for (const d of MASKED_HOST_DIRS) m.set(d, paths.empty);
@@ -177,7 +178,8 @@ export function bwrapArgs(paths: DesktopPaths, desktopId: string, envOnFd5 = fal
     '--unshare-pid', '--unshare-ipc', '--unshare-net', '--unshare-uts',
     '--hostname', hostnameFor(desktopId),
   ];
-  for (const d of HOST_RO_DIRS) args.push('--ro-bind', d, d);
+  // `/etc` through the view whose mask shadows the host's secrets by name (host/etc-view.ts).
+  for (const d of HOST_RO_DIRS) args.push('--ro-bind', d === '/etc' ? etcSourceFor(paths.dir) : d, d);
   const masked = maskedHostPaths();
   for (const f of masked.files) args.push('--ro-bind', '/dev/null', f);
   for (const d of masked.dirs) args.push('--ro-bind', paths.empty, d);
