@@ -67,7 +67,7 @@ import { collectUnusedLayers, discardsSettled } from './host/discarded.js';
 import { assertOneFilesystem } from './host/state-filesystem.js';
 import { noteQuickMigrations } from './guest/guest-entry.js';
 import { raiseSharedLimits } from './host/shared-limits.js';
-import { forgetEtcView, mountEtcView, unmountEtcView, useEtcView } from './host/etc-view.js';
+import { acquireEtcView, releaseEtcView } from './host/etc-view.js';
 import { maskedHostPaths } from './guest/guest-init.js';
 import { sealRunningGuests } from './host/running-seal.js';
 import type { RuntimeLog } from './runtime-log.js';
@@ -152,8 +152,7 @@ export class SandboxDriver implements RuntimeDriver {
     noteQuickMigrations(migrations === 'already' || migrations === 'set');
     await raiseSharedLimits(runtimeSwitch('CANTO_AGENT_RAISE_SHARED_LIMITS'), driver.log);
     // Before any guest starts: every guest's /etc is this view (host/etc-view.ts).
-    driver.etcView = await mountEtcView(stateDir, maskedHostPaths().files, driver.log);
-    if (driver.etcView !== null) useEtcView(stateDir, driver.etcView);
+    driver.etcView = await acquireEtcView(stateDir, maskedHostPaths().files, driver.log);
     await sealRunningGuests(stateDir, nsenter, driver.log);
     if (options.goldenTemplates === true && criu !== null) {
       const golden = await GoldenTemplates.open(stateDir, criu, driver.lifecycle, driver.log);
@@ -300,8 +299,8 @@ export class SandboxDriver implements RuntimeDriver {
     await discardsSettled(this.stateDir).catch((err: unknown) => this.log('could not remove destroyed desktops\' files or unused layers', { error: String(err) }, 'warn'));
     // Running guests keep their binds of it; the next agent mounts it again.
     if (this.etcView !== null) {
-      forgetEtcView(this.stateDir);
-      await unmountEtcView(this.etcView);
+      this.etcView = null;
+      await releaseEtcView(this.stateDir);
     }
   }
 }

@@ -20,6 +20,7 @@
  * falls back to the host's `/etc` and says so.
  */
 import { createHash } from 'node:crypto';
+import { existsSync } from 'node:fs';
 import { chmod, chown, lstat, mkdir, readFile, rm, writeFile } from 'node:fs/promises';
 import { dirname, join, resolve } from 'node:path';
 import { parseMountTable } from './mount-table.js';
@@ -58,27 +59,48 @@ export async function mountEtcView(stateDir: string, secretFiles: readonly strin
   }
 }
 
-/** The view each driver's guests get, by the driver's state directory. */
-const views = new Map<string, string>();
+/**
+ * The view each driver's guests get, by the driver's state directory, and how many drivers of
+ * this process use it (a test, or a cleanup, may open a second one on the same directory).
+ */
+const views = new Map<string, { readonly view: string; refs: number }>();
 
-/** Gives the guests of the driver at `stateDir` the view at `view` as their `/etc`. */
-export function useEtcView(stateDir: string, view: string): void {
-  views.set(resolve(stateDir), view);
+/**
+ * Mounts the view for the driver at `stateDir` (mountEtcView) and gives it to the guests it
+ * boots; answers it, or null where its guests get the host's `/etc`.
+ */
+export async function acquireEtcView(stateDir: string, secretFiles: readonly string[], log: (msg: string, fields?: object, level?: 'warn') => void): Promise<string | null> {
+  const key = resolve(stateDir);
+  const held = views.get(key);
+  if (held !== undefined) {
+    held.refs++;
+    return held.view;
+  }
+  const view = await mountEtcView(stateDir, secretFiles, log);
+  if (view !== null) views.set(key, { view, refs: 1 });
+  return view;
 }
 
-/** Forgets the driver's view: its next guests would get the host's `/etc`. */
-export function forgetEtcView(stateDir: string): void {
-  views.delete(resolve(stateDir));
+/**
+ * A driver that acquired the view closes: the last one of this process unmounts it (its guests
+ * keep theirs: each holds a bind of its own, and the next agent mounts it again).
+ */
+export async function releaseEtcView(stateDir: string): Promise<void> {
+  const key = resolve(stateDir);
+  const held = views.get(key);
+  if (held === undefined || --held.refs > 0) return;
+  views.delete(key);
+  await runToEnd('umount', ['-l', held.view], { timeoutMs: 10_000 }).catch(() => undefined);
 }
 
-/** What a desktop under `<stateDir>/desktops/<id>` (`desktopDir`) gets as its `/etc`. */
+/**
+ * What a desktop under `<stateDir>/desktops/<id>` (`desktopDir`) gets as its `/etc`: the view
+ * while it is mounted (a view unmounted under the agent would be an empty directory, and a guest
+ * without `/etc` does not boot), else the host's.
+ */
 export function etcSourceFor(desktopDir: string): string {
-  return views.get(dirname(dirname(desktopDir))) ?? '/etc';
-}
-
-/** Unmounts the view (guests keep theirs: each holds a bind of its own); best effort. */
-export async function unmountEtcView(view: string): Promise<void> {
-  await runToEnd('umount', ['-l', view], { timeoutMs: 10_000 }).catch(() => undefined);
+  const view = views.get(dirname(dirname(desktopDir)))?.view;
+  return view !== undefined && existsSync(join(view, 'passwd')) ? view : '/etc';
 }
 
 /**
