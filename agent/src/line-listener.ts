@@ -29,17 +29,39 @@ export interface LineListenerOptions {
   readonly onNoLine: (socket: Socket, why: 'too_long' | 'timeout' | 'ended') => void;
 }
 
-/** Connections that have not sent their line yet; more are dropped at once. */
-export const MAX_HANDSHAKES = 64;
 /**
- * The same, per client address, once half the slots are taken: one client holding silent
- * connections open cannot take every slot and lock every other client out. Below that there is
- * no per-address limit, because one address is often many honest clients at once: the
- * scheduler's ingress opens a link per request, and a burst of more than eight requests to an
- * exposed port must not be refused (it was, as 503s).
+ * Connections that have not sent their line yet; more are dropped at once. A silent connection
+ * costs the agent a socket and a timer, so the cap is high: with 64, five addresses holding
+ * silent connections open (reconnecting as the deadline closes them) locked every viewer, or
+ * the ingress, out of a host.
  */
-export const MAX_HANDSHAKES_PER_ADDRESS = 8;
+export const MAX_HANDSHAKES = 1024;
+/**
+ * The same, per client network (a /24 of IPv4, a /64 of IPv6: what one client can hold as
+ * easily as one address), once half the slots are taken: one client holding silent connections
+ * open cannot take every slot and lock every other client out, and it takes nine networks to
+ * fill them. Below that there is no per-network limit, because one address is often many honest
+ * clients at once: the scheduler's ingress opens a link per request, and a burst of more than
+ * eight requests to an exposed port must not be refused (it was, as 503s).
+ */
+export const MAX_HANDSHAKES_PER_ADDRESS = 64;
 export const FAIR_SHARE_FROM = MAX_HANDSHAKES / 2;
+
+/**
+ * The network a client address belongs to for the per-client share: its /24 (IPv4, also written
+ * as an IPv4-mapped IPv6 address) or its /64 (IPv6). Anything else stands for itself.
+ */
+export function clientNetwork(address: string): string {
+  const v4 = /^(?:::ffff:)?(\d+)\.(\d+)\.(\d+)\.\d+$/i.exec(address);
+  if (v4 !== null) return `${v4[1]}.${v4[2]}.${v4[3]}`;
+  if (!address.includes(':')) return address;
+  const bare = address.replace(/%.*$/, '').toLowerCase();
+  const [head = '', tail] = bare.split('::');
+  const left = head === '' ? [] : head.split(':');
+  const right = tail === undefined || tail === '' ? [] : tail.split(':');
+  const groups = tail === undefined ? left : [...left, ...Array<string>(Math.max(0, 8 - left.length - right.length)).fill('0'), ...right];
+  return groups.slice(0, 4).map((g) => (parseInt(g, 16) || 0).toString(16)).join(':');
+}
 /** Dead peers are found by TCP keepalive, so that what they hold does not stay held. */
 const KEEPALIVE_MS = 30_000;
 /** How long a refused connection may stay half-open for its `ERR` line to reach the client. */
@@ -47,28 +69,30 @@ export const LINGER_MS = 2_000;
 
 /**
  * Slots for connections that still owe their handshake: MAX_HANDSHAKES in all and, once half are
- * taken, MAX_HANDSHAKES_PER_ADDRESS per client address (the rule above). The stream gateway keeps
+ * taken, MAX_HANDSHAKES_PER_ADDRESS per client network (the rule above). The stream gateway keeps
  * a second set for request heads still being read.
  */
 export class HandshakeSlots {
   private taken = 0;
-  private readonly byAddress = new Map<string, number>();
+  private readonly byNetwork = new Map<string, number>();
 
   /** Takes a slot for a connection from `address`; false when it may not have one. */
   take(address: string): boolean {
-    const fromAddress = this.byAddress.get(address) ?? 0;
-    if (this.taken >= MAX_HANDSHAKES || (fromAddress >= MAX_HANDSHAKES_PER_ADDRESS && this.taken >= FAIR_SHARE_FROM)) return false;
+    const network = clientNetwork(address);
+    const fromNetwork = this.byNetwork.get(network) ?? 0;
+    if (this.taken >= MAX_HANDSHAKES || (fromNetwork >= MAX_HANDSHAKES_PER_ADDRESS && this.taken >= FAIR_SHARE_FROM)) return false;
     this.taken++;
-    this.byAddress.set(address, fromAddress + 1);
+    this.byNetwork.set(network, fromNetwork + 1);
     return true;
   }
 
   /** Gives back a slot `take` gave for `address`. */
   give(address: string): void {
+    const network = clientNetwork(address);
     this.taken--;
-    const left = (this.byAddress.get(address) ?? 1) - 1;
-    if (left > 0) this.byAddress.set(address, left);
-    else this.byAddress.delete(address);
+    const left = (this.byNetwork.get(network) ?? 1) - 1;
+    if (left > 0) this.byNetwork.set(network, left);
+    else this.byNetwork.delete(network);
   }
 }
 

@@ -230,7 +230,8 @@ describe('stream gateway WebSockets', () => {
         socket.on('error', () => undefined);
         // The first line, then silence: the head is never finished.
         socket.once('connect', () => socket.write('GET /vnc HTTP/1.1\r\n'));
-        const timer = setTimeout(() => resolve(true), 300);
+        // Long enough for the gateway to get to every one of hundreds of connections.
+        const timer = setTimeout(() => resolve(true), 2_000);
         socket.once('close', () => {
           clearTimeout(timer);
           resolve(false);
@@ -238,7 +239,7 @@ describe('stream gateway WebSockets', () => {
       });
     const kept = await Promise.all(Array.from({ length: FAIR_SHARE_FROM + 8 }, () => open('127.0.0.1')));
     expect(kept.filter(Boolean)).toHaveLength(FAIR_SHARE_FROM);
-    expect(await rawHttp(gw.port, 'GET /elsewhere HTTP/1.1\r\n\r\n', '127.0.0.2')).toMatch(/^HTTP\/1\.1 404 /);
+    expect(await rawHttp(gw.port, 'GET /elsewhere HTTP/1.1\r\n\r\n', '127.0.1.2')).toMatch(/^HTTP\/1\.1 404 /);
     for (const socket of held) socket.destroy();
   });
 });

@@ -1,11 +1,12 @@
 /**
- * The gateways' line listener (agent/src/line-listener.ts): one client address cannot hold every
- * handshake slot, so silent connections from it do not lock other clients out, yet a burst of
- * honest handshakes from one address (the scheduler's ingress) is not refused.
+ * The gateways' line listener (agent/src/line-listener.ts): one client network (a /24, a /64)
+ * cannot hold every handshake slot, so silent connections from it, from however many of its
+ * addresses, do not lock other clients out, yet a burst of honest handshakes from one address (the
+ * scheduler's ingress) is not refused. Loopback's 127/8 gives the test networks of its own.
  */
 import { connect, type Socket } from 'node:net';
 import { afterEach, describe, expect, it } from 'vitest';
-import { FAIR_SHARE_FROM, LineListener, MAX_HANDSHAKES, MAX_HANDSHAKES_PER_ADDRESS } from '../../agent/src/line-listener.js';
+import { clientNetwork, FAIR_SHARE_FROM, LineListener, MAX_HANDSHAKES, MAX_HANDSHAKES_PER_ADDRESS } from '../../agent/src/line-listener.js';
 
 describe('line listener', () => {
   let listener: LineListener | null = null;
@@ -66,14 +67,17 @@ describe('line listener', () => {
     expect(await Promise.all(burst.map((b) => b.said))).toEqual(burst.map((_, i) => `got r${i}\n`));
   });
 
-  it('caps silent connections per client address once half the slots are taken', async () => {
+  it('caps silent connections per client network once half the slots are taken', async () => {
     await start();
     const crowd = await hold('127.0.0.1', FAIR_SHARE_FROM - MAX_HANDSHAKES_PER_ADDRESS);
-    await hold('127.0.0.2', MAX_HANDSHAKES_PER_ADDRESS);
-    // Half the slots are taken: both addresses are at or over their share, a third is not.
+    // Another network's share, held from many of its addresses.
+    for (let i = 0; i < MAX_HANDSHAKES_PER_ADDRESS; i++) await hold(`127.0.2.${1 + (i % 200)}`, 1);
+    // Half the slots are taken: both networks are at or over their share (whichever of their
+    // addresses asks), a third is not.
     expect((await dial('127.0.0.1')).kept).toBe(false);
-    expect((await dial('127.0.0.2')).kept).toBe(false);
-    const other = await dial('127.0.0.3', 'hello\n');
+    expect((await dial('127.0.0.77')).kept).toBe(false);
+    expect((await dial('127.0.2.250')).kept).toBe(false);
+    const other = await dial('127.0.3.1', 'hello\n');
     expect(await other.said).toBe('got hello\n');
     // Slots free up as connections send their lines: below half, the crowd is served again.
     for (const c of crowd.slice(0, 2)) c.socket.write('line\n');
@@ -83,7 +87,17 @@ describe('line listener', () => {
 
   it('drops everything past the total cap', async () => {
     await start();
-    for (let i = 0; i < MAX_HANDSHAKES / MAX_HANDSHAKES_PER_ADDRESS; i++) await hold(`127.0.0.${10 + i}`, MAX_HANDSHAKES_PER_ADDRESS);
-    expect((await dial('127.0.0.99')).kept).toBe(false);
+    for (let i = 0; i < MAX_HANDSHAKES / MAX_HANDSHAKES_PER_ADDRESS; i++) await hold(`127.0.${10 + i}.1`, MAX_HANDSHAKES_PER_ADDRESS);
+    expect((await dial('127.0.99.1')).kept).toBe(false);
+  });
+
+  it('tells client networks apart: a /24 of IPv4, however written, and a /64 of IPv6', () => {
+    expect(clientNetwork('203.0.113.7')).toBe(clientNetwork('203.0.113.250'));
+    expect(clientNetwork('::ffff:203.0.113.7')).toBe(clientNetwork('203.0.113.9'));
+    expect(clientNetwork('203.0.113.7')).not.toBe(clientNetwork('203.0.114.7'));
+    expect(clientNetwork('2001:db8:1:2::9')).toBe(clientNetwork('2001:db8:1:2:ffff:ffff:ffff:ffff'));
+    expect(clientNetwork('2001:db8:1:2::9')).toBe(clientNetwork('2001:0DB8:0001:0002:0:0:0:1'));
+    expect(clientNetwork('2001:db8:1:2::9')).not.toBe(clientNetwork('2001:db8:1:3::9'));
+    expect(clientNetwork('fe80::1%eth0')).toBe(clientNetwork('fe80::2'));
   });
 });
