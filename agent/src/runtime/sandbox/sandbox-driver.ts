@@ -68,6 +68,7 @@ import { assertOneFilesystem } from './host/state-filesystem.js';
 import { noteQuickMigrations } from './guest/guest-entry.js';
 import { raiseSharedLimits } from './host/shared-limits.js';
 import { acquireEtcView, releaseEtcView } from './host/etc-view.js';
+import { refuseInheritedCapabilities } from './host/inherited-caps.js';
 import { maskedHostPaths } from './guest/guest-init.js';
 import { sealRunningGuests } from './host/running-seal.js';
 import type { RuntimeLog } from './runtime-log.js';
@@ -145,6 +146,7 @@ export class SandboxDriver implements RuntimeDriver {
       resolveTool('bwrap', '/usr/bin/bwrap'),
       resolveTool('nsenter', '/usr/bin/nsenter'),
     ]);
+    await refuseInheritedCapabilities();
     await assertOneFilesystem(stateDir);
     const criu = options.memorySnapshots === false ? null : await detectCriu(options.criuPath, options.log);
     const driver = new SandboxDriver(stateDir, criu, { bwrap, nsenter }, options.log);
