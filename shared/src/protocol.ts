@@ -53,6 +53,8 @@
  *         copy an earlier move left on the target is not taken for this one's. Memory snapshots hold read-only covers of the host secrets
  *         in /etc (guest/etc-secrets.ts); an agent older than 1.15 cannot map them back at a
  *         restore, so the scheduler moves none to it.
+ *   1.16 — the port gateway takes `CANTO-PORT/2` lines, each with a nonce it takes once
+ *         (shared/src/port-link.ts); the ingress sends `/1` lines to older agents.
  *
  * Every desktop command carries the desktop's `generation`. The agent remembers the highest
  * generation it has seen per desktop and refuses an older one with `stale_generation`: after a
@@ -72,7 +74,7 @@ import {
   ScreenshotResult, SpawnPayload, SpawnResult, StreamGrantPayload, StreamGrantResult, TerminalGrantPayload, TerminalGrantResult,
 } from './guest-commands.js';
 
-export const PROTOCOL_VERSION = '1.15';
+export const PROTOCOL_VERSION = '1.16';
 export const WIRE_VERSION = 1;
 
 /** The protocol minors (of major 1) that changed what a memory snapshot holds: 1.13, 1.14 and 1.15 above. */

@@ -26,6 +26,8 @@ export interface StandInGateway {
   readonly open: Set<Socket>;
   /** What each accepted link asked for, in order. */
   readonly targets: PortTarget[];
+  /** Each accepted link's line version (`CANTO-PORT/1` or `/2`), in order. */
+  readonly versions: string[];
   handler: LinkHandler;
   /** When set, a link's bytes go here instead of to the HTTP app. */
   raw: ((socket: Linked) => void) | null;
@@ -48,10 +50,12 @@ export async function startStandInGateway(secret: string, hostId: string, handle
       const newline = buffered.indexOf(0x0a);
       if (newline < 0) return;
       socket.off('data', onData);
-      const target = verifyPortLinkLine(key, buffered.subarray(0, newline).toString('latin1'));
+      const line = buffered.subarray(0, newline).toString('latin1');
+      const target = verifyPortLinkLine(key, line);
       if (!target) return void socket.end('ERR unauthorized\n');
       if (state.runs && !state.runs(target)) return void socket.end('ERR not_running\n');
       state.targets.push(target);
+      state.versions.push(line.split(' ', 1)[0]!);
       (socket as Linked).link = ++links;
       socket.write('OK\n');
       const rest = buffered.subarray(newline + 1);
@@ -69,6 +73,7 @@ export async function startStandInGateway(secret: string, hostId: string, handle
     },
     open: new Set(),
     targets: [],
+    versions: [],
     handler,
     raw: null,
     runs: null,

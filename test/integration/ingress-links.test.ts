@@ -11,6 +11,7 @@
  * The port gateway here is a stand-in that checks the signed opening line and then serves HTTP
  * itself, numbering its links, so the test sees exactly which link carried what.
  */
+import { PROTOCOL_VERSION } from '../../shared/src/protocol.js';
 import { createServer, request } from 'node:http';
 import WebSocket, { WebSocketServer } from 'ws';
 import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
@@ -45,7 +46,7 @@ beforeAll(async () => {
   route = {
     id: newId('port'), org_id: newId('org'), desktop_id: desktopId, port: PORT, public: true, token_hash: null,
     created_at: new Date(), desktop_state: 'awake', generation: 3, host_id: HOST_ID, host_status: 'ready',
-    ingress_address: gateway.address, moving: false,
+    ingress_address: gateway.address, moving: false, host_protocol: PROTOCOL_VERSION,
   };
   ingress = await oneRouteIngress(route, SECRET, DOMAIN, 10_000, notes);
 });

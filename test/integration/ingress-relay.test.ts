@@ -7,6 +7,8 @@
  * the link's number, so the test sees which link carried what. Clients are raw TCP sockets, so
  * every byte the ingress sends back is visible.
  */
+import { PROTOCOL_VERSION } from '../../shared/src/protocol.js';
+import { request } from 'node:http';
 import { connect, type Socket } from 'node:net';
 import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
 import { newId } from '../../shared/src/ids.js';
@@ -42,7 +44,7 @@ beforeAll(async () => {
   ingress = await oneRouteIngress({
     id: newId('port'), org_id: newId('org'), desktop_id: desktopId, port: PORT, public: false, token_hash: hashToken(TOKEN),
     created_at: new Date(), desktop_state: 'awake', generation: 1, host_id: HOST_ID, host_status: 'ready',
-    ingress_address: gateway.address, moving: false,
+    ingress_address: gateway.address, moving: false, host_protocol: PROTOCOL_VERSION,
   }, SECRET, DOMAIN);
 });
 
@@ -343,5 +345,30 @@ describe('the ingress relay', () => {
     const [, second] = await c.answers(2);
     expect(Number(second!.headers['x-link'])).toBeGreaterThan(Number(first!.headers['x-link']));
     c.socket.destroy();
+  });
+
+  it('signs its links with a nonce (/2) for an agent that speaks 1.16, and without (/1) for an older one', async () => {
+    const get = (url: string) =>
+      new Promise<number>((resolve, reject) => {
+        const u = new URL(url);
+        request({ host: u.hostname, port: u.port, path: '/', headers: { host: HOST, 'x-svc-token': TOKEN }, agent: false }, (res) => {
+          res.resume();
+          res.on('end', () => resolve(res.statusCode ?? 0));
+        }).on('error', reject).end();
+      });
+    const before = gateway.versions.length;
+    expect(await get(ingress.url)).toBe(200);
+    expect(gateway.versions.slice(before)).toEqual(['CANTO-PORT/2']);
+    const older = await oneRouteIngress({
+      id: newId('port'), org_id: newId('org'), desktop_id: desktopId, port: PORT, public: false, token_hash: hashToken(TOKEN),
+      created_at: new Date(), desktop_state: 'awake', generation: 1, host_id: HOST_ID, host_status: 'ready',
+      ingress_address: gateway.address, moving: false, host_protocol: '1.15',
+    }, SECRET, DOMAIN);
+    try {
+      expect(await get(older.url)).toBe(200);
+      expect(gateway.versions.slice(before + 1)).toEqual(['CANTO-PORT/1']);
+    } finally {
+      await older.close();
+    }
   });
 });

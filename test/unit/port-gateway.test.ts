@@ -179,8 +179,14 @@ describe('port gateway', () => {
     const t = target(echoPort);
     const refused = async (first: string | undefined) => (await Client.dial(gw.port, first)).closedWith();
     expect(await refused(portLinkLine('another-secret', t))).toBe('ERR unauthorized\n');
+    // A line taken once (a /2 line carries a nonce) opens nothing more: one seen on the network is spent.
+    const once = portLinkLine(SECRET, t);
+    const first = await Client.dial(gw.port, once);
+    await first.waitFor('OK\n');
+    first.socket.destroy();
+    expect(await refused(once)).toBe('ERR unauthorized\n');
     // The signature of another target.
-    const [, , , , at, mac] = portLinkLine(SECRET, t).trim().split(' ');
+    const [, , , , at, mac] = portLinkLine(SECRET, t, Date.now(), 1).trim().split(' ');
     expect(await refused(`CANTO-PORT/1 ${t.desktopId} ${t.generation} ${t.port + 1} ${at} ${mac}\n`)).toBe('ERR unauthorized\n');
     expect(await refused(portLinkLine(SECRET, t, Date.now() - PORT_LINK_MAX_SKEW_MS - 1_000))).toBe('ERR unauthorized\n');
     expect(await refused(portLinkLine(SECRET, t, Date.now() + PORT_LINK_MAX_SKEW_MS + 1_000))).toBe('ERR unauthorized\n');
@@ -192,7 +198,8 @@ describe('port gateway', () => {
     // No newline before the deadline, or nothing at all.
     expect(await refused(portLinkLine(SECRET, t).trimEnd())).toBe('ERR unauthorized\n');
     expect(await refused(undefined)).toBe('ERR unauthorized\n');
-    expect(opened).toEqual([]);
+    // Only the line taken once was let through.
+    expect(opened).toEqual([t]);
   });
 
   it('refuses every line until it has its key, and lines signed with another host key', async () => {

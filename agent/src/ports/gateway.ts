@@ -19,7 +19,7 @@
  */
 import type { Socket } from 'node:net';
 import type { Duplex } from 'node:stream';
-import { PORT_LINK_MAX_LINE, verifyPortLinkLine, type PortLinkRefusal, type PortTarget } from '../../../shared/src/port-link.js';
+import { PORT_LINK_MAX_LINE, ReplayGuard, verifyPortLink, type PortLinkRefusal, type PortTarget } from '../../../shared/src/port-link.js';
 import { AgentFailure } from '../../../shared/src/protocol.js';
 import { LineListener, refuseWithLine } from '../line-listener.js';
 import type { GuestConnection, HandedOffLink } from '../runtime/driver.js';
@@ -77,6 +77,8 @@ interface Relay {
 
 export class PortGateway {
   private readonly relays = new Set<Relay>();
+  /** The nonces of the lines taken within the skew window. */
+  private readonly replays = new ReplayGuard();
   private listener!: LineListener;
   private readonly counts = { relayed: 0, relayedOpen: 0, agent: 0 };
   /** This host's port-link key, from the scheduler's hello reply; until then every line is refused. */
@@ -126,11 +128,17 @@ export class PortGateway {
       client.destroy();
       return;
     }
-    const target = this.key === null ? null : verifyPortLinkLine(this.key, line);
-    if (target === null) {
+    const link = this.key === null ? null : verifyPortLink(this.key, line);
+    if (link === null) {
       this.refuse(client, 'unauthorized', null, 'bad line');
       return;
     }
+    // A line seen on the network opens nothing more: its nonce is taken once.
+    if (!this.replays.take(link)) {
+      this.refuse(client, 'unauthorized', null, 'replayed line');
+      return;
+    }
+    const { target } = link;
     // Bytes sent before `OK` (our ingress sends none) are read here already: this relays them.
     if (this.options.handOff !== undefined && early.length === 0 && client.readableLength === 0 && (await this.handOff(client, target))) return;
     const relay: Relay = { client, target, since: performance.now(), guest: null };

@@ -17,7 +17,8 @@
  * copy anyway, but not the requests it holds for the target.
  */
 import type { Duplex } from 'node:stream';
-import { portLinkKey } from '../../../shared/src/port-link.js';
+import { PORT_LINK_V2_MINOR, portLinkKey } from '../../../shared/src/port-link.js';
+import { protocolAtLeast } from '../../../shared/src/protocol.js';
 import type { DesktopRunning, PortRoute } from '../services/ports.js';
 import { LinkPool } from './link-pool.js';
 import { dialPortLink, PortLinkError } from './port-link-client.js';
@@ -105,7 +106,9 @@ export class DesktopLinks {
     if (held) held.pool.retire();
     const secret = portLinkKey(this.portLinkSecret, hostId);
     const target = { desktopId: route.desktop_id, generation: route.generation, port: route.port };
-    const pool = new LinkPool(() => dialPortLink(secret, address, target));
+    // A line good for one link (`/2`, its nonce taken once) to an agent that takes it.
+    const version = protocolAtLeast(route.host_protocol ?? '', 1, PORT_LINK_V2_MINOR) ? 2 : 1;
+    const pool = new LinkPool(() => dialPortLink(secret, address, target, { version }));
     if (!ports) this.pools.set(route.desktop_id, (ports = new Map()));
     ports.set(route.port, { host_id: hostId, address, generation: route.generation, pool });
     return pool;

@@ -40,7 +40,8 @@ export function parseGatewayAddress(address: string): { host: string; port: numb
 }
 
 /** A socket relaying to the guest port, or a `PortLinkError`. */
-export function dialPortLink(secret: string, address: string, target: PortTarget, timeoutMs = DIAL_TIMEOUT_MS): Promise<Socket> {
+export function dialPortLink(secret: string, address: string, target: PortTarget, options: { timeoutMs?: number; version?: 1 | 2 } = {}): Promise<Socket> {
+  const timeoutMs = options.timeoutMs ?? DIAL_TIMEOUT_MS;
   const gateway = parseGatewayAddress(address);
   if (!gateway) return Promise.reject(new PortLinkError('garbled', `malformed port gateway address "${address}"`));
   return new Promise((resolve, reject) => {
@@ -90,7 +91,7 @@ export function dialPortLink(secret: string, address: string, target: PortTarget
     socket.on('end', onEnd);
     socket.once('connect', () => {
       socket.setNoDelay(true);
-      socket.write(portLinkLine(secret, target));
+      socket.write(portLinkLine(secret, target, Date.now(), options.version ?? 2));
     });
   });
 }

@@ -29,6 +29,8 @@ export interface PortRouteRow extends PortExposureRow {
   ingress_address: string | null;
   /** A move of the desktop is open: between its stop and its start on the target, links are refused. */
   moving: boolean;
+  /** The protocol its host's agent speaks (which port-link line it takes); null without a host. */
+  host_protocol: string | null;
 }
 
 export interface NewExposure {
@@ -58,7 +60,7 @@ export async function insertExposure(sql: Sql, e: NewExposure): Promise<PortRout
 
 /** What a route reads beside the exposure: its desktop, the desktop's host, and whether it moves. */
 function routeColumns(sql: Sql) {
-  return sql`p.*, d.state AS desktop_state, d.generation, d.host_id, h.status AS host_status, h.ingress_address,
+  return sql`p.*, d.state AS desktop_state, d.generation, d.host_id, h.status AS host_status, h.ingress_address, h.protocol AS host_protocol,
     EXISTS (SELECT 1 FROM operations o WHERE o.desktop_id = d.id AND o.kind = 'move' AND o.state IN ('pending', 'running')) AS moving`;
 }
 
