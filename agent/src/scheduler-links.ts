@@ -293,8 +293,10 @@ export class SchedulerLinks {
       if (!peer.isOpen || this.stopping) return;
       if (reply.leader_epoch !== undefined) this.options.epochs.observe(reply.leader_epoch);
       peer.binaryStreams = protocolAtLeast(reply.protocol, 1, 6);
-      // A scheduler before 1.6 sends no key: its ingress still signs with the join token.
-      this.options.ports?.setKey(reply.port_link_key ?? this.options.config.token);
+      // A scheduler before 1.6 sends no key, and its ingress signed with the join token, which
+      // every agent holds: any of them could have opened this host's desktops' ports. Its lines
+      // are refused, and a hello without a key leaves the one another replica gave in place.
+      if (reply.port_link_key !== undefined) this.options.ports?.setKey(reply.port_link_key);
       if (reply.heartbeat_ms > 0) this.heartbeatMs = Math.max(MIN_HEARTBEAT_MS, reply.heartbeat_ms);
       if (reply.replicas !== undefined) this.updateReplicas(reply.replicas);
       if (protocolAtLeast(reply.protocol, 1, 7)) {

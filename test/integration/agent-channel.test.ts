@@ -4,6 +4,7 @@
  */
 import { spawn } from 'node:child_process';
 import { createServer, type Server } from 'node:http';
+import { connect } from 'node:net';
 import { mkdtemp, rm } from 'node:fs/promises';
 import { hostname, tmpdir } from 'node:os';
 import { join } from 'node:path';
@@ -24,9 +25,12 @@ import {
   parseMessage,
 } from '../../shared/src/protocol.js';
 import { RpcPeer } from '../../shared/src/rpc.js';
+import { portLinkLine } from '../../shared/src/port-link.js';
 import { failure } from '../helpers/agent-failure.js';
 
 const TOKEN = 'join-token-for-tests';
+/** A host's port-link key, as a scheduler of 1.6 or later derives it. */
+const HOST_LINK_KEY = 'ab'.repeat(32);
 const D = 'dsk_aaaaaaaaaaaaaaaaaaaaaaaa';
 
 interface Link {
@@ -46,6 +50,8 @@ class FakeScheduler {
   heartbeatMs = 30;
   /** When set, hellos are refused with this failure (counted in `rejectedHellos`). */
   rejectHello?: AgentFailure;
+  /** The port-link key hello replies carry; none, as a scheduler before 1.6 sent, when unset. */
+  portLinkKey?: string;
   readonly rejectedHellos: number[] = [];
   private readonly wss = new WebSocketServer({ noServer: true });
   private readonly http: Server = createServer((_req, res) => res.writeHead(404).end());
@@ -77,7 +83,7 @@ class FakeScheduler {
       const link: Link = { ws, peer, hello, helloAt: Date.now() };
       peer.onClose(() => (link.closedAt = Date.now()));
       this.links.push(link);
-      return { protocol: PROTOCOL_VERSION, heartbeat_ms: this.heartbeatMs };
+      return { protocol: PROTOCOL_VERSION, heartbeat_ms: this.heartbeatMs, ...(this.portLinkKey === undefined ? {} : { port_link_key: this.portLinkKey }) };
     });
     peer.handle('heartbeat', async (payload) => {
       this.heartbeats.push(parseMessage(HeartbeatPayload, payload, 'heartbeat'));
@@ -318,5 +324,32 @@ describe('agent channel', () => {
     } finally {
       child.kill('SIGKILL');
     }
+  });
+
+  it('takes port links signed with the key its hello brought, and none signed with the join token', async () => {
+    const ask = async (line: string) => {
+      const { host, port } = server.latest().hello.ingress!;
+      const socket = connect({ host: host === '0.0.0.0' ? '127.0.0.1' : host, port });
+      socket.on('error', () => undefined);
+      socket.write(line);
+      let said = '';
+      socket.on('data', (d: Buffer) => (said += d.toString('latin1')));
+      await new Promise((resolve) => socket.once('close', resolve));
+      return said;
+    };
+    const target = { desktopId: D, generation: 1, port: 8080 };
+    // A scheduler that sends no key (before 1.6): no line is taken, the join token's included, as
+    // every agent holds that token.
+    await start();
+    await waitFor(() => server.links.length === 1, 'hello');
+    expect(await ask(portLinkLine(TOKEN, target))).toBe('ERR unauthorized\n');
+    await agent!.stop();
+    agent = undefined;
+    // One that sends the host's key: its lines are taken (this desktop is not running here).
+    server.portLinkKey = HOST_LINK_KEY;
+    await start();
+    await waitFor(() => server.links.length === 2, 'the second hello');
+    expect(await ask(portLinkLine(TOKEN, target))).toBe('ERR unauthorized\n');
+    expect(await ask(portLinkLine(HOST_LINK_KEY, target))).toBe('ERR not_running\n');
   });
 });
