@@ -14,6 +14,7 @@ import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
 import { newId } from '../../shared/src/ids.js';
 import { generateSecretKey, hashToken } from '../../scheduler/src/crypto/secret-box.js';
 import type { PortIngress } from '../../scheduler/src/ingress/ingress-server.js';
+import { ROUTE_CACHE_TTL_MS } from '../../scheduler/src/ingress/route-cache.js';
 import { oneRouteIngress, startStandInGateway, type LinkHandler, type StandInGateway } from '../helpers/port-gateway-stand-in.js';
 import { until } from '../helpers/wait.js';
 
@@ -359,14 +360,22 @@ describe('the ingress relay', () => {
     const before = gateway.versions.length;
     expect(await get(ingress.url)).toBe(200);
     expect(gateway.versions.slice(before)).toEqual(['CANTO-PORT/2']);
-    const older = await oneRouteIngress({
+    const route = {
       id: newId('port'), org_id: newId('org'), desktop_id: desktopId, port: PORT, public: false, token_hash: hashToken(TOKEN),
-      created_at: new Date(), desktop_state: 'awake', generation: 1, host_id: HOST_ID, host_status: 'ready',
+      created_at: new Date(), desktop_state: 'awake' as const, generation: 1, host_id: HOST_ID, host_status: 'ready' as const,
       ingress_address: gateway.address, moving: false, host_protocol: '1.15',
-    }, SECRET, DOMAIN);
+    };
+    const older = await oneRouteIngress(route, SECRET, DOMAIN);
     try {
       expect(await get(older.url)).toBe(200);
       expect(gateway.versions.slice(before + 1)).toEqual(['CANTO-PORT/1']);
+      // The host's agent is upgraded under the running desktop (same generation): its links are
+      // made anew, with the line it now takes, not kept sending one that can be replayed.
+      route.host_protocol = PROTOCOL_VERSION;
+      // Once the route is read again (cached routes live ROUTE_CACHE_TTL_MS).
+      await new Promise((resolve) => setTimeout(resolve, ROUTE_CACHE_TTL_MS + 100));
+      expect(await get(older.url)).toBe(200);
+      expect(gateway.versions.slice(before + 2)).toEqual(['CANTO-PORT/2']);
     } finally {
       await older.close();
     }

@@ -57,6 +57,8 @@ export function stoppedThere(): PortLinkError {
 interface HeldPool extends RanAt {
   readonly host_id: string;
   readonly address: string;
+  /** The port-link line version its links open with (a host upgraded to 1.16 gets new ones). */
+  readonly version: 1 | 2;
   readonly pool: LinkPool;
 }
 
@@ -102,15 +104,15 @@ export class DesktopLinks {
     const address = route.ingress_address!;
     let ports = this.pools.get(route.desktop_id);
     const held = ports?.get(route.port);
-    if (held && held.host_id === hostId && held.address === address && held.generation === route.generation) return held.pool;
+    // A line good for one link (`/2`, its nonce taken once) to an agent that takes it.
+    const version = protocolAtLeast(route.host_protocol ?? '', 1, PORT_LINK_V2_MINOR) ? 2 : 1;
+    if (held && held.host_id === hostId && held.address === address && held.generation === route.generation && held.version === version) return held.pool;
     if (held) held.pool.retire();
     const secret = portLinkKey(this.portLinkSecret, hostId);
     const target = { desktopId: route.desktop_id, generation: route.generation, port: route.port };
-    // A line good for one link (`/2`, its nonce taken once) to an agent that takes it.
-    const version = protocolAtLeast(route.host_protocol ?? '', 1, PORT_LINK_V2_MINOR) ? 2 : 1;
     const pool = new LinkPool(() => dialPortLink(secret, address, target, { version }));
     if (!ports) this.pools.set(route.desktop_id, (ports = new Map()));
-    ports.set(route.port, { host_id: hostId, address, generation: route.generation, pool });
+    ports.set(route.port, { host_id: hostId, address, generation: route.generation, version, pool });
     return pool;
   }
 

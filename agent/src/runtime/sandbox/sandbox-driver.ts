@@ -69,7 +69,7 @@ import { noteQuickMigrations } from './guest/guest-entry.js';
 import { raiseSharedLimits } from './host/shared-limits.js';
 import { acquireEtcView, releaseEtcView } from './host/etc-view.js';
 import { refuseInheritedCapabilities } from './host/inherited-caps.js';
-import { maskedHostPaths } from './guest/guest-init.js';
+import { MASKED_HOST_FILES, maskedHostPaths } from './guest/guest-init.js';
 import { sealRunningGuests } from './host/running-seal.js';
 import type { RuntimeLog } from './runtime-log.js';
 import { runtimeSwitch } from '../../env-switch.js';
@@ -154,7 +154,8 @@ export class SandboxDriver implements RuntimeDriver {
     noteQuickMigrations(migrations === 'already' || migrations === 'set');
     await raiseSharedLimits(runtimeSwitch('CANTO_AGENT_RAISE_SHARED_LIMITS'), driver.log);
     // Before any guest starts: every guest's /etc is this view (host/etc-view.ts).
-    driver.etcView = await acquireEtcView(stateDir, maskedHostPaths().files, driver.log);
+    // The named secrets whether or not they exist yet: `passwd` makes `shadow-` later.
+    driver.etcView = await acquireEtcView(stateDir, [...MASKED_HOST_FILES, ...maskedHostPaths().files], driver.log);
     await sealRunningGuests(stateDir, nsenter, driver.log);
     if (options.goldenTemplates === true && criu !== null) {
       const golden = await GoldenTemplates.open(stateDir, criu, driver.lifecycle, driver.log);

@@ -63,7 +63,9 @@ export async function mountEtcView(stateDir: string, secretFiles: readonly strin
  * The view each driver's guests get, by the driver's state directory, and how many drivers of
  * this process use it (a test, or a cleanup, may open a second one on the same directory).
  */
-const views = new Map<string, { readonly view: string; refs: number }>();
+const views = new Map<string, { readonly view: string; refs: number; readonly log: Log; warned: boolean }>();
+
+type Log = (msg: string, fields?: object, level?: 'warn') => void;
 
 /**
  * Mounts the view for the driver at `stateDir` (mountEtcView) and gives it to the guests it
@@ -77,7 +79,7 @@ export async function acquireEtcView(stateDir: string, secretFiles: readonly str
     return held.view;
   }
   const view = await mountEtcView(stateDir, secretFiles, log);
-  if (view !== null) views.set(key, { view, refs: 1 });
+  if (view !== null) views.set(key, { view, refs: 1, log, warned: false });
   return view;
 }
 
@@ -99,8 +101,14 @@ export async function releaseEtcView(stateDir: string): Promise<void> {
  * without `/etc` does not boot), else the host's.
  */
 export function etcSourceFor(desktopDir: string): string {
-  const view = views.get(dirname(dirname(desktopDir)))?.view;
-  return view !== undefined && existsSync(join(view, 'passwd')) ? view : '/etc';
+  const held = views.get(dirname(dirname(desktopDir)));
+  if (held === undefined) return '/etc';
+  if (existsSync(join(held.view, 'passwd'))) return held.view;
+  if (!held.warned) {
+    held.warned = true;
+    held.log("the guests' /etc is the host's, with covers a rename on the host undoes: its view was unmounted under the agent; restart the agent", { view: held.view }, 'warn');
+  }
+  return '/etc';
 }
 
 /**

@@ -9,6 +9,7 @@
  * (scripts/install-agent's unit) has neither.
  */
 import { readFile } from 'node:fs/promises';
+import { GUEST_CAP_MASK } from '../guest/guest-init.js';
 
 /** The inheritable and ambient capability masks a `/proc/<pid>/status` text shows. */
 export function inheritedCapabilities(status: string): { inheritable: bigint; ambient: bigint } {
@@ -16,10 +17,13 @@ export function inheritedCapabilities(status: string): { inheritable: bigint; am
   return { inheritable: mask('CapInh'), ambient: mask('CapAmb') };
 }
 
-/** Throws when this process holds inheritable or ambient capabilities. */
+/**
+ * Throws when this process holds inheritable or ambient capabilities a guest may not have (those
+ * in the guest's own set it has anyway: an `AmbientCapabilities=CAP_NET_BIND_SERVICE` is harmless).
+ */
 export async function refuseInheritedCapabilities(status?: string): Promise<void> {
   const { inheritable, ambient } = inheritedCapabilities(status ?? (await readFile('/proc/self/status', 'utf8')));
-  if (inheritable === 0n && ambient === 0n) return;
+  if (((inheritable | ambient) & ~BigInt(GUEST_CAP_MASK)) === 0n) return;
   throw new Error(
     `the agent runs with inheritable (0x${inheritable.toString(16)}) or ambient (0x${ambient.toString(16)}) capabilities, which every process ` +
       "it starts in a desktop would get past the desktop's own: start it without them (systemd: no CapabilityInheritable= or AmbientCapabilities=)",
