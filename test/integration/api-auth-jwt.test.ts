@@ -174,6 +174,7 @@ describe('tokens failing verification are 401', () => {
     ['an empty org claim', () => token('', {})],
     ['an org claim longer than an org name may be', () => token('o'.repeat(201), {})],
     ['an org claim holding a control character', () => token('jwt-org\nforged log line', {})],
+    ['an org claim that ends with a space, like another org', () => token('jwt-org ', {})],
     ['a symmetric algorithm', () => token('jwt-org', { alg: 'HS256', key: new TextEncoder().encode('k'.repeat(32)) })],
     [
       'alg none',

@@ -156,8 +156,10 @@ export function createJwtVerifier(config: JwtConfig): JwtVerifier {
       }
       // The org is created on first sight: a claim is held to what an org's name may be, so a
       // token cannot make an org of a megabyte's name, or one whose name breaks a log line or a table.
-      if (org.length > MAX_ORG_NAME || /\p{Cc}/u.test(org)) {
-        return { ok: false, reason: `claim "${config.orgClaim}" is longer than ${MAX_ORG_NAME} characters or holds control characters` };
+      // As an org's name is held by the admin API: no space at either end either (`acme ` would be
+      // another org than `acme`, one that looks the same).
+      if (org.length > MAX_ORG_NAME || /\p{Cc}/u.test(org) || /^\s|\s$/u.test(org)) {
+        return { ok: false, reason: `claim "${config.orgClaim}" is longer than ${MAX_ORG_NAME} characters, holds control characters or starts or ends with a space` };
       }
       return { ok: true, org, subject: typeof payload.sub === 'string' ? payload.sub : null };
     },
