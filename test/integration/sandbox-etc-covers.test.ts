@@ -13,6 +13,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { newId } from '../../shared/src/ids.js';
 import { maskedHostPaths } from '../../agent/src/runtime/sandbox/guest/guest-init.js';
 import { createSandboxDriver, type SandboxDriver } from '../../agent/src/runtime/sandbox/index.js';
+import { refreshEtcView } from '../../agent/src/runtime/sandbox/host/etc-view.js';
 import { destroyLeftDesktops, isRoot, memorySnapshotsHere } from '../helpers/sandbox.js';
 
 describe.skipIf(!isRoot)("the host's /etc in a guest", () => {
@@ -20,8 +21,10 @@ describe.skipIf(!isRoot)("the host's /etc in a guest", () => {
   let base: string;
   let driver: SandboxDriver;
 
-  // A secret of the test's own in the host's /etc, there before the agent's scan.
+  // A secret of the test's own in the host's /etc, there before the agent's scan, and a file any
+  // user may read.
   const secret = `/etc/canto-test-secret-${randomBytes(6).toString('hex')}`;
+  const conf = `/etc/canto-test-conf-${randomBytes(6).toString('hex')}`;
 
   beforeAll(async () => {
     await writeFile(secret, 'the first secret\n', { mode: 0o600 });
@@ -30,8 +33,7 @@ describe.skipIf(!isRoot)("the host's /etc in a guest", () => {
   });
 
   afterAll(async () => {
-    await rm(secret, { force: true });
-    await rm(`${secret}.new`, { force: true });
+    for (const f of [secret, `${secret}.new`, conf, `${conf}.new`]) await rm(f, { force: true });
     await driver?.close();
     await destroyLeftDesktops(base);
     await rm(base, { recursive: true, force: true });
@@ -75,5 +77,26 @@ describe.skipIf(!isRoot)("the host's /etc in a guest", () => {
     expect(await read()).toBe('');
     expect((await driver.exec(other, { command: 'grep -c "^root:" /etc/passwd', timeoutMs: 5_000, maxOutputBytes: 100 })).stdout).toBe('1\n');
     await driver.destroy(other);
+  }, 60_000);
+
+  it('shows desktops booted after a refresh what the host replaced by a rename in /etc', async () => {
+    await writeFile(conf, 'first\n', { mode: 0o644 });
+    const [a, b] = [newId('desktop'), newId('desktop')];
+    await driver.prepare(a, 'small');
+    await driver.start({ desktopId: a, tier: 'small', firstBoot: null });
+    const read = async (id: string) => (await driver.exec(id, { command: `cat ${conf}`, timeoutMs: 5_000, maxOutputBytes: 1000 })).stdout;
+    expect(await read(a)).toBe('first\n');
+    // The host replaces it as `sed -i` would; the view that read it keeps the name it looked up.
+    await writeFile(`${conf}.new`, 'second\n', { mode: 0o644 });
+    await rename(`${conf}.new`, conf);
+    // The next fresh view (every ETC_VIEW_REFRESH_MS) reads it anew for the desktops booted after.
+    await refreshEtcView(base);
+    await driver.prepare(b, 'small');
+    await driver.start({ desktopId: b, tier: 'small', firstBoot: null });
+    expect(await read(b)).toBe('second\n');
+    // A second refresh unmounts the first view; the desktop booted with it keeps its /etc.
+    await refreshEtcView(base);
+    expect((await driver.exec(a, { command: 'grep -c "^root:" /etc/passwd', timeoutMs: 5_000, maxOutputBytes: 100 })).stdout).toBe('1\n');
+    for (const id of [a, b]) await driver.destroy(id);
   }, 60_000);
 });
