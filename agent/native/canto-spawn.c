@@ -148,7 +148,7 @@ static int spawn_child(struct pending *p, pid_t *pid) {
     if ((argv[i] = next_string(&cursor, end)) == NULL) err = EINVAL;
   for (uint32_t i = 0; i < envc && err == 0; i++)
     if ((env[i] = next_string(&cursor, end)) == NULL) err = EINVAL;
-  if (file == NULL || cwd == NULL) err = EINVAL;
+  if (file == NULL || cwd == NULL || (err == 0 && cursor != end)) err = EINVAL; /* a string past the counts: a NUL shifted them */
 
   char found[4096];
   char *path = err == 0 ? resolve(file, env, found, sizeof found) : NULL;

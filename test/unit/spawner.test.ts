@@ -12,6 +12,7 @@ import { closeSync, existsSync, openSync } from 'node:fs';
 import { chmod, mkdtemp, readFile, rm, utimes, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { dirname, join } from 'node:path';
+import { connect } from 'node:net';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { procStat } from '../../agent/src/runtime/sandbox/host/host-procs.js';
 import { helperPath, requestFrame, spawnerStats, runningSpawner, spawnProcess, type SpawnedProcess, type SpawnOptions } from '../../agent/src/runtime/sandbox/host/spawner.js';
@@ -185,6 +186,21 @@ describe('the process spawner', () => {
       expect(() => requestFrame(1, file, args, options, [0, 0, 0], 1)).toThrow(/without null bytes/);
     }
     await new Promise((resolve) => setTimeout(resolve, 200));
+    await expect(readFile(marker)).rejects.toThrow(/ENOENT/);
+  });
+
+  it('refuses a frame whose strings outrun its counts, which is what a NUL inside one would make', async () => {
+    const helper = (await runningSpawner())!;
+    const marker = join(dir, 'shifted-was-run');
+    // Two variables framed, one counted: the first would be the started process's environment,
+    // the other left over. (requestFrame refuses the NUL that would make this; the helper checks too.)
+    const frame = requestFrame(999_999, '/bin/sh', ['-c', `touch ${marker}`], { stdio: ['ignore', 'ignore', 'ignore'], env: { LD_PRELOAD: '/nonexistent/x.so', X: 'y' } }, [0, 0, 0], 1);
+    frame.writeUInt32LE(1, 20);
+    const socket = connect(helper.address);
+    socket.on('error', () => undefined);
+    socket.write(frame);
+    await new Promise((resolve) => setTimeout(resolve, 500));
+    socket.destroy();
     await expect(readFile(marker)).rejects.toThrow(/ENOENT/);
   });
 
