@@ -46,7 +46,8 @@ export async function mintKey(databaseUrl: string, org: string): Promise<string>
   }
 }
 
-export { until } from './wait.js';
+import { until } from './wait.js';
+export { until };
 
 export function api(base: string, key: string) {
   return async (method: string, path: string, body?: unknown, headers: Record<string, string> = {}) => {
@@ -77,6 +78,14 @@ export const TEST_ADMIN_TOKEN = 'test-admin-token-0123456789abcdefghijklmnop';
 /** Calls a scheduler's admin API (`/admin/v1`): `api` with the admin token as the bearer. */
 export function adminApi(base: string, token = TEST_ADMIN_TOKEN) {
   return api(base, token);
+}
+
+/** The operation `id` once it has settled (succeeded or failed), read through the admin API. */
+export async function settledOperation(admin: ReturnType<typeof adminApi>, id: string, timeoutMs = 30_000): Promise<any> {
+  return until(async () => {
+    const op = (await admin('GET', `/admin/v1/operations/${id}`)).json;
+    return op.state === 'succeeded' || op.state === 'failed' ? op : null;
+  }, timeoutMs, `operation ${id} to settle`);
 }
 
 /** A response's status, headers, text and (when it parses) JSON body. */

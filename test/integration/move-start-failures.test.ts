@@ -15,7 +15,7 @@
 import { afterAll, beforeAll, beforeEach, expect, it } from 'vitest';
 import { AgentFailure } from '../../shared/src/protocol.js';
 import type { FakeDriver } from '../../agent/src/runtime/fake.js';
-import { adminApi, api, mintKey, startTestScheduler, TEST_ADMIN_TOKEN, until, type TestScheduler } from '../helpers/scheduler.js';
+import { adminApi, api, mintKey, settledOperation, startTestScheduler, TEST_ADMIN_TOKEN, until, type TestScheduler } from '../helpers/scheduler.js';
 import { startFakeAgent, type TestAgent } from '../helpers/agent.js';
 import { connectDatabase, type Sql } from '../../scheduler/src/store/db.js';
 
@@ -63,12 +63,6 @@ afterAll(async () => {
   await s?.close();
 });
 
-async function settled(operationId: string): Promise<any> {
-  return until(async () => {
-    const op = (await admin('GET', `/admin/v1/operations/${operationId}`)).json;
-    return op.state === 'succeeded' || op.state === 'failed' ? op : null;
-  }, 30_000, `operation ${operationId} to settle`);
-}
 
 /** An awake desktop, and the fake agent it is on and the other one. */
 async function awakeDesktop(): Promise<{ id: string; source: TestAgent; target: TestAgent }> {
@@ -82,7 +76,7 @@ async function awakeDesktop(): Promise<{ id: string; source: TestAgent; target: 
 async function moveTo(id: string, target: TestAgent): Promise<any> {
   const requested = await admin('POST', `/admin/v1/desktops/${id}/move`, { host_id: target.hostId });
   expect(requested.status, requested.text).toBe(202);
-  return settled(requested.json.id as string);
+  return settledOperation(admin, requested.json.id as string);
 }
 
 /** The desktop's billing and lifecycle events as its org would see them. */

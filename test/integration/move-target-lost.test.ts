@@ -11,7 +11,7 @@
  */
 import { afterAll, beforeAll, expect, it } from 'vitest';
 import { connectDatabase, type Sql } from '../../scheduler/src/store/db.js';
-import { adminApi, api, mintKey, startTestScheduler, TEST_ADMIN_TOKEN, until, type TestScheduler } from '../helpers/scheduler.js';
+import { adminApi, api, mintKey, settledOperation, startTestScheduler, TEST_ADMIN_TOKEN, until, type TestScheduler } from '../helpers/scheduler.js';
 import { startFakeAgent, type TestAgent } from '../helpers/agent.js';
 
 /** Short, so a start failing to the deadline ends within the test. */
@@ -38,12 +38,6 @@ afterAll(async () => {
   await s?.close();
 });
 
-async function settled(operationId: string): Promise<any> {
-  return until(async () => {
-    const op = (await admin('GET', `/admin/v1/operations/${operationId}`)).json;
-    return op.state === 'succeeded' || op.state === 'failed' ? op : null;
-  }, 30_000, `operation ${operationId} to settle`);
-}
 
 /** Two fresh hosts and an awake desktop on the first, holding /root/note. */
 async function awakeOnSource(): Promise<{ id: string; source: TestAgent; target: TestAgent }> {
@@ -80,7 +74,7 @@ async function moveIntoTheVoid(id: string, target: TestAgent): Promise<void> {
   };
   const requested = await admin('POST', `/admin/v1/desktops/${id}/move`, { host_id: target.hostId });
   expect(requested.status, requested.text).toBe(202);
-  const op = await settled(requested.json.id as string);
+  const op = await settledOperation(admin, requested.json.id as string);
   expect(op.state).toBe('failed');
   expect((await call('GET', `/v1/desktops/${id}`)).json).toMatchObject({ state: 'hibernated', host_id: target.hostId });
 }
@@ -162,7 +156,7 @@ it('sweeps a copy a finished move left on its source even while the desktop\'s h
   };
   const requested = await admin('POST', `/admin/v1/desktops/${id}/move`, { host_id: target.hostId });
   expect(requested.status, requested.text).toBe(202);
-  const op = await settled(requested.json.id as string);
+  const op = await settledOperation(admin, requested.json.id as string);
   expect(op).toMatchObject({ state: 'succeeded', result: { source_cleaned: false } });
   source.driver!.destroy = destroy;
   // The desktop's host goes down; the source comes back and says hello.

@@ -1,5 +1,5 @@
 /**
- * A provision whose disk was made on a host but whose placement was not recorded (the commit
+ * A provision whose disk was made on a host but whose placement was not recorded (its write
  * failed on a passing database fault) is tried again, and may land on another host: the disk the
  * first try left is removed once the desktop is placed elsewhere, without waiting for that host's
  * next hello (a host that stays linked would keep it for good). A retry on the same host keeps
@@ -9,6 +9,7 @@ import { afterAll, afterEach, beforeAll, expect, it } from 'vitest';
 import { connectDatabase, type Sql } from '../../scheduler/src/store/db.js';
 import { api, mintKey, startTestScheduler, until, type TestScheduler } from '../helpers/scheduler.js';
 import { startFakeAgent, type TestAgent } from '../helpers/agent.js';
+import { clearDesktopsFault, failDesktopsOnce } from '../helpers/db-faults.js';
 
 let s: TestScheduler;
 let sql: Sql;
@@ -23,35 +24,21 @@ beforeAll(async () => {
 });
 
 afterEach(async () => {
-  await sql`DROP TRIGGER IF EXISTS fail_placement_once ON desktops`;
+  await clearDesktopsFault(sql);
   await sql`UPDATE hosts SET cordoned = false`;
 });
 
 afterAll(async () => {
   if (sql) {
-    await sql`DROP TRIGGER IF EXISTS fail_placement_once ON desktops`;
+    await clearDesktopsFault(sql);
     await sql.end();
   }
   for (const agent of agents) await agent.stop();
   await s?.close();
 });
 
-/** The first recorded placement fails at COMMIT, with a fault the server means to be passing. */
-async function failFirstPlacement(): Promise<void> {
-  await sql.unsafe(`
-    DROP SEQUENCE IF EXISTS fail_placement_seq;
-    CREATE SEQUENCE fail_placement_seq;
-    CREATE OR REPLACE FUNCTION fail_placement_once() RETURNS trigger LANGUAGE plpgsql AS $$
-    BEGIN
-      IF nextval('fail_placement_seq') = 1 THEN
-        RAISE EXCEPTION 'injected commit fault' USING ERRCODE = '40001';
-      END IF;
-      RETURN NEW;
-    END $$;
-    CREATE CONSTRAINT TRIGGER fail_placement_once AFTER UPDATE ON desktops DEFERRABLE INITIALLY DEFERRED
-      FOR EACH ROW WHEN (OLD.host_id IS NULL AND NEW.host_id IS NOT NULL)
-      EXECUTE FUNCTION fail_placement_once();`);
-}
+/** The first recorded placement fails, with a fault the server means to be passing. */
+const failFirstPlacement = () => failDesktopsOnce(sql, '40001', 'UPDATE', 'OLD.host_id IS NULL AND NEW.host_id IS NOT NULL');
 
 /** Cordons whichever host prepares a disk first, as it prepares it: the retry must go elsewhere. */
 function cordonFirstPreparer(): { readonly host: () => TestAgent | null } {

@@ -8,7 +8,7 @@
 import { afterAll, beforeAll, expect, it, vi } from 'vitest';
 import { AgentFailure } from '../../shared/src/protocol.js';
 import { connectDatabase, type Sql } from '../../scheduler/src/store/db.js';
-import { adminApi, api, mintKey, startTestScheduler, TEST_ADMIN_TOKEN, until, type TestScheduler } from '../helpers/scheduler.js';
+import { adminApi, api, mintKey, settledOperation, startTestScheduler, TEST_ADMIN_TOKEN, until, type TestScheduler } from '../helpers/scheduler.js';
 import { startFakeAgent, type TestAgent } from '../helpers/agent.js';
 
 /** How far ahead this process's wall clock runs, against the database's. */
@@ -58,10 +58,7 @@ it('retries a failed start up to the deadline however far ahead the replica\'s c
   const target = agents.find((a) => a.hostId !== host)!;
   const moved = await admin('POST', `/admin/v1/desktops/${id}/move`, { host_id: target.hostId });
   expect(moved.status, moved.text).toBe(202);
-  const op = await until(async () => {
-    const o = (await admin('GET', `/admin/v1/operations/${moved.json.id}`)).json;
-    return o.state === 'succeeded' || o.state === 'failed' ? o : null;
-  }, 20_000, 'the move to settle');
+  const op = await settledOperation(admin, moved.json.id as string);
   expect(op.state, JSON.stringify(op.error)).toBe('succeeded');
   const [row] = await sql<Array<{ stopped_at: string; now: Date }>>`SELECT params->>'stopped_at' AS stopped_at, now() AS now FROM operations WHERE id = ${moved.json.id}`;
   expect(Math.abs(row!.now.getTime() - Date.parse(row!.stopped_at))).toBeLessThan(SKEW_MS / 2);
