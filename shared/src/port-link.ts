@@ -91,11 +91,6 @@ export function verifyPortLink(secret: string, line: string, nowMs = Date.now())
   return timingSafeEqual(expected, Buffer.from(mac, 'hex')) ? { target, atMs, nonce } : null;
 }
 
-/** The target of a good line (verifyPortLink), else null; replays are the caller's to refuse. */
-export function verifyPortLinkLine(secret: string, line: string, nowMs = Date.now()): PortTarget | null {
-  return verifyPortLink(secret, line, nowMs)?.target ?? null;
-}
-
 /**
  * The nonces of the `/2` lines taken within the skew window: a line whose nonce was taken before
  * is a replay. Kept in the order taken (a Map's order), so the expired ones are dropped from the

@@ -7,7 +7,7 @@
  */
 import { createServer as createHttpServer, type IncomingMessage, type ServerResponse } from 'node:http';
 import { createServer as createTcpServer, type Server as TcpServer, type Socket } from 'node:net';
-import { portLinkKey, verifyPortLinkLine, type PortTarget } from '../../shared/src/port-link.js';
+import { portLinkKey, verifyPortLink, type PortTarget } from '../../shared/src/port-link.js';
 import { createRootLogger } from '../../shared/src/log.js';
 import { PortIngress } from '../../scheduler/src/ingress/ingress-server.js';
 import type { DesktopListener, DesktopRunning, PortRoute } from '../../scheduler/src/services/ports.js';
@@ -51,7 +51,7 @@ export async function startStandInGateway(secret: string, hostId: string, handle
       if (newline < 0) return;
       socket.off('data', onData);
       const line = buffered.subarray(0, newline).toString('latin1');
-      const target = verifyPortLinkLine(key, line);
+      const target = verifyPortLink(key, line)?.target ?? null;
       if (!target) return void socket.end('ERR unauthorized\n');
       if (state.runs && !state.runs(target)) return void socket.end('ERR not_running\n');
       state.targets.push(target);

@@ -11,7 +11,7 @@ import { Readable } from 'node:stream';
 import { afterAll, beforeAll, expect } from 'vitest';
 import WebSocket, { WebSocketServer } from 'ws';
 import { newId } from '../../shared/src/ids.js';
-import { portLinkKey, verifyPortLinkLine, type PortTarget } from '../../shared/src/port-link.js';
+import { portLinkKey, verifyPortLink, type PortTarget } from '../../shared/src/port-link.js';
 import { generateSecretKey } from '../../scheduler/src/crypto/secret-box.js';
 import { PROTOCOL_VERSION } from '../../shared/src/protocol.js';
 import { connectDatabase, type Sql } from '../../scheduler/src/store/db.js';
@@ -262,7 +262,7 @@ export async function startStandInGateway(key: string): Promise<StandInGateway> 
       if (newline === -1) return;
       socket.off('data', onData);
       socket.pause();
-      const target = verifyPortLinkLine(key, buffered.subarray(0, newline).toString('latin1'));
+      const target = verifyPortLink(key, buffered.subarray(0, newline).toString('latin1'))?.target ?? null;
       const rest = buffered.subarray(newline + 1);
       if (!target) return void socket.end('ERR unauthorized\n');
       state.lastTarget = target;

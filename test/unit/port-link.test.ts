@@ -3,7 +3,7 @@
  * (`/2`) one link only.
  */
 import { describe, expect, it } from 'vitest';
-import { PORT_LINK_MAX_SKEW_MS, portLinkLine, ReplayGuard, verifyPortLink, verifyPortLinkLine } from '../../shared/src/port-link.js';
+import { PORT_LINK_MAX_SKEW_MS, portLinkLine, ReplayGuard, verifyPortLink } from '../../shared/src/port-link.js';
 
 const SECRET = 'join-token';
 const TARGET = { desktopId: 'dsk_aaaaaaaaaaaaaaaaaaaaaaaa', generation: 7, port: 8080 };
@@ -12,6 +12,8 @@ const NOW = 1_800_000_000_000;
 /** A `/1` line, as schedulers before 1.16 send: what the field-by-field cases below edit. */
 const line = (secret = SECRET, target = TARGET, at = NOW) => portLinkLine(secret, target, at, 1).replace(/\n$/, '');
 const line2 = (secret = SECRET, target = TARGET, at = NOW) => portLinkLine(secret, target, at).replace(/\n$/, '');
+/** The target of a good line, else null. */
+const verifyPortLinkLine = (secret: string, text: string, now: number) => verifyPortLink(secret, text, now)?.target ?? null;
 
 describe('port link line', () => {
   it('round-trips a target signed with the shared secret', () => {
