@@ -42,7 +42,7 @@ import { AdminService } from './admin/service.js';
 import { registerAdminApi } from './admin/routes.js';
 import { MoveService } from './admin/moves.js';
 import { AdminDesktops } from './admin/desktops.js';
-import { Drainer } from './engine/drainer.js';
+import { Drainer, isDrainMove } from './engine/drainer.js';
 import { bindLegacySecrets } from './crypto/desktop-secrets.js';
 import { DatabaseClock } from './store/db-clock.js';
 
@@ -122,7 +122,8 @@ export async function startScheduler(config: SchedulerConfig, logger?: Logger, m
   // and fence the pass's writes on the term they got: the stall may come after the asking.
   const leading = () => leadership?.isLeader() ?? false;
   const term = () => leadership?.term() ?? null;
-  const drainer = new Drainer({ sql, logger: log, intervalMs: Math.max(50, Math.min(100, config.enginePollMs)), isConnected: (id) => agents.isConnected(id), term });
+  // Told of drains asked for, and of their moves landing and settling: the interval is a backstop.
+  const drainer = new Drainer({ sql, logger: log, intervalMs: config.enginePollMs, isConnected: (id) => agents.isConnected(id), term });
   const engine = new OperationEngine({
     sql,
     clock,
@@ -137,9 +138,13 @@ export async function startScheduler(config: SchedulerConfig, logger?: Logger, m
     operationDeadlineMs: config.operationDeadlineMs,
     capacityWaitMs: config.capacityWaitMs,
     currentTerm: () => leadership?.term() ?? null,
-    onSettled: (op, outcome) => metrics.observeSettled(op.kind, outcome, op.created_at),
+    onSettled: (op, outcome) => {
+      metrics.observeSettled(op.kind, outcome, op.created_at);
+      // The drain may be over (or stopped by a failure) now.
+      if (isDrainMove(op)) drainer.kick();
+    },
     onMoveLanded: (op) => {
-      if ((op.params as { drain?: unknown } | null)?.drain !== undefined) drainer.kick();
+      if (isDrainMove(op)) drainer.kick();
     },
   });
   const sweeper = new IdleSweeper(sql, lifecycle, config.idleSweepMs, log, term);
@@ -165,12 +170,12 @@ export async function startScheduler(config: SchedulerConfig, logger?: Logger, m
       await engine.start(term);
       sweeper.start();
       health.start();
-      drainer.start();
+      await drainer.start();
       await webhooks.start();
     },
     async revoke() {
       sweeper.stop();
-      drainer.stop();
+      await drainer.stop();
       await health.stop();
       await Promise.all([webhooks.stop(), engine.stop()]);
     },

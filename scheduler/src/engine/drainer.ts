@@ -2,8 +2,9 @@
  * Drains, on the leader: a draining host is cordoned, and its desktops are moved off
  * `drain_parallel` at a time (counting a move until its desktop is on the target, awake again if
  * it was: the removal of the source's copy then overlaps the next move), awake ones first, each an ordinary move operation the engine drives
- * (engine/move.ts). A pass runs on a short interval, and at once when one of its moves lands (the
- * engine says so), so a freed place is taken without waiting for the tick.
+ * (engine/move.ts). A pass runs at once when a drain is asked for (on any replica: DRAIN_CHANNEL),
+ * when one of its moves lands (a place is free) and when one settles (the drain may be over or
+ * stopped); the interval behind them catches what nothing tells of (a host back from down).
  * The drainer keeps no state of its own: every pass reads the drains, their open
  * moves and the desktops left from the database, so a new leader simply carries on.
  *
@@ -15,7 +16,7 @@
  */
 import type { Logger } from '../../../shared/src/log.js';
 import type { Sql } from '../store/db.js';
-import { activeDrains, drainCandidates, drainCounts, endDrain, insertMove, lastFailedMove } from '../store/moves.js';
+import { activeDrains, DRAIN_CHANNEL, drainCandidates, drainCounts, endDrain, insertMove, lastFailedMove } from '../store/moves.js';
 import { LeaseLost } from '../store/leases.js';
 import type { SettleFence } from '../store/operations.js';
 import type { HostRow, OperationRow } from '../store/rows.js';
@@ -37,6 +38,7 @@ export interface DrainerDeps {
 
 export class Drainer {
   private timer: NodeJS.Timeout | null = null;
+  private unlisten: (() => Promise<void>) | null = null;
   private passing = false;
   /** A kick came during a pass, which may have read the drains before what it tells of. */
   private again = false;
@@ -46,18 +48,29 @@ export class Drainer {
     this.log = deps.logger.child({ component: 'drainer' });
   }
 
-  start(): void {
-    if (!this.timer) this.timer = setInterval(() => void this.pass(), this.deps.intervalMs);
+  async start(): Promise<void> {
+    if (this.timer) return;
+    const timer = setInterval(() => void this.pass(), this.deps.intervalMs);
+    this.timer = timer;
+    const sub = await this.deps.sql.listen(DRAIN_CHANNEL, () => this.kick());
+    // Stopped (or stopped and started again) while the listen was being set up.
+    if (this.timer !== timer || this.unlisten !== null) return void sub.unlisten().catch(() => undefined);
+    this.unlisten = () => sub.unlisten();
+    // A drain asked for before the listen began told nobody.
+    this.kick();
   }
 
-  stop(): void {
+  async stop(): Promise<void> {
     if (this.timer) clearInterval(this.timer);
     this.timer = null;
+    const unlisten = this.unlisten;
+    this.unlisten = null;
+    await unlisten?.().catch(() => undefined);
   }
 
   /**
-   * A pass now rather than at the next tick: a move of a drain landed on its target and freed its
-   * place (the engine tells, steps.ts `onMoveLanded`). Nothing while this replica does not lead.
+   * A pass now rather than at the next tick: a drain was asked for, or a move of a drain landed on
+   * its target (freeing its place) or settled. Nothing while this replica does not lead.
    */
   kick(): void {
     if (this.timer === null) return;
@@ -110,6 +123,11 @@ export class Drainer {
       if ('op' in moved) this.log.info({ hostId: host.id, desktopId: d.id, operationId: moved.op.id }, 'drain: moving a desktop');
     }
   }
+}
+
+/** Whether the operation is one of a drain's moves. */
+export function isDrainMove(op: OperationRow): boolean {
+  return op.kind === 'move' && (op.params as { drain?: unknown } | null)?.drain !== undefined;
 }
 
 /** Why a drain stopped, for `drain_error`: which desktop, where it is now, and the move's error. */

@@ -53,6 +53,9 @@ export async function operationById(sql: Sql, id: string): Promise<OperationRow 
   return row ?? null;
 }
 
+/** Notified with the host's id when a drain is asked for: the leader's drainer passes at once (engine/drainer.ts). */
+export const DRAIN_CHANNEL = 'canto_drain';
+
 /**
  * Starts the host's drain and cordons it. A drain that runs keeps running (with the new
  * `parallel`, or its own when none is given); one stopped by a failed move is resumed: its error cleared, the failures before
@@ -69,6 +72,8 @@ export async function startDrain(sql: Sql, hostId: string, parallel: number | nu
       drain_resumed_at = CASE WHEN drain_requested_at IS NULL OR drain_finished_at IS NOT NULL THEN NULL
                               WHEN drain_error IS NOT NULL THEN now() ELSE drain_resumed_at END
     WHERE id = ${hostId} RETURNING *`;
+  // The leader's drainer starts at once, whichever replica was asked.
+  if (row !== undefined) await sql`SELECT pg_notify(${DRAIN_CHANNEL}, ${hostId})`;
   return row ?? null;
 }
 
