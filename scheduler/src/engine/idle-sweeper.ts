@@ -12,6 +12,9 @@ import type { DesktopRow } from '../store/rows.js';
 import { LeaseLost } from '../store/leases.js';
 import type { SettleFence } from '../store/operations.js';
 
+/** How many due desktops one sweep looks at. */
+export const IDLE_SWEEP_BATCH = 50;
+
 export class IdleSweeper {
   private timer: NodeJS.Timeout | null = null;
   private readonly log: Logger;
@@ -43,7 +46,7 @@ export class IdleSweeper {
     const term = this.term();
     if (term === null) return;
     try {
-      for (const d of await idleDesktops(this.sql, 50)) {
+      for (const d of await idleDesktops(this.sql, IDLE_SWEEP_BATCH)) {
         try {
           const kind = d.ephemeral ? 'destroy' : 'hibernate';
           // Only if nothing that made it due changed since it was read: a PATCH of its timeout

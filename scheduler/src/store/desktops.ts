@@ -221,7 +221,9 @@ export const IDLE_RETRY_SECS = 60;
  * forks that are hibernated, counted from their last wake or, never woken, their creation. One
  * whose idle operation failed within `IDLE_RETRY_SECS` waits: a hibernate that fails at once
  * (a dump refused, a host out of reach) would otherwise be asked again at every sweep, a new
- * operation and two generations a second, for as long as the cause lasts.
+ * operation and two generations a second, for as long as the cause lasts. One with an operation
+ * open is left out too: the request would be refused, and a batch of them (destroys waiting for
+ * a silent host) kept every other desktop of the fleet from its idle timeout.
  */
 export async function idleDesktops(sql: Sql, limit: number): Promise<DesktopRow[]> {
   return sql<DesktopRow[]>`
@@ -233,6 +235,7 @@ export async function idleDesktops(sql: Sql, limit: number): Promise<DesktopRow[
       AND NOT EXISTS (
         SELECT 1 FROM operations o WHERE o.desktop_id = d.id AND o.reason = 'idle_timeout' AND o.state = 'failed'
           AND o.settled_at > now() - make_interval(secs => ${IDLE_RETRY_SECS}))
+      AND NOT EXISTS (SELECT 1 FROM operations o WHERE o.desktop_id = d.id AND o.state IN ('pending', 'running'))
     ORDER BY COALESCE(last_woken_at, created_at) LIMIT ${limit}`;
 }
 
