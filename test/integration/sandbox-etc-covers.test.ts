@@ -14,6 +14,7 @@ import { newId } from '../../shared/src/ids.js';
 import { maskedHostPaths } from '../../agent/src/runtime/sandbox/guest/guest-init.js';
 import { createSandboxDriver, type SandboxDriver } from '../../agent/src/runtime/sandbox/index.js';
 import { refreshEtcView } from '../../agent/src/runtime/sandbox/host/etc-view.js';
+import { forgetEtcSecretsScan } from '../../agent/src/runtime/sandbox/guest/etc-secrets.js';
 import { destroyLeftDesktops, isRoot, memorySnapshotsHere } from '../helpers/sandbox.js';
 
 describe.skipIf(!isRoot)("the host's /etc in a guest", () => {
@@ -25,15 +26,18 @@ describe.skipIf(!isRoot)("the host's /etc in a guest", () => {
   // user may read.
   const secret = `/etc/canto-test-secret-${randomBytes(6).toString('hex')}`;
   const conf = `/etc/canto-test-conf-${randomBytes(6).toString('hex')}`;
+  // Secrets the host deletes while desktops covering them run or sleep, and one it adds later.
+  const [gone, goneAsleep, late] = ['gone', 'gone-asleep', 'late'].map((w) => `/etc/canto-test-${w}-${randomBytes(6).toString('hex')}`) as [string, string, string];
 
   beforeAll(async () => {
     await writeFile(secret, 'the first secret\n', { mode: 0o600 });
+    for (const f of [gone, goneAsleep]) await writeFile(f, 'a secret\n', { mode: 0o600 });
     base = await mkdtemp(join(tmpdir(), 'canto-etc-covers-'));
     driver = await createSandboxDriver({ stateDir: base, goldenTemplates: false, memorySnapshots: await memorySnapshotsHere() });
   });
 
   afterAll(async () => {
-    for (const f of [secret, `${secret}.new`, conf, `${conf}.new`]) await rm(f, { force: true });
+    for (const f of [secret, `${secret}.new`, conf, `${conf}.new`, gone, goneAsleep, late]) await rm(f, { force: true });
     await driver?.close();
     await destroyLeftDesktops(base);
     await rm(base, { recursive: true, force: true });
@@ -98,5 +102,36 @@ describe.skipIf(!isRoot)("the host's /etc in a guest", () => {
     await refreshEtcView(base);
     expect((await driver.exec(a, { command: 'grep -c "^root:" /etc/passwd', timeoutMs: 5_000, maxOutputBytes: 100 })).stdout).toBe('1\n');
     for (const id of [a, b]) await driver.destroy(id);
+  }, 60_000);
+
+  it('keeps the memory of a desktop whose covered secret the host deletes', async (ctx) => {
+    if (!(await memorySnapshotsHere())) ctx.skip();
+    const other = newId('desktop');
+    await driver.prepare(other, 'small');
+    await driver.start({ desktopId: other, tier: 'small', firstBoot: null });
+    await rm(gone);
+    expect(await driver.hibernate(other)).toEqual({ snapshot: true });
+    expect(await driver.start({ desktopId: other, tier: 'small', firstBoot: null })).toEqual({ restored: true });
+    await driver.destroy(other);
+  }, 60_000);
+
+  it('restores after an agent restart that finds secrets gone from /etc and new ones there', async (ctx) => {
+    if (!(await memorySnapshotsHere())) ctx.skip();
+    const other = newId('desktop');
+    await driver.prepare(other, 'small');
+    await driver.start({ desktopId: other, tier: 'small', firstBoot: null });
+    expect(await driver.hibernate(other)).toEqual({ snapshot: true });
+    // While the agent is down, one covered secret goes and a new one comes.
+    await driver.close();
+    await rm(goneAsleep);
+    await writeFile(late, 'a later secret\n', { mode: 0o600 });
+    forgetEtcSecretsScan();
+    driver = await createSandboxDriver({ stateDir: base, goldenTemplates: false, memorySnapshots: true });
+    expect(await driver.start({ desktopId: other, tier: 'small', firstBoot: null })).toEqual({ restored: true });
+    const read = async (path: string) => (await driver.exec(other, { command: `cat ${path} 2>/dev/null | wc -c`, timeoutMs: 5_000, maxOutputBytes: 100 })).stdout.trim();
+    expect(await read(late)).toBe('0');
+    expect(await read(secret)).toBe('0');
+    expect((await driver.exec(other, { command: 'grep -c "^root:" /etc/passwd', timeoutMs: 5_000, maxOutputBytes: 100 })).stdout).toBe('1\n');
+    await driver.destroy(other);
   }, 60_000);
 });

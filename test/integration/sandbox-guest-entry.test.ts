@@ -40,6 +40,7 @@ const PROBE = [
 describe.skipIf(!isRoot || helper === null)('entering a guest natively and through the chain of programs', () => {
   let base: string;
   let driver: SandboxDriver;
+  const logged: string[] = [];
   const id = newId('desktop');
   let entry: GuestEntry;
 
@@ -78,7 +79,9 @@ describe.skipIf(!isRoot || helper === null)('entering a guest natively and throu
 
   beforeAll(async () => {
     base = await mkdtemp(join(tmpdir(), 'canto-entry-test-'));
-    driver = await createSandboxDriver({ stateDir: join(base, 'state') });
+    // Its log goes with a failed hibernate or start: the reason for a cold stop is only there.
+    const log = (msg: string, fields?: object, level?: 'warn') => void logged.push(`${level ?? 'info'}: ${msg} ${JSON.stringify(fields ?? {})}`);
+    driver = await createSandboxDriver({ stateDir: join(base, 'state'), log });
     await driver.prepare(id, 'small');
     await driver.start({ desktopId: id, tier: 'small', firstBoot: { env: { GREETING: 'entered' }, setupScript: null } });
     const init = JSON.parse(await readFile(join(base, 'state', 'desktops', id, 'run', 'init.json'), 'utf8')) as { pid: number };
@@ -200,14 +203,14 @@ describe.skipIf(!isRoot || helper === null)('entering a guest natively and throu
 
   it('leaves what it starts dumpable: a job started natively after a restore survives the next hibernate and wake', async (ctx) => {
     if (!driver.capabilities().memorySnapshots) ctx.skip();
-    expect(await driver.hibernate(id)).toEqual({ snapshot: true });
-    expect(await driver.start({ desktopId: id, tier: 'small', firstBoot: null })).toEqual({ restored: true });
+    expect(await driver.hibernate(id), logged.join('\n')).toEqual({ snapshot: true });
+    expect(await driver.start({ desktopId: id, tier: 'small', firstBoot: null }), logged.join('\n')).toEqual({ restored: true });
     const init = JSON.parse(await readFile(join(base, 'state', 'desktops', id, 'run', 'init.json'), 'utf8')) as { pid: number };
     entry = { ...entry, initPid: init.pid };
     // A restored desktop runs in a time namespace of its own: a job outside it would make the next dump unrestorable.
     expect((await way(true, () => exec('setsid sleep 1000 >/dev/null 2>&1 < /dev/null & echo $!'))).exitCode).toBe(0);
-    expect(await driver.hibernate(id)).toEqual({ snapshot: true });
-    expect(await driver.start({ desktopId: id, tier: 'small', firstBoot: null })).toEqual({ restored: true });
+    expect(await driver.hibernate(id), logged.join('\n')).toEqual({ snapshot: true });
+    expect(await driver.start({ desktopId: id, tier: 'small', firstBoot: null }), logged.join('\n')).toEqual({ restored: true });
     expect((await driver.exec(id, { command: 'pgrep -x sleep', timeoutMs: 10_000, maxOutputBytes: 1024 })).exitCode).toBe(0);
   });
 });

@@ -9,8 +9,9 @@
  *
  * The scan reads every entry of `/etc` (about 1,400 on a Debian host: 15-30 ms), so it runs once
  * per agent process, at the first boot: a secret put in `/etc` later is covered for desktops booted
- * after the agent's next start. A restored or moved desktop keeps the covers its image names
- * (guest-init.ts `hostPathForGuestMount` maps any of them back).
+ * after the agent's next start. A restored or moved desktop keeps the covers its image names, a
+ * secret the host deleted since included (host/criu.ts records what each cover is made of, and the
+ * view of `/etc` keeps the names: host/etc-view.ts); one found after its dump is hidden by the view.
  */
 import { lstatSync, readdirSync } from 'node:fs';
 import { join } from 'node:path';
@@ -64,4 +65,9 @@ let cached: EtcSecrets | null = null;
 export function hostEtcSecrets(): EtcSecrets {
   cached ??= scanEtcSecrets();
   return cached;
+}
+
+/** The next `hostEtcSecrets` scans again, as a new agent process does (tests of a restart). */
+export function forgetEtcSecretsScan(): void {
+  cached = null;
 }

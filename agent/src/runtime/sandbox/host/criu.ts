@@ -14,7 +14,7 @@
  * Perl program (Perl is always present on Debian and can call prctl directly).
  */
 import { spawn } from 'node:child_process';
-import { access, constants, mkdir, mkdtemp, readFile, rename, rm, stat, writeFile } from 'node:fs/promises';
+import { access, constants, lstat, mkdir, mkdtemp, readFile, rename, rm, stat, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { delimiter, dirname, join } from 'node:path';
 import type { Readable } from 'node:stream';
@@ -24,7 +24,8 @@ import { ensureKdatCache, KDAT_FILE } from './criu-kdat.js';
 import { procStat, waitFor } from './host-procs.js';
 import { helperPath, runToEnd, spawnProcess } from './spawner.js';
 import { ensureSkeletonRun, exists, GUEST_FB_DIR, type DesktopPaths } from './layout.js';
-import { GUEST_CAPS_ONLY, hostnameFor, hostPathForGuestMount, maskedHostPaths, maskedProcFiles } from '../guest/guest-init.js';
+import { bindMounts, GUEST_CAPS_ONLY, hostnameFor, hostPathForGuestMount, maskedHostPaths, maskedProcFiles } from '../guest/guest-init.js';
+import { etcHiddenFor } from './etc-view.js';
 import { guestFile, perlProgram } from '../guest/guest-programs.js';
 import { recordConfinement, requireConfinement } from './confinement.js';
 import { runningInit, type InitProcess } from './cold-boot.js';
@@ -138,6 +139,12 @@ async function probeOnce(criuPath: string): Promise<string | null> {
 interface External {
   readonly guestPath: string;
   readonly key: string;
+  /**
+   * What a cover of a scanned `/etc` secret is made of (a file's `/dev/null`, a directory's empty
+   * one), read from the guest at the dump: the host may have deleted the secret since its boot,
+   * and may lack it at the restore. Absent for every other mount, and in older images.
+   */
+  readonly cover?: 'file' | 'dir';
 }
 
 /** Bind mounts of the running guest, from the kernel's mountinfo of its init. */
@@ -147,12 +154,33 @@ async function guestBindMounts(initPid: number, paths: DesktopPaths): Promise<Ex
     // The root mount is CRIU's --root at restore time, not an external bind.
     if (mountPoint === '/') continue;
     if (['tmpfs', 'proc', 'devpts', 'mqueue', 'sysfs'].includes(fsType)) continue;
-    if (hostPathForGuestMount(paths, mountPoint) === null) {
+    const cover = await etcCoverKind(initPid, paths, mountPoint);
+    if (cover === undefined && hostPathForGuestMount(paths, mountPoint) === null) {
       throw new Error(`unexpected mount ${mountPoint} (${fsType}) in the guest`);
     }
-    out.push({ guestPath: mountPoint, key: `m${mountPoint.replace(/\//g, '-')}` });
+    out.push({ guestPath: mountPoint, key: `m${mountPoint.replace(/\//g, '-')}`, ...(cover === undefined ? {} : { cover }) });
   }
   return out;
+}
+
+/**
+ * A mount in the guest's `/etc` that no fixed cover names is the cover of a secret the agent's
+ * scan found (guest/etc-secrets.ts): what is mounted there, seen from the guest's own root, says
+ * which kind. The host's file may be gone meanwhile, which once failed every dump of the desktop.
+ */
+async function etcCoverKind(initPid: number, paths: DesktopPaths, guestPath: string): Promise<'file' | 'dir' | undefined> {
+  if (!guestPath.startsWith('/etc/') || guestPath.includes('/../') || bindMounts(paths).has(guestPath)) return undefined;
+  const st = await lstat(`/proc/${initPid}/root${guestPath}`).catch(() => null);
+  if (st?.isCharacterDevice()) return 'file';
+  if (st?.isDirectory()) return 'dir';
+  return undefined;
+}
+
+/** Where a snapshot's mount comes from on this host; null for one this host cannot give. */
+function externalSource(paths: DesktopPaths, e: External): string | null {
+  if (e.cover === 'file') return '/dev/null';
+  if (e.cover === 'dir') return paths.empty;
+  return hostPathForGuestMount(paths, e.guestPath);
 }
 
 async function logTail(path: string): Promise<string> {
@@ -277,7 +305,9 @@ export async function restore(
   const externals = JSON.parse(await readFile(join(paths.snapshot, 'externals.json'), 'utf8')) as External[];
   // An image without the cover of a host secret (dumped before the cover existed, or on a host
   // without that secret) would leave the secret readable: the desktop boots cold instead, covered.
-  const mounted = new Set(externals.map((e) => e.guestPath));
+  // A file the view of /etc hides by name needs no cover of its own (a secret that appeared on the
+  // host after the dump, found by a later agent's scan, is in that agent's mask).
+  const mounted = new Set([...externals.map((e) => e.guestPath), ...etcHiddenFor(paths.dir)]);
   const masked = maskedHostPaths();
   const uncovered = [...masked.files, ...masked.dirs, ...maskedProcFiles()].filter((path) => !mounted.has(path));
   if (uncovered.length > 0) {
@@ -297,7 +327,7 @@ export async function restore(
     '--root', skeleton, ...COMMON_FLAGS,
   ];
   for (const e of externals) {
-    const host = hostPathForGuestMount(paths, e.guestPath);
+    const host = externalSource(paths, e);
     if (host === null) throw new Error(`snapshot names unknown mount ${e.guestPath}`);
     args.push('--external', `mnt[${e.key}]:${host}`);
   }

@@ -25,7 +25,7 @@
  */
 import { createHash, randomBytes } from 'node:crypto';
 import { existsSync } from 'node:fs';
-import { chmod, chown, lstat, mkdir, readFile, rm, rmdir, writeFile } from 'node:fs/promises';
+import { chmod, chown, lstat, mkdir, readFile, rename, rm, rmdir, writeFile } from 'node:fs/promises';
 import { dirname, join, resolve } from 'node:path';
 import { parseMountTable } from './mount-table.js';
 import { runToEnd } from './spawner.js';
@@ -45,7 +45,14 @@ interface Layers {
   readonly mask: string;
   readonly views: string;
   readonly etc: string;
+  /** The names the mask hides, absolute (under `etc`). */
+  readonly files: readonly string[];
 }
+
+/** Every name a scan under this state directory found secret (see `withRemembered`). */
+const REMEMBERED = 'names.json';
+/** More names than this is not a host's `/etc`: the oldest are forgotten. */
+const MAX_REMEMBERED = 10_000;
 
 /**
  * Builds (or finds) the mask for `secretFiles` (absolute paths under `/etc`); null, having said
@@ -62,7 +69,30 @@ async function prepareMask(stateDir: string, secretFiles: readonly string[], log
     return null;
   }
   if ((await readFile(join(base, READY), 'utf8').catch(() => null)) === null) await buildMask(mask, etc, files, join(base, READY));
-  return { mask, views: join(base, 'views'), etc };
+  return { mask, views: join(base, 'views'), etc, files };
+}
+
+/**
+ * `files` and the secrets earlier agents of this state directory found that the host no longer
+ * has. A desktop booted with a secret covered keeps that cover in its memory snapshot, and a
+ * restore mounts it on the name in the guest's `/etc`: were the name in neither the host's `/etc`
+ * nor the mask, the restore would fail and the desktop boot cold. (A name the host has again, not
+ * secret any more, is shown as the host has it.)
+ */
+async function withRemembered(stateDir: string, files: readonly string[], etc: string): Promise<string[]> {
+  const record = join(stateDir, ETC_VIEW_DIR, REMEMBERED);
+  const read = await readFile(record, 'utf8').then((text) => JSON.parse(text) as unknown, () => []);
+  const remembered = (Array.isArray(read) ? read : []).filter((n): n is string => typeof n === 'string' && n.startsWith(`${etc}/`) && !n.includes('/../'));
+  const all = [...new Set([...remembered, ...files])].slice(-MAX_REMEMBERED);
+  if (all.length !== remembered.length) {
+    await mkdir(dirname(record), { recursive: true });
+    const tmp = `${record}.${process.pid}.tmp`;
+    await writeFile(tmp, JSON.stringify(all));
+    await rename(tmp, record);
+  }
+  // Only where the mask can give the name the attributes of its host directory.
+  const gone = remembered.filter((n) => !existsSync(n) && existsSync(dirname(n)));
+  return [...new Set([...files, ...gone])];
 }
 
 /** Mounts a view of its own over the mask; answers its path. */
@@ -120,7 +150,7 @@ export async function acquireEtcView(stateDir: string, secretFiles: readonly str
   }
   try {
     for (const left of await leftViews(stateDir)) await dropView(left);
-    const layers = await prepareMask(stateDir, secretFiles, log, etc);
+    const layers = await prepareMask(stateDir, await withRemembered(stateDir, secretFiles, etc), log, etc);
     if (layers === null) return null;
     const view = await mountView(layers);
     const timer = setInterval(() => void refreshEtcView(stateDir), ETC_VIEW_REFRESH_MS);
@@ -183,6 +213,16 @@ export function etcSourceFor(desktopDir: string): string {
     held.log("the guests' /etc is the host's, with covers a rename on the host undoes: its view was unmounted under the agent; restart the agent", { view: held.view }, 'warn');
   }
   return '/etc';
+}
+
+/**
+ * The names of the host's `/etc` that a desktop under `desktopDir` restored now finds hidden by
+ * its view, whatever covers its snapshot holds; none where it gets the host's `/etc`.
+ */
+export function etcHiddenFor(desktopDir: string): readonly string[] {
+  const held = views.get(dirname(dirname(desktopDir)));
+  if (held === undefined || etcSourceFor(desktopDir) !== held.view) return [];
+  return held.layers.files;
 }
 
 /**
