@@ -1,8 +1,9 @@
 /**
- * What a restore leaves behind, and what it refuses. A memory snapshot whose guest lacks a cover
- * of a host secret in /etc (dumped before the covers existed, or on a host without that secret)
- * is not restored: the desktop boots cold, with every cover this host requires, and the runtime
- * warns why; its disk is kept, its programs end. Spent images an agent stopped before removing
+ * What a restore leaves behind, and what it refuses. A memory snapshot whose guest lacks the cover
+ * of a secret directory in /etc (dumped before the covers existed, or on a host without that
+ * directory) is not restored: the desktop boots cold, with every cover this host requires, and
+ * the runtime warns why; its disk is kept, its programs end. (A secret file needs no cover of its
+ * own where the guests' view of /etc hides it: sandbox-etc-covers.test.ts.) Spent images an agent stopped before removing
  * (between a restore and their removal) are removed when the running guest is next adopted, so
  * the next hibernate keeps its own memory, not those images. A dump that ended after its agent
  * stopped (CRIU goes on in a process group of its own) is kept by the next hibernate or start, and
@@ -54,19 +55,21 @@ describe.skipIf(criu === null)('restores after an interruption, and restores ref
     return id;
   };
 
-  it('boots cold, covered, instead of restoring a snapshot without the covers of host secrets', async () => {
+  it('boots cold, covered, instead of restoring a snapshot without the cover of a secret directory', async () => {
+    const [secretDir] = maskedHostPaths().dirs;
+    expect(secretDir).toBeDefined();
     const id = await started();
     await driver.exec(id, { command: 'echo kept > /root/note', timeoutMs: 10_000, maxOutputBytes: 100 });
     expect(await driver.hibernate(id)).toEqual({ snapshot: true });
-    // What an image dumped before /etc/shadow was covered says of its mounts.
+    // What an image dumped before that directory was covered says of its mounts.
     const externalsFile = join(dirOf(id), 'snapshot', 'externals.json');
     const externals = JSON.parse(await readFile(externalsFile, 'utf8')) as Array<{ guestPath: string }>;
-    expect(externals.map((e) => e.guestPath)).toEqual(expect.arrayContaining(maskedHostPaths().files));
-    await writeFile(externalsFile, JSON.stringify(externals.filter((e) => e.guestPath !== '/etc/shadow')));
+    expect(externals.map((e) => e.guestPath)).toEqual(expect.arrayContaining([...maskedHostPaths().files, secretDir]));
+    await writeFile(externalsFile, JSON.stringify(externals.filter((e) => e.guestPath !== secretDir)));
 
     expect((await driver.start({ desktopId: id, tier: 'small', firstBoot: null })).restored).toBe(false);
-    expect(logged.filter((line) => line.startsWith('warn: restore failed; booting cold') && line.includes('/etc/shadow'))).toHaveLength(1);
-    const read = await driver.exec(id, { command: 'cat /etc/shadow | wc -c; cat /root/note', timeoutMs: 10_000, maxOutputBytes: 1000 });
+    expect(logged.filter((line) => line.startsWith('warn: restore failed; booting cold') && line.includes(secretDir!))).toHaveLength(1);
+    const read = await driver.exec(id, { command: `ls -A ${secretDir} | wc -l; cat /root/note`, timeoutMs: 10_000, maxOutputBytes: 1000 });
     expect(read.stdout).toBe('0\nkept\n');
     await driver.destroy(id);
   }, 60_000);
