@@ -94,7 +94,7 @@ export function commandTable(k: CommandKit): CommandTable {
       k.lifecycle('desktop.hibernate', p, 'command', async () => {
         // Stream clients are disconnected (their VNC servers cannot be snapshotted) and lose their claims.
         k.stream?.release(p.desktop_id);
-        const { snapshot } = await driver.hibernate(p.desktop_id, { keepDetached: p.keep_detached === true });
+        const { snapshot } = await driver.hibernate(p.desktop_id, { keepDetached: p.keep_detached === true, requireSnapshot: p.require_snapshot === true });
         // Again: a grant is not queued behind a hibernate, and one made meanwhile (a route the
         // scheduler had cached as awake) would hold a control claim over the next wake.
         k.stream?.release(p.desktop_id);

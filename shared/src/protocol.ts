@@ -55,6 +55,9 @@
  *         restore, so the scheduler moves none to it.
  *   1.16 — the port gateway takes `CANTO-PORT/2` lines, each with a nonce it takes once
  *         (shared/src/port-link.ts); the ingress sends `/1` lines to older agents.
+ *   1.17 — desktop.hibernate `require_snapshot` (a move's stop): a desktop whose memory snapshot
+ *         fails is left running and the command fails with `snapshot_failed`, instead of a cold
+ *         stop. An older agent ignores the field and stops such a desktop cold, as before.
  *
  * Every desktop command carries the desktop's `generation`. The agent remembers the highest
  * generation it has seen per desktop and refuses an older one with `stale_generation`: after a
@@ -74,7 +77,7 @@ import {
   ScreenshotResult, SpawnPayload, SpawnResult, StreamGrantPayload, StreamGrantResult, TerminalGrantPayload, TerminalGrantResult,
 } from './guest-commands.js';
 
-export const PROTOCOL_VERSION = '1.16';
+export const PROTOCOL_VERSION = '1.17';
 export const WIRE_VERSION = 1;
 
 /** The protocol minors (of major 1) that changed what a memory snapshot holds: 1.13, 1.14 and 1.15 above. */
@@ -122,6 +125,8 @@ export const AgentError = Type.Object({
     Type.Literal('stale_epoch'),
     // 1.8: an export or import of a desktop that runs on that host.
     Type.Literal('conflict'),
+    // 1.17: a move's stop (`require_snapshot`) whose memory snapshot failed: the desktop runs on.
+    Type.Literal('snapshot_failed'),
   ]),
   message: Type.String(),
   retryable: Type.Boolean(),
@@ -253,6 +258,11 @@ export const HibernatePayload = Type.Object({
    * where a user's hibernate kills them (docs/api.md §3.2); without a memory snapshot they end either way.
    */
   keep_detached: Type.Optional(Type.Boolean()),
+  /**
+   * 1.17: a move's stop. On a host that makes memory snapshots, a desktop whose snapshot fails is
+   * not stopped cold: it runs on, and the command fails (`snapshot_failed`, not retryable).
+   */
+  require_snapshot: Type.Optional(Type.Boolean()),
 });
 export const HibernateResult = Type.Object({ snapshot: Type.Boolean() });
 

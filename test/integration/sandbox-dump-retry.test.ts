@@ -3,6 +3,8 @@
  * driver dumps once more before it falls back to a cold stop (which keeps the disk and loses the
  * processes). The real CRIU runs behind a wrapper that fails this desktop's first dump, as dumps
  * under load on two cores now and then failed; what the desktop ran must still run after the wake.
+ * A move's stop (`requireSnapshot`) never falls back: the desktop runs on with its programs and
+ * the stop fails, so the move goes back.
  */
 import { chmod, mkdtemp, rm, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
@@ -19,6 +21,8 @@ describe.skipIf(criu === null)('a hibernate whose first dump fails', () => {
   const id = newId('desktop');
   /** A desktop every dump of which fails. */
   const failing = newId('desktop');
+  /** Another, stopped for a move. */
+  const moving = newId('desktop');
   const logged: string[] = [];
   let base: string;
   let driver: SandboxDriver;
@@ -34,7 +38,7 @@ describe.skipIf(criu === null)('a hibernate whose first dump fails', () => {
       `if [ "$1" = dump ] && [ ! -e ${mark} ]; then`,
       `  case "$*" in *${id}/snapshot.tmp*) : > ${mark}; echo "Error (test): a passing failure" >&2; exit 1;; esac`,
       'fi',
-      `case "$1 $*" in "dump "*${failing}/snapshot.tmp*) echo "Error (test): a lasting failure" >&2; exit 1;; esac`,
+      `case "$1 $*" in "dump "*${failing}/snapshot.tmp*|"dump "*${moving}/snapshot.tmp*) echo "Error (test): a lasting failure" >&2; exit 1;; esac`,
       `exec ${criu!.path} "$@"`,
       '',
     ].join('\n'));
@@ -74,5 +78,22 @@ describe.skipIf(criu === null)('a hibernate whose first dump fails', () => {
     ]);
     expect(mine[1]).toContain('criu dump failed (1)');
     expect((await driver.start({ desktopId: failing, tier: 'small', firstBoot: null })).restored).toBe(false);
+  });
+
+  it("leaves a desktop running, its programs with it, when a move's stop cannot keep its memory", async () => {
+    await driver.prepare(moving, 'small');
+    await driver.start({ desktopId: moving, tier: 'small', firstBoot: null });
+    const started = await driver.exec(moving, { command: 'sleep 1000 >/dev/null 2>&1 & echo $!', timeoutMs: 10_000, maxOutputBytes: 100 });
+    const stopping = driver.hibernate(moving, { keepDetached: true, requireSnapshot: true });
+    await expect(stopping).rejects.toMatchObject({ code: 'snapshot_failed', retryable: false });
+    const mine = logged.filter((line) => line.includes(moving) && line.includes('memory snapshot failed'));
+    expect(mine.map((line) => line.slice(0, line.indexOf(' {')))).toEqual([
+      'info: memory snapshot failed; trying once more',
+      'warn: memory snapshot failed; the desktop keeps running, as its move needs its memory',
+    ]);
+    const alive = await driver.exec(moving, { command: `kill -0 ${started.stdout.trim()} && echo alive`, timeoutMs: 10_000, maxOutputBytes: 100 });
+    expect(alive.stdout).toBe('alive\n');
+    // A plain hibernate still stops it (cold: its memory cannot be kept).
+    expect(await driver.hibernate(moving)).toEqual({ snapshot: false });
   });
 });

@@ -8,6 +8,7 @@
  * the next hibernate keeps its own memory, not those images. A dump that ended after its agent
  * stopped (CRIU goes on in a process group of its own) is kept by the next hibernate or start, and
  * a guest a restore brought back after its agent stopped is adopted, not restored a second time;
+ * spent images still there at a hibernate give way to its new ones;
  * a hibernate waits for a dump such an agent left running rather than dumping under it, and a start
  * waits for it rather than adopting a guest that dump is about to end.
  */
@@ -93,6 +94,34 @@ describe.skipIf(criu === null)('restores after an interruption, and restores ref
     // The process started after the restore runs on: the memory is the latest hibernate's.
     const alive = await driver.exec(id, { command: `kill -0 ${counter.stdout.trim()} && echo alive`, timeoutMs: 10_000, maxOutputBytes: 100 });
     expect(alive.stdout).toBe('alive\n');
+    await driver.destroy(id);
+  }, 60_000);
+
+  it('puts a new dump in place of spent images an agent left beside the guest, not the old memory back', async () => {
+    const id = await started();
+    expect(await driver.hibernate(id)).toEqual({ snapshot: true });
+    const snapshot = join(dirOf(id), 'snapshot');
+    const spent = join(base, 'spent-at-hibernate');
+    await cp(snapshot, spent, { recursive: true });
+    expect((await driver.start({ desktopId: id, tier: 'small', firstBoot: null })).restored).toBe(true);
+    // Left by an agent stopped right after the restore, and found by no start since.
+    await cp(spent, snapshot, { recursive: true });
+    const counter = await driver.exec(id, { command: 'sleep 1000 >/dev/null 2>&1 & echo $!', timeoutMs: 10_000, maxOutputBytes: 100 });
+    expect(await driver.hibernate(id), logged.join('\n')).toEqual({ snapshot: true });
+    expect((await driver.start({ desktopId: id, tier: 'small', firstBoot: null })).restored).toBe(true);
+    // The memory is this hibernate's: the process started after the first restore runs on.
+    const alive = await driver.exec(id, { command: `kill -0 ${counter.stdout.trim()} && echo alive`, timeoutMs: 10_000, maxOutputBytes: 100 });
+    expect(alive.stdout).toBe('alive\n');
+
+    // An agent killed after CRIU finished and before its rename, with spent images still there:
+    // the start keeps the finished dump, the newer memory, over them.
+    const later = await driver.exec(id, { command: 'sleep 1001 >/dev/null 2>&1 & echo $!', timeoutMs: 10_000, maxOutputBytes: 100 });
+    expect(await driver.hibernate(id)).toEqual({ snapshot: true });
+    await rename(snapshot, join(dirOf(id), 'snapshot.tmp'));
+    await cp(spent, snapshot, { recursive: true });
+    expect((await driver.start({ desktopId: id, tier: 'small', firstBoot: null })).restored).toBe(true);
+    const kept = await driver.exec(id, { command: `kill -0 ${later.stdout.trim()} && echo alive`, timeoutMs: 10_000, maxOutputBytes: 100 });
+    expect(kept.stdout).toBe('alive\n');
     await driver.destroy(id);
   }, 60_000);
 

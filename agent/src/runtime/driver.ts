@@ -172,6 +172,16 @@ export interface DesktopStatus {
   readonly hasSnapshot: boolean;
 }
 
+export interface HibernateOptions {
+  /** A move's stop: detached processes are part of the memory and go on after the restore. */
+  readonly keepDetached?: boolean;
+  /**
+   * A move's stop (protocol 1.17): on a host that makes memory snapshots, a desktop whose snapshot
+   * fails is not stopped cold but left running, and the hibernate fails (`snapshot_failed`).
+   */
+  readonly requireSnapshot?: boolean;
+}
+
 /** The desktop's life on this host: disks, starts and stops, forks. Every driver has it. */
 export interface DesktopLifecycle {
   capabilities(): RuntimeCapabilities;
@@ -183,7 +193,7 @@ export interface DesktopLifecycle {
    * Snapshots memory (when supported) and stops every process; the disk stays. Detached
    * processes are killed first (docs/api.md §3.2), unless `keepDetached` (a move) and the snapshot keeps them.
    */
-  hibernate(desktopId: string, options?: { readonly keepDetached?: boolean }): Promise<{ snapshot: boolean }>;
+  hibernate(desktopId: string, options?: HibernateOptions): Promise<{ snapshot: boolean }>;
   /** Stops the desktop and removes its disk and snapshot. */
   destroy(desktopId: string): Promise<void>;
   /**

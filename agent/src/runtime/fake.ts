@@ -35,6 +35,7 @@ import type {
   FileWriteSpec,
   FirstBootSpec,
   GuestConnection,
+  HibernateOptions,
   ProcessStatus,
   RuntimeCapabilities,
   RuntimeDriver,
@@ -138,7 +139,7 @@ export class FakeDriver implements RuntimeDriver {
     });
   }
 
-  hibernate(desktopId: string, _options?: { readonly keepDetached?: boolean }): Promise<{ snapshot: boolean }> {
+  hibernate(desktopId: string, _options?: HibernateOptions): Promise<{ snapshot: boolean }> {
     return this.step('hibernate', desktopId, () => {
       const desktop = this.require(desktopId);
       if (desktop.running) {

@@ -374,6 +374,8 @@ const AGENT_ERRORS: Partial<Record<AgentFailure['code'], { code: string; message
   // Only a move's import says it: the source refused the ticket its export granted.
   unauthorized: { code: 'transfer_refused', message: "the move's source host refused the copy's transfer ticket; the agents' logs say why" },
   not_found: { code: 'disk_missing', message: "the desktop's host does not hold its disk (lost with the host's state directory); an operator has to restore it" },
+  // Only a move's stop says it (1.17).
+  snapshot_failed: { code: 'memory_not_kept', message: "the desktop's memory snapshot failed, so it was not moved: it runs on at its source with its programs; the source agent's log says why" },
 };
 
 function describe(err: unknown): { code: string; message: string } {

@@ -252,8 +252,10 @@ async function stop(deps: StepDeps, op: OperationRow, d: DesktopRow, p: MovePara
   if (p.precopy === true) await deps.sql`UPDATE desktops SET moving_operation_id = ${op.id} WHERE id = ${d.id}`;
   if (p.was_awake) {
     // Its detached processes are part of its memory: they go on after the restore on the target.
+    // A desktop whose memory cannot be saved is not moved at all (1.17): it runs on at the source,
+    // and the move fails and goes back, rather than end its programs.
     const stopped = await command(deps, p.source_host_id, 'desktop.hibernate', {
-      desktop_id: d.id, generation: d.generation, operation_id: op.id, keep_detached: true,
+      desktop_id: d.id, generation: d.generation, operation_id: op.id, keep_detached: true, require_snapshot: true,
     });
     snapshot = stopped.snapshot;
   }
@@ -338,15 +340,18 @@ async function commit(deps: StepDeps, op: OperationRow, d: DesktopRow, p: MovePa
  * finds the desktop as the commit left it.
  */
 async function startOnTarget(deps: StepDeps, op: OperationRow, p: MoveParams, moved: DesktopRow | null): Promise<MoveParams> {
+  let memory = p.memory_snapshot;
   if (p.was_awake) {
     const d = moved ?? (await loadDesktop(deps.sql, op.desktop_id));
     // Only a leader of an older release wrote anything else after the commit; that record stands.
     if (d.state !== 'awake' || d.host_id !== p.target_host_id) throw new StepFailure('conflict', `the moved desktop is recorded ${d.state} since its commit`);
-    await command(deps, p.target_host_id!, 'desktop.start', {
+    const started = await command(deps, p.target_host_id!, 'desktop.start', {
       desktop_id: d.id, generation: d.generation, operation_id: op.id, tier: d.tier, first_boot: null,
     });
+    // The memory went with it only if the target restored it (it boots cold when it cannot).
+    memory = p.memory_snapshot === true && started.restored;
   }
-  const landed = await advance(deps.sql, op, { ...p, phase: 'started', started_at: nowOf(deps).toISOString() }, deps.fence);
+  const landed = await advance(deps.sql, op, { ...p, phase: 'started', started_at: nowOf(deps).toISOString(), memory_snapshot: memory }, deps.fence);
   deps.onMoveLanded?.(op);
   return landed;
 }

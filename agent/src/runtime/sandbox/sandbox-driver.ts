@@ -34,6 +34,7 @@ import type {
   GuestConnection,
   GuestPath,
   HandedOffLink,
+  HibernateOptions,
   ProcessStatus,
   RestoreStats,
   RuntimeCapabilities,
@@ -199,7 +200,7 @@ export class SandboxDriver implements RuntimeDriver {
     return { ...this.restoreCounts };
   }
 
-  hibernate(desktopId: string, options: { readonly keepDetached?: boolean } = {}): Promise<{ snapshot: boolean }> {
+  hibernate(desktopId: string, options: HibernateOptions = {}): Promise<{ snapshot: boolean }> {
     return this.lifecycle.hibernate(desktopId, options);
   }
 

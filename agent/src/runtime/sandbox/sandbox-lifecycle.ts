@@ -14,11 +14,12 @@ import { mkdir, rename, rm } from 'node:fs/promises';
 import { join } from 'node:path';
 import { AgentFailure } from '../../../../shared/src/protocol.js';
 import type { Tier } from '../../../../shared/src/tiers.js';
-import type { DesktopLifecycle, DesktopStatus, ExecOutcome, RuntimeCapabilities, StartSpec } from '../driver.js';
+import type { DesktopLifecycle, DesktopStatus, ExecOutcome, HibernateOptions, RuntimeCapabilities, StartSpec } from '../driver.js';
 import { applyTier, drainAndRemove, removeIfEmpty } from './host/cgroups.js';
 import { coldBoot, runningInit, type InitProcess } from './host/cold-boot.js';
 import { desktopStatus, listDesktops } from './host/desktop-status.js';
-import { dump, initOnceUndumped, keepFinishedDump, orphanedRestore, restore, type CriuInfo } from './host/criu.js';
+import { initOnceUndumped, keepFinishedDump, orphanedRestore, restore, type CriuInfo } from './host/criu.js';
+import { takeSnapshot } from './host/snapshot-take.js';
 import { applyFirstBoot, renderEnvFile, WRITE_ENV_COMMAND } from './host/first-boot.js';
 import { writeCloneEnv } from './host/golden.js';
 import type { VncSessions } from './computer-use/guest-vnc.js';
@@ -43,8 +44,6 @@ import type { RuntimeLog } from './runtime-log.js';
 
 /** Grace for a desktop's processes to leave its cgroups after a dump or a kill. */
 const DRAIN_MS = 3_000;
-/** Dumps tried before a cold stop: under load a dump failed now and then for a passing cause. */
-const DUMP_ATTEMPTS = 2;
 /** Timeout of the driver's own guest commands (first boot, responsiveness probe). */
 const INTERNAL_EXEC_MS = 30_000;
 /** How long hibernate lets in-flight file operations finish before killing them. */
@@ -108,8 +107,6 @@ export class SandboxLifecycle implements Omit<DesktopLifecycle, 'close' | 'usage
       // same file an exec would write afterwards, without a cold guest process on the way.
       const firstBoot = spec.firstBoot !== null && !(await exists(paths.firstBootMarker)) ? spec.firstBoot : null;
       let envAtBoot = false;
-      const discardSpent = () =>
-        discardTree(this.stateDir, paths.snapshot, (err) => this.log('could not remove a spent snapshot', { desktopId: spec.desktopId, error: String(err) }, 'warn'), `${spec.desktopId}.snapshot`);
       // A dump an agent killed before it left running would end this guest once it is adopted.
       let init = await initOnceUndumped(paths);
       const orphan = init === null ? await orphanedRestore(paths, spec.desktopId) : null;
@@ -126,7 +123,7 @@ export class SandboxLifecycle implements Omit<DesktopLifecycle, 'close' | 'usage
         await this.guest.reset(spec.desktopId);
         // So does the port forwarder, which would otherwise hold the old network namespace.
         await this.ports.closeAll(spec.desktopId);
-        if (await keepFinishedDump(paths)) this.log('a memory snapshot whose dump ended after its agent stopped is kept', { desktopId: spec.desktopId });
+        if (await keepFinishedDump(paths, () => this.discardSpent(spec.desktopId, paths))) this.log('a memory snapshot whose dump ended after its agent stopped is kept', { desktopId: spec.desktopId });
         await rm(paths.snapshotTmp, { recursive: true, force: true });
         // Leftovers of a desktop whose init died (or of a restore the agent crashed during) would
         // otherwise run beside the new guest: kill them, and start from fresh groups.
@@ -145,14 +142,14 @@ export class SandboxLifecycle implements Omit<DesktopLifecycle, 'close' | 'usage
           await writeFileAtomic(paths.initFile, JSON.stringify(init));
         }
         // The images describe memory that no longer matches the disk once the guest has run.
-        if (restored) await discardSpent();
+        if (restored) await this.discardSpent(spec.desktopId, paths);
         await rm(join(paths.dir, TEMPLATE_CLONE_FILE), { force: true });
         this.log('desktop started', { desktopId: spec.desktopId, restored, ms: Math.round(performance.now() - t0) });
       } else if (await exists(paths.snapshot)) {
         // The guest runs, so these images are spent: an agent stopped between a restore and
         // their removal left them. Kept, the next hibernate could not put its own in their place,
         // and a wake after the guest died would rewind it to them.
-        await discardSpent();
+        await this.discardSpent(spec.desktopId, paths);
       }
       if (firstBoot !== null) {
         await applyFirstBoot(
@@ -171,7 +168,7 @@ export class SandboxLifecycle implements Omit<DesktopLifecycle, 'close' | 'usage
     });
   }
 
-  async hibernate(desktopId: string, options: { readonly keepDetached?: boolean } = {}): Promise<{ snapshot: boolean }> {
+  async hibernate(desktopId: string, options: HibernateOptions = {}): Promise<{ snapshot: boolean }> {
     const paths = desktopPaths(this.stateDir, desktopId);
     return this.fenced(desktopId, async () => {
       if (!(await hasDisk(paths))) {
@@ -182,36 +179,32 @@ export class SandboxLifecycle implements Omit<DesktopLifecycle, 'close' | 'usage
       if (init === null) {
         await this.guest.reset(desktopId);
         await this.ports.closeAll(desktopId);
-        if (await keepFinishedDump(paths)) this.log('a memory snapshot whose dump ended after its agent stopped is kept', { desktopId });
+        if (await keepFinishedDump(paths, () => this.discardSpent(desktopId, paths))) this.log('a memory snapshot whose dump ended after its agent stopped is kept', { desktopId });
         return { snapshot: await exists(paths.snapshot) };
       }
       const t0 = performance.now();
       await this.guest.inFlight.drain(desktopId, FILE_OP_GRACE_MS);
       await this.closeSessions(desktopId);
-      // A move keeps them in the snapshot; if the dump fails, the cold stop below ends them anyway.
+      // A move keeps them in the snapshot (and, should the dump fail, leaves the desktop running);
+      // a cold stop below ends them anyway.
       if (!(options.keepDetached === true && this.criu !== null)) await this.killDetached(desktopId, init);
-      for (let attempt = 1; this.criu !== null && attempt <= DUMP_ATTEMPTS; attempt++) {
-        try {
-          await dump(this.criu, paths, init);
-          await rename(paths.snapshotTmp, paths.snapshot);
-          await rm(paths.initFile, { force: true });
-          await drainAndRemove(desktopId, DRAIN_MS);
-          this.compactFramebufferNext(desktopId, paths);
-          this.log('desktop hibernated', { desktopId, snapshot: true, ms: Math.round(performance.now() - t0) });
-          return { snapshot: true };
-        } catch (err) {
-          await rm(paths.snapshotTmp, { recursive: true, force: true });
-          // CRIU resumes the tree when a dump fails: one more try is safe while the guest runs. Then
-          // a desktop that cannot be dumped must still stop (metering, drain): cold, disk kept.
-          const again = attempt < DUMP_ATTEMPTS && (await isSameProcess(init.pid, init.startTime));
-          this.log(again ? 'memory snapshot failed; trying once more' : 'memory snapshot failed; cold stop instead: its running programs end', { desktopId, attempt, error: String(err) }, again ? undefined : 'warn');
-          if (!again) break;
-        }
+      const discardSpent = () => this.discardSpent(desktopId, paths);
+      if (this.criu !== null && (await takeSnapshot(this.criu, paths, init, { desktopId, requireSnapshot: options.requireSnapshot === true, log: this.log, discardSpent }))) {
+        await rm(paths.initFile, { force: true });
+        await drainAndRemove(desktopId, DRAIN_MS);
+        this.compactFramebufferNext(desktopId, paths);
+        this.log('desktop hibernated', { desktopId, snapshot: true, ms: Math.round(performance.now() - t0) });
+        return { snapshot: true };
       }
       await this.stopProcesses(paths, desktopId, init);
       this.log('desktop hibernated', { desktopId, snapshot: false, ms: Math.round(performance.now() - t0) });
       return { snapshot: false };
     });
+  }
+
+  /** Removes memory snapshot images the guest has run past (behind the caller, in the background). */
+  private discardSpent(desktopId: string, paths: DesktopPaths): Promise<void> {
+    return discardTree(this.stateDir, paths.snapshot, (err) => this.log('could not remove a spent snapshot', { desktopId, error: String(err) }, 'warn'), `${desktopId}.snapshot`);
   }
 
   async destroy(desktopId: string): Promise<void> {

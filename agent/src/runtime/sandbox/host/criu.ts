@@ -197,10 +197,12 @@ async function logTail(path: string): Promise<string> {
  * renamed into place itself: CRIU runs in a process group of its own and goes on when the agent
  * is killed. CRIU writes `stats-dump` last, and only when the dump succeeded (after it has killed
  * the guest), and nothing starts the guest but a start, which removes `snapshot.tmp/` first: such
- * images are the desktop's memory as its disk still is. True when there were some to keep.
+ * images are the desktop's memory as its disk still is, newer than any images in `snapshot/`
+ * (spent ones, which `discardSpent` removes first). True when there were some to keep.
  */
-export async function keepFinishedDump(paths: DesktopPaths): Promise<boolean> {
-  if ((await exists(paths.snapshot)) || !(await exists(join(paths.snapshotTmp, 'stats-dump')))) return false;
+export async function keepFinishedDump(paths: DesktopPaths, discardSpent: () => Promise<void>): Promise<boolean> {
+  if (!(await exists(join(paths.snapshotTmp, 'stats-dump')))) return false;
+  if (await exists(paths.snapshot)) await discardSpent();
   await rename(paths.snapshotTmp, paths.snapshot);
   return true;
 }
