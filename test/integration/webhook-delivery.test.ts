@@ -12,6 +12,7 @@ import { api, mintKey, startTestScheduler, until, type TestScheduler } from '../
 import { startFakeAgent, type TestAgent } from '../helpers/agent.js';
 import { startWebhookReceiver, type ReceivedRequest, type WebhookReceiver } from '../helpers/webhook-receiver.js';
 import { expectProblem } from '../helpers/problem.js';
+import { connectDatabase } from '../../scheduler/src/store/db.js';
 
 type Call = ReturnType<typeof api>;
 
@@ -164,6 +165,35 @@ describe('retries', () => {
     expect(d).toMatchObject({ state: 'failed', attempts: 5, lastStatus: 302, lastError: expect.stringContaining('redirects are not followed') });
     expect(receiver.at('/moved')).toHaveLength(5);
     expect(receiver.at('/moved-redirected')).toHaveLength(0);
+  });
+
+  it('tries again a delivery this leader cannot sign, and sends it once the secret opens', async () => {
+    const endpoint = await register(call, '/unsealed', ['desktop.created']);
+    // What a replica started with another CANTO_SECRET_KEY finds: a secret that does not open.
+    const sql = connectDatabase(s.databaseUrl, { max: 1 });
+    try {
+      const [row] = await sql<Array<{ secret_sealed: Buffer }>>`SELECT secret_sealed FROM webhook_endpoints WHERE id = ${endpoint.id}`;
+      const broken = Buffer.from(row!.secret_sealed);
+      broken[broken.length - 1]! ^= 0xff;
+      await sql`UPDATE webhook_endpoints SET secret_sealed = ${broken} WHERE id = ${endpoint.id}`;
+      await placedDesktop(call);
+      const [d] = await until(async () => {
+        const log = await deliveries(call, endpoint.id);
+        return log[0]?.attempts >= 1 ? log : null;
+      }, 15_000, 'an attempt');
+      expect(d).toMatchObject({ state: 'pending', lastStatus: null, lastError: 'internal error' });
+      expect(receiver.at('/unsealed')).toHaveLength(0);
+      // The key is right again.
+      await sql`UPDATE webhook_endpoints SET secret_sealed = ${row!.secret_sealed} WHERE id = ${endpoint.id}`;
+    } finally {
+      await sql.end();
+    }
+    const [done] = await until(async () => {
+      const log = await deliveries(call, endpoint.id);
+      return log[0]?.state === 'delivered' ? log : null;
+    }, 15_000, 'the delivery');
+    expect(done.attempts).toBeGreaterThanOrEqual(2);
+    expect(expectSigned(receiver.at('/unsealed')[0]!, endpoint.secret).type).toBe('desktop.created');
   });
 
   it('shows a pending retry with its next attempt time and error', async () => {

@@ -18,10 +18,14 @@ export async function recordEvent(
     type: e.type,
     desktopId: e.desktopId,
     orgId: e.orgId,
-    occurredAt: new Date().toISOString(),
     data: e.data ?? {},
   };
-  await sql`INSERT INTO outbox (org_id, desktop_id, type, payload) VALUES (${e.orgId}, ${e.desktopId}, ${e.type}, ${sql.json(payload as never)})`;
+  // `occurredAt` is the database's clock, read in the transaction that changed the desktop (its
+  // row locked): one clock for every replica, so one desktop's events never run backwards when a
+  // leader with a clock ahead hands over to one behind it. Formatted as Date.toISOString does.
+  await sql`
+    INSERT INTO outbox (org_id, desktop_id, type, payload) VALUES (${e.orgId}, ${e.desktopId}, ${e.type},
+      ${sql.json(payload as never)}::jsonb || jsonb_build_object('occurredAt', to_char(clock_timestamp() AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.MS"Z"')))`;
 }
 
 export async function openMeter(sql: Sql, orgId: string, desktopId: string): Promise<void> {

@@ -180,8 +180,10 @@ export class WebhookDispatcher {
     try {
       secret = secrets.open(d.secret_sealed, endpointSecretContext(d.endpoint_id));
     } catch (err) {
-      log.error({ err }, 'the endpoint secret cannot be unsealed (was CANTO_SECRET_KEY changed?)');
-      await queue.record(d.id, d.attempts, { state: 'failed', status: null, error: 'internal error' });
+      // Retried like a receiver that failed: a leader started with the wrong key (a deploy gone
+      // wrong) would otherwise fail every delivery due meanwhile, for good, whoever fixes the key.
+      log.error({ err }, 'the endpoint secret cannot be unsealed (was CANTO_SECRET_KEY changed?); the delivery is tried again later');
+      await queue.record(d.id, d.attempts, this.outcome({ kind: 'error', message: 'internal error', permanent: false }, d.attempts + 1));
       return;
     }
     const timestamp = Math.floor(Date.now() / 1000);
