@@ -72,7 +72,10 @@ export async function detectCriu(criuPath: string | undefined, log: (msg: string
     const match = /Version:\s*(\d+)\.(\S+)/.exec(version.stdout);
     if (!match || Number(match[1]) < 4) continue;
     const check = await execa(path, ['check'], { reject: false, timeout: 30_000, all: true });
-    if (check.exitCode !== 0) continue;
+    if (check.exitCode !== 0) {
+      log('CRIU found but its check fails on this host', { criu: path, exitCode: check.exitCode ?? null, output: (check.all ?? '').trim().split('\n').slice(-3).join(' | ') });
+      continue;
+    }
     const problem = await dumpProbe(path);
     if (problem !== null) {
       log('memory snapshots are off: CRIU cannot dump on this host', { criu: path, problem });
@@ -95,7 +98,9 @@ const DUMP_PROBE_TIMEOUT_MS = 5_000;
  * machine, kernel 6.18) the task never stops at the exit of the parasite's rt_sigreturn, and
  * `criu dump` waits for it for ever, leaving the desktop's processes stopped under ptrace. So one
  * throwaway process is dumped, with a deadline, before snapshots are offered. The answer holds
- * until the next boot or another CRIU binary: it is kept in /run, keyed by both.
+ * until the next boot or another CRIU binary: it is kept in /run, keyed by both. A failure is
+ * only taken after a second probe fails too: one probe that failed for a passing cause (a busy
+ * host while the agent starts) turned memory snapshots off until the next boot.
  *
  * Returns null when the dump worked, else what went wrong.
  */
@@ -109,7 +114,7 @@ async function dumpProbe(criuPath: string): Promise<string | null> {
   } catch {
     // No answer kept yet (or an unreadable one): probe.
   }
-  const problem = await probeOnce(criuPath);
+  const problem = (await probeOnce(criuPath)) === null ? null : await probeOnce(criuPath);
   await mkdir(dirname(DUMP_PROBE_CACHE), { recursive: true })
     .then(() => writeFile(DUMP_PROBE_CACHE, JSON.stringify({ key, problem })))
     .catch(() => {});
@@ -122,6 +127,9 @@ async function probeOnce(criuPath: string): Promise<string | null> {
   const victim = spawn('setsid', ['perl', '-e', 'close STDIN; close STDOUT; close STDERR; sleep 60'], { stdio: 'ignore' });
   try {
     if (victim.pid === undefined) return 'could not start the probe process';
+    // Dumped once it runs perl: not in the middle of setsid's exec of it.
+    const pid = victim.pid;
+    await waitFor(async () => (await readFile(`/proc/${pid}/comm`, 'utf8').catch(() => '')).trim() === 'perl', 2_000, 5);
     const result = await execa(criuPath, ['dump', '-t', String(victim.pid), '-D', dir, '-o', join(dir, 'dump.log'), '--leave-running'], {
       reject: false,
       timeout: DUMP_PROBE_TIMEOUT_MS,
