@@ -291,3 +291,30 @@ it('sweeps the copy a rolled-back move left on a target that was away, whose fen
   release();
   await stopped;
 }, 60_000);
+
+it('bills a desktop whose source went silent before the move stopped it until that host was last heard from', async () => {
+  const { id, source, target } = await awakeDesktop();
+  const { stateDir, driver } = source;
+  let stopped: Promise<void> = Promise.resolve();
+  let release!: () => void;
+  const held = new Promise<void>((resolve) => (release = resolve));
+  // The source goes away as the move asks it to stop the desktop: the stop never happens.
+  driver!.hibernate = async () => {
+    stopped = source.stop(true);
+    await held;
+    throw new Error('the agent went');
+  };
+  const op = await moveTo(id, target);
+  expect(op.state).toBe('failed');
+  expect((await call('GET', `/v1/desktops/${id}`)).json).toMatchObject({ state: 'hibernated', host_id: source.hostId });
+  const [host] = await sql<Array<{ last_seen_at: Date; status: string }>>`SELECT last_seen_at, status FROM hosts WHERE id = ${source.hostId}`;
+  expect(host!.status).toBe('down');
+  const last = (await billing(id)).meters.at(-1)!;
+  // Not until the move gave up, its deadline later: until the host was last heard from (or the
+  // wake, should that have come after the last heartbeat the host's row recorded).
+  expect(last.ended_at?.getTime()).toBe(Math.max(last.started_at.getTime(), host!.last_seen_at.getTime()));
+  expect(last.ended_at!.getTime()).toBeLessThan(Date.parse(op.settled_at) - DEADLINE_MS / 2);
+  release();
+  await stopped;
+  agents[agents.indexOf(source)] = await startFakeAgent(s.url, { again: { stateDir, driver: driver! } });
+}, 60_000);

@@ -69,11 +69,17 @@ async function rollBack(deps: StepDeps, op: OperationRow, d: DesktopRow, p: Move
   }
 }
 
-/** The desktop stopped at the move's stop and never ran again: hibernated, billed until then. */
+/**
+ * The desktop stopped at the move's stop and never ran again: hibernated, billed until then. A
+ * move that failed before its stop, its source gone silent meanwhile (the start there failed
+ * too), bills until that host was last heard from, as host health would have: not until the
+ * move's deadline ran out, minutes later.
+ */
 async function recordStopped(tx: Sql, d: DesktopRow, p: MoveParams, hostId: string): Promise<void> {
   const done = await transition(tx, d.id, ['awake'], 'hibernated', { expectGeneration: d.generation });
   if (!done) return;
-  await closeMeter(tx, d.id, p.stopped_at ? new Date(p.stopped_at) : null);
+  const [silent] = p.stopped_at ? [] : await tx<Array<{ last_seen_at: Date }>>`SELECT last_seen_at FROM hosts WHERE id = ${hostId} AND status = 'down'`;
+  await closeMeter(tx, d.id, p.stopped_at ? new Date(p.stopped_at) : (silent?.last_seen_at ?? null));
   await recordEvent(tx, {
     orgId: d.org_id, desktopId: d.id, type: 'desktop.hibernated',
     data: { reason: 'move', cause: 'start_failed', host_id: hostId, memory_snapshot: p.memory_snapshot ?? false },
