@@ -44,12 +44,18 @@ export type AttemptRecord =
 /**
  * Turns up to `limit` undispatched outbox events into deliveries, rendering each body once with
  * `render`. Returns how many events were taken.
+ *
+ * A fan-out waits for one that holds earlier events rather than skip them (no SKIP LOCKED): two
+ * overlap at a failover (the old leader stalled mid-round, the new one starting), and a second that
+ * went past would give a desktop's later events the earlier delivery `seq`, which is the order the
+ * endpoint gets them in. The wait is bounded: a stalled transaction ends at the connection's
+ * `idle_in_transaction_session_timeout` (store/db.ts).
  */
 export async function fanOutEvents(sql: Sql, limit: number, render: (event: OutboxEvent) => string): Promise<number> {
   return inTransaction(sql, async (tx) => {
     const events = await tx<Array<{ id: string; org_id: string; desktop_id: string; type: string; payload: Record<string, unknown>; created_at: Date }>>`
       SELECT id, org_id, desktop_id, type, payload, created_at FROM outbox
-      WHERE dispatched_at IS NULL ORDER BY id LIMIT ${limit} FOR UPDATE SKIP LOCKED`;
+      WHERE dispatched_at IS NULL ORDER BY id LIMIT ${limit} FOR UPDATE`;
     if (events.length === 0) return 0;
     const orgIds = [...new Set(events.map((e) => e.org_id))];
     // Key-share locked: an endpoint deleted meanwhile would fail the deliveries' foreign key and,
