@@ -132,10 +132,17 @@ export async function mountDisk(stateDir: string, paths: DesktopPaths): Promise<
 
 /**
  * Freezes the desktop's writable layer into the store and returns its new chain; the desktop
- * gets a fresh upper layer on its next mount. The desktop must be stopped.
+ * gets a fresh upper layer on its next mount. The desktop must be stopped. Under the store's
+ * lock, as a collection scans: one that had read this desktop's chain files before the new
+ * layer's chain was written, and listed the store after its rename, removed the new layer (the
+ * desktop's whole disk, for a first fork) from under the source and every fork.
  */
-export async function freeze(stateDir: string, paths: DesktopPaths): Promise<Chain> {
-  await recoverFreeze(stateDir, paths);
+export function freeze(stateDir: string, paths: DesktopPaths): Promise<Chain> {
+  return withLayerStore(stateDir, () => freezeLocked(stateDir, paths));
+}
+
+async function freezeLocked(stateDir: string, paths: DesktopPaths): Promise<Chain> {
+  await completeFreeze(stateDir, paths);
   const current = await readChain(paths);
   // Nothing written since the last freeze (a repeated fork command): the chain is the same.
   if (current !== null && (await readdir(join(paths.dir, 'upper')).catch(() => [])).length === 0) return current;
@@ -161,8 +168,16 @@ export async function freeze(stateDir: string, paths: DesktopPaths): Promise<Cha
   return next;
 }
 
-/** Completes a freeze an agent crash interrupted (see the module comment). */
+/**
+ * Completes a freeze an agent crash interrupted (see the module comment), under the store's lock
+ * as a freeze is; nothing to do (the usual case) takes no lock.
+ */
 export async function recoverFreeze(stateDir: string, paths: DesktopPaths): Promise<void> {
+  if (!(await exists(nextChainFile(paths)))) return;
+  await withLayerStore(stateDir, () => completeFreeze(stateDir, paths));
+}
+
+async function completeFreeze(stateDir: string, paths: DesktopPaths): Promise<void> {
   const next = await readJson<Chain>(nextChainFile(paths));
   if (next === null) return;
   const layer = join(layersDir(stateDir), next.lower[0] ?? '');
@@ -249,9 +264,9 @@ export function stagedChainFile(stateDir: string, desktopId: string): string {
 const storeLocks = new Map<string, KeyedMutex>();
 
 /**
- * Runs `fn` while no other collection or import installs into the state dir's layer store: an
- * import checks that the layers it counted on are still there and renames its own in, and a
- * collection must not decide from a listing taken in between.
+ * Runs `fn` while no other collection, import or freeze changes the state dir's layer store: an
+ * import checks that the layers it counted on are still there and renames its own in, a freeze
+ * renames a desktop's layer in, and a collection must not decide from a listing taken in between.
  */
 export function withLayerStore<T>(stateDir: string, fn: () => Promise<T>): Promise<T> {
   let lock = storeLocks.get(stateDir);
