@@ -143,6 +143,9 @@ export class SchedulerMetrics {
         try {
           rows = await query(this.sources.sql);
         } catch {
+          // No reading rather than the last one: a database out of reach showed "no host down,
+          // no drain stopped" for as long as it lasted (alert on /readyz for the outage itself).
+          gauge.reset();
           return;
         }
         gauge.reset();
