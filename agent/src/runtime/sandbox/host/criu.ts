@@ -54,7 +54,7 @@ const COMMON_FLAGS = ['--network-lock', 'skip', '--manage-cgroups=ignore', '--fi
  * Finds a CRIU 4.x that passes `criu check` and can really dump; null means memory snapshots are
  * unavailable, and `log` is told why.
  */
-export async function detectCriu(criuPath: string | undefined, log: (msg: string, fields?: object) => void = () => {}): Promise<CriuInfo | null> {
+export async function detectCriu(criuPath: string | undefined, log: (msg: string, fields?: object, level?: 'warn') => void = () => {}): Promise<CriuInfo | null> {
   const candidates = criuPath
     ? [criuPath]
     : [
@@ -73,12 +73,12 @@ export async function detectCriu(criuPath: string | undefined, log: (msg: string
     if (!match || Number(match[1]) < 4) continue;
     const check = await execa(path, ['check'], { reject: false, timeout: 30_000, all: true });
     if (check.exitCode !== 0) {
-      log('CRIU found but its check fails on this host', { criu: path, exitCode: check.exitCode ?? null, output: (check.all ?? '').trim().split('\n').slice(-3).join(' | ') });
+      log('CRIU found but its check fails on this host', { criu: path, exitCode: check.exitCode ?? null, output: (check.all ?? '').trim().split('\n').slice(-3).join(' | ') }, 'warn');
       continue;
     }
     const problem = await dumpProbe(path);
     if (problem !== null) {
-      log('memory snapshots are off: CRIU cannot dump on this host', { criu: path, problem });
+      log('memory snapshots are off: CRIU cannot dump on this host', { criu: path, problem }, 'warn');
       return null;
     }
     const kdat = await ensureKdatCache(path);
@@ -86,6 +86,8 @@ export async function detectCriu(criuPath: string | undefined, log: (msg: string
     else if (typeof kdat === 'object') log('CRIU probes the kernel on every run: its kernel facts could not be cached', { problem: kdat.failed });
     return { path, version: `${match[1]}.${match[2]}` };
   }
+  // Every hibernate here is a cold stop from now on: said once, where operators look.
+  log('memory snapshots are off: no CRIU 4.x that passes its check', { looked: candidates }, 'warn');
   return null;
 }
 
