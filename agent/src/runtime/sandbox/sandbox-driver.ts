@@ -15,6 +15,7 @@
  * method here forwards to the part that implements it.
  */
 import type { Socket } from 'node:net';
+import { mkdir, realpath } from 'node:fs/promises';
 import { resolve } from 'node:path';
 import type { Tier } from '../../../../shared/src/tiers.js';
 import type { InputAction } from '../../../../shared/src/computer-use.js';
@@ -59,7 +60,7 @@ import { GoldenTemplates } from './host/golden.js';
 import { KeyedMutex } from './host/keyed-mutex.js';
 import { SandboxTransfer } from './host/sandbox-transfer.js';
 import { desktopPaths, desktopsDir, syncFilesystem } from './host/layout.js';
-import { desktopUsage } from './host/cgroups.js';
+import { cgroupV1Problem, desktopUsage } from './host/cgroups.js';
 import { SandboxLifecycle } from './sandbox-lifecycle.js';
 import { runningInit } from './host/cold-boot.js';
 import { helperPath } from './host/spawner.js';
@@ -142,12 +143,19 @@ export class SandboxDriver implements RuntimeDriver {
 
   /** Detects CRIU and the sandbox tools, and prepares the state directory. */
   static async create(options: SandboxDriverOptions): Promise<SandboxDriver> {
-    const stateDir = resolve(options.stateDir);
+    // Its real path: overlays are found mounted by their path in the kernel's mount table, which
+    // names no symlink. Under a symlinked state directory (a data disk linked into place) no
+    // overlay was ever found mounted: one more stacked at every wake, and forks and destroys
+    // moved a layer that was still mounted.
+    await mkdir(resolve(options.stateDir), { recursive: true });
+    const stateDir = await realpath(resolve(options.stateDir));
     const [bwrap, nsenter] = await Promise.all([
       resolveTool('bwrap', '/usr/bin/bwrap'),
       resolveTool('nsenter', '/usr/bin/nsenter'),
     ]);
     await refuseInheritedCapabilities();
+    const cgroups = await cgroupV1Problem();
+    if (cgroups !== null) throw new Error(cgroups);
     await assertOneFilesystem(stateDir);
     const criu = options.memorySnapshots === false ? null : await detectCriu(options.criuPath, options.log);
     const driver = new SandboxDriver(stateDir, criu, { bwrap, nsenter }, options.log);

@@ -5,7 +5,7 @@
  * for warm servers and exec's relay too), so every process of a desktop — bwrap, CRIU's restored tree, exec'd commands — is
  * inside the groups from its first instruction and no fork can race past the limits.
  */
-import { mkdir, readdir, readFile, rmdir, writeFile } from 'node:fs/promises';
+import { mkdir, readdir, readFile, rmdir, statfs, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { TIER_SPECS, type Tier } from '../../../../../shared/src/tiers.js';
 import { AgentFailure } from '../../../../../shared/src/protocol.js';
@@ -23,6 +23,25 @@ const CGROUP_ROOT = '/sys/fs/cgroup';
  */
 export const JOIN_FAILED = 'canto: cannot join cgroup';
 
+
+/** `statfs`'s type of a cgroup v1 hierarchy (CGROUP_SUPER_MAGIC). */
+const CGROUP_V1 = 0x27e0eb;
+
+/**
+ * Why this host cannot give desktops their tier limits, or null: each controller must be a
+ * cgroup v1 hierarchy at `<root>/<controller>`. On a host booted with the unified (v2) hierarchy
+ * the agent used to start, link and take desktops, and then fail every boot.
+ */
+export async function cgroupV1Problem(root = CGROUP_ROOT): Promise<string | null> {
+  const missing: string[] = [];
+  for (const controller of CONTROLLERS) {
+    const fs = await statfs(join(root, controller)).catch(() => null);
+    if (fs?.type !== CGROUP_V1) missing.push(controller);
+  }
+  if (missing.length === 0) return null;
+  return `the sandbox runtime needs cgroup v1: no ${missing.join(', ')} hierarchy at ${root}/<controller> `
+    + '(a host on the unified hierarchy boots with systemd.unified_cgroup_hierarchy=0 on its kernel command line)';
+}
 
 export function cgroupDirs(desktopId: string): string[] {
   return CONTROLLERS.map((c) => join(CGROUP_ROOT, c, 'canto', desktopId));
