@@ -40,6 +40,13 @@ interface Chain {
   readonly lower: string[];
 }
 
+/**
+ * A freeze of a desktop standing on this many layers flattens them into one (`flatten`): an
+ * overlay's mount options must name every layer's path within one page of memory, about sixty
+ * here, and a desktop past that could never be mounted again, nor its forks.
+ */
+export const MAX_CHAIN = 24;
+
 export function layersDir(stateDir: string): string {
   return join(stateDir, 'layers');
 }
@@ -117,7 +124,11 @@ async function unmount(dir: string): Promise<void> {
 export async function mountDisk(stateDir: string, paths: DesktopPaths): Promise<void> {
   await recoverFreeze(stateDir, paths);
   const chain = await readChain(paths);
-  if (chain === null || (await isMounted(paths.disk))) return;
+  if (chain !== null) await mountOverlay(stateDir, paths, chain);
+}
+
+async function mountOverlay(stateDir: string, paths: DesktopPaths, chain: Chain): Promise<void> {
+  if (await isMounted(paths.disk)) return;
   const upper = join(paths.dir, 'upper');
   const work = join(paths.dir, 'work');
   await mkdir(upper, { recursive: true });
@@ -146,6 +157,7 @@ async function freezeLocked(stateDir: string, paths: DesktopPaths): Promise<Chai
   const current = await readChain(paths);
   // Nothing written since the last freeze (a repeated fork command): the chain is the same.
   if (current !== null && (await readdir(join(paths.dir, 'upper')).catch(() => [])).length === 0) return current;
+  if (current !== null && current.lower.length >= MAX_CHAIN) return flatten(stateDir, paths, current);
   await mkdir(layersDir(stateDir), { recursive: true });
   const layer = newId('layer');
   const next: Chain = { lower: [layer, ...(current?.lower ?? [])] };
@@ -165,6 +177,34 @@ async function freezeLocked(stateDir: string, paths: DesktopPaths): Promise<Chai
     throw err;
   }
   await rename(nextChainFile(paths), chainFile(paths));
+  return next;
+}
+
+/**
+ * Freezes a desktop whose chain reached MAX_CHAIN into a single layer: its whole disk as its
+ * overlay shows it, copied (`cp -a`: owners, modes, times, extended attributes, hard links; holes
+ * kept), so its chain starts over at one layer. Its forks keep the layers they stand on. As
+ * crash-safe as a freeze: the copy is made under a name no chain names (a collection removes it
+ * if the agent dies meanwhile), and the chain names the layer only once it is whole in the store.
+ * What is left in `upper/` after a crash is in the new layer too, and shadows nothing.
+ */
+async function flatten(stateDir: string, paths: DesktopPaths, current: Chain): Promise<Chain> {
+  await mountOverlay(stateDir, paths, current);
+  const layer = newId('layer');
+  const copy = join(layersDir(stateDir), `${layer}.flattening`);
+  await rm(copy, { recursive: true, force: true });
+  await mkdir(copy);
+  const copied = await runToEnd('cp', ['-a', '--sparse=always', `${paths.disk}/.`, copy]);
+  if (copied.code !== 0) {
+    await rm(copy, { recursive: true, force: true });
+    throw new Error(`flattening the disk of ${paths.dir} failed (${copied.code ?? 'killed'}): ${copied.stderr.trim()}`);
+  }
+  await rename(copy, join(layersDir(stateDir), layer));
+  const next: Chain = { lower: [layer] };
+  await writeChain(nextChainFile(paths), next);
+  await unmount(paths.disk);
+  await rename(nextChainFile(paths), chainFile(paths));
+  await rm(join(paths.dir, 'upper'), { recursive: true, force: true });
   return next;
 }
 
