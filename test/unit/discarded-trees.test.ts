@@ -2,6 +2,7 @@
  * A destroyed desktop's files (host/discarded.ts): out of the desktops directory by the time the
  * destroy answers, removed behind it, and what an earlier agent left is removed at the next start.
  */
+import { execFileSync } from 'node:child_process';
 import { existsSync } from 'node:fs';
 import { mkdir, mkdtemp, readdir, rm, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
@@ -119,5 +120,28 @@ describe('collectUnusedLayers', () => {
     expect(await readdir(join(stateDir, 'layers'))).toEqual(['lay_kept']);
     expect(logged).toEqual(['disk layers no desktop stands on any more were removed {"desktopId":"dsk_gone","count":1}']);
     expect(failures).toEqual([]);
+  });
+
+  // chattr's immutable flag needs root (CAP_LINUX_IMMUTABLE) and a file system that has it.
+  it.skipIf(process.getuid?.() !== 0)('passes over an entry it cannot remove: the others and the unused layers still go, and it says why', async () => {
+    const logged: string[] = [];
+    const log = (msg: string, fields?: object, level?: 'warn') => void logged.push(`${level ?? 'info'}: ${msg} ${JSON.stringify(fields)}`);
+    await mkdir(join(stateDir, 'layers', 'lay_free', 'root'), { recursive: true });
+    const stuck = join(discardedDir(stateDir), 'dsk_stuck.1-aaaaaa');
+    await mkdir(stuck, { recursive: true });
+    await writeFile(join(stuck, 'immutable'), 'x');
+    execFileSync('chattr', ['+i', join(stuck, 'immutable')]);
+    try {
+      await mkdir(join(discardedDir(stateDir), 'dsk_other.1-bbbbbb', 'root'), { recursive: true });
+      await collectUnusedLayers(stateDir, log);
+      expect(await readdir(discardedDir(stateDir))).toEqual(['dsk_stuck.1-aaaaaa']);
+      expect(existsSync(join(stateDir, 'layers', 'lay_free'))).toBe(false);
+      expect(logged).toEqual([
+        'info: disk layers no desktop stands on any more were removed {"count":1}',
+        expect.stringMatching(/^warn: could not remove destroyed desktops' files or unused layers .*1 discarded entry could not be removed \(dsk_stuck/),
+      ]);
+    } finally {
+      execFileSync('chattr', ['-i', join(stuck, 'immutable')]);
+    }
   });
 });

@@ -65,7 +65,7 @@ import { SandboxLifecycle } from './sandbox-lifecycle.js';
 import { runningInit } from './host/cold-boot.js';
 import { helperPath } from './host/spawner.js';
 import { favorDynamicCgroups } from './host/cgroup-migrations.js';
-import { collectUnusedLayers, discardsSettled } from './host/discarded.js';
+import { collectUnusedLayers, discardsSettled, discardUnfinishedForks } from './host/discarded.js';
 import { assertOneFilesystem } from './host/state-filesystem.js';
 import { noteQuickMigrations } from './guest/guest-entry.js';
 import { raiseSharedLimits } from './host/shared-limits.js';
@@ -166,6 +166,9 @@ export class SandboxDriver implements RuntimeDriver {
     // The named secrets whether or not they exist yet: `passwd` makes `shadow-` later.
     driver.etcView = await acquireEtcView(stateDir, [...MASKED_HOST_FILES, ...maskedHostPaths().files], driver.log);
     await sealRunningGuests(stateDir, nsenter, driver.log);
+    // Before anything forks (a template clone included).
+    const unfinished = await discardUnfinishedForks(stateDir, (err) => driver.log('could not remove an unfinished fork', { error: String(err) }, 'warn'));
+    if (unfinished > 0) driver.log('forks an earlier agent left unfinished were discarded', { count: unfinished });
     if (options.goldenTemplates === true && criu !== null) {
       const golden = await GoldenTemplates.open(stateDir, criu, driver.lifecycle, driver.log);
       driver.golden = golden;

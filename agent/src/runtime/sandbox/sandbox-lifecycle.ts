@@ -34,7 +34,7 @@ import { isSameProcess, signal, waitFor } from './host/host-procs.js';
 import type { KeyedMutex } from './host/keyed-mutex.js';
 import { compactFile, worthCompacting } from './host/sparse.js';
 import { createFork, freeze, mountDisk, standsOnLayers } from './host/layers.js';
-import { collectUnusedLayers, discardTree } from './host/discarded.js';
+import { collectUnusedLayers, discardOlderAside, discardTree } from './host/discarded.js';
 import { requireRunningConfinement } from './host/confinement.js';
 import { sealRunningGuest } from './host/running-seal.js';
 import {
@@ -332,6 +332,7 @@ export class SandboxLifecycle implements Omit<DesktopLifecycle, 'close' | 'usage
     if (this.criu === null) {
       this.log('snapshot present but memory snapshots are off; booting cold', { desktopId }, 'warn');
       await rename(paths.snapshot, aside);
+      await discardOlderAside(this.stateDir, paths.dir, aside, (err) => this.log('could not remove images set aside', { desktopId, error: String(err) }, 'warn'));
       await this.restoreFailed?.(desktopId);
       return null;
     }
@@ -354,6 +355,7 @@ export class SandboxLifecycle implements Omit<DesktopLifecycle, 'close' | 'usage
       this.log('restore failed; booting cold, images kept aside', { desktopId, aside, error: String(err) }, 'warn');
       if (init !== null) await this.stopProcesses(paths, desktopId, init);
       await rename(paths.snapshot, aside).catch(() => undefined);
+      await discardOlderAside(this.stateDir, paths.dir, aside, (err) => this.log('could not remove images set aside', { desktopId, error: String(err) }, 'warn'));
       await this.restoreFailed?.(desktopId);
       return null;
     }

@@ -96,7 +96,9 @@ async function removeDesktopTree(dir: string): Promise<void> {
 
 /**
  * Removes everything in the discarded directory, and what is discarded while it runs; answers
- * when it is empty. At most one sweep runs per state directory.
+ * when it is empty. At most one sweep runs per state directory. An entry that cannot be removed
+ * (EIO, a file made immutable) is passed over, the rest removed, and the sweep then rejects
+ * naming it: one such entry used to end every sweep there, and every layer collection with it.
  */
 export function sweepDiscarded(stateDir: string): Promise<void> {
   return coalesced(sweeps, stateDir, async () => {
@@ -105,7 +107,11 @@ export function sweepDiscarded(stateDir: string): Promise<void> {
       if (err.code === 'ENOENT') return [] as string[];
       throw err;
     });
-    for (const name of names) await removeDesktopTree(join(bin, name));
+    const failed: string[] = [];
+    for (const name of names) {
+      await removeDesktopTree(join(bin, name)).catch((err: unknown) => failed.push(`${name}: ${String(err)}`));
+    }
+    if (failed.length > 0) throw new Error(`${failed.length} discarded entr${failed.length === 1 ? 'y' : 'ies'} could not be removed (${failed.slice(0, 3).join('; ')})`);
   });
 }
 
@@ -118,9 +124,12 @@ export function sweepDiscarded(stateDir: string): Promise<void> {
  */
 export function collectUnusedLayers(stateDir: string, log: RuntimeLog, fields: object = {}): Promise<void> {
   return coalesced(collections, stateDir, async () => {
-    await sweepDiscarded(stateDir);
+    // Layers are collected whatever the sweep could not remove: at worst they go from under a
+    // destroyed desktop's overlay that stayed mounted, which nothing uses.
+    const swept = await sweepDiscarded(stateDir).then(() => null, (err: unknown) => err);
     const count = await collectLayers(stateDir, desktopsDir(stateDir));
     if (count > 0) log('disk layers no desktop stands on any more were removed', { ...fields, count });
+    if (swept !== null) throw swept;
   }).catch((err: unknown) => log('could not remove destroyed desktops\' files or unused layers', { ...fields, error: String(err) }, 'warn'));
 }
 
@@ -128,4 +137,28 @@ export function collectUnusedLayers(stateDir: string, log: RuntimeLog, fields: o
 export async function discardsSettled(stateDir: string): Promise<void> {
   await sweepDiscarded(stateDir);
   await collections.get(stateDir)?.done;
+}
+
+/**
+ * Discards the forks an agent stopped while building (`desktops/<id>.tmp`, layers.ts
+ * `createFork`): nothing lists them, and each held its source's snapshot images and its layers
+ * for good. Run at the driver's start, when no fork is being built.
+ */
+export async function discardUnfinishedForks(stateDir: string, failed: (err: unknown) => void): Promise<number> {
+  const dir = desktopsDir(stateDir);
+  const names = (await readdir(dir).catch(() => [] as string[])).filter((name) => /^dsk_[A-Za-z0-9_-]+\.tmp$/.test(name));
+  for (const name of names) await discardTree(stateDir, join(dir, name), failed);
+  return names.length;
+}
+
+/**
+ * Discards the memory snapshot images set aside by earlier failed restores of the desktop at
+ * `dir` (`snapshot.failed-<ms>`), all but `kept`: each is a memory's size, and a desktop whose
+ * restores keep failing set one more aside at every wake. The newest stays for a look at why.
+ */
+export async function discardOlderAside(stateDir: string, dir: string, kept: string, failed: (err: unknown) => void): Promise<void> {
+  const desktopId = basename(dir);
+  for (const name of await readdir(dir).catch(() => [] as string[])) {
+    if (/^snapshot\.failed-\d+$/.test(name) && join(dir, name) !== kept) await discardTree(stateDir, join(dir, name), failed, `${desktopId}.${name}`);
+  }
 }

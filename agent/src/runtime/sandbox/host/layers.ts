@@ -30,7 +30,7 @@ import { newId } from '../../../../../shared/src/ids.js';
 import { KeyedMutex } from './keyed-mutex.js';
 import { copySparse } from './sparse.js';
 import { runToEnd, spawnProcess } from './spawner.js';
-import { desktopPaths, desktopsDir, discardedDir, exists, incomingDir, readJson, type DesktopPaths } from './layout.js';
+import { desktopPaths, desktopsDir, discardedDir, exists, incomingDir, isDesktopId, readJson, type DesktopPaths } from './layout.js';
 import { runningInit } from './cold-boot.js';
 import { parseMountTable } from './mount-table.js';
 
@@ -245,6 +245,16 @@ async function completeFreeze(stateDir: string, paths: DesktopPaths): Promise<vo
 export async function createFork(source: DesktopPaths, fork: DesktopPaths, chain: Chain, markers: readonly string[]): Promise<void> {
   const tmp = `${fork.dir}.tmp`;
   await rm(tmp, { recursive: true, force: true });
+  try {
+    await buildFork(source, fork, chain, markers, tmp);
+  } catch (err) {
+    // Left, it would hold the source's images and its layers for good (nothing lists it).
+    await rm(tmp, { recursive: true, force: true }).catch(() => undefined);
+    throw err;
+  }
+}
+
+async function buildFork(source: DesktopPaths, fork: DesktopPaths, chain: Chain, markers: readonly string[], tmp: string): Promise<void> {
   const at = (p: string) => join(tmp, p.slice(fork.dir.length + 1));
   for (const d of [fork.disk, join(fork.dir, 'upper'), fork.fb, fork.run]) await mkdir(at(d), { recursive: true });
   await writeChain(at(chainFile(fork)), chain);
@@ -284,6 +294,7 @@ export async function releaseDisk(paths: Pick<DesktopPaths, 'dir' | 'disk'>): Pr
 export async function releaseIdleDisks(stateDir: string): Promise<number> {
   let released = 0;
   for (const name of await readdir(desktopsDir(stateDir)).catch(() => [] as string[])) {
+    if (!isDesktopId(name)) continue;
     const paths = desktopPaths(stateDir, name);
     if (!(await isMounted(paths.disk)) || (await runningInit(paths)) !== null) continue;
     await unmount(paths.disk);
@@ -337,7 +348,8 @@ export function collectLayers(stateDir: string, desktopsDir: string): Promise<nu
       const gone = join(discardedDir(stateDir), `layer-${id}.${Date.now()}-${randomBytes(3).toString('hex')}`);
       await mkdir(discardedDir(stateDir), { recursive: true, mode: 0o700 });
       await rename(join(layersDir(stateDir), id), gone);
-      await rm(gone, { recursive: true, force: true, maxRetries: 3 });
+      // Out of the store already; what cannot be removed now, the next sweep of `discarded/` tries.
+      await rm(gone, { recursive: true, force: true, maxRetries: 3 }).catch(() => undefined);
       removed++;
     }
     return removed;

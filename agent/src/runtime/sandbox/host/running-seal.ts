@@ -8,7 +8,7 @@
  */
 import { readdir } from 'node:fs/promises';
 import { runningInit } from './cold-boot.js';
-import { desktopPaths, desktopsDir } from './layout.js';
+import { desktopPaths, desktopsDir, isDesktopId } from './layout.js';
 import { sealProcSys } from './proc-seal.js';
 
 /** Seals at a time at the agent's start: each is a process of about a millisecond, and a host may run a thousand guests. */
@@ -16,7 +16,8 @@ const SEALS_AT_ONCE = 8;
 
 /** Seals the /proc of each running guest of `stateDir` (a sealed one is left as it is); answers how many it looked at. */
 export async function sealRunningGuests(stateDir: string, nsenterPath: string, log: (msg: string, fields?: object, level?: 'warn') => void): Promise<number> {
-  const ids = (await readdir(desktopsDir(stateDir)).catch(() => [] as string[])).filter((id) => id.startsWith('dsk_'));
+  // Desktop ids only: a fork an agent stopped while building (`<id>.tmp`) failed the start.
+  const ids = (await readdir(desktopsDir(stateDir)).catch(() => [] as string[])).filter(isDesktopId);
   let running = 0;
   let next = 0;
   const worker = async () => {
