@@ -15,7 +15,7 @@ import type { PortLinkStats } from './ports/gateway.js';
 export interface AgentProbeSources {
   linkedReplicas(): string[];
   leaderEpoch(): number;
-  readonly driver: Pick<DesktopLifecycle, 'list'> & Pick<RuntimeDriver, 'templates' | 'restores'>;
+  readonly driver: Pick<DesktopLifecycle, 'list'> & Pick<RuntimeDriver, 'templates' | 'restores' | 'hibernates'>;
   readonly slots?: Pick<LifecycleSlots, 'running' | 'queued' | 'limit'>;
   /** Processes the runtime started, by way (runtime/sandbox/host/spawner.ts). */
   readonly processes?: () => SpawnerStats;
@@ -141,6 +141,16 @@ export class AgentMetrics {
       collect: () => {
         const counts = this.sources?.driver.restores?.();
         if (counts !== undefined) setTotals(restores, 'outcome', { restored: counts.restored, failed: counts.failed });
+      },
+    });
+    const hibernates: Counter<'outcome'> = new Counter({
+      name: 'canto_agent_hibernates_total',
+      help: 'Hibernates by outcome: memory (a snapshot taken), cold (stopped without one: its programs ended), refused (a move\'s stop that could not keep the memory: it runs on)',
+      labelNames: ['outcome'],
+      registers,
+      collect: () => {
+        const counts = this.sources?.driver.hibernates?.();
+        if (counts !== undefined) setTotals(hibernates, 'outcome', { memory: counts.memory, cold: counts.cold, refused: counts.refused });
       },
     });
     const portLinks: Counter<'via'> = new Counter({

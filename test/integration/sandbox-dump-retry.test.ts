@@ -95,5 +95,7 @@ describe.skipIf(criu === null)('a hibernate whose first dump fails', () => {
     expect(alive.stdout).toBe('alive\n');
     // A plain hibernate still stops it (cold: its memory cannot be kept).
     expect(await driver.hibernate(moving)).toEqual({ snapshot: false });
+    // Counted for the agent's metrics (canto_agent_hibernates_total): this file's three desktops.
+    expect(driver.hibernates()).toEqual({ memory: 1, cold: 2, refused: 1 });
   });
 });

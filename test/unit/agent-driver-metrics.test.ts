@@ -31,6 +31,19 @@ it("counts restores by outcome in the agent's metrics, so that failing restores 
   expect(await none.registry.getSingleMetricAsString('canto_agent_restores_total')).not.toMatch(/outcome=/);
 });
 
+it("counts hibernates by outcome in the agent's metrics: those that lost the desktop's programs show", async () => {
+  const metrics = new AgentMetrics();
+  let counts = { memory: 7, cold: 0, refused: 0 };
+  metrics.attach({ linkedReplicas: () => [], leaderEpoch: () => 0, driver: { list: async () => [], hibernates: () => counts } });
+  const text = () => metrics.registry.getSingleMetricAsString('canto_agent_hibernates_total');
+  expect(await text()).toMatch(/outcome="memory"} 7\n[^]*outcome="cold"} 0\n[^]*outcome="refused"} 0/);
+  counts = { memory: 8, cold: 2, refused: 1 };
+  expect(await text()).toMatch(/outcome="memory"} 8\n[^]*outcome="cold"} 2\n[^]*outcome="refused"} 1/);
+  const none = new AgentMetrics();
+  none.attach({ linkedReplicas: () => [], leaderEpoch: () => 0, driver: { list: async () => [] } });
+  expect(await none.registry.getSingleMetricAsString('canto_agent_hibernates_total')).not.toMatch(/outcome=/);
+});
+
 it("shows who carries the host's port links, relays or the agent, in all and open now", async () => {
   const metrics = new AgentMetrics();
   let stats = { relayed: 40, relayedOpen: 3, agent: 2, agentOpen: 1 };

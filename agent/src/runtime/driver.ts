@@ -320,6 +320,17 @@ export interface RestoreStats {
 }
 
 /**
+ * Hibernates since the driver started, by outcome: `memory` (a memory snapshot taken), `cold`
+ * (stopped without one: its programs ended) or `refused` (a move's stop that could not keep the
+ * memory: the desktop runs on).
+ */
+export interface HibernateStats {
+  readonly memory: number;
+  readonly cold: number;
+  readonly refused: number;
+}
+
+/**
  * A runtime driver: each capability above, and moving desktops between hosts when it can. The
  * agent's command table (command-table.ts) is the only caller of most of it.
  */
@@ -330,4 +341,6 @@ export interface RuntimeDriver extends DesktopLifecycle, GuestOperations, Comput
   templates?(): TemplateStats | null;
   /** Absent where the driver never restores a snapshot (the fake driver). */
   restores?(): RestoreStats;
+  /** Absent where the driver never takes one (the fake driver). */
+  hibernates?(): HibernateStats;
 }

@@ -17,6 +17,7 @@
 import type { Socket } from 'node:net';
 import { mkdir, realpath } from 'node:fs/promises';
 import { resolve } from 'node:path';
+import { AgentFailure } from '../../../../shared/src/protocol.js';
 import type { Tier } from '../../../../shared/src/tiers.js';
 import type { InputAction } from '../../../../shared/src/computer-use.js';
 import type {
@@ -36,6 +37,7 @@ import type {
   GuestPath,
   HandedOffLink,
   HibernateOptions,
+  HibernateStats,
   ProcessStatus,
   RestoreStats,
   RuntimeCapabilities,
@@ -102,6 +104,7 @@ export class SandboxDriver implements RuntimeDriver {
   private readonly lifecycle: SandboxLifecycle;
   private golden: GoldenTemplates | null = null;
   private readonly restoreCounts = { restored: 0, failed: 0 };
+  private readonly hibernateCounts = { memory: 0, cold: 0, refused: 0 };
   private readonly log: RuntimeLog;
   /** The guests' `/etc` (host/etc-view.ts), or null where they get the host's. */
   private etcView: string | null = null;
@@ -211,8 +214,19 @@ export class SandboxDriver implements RuntimeDriver {
     return { ...this.restoreCounts };
   }
 
-  hibernate(desktopId: string, options: HibernateOptions = {}): Promise<{ snapshot: boolean }> {
-    return this.lifecycle.hibernate(desktopId, options);
+  async hibernate(desktopId: string, options: HibernateOptions = {}): Promise<{ snapshot: boolean }> {
+    try {
+      const stopped = await this.lifecycle.hibernate(desktopId, options);
+      this.hibernateCounts[stopped.snapshot ? 'memory' : 'cold']++;
+      return stopped;
+    } catch (err) {
+      if (err instanceof AgentFailure && err.code === 'snapshot_failed') this.hibernateCounts.refused++;
+      throw err;
+    }
+  }
+
+  hibernates(): HibernateStats {
+    return { ...this.hibernateCounts };
   }
 
   destroy(desktopId: string): Promise<void> {
