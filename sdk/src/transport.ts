@@ -25,13 +25,21 @@ export interface TransportOptions {
 /**
  * Guest paths (`{path}`, docs/api.md §4.4) keep their slashes: each segment is percent-encoded on its
  * own, and a leading `/` is dropped so `/root/a.txt` and `root/a.txt` name the same file.
+ *
+ * A `.` or `..` segment (or an id that is one) is refused here, before anything is sent: URL
+ * parsing removes such segments (percent-encoded ones too) before the request leaves, so
+ * `files.remove(id, '../../../keys/key_…')` went out as `DELETE /v1/keys/key_…` and revoked a key,
+ * and the server, which answers 400 to a `..` in a guest path, never saw it.
  */
 export function serializePath(url: string, params: Record<string, unknown>): string {
   return url.replace(/\{([^{}]+)\}/g, (whole, name: string) => {
     const value = params[name];
     if (value === undefined || value === null) return whole;
-    if (name !== 'path') return encodeURIComponent(String(value));
-    return String(value).replace(/^\/+/, '').split('/').map(encodeURIComponent).join('/');
+    const segments = name === 'path' ? String(value).replace(/^\/+/, '').split('/') : [String(value)];
+    if (segments.some((s) => s === '.' || s === '..')) {
+      throw new TypeError(`${name} ${JSON.stringify(String(value))} has a "." or ".." segment, which would name another URL; nothing was sent`);
+    }
+    return segments.map(encodeURIComponent).join('/');
   });
 }
 

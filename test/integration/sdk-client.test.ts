@@ -120,6 +120,22 @@ describe('the SDK against a real scheduler', () => {
     await expect(canto.getOperation('op_0000000000000000000000aa')).rejects.toBeInstanceOf(NotFoundProblem);
   });
 
+  it('refuses a "." or ".." segment before sending anything: it would name another route', async () => {
+    const desktop = await canto.createDesktop({ tier: 'small' });
+    const made = await fetch(`${s.url}/v1/keys`, { method: 'POST', headers: { authorization: `Bearer ${key}`, 'content-type': 'application/json' }, body: '{}' });
+    expect(made.status).toBe(201);
+    const victim = (await made.json()) as { id: string };
+    // What a path taken from a user of an app built on the SDK could be.
+    await expect(canto.files.remove(desktop.id, `../../../keys/${victim.id}`)).rejects.toThrow(/"\.\." segment/);
+    await expect(canto.files.readBytes(desktop.id, 'root/./x')).rejects.toBeInstanceOf(TypeError);
+    await expect(canto.getDesktop('..')).rejects.toBeInstanceOf(TypeError);
+    const listed = await fetch(`${s.url}/v1/keys`, { headers: { authorization: `Bearer ${key}` } });
+    const keys = (await listed.json()) as { keys?: Array<{ id: string; revoked_at?: string | null }> } | Array<{ id: string; revoked_at?: string | null }>;
+    const all = Array.isArray(keys) ? keys : (keys.keys ?? []);
+    expect(all.find((k) => k.id === victim.id)).toMatchObject({ id: victim.id });
+    expect(all.find((k) => k.id === victim.id)?.revoked_at ?? null).toBeNull();
+  });
+
   it('throws typed problems for a refused key, a bad request and a failed operation', async () => {
     const stranger = createCanto({ baseUrl: s.url, apiKey: 'svc_sk_not-a-real-key' });
     await expect(stranger.listDesktops()).rejects.toBeInstanceOf(UnauthorizedProblem);
