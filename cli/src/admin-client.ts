@@ -33,6 +33,7 @@ export function adminTarget(opts: AdminOptions, env: NodeJS.ProcessEnv): AdminTa
     throw new Error('--token would show the admin token to everyone on this host (ps); set CANTO_ADMIN_TOKEN or use --data-dir DIR');
   }
   const implicitDir = env.CANTO_DATA_DIR || DEFAULT_DATA_DIR;
+  const askedUrl = opts.api ?? (env.CANTO_API_URL || null);
   let token: string;
   let dataDir: string | null = opts.dataDir ?? null;
   if (opts.dataDir !== undefined) token = readAdminToken(opts.dataDir);
@@ -40,18 +41,36 @@ export function adminTarget(opts: AdminOptions, env: NodeJS.ProcessEnv): AdminTa
   else if (existsSync(join(implicitDir, 'secrets.json'))) {
     token = readAdminToken(implicitDir);
     dataDir = implicitDir;
+    // This machine's `canto up` token goes to its own API only: sent to another scheduler named
+    // by --api, it would hand that server (over plain http, perhaps) this one's admin token.
+    const own = recordedApiUrl(implicitDir) ?? DEFAULT_API_URL;
+    if (askedUrl !== null && trimmed(askedUrl) !== trimmed(own)) {
+      throw new Error(`no admin token for ${redacted(askedUrl)}: set CANTO_ADMIN_TOKEN (the token in ${implicitDir} is for ${own}), or pass --data-dir DIR of its canto up`);
+    }
   } else {
     throw new Error(`no admin token: set CANTO_ADMIN_TOKEN, or pass --data-dir DIR of canto up (reads DIR/secrets.json)`);
   }
-  const url = opts.api ?? (env.CANTO_API_URL || (dataDir && recordedApiUrl(dataDir)) || (existsSync(implicitDir) && recordedApiUrl(implicitDir)) || DEFAULT_API_URL);
+  // Sent as a header: a line break in it would split the request, and an error would echo it.
+  if (!/^[\x21-\x7e]+$/.test(token)) throw new Error('the admin token has spaces, line breaks or other characters a token has not (check CANTO_ADMIN_TOKEN)');
+  const url = askedUrl ?? ((dataDir && recordedApiUrl(dataDir)) || (existsSync(implicitDir) && recordedApiUrl(implicitDir)) || DEFAULT_API_URL);
   let parsed: URL;
   try {
     parsed = new URL(url);
   } catch {
-    throw new Error(`--api must be an http(s) URL, got "${url}"`);
+    throw new Error(`--api must be an http(s) URL, got "${redacted(url)}"`);
   }
-  if (parsed.protocol !== 'http:' && parsed.protocol !== 'https:') throw new Error(`--api must be an http(s) URL, got "${url}"`);
-  return { url: url.replace(/\/+$/, ''), token };
+  if (parsed.protocol !== 'http:' && parsed.protocol !== 'https:') throw new Error(`--api must be an http(s) URL, got "${redacted(url)}"`);
+  if (parsed.username !== '' || parsed.password !== '') throw new Error('--api must not hold a user or password: the admin token is the credential (CANTO_ADMIN_TOKEN)');
+  return { url: trimmed(url), token };
+}
+
+function trimmed(url: string): string {
+  return url.replace(/\/+$/, '');
+}
+
+/** `url` for a message, without a user and password it may hold. */
+function redacted(url: string): string {
+  return url.replace(/^([a-z][a-z0-9+.-]*:\/\/)[^/@]*@/i, '$1…@');
 }
 
 /**

@@ -166,6 +166,10 @@ async function withDatabase<T>(opts: DbOpts, fn: (sql: Sql) => Promise<T>): Prom
       await sql.end();
     }
   };
+  // The same rule as --token: everyone on this host reads a command line (ps).
+  if (opts.databaseUrl !== undefined && URL.canParse(opts.databaseUrl) && new URL(opts.databaseUrl).password !== '') {
+    throw new Error('--database-url would show its password to everyone on this host (ps); set DATABASE_URL instead');
+  }
   const explicit = opts.databaseUrl ?? (opts.dataDir ? undefined : env.DATABASE_URL);
   if (explicit) return run(explicit);
   const db = await openDataDirDatabase(opts.dataDir ?? env.CANTO_DATA_DIR ?? DEFAULT_DATA_DIR);
@@ -198,6 +202,18 @@ const run = async () => {
   return runSchedulerWorker(env, workerIndex);
 };
 run().catch((err: unknown) => {
-  process.stderr.write(`canto: ${err instanceof Error ? err.message : String(err)}\n`);
+  process.stderr.write(`canto: ${errorLine(err)}\n`);
   process.exit(1);
 });
+
+/**
+ * One line for a failure. Node's connect to a name with several addresses that all refuse throws
+ * an AggregateError whose own message is empty (the CLI printed `canto: ` and nothing): its
+ * errors say what happened.
+ */
+function errorLine(err: unknown): string {
+  if (!(err instanceof Error)) return String(err);
+  if (err.message !== '') return err.message;
+  const inner = err instanceof AggregateError ? err.errors.map((e: unknown) => (e instanceof Error ? e.message : String(e))).filter(Boolean) : [];
+  return inner.length > 0 ? [...new Set(inner)].join('; ') : (err as { code?: string }).code ?? err.name;
+}

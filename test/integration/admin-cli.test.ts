@@ -118,6 +118,41 @@ describe('canto hosts', () => {
   });
 });
 
+describe('credentials on their way', () => {
+  it("keeps this machine's canto up token from another scheduler named by --api", async () => {
+    // The data directory found without asking (CANTO_DATA_DIR), its API recorded as s.url.
+    const elsewhere = await canto(['hosts', 'list', '--api', 'http://scheduler.example:8080'], { CANTO_DATA_DIR: dataDir });
+    expect(elsewhere).toMatchObject({ code: 1, stderr: expect.stringContaining('no admin token for http://scheduler.example:8080: set CANTO_ADMIN_TOKEN') });
+    expect(elsewhere.stderr).not.toContain(ADMIN_TOKEN);
+    // Its own API is fine, named or not.
+    expect((await canto(['hosts', 'list', '--api', s.url], { CANTO_DATA_DIR: dataDir })).code).toBe(0);
+    expect((await canto(['hosts', 'list'], { CANTO_DATA_DIR: dataDir })).code).toBe(0);
+  });
+
+  it('never echoes a password or a token in its errors', async () => {
+    const userinfo = await canto(['hosts', 'list', '--api', 'http://admin:hunter2@127.0.0.1:1'], { CANTO_ADMIN_TOKEN: ADMIN_TOKEN });
+    expect(userinfo).toMatchObject({ code: 1, stderr: expect.stringContaining('--api must not hold a user or password') });
+    const badScheme = await canto(['hosts', 'list', '--api', 'ftp://admin:hunter2@example'], { CANTO_ADMIN_TOKEN: ADMIN_TOKEN });
+    expect(badScheme.code).toBe(1);
+    const broken = await canto(['hosts', 'list', '--api', s.url], { CANTO_ADMIN_TOKEN: `${ADMIN_TOKEN}\nX-Injected: 1` });
+    expect(broken).toMatchObject({ code: 1, stderr: expect.stringContaining('the admin token has spaces, line breaks') });
+    const dbPassword = await canto(['status', '--database-url', 'postgres://canto:hunter2@127.0.0.1:1/canto']);
+    expect(dbPassword).toMatchObject({ code: 1, stderr: expect.stringContaining('--database-url would show its password') });
+    for (const r of [userinfo, badScheme, broken, dbPassword]) {
+      expect(r.stderr).not.toContain('hunter2');
+      expect(r.stderr).not.toContain(ADMIN_TOKEN);
+    }
+  });
+
+  it('says why a connection failed when every address of a name refused it', async () => {
+    // `localhost` has two addresses here: Node tries both and throws an error whose own message is empty.
+    const closed = await freePort();
+    const refused = await canto(['status', '--database-url', `postgres://canto@localhost:${closed}/canto`]);
+    expect(refused.code).toBe(1);
+    expect(refused.stderr).toMatch(/^canto: .*ECONNREFUSED/);
+  });
+});
+
 describe('canto orgs and canto keys', () => {
   it('creates an org, and keys by org name (creating a new org) printing only the key', async () => {
     expect((await withDir(['orgs', 'create', 'initech'])).stdout).toMatch(/^org initech created: org_[0-9a-v]{24}\n$/);
