@@ -115,16 +115,17 @@ export function registerAdminCommands(program: Command, env: NodeJS.ProcessEnv):
           `(a host that may come back should be waited for; a host that is up should be drained). Run again with --yes to forget it`,
       );
     }
-    let placedBack = 0;
+    // A desktop is placed back once, by the call that finds it: each is told as it comes, and the
+    // JSON of the last call carries those of every call (the last one's alone is usually none).
+    const placedBack: Array<{ desktop_id: string; host_id: string; move_id: string }> = [];
     for (;;) {
       const forgotten = unwrap(await admin.api.POST('/admin/v1/hosts/{host_id}/forget', { ...init, body: {} }));
-      // A desktop is placed back once, by the call that finds it: each is told as it comes.
-      placedBack += forgotten.placed_back.length;
+      placedBack.push(...forgotten.placed_back);
       if (!opts.json) for (const back of forgotten.placed_back) process.stderr.write(`desktop ${back.desktop_id} placed back on ${back.host_id}, which its move (${back.move_id}) came from and which kept its copy\n`);
       if (forgotten.removed || !opts.wait) {
-        if (opts.json) return json(forgotten);
+        if (opts.json) return json({ ...forgotten, placed_back: placedBack });
         return out(forgotten.removed
-          ? `host ${id} forgotten and removed: its desktops are destroyed${placedBack > 0 ? ` (${placedBack} placed back on the hosts their moves came from)` : ''}`
+          ? `host ${id} forgotten and removed: its desktops are destroyed${placedBack.length > 0 ? ` (${placedBack.length} placed back on the hosts their moves came from)` : ''}`
           : `host ${id} declared lost: ${forgotten.destroying} desktop(s) being destroyed, ${forgotten.waiting} waiting for an operation to end (run again, or with --wait)`);
       }
       if (!opts.json) process.stderr.write(`host ${id}: ${forgotten.destroying} desktop(s) being destroyed, ${forgotten.waiting} waiting for an operation to end\n`);

@@ -9,10 +9,15 @@
  *   copy is older than what its user saw.
  * Real scheduler and database, fake agents over real websockets.
  */
+import { execFile } from 'node:child_process';
+import { join } from 'node:path';
+import { promisify } from 'node:util';
 import { afterAll, beforeAll, expect, it } from 'vitest';
 import { connectDatabase, type Sql } from '../../scheduler/src/store/db.js';
 import { adminApi, api, mintKey, settledOperation, startTestScheduler, TEST_ADMIN_TOKEN, until, type TestScheduler } from '../helpers/scheduler.js';
 import { startFakeAgent, type TestAgent } from '../helpers/agent.js';
+
+const CLI = join(import.meta.dirname, '..', '..', 'dist', 'cli.js');
 
 /** Short, so a start failing to the deadline ends within the test. */
 const DEADLINE_MS = 3_000;
@@ -113,8 +118,14 @@ it('keeps the source copy while the target is down, and places the desktop back 
   await new Promise((resolve) => setTimeout(resolve, 1_500));
   expect(back.driver!.desktops.has(id)).toBe(true);
 
-  const answers = await forget(target);
-  expect(answers.reduce((n, a) => n + a.placed_back.length, 0)).toBe(1);
+  // Through the CLI, as an operator does: its JSON names the desktop placed back, whichever of
+  // its calls placed it (the last call's answer alone names none).
+  await until(async () => (await admin('GET', `/admin/v1/hosts/${target.hostId}`)).json.state === 'down', 10_000, 'the host to read down');
+  const { stdout } = await promisify(execFile)(process.execPath, [CLI, 'hosts', 'forget', target.hostId, '--yes', '--wait', '--json', '--api', s.url], {
+    env: { PATH: process.env.PATH, HOME: process.env.HOME, CANTO_ADMIN_TOKEN: TEST_ADMIN_TOKEN, CANTO_DATA_DIR: '/nonexistent' }, timeout: 30_000,
+  });
+  const forgotten = JSON.parse(stdout) as { removed: boolean; placed_back: Array<{ desktop_id: string; host_id: string }> };
+  expect(forgotten).toMatchObject({ removed: true, placed_back: [{ desktop_id: id, host_id: back.hostId }] });
   expect((await call('GET', `/v1/desktops/${id}`)).json).toMatchObject({ state: 'hibernated', host_id: back.hostId });
   const woke = await call('POST', `/v1/desktops/${id}/wake?wait=true`);
   expect(woke.status, woke.text).toBe(200);
