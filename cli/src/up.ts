@@ -20,6 +20,7 @@
  * installed throughout: removing it while a signal is delivered let another library's listener
  * (execa's signal-exit) re-raise the signal and kill the process before PostgreSQL stopped.
  */
+import { realpath } from 'node:fs/promises';
 import { join } from 'node:path';
 import { createRootLogger, type Logger } from '../../shared/src/log.js';
 import { loadSchedulerConfig } from '../../scheduler/src/config.js';
@@ -244,8 +245,10 @@ async function hibernateAll(
  * mounted once `up` has stopped (the data directory can then be removed); running desktops (a
  * stop told to skip the hibernation) keep theirs.
  */
-async function releaseDisks(stateDir: string, logger: Logger): Promise<void> {
+async function releaseDisks(dir: string, logger: Logger): Promise<void> {
   const { releaseIdleDisks, sweepDiscarded } = await import('../../agent/src/runtime/sandbox/index.js');
+  // The real path, as the agent's driver works on it: mounts are found by it.
+  const stateDir = await realpath(dir).catch(() => dir);
   // Destroyed desktops whose removal (and overlay) the agent left for later: finished now.
   await sweepDiscarded(stateDir).catch((err: unknown) => logger.warn({ err, stateDir }, 'could not remove destroyed desktops\' files'));
   const released = await releaseIdleDisks(stateDir);

@@ -6,13 +6,15 @@
  * deletions, modes and hard links, on one layer; a fork made before keeps the chain it stood on.
  * Real overlays on this disk, no guest. Needs root.
  */
+import { execFileSync } from 'node:child_process';
 import { createHash } from 'node:crypto';
 import { chmod, link, lstat, mkdir, mkdtemp, readdir, readFile, rm, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { newId } from '../../shared/src/ids.js';
-import { createFork, freeze, MAX_CHAIN, mountDisk, releaseDisk } from '../../agent/src/runtime/sandbox/host/layers.js';
+import { createFork, freeze, layersDir, MAX_CHAIN, mountDisk, releaseDisk } from '../../agent/src/runtime/sandbox/host/layers.js';
+import { parseMountTable } from '../../agent/src/runtime/sandbox/host/mount-table.js';
 import { desktopPaths } from '../../agent/src/runtime/sandbox/host/layout.js';
 import { isRoot } from '../helpers/sandbox.js';
 
@@ -88,4 +90,26 @@ describe.skipIf(!isRoot)('a desktop forked past the longest chain an overlay can
     await mountDisk(stateDir, fork());
     expect(await tree(fork().disk)).toEqual(forkBefore);
   }, 120_000);
+
+  it('recovers a flatten its agent was killed in without leaving the old overlay mounted under the new chain', async () => {
+    const paths = desktopPaths(stateDir, newId('desktop'));
+    await mkdir(join(paths.disk, 'root'), { recursive: true });
+    await writeFile(join(paths.disk, 'root', 'a'), 'a');
+    await freeze(stateDir, paths);
+    await mountDisk(stateDir, paths);
+    await writeFile(join(paths.disk, 'root', 'b'), 'b');
+    await freeze(stateDir, paths);
+    await mountDisk(stateDir, paths);
+    // Killed with the flattened layer in the store and the new chain written, the old overlay mounted.
+    const layer = newId('layer');
+    await mkdir(join(layersDir(stateDir), layer));
+    execFileSync('cp', ['-a', `${paths.disk}/.`, join(layersDir(stateDir), layer)]);
+    await writeFile(join(paths.dir, 'layers.next.json'), JSON.stringify({ lower: [layer] }));
+    await mountDisk(stateDir, paths);
+    const mounts = parseMountTable(await readFile('/proc/self/mountinfo', 'utf8')).filter((m) => m.mountPoint === paths.disk);
+    expect(mounts).toHaveLength(1);
+    expect(mounts[0]!.superOptions).toContain(`lowerdir=${join(layersDir(stateDir), layer)}`);
+    expect(await readFile(join(paths.disk, 'root', 'b'), 'utf8')).toBe('b');
+    await releaseDisk(paths);
+  });
 });

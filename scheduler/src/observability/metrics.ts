@@ -145,7 +145,9 @@ export class SchedulerMetrics {
         } catch {
           // No reading rather than the last one: a database out of reach showed "no host down,
           // no drain stopped" for as long as it lasted (alert on /readyz for the outage itself).
+          // A gauge without labels reads 0 once reset: NaN says "unknown" instead.
           gauge.reset();
+          if (labelNames.length === 0) gauge.set(Number.NaN);
           return;
         }
         gauge.reset();

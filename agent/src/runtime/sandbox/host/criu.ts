@@ -109,7 +109,8 @@ const DUMP_PROBE_TIMEOUT_MS = 5_000;
 async function dumpProbe(criuPath: string): Promise<string | null> {
   const binary = await stat(criuPath);
   const bootId = (await readFile('/proc/sys/kernel/random/boot_id', 'utf8').catch(() => '')).trim();
-  const key = `${bootId} ${criuPath} ${binary.size} ${binary.mtimeMs}`;
+  // `probe/2`: the probe taken twice; an answer an older agent cached is probed again.
+  const key = `probe/2 ${bootId} ${criuPath} ${binary.size} ${binary.mtimeMs}`;
   try {
     const cached = JSON.parse(await readFile(DUMP_PROBE_CACHE, 'utf8')) as { key?: string; problem?: string | null };
     if (cached.key === key && cached.problem !== undefined) return cached.problem;

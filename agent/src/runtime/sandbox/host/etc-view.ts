@@ -81,10 +81,14 @@ async function prepareMask(stateDir: string, secretFiles: readonly string[], log
  */
 async function withRemembered(stateDir: string, files: readonly string[], etc: string): Promise<string[]> {
   const record = join(stateDir, ETC_VIEW_DIR, REMEMBERED);
-  const read = await readFile(record, 'utf8').then((text) => JSON.parse(text) as unknown, () => []);
+  // Unreadable or torn (a power loss before its data reached the disk): nothing remembered, and
+  // written anew below, rather than the whole view turned off at every start.
+  const read = await readFile(record, 'utf8').then((text) => JSON.parse(text) as unknown).catch(() => []);
   const remembered = (Array.isArray(read) ? read : []).filter((n): n is string => typeof n === 'string' && n.startsWith(`${etc}/`) && !n.includes('/../'));
-  const all = [...new Set([...remembered, ...files])].slice(-MAX_REMEMBERED);
-  if (all.length !== remembered.length) {
+  const known = new Set(remembered);
+  // Newest last: the oldest names go first past the bound.
+  const all = [...remembered.filter((n) => !files.includes(n)), ...new Set(files)].slice(-MAX_REMEMBERED);
+  if (files.some((n) => !known.has(n)) || all.length !== remembered.length) {
     await mkdir(dirname(record), { recursive: true });
     const tmp = `${record}.${process.pid}.tmp`;
     await writeFile(tmp, JSON.stringify(all));

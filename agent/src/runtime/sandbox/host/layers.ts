@@ -23,14 +23,14 @@
  * is completed by `recoverFreeze` before anything else touches the desktop.
  */
 import { randomBytes } from 'node:crypto';
-import { copyFile, link, lstat, mkdir, open, readdir, readFile, rename, rm } from 'node:fs/promises';
+import { copyFile, link, lstat, mkdir, open, readdir, readFile, realpath, rename, rm } from 'node:fs/promises';
 import { join } from 'node:path';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { newId } from '../../../../../shared/src/ids.js';
 import { KeyedMutex } from './keyed-mutex.js';
 import { copySparse } from './sparse.js';
 import { runToEnd, spawnProcess } from './spawner.js';
-import { desktopPaths, desktopsDir, discardedDir, exists, incomingDir, isDesktopId, readJson, type DesktopPaths } from './layout.js';
+import { desktopPaths, desktopsDir, discardedDir, exists, incomingDir, isDesktopId, readJson, syncFilesystem, type DesktopPaths } from './layout.js';
 import { runningInit } from './cold-boot.js';
 import { parseMountTable } from './mount-table.js';
 
@@ -148,16 +148,18 @@ async function mountOverlay(stateDir: string, paths: DesktopPaths, chain: Chain)
  * layer's chain was written, and listed the store after its rename, removed the new layer (the
  * desktop's whole disk, for a first fork) from under the source and every fork.
  */
-export function freeze(stateDir: string, paths: DesktopPaths): Promise<Chain> {
-  return withLayerStore(stateDir, () => freezeLocked(stateDir, paths));
+export async function freeze(stateDir: string, paths: DesktopPaths): Promise<Chain> {
+  await recoverFreeze(stateDir, paths);
+  const copy = await flattenCopy(stateDir, paths);
+  return withLayerStore(stateDir, () => freezeLocked(stateDir, paths, copy));
 }
 
-async function freezeLocked(stateDir: string, paths: DesktopPaths): Promise<Chain> {
+async function freezeLocked(stateDir: string, paths: DesktopPaths, flattened: string | null): Promise<Chain> {
   await completeFreeze(stateDir, paths);
+  if (flattened !== null) return flatten(stateDir, paths, flattened);
   const current = await readChain(paths);
   // Nothing written since the last freeze (a repeated fork command): the chain is the same.
   if (current !== null && (await readdir(join(paths.dir, 'upper')).catch(() => [])).length === 0) return current;
-  if (current !== null && current.lower.length >= MAX_CHAIN) return flatten(stateDir, paths, current);
   await mkdir(layersDir(stateDir), { recursive: true });
   const layer = newId('layer');
   const next: Chain = { lower: [layer, ...(current?.lower ?? [])] };
@@ -181,30 +183,51 @@ async function freezeLocked(stateDir: string, paths: DesktopPaths): Promise<Chai
 }
 
 /**
- * Freezes a desktop whose chain reached MAX_CHAIN into a single layer: its whole disk as its
- * overlay shows it, copied (`cp -a`: owners, modes, times, extended attributes, hard links; holes
- * kept), so its chain starts over at one layer. Its forks keep the layers they stand on. As
- * crash-safe as a freeze: the copy is made under a name no chain names (a collection removes it
- * if the agent dies meanwhile), and the chain names the layer only once it is whole in the store.
- * What is left in `upper/` after a crash is in the new layer too, and shadows nothing.
+ * The first half of flattening a desktop whose chain reached MAX_CHAIN (and which has written
+ * since its last freeze): its whole disk as its overlay shows it, copied (`cp -a`: owners, modes,
+ * times, extended attributes, hard links; holes kept) into `flatten.tmp/` in its own directory and
+ * written to disk, outside the store's lock (a copy of a large disk would hold every import and
+ * collection of the host meanwhile), and where no collection looks. Null when there is nothing to
+ * flatten. The desktop is stopped and under its mutex, so neither chain nor disk changes after.
  */
-async function flatten(stateDir: string, paths: DesktopPaths, current: Chain): Promise<Chain> {
+async function flattenCopy(stateDir: string, paths: DesktopPaths): Promise<string | null> {
+  const current = await readChain(paths);
+  if (current === null || current.lower.length < MAX_CHAIN || (await readdir(join(paths.dir, 'upper')).catch(() => [])).length === 0) return null;
   await mountOverlay(stateDir, paths, current);
-  const layer = newId('layer');
-  const copy = join(layersDir(stateDir), `${layer}.flattening`);
+  const copy = join(paths.dir, 'flatten.tmp');
   await rm(copy, { recursive: true, force: true });
   await mkdir(copy);
   const copied = await runToEnd('cp', ['-a', '--sparse=always', `${paths.disk}/.`, copy]);
-  if (copied.code !== 0) {
+  try {
+    if (copied.code !== 0) throw new Error(`flattening the disk of ${paths.dir} failed (${copied.code ?? 'killed'}): ${copied.stderr.trim()}`);
+    // On disk before anything names it: the old layers go once nothing does.
+    await syncFilesystem(copy);
+  } catch (err) {
     await rm(copy, { recursive: true, force: true });
-    throw new Error(`flattening the disk of ${paths.dir} failed (${copied.code ?? 'killed'}): ${copied.stderr.trim()}`);
+    throw err;
   }
+  return copy;
+}
+
+/**
+ * The second half, under the store's lock: the copy becomes the desktop's one layer, and its
+ * chain starts over there. Crash-safe like a freeze: the old overlay is unmounted before the new
+ * chain is written (recovery would otherwise leave it mounted under a chain that no longer names
+ * its layers, which a collection then removes from under it), the chain names the layer only once
+ * it is in the store, and the old writable layer is renamed out of the way whole before it is
+ * removed (a half-removed one could keep opaque directories that hide the new layer's files).
+ */
+async function flatten(stateDir: string, paths: DesktopPaths, copy: string): Promise<Chain> {
+  const layer = newId('layer');
   await rename(copy, join(layersDir(stateDir), layer));
+  await unmount(paths.disk);
   const next: Chain = { lower: [layer] };
   await writeChain(nextChainFile(paths), next);
-  await unmount(paths.disk);
   await rename(nextChainFile(paths), chainFile(paths));
-  await rm(join(paths.dir, 'upper'), { recursive: true, force: true });
+  const spent = join(paths.dir, 'upper.flattened');
+  await rm(spent, { recursive: true, force: true });
+  await rename(join(paths.dir, 'upper'), spent).catch(() => undefined);
+  await rm(spent, { recursive: true, force: true });
   return next;
 }
 
@@ -223,8 +246,11 @@ async function completeFreeze(stateDir: string, paths: DesktopPaths): Promise<vo
   const layer = join(layersDir(stateDir), next.lower[0] ?? '');
   const current = await readChain(paths);
   const source = current === null ? paths.disk : join(paths.dir, 'upper');
+  // The overlay of the old chain goes before the new chain is in place (a flatten unmounts it
+  // first; an agent killed in between must not leave it mounted under a chain that does not name
+  // its layers).
+  if (current !== null && (await isMounted(paths.disk))) await unmount(paths.disk);
   if (!(await exists(layer))) {
-    if (current !== null) await unmount(paths.disk);
     try {
       if (await exists(source)) await rename(source, layer);
     } catch {
@@ -292,6 +318,9 @@ export async function releaseDisk(paths: Pick<DesktopPaths, 'dir' | 'disk'>): Pr
  * must be stopped: nothing may start a desktop meanwhile. Answers how many were unmounted.
  */
 export async function releaseIdleDisks(stateDir: string): Promise<number> {
+  // Mounts are found by real path, as the driver works on it (a symlinked state dir otherwise
+  // matched none of them, and every overlay stayed mounted).
+  stateDir = await realpath(stateDir).catch(() => stateDir);
   let released = 0;
   for (const name of await readdir(desktopsDir(stateDir)).catch(() => [] as string[])) {
     if (!isDesktopId(name)) continue;
