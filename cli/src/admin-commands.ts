@@ -8,7 +8,7 @@
 import { Command, Option } from 'commander';
 import { isId } from '../../shared/src/ids.js';
 import { unwrap, type AdminDesktop, type AdminHost, type CantoAdmin } from '../../sdk/src/index.js';
-import { describeDrain, describeMove, desktopCount, drainDetails, drainTotal, moveLine, readThrough, watchDrain, WatchLost } from './drain-progress.js';
+import { describeDrain, describeMove, desktopCount, drainDetails, drainTotal, watchDrain, watchMove, WatchLost } from './drain-progress.js';
 import { adminClient, adminTarget, explainAdminError, type AdminOptions } from './admin-client.js';
 import { agoSince, hostStatusLabel, table } from './status.js';
 import { linksLabel, linkWarning } from '../../scheduler/src/fleet/link-view.js';
@@ -186,17 +186,16 @@ export function registerAdminCommands(program: Command, env: NodeJS.ProcessEnv):
   adminCommand<[string]>(desktops, 'move', 'move a desktop to another host (placement picks one unless --to names it)', async (admin, opts, id) => {
     let op = unwrap(await admin.api.POST('/admin/v1/desktops/{desktop_id}/move', { params: { path: { desktop_id: id } }, body: { host_id: opts.to ?? null } }));
     if (opts.wait) {
-      // No deadline: a move ends, succeeded or rolled back. On a terminal, its phase and copy as it goes.
-      const tty = process.stderr.isTTY ? process.stderr : null;
-      let hosts: AdminHost[] = [];
-      for (let poll = 0; op.state === 'pending' || op.state === 'running'; poll++) {
-        // Its hosts once a second: a move whose source or target is down waits, and says so.
-        if (tty && poll % 4 === 0) hosts = await moveHosts(admin, op);
-        tty?.write(`\r${moveLine(op, hosts)}\x1b[K`);
-        await new Promise((resolve) => setTimeout(resolve, 250));
-        op = await readThrough(() => admin.getOperation(op.id), (line) => process.stderr.write(`${tty ? '\n' : ''}${line}\n`), 'move');
+      // No deadline: a move ends, succeeded or rolled back. Exit 1 when it failed, 2 when the API
+      // was lost from sight (the move goes on), as a drain's watch does.
+      try {
+        op = await watchMove(admin, op, opts.json ? null : process.stderr, (o) => moveHosts(admin, o));
+      } catch (err) {
+        if (!(err instanceof WatchLost)) throw err;
+        process.stderr.write(`${err.message}\n`);
+        process.exitCode = 2;
+        return;
       }
-      tty?.write('\r\x1b[K');
       if (op.state === 'failed') process.exitCode = 1;
     }
     if (opts.json) return json(op);

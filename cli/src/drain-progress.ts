@@ -182,3 +182,51 @@ export async function watchDrain(admin: CantoAdmin, hostId: string, progress: No
     process.off('SIGINT', onInterrupt);
   }
 }
+
+/** A plain progress line at most this often off a terminal (a new phase is told at once). */
+const PLAIN_EVERY_MS = 5_000;
+
+/**
+ * Polls a move until it settles; answers the operation as last read. On a terminal its phase
+ * and copy are redrawn on one line; otherwise a line is written when its phase changes, and every
+ * few seconds while it copies (CI has no terminal, and printed nothing for minutes). `hostsOf`
+ * reads its source and target about once a second, to say when one is down. Ctrl-C ends the
+ * watch, not the move; an API out of reach past a minute throws WatchLost (the move goes on).
+ */
+export async function watchMove(
+  admin: CantoAdmin, first: AdminOperation, progress: NodeJS.WriteStream | null, hostsOf: (op: AdminOperation) => Promise<AdminHost[]>,
+): Promise<AdminOperation> {
+  const again = `its operation: GET /admin/v1/operations/${first.id}`;
+  const note = (line: string) => progress?.write(`${progress.isTTY ? '\r\x1b[K' : ''}${line}\n`);
+  const onInterrupt = () => {
+    note(`stopped watching; the move goes on (operation ${first.id})`);
+    process.exit(130);
+  };
+  process.once('SIGINT', onInterrupt);
+  let op = first;
+  let hosts: AdminHost[] = [];
+  let lastPhase = '';
+  let lastAt = 0;
+  try {
+    for (let poll = 0; op.state === 'pending' || op.state === 'running'; poll++) {
+      if (progress !== null && poll % 4 === 0) hosts = await hostsOf(op);
+      const line = moveLine(op, hosts);
+      const phase = `${op.phase ?? op.state}${hosts.some((h) => h.state === 'down') ? ' down' : ''}`;
+      if (progress?.isTTY) progress.write(`\r${line}\x1b[K`);
+      else if (progress && (phase !== lastPhase || Date.now() - lastAt >= PLAIN_EVERY_MS)) {
+        progress.write(`${line}\n`);
+        lastPhase = phase;
+        lastAt = Date.now();
+      }
+      await new Promise((resolve) => setTimeout(resolve, 250));
+      op = await readThrough(() => admin.getOperation(op.id), (l) => note(l), 'move').catch((err: unknown) => {
+        if (!transient(err)) throw err;
+        throw new WatchLost(`stopped watching: ${err instanceof Error ? err.message : String(err)}; the move goes on (${again})`);
+      });
+    }
+    if (progress?.isTTY) progress.write('\r\x1b[K');
+    return op;
+  } finally {
+    process.off('SIGINT', onInterrupt);
+  }
+}

@@ -63,6 +63,9 @@ it('moves a desktop to the host named, waiting for it, and answers the operation
   const moved = await canto(['desktops', 'move', id, '--to', b.hostId, '--wait']);
   expect(moved.code, moved.stderr).toBe(0);
   expect(moved.stdout).toMatch(new RegExp(`^moved ${id} from ${a.hostId} to ${b.hostId} \\(`));
+  // Off a terminal (as here, and in CI) its progress is plain lines, not nothing.
+  expect(moved.stderr).toMatch(new RegExp(`^moving ${id}: `, 'm'));
+  expect(moved.stderr).not.toContain('\r');
   expect((await call('GET', `/v1/desktops/${id}`)).json.host_id).toBe(b.hostId);
 
   const queued = await canto(['desktops', 'move', id, '--json']);
