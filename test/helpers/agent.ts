@@ -12,7 +12,7 @@ import { runAgent } from '../../agent/src/main.js';
 import { FakeDriver } from '../../agent/src/runtime/fake.js';
 import type { HostMeter } from '../../agent/src/host-meter.js';
 import { silentLogger } from '../../shared/src/log.js';
-import { JOIN_TOKEN } from './scheduler.js';
+import { awakeDesktop, JOIN_TOKEN, type api } from './scheduler.js';
 import { destroyLeftDesktops } from './sandbox.js';
 
 export interface TestAgent extends AgentHandle {
@@ -164,4 +164,12 @@ export async function startSandboxAgent(
       rmSync(stateDir, { recursive: true, force: true });
     },
   };
+}
+
+/** A desktop of `call`'s org, created and woken, the agent of `agents` it runs on, and another one. */
+export async function awakeOnOneOf(call: ReturnType<typeof api>, agents: readonly TestAgent[]): Promise<{ id: string; source: TestAgent; target: TestAgent }> {
+  const id = await awakeDesktop(call);
+  const host = (await call('GET', `/v1/desktops/${id}`)).json.host_id as string;
+  const source = agents.find((a) => a.hostId === host)!;
+  return { id, source, target: agents.find((a) => a !== source)! };
 }

@@ -88,6 +88,13 @@ export async function settledOperation(admin: ReturnType<typeof adminApi>, id: s
   }, timeoutMs, `operation ${id} to settle`);
 }
 
+/** Moves the desktop to `hostId` through the admin API; answers the move once it has settled. */
+export async function moveSettled(admin: ReturnType<typeof adminApi>, desktopId: string, hostId: string): Promise<any> {
+  const requested = await admin('POST', `/admin/v1/desktops/${desktopId}/move`, { host_id: hostId });
+  if (requested.status !== 202) throw new Error(`the move was refused: ${requested.status} ${requested.text}`);
+  return settledOperation(admin, requested.json.id as string);
+}
+
 /** A response's status, headers, text and (when it parses) JSON body. */
 export async function readResponse(res: Response) {
   const text = await res.text();

@@ -10,8 +10,8 @@
  */
 import { afterAll, beforeAll, beforeEach, expect, it } from 'vitest';
 import { AgentFailure } from '../../shared/src/protocol.js';
-import { adminApi, api, mintKey, settledOperation, startTestScheduler, TEST_ADMIN_TOKEN, type TestScheduler } from '../helpers/scheduler.js';
-import { startFakeAgent, type TestAgent } from '../helpers/agent.js';
+import { adminApi, api, mintKey, moveSettled, startTestScheduler, TEST_ADMIN_TOKEN, type TestScheduler } from '../helpers/scheduler.js';
+import { awakeOnOneOf, startFakeAgent, type TestAgent } from '../helpers/agent.js';
 import { connectDatabase, type Sql } from '../../scheduler/src/store/db.js';
 
 let s: TestScheduler;
@@ -49,20 +49,8 @@ afterAll(async () => {
   await s?.close();
 });
 
-/** An awake desktop, and the fake agent it is on and the other one. */
-async function awakeDesktop(): Promise<{ id: string; source: TestAgent; target: TestAgent }> {
-  const id = (await call('POST', '/v1/desktops', { tier: 'small' })).json.id as string;
-  expect((await call('POST', `/v1/desktops/${id}/wake?wait=true`)).status).toBe(200);
-  const host = (await call('GET', `/v1/desktops/${id}`)).json.host_id as string;
-  const source = agents.find((a) => a.hostId === host)!;
-  return { id, source, target: agents.find((a) => a !== source)! };
-}
-
-async function moveTo(id: string, target: TestAgent): Promise<any> {
-  const requested = await admin('POST', `/admin/v1/desktops/${id}/move`, { host_id: target.hostId });
-  expect(requested.status, requested.text).toBe(202);
-  return settledOperation(admin, requested.json.id as string);
-}
+const awakeDesktop = () => awakeOnOneOf(call, agents);
+const moveTo = (id: string, target: TestAgent): Promise<any> => moveSettled(admin, id, target.hostId);
 
 /** The desktop's meter intervals and lifecycle events, as its org would see them. */
 async function billing(id: string) {
